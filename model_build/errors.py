@@ -1,0 +1,82 @@
+"""Typed errors for the model build.
+
+Every error a user can cause carries enough context to act on without a stack trace: the CLI,
+the CDK app and the Lambda handler print ``str(error)`` and nothing else for these.
+"""
+
+from __future__ import annotations
+
+
+class ModelBuildError(Exception):
+    """Base class: an expected failure, reported as one message without a traceback.
+
+    ``step`` and ``model`` let the Lambda handler give CloudFormation a short reason that names
+    what failed and where.
+    """
+
+    step: str = "build"
+
+    def __init__(self, message: str, *, model: str | None = None, step: str | None = None) -> None:
+        super().__init__(message)
+        self.model = model
+        if step is not None:
+            self.step = step
+
+    def short_reason(self, limit: int = 400) -> str:
+        """One line for CloudFormation's status reason, which is cut at about 4 KB."""
+        where = f"{self.step} of model {self.model!r}" if self.model else self.step
+        text = " ".join(str(self).split())
+        reason = f"{where} failed: {text}"
+        return reason if len(reason) <= limit else reason[: limit - 3] + "..."
+
+
+class ManifestError(ModelBuildError):
+    """The manifest (or a setting) cannot give a loadable model; raised before any slow work."""
+
+    step = "manifest validation"
+
+
+class SourceError(ModelBuildError):
+    step = "source"
+
+
+class ExportError(ModelBuildError):
+    step = "export"
+
+
+class ValidationMismatchError(ModelBuildError):
+    """Exported outputs differ from the reference beyond the model's tolerance (or are not finite)."""
+
+    step = "validation"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        model: str,
+        output: str,
+        max_abs_diff: float,
+        tolerance: float | None = None,
+    ) -> None:
+        super().__init__(message, model=model)
+        self.output = output
+        self.max_abs_diff = max_abs_diff
+        self.tolerance = tolerance
+
+
+class TritonConfigError(ModelBuildError):
+    """A generated ``config.pbtxt`` would not load in Triton."""
+
+    step = "triton config"
+
+
+class PackageError(ModelBuildError):
+    step = "package"
+
+
+class PublishError(ModelBuildError):
+    step = "publish"
+
+
+class VerifyError(ModelBuildError):
+    step = "verify"

@@ -1,0 +1,80 @@
+"""Plain data passed between the build steps (export -> validate -> config -> package -> publish).
+
+No torch or ONNX imports: the CLI, the handler and the CDK app can import these cheaply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: Triton data types (``TYPE_*`` without the prefix) keyed by numpy dtype name.
+NUMPY_TO_TRITON: dict[str, str] = {
+    "bool": "BOOL",
+    "uint8": "UINT8",
+    "int8": "INT8",
+    "int16": "INT16",
+    "int32": "INT32",
+    "int64": "INT64",
+    "float16": "FP16",
+    "float32": "FP32",
+    "float64": "FP64",
+}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One graph input or output as Triton sees it.
+
+    ``shape`` is the full shape with ``-1`` for every variable dimension, batch included;
+    ``dtype`` is a numpy dtype name (``float32``, ``int64``...).
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def triton_dtype(self) -> str:
+        return NUMPY_TO_TRITON[self.dtype]
+
+
+@dataclass(frozen=True)
+class ExportedModel:
+    """A model file written by the export step, with the signature read back from it."""
+
+    name: str  # the manifest entry's name
+    format: str  # "onnx" or "torchscript"
+    path: Path  # model.onnx or model.pt
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+
+@dataclass
+class ValidationReport:
+    """What validation measured: the largest absolute difference per output, over all samples."""
+
+    name: str
+    max_abs_diff: dict[str, float] = field(default_factory=dict)
+    samples: int = 0
+    #: Extra check against an independent reference (sentence-transformers for MiniLM).
+    reference_check: str | None = None
+    reference_max_abs_diff: float | None = None
+
+    @property
+    def worst(self) -> float:
+        return max(self.max_abs_diff.values(), default=0.0)
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A packaged ``model.tar.gz`` and the targets (copies) that publish it."""
+
+    name: str  # the manifest entry's name
+    format: str
+    path: Path
+    sha256: str
+    size: int
+    targets: tuple[str, ...]
+    #: ``reference.npz``: inputs and the outputs recorded at build time, for ``verify``.
+    reference_path: Path | None = None
