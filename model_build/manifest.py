@@ -298,6 +298,11 @@ class ModelSpec(_Strict):
                     raise ValueError(
                         f"{field}: given for format {self.format!r}; it applies to format 'onnx' only"
                     )
+        if self.fp16 and self.format != "onnx":
+            raise ValueError(
+                f"fp16: given for format {self.format!r}; FP16 weights are written for format "
+                "'onnx' only (TorchScript on CPU would need FP16 inputs)"
+            )
         if isinstance(self.source, OnnxFileSource) and self.format != "onnx":
             raise ValueError(
                 f"format: got {self.format!r} with an onnx source; a ready model.onnx can only be "
