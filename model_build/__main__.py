@@ -25,8 +25,9 @@ from model_build.errors import ModelBuildError, PublishError
 from model_build.manifest import Manifest, load_manifest
 from model_build.release import Release, compute_release
 
-console = Console(stderr=True)
-out = Console()
+# Wide when not a terminal, so logs and CI output keep each table row and message on one line.
+console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+out = Console(width=None if sys.stdout.isatty() else 200)
 
 DEFAULT_PREFIX = "models"
 
@@ -364,7 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](args)
     except ModelBuildError as error:
-        console.print(f"[red]error:[/red] {escape(str(error))}", highlight=False)
+        console.print(f"[red]error:[/red] {escape(str(error))}", highlight=False, soft_wrap=True)
         return 1
 
 

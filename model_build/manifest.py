@@ -429,8 +429,14 @@ def _clean_loc(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
 def format_validation_error(error: ValidationError, data: Any, *, prefix: str = "") -> str:
     """One message: a line per problem naming the field, the value given and what is allowed."""
     lines = []
-    for item in error.errors():
-        loc = _clean_loc(tuple(item["loc"]))
+    items = error.errors()
+    nested = [tuple(item["loc"]) for item in items]
+    for item in items:
+        raw = tuple(item["loc"])
+        # A list whose entries failed is then also "too short": that echo is noise.
+        if item["type"] == "too_short" and any(len(o) > len(raw) and o[: len(raw)] == raw for o in nested):
+            continue
+        loc = _clean_loc(raw)
         field = prefix + _location(loc, data) if loc else (prefix.rstrip(".") or "manifest")
         msg = item["msg"]
         if msg.startswith("Value error, "):
