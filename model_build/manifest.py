@@ -12,7 +12,7 @@ import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -139,14 +139,7 @@ class SyntheticSource(_Strict):
 
 
 Source = Annotated[
-    Union[
-        HuggingFaceSource,
-        LocalSource,
-        S3Source,
-        PackageSource,
-        OnnxFileSource,
-        SyntheticSource,
-    ],
+    HuggingFaceSource | LocalSource | S3Source | PackageSource | OnnxFileSource | SyntheticSource,
     Field(discriminator="kind"),
 ]
 
