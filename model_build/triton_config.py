@@ -1,0 +1,606 @@
+"""Write and check Triton ``config.pbtxt`` files.
+
+The config is built as a ``tritonclient.grpc.model_config_pb2.ModelConfig`` protobuf and printed
+with ``google.protobuf.text_format``: the schema is Triton's own, so a field name or enum value that
+Triton would not parse cannot be written, and the text is stable (map keys are printed sorted).
+
+:func:`check_config` re-reads a config and applies, before anything is uploaded, the checks that
+Triton's core (``model_config_utils.cc``) and the ONNX Runtime backend (``src/onnxruntime.cc``)
+apply when the model is loaded on the endpoint. On a SageMaker multi-model endpoint a config that
+fails there is only found on the first invocation, as a 5xx on somebody else's request; here it is
+a build error that names the field, the value and what is allowed.
+
+A few checks are stricter than Triton on purpose, each noted where it is made: Triton ignores
+unknown ``parameters`` keys and graph levels other than -1/1/2 (a typo then silently changes
+nothing), and it accepts ``dynamic_batching`` on a model that cannot batch.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from typing import TypeAlias
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from model_build.errors import TritonConfigError
+from model_build.manifest import TENSORRT_KEYS, ModelSpec
+from model_build.types import ExportedModel, TensorSpec
+
+#: The generated protobuf class (untyped for mypy: the package ships no stubs).
+ModelConfig: TypeAlias = mc.ModelConfig
+
+#: ``backend`` and ``platform`` for each export format (Triton core ``constants.h``).
+FORMAT_BACKEND: dict[str, tuple[str, str]] = {
+    "onnx": ("onnxruntime", "onnxruntime_onnx"),
+    "torchscript": ("pytorch", "pytorch_libtorch"),
+}
+#: File name the backend opens in the version directory when ``default_model_filename`` is unset.
+BACKEND_DEFAULT_FILENAME: dict[str, str] = {
+    "onnxruntime": "model.onnx",
+    "pytorch": "model.pt",
+}
+_PLATFORM_BACKEND = {platform: backend for backend, platform in FORMAT_BACKEND.values()}
+
+#: ``optimization { graph { level } }`` values the ONNX Runtime backend maps to an ORT level.
+#: ``all`` is the backend's default when the block is absent, so it is rendered as no block.
+GRAPH_LEVELS: dict[str, int | None] = {"basic": -1, "extended": 1, "disable_all": 2, "all": None}
+_GRAPH_LEVEL_VALUES = (-1, 1, 2)
+
+_EXECUTION_MODE = {"sequential": "0", "parallel": "1"}
+_CUDNN_CONV_ALGO_SEARCH = {"exhaustive": "0", "heuristic": "1", "default": "2"}
+_ARENA_EXTEND_STRATEGY = {"next_power_of_two": "0", "same_as_requested": "1"}
+
+#: Values the backend's ``ParseBoolValue`` accepts (case-insensitive), for keys it parses itself.
+_BACKEND_BOOLS = frozenset({"true", "false", "on", "off", "1", "0"})
+#: Values accepted where the string is handed on to ONNX Runtime unchanged (CUDA/TensorRT
+#: provider options), which are also accepted by the backend's own parser.
+_ORT_BOOLS = frozenset({"true", "false", "True", "False", "1", "0"})
+
+_INT = re.compile(r"^-?[0-9]+$")
+_UINT = re.compile(r"^[0-9]+$")
+_SHRINKAGE = re.compile(r"^(cpu|gpu):[0-9]+(;(cpu|gpu):[0-9]+)*$")
+
+
+# --------------------------------------------------------------------------------------------
+# Value checkers: each returns None when the value is legal, else the "allowed" text.
+# --------------------------------------------------------------------------------------------
+
+Checker = Callable[[str], "str | None"]
+
+
+def _one_of(*values: str) -> Checker:
+    def check(value: str) -> str | None:
+        return None if value in values else "one of " + ", ".join(repr(v) for v in values)
+
+    return check
+
+
+def _int_at_least(low: int) -> Checker:
+    def check(value: str) -> str | None:
+        if _INT.match(value) and int(value) >= low:
+            return None
+        return f"a decimal integer >= {low}"
+
+    return check
+
+
+def _any_int(value: str) -> str | None:
+    return None if _INT.match(value) else "a decimal integer"
+
+
+def _positive_uint(value: str) -> str | None:
+    return None if _UINT.match(value) and int(value) >= 1 else "a decimal integer >= 1 (bytes)"
+
+
+def _backend_bool(value: str) -> str | None:
+    return None if value.lower() in _BACKEND_BOOLS else "'1', '0', 'true' or 'false'"
+
+
+def _ort_bool(value: str) -> str | None:
+    return None if value in _ORT_BOOLS else "'1', '0', 'true' or 'false'"
+
+
+def _non_empty(value: str) -> str | None:
+    return None if value else "a non-empty string"
+
+
+def _shrinkage(value: str) -> str | None:
+    return None if _SHRINKAGE.match(value) else "a list like 'cpu:0;gpu:0'"
+
+
+#: Model-level ``parameters`` the ONNX Runtime backend reads (src/onnxruntime.cc). The backend
+#: ignores any other key; here an unknown key is an error, because it is almost always a typo
+#: that would silently leave the default in place.
+ORT_PARAMETERS: dict[str, Checker] = {
+    "execution_mode": _one_of("0", "1"),
+    "intra_op_thread_count": _int_at_least(0),
+    "inter_op_thread_count": _int_at_least(0),
+    "enable_mem_arena": _backend_bool,
+    "enable_mem_pattern": _backend_bool,
+    "memory.enable_memory_arena_shrinkage": _shrinkage,
+    "session.use_device_allocator_for_initializers": _one_of("0", "1"),
+    "cudnn_conv_algo_search": _one_of("0", "1", "2"),
+    "gpu_mem_limit": _positive_uint,
+    "arena_extend_strategy": _one_of("0", "1"),
+    "do_copy_in_default_stream": _ort_bool,
+}
+
+TENSORRT_PRECISION_MODES = ("FP32", "FP16", "BF16", "INT8")
+_TRT_INT_KEYS = frozenset(
+    {
+        "trt_max_partition_iterations",
+        "trt_min_subgraph_size",
+        "trt_dla_core",
+        "trt_builder_optimization_level",
+        "trt_auxiliary_streams",
+        "trt_ep_context_embed_mode",
+    }
+)
+_TRT_BOOL_KEYS = frozenset(
+    {
+        "int8_use_native_calibration_table",
+        "trt_dla_enable",
+        "trt_engine_cache_enable",
+        "trt_dump_subgraphs",
+        "trt_force_sequential_engine_build",
+        "trt_context_memory_sharing_enable",
+        "trt_layer_norm_fp32_fallback",
+        "trt_timing_cache_enable",
+        "trt_force_timing_cache",
+        "trt_detailed_build_log",
+        "trt_build_heuristics_enable",
+        "trt_sparsity_enable",
+        "trt_cuda_graph_enable",
+        "trt_dump_ep_context_model",
+    }
+)
+
+
+def _trt_checker(key: str) -> Checker:
+    if key == "precision_mode":
+        return _one_of(*TENSORRT_PRECISION_MODES)
+    if key == "max_workspace_size_bytes":
+        return _positive_uint
+    if key in _TRT_INT_KEYS:
+        return _any_int
+    if key in _TRT_BOOL_KEYS:
+        return _ort_bool
+    return _non_empty
+
+
+#: Keys of the ``cuda`` accelerator that the backend parses as booleans itself; other keys are
+#: handed to ONNX Runtime's CUDA provider options, which checks them when the session is created.
+_CUDA_ACCELERATOR_BOOLS = frozenset({"do_copy_in_default_stream", "use_ep_level_unified_stream"})
+GPU_ACCELERATORS = ("tensorrt", "cuda")
+CPU_ACCELERATORS = ("openvino",)
+
+
+# --------------------------------------------------------------------------------------------
+# Rendering
+# --------------------------------------------------------------------------------------------
+
+
+def _dims_for(tensor: TensorSpec, max_batch_size: int, model: str, kind: str) -> tuple[list[int], bool]:
+    """Config dims for one exported tensor, and whether it needs an empty ``reshape``.
+
+    With batching the graph's first dimension is the batch and is left out; Triton adds it. A
+    graph whose first dimension is fixed cannot take Triton's batches, and a tensor that is only
+    ``[batch]`` becomes ``dims: [1]`` with ``reshape { shape: [] }`` (what Triton's own
+    auto-complete writes), because ``dims`` may never be empty.
+    """
+    shape = list(tensor.shape)
+    bad = [d for d in shape if d != -1 and d < 1]
+    if bad:
+        raise TritonConfigError(
+            f"model {model!r}: {kind} {tensor.name!r}: shape {shape} has dimension {bad[0]}; "
+            "each dimension must be -1 (variable) or >= 1",
+            model=model,
+        )
+    if max_batch_size >= 1:
+        if not shape:
+            raise TritonConfigError(
+                f"model {model!r}: {kind} {tensor.name!r}: is a scalar (shape []); with "
+                f"max_batch_size {max_batch_size} its first dimension must be the batch (-1)",
+                model=model,
+            )
+        if shape[0] != -1:
+            raise TritonConfigError(
+                f"model {model!r}: {kind} {tensor.name!r}: first dimension is fixed at {shape[0]} "
+                f"(shape {shape}); max_batch_size {max_batch_size} needs a variable batch "
+                "dimension (-1): export with a dynamic batch axis or set max_batch_size 0",
+                model=model,
+            )
+        dims = shape[1:]
+        return (dims, False) if dims else ([1], True)
+    if not shape:
+        raise TritonConfigError(
+            f"model {model!r}: {kind} {tensor.name!r}: is a scalar (shape []); Triton needs at "
+            "least one dimension when max_batch_size is 0",
+            model=model,
+        )
+    return shape, False
+
+
+def _data_type(tensor: TensorSpec, model: str, kind: str) -> int:
+    try:
+        return mc.DataType.Value("TYPE_" + tensor.triton_dtype)
+    except (KeyError, ValueError):
+        raise TritonConfigError(
+            f"model {model!r}: {kind} {tensor.name!r}: dtype {tensor.dtype!r} has no triton data "
+            "type; allowed: bool, uint8, int8, int16, int32, int64, float16, float32, float64",
+            model=model,
+        ) from None
+
+
+def render_config(
+    spec: ModelSpec, exported: ExportedModel, *, default_model_filename: str | None = None
+) -> str:
+    """Build ``config.pbtxt`` for ``spec`` from the signature of the exported graph.
+
+    Inputs and outputs come from the exported file (not from the manifest), so the config
+    describes what the backend will actually find. The text is checked with
+    :func:`check_config` before it is returned, so a rendered config is always one Triton loads.
+    """
+    model = spec.name
+    if exported.format != spec.format:
+        raise TritonConfigError(
+            f"model {model!r}: format: manifest says {spec.format!r} but the exported model is "
+            f"{exported.format!r}; they must be the same",
+            model=model,
+        )
+    if spec.format not in FORMAT_BACKEND:
+        raise TritonConfigError(
+            f"model {model!r}: format: got {spec.format!r}; allowed: "
+            + ", ".join(sorted(FORMAT_BACKEND)),
+            model=model,
+        )
+    backend, platform = FORMAT_BACKEND[spec.format]
+    config = mc.ModelConfig(
+        name=model, backend=backend, platform=platform, max_batch_size=spec.max_batch_size
+    )
+    if default_model_filename:
+        config.default_model_filename = default_model_filename
+
+    for kind, tensors, field in (
+        ("input", exported.inputs, config.input),
+        ("output", exported.outputs, config.output),
+    ):
+        for tensor in tensors:
+            dims, reshape = _dims_for(tensor, spec.max_batch_size, model, kind)
+            io = field.add(name=tensor.name, data_type=_data_type(tensor, model, kind), dims=dims)
+            if reshape:
+                io.reshape.SetInParent()
+
+    if spec.dynamic_batching is not None:
+        db = config.dynamic_batching
+        db.SetInParent()
+        db.preferred_batch_size.extend(spec.dynamic_batching.preferred_batch_size)
+        db.max_queue_delay_microseconds = spec.dynamic_batching.max_queue_delay_microseconds
+        db.preserve_ordering = spec.dynamic_batching.preserve_ordering
+
+    config.instance_group.add(
+        kind=mc.ModelInstanceGroup.Kind.Value(spec.instance_group.kind),
+        count=spec.instance_group.count,
+    )
+
+    ort = spec.onnxruntime
+    if ort is not None:
+        params: dict[str, str] = {}
+        if ort.execution_mode is not None:
+            params["execution_mode"] = _EXECUTION_MODE[ort.execution_mode]
+        if ort.cudnn_conv_algo_search is not None:
+            params["cudnn_conv_algo_search"] = _CUDNN_CONV_ALGO_SEARCH[ort.cudnn_conv_algo_search]
+        if ort.arena_extend_strategy is not None:
+            params["arena_extend_strategy"] = _ARENA_EXTEND_STRATEGY[ort.arena_extend_strategy]
+        if ort.gpu_mem_limit is not None:
+            params["gpu_mem_limit"] = str(ort.gpu_mem_limit)
+        # "1"/"0": accepted both by the backend's ParseBoolValue and by ONNX Runtime's own
+        # option parser (do_copy_in_default_stream is passed through to the CUDA provider).
+        for key in ("enable_mem_arena", "enable_mem_pattern", "do_copy_in_default_stream"):
+            value = getattr(ort, key)
+            if value is not None:
+                params[key] = "1" if value else "0"
+        for key in ("intra_op_thread_count", "inter_op_thread_count"):
+            value = getattr(ort, key)
+            if value is not None:
+                params[key] = str(value)
+        for key, value in params.items():
+            config.parameters[key].string_value = value
+        level = GRAPH_LEVELS[ort.graph_optimization_level or "all"]
+        if level is not None:
+            config.optimization.graph.level = level
+
+    if spec.tensorrt is not None:
+        accelerator = config.optimization.execution_accelerators.gpu_execution_accelerator.add(
+            name="tensorrt"
+        )
+        for key, value in spec.tensorrt.parameters().items():
+            accelerator.parameters[key] = value
+
+    text = text_format.MessageToString(config)
+    check_config(text, model=model)
+    return text
+
+
+# --------------------------------------------------------------------------------------------
+# Checking
+# --------------------------------------------------------------------------------------------
+
+
+def _quote(value: object) -> str:
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+class _Problems:
+    """Collects every problem so one build run reports all of them, not the first only."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.lines: list[str] = []
+
+    def add(self, field: str, value: object, allowed: str) -> None:
+        self.lines.append(f"{field}: got {_quote(value)}; {allowed}")
+
+    def raise_if_any(self) -> None:
+        if self.lines:
+            head = f"model {self.model!r}: config.pbtxt would not load in triton"
+            raise TritonConfigError("\n".join([head, *self.lines]), model=self.model)
+
+
+def _check_io(config: ModelConfig, problems: _Problems) -> None:
+    mbs = config.max_batch_size
+    for kind, tensors in (("input", config.input), ("output", config.output)):
+        # Backends map tensors by name: two inputs (or two outputs) with one name cannot work.
+        seen: dict[str, str] = {}
+        for index, io in enumerate(tensors):
+            where = f"{kind}[{index}]"
+            if not io.name:
+                problems.add(f"{where}.name", "", "every tensor needs a name")
+            else:
+                where = f"{kind}[{index}]({io.name})"
+                if io.name in seen:
+                    problems.add(
+                        f"{where}.name",
+                        io.name,
+                        f"names must be unique; already used by {seen[io.name]}",
+                    )
+                else:
+                    seen[io.name] = f"{kind}[{index}]"
+            if io.data_type == mc.TYPE_INVALID:
+                problems.add(f"{where}.data_type", "TYPE_INVALID", "set a data_type such as TYPE_FP32")
+            elif config.backend == "onnxruntime" and io.data_type == mc.TYPE_BF16:
+                problems.add(
+                    f"{where}.data_type", "TYPE_BF16", "the onnxruntime backend has no bf16 tensors"
+                )
+            dims = list(io.dims)
+            if not dims:
+                problems.add(
+                    f"{where}.dims",
+                    "[]",
+                    "dims may not be empty; use dims [1] with an empty reshape for a per-batch scalar",
+                )
+            for dim in dims:
+                if dim != -1 and dim < 1:
+                    problems.add(
+                        f"{where}.dims", dims, "each dimension must be -1 (variable) or >= 1"
+                    )
+                    break
+            if io.HasField("reshape"):
+                shape = list(io.reshape.shape)
+                if not shape and mbs == 0:
+                    problems.add(
+                        f"{where}.reshape.shape",
+                        "[]",
+                        "an empty reshape needs max_batch_size >= 1 (the tensor would hold no data)",
+                    )
+                for dim in shape:
+                    if dim != -1 and dim < 1:
+                        problems.add(
+                            f"{where}.reshape.shape",
+                            shape,
+                            "each dimension must be -1 (variable) or >= 1",
+                        )
+                        break
+
+
+def _check_batching(config: ModelConfig, problems: _Problems) -> None:
+    mbs = config.max_batch_size
+    if mbs < 0:
+        problems.add("max_batch_size", mbs, "must be >= 0 (0 turns batching off)")
+        return
+    if not config.HasField("dynamic_batching"):
+        return
+    if mbs == 0:
+        # Stricter than Triton, which builds a dynamic batcher that can never form a batch.
+        problems.add(
+            "dynamic_batching",
+            "given with max_batch_size 0",
+            "dynamic batching needs max_batch_size >= 1",
+        )
+        return
+    db = config.dynamic_batching
+    for size in db.preferred_batch_size:
+        if size < 1:
+            problems.add("dynamic_batching.preferred_batch_size", size, "each size must be >= 1")
+        elif size > mbs:
+            problems.add(
+                "dynamic_batching.preferred_batch_size",
+                size,
+                f"each size must be at most max_batch_size ({mbs})",
+            )
+    levels = db.priority_levels
+    if levels and not 1 <= db.default_priority_level <= levels:
+        problems.add(
+            "dynamic_batching.default_priority_level",
+            db.default_priority_level,
+            f"must be in [1, {levels}] when priority_levels is {levels}",
+        )
+
+
+def _check_instance_groups(config: ModelConfig, problems: _Problems) -> None:
+    if len(config.instance_group) == 0:
+        # Triton fills in one group itself; nothing to check.
+        return
+    for index, group in enumerate(config.instance_group):
+        where = f"instance_group[{index}]"
+        kind = mc.ModelInstanceGroup.Kind.Name(group.kind)
+        if kind == "KIND_MODEL":
+            problems.add(
+                f"{where}.kind",
+                kind,
+                "allowed: KIND_GPU, KIND_CPU, KIND_AUTO (KIND_MODEL is for backends that place "
+                "devices themselves; onnxruntime and pytorch do not)",
+            )
+        if group.count < 0:
+            problems.add(f"{where}.count", group.count, "must be >= 1 (0 or absent means 1)")
+        if kind == "KIND_CPU" and len(group.gpus) > 0:
+            problems.add(f"{where}.gpus", list(group.gpus), "a KIND_CPU group may not list gpus")
+
+
+def _check_backend(config: ModelConfig, problems: _Problems) -> str | None:
+    """The backend the config loads with (``None`` if the pair is not one this build serves)."""
+    backend, platform = config.backend, config.platform
+    allowed = "allowed: " + ", ".join(f"backend {b!r} with platform {p!r}" for b, p in FORMAT_BACKEND.values())
+    if not backend and not platform:
+        problems.add("backend", "", "set backend (and platform); " + allowed)
+        return None
+    if backend and backend not in BACKEND_DEFAULT_FILENAME:
+        problems.add("backend", backend, allowed)
+        return None
+    if platform and platform not in _PLATFORM_BACKEND:
+        problems.add("platform", platform, allowed)
+        return None
+    if backend and platform and _PLATFORM_BACKEND[platform] != backend:
+        problems.add("platform", platform, f"does not match backend {backend!r}; {allowed}")
+        return None
+    return backend or _PLATFORM_BACKEND[platform]
+
+
+def _check_parameters(
+    where: str, params: Iterable[tuple[str, str]], checkers: dict[str, Checker], problems: _Problems
+) -> None:
+    for key, value in params:
+        checker = checkers.get(key)
+        if checker is None:
+            problems.add(
+                f"{where} key",
+                key,
+                "unknown key; allowed: " + ", ".join(sorted(checkers)),
+            )
+            continue
+        allowed = checker(value)
+        if allowed is not None:
+            problems.add(f"{where}[{key!r}]", value, "allowed: " + allowed)
+
+
+def _check_onnxruntime(config: ModelConfig, problems: _Problems) -> None:
+    _check_parameters(
+        "parameters",
+        ((key, config.parameters[key].string_value) for key in sorted(config.parameters)),
+        ORT_PARAMETERS,
+        problems,
+    )
+    optimization = config.optimization
+    if optimization.HasField("graph"):
+        level = optimization.graph.level
+        # The backend treats anything other than -1/1/2 as "all optimizations" without a word;
+        # an explicit odd value is refused here so the config says what it means.
+        if level not in _GRAPH_LEVEL_VALUES:
+            problems.add(
+                "optimization.graph.level",
+                level,
+                "allowed: -1 (basic), 1 (extended), 2 (disable all); leave the block out for all",
+            )
+    accelerators = optimization.execution_accelerators
+    for index, acc in enumerate(accelerators.gpu_execution_accelerator):
+        where = f"optimization.execution_accelerators.gpu_execution_accelerator[{index}]"
+        if acc.name not in GPU_ACCELERATORS:
+            problems.add(f"{where}.name", acc.name, "allowed: " + ", ".join(GPU_ACCELERATORS))
+            continue
+        if acc.name == "tensorrt":
+            checkers = {key: _trt_checker(key) for key in TENSORRT_KEYS}
+            _check_parameters(
+                f"{where}(tensorrt).parameters",
+                sorted(acc.parameters.items()),
+                checkers,
+                problems,
+            )
+        else:
+            for key, value in sorted(acc.parameters.items()):
+                if key in _CUDA_ACCELERATOR_BOOLS and _ort_bool(value) is not None:
+                    problems.add(
+                        f"{where}(cuda).parameters[{key!r}]", value, "allowed: '1', '0', 'true' or 'false'"
+                    )
+    for index, acc in enumerate(accelerators.cpu_execution_accelerator):
+        if acc.name not in CPU_ACCELERATORS:
+            problems.add(
+                f"optimization.execution_accelerators.cpu_execution_accelerator[{index}].name",
+                acc.name,
+                "allowed: " + ", ".join(CPU_ACCELERATORS),
+            )
+
+
+def _check_pytorch(config: ModelConfig, problems: _Problems) -> None:
+    accelerators = config.optimization.execution_accelerators
+    if len(accelerators.gpu_execution_accelerator) or len(accelerators.cpu_execution_accelerator):
+        problems.add(
+            "optimization.execution_accelerators",
+            "given for backend 'pytorch'",
+            "execution accelerators apply to the onnxruntime backend only",
+        )
+
+
+def parse_config(text: str, *, model: str | None = None) -> ModelConfig:
+    """Parse ``config.pbtxt`` text into the protobuf; a syntax error names its line."""
+    config = mc.ModelConfig()
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as error:
+        line = error.GetLine()
+        where = f"line {line}" if line is not None else "text"
+        message = str(error)
+        message = re.sub(r"^\d+:\d+ : ", "", message)
+        name = model or "?"
+        raise TritonConfigError(
+            f"model {name!r}: config.pbtxt {where}: cannot be parsed: {message[:1].lower()}{message[1:]}",
+            model=model,
+        ) from None
+    return config
+
+
+def check_config(text: str, *, model: str | None = None) -> ModelConfig:
+    """Parse ``config.pbtxt`` and apply the checks Triton makes when it loads the model.
+
+    Returns the parsed protobuf. Raises :class:`TritonConfigError` listing every problem, one per
+    line, each naming the field, the value given and what is allowed.
+    """
+    config = parse_config(text, model=model)
+    problems = _Problems(model or config.name or "?")
+    backend = _check_backend(config, problems)
+    _check_batching(config, problems)
+    _check_io(config, problems)
+    _check_instance_groups(config, problems)
+    if backend == "onnxruntime":
+        _check_onnxruntime(config, problems)
+    elif backend == "pytorch":
+        _check_pytorch(config, problems)
+    problems.raise_if_any()
+    return config
+
+
+def config_backend(config: ModelConfig) -> str:
+    """The backend of a checked config (``platform`` alone names it too)."""
+    return config.backend or _PLATFORM_BACKEND[config.platform]
+
+
+def default_filename(config: ModelConfig) -> str:
+    """The file the backend opens inside the version directory."""
+    return config.default_model_filename or BACKEND_DEFAULT_FILENAME[config_backend(config)]
+
+
+def wire_datatype(data_type: int) -> str:
+    """``TYPE_FP32`` -> ``FP32`` as used on the HTTP/gRPC protocol (``TYPE_STRING`` -> ``BYTES``)."""
+    name = mc.DataType.Name(data_type)[len("TYPE_"):]
+    return "BYTES" if name == "STRING" else name
