@@ -179,6 +179,16 @@ class OnnxRuntimeTuning(_Strict):
     intra_op_thread_count: int | None = Field(default=None, ge=0, le=256)
     inter_op_thread_count: int | None = Field(default=None, ge=0, le=256)
 
+    @model_validator(mode="after")
+    def _parallel_needs_threads(self) -> OnnxRuntimeTuning:
+        # ONNX Runtime silently runs sequentially with one inter-op thread: refuse the illusion.
+        if self.execution_mode == "parallel" and self.inter_op_thread_count == 1:
+            raise ValueError(
+                "inter_op_thread_count: got 1 with execution_mode 'parallel'; ONNX Runtime then "
+                "runs sequentially: use 0 (one per core) or >= 2, or execution_mode 'sequential'"
+            )
+        return self
+
 
 class TensorRTAccelerator(_Strict):
     """The ONNX Runtime backend's TensorRT execution provider (GPU only)."""

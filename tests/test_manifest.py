@@ -174,6 +174,11 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
         {"models": [resnet(format="torchscript", fp16=True)]},
         ["fp16", "format 'torchscript'"],
     ),
+    (
+        "parallel execution with one inter-op thread",
+        {"models": [resnet(onnxruntime={"execution_mode": "parallel", "inter_op_thread_count": 1})]},
+        ["onnxruntime.inter_op_thread_count: got 1", "runs sequentially"],
+    ),
     ("unknown format", {"models": [resnet(format="tensorrt_plan")]}, ["format", '"tensorrt_plan"']),
     ("unknown task", {"models": [resnet(task="translation")]}, ["task", '"translation"']),
     (
