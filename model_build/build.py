@@ -36,6 +36,7 @@ class ModelBuildResult:
     size: int
     targets: list[str]
     reference: str
+    config: str
     max_abs_diff: dict[str, float] = field(default_factory=dict)
     reference_check: str | None = None
     reference_max_abs_diff: float | None = None
@@ -50,6 +51,7 @@ class ModelBuildResult:
             size=self.size,
             targets=tuple(self.targets),
             reference_path=base / self.reference,
+            config_path=base / self.config,
         )
 
     @property
@@ -130,6 +132,8 @@ def build_model(
     )
     reference_out = release_dir / f"{spec.name}.reference.npz"
     shutil.copyfile(reference, reference_out)
+    config_out = release_dir / f"{spec.name}.config.pbtxt"
+    config_out.write_text(config_text)
     shutil.rmtree(model_work, ignore_errors=True)
     return ModelBuildResult(
         name=spec.name,
@@ -139,6 +143,7 @@ def build_model(
         size=size,
         targets=spec.target_names(),
         reference=reference_out.name,
+        config=config_out.name,
         max_abs_diff=dict(report.max_abs_diff),
         reference_check=report.reference_check,
         reference_max_abs_diff=report.reference_max_abs_diff,

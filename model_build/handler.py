@@ -203,8 +203,7 @@ def _write_index(s3: Any, request: Request, manifest: Manifest) -> None:
         s3,
         bucket=request.model_bucket,
         release_prefix=request.release_prefix,
-        formats={spec.name: spec.format for spec in manifest.models},
-        sources={target: spec.name for target, spec in manifest.targets()},
+        models=[(spec.name, spec.format, spec.target_names()) for spec in manifest.models],
         index_extra={
             "release_id": request.release_id,
             "manifest_sha256": request.manifest_sha256,

@@ -78,3 +78,6 @@ class Artifact:
     targets: tuple[str, ...]
     #: ``reference.npz``: inputs and the outputs recorded at build time, for ``verify``.
     reference_path: Path | None = None
+    #: The model's ``config.pbtxt``, published next to the reference for smoke tests, which
+    #: should not have to download a whole tarball to learn a model's inputs and outputs.
+    config_path: Path | None = None

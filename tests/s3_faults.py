@@ -1,0 +1,338 @@
+"""A fault-injecting HTTP reverse proxy for a local S3 endpoint (moto's server), on 127.0.0.1 only.
+
+Tests point boto3 at the proxy instead of the server, so the real HTTP path (retries, timeouts,
+connection reuse, checksums) meets the faults real S3 produces: ``503 SlowDown`` throttling,
+``500 InternalError``, connections reset mid-request, responses that never come, slow links. The
+proxy also records every request it sees, which lets a test tell a PUT that carried bytes from a
+server-side copy.
+
+Everything is bounded: a rule applies to a fixed number of requests, a stall to at most
+``max_stall`` seconds, upstream calls time out, idle client connections are dropped, and
+:meth:`FaultProxy.close` (or leaving the ``with`` block) ends every thread it started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import re
+import socket
+import struct
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Literal
+from urllib.parse import urlsplit
+
+Action = Literal["error", "reset", "stall", "delay", "corrupt"]
+
+#: Headers that describe one hop, not the message; never forwarded.
+_HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade", "expect"}
+)
+_MESSAGES = {
+    "SlowDown": "Please reduce your request rate.",
+    "InternalError": "We encountered an internal error. Please try again.",
+    "ServiceUnavailable": "Service is unable to handle request.",
+}
+
+
+@dataclass
+class Rule:
+    """Apply ``action`` to the next ``times`` requests that match.
+
+    ``method`` (``PUT``...) and ``path`` (a regex searched in the request target, path and query,
+    e.g. ``r"partNumber=2"``) select requests; ``copy`` selects server-side copies (True), requests
+    that are not copies (False) or both (None).
+
+    - ``error``: answer ``status`` with an S3 XML error ``code`` (the request is not forwarded).
+    - ``reset``: read the request, then reset the connection (TCP RST) without answering.
+    - ``stall``: read the request, answer nothing for ``seconds``, then close the connection.
+    - ``delay``: wait ``seconds``, then forward.
+    - ``corrupt``: forward, then flip one byte of the response body.
+    """
+
+    action: Action
+    method: str | None = None
+    path: str = ""
+    copy: bool | None = None
+    times: int = 1
+    status: int = 503
+    code: str = "SlowDown"
+    seconds: float = 0.0
+    hits: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.times <= 10_000:
+            raise ValueError(f"times: got {self.times}; a rule applies to 1 to 10000 requests")
+        self._pattern = re.compile(self.path)
+
+    def matches(self, method: str, target: str, is_copy: bool) -> bool:
+        return (
+            self.hits < self.times
+            and (self.method is None or self.method == method)
+            and (self.copy is None or self.copy == is_copy)
+            and self._pattern.search(target) is not None
+        )
+
+
+@dataclass(frozen=True)
+class Record:
+    """One request the proxy received and what it did with it."""
+
+    method: str
+    target: str
+    status: int | None  # None when no answer was sent (reset, stall)
+    body_bytes: int
+    is_copy: bool
+    injected: Action | None
+    checksum_sha256: str | None  # the x-amz-checksum-sha256 header, when sent
+    at: float
+
+
+class FaultProxy:
+    """A threaded reverse proxy in front of ``upstream`` (an ``http://127.0.0.1:<port>`` URL)."""
+
+    def __init__(
+        self,
+        upstream: str,
+        *,
+        latency: float = 0.0,
+        max_stall: float = 30.0,
+        upstream_timeout: float = 60.0,
+        idle_timeout: float = 15.0,
+    ) -> None:
+        parts = urlsplit(upstream)
+        if parts.scheme != "http" or parts.hostname not in {"127.0.0.1", "localhost"} or not parts.port:
+            raise ValueError(f"upstream: got {upstream!r}; expected http://127.0.0.1:<port>")
+        self.upstream = (parts.hostname, parts.port)
+        #: Seconds added before every request is handled (a slow link), e.g. 0.030.
+        self.latency = latency
+        self.max_stall = max_stall
+        self.upstream_timeout = upstream_timeout
+        self.records: list[Record] = []
+        self._rules: list[Rule] = []
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._connections: set[socket.socket] = set()
+        self._server = _Server(("127.0.0.1", 0), _handler_class(self, idle_timeout))
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
+                                        name="s3-fault-proxy", daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    # -- rules and records ---------------------------------------------------------------------
+
+    def add(self, rule: Rule) -> Rule:
+        with self._lock:
+            self._rules.append(rule)
+        return rule
+
+    def clear(self) -> None:
+        """Drop every rule (the records stay)."""
+        with self._lock:
+            self._rules.clear()
+
+    def reset_records(self) -> None:
+        with self._lock:
+            self.records.clear()
+
+    def forwarded(self, method: str | None = None, *, is_copy: bool | None = None) -> list[Record]:
+        """Requests that reached the server (no fault injected instead of them)."""
+        with self._lock:
+            records = list(self.records)
+        return [
+            r
+            for r in records
+            if r.injected in (None, "delay", "corrupt")
+            and (method is None or r.method == method)
+            and (is_copy is None or r.is_copy == is_copy)
+        ]
+
+    def bytes_uploaded(self) -> int:
+        """Body bytes of the PUT requests forwarded to the server (object and part uploads)."""
+        return sum(r.body_bytes for r in self.forwarded("PUT", is_copy=False))
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop serving, wake any stall or delay, drop open connections and join the threads."""
+        if self._closing.is_set():
+            return
+        self._closing.set()
+        self._server.shutdown()
+        with self._lock:
+            connections = list(self._connections)
+        for conn in connections:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        self._server.server_close()  # joins the handler threads (block_on_close)
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> FaultProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- used by the handler -------------------------------------------------------------------
+
+    def _match(self, method: str, target: str, is_copy: bool) -> Rule | None:
+        with self._lock:
+            for rule in self._rules:
+                if rule.matches(method, target, is_copy):
+                    rule.hits += 1
+                    return rule
+        return None
+
+    def _record(self, record: Record) -> None:
+        with self._lock:
+            self.records.append(record)
+
+    def _sleep(self, seconds: float) -> None:
+        """Sleep, but return at once when the proxy closes."""
+        if seconds > 0:
+            self._closing.wait(min(seconds, self.max_stall))
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    block_on_close = True
+    allow_reuse_address = True
+
+
+def _handler_class(proxy: FaultProxy, idle_timeout: float) -> type[BaseHTTPRequestHandler]:
+    class Handler(_ProxyHandler):
+        owner = proxy
+        timeout = idle_timeout  # socket timeout: an idle keep-alive connection is dropped
+
+    return Handler
+
+
+class _ProxyHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as with S3: botocore reuses pooled connections
+    owner: FaultProxy
+
+    def setup(self) -> None:
+        super().setup()
+        with self.owner._lock:
+            self.owner._connections.add(self.connection)
+
+    def finish(self) -> None:
+        with self.owner._lock:
+            self.owner._connections.discard(self.connection)
+        with contextlib.suppress(OSError):  # a reset connection cannot be flushed
+            super().finish()
+
+    def log_message(self, format: str, *args: object) -> None:  # quiet: tests read records
+        pass
+
+    def do_GET(self) -> None:
+        self._proxy()
+
+    do_PUT = do_POST = do_DELETE = do_HEAD = do_GET
+
+    def _proxy(self) -> None:
+        owner = self.owner
+        owner._sleep(owner.latency)
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            self._send_error(501, "NotImplemented")
+            return
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        is_copy = "x-amz-copy-source" in self.headers
+        rule = owner._match(self.command, self.path, is_copy)
+        action = rule.action if rule else None
+        if rule is not None and action == "delay":
+            owner._sleep(rule.seconds)
+        response = None
+        if action not in {"error", "reset", "stall"}:
+            response = self._forward(body)
+        status = rule.status if rule is not None and action == "error" else response[0] if response else None
+        # Recorded before anything goes back: once the client has its answer, the record exists.
+        owner._record(
+            Record(
+                method=self.command,
+                target=self.path,
+                status=status,
+                body_bytes=len(body),
+                is_copy=is_copy,
+                injected=action,
+                checksum_sha256=self.headers.get("x-amz-checksum-sha256"),
+                at=time.monotonic(),
+            )
+        )
+        if rule is not None and action == "error":
+            self._send_error(rule.status, rule.code)
+        elif action == "reset":
+            self._reset()
+        elif rule is not None and action == "stall":
+            owner._sleep(rule.seconds)
+            self.close_connection = True
+        elif response is not None:
+            self._reply(*response, corrupt=action == "corrupt")
+
+    def _forward(self, body: bytes) -> tuple[int, str, list[tuple[str, str]], bytes]:
+        """Send the request to the server; returns its status, reason, headers and body."""
+        host, port = self.owner.upstream
+        upstream = http.client.HTTPConnection(host, port, timeout=self.owner.upstream_timeout)
+        try:
+            upstream.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
+            for name, value in self.headers.items():
+                if name.lower() not in _HOP_BY_HOP:
+                    upstream.putheader(name, value)  # Host too: the client signed it
+            upstream.endheaders(body if body or self.command in {"PUT", "POST"} else None)
+            response = upstream.getresponse()
+            return response.status, response.reason, response.getheaders(), response.read()
+        finally:
+            upstream.close()
+
+    def _reply(self, status: int, reason: str, headers: list[tuple[str, str]], data: bytes, *, corrupt: bool) -> None:
+        if corrupt and data:
+            data = bytes([data[0] ^ 0xFF]) + data[1:]
+        self.send_response_only(status, reason)
+        length = str(len(data))
+        for name, value in headers:
+            lowered = name.lower()
+            if lowered in _HOP_BY_HOP:
+                continue
+            if lowered == "content-length":
+                # HEAD answers carry the object's length and no body: keep the server's value.
+                length = value if self.command == "HEAD" else length
+                continue
+            self.send_header(name, value)
+        self.send_header("Content-Length", length)
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    def _send_error(self, status: int, code: str) -> None:
+        message = _MESSAGES.get(code, code)
+        request_id = uuid.uuid4().hex[:16].upper()
+        xml = (
+            '<?xml version="1.0" encoding="UTF-8"?>\n'
+            f"<Error><Code>{code}</Code><Message>{message}</Message>"
+            f"<RequestId>{request_id}</RequestId></Error>"
+        ).encode()
+        self.send_response_only(status)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("x-amz-request-id", request_id)
+        self.send_header("Content-Length", "0" if self.command == "HEAD" else str(len(xml)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(xml)
+
+    def _reset(self) -> None:
+        """Close with SO_LINGER 0, which sends a TCP RST instead of a FIN."""
+        self.close_connection = True
+        try:
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.rfile.close()  # the makefile() reference would otherwise keep the socket open
+            self.connection.close()
+        except OSError:
+            pass
