@@ -221,8 +221,10 @@ def _remaining_seconds(context: Any) -> float:
 def _stack_status(stack_id: str) -> str | None:
     import boto3
 
+    endpoint_url = os.environ.get("MODEL_BUILD_CLOUDFORMATION_ENDPOINT_URL")  # for local tests
     try:
-        stacks = boto3.client("cloudformation").describe_stacks(StackName=stack_id)["Stacks"]
+        client = boto3.client("cloudformation", endpoint_url=endpoint_url)
+        stacks = client.describe_stacks(StackName=stack_id)["Stacks"]
     except Exception as error:  # the answer only chooses retire vs keep: never fail a Delete on it
         LOG.warning("could not read the stack status (%s); treating the delete as a supersede", error)
         return None

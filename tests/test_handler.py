@@ -1,0 +1,322 @@
+"""The custom-resource Lambda driven with CloudFormation event documents of each request type.
+
+Everything is real: the build exports a small synthetic ResNet with torch, validates it with
+ONNX Runtime and publishes to moto's S3 server over HTTP on loopback. The stack status that
+tells a stack deletion from an update clean-up comes from a tiny CloudFormation query endpoint
+on loopback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+import pytest
+import yaml
+
+from model_build import handler
+from model_build.local_s3 import local_s3, make_s3_client
+from model_build.manifest import parse_manifest
+from model_build.publish import read_index
+from model_build.release import compute_release
+
+MANIFEST: dict[str, Any] = {
+    "version": 1,
+    "models": [
+        {
+            "name": "tiny-resnet",
+            "source": {
+                "kind": "synthetic",
+                "architecture": "resnet",
+                "seed": 0,
+                "config": {
+                    "embedding_size": 8,
+                    "hidden_sizes": [8, 16, 16, 32],
+                    "depths": [1, 1, 1, 1],
+                    "layer_type": "basic",
+                    "num_labels": 4,
+                },
+            },
+            "task": "image-classification",
+            "max_batch_size": 4,
+            "image": {"image_size": 32, "channels": 3},
+            "copies": 3,
+        },
+        {
+            "name": "tiny-resnet-ts",
+            "source": {
+                "kind": "synthetic",
+                "architecture": "resnet",
+                "seed": 1,
+                "config": {
+                    "embedding_size": 8,
+                    "hidden_sizes": [8, 16, 16, 32],
+                    "depths": [1, 1, 1, 1],
+                    "layer_type": "basic",
+                    "num_labels": 4,
+                },
+            },
+            "task": "image-classification",
+            "format": "torchscript",
+            "max_batch_size": 4,
+            "image": {"image_size": 32, "channels": 3},
+        },
+    ],
+}
+BUCKET = "model-bucket"
+ASSETS = "asset-bucket"
+STACK_ID = "arn:aws:cloudformation:us-east-1:123456789012:stack/TritonMme/0f0e"
+
+
+class _CloudFormation(BaseHTTPRequestHandler):
+    """Answers DescribeStacks (query protocol) with whatever status the test sets."""
+
+    status = "UPDATE_COMPLETE_CLEANUP_IN_PROGRESS"
+    calls = 0
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length", 0))
+        form = parse_qs(self.rfile.read(length).decode())
+        assert form["Action"] == ["DescribeStacks"], form
+        type(self).calls += 1
+        body = f"""<DescribeStacksResponse xmlns="http://cloudformation.amazonaws.com/doc/2010-05-15/">
+<DescribeStacksResult><Stacks><member><StackId>{STACK_ID}</StackId><StackName>TritonMme</StackName>
+<CreationTime>2026-11-01T00:00:00Z</CreationTime><StackStatus>{type(self).status}</StackStatus>
+</member></Stacks></DescribeStacksResult></DescribeStacksResponse>""".encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/xml")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def endpoints() -> Iterator[tuple[str, str]]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _CloudFormation)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    with local_s3() as s3_url:
+        yield s3_url, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture()
+def env(endpoints: tuple[str, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
+    s3_url, cfn_url = endpoints
+    monkeypatch.setenv("MODEL_BUILD_S3_ENDPOINT_URL", s3_url)
+    monkeypatch.setenv("MODEL_BUILD_CLOUDFORMATION_ENDPOINT_URL", cfn_url)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    s3 = make_s3_client(endpoint_url=s3_url)
+    for bucket in (BUCKET, ASSETS):
+        with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou):
+            s3.create_bucket(Bucket=bucket)
+    return s3
+
+
+def put_manifest(s3: Any, data: dict[str, Any], key: str = "manifest.yaml") -> dict[str, str]:
+    """Upload a manifest as the stack's asset would be, and give the resource properties for it."""
+    s3.put_object(Bucket=ASSETS, Key=key, Body=yaml.safe_dump(data).encode())
+    manifest = parse_manifest(data)
+    release = compute_release(manifest)
+    return {
+        "ServiceToken": "arn:aws:lambda:us-east-1:123456789012:function:provider",
+        "ManifestBucket": ASSETS,
+        "ManifestKey": key,
+        "ManifestSha256": release.manifest_sha256,
+        "ModelBucket": BUCKET,
+        "ModelPrefix": "models",
+        "ReleaseId": release.release_id,
+        "CodeSha256": release.code_sha256,
+        "OnDelete": "retain",
+        "RetiredTagKey": "triton-mme:release-state",
+    }
+
+
+def event(request_type: str, props: dict[str, str], **extra: Any) -> dict[str, Any]:
+    """A CloudFormation custom-resource request as the Provider framework passes it on."""
+    document: dict[str, Any] = {
+        "RequestType": request_type,
+        "ServiceToken": props["ServiceToken"],
+        "ResponseURL": "https://cloudformation-custom-resource-response-useast1.s3.amazonaws.com/x",
+        "StackId": STACK_ID,
+        "RequestId": "5d478078-13e9-baf0-464a-7ef285ecc786",
+        "LogicalResourceId": "ModelBuildResource",
+        "ResourceType": "Custom::TritonModelBuild",
+        "ResourceProperties": props,
+    }
+    document.update(extra)
+    return document
+
+
+class Context:
+    """The part of the Lambda context the handler reads: the time left in this run."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def get_remaining_time_in_millis(self) -> int:
+        return int(self.seconds * 1000)
+
+
+def keys(s3: Any, prefix: str) -> set[str]:
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
+    return {obj["Key"] for page in pages for obj in page.get("Contents", [])}
+
+
+@pytest.mark.slow
+def test_create_builds_in_several_runs_then_update_and_delete(env: Any) -> None:
+    s3 = env
+    props = put_manifest(s3, MANIFEST)
+    prefix = f"models/{props['ReleaseId']}"
+
+    created = handler.on_event(event("Create", props))
+    assert created == {"PhysicalResourceId": f"s3://{BUCKET}/{prefix}/"}
+
+    # A run with little time left builds one model, then hands over to the next call.
+    first = handler.is_complete(event("Create", props, PhysicalResourceId=created["PhysicalResourceId"]),
+                                Context(seconds=handler.SAFETY_MARGIN_SECONDS + 1))
+    assert first == {"IsComplete": False}
+    assert read_index(s3, BUCKET, f"{prefix}/_index.json") is None, "no index before every model is in"
+    published = keys(s3, prefix)
+    assert {f"{prefix}/tiny-resnet-{i}.tar.gz" for i in range(3)} <= published
+    assert f"{prefix}/tiny-resnet-ts.tar.gz" not in published
+
+    second = handler.is_complete(event("Create", props, PhysicalResourceId=created["PhysicalResourceId"]),
+                                 Context(seconds=900))
+    assert second["IsComplete"] is True
+    data = second["Data"]
+    assert data == {
+        "ModelDataUrl": f"s3://{BUCKET}/{prefix}/",
+        "ReleasePrefix": f"{prefix}/",
+        "IndexKey": f"{prefix}/_index.json",
+        "ModelCount": "4",
+        "ReleaseId": props["ReleaseId"],
+    }
+    assert len(json.dumps(second)) < 4096
+    index = read_index(s3, BUCKET, f"{prefix}/_index.json")
+    assert index is not None
+    assert [m["target_model"] for m in index["models"]] == [
+        "tiny-resnet-0.tar.gz", "tiny-resnet-1.tar.gz", "tiny-resnet-2.tar.gz", "tiny-resnet-ts.tar.gz"
+    ]
+    assert {m["format"] for m in index["models"]} == {"onnx", "torchscript"}
+    assert index["release_id"] == props["ReleaseId"]
+    copies = {m["sha256"] for m in index["models"] if m["source_model"] == "tiny-resnet"}
+    assert len(copies) == 1, "copies share one artifact"
+    ref_keys = {r["key"] for r in index["references"]}
+    assert f"{prefix}/_reference/tiny-resnet.npz" in ref_keys
+    assert f"{prefix}/_reference/tiny-resnet-ts.config.pbtxt" in ref_keys
+
+    # The same request again (an Update with nothing changed) does no work.
+    again = handler.is_complete(event("Update", props, PhysicalResourceId=created["PhysicalResourceId"],
+                                      OldResourceProperties=props), Context(seconds=900))
+    assert again["IsComplete"] is True and again["Data"] == data
+
+    # A changed manifest is a new release: a new physical id, a new immutable prefix.
+    changed = json.loads(json.dumps(MANIFEST))
+    changed["models"] = changed["models"][:1]
+    changed["models"][0]["copies"] = 2
+    new_props = put_manifest(s3, changed, key="manifest-2.yaml")
+    assert new_props["ReleaseId"] != props["ReleaseId"]
+    updated = handler.on_event(event("Update", new_props, PhysicalResourceId=created["PhysicalResourceId"],
+                                     OldResourceProperties=props))
+    assert updated["PhysicalResourceId"] == f"s3://{BUCKET}/models/{new_props['ReleaseId']}/"
+    done = handler.is_complete(event("Update", new_props, PhysicalResourceId=updated["PhysicalResourceId"],
+                                     OldResourceProperties=props), Context(seconds=900))
+    assert done["IsComplete"] is True and done["Data"]["ModelCount"] == "2"
+    assert f"{prefix}/tiny-resnet-0.tar.gz" in keys(s3, prefix), "the old release stays until clean-up"
+
+    # Update clean-up: CloudFormation deletes the superseded resource; its objects are tagged
+    # so the bucket's lifecycle rule expires them, not deleted under running instances.
+    _CloudFormation.status = "UPDATE_COMPLETE_CLEANUP_IN_PROGRESS"
+    cleanup = handler.is_complete(event("Delete", props, PhysicalResourceId=created["PhysicalResourceId"]))
+    assert cleanup == {"IsComplete": True}
+    for key in keys(s3, prefix):
+        tags = s3.get_object_tagging(Bucket=BUCKET, Key=key)["TagSet"]
+        assert {"Key": "triton-mme:release-state", "Value": "retired"} in tags, key
+    new_prefix = f"models/{new_props['ReleaseId']}"
+    for key in keys(s3, new_prefix):
+        assert s3.get_object_tagging(Bucket=BUCKET, Key=key)["TagSet"] == [], "the live release is untouched"
+
+    # Stack deletion with OnDelete=retain keeps the live release as it is.
+    _CloudFormation.status = "DELETE_IN_PROGRESS"
+    kept = handler.is_complete(event("Delete", new_props, PhysicalResourceId=updated["PhysicalResourceId"]))
+    assert kept == {"IsComplete": True}
+    assert len(keys(s3, new_prefix)) > 0
+    # ... and with OnDelete=destroy removes it.
+    destroy = dict(new_props, OnDelete="destroy")
+    handler.is_complete(event("Delete", destroy, PhysicalResourceId=updated["PhysicalResourceId"]))
+    assert keys(s3, new_prefix) == set()
+
+
+def test_manifest_that_does_not_match_the_template_fails_on_event(env: Any) -> None:
+    props = put_manifest(env, MANIFEST, key="manifest-x.yaml")
+    props["ManifestSha256"] = "0" * 64
+    with pytest.raises(handler.HandlerError) as caught:
+        handler.on_event(event("Create", props))
+    reason = str(caught.value)
+    assert reason.startswith("manifest validation failed: manifest: content sha256")
+    assert "Traceback" not in reason and len(reason) <= 400
+
+
+def test_bad_manifest_in_the_asset_names_the_field(env: Any) -> None:
+    bad = json.loads(json.dumps(MANIFEST))
+    env.put_object(Bucket=ASSETS, Key="bad.yaml", Body=b"")
+    props = put_manifest(env, MANIFEST, key="bad.yaml")
+    bad["models"][0]["max_batch_size"] = -1
+    env.put_object(Bucket=ASSETS, Key="bad.yaml", Body=yaml.safe_dump(bad).encode())
+    with pytest.raises(handler.HandlerError) as caught:
+        handler.on_event(event("Create", props))
+    assert "models[0](tiny-resnet).max_batch_size: got -1" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "expected"),
+    [
+        ("ReleaseId", "latest", "property ReleaseId: got 'latest'; expected r- and 16 hex digits"),
+        ("OnDelete", "snapshot", "property OnDelete: got 'snapshot'; expected one of retain, destroy"),
+        ("ModelBucket", "", "property ModelBucket: got ''; expected a non-empty string"),
+    ],
+)
+def test_bad_properties_are_refused_with_the_property_named(
+    env: Any, name: str, value: str, expected: str
+) -> None:
+    props = put_manifest(env, MANIFEST, key="manifest-p.yaml")
+    props[name] = value
+    with pytest.raises(handler.HandlerError, match=expected):
+        handler.on_event(event("Create", props))
+
+
+@pytest.mark.slow
+def test_a_model_that_fails_validation_reaches_cloudformation_as_a_short_reason(env: Any) -> None:
+    strict = json.loads(json.dumps(MANIFEST))
+    strict["models"] = [dict(strict["models"][0], name="strict-fp16", fp16=True, copies=1,
+                             tolerance={"atol": 0.0, "rtol": 0.0})]
+    props = put_manifest(env, strict, key="manifest-strict.yaml")
+    physical = handler.on_event(event("Create", props))["PhysicalResourceId"]
+    with pytest.raises(handler.HandlerError) as caught:
+        handler.is_complete(event("Create", props, PhysicalResourceId=physical), Context(seconds=900))
+    reason = str(caught.value)
+    assert reason.startswith("validation of model 'strict-fp16' failed:")
+    assert "logits" in reason and len(reason) <= 400
+    assert read_index(env, BUCKET, f"models/{props['ReleaseId']}/_index.json") is None
+
+
+def test_delete_of_a_create_that_never_named_a_release_does_nothing(env: Any) -> None:
+    props = put_manifest(env, MANIFEST, key="manifest-d.yaml")
+    calls = _CloudFormation.calls
+    assert handler.on_event(event("Delete", props, PhysicalResourceId="req-123")) == {"PhysicalResourceId": "req-123"}
+    assert handler.is_complete(event("Delete", props, PhysicalResourceId="req-123")) == {"IsComplete": True}
+    assert _CloudFormation.calls == calls, "no stack lookup and no S3 change for a foreign id"
