@@ -23,9 +23,14 @@ from rich.table import Table
 
 from model_build.errors import ModelBuildError, PublishError
 from model_build.manifest import Manifest, load_manifest
-from model_build.release import Release, compute_release
+from model_build.release import REFERENCE_DIR, Release, compute_release
 
 # Wide when not a terminal, so logs and CI output keep each table row and message on one line.
+# Progress bars of our own only: the libraries' weight-loading bars and notices are noise here.
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
 console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 out = Console(width=None if sys.stdout.isatty() else 200)
 
@@ -212,22 +217,34 @@ def cmd_publish(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------------------------
 
 
-def _verify_dir(record: Any, release_dir: Path, manifest: Manifest) -> list[Any]:
+def _verify_jobs(record: Any, release_dir: Path, *, published: bool) -> list[tuple[str, str, Path, Path]]:
+    """(source model, target, tarball, reference) for every model to verify.
+
+    A local build holds one tarball per manifest entry; a downloaded release holds one per
+    target (copies included), each of which is verified: each is an object a request can name.
+    """
+    jobs = []
+    for model in record.models:
+        if published:
+            reference = release_dir / REFERENCE_DIR / f"{model.name}.npz"
+            jobs += [(model.name, t, release_dir / f"{t}.tar.gz", reference) for t in model.targets]
+        else:
+            jobs.append((model.name, model.targets[0], release_dir / model.tarball, release_dir / model.reference))
+    return jobs
+
+
+def _verify_dir(record: Any, release_dir: Path, manifest: Manifest, *, published: bool) -> list[Any]:
     from model_build.verify import verify_artifact
 
     specs = {spec.name: spec for spec in manifest.models}
+    jobs = _verify_jobs(record, release_dir, published=published)
     results = []
     with _progress() as progress:
-        task = progress.add_task("verify", total=len(record.models))
-        for model in record.models:
-            progress.update(task, description=f"verify {model.name}")
+        task = progress.add_task("verify", total=len(jobs))
+        for name, target, tarball, reference in jobs:
+            progress.update(task, description=f"verify {target}")
             results.append(
-                verify_artifact(
-                    release_dir / model.tarball,
-                    release_dir / model.reference,
-                    tolerance=specs[model.name].tolerance,
-                    target_model=model.targets[0],
-                )
+                verify_artifact(tarball, reference, tolerance=specs[name].tolerance, target_model=target)
             )
             progress.advance(task)
     return results
@@ -271,7 +288,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         )
     source = _downloaded(args, release) if args.bucket else nullcontext(local_dir)
     with source as release_dir:
-        results = _verify_dir(record, release_dir, manifest)
+        results = _verify_dir(record, release_dir, manifest, published=bool(args.bucket))
     where = f"s3://{args.bucket}/{release.prefix(args.prefix)}/" if args.bucket else str(local_dir)
     out.print(_verify_table(results, f"verified {where}"))
     return 0 if all(r.ok for r in results) else 1
@@ -308,7 +325,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             raise PublishError(f"re-publishing an unchanged release sent {again.bytes_sent} bytes; expected 0")
         manifest = load_manifest(args.manifest)
         with _downloaded(args, release) as downloaded:
-            results = _verify_dir(record, downloaded, manifest)
+            results = _verify_dir(record, downloaded, manifest, published=True)
         out.print(_verify_table(
             results, f"verified every model as published to s3://{args.bucket}/{release.prefix(args.prefix)}/"
         ))

@@ -603,7 +603,7 @@ def download_release(
         (entry["key"], entry["sha256"], entry["size"], out / entry["target_model"]) for entry in index["models"]
     ]
     jobs += [
-        (ref["key"], ref["sha256"], ref["size"], out / REFERENCE_DIR / f"{ref['source_model']}.npz")
+        (ref["key"], ref["sha256"], ref["size"], out / REFERENCE_DIR / ref["key"].rsplit("/", 1)[-1])
         for ref in index.get("references", [])
     ]
     for _, _, _, path in jobs:
