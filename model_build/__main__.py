@@ -24,6 +24,7 @@ from rich.table import Table
 from model_build.errors import ModelBuildError, PublishError
 from model_build.manifest import Manifest, load_manifest
 from model_build.release import REFERENCE_DIR, Release, compute_release
+from model_build.smoke import add_smoke_parser, cmd_smoke
 
 # Wide when not a terminal, so logs and CI output keep each table row and message on one line.
 # Progress bars of our own only: the libraries' weight-loading bars and notices are noise here.
@@ -197,9 +198,9 @@ def _publish(args: argparse.Namespace, s3_client: Any, record: Any, release_dir:
 
 def _publish_line(report: Any, bucket: str, prefix: str) -> str:
     return (
-        f"published s3://{bucket}/{prefix}/: {report.targets} target models, "
-        f"{report.uploaded} uploaded, {report.copied} copied server-side, {report.skipped} already "
-        f"present, {_human(report.bytes_sent)} sent in {report.seconds:.1f} s"
+        f"published s3://{bucket}/{prefix}/: {report.targets} target models; objects (tarballs, "
+        f"references, index): {report.uploaded} uploaded, {report.copied} copied server-side, "
+        f"{report.skipped} already present; {_human(report.bytes_sent)} sent in {report.seconds:.1f} s"
     )
 
 
@@ -363,6 +364,7 @@ def _parser() -> argparse.ArgumentParser:
     common(verify, s3=True)
     demo = sub.add_parser("demo", help="build, publish (local S3 unless --bucket) and verify")
     common(demo, s3=True)
+    add_smoke_parser(sub)
     return parser
 
 
@@ -372,6 +374,7 @@ COMMANDS = {
     "publish": cmd_publish,
     "verify": cmd_verify,
     "demo": cmd_demo,
+    "smoke": cmd_smoke,
 }
 
 

@@ -260,7 +260,7 @@ def write_index_from_bucket(
                 references.append({"source_model": name, "key": key, "sha256": ref_digest, "size": ref_size})
     body = index_body(artifacts, prefix, index_extra, references=references)
     index_key = f"{prefix}/{INDEX_NAME}"
-    worker = _Worker(s3_client, bucket, None, TransferConfig(), existing, threading.Event())  # type: ignore[arg-type]
+    worker = _Worker(s3_client, bucket, None, TransferConfig(), existing, threading.Event())
     _put_index(worker, index_key, body, bucket)
     return index_key
 

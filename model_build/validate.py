@@ -1,0 +1,400 @@
+"""Prove an exported file computes what the eager model computes, and record a reference.
+
+An export that loads is not an export that is right: a traced branch can freeze a shape, a
+padding mask can be dropped, FP16 can overflow. Every output is compared with PyTorch eager on
+inputs of several batch sizes and lengths, and sentence embeddings also against
+sentence-transformers, an implementation independent of our pooling code.
+
+The reference ``.npz`` written here is what the later ``verify`` step replays against the
+packaged tarball, loaded the way the Triton container loads it.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import zipfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+
+from model_build.errors import ExportError, ValidationMismatchError, VerifyError
+from model_build.export import export_onnx, export_torchscript, import_onnx, load_torchscript
+from model_build.manifest import ModelSpec, OnnxFileSource, SyntheticSource, Tolerance
+from model_build.sources import (
+    input_names,
+    load_module,
+    reference_inputs,
+    reference_sentences,
+    resolve_source,
+    sample_inputs,
+    text_batch,
+)
+from model_build.types import ExportedModel, ValidationReport
+
+Batch = dict[str, np.ndarray]
+Runner = Callable[[Batch], list[np.ndarray]]
+
+REFERENCE_NAME = "reference.npz"
+#: Zip entries get this timestamp: ``np.savez`` stamps the current time, which made two
+#: references of identical arrays differ byte for byte.
+_ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
+
+
+# --------------------------------------------------------------------------------------------
+# Checks
+# --------------------------------------------------------------------------------------------
+
+
+def check_onnx(path: Path, *, model: str | None = None) -> None:
+    """``onnx.checker`` on the file path: the path form also checks models above 2 GiB."""
+    try:
+        onnx.checker.check_model(str(path))
+    except Exception as error:  # ValidationError, a protobuf DecodeError, a missing file...
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ExportError(f"onnx checker rejected {str(path)!r}: {first[:300]}", model=model) from None
+
+
+def compare_outputs(
+    model: str, output_name: str, actual: np.ndarray, expected: np.ndarray, tolerance: Tolerance
+) -> float:
+    """Max ``|actual - expected|``; fails unless ``|a - b| <= atol + rtol * |b|`` everywhere.
+
+    Non-finite values fail whatever the tolerance: NaN compares false with everything, so a
+    plain ``allclose``-style check could pass on an output that is all NaN.
+    """
+    a = np.asarray(actual, dtype=np.float64)
+    b = np.asarray(expected, dtype=np.float64)
+    if a.shape != b.shape:
+        raise ValidationMismatchError(
+            f"model {model!r}: output {output_name!r} has shape {list(a.shape)}, the reference has "
+            f"{list(b.shape)}",
+            model=model, output=output_name, max_abs_diff=math.inf,
+        )
+    for values, what in ((a, "output"), (b, "reference for output")):
+        bad = int(np.count_nonzero(~np.isfinite(values)))
+        if bad:
+            raise ValidationMismatchError(
+                f"model {model!r}: {what} {output_name!r} has {bad} non-finite value(s) (nan or inf) "
+                f"of {values.size}; every value must be finite",
+                model=model, output=output_name, max_abs_diff=math.inf,
+                tolerance=tolerance.atol,
+            )
+    if a.size == 0:
+        return 0.0
+    diff = np.abs(a - b)
+    allowed = tolerance.atol + tolerance.rtol * np.abs(b)
+    worst_diff = float(diff.max())
+    excess = diff - allowed
+    if float(excess.max()) > 0:
+        at = tuple(int(i) for i in np.unravel_index(int(np.argmax(excess)), diff.shape))
+        raise ValidationMismatchError(
+            f"model {model!r}: output {output_name!r} differs from the reference by up to "
+            f"{worst_diff:.3g}; at index {list(at)} it is {a[at]:.6g} instead of {b[at]:.6g}, "
+            f"allowed |a - b| <= atol {tolerance.atol:g} + rtol {tolerance.rtol:g} * |b| = "
+            f"{allowed[at]:.3g}",
+            model=model, output=output_name, max_abs_diff=worst_diff,
+            tolerance=float(allowed[at]),
+        )
+    return worst_diff
+
+
+# --------------------------------------------------------------------------------------------
+# Runners: exported file, eager module, source ONNX
+# --------------------------------------------------------------------------------------------
+
+
+def _logical(name: str, fmt: str) -> str:
+    # TorchScript names are "<name>__<index>" (Triton's convention); samples use the plain names.
+    return name.rsplit("__", 1)[0] if fmt == "torchscript" else name
+
+
+def exported_feeds(exported: ExportedModel, sample: Batch) -> Batch:
+    """The sample keyed and typed as the exported file's inputs."""
+    feeds: Batch = {}
+    for spec in exported.inputs:
+        name = _logical(spec.name, exported.format)
+        if name in sample:
+            feeds[spec.name] = np.ascontiguousarray(sample[name], dtype=spec.dtype)
+        elif name == "token_type_ids" and "input_ids" in sample:
+            # BERT-style graphs may take segment ids; a single segment is all zeros.
+            feeds[spec.name] = np.zeros_like(sample["input_ids"], dtype=spec.dtype)
+        else:
+            raise ExportError(
+                f"model input {spec.name!r} has no sample value; samples give "
+                + ", ".join(sorted(sample)),
+                model=exported.name,
+            )
+    return feeds
+
+
+def onnx_providers() -> list[str]:
+    """CUDA first where onnxruntime has it (the endpoint's provider), CPU always."""
+    available = ort.get_available_providers()
+    return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
+
+
+def _onnx_session(path: Path, model: str) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # warnings about unused initializers are noise here
+    try:
+        return ort.InferenceSession(str(path), options, providers=onnx_providers())
+    except Exception as error:
+        raise ExportError(f"onnx runtime cannot load {str(path)!r}: {error}"[:400], model=model) from None
+
+
+def exported_runner(exported: ExportedModel) -> Runner:
+    """Run the written file as the serving backend would: ONNX Runtime or ``torch.jit.load``."""
+    names = [o.name for o in exported.outputs]
+    if exported.format == "onnx":
+        session = _onnx_session(exported.path, exported.name)
+
+        def run_onnx(sample: Batch) -> list[np.ndarray]:
+            try:
+                return list(session.run(names, exported_feeds(exported, sample)))
+            except ExportError:
+                raise
+            except Exception as error:
+                raise _run_error(exported.name, "onnx runtime", sample, error) from None
+
+        return run_onnx
+    loaded = load_torchscript(exported.path)
+
+    def run_torchscript(sample: Batch) -> list[np.ndarray]:
+        feeds = exported_feeds(exported, sample)
+        try:
+            with torch.no_grad():
+                result = loaded(*(torch.from_numpy(feeds[i.name]) for i in exported.inputs))
+        except Exception as error:
+            raise _run_error(exported.name, "torchscript", sample, error) from None
+        return _as_arrays(result)
+
+    return run_torchscript
+
+
+def _run_error(model: str, what: str, sample: Batch, error: Exception) -> ExportError:
+    shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in sample.items())
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return ExportError(f"{what} failed on inputs {shapes}: {first[:300]}", model=model)
+
+
+def _as_arrays(result: object) -> list[np.ndarray]:
+    items = result if isinstance(result, (tuple, list)) else [result]
+    return [item.detach().cpu().numpy() for item in items]  # type: ignore[union-attr]
+
+
+def eager_runner(spec: ModelSpec, module: torch.nn.Module) -> Runner:
+    """PyTorch eager, the ground truth for exports."""
+
+    def run(sample: Batch) -> list[np.ndarray]:
+        with torch.inference_mode():
+            result = module(**{n: torch.from_numpy(np.ascontiguousarray(sample[n]))
+                               for n in input_names(spec)})
+        return _as_arrays(result)
+
+    return run
+
+
+def _source_onnx_runner(spec: ModelSpec, path: Path, exported: ExportedModel) -> Runner:
+    # For an onnx source the source file itself is the ground truth (the export may be FP16).
+    session = _onnx_session(path, spec.name)
+    names = [o.name for o in session.get_outputs()]
+    source = ExportedModel(name=spec.name, format="onnx", path=path, inputs=exported.inputs,
+                           outputs=exported.outputs)
+
+    def run(sample: Batch) -> list[np.ndarray]:
+        return list(session.run(names, exported_feeds(source, sample)))
+
+    return run
+
+
+def reference_runner(spec: ModelSpec, module: torch.nn.Module | Path, exported: ExportedModel) -> Runner:
+    """Eager PyTorch for a module; ONNX Runtime on the source file for an ``onnx`` source."""
+    if isinstance(module, Path):
+        return _source_onnx_runner(spec, module, exported)
+    return eager_runner(spec, module)
+
+
+# --------------------------------------------------------------------------------------------
+# validate_export
+# --------------------------------------------------------------------------------------------
+
+
+def validate_export(
+    spec: ModelSpec,
+    module: torch.nn.Module | Path,
+    exported: ExportedModel,
+    samples: Sequence[Batch],
+    *,
+    source_dir: Path | None = None,
+) -> ValidationReport:
+    """Compare every output of the exported file with the reference on every sample.
+
+    ``module`` is the eager module, or for an ``onnx`` source the path of the source file.
+    With ``source_dir`` given, a sentence-embedding model from a real checkpoint is also compared
+    with ``SentenceTransformer(source_dir).encode`` on real sentences.
+    """
+    run_exported = exported_runner(exported)
+    run_reference = reference_runner(spec, module, exported)
+    report = ValidationReport(name=spec.name)
+    for sample in samples:
+        actual = run_exported(sample)
+        expected = run_reference(sample)
+        if len(actual) != len(expected) or len(actual) != len(exported.outputs):
+            raise ExportError(
+                f"exported model returns {len(actual)} outputs, the reference {len(expected)}; "
+                f"the export declares {len(exported.outputs)}",
+                model=spec.name,
+            )
+        for out, a, b in zip(exported.outputs, actual, expected, strict=True):
+            diff = compare_outputs(spec.name, out.name, a, b, spec.tolerance)
+            report.max_abs_diff[out.name] = max(report.max_abs_diff.get(out.name, 0.0), diff)
+        report.samples += 1
+    if _has_sentence_transformers_reference(spec, source_dir):
+        assert source_dir is not None
+        _check_sentence_transformers(spec, exported, run_exported, source_dir, report)
+    return report
+
+
+def _has_sentence_transformers_reference(spec: ModelSpec, source_dir: Path | None) -> bool:
+    return (
+        spec.task == "sentence-embedding"
+        and not isinstance(spec.source, (SyntheticSource, OnnxFileSource))
+        and source_dir is not None
+        and source_dir.is_dir()
+    )
+
+
+def _check_sentence_transformers(
+    spec: ModelSpec, exported: ExportedModel, run: Runner, source_dir: Path, report: ValidationReport
+) -> None:
+    """Our in-graph pooling against sentence-transformers' own pipeline on real sentences."""
+    import sentence_transformers
+    from sentence_transformers import SentenceTransformer
+
+    sentences = reference_sentences(spec)
+    reference = SentenceTransformer(str(source_dir), device="cpu", local_files_only=True)
+    # Both sides must truncate alike, or a long sentence differs for a reason that is no bug.
+    limit = spec.text_inputs.max_sequence_length
+    reference.max_seq_length = min(reference.max_seq_length or limit, limit)
+    expected = reference.encode(sentences, convert_to_numpy=True, normalize_embeddings=True,
+                                show_progress_bar=False)
+    chunk = 1 if spec.max_batch_size == 0 else min(8, spec.max_batch_size)
+    parts = [run(text_batch(spec, source_dir, sentences[i:i + chunk]))[0]
+             for i in range(0, len(sentences), chunk)]
+    actual = np.concatenate(parts, axis=0)
+    name = f"{exported.outputs[0].name} (vs sentence-transformers)"
+    report.reference_max_abs_diff = compare_outputs(spec.name, name, actual, expected, spec.tolerance)
+    report.reference_check = (
+        f"sentence-transformers {sentence_transformers.__version__} encode, "
+        f"{len(sentences)} sentences"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Reference file
+# --------------------------------------------------------------------------------------------
+
+
+def _npy_bytes(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.lib.format.write_array(buffer, np.ascontiguousarray(array), allow_pickle=False)
+    return buffer.getvalue()
+
+
+def write_reference(path: Path, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> None:
+    """An ``.npz`` (``input:<name>``, ``output:<name>``) with byte-identical output for equal arrays.
+
+    ``np.savez`` stamps each zip entry with the current time; here entries are sorted, stored
+    uncompressed (no dependence on the zlib build) and dated 1980-01-01, and ``np.load`` reads the
+    file like any ``.npz``.
+    """
+    entries = {f"input:{k}": v for k, v in inputs.items()}
+    entries.update({f"output:{k}": v for k, v in outputs.items()})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as archive:
+        for key in sorted(entries):
+            info = zipfile.ZipInfo(f"{key}.npy", date_time=_ZIP_EPOCH)
+            info.create_system = 3  # Unix, whatever the building machine
+            info.external_attr = 0o644 << 16
+            archive.writestr(info, _npy_bytes(entries[key]))
+
+
+def read_reference(path: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Inputs and outputs from a file written by :func:`write_reference`."""
+    inputs: dict[str, np.ndarray] = {}
+    outputs: dict[str, np.ndarray] = {}
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            for key in data.files:
+                kind, _, name = key.partition(":")
+                if kind not in ("input", "output") or not name:
+                    raise VerifyError(
+                        f"reference {str(path)!r}: unexpected entry {key!r}; entries are "
+                        "'input:<name>' or 'output:<name>'"
+                    )
+                (inputs if kind == "input" else outputs)[name] = data[key]
+    except (OSError, ValueError, zipfile.BadZipFile) as error:
+        raise VerifyError(f"reference {str(path)!r}: not a readable .npz: {error}") from None
+    if not inputs or not outputs:
+        raise VerifyError(f"reference {str(path)!r}: needs at least one input and one output")
+    return inputs, outputs
+
+
+# --------------------------------------------------------------------------------------------
+# Entry point for the build
+# --------------------------------------------------------------------------------------------
+
+
+def trace_sample(samples: Sequence[Batch]) -> Batch:
+    """Trace on a padded batch of more than one row where there is one.
+
+    A trace on a single unpadded row is the likeliest to specialise (batch 1, no padding).
+    """
+    multi = [s for s in samples if next(iter(s.values())).shape[0] > 1]
+    return multi[0] if multi else samples[-1]
+
+
+def export_and_validate(
+    spec: ModelSpec, *, base_dir: Path, work_dir: Path, s3_client: object = None
+) -> tuple[ExportedModel, ValidationReport, Path]:
+    """Resolve, export, check, validate and record a reference for one manifest entry.
+
+    Writes ``work_dir/<name>/model.onnx`` (or ``model.pt``) and ``work_dir/<name>/reference.npz``;
+    downloads go to ``work_dir/_sources/<name>`` (no model name starts with ``_``).
+    """
+    model_dir = work_dir / spec.name
+    model_dir.mkdir(parents=True, exist_ok=True)
+    source_dir = resolve_source(spec, base_dir=base_dir, work_dir=work_dir / "_sources" / spec.name,
+                                s3_client=s3_client)
+    samples = sample_inputs(spec, source_dir)
+    reference: torch.nn.Module | Path
+    if isinstance(spec.source, OnnxFileSource):
+        assert source_dir is not None
+        exported = import_onnx(spec, source_dir, model_dir / "model.onnx")
+        reference = source_dir
+    else:
+        module = load_module(spec, source_dir)
+        if spec.format == "onnx":
+            exported = export_onnx(spec, module, trace_sample(samples), model_dir / "model.onnx")
+        else:
+            exported = export_torchscript(spec, module, trace_sample(samples), model_dir / "model.pt")
+        reference = module
+    if exported.format == "onnx":
+        check_onnx(exported.path, model=spec.name)
+    report = validate_export(spec, reference, exported, samples, source_dir=source_dir)
+
+    ref_inputs = reference_inputs(spec, source_dir)
+    ref_outputs = reference_runner(spec, reference, exported)(ref_inputs)
+    reference_path = model_dir / REFERENCE_NAME
+    write_reference(
+        reference_path,
+        exported_feeds(exported, ref_inputs),
+        {out.name: value for out, value in zip(exported.outputs, ref_outputs, strict=True)},
+    )
+    return exported, report, reference_path
+

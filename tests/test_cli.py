@@ -1,0 +1,109 @@
+"""The CLI end to end, in subprocesses, as a user runs it: demo, build, publish, verify."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from model_build.local_s3 import local_s3, make_s3_client
+from model_build.manifest import load_manifest
+from model_build.release import compute_release
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SMALL: dict[str, Any] = {
+    "version": 1,
+    "models": [
+        {
+            "name": "small-resnet",
+            "source": {
+                "kind": "synthetic",
+                "architecture": "resnet",
+                "seed": 3,
+                "config": {"embedding_size": 8, "hidden_sizes": [8, 16, 16, 32], "depths": [1, 1, 1, 1],
+                           "layer_type": "basic", "num_labels": 5},
+            },
+            "task": "image-classification",
+            "max_batch_size": 4,
+            "image": {"image_size": 32},
+            "dynamic_batching": {"preferred_batch_size": [2, 4]},
+            "copies": 4,
+        }
+    ],
+}
+
+
+def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "model_build", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture()
+def small_manifest(tmp_path: Path) -> Path:
+    path = tmp_path / "models.yaml"
+    path.write_text(yaml.safe_dump(SMALL))
+    return path
+
+
+@pytest.mark.slow
+def test_demo_builds_publishes_to_local_s3_and_verifies(small_manifest: Path, tmp_path: Path) -> None:
+    result = cli("demo", "--manifest", str(small_manifest), "--out", str(tmp_path / "build"))
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "small-resnet x4" in out
+    # One tarball, its reference and config, and the index are sent; the 3 other copies are not.
+    assert "4 target models; objects (tarballs, references, index): 4 uploaded, 3 copied server-side" in out
+    assert "second publish of the unchanged release" in out and "0 B sent" in out
+    for i in range(4):
+        assert f"small-resnet-{i}" in out
+    assert out.count(" ok ") == 4 and "FAILED" not in out
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_publish_then_verify_against_an_s3_endpoint(small_manifest: Path, tmp_path: Path) -> None:
+    release = compute_release(load_manifest(small_manifest), base_dir=small_manifest.parent).release_id
+    with local_s3() as url:
+        make_s3_client(endpoint_url=url).create_bucket(Bucket="models")
+        published = cli("publish", "--manifest", str(small_manifest), "--out", str(tmp_path / "b"),
+                        "--bucket", "models", "--endpoint-url", url)
+        assert published.returncode == 0, published.stderr
+        assert f"ModelDataUrl: s3://models/models/{release}/" in published.stdout
+        verified = cli("verify", "--manifest", str(small_manifest), "--out", str(tmp_path / "b"),
+                       "--bucket", "models", "--endpoint-url", url)
+        assert verified.returncode == 0, verified.stderr
+        assert verified.stdout.count(" ok ") == 4
+        # Tamper with one published copy: verify must refuse it, naming the object.
+        s3 = make_s3_client(endpoint_url=url)
+        key = f"models/{release}/small-resnet-2.tar.gz"
+        s3.put_object(Bucket="models", Key=key, Body=b"not a tarball",
+                      Metadata=s3.head_object(Bucket="models", Key=key)["Metadata"])
+        tampered = cli("verify", "--manifest", str(small_manifest), "--out", str(tmp_path / "b"),
+                       "--bucket", "models", "--endpoint-url", url)
+        assert tampered.returncode == 1
+        assert "small-resnet-2.tar.gz" in tampered.stderr and "Traceback" not in tampered.stderr
+
+
+def test_publish_without_bucket_is_a_usage_error(small_manifest: Path) -> None:
+    result = cli("publish", "--manifest", str(small_manifest))
+    assert result.returncode == 2 and "--bucket is required" in result.stderr
+
+
+@pytest.mark.slow
+def test_building_the_default_manifest_twice_gives_byte_identical_tarballs(tmp_path: Path) -> None:
+    digests = []
+    for run in ("one", "two"):
+        result = cli("build", "--out", str(tmp_path / run), timeout=900)
+        assert result.returncode == 0, result.stderr
+        tarballs = sorted((tmp_path / run).rglob("*.tar.gz"))
+        assert [t.name for t in tarballs] == [
+            "minilm-l6-embedding.tar.gz", "resnet-synthetic-ts.tar.gz", "resnet-synthetic.tar.gz"
+        ]
+        digests.append({t.name: hashlib.sha256(t.read_bytes()).hexdigest() for t in tarballs})
+    assert digests[0] == digests[1]
