@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""The CDK app: the one place that reads the CDK context (``cdk.json`` and ``-c mme:<field>=...``).
+
+It builds the typed settings, reads the models manifest, composes the stack and synthesizes it
+with the cdk-nag ``AwsSolutionsChecks`` as a validation plugin. No AWS call is made: the stack is
+environment-agnostic unless ``mme:account``/``mme:region`` are given.
+
+A wrong setting or manifest is an expected error: it is printed as one message on stderr, without
+a traceback, and the app exits with status 1.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import aws_cdk as cdk
+from cdk_nag import AwsSolutionsChecks
+
+from constructs.sagemaker_limits import PropsError
+from model_build.errors import ManifestError
+from model_build.manifest import Manifest, load_manifest
+from stacks.settings import MmeSettings, SettingsError
+from stacks.triton_mme_stack import TritonMmeStack
+
+ROOT = Path(__file__).resolve().parent
+#: Errors a user causes with a setting or the manifest; anything else is a bug (traceback).
+EXPECTED_ERRORS = (ManifestError, SettingsError, PropsError)
+
+
+def load_settings(context: Mapping[str, Any]) -> MmeSettings:
+    return MmeSettings.from_context(context)
+
+
+def load_models(settings: MmeSettings, root: Path = ROOT) -> tuple[Manifest | None, Path | None]:
+    """The manifest named by ``mme:manifest_path`` (relative to ``root``), or none."""
+    if not settings.manifest_path:
+        return None, None
+    path = Path(settings.manifest_path)
+    path = path if path.is_absolute() else root / path
+    if not path.is_file():
+        raise SettingsError(
+            f"mme:manifest_path: got {settings.manifest_path!r}; no such file (relative paths "
+            f"start at {root}); give a models manifest, or '' with mme:release_id to serve a "
+            "release published out of band"
+        )
+    return load_manifest(path), path
+
+
+def build_app(app: cdk.App) -> TritonMmeStack:
+    """Compose the app from its context; raises one of ``EXPECTED_ERRORS`` on bad input."""
+    settings = load_settings(app.node.get_all_context())
+    manifest, manifest_path = load_models(settings)
+    env = None
+    if settings.account or settings.region:
+        env = cdk.Environment(account=settings.account, region=settings.region)
+    stack = TritonMmeStack(
+        app,
+        settings.stack_name,
+        settings=settings,
+        manifest=manifest,
+        manifest_path=manifest_path,
+        env=env,
+        description="NVIDIA Triton models on an Amazon SageMaker multi-model GPU endpoint",
+    )
+    cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+    return stack
+
+
+def cdk_json_context(root: Path = ROOT) -> dict[str, Any]:
+    """The ``context`` of ``cdk.json`` (feature flags and settings).
+
+    The CDK CLI passes it to the app already; reading it here too makes ``python app.py`` give the
+    same template as ``cdk synth``. Context from the CLI (``-c``) takes precedence.
+    """
+    path = root / "cdk.json"
+    if not path.is_file():
+        return {}
+    context = json.loads(path.read_text(encoding="utf-8")).get("context", {})
+    return dict(context) if isinstance(context, dict) else {}
+
+
+def main() -> int:
+    app = cdk.App(context=cdk_json_context())
+    try:
+        build_app(app)
+    except EXPECTED_ERRORS as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    app.synth()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

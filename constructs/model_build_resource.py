@@ -1,0 +1,437 @@
+"""The custom resource that builds a manifest's models and publishes them as one S3 release."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import jsii
+from aws_cdk import Aws, CustomResource, Duration, RemovalPolicy, Size, Stack, Token
+from aws_cdk import aws_ecr_assets as ecr_assets
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_s3_assets as s3_assets
+from aws_cdk import aws_stepfunctions as sfn
+from aws_cdk import custom_resources as cr
+
+from constructs import Construct
+from constructs.cfn_hygiene import drop_referenced_dependencies
+from constructs.model_bucket import RETIRED_TAG_KEY, check_prefix
+from constructs.nag_acknowledgments import acknowledge, acknowledge_wildcard_resource
+from constructs.sagemaker_limits import PropsError, check_range
+from model_build.errors import ManifestError
+from model_build.manifest import LocalSource, Manifest, OnnxFileSource, S3Source
+from model_build.release import Release, build_code_sha256, compute_release
+
+RESOURCE_TYPE = "Custom::TritonModelRelease"
+ON_EVENT_HANDLER = "model_build.handler.on_event"
+IS_COMPLETE_HANDLER = "model_build.handler.is_complete"
+#: Files of the build directory that are not part of the image.
+IMAGE_EXCLUDE = ["__pycache__", "**/__pycache__", "tests", ".pytest_cache", "**/*.pyc"]
+ON_DELETE_VALUES = ("retain", "destroy")
+#: CloudFormation waits at most this long for a custom resource (ServiceTimeout: 1 to 3600 s).
+CLOUDFORMATION_MAX_WAIT = Duration.hours(1)
+#: With more distinct source prefixes than this in one bucket, the build may read the bucket.
+_MAX_PREFIXES_PER_SOURCE_BUCKET = 10
+
+
+def refuse_local_sources(manifest: Manifest) -> None:
+    """Raise :class:`ManifestError` for a source the build Lambda cannot reach (a local path)."""
+    for index, spec in enumerate(manifest.models):
+        source = spec.source
+        if isinstance(source, (LocalSource, OnnxFileSource)) and not source.path.startswith("s3://"):
+            raise ManifestError(
+                f"models[{index}]({spec.name}).source: kind {source.kind!r} with path "
+                f"{source.path!r} is a file on this machine, which the build Lambda cannot read; "
+                "use a source it can fetch (kind 's3', 'package' or 'huggingface'; an onnx "
+                "source may be an s3:// URI), or publish the release out of band with "
+                "`python -m model_build publish` and deploy it by id (release_id, with an empty "
+                "manifest_path)",
+                model=spec.name,
+            )
+
+
+def s3_source_keys(manifest: Manifest) -> dict[str, list[str]]:
+    """What the build reads from S3 for the manifest's sources, as key patterns by bucket.
+
+    A folder source (kind ``s3``) gives ``<folder>/*``; an ``onnx`` file on S3 gives its exact
+    key. Patterns covered by another one are dropped; a bucket with more than 10 patterns, or a
+    source that is a whole bucket, gives ``*`` (so the policy stays small whatever the number of
+    models). Sorted, so the template is stable.
+    """
+    patterns: dict[str, set[str]] = defaultdict(set)
+    for spec in manifest.models:
+        source = spec.source
+        if isinstance(source, S3Source):
+            bucket, _, key = source.uri[len("s3://"):].partition("/")
+            folder = key.strip("/")
+            patterns[bucket].add(f"{folder}/*" if folder else "*")
+        elif isinstance(source, OnnxFileSource) and source.path.startswith("s3://"):
+            bucket, _, key = source.path[len("s3://"):].partition("/")
+            patterns[bucket].add(key or "*")
+    result: dict[str, list[str]] = {}
+    for bucket, keys in sorted(patterns.items()):
+        folders = [k[:-1] for k in keys if k.endswith("*")]
+        kept = sorted(
+            k for k in keys if not any(k != f + "*" and k.startswith(f) for f in folders)
+        )
+        result[bucket] = ["*"] if "*" in kept or len(kept) > _MAX_PREFIXES_PER_SOURCE_BUCKET else kept
+    return result
+
+
+@jsii.implements(iam.IGrantable)
+class ModelBuildResource(Construct):
+    """Builds the models of a manifest and publishes them under ``<model_prefix>/<release_id>/``.
+
+    A ``Custom::TritonModelRelease`` resource served by two container-image Lambda functions
+    (``model_build.handler.on_event`` and ``model_build.handler.is_complete``, both from the
+    image built from ``build_context``'s Dockerfile) through the CDK Provider framework's
+    asynchronous pattern: ``on_event`` answers at once, then a Step Functions waiter calls
+    ``is_complete`` every ``query_interval`` until it reports the release index written, or
+    fails the resource after ``total_timeout`` (``total_timeout / query_interval`` calls). A build
+    longer than one Lambda run therefore neither hangs nor fails silently.
+
+    The manifest is passed as an S3 asset (its size does not grow the template). The release id
+    is derived from the manifest and the build code (``model_build.release``): an unchanged
+    manifest gives the same properties (no update), a changed one a new release id (an update
+    that publishes to a new prefix). ``model_data_url`` (``Fn::GetAtt ModelDataUrl``) makes
+    whatever uses it wait for the build.
+
+    The handler role may read the manifest asset and the manifest's ``s3`` sources, describe this
+    stack (to tell a stack deletion from an update's cleanup) and write its logs; the stack grants
+    it the model bucket's prefix (``ModelBucket.grant_read/grant_write/grant_tag``).
+
+    :param manifest: the validated manifest. Sources on the local disk (kind ``local``, or
+        ``onnx`` with a local path) are refused: the Lambda cannot read them.
+    :param manifest_path: the manifest file (uploaded as an asset; its folder is the base of
+        relative paths).
+    :param model_bucket: bucket the release is published to.
+    :param model_prefix: key prefix of all releases (``models``).
+    :param build_context: folder with the ``Dockerfile`` of the build image (``model_build/``).
+    :param memory_size: MiB of memory of each handler (128 to 10240). Default: 6144.
+    :param ephemeral_storage_size: ``/tmp`` size of each handler (512 MiB to 10240 MiB).
+        Default: 10240 MiB.
+    :param timeout: timeout of one handler run (1 s to 15 min). Default: 15 minutes.
+    :param total_timeout: how long the Provider keeps polling ``is_complete`` (at most 1 hour,
+        CloudFormation's limit for a custom resource; a multiple of ``query_interval``).
+        Default: 1 hour.
+    :param query_interval: time between ``is_complete`` calls. Default: 60 s.
+    :param on_delete: ``retain`` (default) keeps a release's objects when the resource is
+        deleted; ``destroy`` deletes them. A release superseded by an update is tagged
+        ``triton-mme:release-state=retired`` either way.
+    :param log_retention: retention of the handler, provider and waiter logs. Default: 1 month.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        manifest: Manifest,
+        manifest_path: Path,
+        model_bucket: s3.IBucket,
+        model_prefix: str,
+        build_context: Path,
+        memory_size: int = 6144,
+        ephemeral_storage_size: Size | None = None,
+        timeout: Duration | None = None,
+        total_timeout: Duration | None = None,
+        query_interval: Duration | None = None,
+        on_delete: str = "retain",
+        log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
+    ) -> None:
+        super().__init__(scope, id)
+        storage = ephemeral_storage_size or Size.mebibytes(10240)
+        run_timeout = timeout or Duration.minutes(15)
+        wait_timeout = total_timeout or CLOUDFORMATION_MAX_WAIT
+        interval = query_interval or Duration.seconds(60)
+        self._validate(
+            manifest=manifest,
+            manifest_path=manifest_path,
+            model_prefix=model_prefix,
+            build_context=build_context,
+            memory_size=memory_size,
+            storage=storage,
+            run_timeout=run_timeout,
+            wait_timeout=wait_timeout,
+            interval=interval,
+            on_delete=on_delete,
+        )
+        #: The release the manifest publishes (computed at synth from the manifest and the build
+        #: code that goes into the image).
+        self.release: Release = compute_release(
+            manifest,
+            base_dir=manifest_path.parent,
+            code_sha256=build_code_sha256(build_context),
+        )
+
+        self.manifest_asset = s3_assets.Asset(self, "Manifest", path=str(manifest_path))
+
+        self.role = iam.Role(
+            self,
+            "Role",
+            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+            description="Builds and publishes the models of the Triton multi-model endpoint",
+        )
+        self.role.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="ReadManifest",
+                actions=["s3:GetObject"],
+                resources=[
+                    Stack.of(self).format_arn(
+                        service="s3",
+                        region="",
+                        account="",
+                        resource=self.manifest_asset.s3_bucket_name,
+                        resource_name=self.manifest_asset.s3_object_key,
+                    )
+                ],
+            )
+        )
+        self.role.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="TellDeletionFromCleanup",
+                actions=["cloudformation:DescribeStacks"],
+                resources=[Aws.STACK_ID],
+            )
+        )
+        self._grant_source_reads(manifest)
+
+        self.on_event_function = self._handler(
+            "OnEvent",
+            self._image_code(build_context, ON_EVENT_HANDLER),
+            description="Model release: validates a request and starts the build",
+            memory_size=memory_size,
+            storage=storage,
+            run_timeout=run_timeout,
+            log_retention=log_retention,
+        )
+        self.is_complete_function = self._handler(
+            "IsComplete",
+            self._image_code(build_context, IS_COMPLETE_HANDLER),
+            description="Model release: builds and publishes models until the release index exists",
+            memory_size=memory_size,
+            storage=storage,
+            run_timeout=run_timeout,
+            log_retention=log_retention,
+        )
+
+        provider_logs = logs.LogGroup(self, "ProviderLogs", retention=log_retention)
+        waiter_logs = logs.LogGroup(self, "WaiterLogs", retention=log_retention)
+        self._on_event_framework_role = self._framework_role("FrameworkOnEventRole", provider_logs)
+        self._complete_framework_role = self._framework_role("FrameworkCompleteRole", provider_logs)
+        self.provider = cr.Provider(
+            self,
+            "Provider",
+            on_event_handler=self.on_event_function,
+            is_complete_handler=self.is_complete_function,
+            query_interval=interval,
+            total_timeout=wait_timeout,
+            log_group=provider_logs,
+            framework_on_event_role=self._on_event_framework_role,
+            framework_complete_and_timeout_role=self._complete_framework_role,
+            disable_waiter_state_machine_logging=False,
+            waiter_state_machine_log_options=cr.LogOptions(
+                destination=waiter_logs, level=sfn.LogLevel.ALL, include_execution_data=False
+            ),
+        )
+
+        self.resource = CustomResource(
+            self,
+            "Resource",
+            service_token=self.provider.service_token,
+            resource_type=RESOURCE_TYPE,
+            service_timeout=CLOUDFORMATION_MAX_WAIT,
+            removal_policy=RemovalPolicy.DESTROY,
+            properties={
+                "ManifestBucket": self.manifest_asset.s3_bucket_name,
+                "ManifestKey": self.manifest_asset.s3_object_key,
+                "ManifestSha256": self.release.manifest_sha256,
+                "ModelBucket": model_bucket.bucket_name,
+                "ModelPrefix": model_prefix,
+                "ReleaseId": self.release.release_id,
+                "CodeSha256": self.release.code_sha256,
+                "OnDelete": on_delete,
+                "RetiredTagKey": RETIRED_TAG_KEY,
+            },
+        )
+
+        #: ``s3://<bucket>/<prefix>/<release>/`` (``Fn::GetAtt``: available once published).
+        self.model_data_url: str = self.resource.get_att_string("ModelDataUrl")
+        #: ``<prefix>/<release>``.
+        self.release_prefix: str = self.resource.get_att_string("ReleasePrefix")
+        #: Key of the release index.
+        self.index_key: str = self.resource.get_att_string("IndexKey")
+        #: Number of published target models.
+        self.model_count: str = self.resource.get_att_string("ModelCount")
+        #: The release id (known at synth).
+        self.release_id: str = self.release.release_id
+
+        self._tidy_framework()
+
+    @property
+    def grant_principal(self) -> iam.IPrincipal:
+        """The role both handlers run with."""
+        return self.role
+
+    # -----------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _validate(
+        *,
+        manifest: Manifest,
+        manifest_path: Path,
+        model_prefix: str,
+        build_context: Path,
+        memory_size: int,
+        storage: Size,
+        run_timeout: Duration,
+        wait_timeout: Duration,
+        interval: Duration,
+        on_delete: str,
+    ) -> None:
+        refuse_local_sources(manifest)
+        if not manifest_path.is_file():
+            raise PropsError(f"manifest_path: got {str(manifest_path)!r}; no such file")
+        check_prefix("model_prefix", model_prefix)
+        if not (build_context / "Dockerfile").is_file():
+            raise PropsError(
+                f"build_context: got {str(build_context)!r}; it has no Dockerfile (the build "
+                "image of the model build handlers is built from it)"
+            )
+        check_range("memory_size", memory_size, 128, 10240, "MiB")
+        check_range("ephemeral_storage_size", storage.to_mebibytes(), 512, 10240, "MiB")
+        check_range("timeout", run_timeout.to_seconds(), 1, 900, "s")
+        check_range("query_interval", interval.to_seconds(), 1, CLOUDFORMATION_MAX_WAIT.to_seconds(), "s")
+        check_range(
+            "total_timeout", wait_timeout.to_seconds(), 1, CLOUDFORMATION_MAX_WAIT.to_seconds(), "s"
+        )
+        total, every = wait_timeout.to_seconds(), interval.to_seconds()
+        if not Token.is_unresolved(total) and not Token.is_unresolved(every) and (
+            total < every or total % every
+        ):
+            raise PropsError(
+                f"total_timeout: got {total:g} s with query_interval {every:g} s; the total "
+                "timeout must be a whole multiple of the query interval"
+            )
+        if on_delete not in ON_DELETE_VALUES:
+            raise PropsError(
+                f"on_delete: got {on_delete!r}; expected one of " + ", ".join(ON_DELETE_VALUES)
+            )
+
+    @staticmethod
+    def _image_code(build_context: Path, handler: str) -> lambda_.DockerImageCode:
+        """The build image (one asset: same directory and build options) with ``handler``."""
+        return lambda_.DockerImageCode.from_image_asset(
+            str(build_context),
+            cmd=[handler],
+            exclude=IMAGE_EXCLUDE,
+            platform=ecr_assets.Platform.LINUX_AMD64,
+        )
+
+    def _handler(
+        self,
+        id: str,
+        code: lambda_.DockerImageCode,
+        *,
+        description: str,
+        memory_size: int,
+        storage: Size,
+        run_timeout: Duration,
+        log_retention: logs.RetentionDays,
+    ) -> lambda_.DockerImageFunction:
+        log_group = logs.LogGroup(self, f"{id}Logs", retention=log_retention)
+        log_group.grant_write(self.role)
+        return lambda_.DockerImageFunction(
+            self,
+            id,
+            code=code,
+            description=description,
+            architecture=lambda_.Architecture.X86_64,
+            memory_size=memory_size,
+            ephemeral_storage_size=storage,
+            timeout=run_timeout,
+            role=self.role,
+            log_group=log_group,
+        )
+
+    def _framework_role(self, id: str, log_group: logs.ILogGroup) -> iam.Role:
+        role = iam.Role(
+            self,
+            id,
+            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+            description="CDK provider framework of the model release custom resource",
+        )
+        log_group.grant_write(role)
+        return role
+
+    def _grant_source_reads(self, manifest: Manifest) -> None:
+        """Read access to the manifest's sources on S3 (``s3`` folders, ``onnx`` files)."""
+        for bucket, keys in s3_source_keys(manifest).items():
+            bucket_arn = Stack.of(self).format_arn(
+                service="s3", region="", account="", resource=bucket
+            )
+            objects = [f"{bucket_arn}/{key}" for key in keys]
+            self.role.add_to_principal_policy(
+                iam.PolicyStatement(actions=["s3:GetObject"], resources=objects)
+            )
+            folders = [key for key in keys if key.endswith("*")]
+            if folders:
+                self.role.add_to_principal_policy(
+                    iam.PolicyStatement(
+                        actions=["s3:ListBucket"],
+                        resources=[bucket_arn],
+                        conditions={"StringLike": {"s3:prefix": folders}},
+                    )
+                )
+            for resource in (o for o in objects if o.endswith("*")):
+                acknowledge_wildcard_resource(
+                    self.role,
+                    resource,
+                    "The build reads the files of a model source given as an S3 folder in the "
+                    "manifest; access is scoped to that folder.",
+                )
+
+    def _tidy_framework(self) -> None:
+        """Acknowledge the cdk-nag findings on resources the CDK Provider framework creates (it
+        exposes no option for them) and drop the obsolete ``DependsOn`` on roles (cfn-lint W3005)."""
+        provider = self.provider.node
+        waiter = provider.find_child("waiter-state-machine")
+        framework = {
+            name: provider.find_child(f"framework-{name}") for name in ("onEvent", "isComplete", "onTimeout")
+        }
+        invoke_versions = (
+            "The CDK provider framework may invoke any version of the function it calls "
+            "(lambda:InvokeFunction on '<function ARN>:*'); the grant names that function only."
+        )
+        for role in (self._on_event_framework_role, self._complete_framework_role):
+            for function in (self.on_event_function, self.is_complete_function):
+                acknowledge_wildcard_resource(role, f"{function.function_arn}:*", invoke_versions)
+        for name in ("isComplete", "onTimeout"):
+            framework_function = framework[name]
+            assert isinstance(framework_function, lambda_.Function)
+            acknowledge_wildcard_resource(waiter, f"{framework_function.function_arn}:*", invoke_versions)
+        acknowledge_wildcard_resource(
+            waiter,
+            "*",
+            "Step Functions delivers execution logs through the CloudWatch Logs vended-log APIs "
+            "(logs:CreateLogDelivery...), which support no resource-level permissions.",
+        )
+        acknowledge(
+            waiter,
+            "AwsSolutions-SF2",
+            "The provider framework's waiter state machine only polls the is_complete handler; "
+            "CDK exposes no tracing option for it, and its executions are logged at level ALL.",
+        )
+
+        for function in (self.on_event_function, self.is_complete_function):
+            drop_referenced_dependencies(function, [self.role.node.default_child])
+        drop_referenced_dependencies(framework["onEvent"], [self._on_event_framework_role.node.default_child])
+        for name in ("isComplete", "onTimeout"):
+            drop_referenced_dependencies(
+                framework[name], [self._complete_framework_role.node.default_child]
+            )
+        waiter_role = waiter.node.find_child("Role")
+        drop_referenced_dependencies(waiter, [waiter_role.node.default_child])

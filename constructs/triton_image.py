@@ -1,0 +1,193 @@
+"""The SageMaker Triton inference image, resolved per region by a CloudFormation mapping.
+
+The image URIs come from the table the sagemaker SDK ships
+(``sagemaker/core/image_uri_config/sagemaker-tritonserver.json``). The file is read directly:
+importing the sagemaker package takes seconds and is not needed to synthesize. The whole table of
+one version becomes a ``CfnMapping`` keyed by region, so one template deploys in every region the
+SDK lists, and the ECR repository ARN the execution role may pull from comes from the same row.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from aws_cdk import Aws, CfnMapping, Stack, Token
+from aws_cdk import aws_iam as iam
+
+from constructs import Construct
+from constructs.nag_acknowledgments import acknowledge_wildcard_resource
+from constructs.sagemaker_limits import PropsError
+
+FRAMEWORK = "sagemaker-tritonserver"
+_TABLE_PARTS = ("core", "image_uri_config", f"{FRAMEWORK}.json")
+#: DNS suffix of ECR per partition (region prefix); the commercial partition is the fallback.
+_DNS_SUFFIXES: tuple[tuple[str, str], ...] = (
+    ("cn-", "amazonaws.com.cn"),
+    ("us-isob-", "sc2s.sgov.gov"),
+    ("us-iso-", "c2s.ic.gov"),
+)
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) if part.isdigit() else -1 for part in version.split("."))
+
+
+def ecr_dns_suffix(region: str) -> str:
+    for prefix, suffix in _DNS_SUFFIXES:
+        if region.startswith(prefix):
+            return suffix
+    return "amazonaws.com"
+
+
+@dataclass(frozen=True)
+class ImageVersion:
+    """One version row of the SDK table."""
+
+    version: str
+    repository: str
+    tag: str
+    #: Account that owns the repository, by region.
+    registries: dict[str, str]
+
+    def image_uri(self, region: str) -> str:
+        account = self.registries[region]
+        return f"{account}.dkr.ecr.{region}.{ecr_dns_suffix(region)}/{self.repository}:{self.tag}"
+
+
+@dataclass(frozen=True)
+class ImageTable:
+    """The Triton rows of the sagemaker SDK's image URI table."""
+
+    path: Path
+    rows: dict[str, ImageVersion]
+
+    @property
+    def versions(self) -> tuple[str, ...]:
+        """Every version, oldest first."""
+        return tuple(sorted(self.rows, key=_version_key))
+
+    @property
+    def newest(self) -> str:
+        return self.versions[-1]
+
+    def row(self, version: str | None = None) -> ImageVersion:
+        """The row of ``version`` (default: the newest); raises :class:`PropsError`."""
+        chosen = version or self.newest
+        if chosen not in self.rows:
+            raise PropsError(
+                f"version: got {chosen!r}; the sagemaker SDK's {FRAMEWORK} table has "
+                + ", ".join(self.versions)
+            )
+        return self.rows[chosen]
+
+
+def image_table_path() -> Path:
+    """Locate the table in the installed sagemaker SDK without importing the package."""
+    spec = importlib.util.find_spec("sagemaker")
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for location in locations:
+        candidate = Path(location).joinpath(*_TABLE_PARTS)
+        if candidate.is_file():
+            return candidate
+    raise PropsError(
+        "triton image: the sagemaker SDK's image table (sagemaker/"
+        + "/".join(_TABLE_PARTS)
+        + ") was not found; install the pinned sagemaker package (requirements.txt)"
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def load_image_table(path: Path | None = None) -> ImageTable:
+    """Read and check the SDK table (cached: it does not change during a synth)."""
+    source = path or image_table_path()
+    data = json.loads(source.read_text(encoding="utf-8"))
+    rows: dict[str, ImageVersion] = {}
+    for version, row in data.get("versions", {}).items():
+        registries = row.get("registries") or {}
+        repository = row.get("repository")
+        if not registries or not repository:
+            continue
+        rows[version] = ImageVersion(
+            version=version,
+            repository=repository,
+            tag=row.get("tag_prefix", version),
+            registries=dict(sorted(registries.items())),
+        )
+    if not rows:
+        raise PropsError(f"triton image: no usable version in {source}")
+    return ImageTable(path=source, rows=rows)
+
+
+class TritonImage(Construct):
+    """The ``sagemaker-tritonserver`` image of one version, for whatever region the stack is in.
+
+    Renders a ``CfnMapping`` with one entry per region the SDK lists for the version (the image URI
+    and the account of its registry); ``image_uri`` and ``repository_arn`` look the deployment
+    region up in it. A deployment to a region the table does not list fails at the mapping lookup.
+
+    :param version: Triton release such as ``25.09``. Default: the newest version in the installed
+        sagemaker SDK's table. Raises :class:`PropsError` for a version the table does not have.
+    """
+
+    def __init__(self, scope: Construct, id: str, *, version: str | None = None) -> None:
+        super().__init__(scope, id)
+        table = load_image_table()
+        row = table.row(version)
+        region = Stack.of(self).region
+        if not Token.is_unresolved(region) and region not in row.registries:
+            raise PropsError(
+                f"region: got {region!r}; the Triton image {row.version} is published in "
+                + ", ".join(row.registries)
+            )
+        #: The Triton version (``26.05``...).
+        self.version: str = row.version
+        #: ECR repository name (``sagemaker-tritonserver``).
+        self.repository_name: str = row.repository
+        #: Regions the mapping covers.
+        self.regions: tuple[str, ...] = tuple(row.registries)
+        self.mapping = CfnMapping(
+            self,
+            "Resource",
+            mapping={
+                name: {"Account": account, "ImageUri": row.image_uri(name)}
+                for name, account in row.registries.items()
+            },
+        )
+        #: The image URI in the deployment region (a ``Fn::FindInMap`` token).
+        self.image_uri: str = self.mapping.find_in_map(Aws.REGION, "ImageUri")
+        #: ARN of the ECR repository that holds the image in the deployment region.
+        self.repository_arn: str = Stack.of(self).format_arn(
+            service="ecr",
+            account=self.mapping.find_in_map(Aws.REGION, "Account"),
+            resource="repository",
+            resource_name=row.repository,
+        )
+
+    def grant_pull(self, grantee: iam.IGrantable) -> iam.Grant:
+        """Let ``grantee`` pull the image.
+
+        ``ecr:BatchGetImage``, ``ecr:GetDownloadUrlForLayer`` and
+        ``ecr:BatchCheckLayerAvailability`` on the image's repository, and
+        ``ecr:GetAuthorizationToken``, which has no resource-level permissions (resource ``*``).
+        """
+        layers = iam.Grant.add_to_principal(
+            grantee=grantee,
+            actions=["ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer"],
+            resource_arns=[self.repository_arn],
+        )
+        token = iam.Grant.add_to_principal(
+            grantee=grantee, actions=["ecr:GetAuthorizationToken"], resource_arns=["*"]
+        )
+        principal = grantee.grant_principal
+        if isinstance(principal, Construct):
+            acknowledge_wildcard_resource(
+                principal,
+                "*",
+                "ecr:GetAuthorizationToken supports no resource-level permissions (its resource "
+                "must be '*'); image layers are pulled from the Triton repository ARN only.",
+            )
+        return layers.combine(token)

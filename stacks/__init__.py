@@ -1,0 +1,1 @@
+"""The CDK stacks of the app and their typed settings (``stacks.settings``)."""

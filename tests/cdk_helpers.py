@@ -1,0 +1,177 @@
+"""Shared helpers of the stack tests: build the app in-process or run it as the CLI does.
+
+Each test module builds its stacks once (module-scoped fixtures): a synth takes seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aws_cdk as cdk
+import yaml
+from aws_cdk.assertions import Template
+from cdk_nag import AwsSolutionsChecks
+
+ROOT = Path(__file__).resolve().parents[1]
+VENV_BIN = ROOT / ".venv" / "bin"
+SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
+
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from app import cdk_json_context, load_models  # noqa: E402
+from stacks.settings import MmeSettings  # noqa: E402
+from stacks.triton_mme_stack import TritonMmeStack  # noqa: E402
+
+_HEX64 = re.compile(r"\b[0-9a-f]{64}\b")
+_RELEASE = re.compile(r"\br-[0-9a-f]{16}\b")
+
+
+@dataclass
+class Synth:
+    """One synthesized app: the stack, its template (assertions and plain JSON) and outdir."""
+
+    app: cdk.App
+    stack: TritonMmeStack
+    template: Template
+    data: dict[str, Any]
+    text: str
+    outdir: Path
+
+    def resources(self, type_: str) -> dict[str, dict[str, Any]]:
+        return {k: v for k, v in self.data["Resources"].items() if v["Type"] == type_}
+
+    def only(self, type_: str) -> tuple[str, dict[str, Any]]:
+        found = self.resources(type_)
+        assert len(found) == 1, f"expected one {type_}, found {sorted(found)}"
+        return next(iter(found.items()))
+
+
+def context(**settings: Any) -> dict[str, Any]:
+    """``cdk.json`` context plus ``mme:`` settings given as strings, as ``-c`` would give them."""
+    merged = cdk_json_context()
+    for key, value in settings.items():
+        merged[f"mme:{key}"] = value
+    return merged
+
+
+def synth(
+    outdir: Path,
+    *,
+    nag: bool = True,
+    manifest_path: Path | str | None = "default",
+    **settings: Any,
+) -> Synth:
+    """Build the app in-process the way ``app.py`` does (settings from the context) and synth it.
+
+    ``manifest_path`` overrides ``mme:manifest_path`` with an absolute path (None: no manifest).
+    """
+    if manifest_path is None:
+        settings.setdefault("manifest_path", "")
+    elif manifest_path != "default":
+        settings["manifest_path"] = str(manifest_path)
+    ctx = context(**settings)
+    app = cdk.App(context=ctx, outdir=str(outdir), analytics_reporting=False)
+    parsed = MmeSettings.from_context(ctx)
+    manifest, path = load_models(parsed)
+    stack = TritonMmeStack(
+        app, parsed.stack_name, settings=parsed, manifest=manifest, manifest_path=path,
+        env=(cdk.Environment(account=parsed.account, region=parsed.region)
+             if parsed.account or parsed.region else None),
+    )
+    if nag:
+        cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+    assembly = app.synth()
+    artifact = assembly.get_stack_artifact(stack.artifact_id)
+    text = (outdir / artifact.template_file).read_text(encoding="utf-8")
+    return Synth(
+        app=app,
+        stack=stack,
+        template=Template.from_json(json.loads(text)),
+        data=json.loads(text),
+        text=text,
+        outdir=outdir,
+    )
+
+
+def mask(text: str) -> str:
+    """Mask what changes with the build code or the manifest, not with the infrastructure."""
+    return _RELEASE.sub("r-<release>", _HEX64.sub("<sha256>", text))
+
+
+def statements(data: Mapping[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every IAM policy statement of a template, with the logical id of its policy or role."""
+    for logical_id, resource in data["Resources"].items():
+        documents = []
+        if resource["Type"] == "AWS::IAM::Policy":
+            documents.append(resource["Properties"]["PolicyDocument"])
+        if resource["Type"] == "AWS::IAM::Role":
+            documents.extend(p["PolicyDocument"] for p in resource["Properties"].get("Policies", []))
+        for document in documents:
+            for statement in document["Statement"]:
+                yield logical_id, statement
+
+
+def as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def policy_of_role(data: Mapping[str, Any], role_logical_id: str) -> list[dict[str, Any]]:
+    """The statements of every ``AWS::IAM::Policy`` attached to a role."""
+    found = []
+    for resource in data["Resources"].values():
+        if resource["Type"] != "AWS::IAM::Policy":
+            continue
+        roles = resource["Properties"].get("Roles", [])
+        if {"Ref": role_logical_id} in roles:
+            found.extend(resource["Properties"]["PolicyDocument"]["Statement"])
+    return found
+
+
+def write_manifest(path: Path, count: int) -> Path:
+    """A valid manifest of ``count`` synthetic models (no download, no local file)."""
+    models = [
+        {
+            "name": f"model-{index:04d}",
+            "source": {
+                "kind": "synthetic",
+                "architecture": "resnet",
+                "seed": index,
+                "config": {"embedding_size": 8, "hidden_sizes": [8, 16], "depths": [1, 1]},
+            },
+            "task": "image-classification",
+            "format": "onnx",
+            "max_batch_size": 8,
+            "image": {"image_size": 32, "channels": 3},
+        }
+        for index in range(count)
+    ]
+    path.write_text(yaml.safe_dump({"version": 1, "models": models}, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """The environment of a CDK app or CLI run: the venv's Node 24 first, no AWS lookups."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CDK_", "AWS_"))}
+    env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+    env["AWS_EC2_METADATA_DISABLED"] = "true"
+    env["CDK_DISABLE_VERSION_CHECK"] = "1"
+    env.update(extra)
+    return env
+
+
+def run_app(outdir: Path, settings: Mapping[str, Any] | None = None, **extra_env: str) -> subprocess.CompletedProcess[str]:
+    """``python app.py`` with ``-c``-style context, passed the way the CDK CLI passes it."""
+    ctx = {f"mme:{k}": v for k, v in (settings or {}).items()}
+    env = subprocess_env(CDK_OUTDIR=str(outdir), CDK_CONTEXT_JSON=json.dumps(ctx), **extra_env)
+    return subprocess.run(
+        [sys.executable, "app.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )

@@ -1,0 +1,183 @@
+"""MmeSettings: defaults, coercion of ``-c`` strings, and one clear message per bad value."""
+
+from __future__ import annotations
+
+import pytest
+from cdk_helpers import ROOT  # noqa: F401  (puts the project root on sys.path)
+from pydantic import ValidationError
+
+from constructs.sagemaker_limits import MME_GPU_INSTANCE_TYPES, TRITON_EXTRA_KEYS
+from constructs.triton_image import load_image_table
+from stacks.settings import MAX_BUILD_TOTAL_TIMEOUT_MINUTES, MmeSettings, SettingsError
+
+
+def settings(**values: object) -> MmeSettings:
+    return MmeSettings.from_context({f"mme:{k}": v for k, v in values.items()})
+
+
+def error_of(**values: object) -> str:
+    with pytest.raises(SettingsError) as caught:
+        settings(**values)
+    return str(caught.value)
+
+
+def test_defaults() -> None:
+    s = settings()
+    assert s.stack_name == "TritonMme"
+    assert s.endpoint_name == "triton-mme"
+    assert s.instance_type == "ml.g5.xlarge"
+    assert (s.initial_instance_count, s.min_instance_count, s.max_instance_count) == (1, 1, 4)
+    assert (s.invocations_per_instance_target, s.invocations_scale_in_cooldown_seconds,
+            s.invocations_scale_out_cooldown_seconds) == (70, 600, 300)
+    assert (s.gpu_utilization_target, s.gpu_scale_in_cooldown_seconds,
+            s.gpu_scale_out_cooldown_seconds) == (60, 600, 200)
+    assert s.triton_image_version is None
+    assert (s.shm_default_byte_size, s.shm_growth_byte_size) == (16777216, 1048576)
+    assert s.triton_log_verbose is False
+    assert s.triton_environment == {}
+    assert s.model_cache == "Enabled"
+    assert s.model_data_download_timeout_seconds == 600
+    assert s.container_startup_health_check_timeout_seconds == 600
+    assert s.volume_size_gb is None
+    assert s.model_prefix == "models"
+    assert (s.noncurrent_version_expiration_days, s.retired_release_expiration_days,
+            s.access_log_expiration_days) == (30, 30, 365)
+    assert s.bucket_removal_policy == "retain"
+    assert s.manifest_path == "models.yaml"
+    assert s.release_id is None
+    assert (s.build_memory_mb, s.build_ephemeral_storage_mb, s.build_timeout_minutes) == (6144, 10240, 15)
+    assert (s.build_total_timeout_minutes, s.build_query_interval_seconds) == (60, 60)
+    assert s.artifacts_on_delete == "retain"
+    assert (s.account, s.region) == (None, None)
+
+
+def test_every_field_is_documented() -> None:
+    """The README table is generated from these: every field says what it does."""
+    undocumented = [name for name, field in MmeSettings.model_fields.items() if not field.description]
+    assert undocumented == []
+
+
+def test_context_strings_are_coerced() -> None:
+    s = settings(
+        initial_instance_count="2",
+        max_instance_count="3",
+        triton_log_verbose="true",
+        gpu_utilization_target="75.5",
+        volume_size_gb="",
+        instance_type="ml.p3.2xlarge",
+        triton_environment='{"SAGEMAKER_TRITON_THREAD_COUNT": 16, "SAGEMAKER_TRITON_ALLOW_METRICS": true}',
+    )
+    assert s.initial_instance_count == 2 and s.max_instance_count == 3
+    assert s.triton_log_verbose is True
+    assert s.gpu_utilization_target == 75.5
+    assert s.volume_size_gb is None
+    assert s.triton_environment == {
+        "SAGEMAKER_TRITON_ALLOW_METRICS": "true",
+        "SAGEMAKER_TRITON_THREAD_COUNT": "16",
+    }
+
+
+def test_json_values_from_cdk_json_are_accepted() -> None:
+    s = MmeSettings.from_context({"mme:max_instance_count": 8, "mme:triton_log_verbose": False,
+                                  "mme:triton_environment": {"SAGEMAKER_TRITON_PING_MODE": "ready"}})
+    assert s.max_instance_count == 8
+    assert s.triton_environment == {"SAGEMAKER_TRITON_PING_MODE": "ready"}
+
+
+def test_other_context_keys_are_ignored() -> None:
+    s = MmeSettings.from_context({"@aws-cdk/core:target-partitions": ["aws"], "other:key": "x"})
+    assert s == MmeSettings()
+
+
+def test_frozen_and_no_extra_fields() -> None:
+    s = MmeSettings()
+    with pytest.raises(ValidationError):
+        s.endpoint_name = "other"  # type: ignore[misc]
+    with pytest.raises(ValidationError):
+        MmeSettings(unknown_field=1)  # type: ignore[call-arg]
+
+
+def test_newest_image_version_is_the_default_and_versions_are_checked() -> None:
+    table = load_image_table()
+    assert table.newest == max(table.versions, key=lambda v: tuple(int(p) for p in v.split(".")))
+    assert settings(triton_image_version=table.versions[0]).triton_image_version == table.versions[0]
+    message = error_of(triton_image_version="22.01")
+    assert "mme:triton_image_version: got '22.01'" in message and table.newest in message
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ({"instance_type": "ml.m5.xlarge"}, "mme:instance_type: got 'ml.m5.xlarge'; a GPU multi-model endpoint runs on one of ml.g4dn.xlarge"),
+        ({"foo": "1"}, "mme:foo: unknown setting; known settings: mme:stack_name"),
+        ({"instnce_type": "ml.g5.xlarge"}, "mme:instnce_type: unknown setting; did you mean mme:instance_type?"),
+        ({"min_instance_count": "3", "max_instance_count": "2"}, "got 3, 1, 2; expected min <= initial <= max"),
+        ({"initial_instance_count": "5"}, "got 1, 5, 4; expected min <= initial <= max"),
+        ({"max_instance_count": "0"}, "mme:max_instance_count: got \"0\"; input should be greater than or equal to 1"),
+        ({"max_instance_count": "many"}, "mme:max_instance_count: got \"many\"; input should be a valid integer"),
+        ({"model_data_download_timeout_seconds": "30"}, "mme:model_data_download_timeout_seconds: got \"30\"; input should be greater than or equal to 60"),
+        ({"container_startup_health_check_timeout_seconds": "3601"}, "mme:container_startup_health_check_timeout_seconds: got \"3601\"; input should be less than or equal to 3600"),
+        ({"volume_size_gb": "100"}, "mme:volume_size_gb: got 100 with mme:instance_type ml.g5.xlarge; g4dn and g5"),
+        ({"volume_size_gb": "100", "instance_type": "ml.g4dn.2xlarge"}, "mme:volume_size_gb: got 100 with mme:instance_type ml.g4dn.2xlarge"),
+        ({"volume_size_gb": "600", "instance_type": "ml.p3.2xlarge"}, "mme:volume_size_gb: got \"600\"; input should be less than or equal to 512"),
+        ({"endpoint_name": "my_endpoint"}, "mme:endpoint_name: got 'my_endpoint'; expected 1 to 63 letters, digits and single hyphens"),
+        ({"endpoint_name": "e" * 64}, "expected 1 to 63 letters"),
+        ({"gpu_utilization_target": "0"}, "mme:gpu_utilization_target: got \"0\"; input should be greater than 0"),
+        ({"gpu_utilization_target": "101"}, "mme:gpu_utilization_target: got \"101\"; input should be less than or equal to 100"),
+        ({"invocations_per_instance_target": "-1"}, "mme:invocations_per_instance_target: got \"-1\""),
+        ({"model_cache": "On"}, "mme:model_cache: got \"On\"; input should be 'Enabled' or 'Disabled'"),
+        ({"triton_log_verbose": "maybe"}, "mme:triton_log_verbose: got \"maybe\"; input should be a valid boolean"),
+        ({"triton_environment": '{"SAGEMAKER_TRITON_BATCH_SIZE": "4"}'}, "mme:triton_environment: unknown key 'SAGEMAKER_TRITON_BATCH_SIZE'; allowed: SAGEMAKER_TRITON_ADDITIONAL_ARGS"),
+        ({"triton_environment": '{"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "bert"}'}, "key 'SAGEMAKER_TRITON_DEFAULT_MODEL_NAME' is for single-model endpoints"),
+        ({"triton_environment": '{"SAGEMAKER_TRITON_SHM_DEFAULT_BYTE_SIZE": "1"}'}, "key 'SAGEMAKER_TRITON_SHM_DEFAULT_BYTE_SIZE' has its own setting"),
+        ({"triton_environment": '{"SAGEMAKER_TRITON_LOG_VERBOSE": "true"}'}, "key 'SAGEMAKER_TRITON_LOG_VERBOSE' has its own setting"),
+        ({"triton_environment": '{"SAGEMAKER_TRITON_PING_MODE": "always"}'}, "SAGEMAKER_TRITON_PING_MODE got 'always'; expected one of ready, live"),
+        ({"triton_environment": '{"SAGEMAKER_TRITON_ADDITIONAL_ARGS": "' + "x" * 1025 + '"}'}, "has 1025 characters; at most 1024 allowed"),
+        ({"triton_environment": "not json"}, "mme:triton_environment: got 'not json'; expected a JSON object"),
+        ({"model_prefix": "/models/"}, "mme:model_prefix: got '/models/'; expected an S3 key prefix"),
+        ({"model_prefix": "models/../x"}, "mme:model_prefix: got 'models/../x'"),
+        ({"bucket_removal_policy": "delete"}, "mme:bucket_removal_policy: got \"delete\"; input should be 'retain' or 'destroy'"),
+        ({"artifacts_on_delete": "keep"}, "mme:artifacts_on_delete: got \"keep\"; input should be 'retain' or 'destroy'"),
+        ({"manifest_path": ""}, "mme:release_id: missing with an empty mme:manifest_path"),
+        ({"release_id": "r-0123456789abcdef"}, "mme:release_id: got 'r-0123456789abcdef' with mme:manifest_path 'models.yaml'"),
+        ({"manifest_path": "", "release_id": "latest"}, "mme:release_id: got 'latest'; expected a release id"),
+        ({"build_memory_mb": "20000"}, "mme:build_memory_mb: got \"20000\"; input should be less than or equal to 10240"),
+        ({"build_ephemeral_storage_mb": "256"}, "mme:build_ephemeral_storage_mb: got \"256\"; input should be greater than or equal to 512"),
+        ({"build_timeout_minutes": "16"}, "mme:build_timeout_minutes: got \"16\"; input should be less than or equal to 15"),
+        ({"build_total_timeout_minutes": "120"}, f"mme:build_total_timeout_minutes: got \"120\"; input should be less than or equal to {MAX_BUILD_TOTAL_TIMEOUT_MINUTES}"),
+        ({"build_total_timeout_minutes": "10", "build_query_interval_seconds": "45"}, "the total timeout must be a whole multiple of the query interval"),
+        ({"account": "12345"}, "mme:account: got \"12345\""),
+        ({"region": "moon-1"}, "mme:region: got \"moon-1\""),
+        ({"region": "us-gov-west-1"}, "mme:region: got 'us-gov-west-1'; the Triton image"),
+        ({"stack_name": "1stack"}, "mme:stack_name: got \"1stack\""),
+    ],
+)
+def test_bad_values_give_one_clear_message(values: dict[str, object], expected: str) -> None:
+    message = error_of(**values)
+    assert expected in message
+    assert "Traceback" not in message
+    # One problem, one line (a bad value is not reported twice).
+    assert len(message.splitlines()) == 1, message
+
+
+def test_several_problems_are_all_reported() -> None:
+    message = error_of(max_instance_count="x", model_cache="On")
+    assert "mme:max_instance_count" in message and "mme:model_cache" in message
+
+
+def test_settings_lists_match_the_limits_module() -> None:
+    assert settings(instance_type="ml.g4dn.16xlarge").instance_type == "ml.g4dn.16xlarge"
+    for instance_type in MME_GPU_INSTANCE_TYPES:
+        assert settings(instance_type=instance_type).instance_type == instance_type
+    env = {key: "1" for key in sorted(TRITON_EXTRA_KEYS) if key not in {
+        "SAGEMAKER_TRITON_PING_MODE", "SAGEMAKER_TRITON_INFERENCE_TYPE"}}
+    assert settings(triton_environment=env).triton_environment == env
+
+
+def test_volume_size_on_ebs_instance_types() -> None:
+    assert settings(instance_type="ml.p2.xlarge", volume_size_gb="64").volume_size_gb == 64
+
+
+def test_release_mode() -> None:
+    s = settings(manifest_path="", release_id="r-0123456789abcdef")
+    assert s.manifest_path == "" and s.release_id == "r-0123456789abcdef"

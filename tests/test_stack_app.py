@@ -1,0 +1,170 @@
+"""The app as users run it: ``python app.py`` and ``npx cdk synth``; errors, determinism, snapshot."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import aws_cdk as cdk
+import pytest
+from aws_cdk import aws_s3 as s3
+from cdk_helpers import ROOT, SNAPSHOTS, mask, run_app, subprocess_env
+
+import app as cdk_app
+
+HEAVY = {"torch", "sagemaker", "transformers", "onnx", "onnxruntime", "tritonclient", "boto3"}
+SNAPSHOT = SNAPSHOTS / "TritonMme.template.json"
+SYNTH_AND_LIST_MODULES = (
+    "import json, sys\n"
+    f"sys.path.insert(0, {str(ROOT)!r})\n"
+    "import app\n"
+    "rc = app.main()\n"
+    f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & set({sorted(HEAVY)!r}))))\n"
+    "sys.exit(rc)\n"
+)
+
+
+def snapshot_text(template: str) -> str:
+    """The template without what changes between CDK versions or build code revisions."""
+    data = json.loads(template)
+    data["Resources"].pop("CDKMetadata", None)
+    data.get("Conditions", {}).pop("CDKMetadataAvailable", None)
+    if data.get("Conditions") == {}:
+        del data["Conditions"]
+    return mask(json.dumps(data, indent=1)) + "\n"
+
+
+@pytest.fixture(scope="module")
+def two_synths(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[subprocess.CompletedProcess[str], Path]]:
+    """The default app synthesized twice, in two processes with different hash seeds."""
+    runs = []
+    for seed in ("1", "2"):
+        outdir = tmp_path_factory.mktemp(f"synth{seed}")
+        env = subprocess_env(CDK_OUTDIR=str(outdir), CDK_CONTEXT_JSON="{}", PYTHONHASHSEED=seed)
+        result = subprocess.run(
+            [sys.executable, "-c", SYNTH_AND_LIST_MODULES], cwd=ROOT, env=env,
+            capture_output=True, text=True, timeout=300,
+        )
+        runs.append((result, outdir))
+    return runs
+
+
+def test_app_synthesizes_without_credentials_or_heavy_imports(two_synths) -> None:  # type: ignore[no-untyped-def]
+    for result, outdir in two_synths:
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout.strip().splitlines()[-1]) == []
+        manifest = json.loads((outdir / "manifest.json").read_text())
+        # Environment-agnostic: no account or region looked up or baked in.
+        assert manifest["artifacts"]["TritonMme"]["environment"] == "aws://unknown-account/unknown-region"
+        assert not (ROOT / "cdk.context.json").exists()
+
+
+def test_two_synths_are_byte_identical(two_synths) -> None:  # type: ignore[no-untyped-def]
+    (first, first_dir), (second, second_dir) = two_synths
+    assert first.returncode == second.returncode == 0
+    template = "TritonMme.template.json"
+    assert (first_dir / template).read_bytes() == (second_dir / template).read_bytes()
+    assert (first_dir / "TritonMme.assets.json").read_bytes() == (second_dir / "TritonMme.assets.json").read_bytes()
+
+
+def test_snapshot(two_synths) -> None:  # type: ignore[no-untyped-def]
+    (result, outdir), _ = two_synths
+    assert result.returncode == 0, result.stderr
+    current = snapshot_text((outdir / "TritonMme.template.json").read_text())
+    if os.environ.get("UPDATE_SNAPSHOTS") == "1":
+        SNAPSHOT.parent.mkdir(parents=True, exist_ok=True)
+        SNAPSHOT.write_text(current)
+    assert SNAPSHOT.exists(), f"no snapshot yet: run with UPDATE_SNAPSHOTS=1 to write {SNAPSHOT}"
+    assert current == SNAPSHOT.read_text(), (
+        "the template changed; review the diff and rewrite the snapshot with UPDATE_SNAPSHOTS=1"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input: one message, exit status 1, no traceback
+# ---------------------------------------------------------------------------------------------
+
+
+def _manifest(tmp_path: Path, models: list[dict[str, object]]) -> str:
+    path = tmp_path / "models.yaml"
+    path.write_text(json.dumps({"version": 1, "models": models}))
+    return str(path)
+
+
+SYNTHETIC = {"kind": "synthetic", "architecture": "resnet"}
+MODEL = {"task": "image-classification", "image": {"image_size": 32}}
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("unknown key", "error: mme:foo: unknown setting; known settings: mme:stack_name"),
+        ("instance type", "error: mme:instance_type: got 'ml.m5.xlarge'; a GPU multi-model endpoint runs on one of"),
+        ("duplicate models", "models: target model name 'bert' is given twice"),
+        ("local source", "models[0](mine).source: kind 'local' with path 'exports/mine' is a file on this machine"),
+    ],
+)
+def test_bad_input_exits_1_with_one_message(tmp_path: Path, case: str, expected: str) -> None:
+    if case == "unknown key":
+        settings: dict[str, object] = {"foo": "1"}
+    elif case == "instance type":
+        settings = {"instance_type": "ml.m5.xlarge"}
+    elif case == "duplicate models":
+        settings = {"manifest_path": _manifest(tmp_path, [
+            {**MODEL, "name": "bert", "source": SYNTHETIC}, {**MODEL, "name": "bert", "source": SYNTHETIC}])}
+    else:
+        settings = {"manifest_path": _manifest(tmp_path, [
+            {**MODEL, "name": "mine", "source": {"kind": "local", "path": "exports/mine"}}])}
+    result = run_app(tmp_path / "out", settings)
+    assert result.returncode == 1, result.stderr
+    assert expected in result.stderr
+    assert "Traceback" not in result.stderr and "jsii" not in result.stderr
+    assert result.stderr.startswith("error: ")
+    assert not (tmp_path / "out" / "TritonMme.template.json").exists()
+
+
+def test_missing_manifest_file_names_the_setting(tmp_path: Path) -> None:
+    with pytest.raises(cdk_app.SettingsError, match=r"mme:manifest_path: got 'nope\.yaml'; no such file"):
+        cdk_app.build_app(cdk.App(context={"mme:manifest_path": "nope.yaml"}, outdir=str(tmp_path)))
+
+
+def test_the_nag_plugin_is_a_synth_gate(tmp_path: Path) -> None:
+    app = cdk.App(context={**cdk_app.cdk_json_context(), "mme:manifest_path": "",
+                           "mme:release_id": "r-0123456789abcdef"}, outdir=str(tmp_path))
+    stack = cdk_app.build_app(app)
+    s3.Bucket(stack, "Insecure")  # no TLS enforcement, no access logs
+    with pytest.raises(Exception, match="ValidationFailed"):
+        app.synth()
+    report = json.loads((tmp_path / "validation-report.json").read_text())
+    rules = {v["ruleName"] for p in report["pluginReports"] for v in p["violations"]}
+    assert {"AwsSolutions-S1", "AwsSolutions-S10"} <= rules
+
+
+# ---------------------------------------------------------------------------------------------
+# The CDK CLI pinned in package.json
+# ---------------------------------------------------------------------------------------------
+
+
+def _cdk(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["npx", "--no-install", "cdk", "synth", "--quiet", "--output", str(tmp_path / "cdk.out"), *args],
+        cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300,
+    )
+
+
+def test_cdk_cli_reports_a_bad_setting_without_traceback(tmp_path: Path) -> None:
+    result = _cdk(tmp_path, "-c", "mme:instance_type=ml.m5.xlarge")
+    assert result.returncode != 0
+    assert "error: mme:instance_type: got 'ml.m5.xlarge'; a GPU multi-model endpoint runs on one of" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_cdk_cli_synthesizes_the_default_app(tmp_path: Path) -> None:
+    result = _cdk(tmp_path, "-c", "mme:max_instance_count=2")
+    assert result.returncode == 0, result.stderr
+    template = json.loads((tmp_path / "cdk.out" / "TritonMme.template.json").read_text())
+    targets = [r for r in template["Resources"].values() if r["Type"] == "AWS::ApplicationAutoScaling::ScalableTarget"]
+    assert targets[0]["Properties"]["MaxCapacity"] == 2

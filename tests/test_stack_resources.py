@@ -1,0 +1,527 @@
+"""The default stack (``models.yaml``, default settings), built once, checked resource by resource."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from aws_cdk import Validations
+from aws_cdk.assertions import Match
+from cdk_helpers import ROOT, VENV_BIN, Synth, as_list, policy_of_role, statements, synth
+
+from constructs.model_bucket import RETIRED_TAG_KEY
+from constructs.triton_image import load_image_table
+from model_build.manifest import load_manifest
+from model_build.release import compute_release
+
+BUCKET = "AWS::S3::Bucket"
+
+
+@pytest.fixture(scope="module")
+def default(tmp_path_factory: pytest.TempPathFactory) -> Synth:
+    # With the AwsSolutions checks as a validation plugin: the synth fails on any finding.
+    return synth(tmp_path_factory.mktemp("default"), nag=True)
+
+
+def logical_id(s: Synth, construct_path_suffix: str) -> str:
+    """Logical id of the CloudFormation resource at ``<stack>/<suffix>``."""
+    node = s.stack.node.find_child(construct_path_suffix.split("/")[0])
+    for part in construct_path_suffix.split("/")[1:]:
+        node = node.node.find_child(part)
+    return s.stack.resolve(s.stack.get_logical_id(node))  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------
+# Quality gates
+# ---------------------------------------------------------------------------------------------
+
+
+def test_cdk_nag_passes_with_specific_acknowledgments(default: Synth) -> None:
+    report = default.outdir / "validation-report.json"
+    if report.exists():
+        assert json.loads(report.read_text())["pluginReports"] == []
+    acknowledged: dict[str, str] = {}
+    for construct in default.app.node.find_all():
+        for entry in construct.node.metadata:
+            if entry.type == Validations.ACKNOWLEDGED_RULES_METADATA_KEY:
+                for rule_id, reason in dict(entry.data).items():
+                    acknowledged[re.sub(r"^annotation::", "", rule_id, flags=re.I)] = reason
+    # Every acknowledgment is one rule or one finding (never a blanket IAM5), with a reason.
+    assert acknowledged
+    assert "AwsSolutions-IAM5" not in acknowledged and "AwsSolutions-IAM4" not in acknowledged
+    for rule_id, reason in acknowledged.items():
+        assert len(reason) > 60, (rule_id, reason)
+    rules = {rule_id.split("[")[0] for rule_id in acknowledged}
+    assert rules == {"AwsSolutions-IAM5", "AwsSolutions-S1", "AwsSolutions-SF2"}
+
+
+def test_cfn_lint_reports_nothing(default: Synth) -> None:
+    template = default.outdir / "TritonMme.template.json"
+    result = subprocess.run(
+        [str(VENV_BIN / "cfn-lint"), str(template)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip() == ""
+
+
+def test_no_wildcard_action_and_no_managed_policy(default: Synth) -> None:
+    for policy, statement in statements(default.data):
+        for action in as_list(statement["Action"]):
+            assert "*" not in action, (policy, statement)
+    for role_id, role in default.resources("AWS::IAM::Role").items():
+        assert "ManagedPolicyArns" not in role["Properties"], role_id
+
+
+def test_outputs(default: Synth) -> None:
+    outputs = default.data["Outputs"]
+    assert set(outputs) == {
+        "EndpointName", "EndpointArn", "ModelBucketName", "ModelDataUrl", "ReleaseId", "ExecutionRoleArn"
+    }
+    for name, output in outputs.items():
+        assert len(output.get("Description", "")) > 10, name
+    endpoint = logical_id(default, "Endpoint/Resource")
+    build = logical_id(default, "ModelBuild/Resource/Default")
+    assert outputs["EndpointName"]["Value"] == {"Fn::GetAtt": [endpoint, "EndpointName"]}
+    assert outputs["EndpointArn"]["Value"] == {"Fn::GetAtt": [endpoint, "EndpointArn"]}
+    assert outputs["ModelDataUrl"]["Value"] == {"Fn::GetAtt": [build, "ModelDataUrl"]}
+    assert outputs["ModelBucketName"]["Value"] == {"Ref": logical_id(default, "ModelBucket/Resource/Resource")}
+    release_id = default.only("Custom::TritonModelRelease")[1]["Properties"]["ReleaseId"]
+    assert outputs["ReleaseId"]["Value"] == release_id
+    assert re.fullmatch(r"r-[0-9a-f]{16}", release_id)
+
+
+def test_no_fixed_names_but_the_endpoint(default: Synth) -> None:
+    model = default.only("AWS::SageMaker::Model")[1]["Properties"]
+    config = default.only("AWS::SageMaker::EndpointConfig")[1]["Properties"]
+    assert "ModelName" not in model and "EndpointConfigName" not in config
+    for type_ in (BUCKET, "AWS::IAM::Role", "AWS::Lambda::Function", "AWS::Logs::LogGroup"):
+        for logical, resource in default.resources(type_).items():
+            props = resource["Properties"]
+            assert not {"BucketName", "RoleName", "FunctionName", "LogGroupName"} & set(props), logical
+
+
+# ---------------------------------------------------------------------------------------------
+# Model bucket
+# ---------------------------------------------------------------------------------------------
+
+
+def test_model_bucket(default: Synth) -> None:
+    key = logical_id(default, "ModelBucket/Key/Resource")
+    logs_bucket = logical_id(default, "ModelBucket/AccessLogs/Resource")
+    default.template.resource_count_is(BUCKET, 2)
+    default.template.has_resource(
+        BUCKET,
+        {
+            "Properties": {
+                "BucketEncryption": {
+                    "ServerSideEncryptionConfiguration": [
+                        {
+                            "BucketKeyEnabled": True,
+                            "ServerSideEncryptionByDefault": {
+                                "SSEAlgorithm": "aws:kms",
+                                "KMSMasterKeyID": {"Fn::GetAtt": [key, "Arn"]},
+                            },
+                        }
+                    ]
+                },
+                "PublicAccessBlockConfiguration": {
+                    "BlockPublicAcls": True,
+                    "BlockPublicPolicy": True,
+                    "IgnorePublicAcls": True,
+                    "RestrictPublicBuckets": True,
+                },
+                "VersioningConfiguration": {"Status": "Enabled"},
+                "LoggingConfiguration": {
+                    "DestinationBucketName": {"Ref": logs_bucket},
+                    "LogFilePrefix": "model-bucket/",
+                },
+                "LifecycleConfiguration": {
+                    "Rules": Match.array_with(
+                        [
+                            Match.object_like(
+                                {"NoncurrentVersionExpiration": {"NoncurrentDays": 30}, "Status": "Enabled"}
+                            ),
+                            Match.object_like(
+                                {
+                                    "ExpirationInDays": 30,
+                                    "TagFilters": [{"Key": RETIRED_TAG_KEY, "Value": "retired"}],
+                                    "Status": "Enabled",
+                                }
+                            ),
+                        ]
+                    )
+                },
+            },
+            "DeletionPolicy": "Retain",
+            "UpdateReplacePolicy": "Retain",
+        },
+    )
+    default.template.has_resource_properties(
+        "AWS::KMS::Key", {"EnableKeyRotation": True}
+    )
+
+
+def test_access_log_bucket(default: Synth) -> None:
+    default.template.has_resource(
+        BUCKET,
+        {
+            "Properties": {
+                "BucketEncryption": {
+                    "ServerSideEncryptionConfiguration": [
+                        {"ServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}
+                    ]
+                },
+                "PublicAccessBlockConfiguration": Match.object_like({"BlockPublicAcls": True}),
+                "LifecycleConfiguration": {
+                    "Rules": [Match.object_like({"ExpirationInDays": 365, "Status": "Enabled"})]
+                },
+                "LoggingConfiguration": Match.absent(),
+            },
+            "DeletionPolicy": "Retain",
+        },
+    )
+
+
+def test_both_buckets_enforce_tls(default: Synth) -> None:
+    policies = default.resources("AWS::S3::BucketPolicy")
+    assert len(policies) == 2
+    for policy in policies.values():
+        denies = [
+            s for s in policy["Properties"]["PolicyDocument"]["Statement"]
+            if s["Effect"] == "Deny" and s.get("Condition") == {"Bool": {"aws:SecureTransport": "false"}}
+        ]
+        assert denies, policy
+    # Server access logs are delivered through the log bucket's policy (no ACL).
+    default.template.has_resource_properties(
+        "AWS::S3::BucketPolicy",
+        {
+            "PolicyDocument": {
+                "Statement": Match.array_with(
+                    [Match.object_like({"Principal": {"Service": "logging.s3.amazonaws.com"},
+                                        "Action": "s3:PutObject"})]
+                )
+            }
+        },
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Execution role
+# ---------------------------------------------------------------------------------------------
+
+
+def test_execution_role(default: Synth) -> None:
+    role_id = logical_id(default, "ExecutionRole/Resource/Resource")
+    bucket = logical_id(default, "ModelBucket/Resource/Resource")
+    key = logical_id(default, "ModelBucket/Key/Resource")
+    image = logical_id(default, "TritonImage/Resource")
+    role = default.data["Resources"][role_id]["Properties"]
+    assert role["AssumeRolePolicyDocument"]["Statement"] == [
+        {"Action": "sts:AssumeRole", "Effect": "Allow", "Principal": {"Service": "sagemaker.amazonaws.com"}}
+    ]
+    assert "ManagedPolicyArns" not in role
+    found = policy_of_role(default.data, role_id)
+    by_action = {a: s for s in found for a in as_list(s["Action"])}
+    assert set(by_action) == {
+        "s3:GetObject", "s3:ListBucket", "kms:Decrypt",
+        "ecr:GetAuthorizationToken", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer",
+        "ecr:BatchCheckLayerAvailability",
+        "logs:CreateLogGroup", "logs:CreateLogStream", "logs:DescribeLogStreams", "logs:PutLogEvents",
+        "cloudwatch:PutMetricData",
+    }
+    assert by_action["s3:GetObject"]["Resource"] == {
+        "Fn::Join": ["", [{"Fn::GetAtt": [bucket, "Arn"]}, "/models/*"]]
+    }
+    assert by_action["s3:ListBucket"]["Resource"] == {"Fn::GetAtt": [bucket, "Arn"]}
+    assert by_action["s3:ListBucket"]["Condition"] == {"StringLike": {"s3:prefix": ["models", "models/*"]}}
+    assert by_action["kms:Decrypt"]["Resource"] == {"Fn::GetAtt": [key, "Arn"]}
+    assert by_action["ecr:GetAuthorizationToken"]["Resource"] == "*"
+    layers = json.dumps(by_action["ecr:BatchGetImage"]["Resource"])
+    assert f'"Fn::FindInMap": ["{image}", {{"Ref": "AWS::Region"}}, "Account"]' in layers
+    assert layers.endswith(':repository/sagemaker-tritonserver"]]}')
+    assert by_action["ecr:GetDownloadUrlForLayer"] is by_action["ecr:BatchGetImage"]
+    assert by_action["cloudwatch:PutMetricData"]["Condition"] == {
+        "StringEquals": {"cloudwatch:namespace": "/aws/sagemaker/Endpoints"}
+    }
+    logs = json.dumps(by_action["logs:PutLogEvents"]["Resource"])
+    assert ":log-group:/aws/sagemaker/Endpoints/triton-mme:log-stream:*" in logs
+    group = json.dumps(by_action["logs:CreateLogGroup"]["Resource"])
+    assert ":log-group:/aws/sagemaker/Endpoints/triton-mme" in group
+    # The only resource wildcards: the two APIs without resource-level permissions.
+    star = [s for s in found if s["Resource"] == "*"]
+    assert sorted(a for s in star for a in as_list(s["Action"])) == [
+        "cloudwatch:PutMetricData", "ecr:GetAuthorizationToken"
+    ]
+
+
+def test_sagemaker_resources_wait_for_the_role_policy(default: Synth) -> None:
+    policy = logical_id(default, "ExecutionRole/Resource/DefaultPolicy/Resource")
+    for type_ in ("AWS::SageMaker::Model", "AWS::SageMaker::EndpointConfig", "AWS::SageMaker::Endpoint"):
+        assert policy in default.only(type_)[1]["DependsOn"], type_
+
+
+# ---------------------------------------------------------------------------------------------
+# Image, model, endpoint config, endpoint
+# ---------------------------------------------------------------------------------------------
+
+
+def test_image_mapping_covers_every_region_of_the_sdk_table(default: Synth) -> None:
+    table = load_image_table()
+    row = table.row(None)
+    mapping = default.data["Mappings"][logical_id(default, "TritonImage/Resource")]
+    assert set(mapping) == set(row.registries)
+    assert len(mapping) == len(row.registries) >= 30
+    for region, entry in mapping.items():
+        assert entry == {"Account": row.registries[region], "ImageUri": row.image_uri(region)}
+        assert entry["ImageUri"].endswith(f"/sagemaker-tritonserver:{table.newest}-py3")
+
+
+def test_model(default: Synth) -> None:
+    build = logical_id(default, "ModelBuild/Resource/Default")
+    default.template.resource_count_is("AWS::SageMaker::Model", 1)
+    default.template.has_resource_properties(
+        "AWS::SageMaker::Model",
+        {
+            "ExecutionRoleArn": {"Fn::GetAtt": [logical_id(default, "ExecutionRole/Resource/Resource"), "Arn"]},
+            "PrimaryContainer": {
+                "Mode": "MultiModel",
+                "Image": {"Fn::FindInMap": [logical_id(default, "TritonImage/Resource"), {"Ref": "AWS::Region"}, "ImageUri"]},
+                "ModelDataUrl": {"Fn::GetAtt": [build, "ModelDataUrl"]},
+                "MultiModelConfig": {"ModelCacheSetting": "Enabled"},
+                "Environment": {
+                    "SAGEMAKER_TRITON_SHM_DEFAULT_BYTE_SIZE": "16777216",
+                    "SAGEMAKER_TRITON_SHM_GROWTH_BYTE_SIZE": "1048576",
+                    "SAGEMAKER_TRITON_LOG_VERBOSE": "false",
+                },
+            },
+        },
+    )
+
+
+def test_endpoint_config(default: Synth) -> None:
+    default.template.resource_count_is("AWS::SageMaker::EndpointConfig", 1)
+    config = default.only("AWS::SageMaker::EndpointConfig")[1]["Properties"]
+    assert "KmsKeyId" not in config  # instance store: CreateEndpointConfig refuses one
+    assert config["ProductionVariants"] == [
+        {
+            "VariantName": "AllTraffic",
+            "ModelName": {"Fn::GetAtt": [logical_id(default, "Endpoint/Model"), "ModelName"]},
+            "InstanceType": "ml.g5.xlarge",
+            "InitialInstanceCount": 1,
+            "InitialVariantWeight": 1,
+            "ModelDataDownloadTimeoutInSeconds": 600,
+            "ContainerStartupHealthCheckTimeoutInSeconds": 600,
+        }
+    ]
+
+
+def test_endpoint(default: Synth) -> None:
+    default.template.resource_count_is("AWS::SageMaker::Endpoint", 1)
+    default.template.has_resource_properties(
+        "AWS::SageMaker::Endpoint",
+        {
+            "EndpointName": "triton-mme",
+            "EndpointConfigName": {
+                "Fn::GetAtt": [logical_id(default, "Endpoint/EndpointConfig"), "EndpointConfigName"]
+            },
+            "RetainAllVariantProperties": True,
+        },
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Autoscaling
+# ---------------------------------------------------------------------------------------------
+
+
+def test_scalable_target(default: Synth) -> None:
+    endpoint = logical_id(default, "Endpoint/Resource")
+    default.template.resource_count_is("AWS::ApplicationAutoScaling::ScalableTarget", 1)
+    default.template.has_resource_properties(
+        "AWS::ApplicationAutoScaling::ScalableTarget",
+        {
+            "ServiceNamespace": "sagemaker",
+            "ScalableDimension": "sagemaker:variant:DesiredInstanceCount",
+            # GetAtt of the endpoint: registered after the endpoint exists.
+            "ResourceId": {"Fn::Join": ["", ["endpoint/", {"Fn::GetAtt": [endpoint, "EndpointName"]}, "/variant/AllTraffic"]]},
+            "MinCapacity": 1,
+            "MaxCapacity": 4,
+            "RoleARN": {"Fn::Join": ["", Match.array_with([
+                ":role/aws-service-role/sagemaker.application-autoscaling.amazonaws.com/"
+                "AWSServiceRoleForApplicationAutoScaling_SageMakerEndpoint"
+            ])]},
+        },
+    )
+
+
+def test_scaling_policies(default: Synth) -> None:
+    endpoint = logical_id(default, "Endpoint/Resource")
+    target = logical_id(default, "Autoscaling/Resource/Resource")
+    default.template.resource_count_is("AWS::ApplicationAutoScaling::ScalingPolicy", 2)
+    default.template.has_resource_properties(
+        "AWS::ApplicationAutoScaling::ScalingPolicy",
+        {
+            "PolicyType": "TargetTrackingScaling",
+            "ScalingTargetId": {"Ref": target},
+            "TargetTrackingScalingPolicyConfiguration": {
+                "PredefinedMetricSpecification": {"PredefinedMetricType": "SageMakerVariantInvocationsPerInstance"},
+                "TargetValue": 70,
+                "ScaleInCooldown": 600,
+                "ScaleOutCooldown": 300,
+            },
+        },
+    )
+    default.template.has_resource_properties(
+        "AWS::ApplicationAutoScaling::ScalingPolicy",
+        {
+            "PolicyType": "TargetTrackingScaling",
+            "ScalingTargetId": {"Ref": target},
+            "TargetTrackingScalingPolicyConfiguration": {
+                "CustomizedMetricSpecification": {
+                    "MetricName": "GPUUtilization",
+                    "Namespace": "/aws/sagemaker/Endpoints",
+                    "Dimensions": [
+                        {"Name": "EndpointName", "Value": {"Fn::GetAtt": [endpoint, "EndpointName"]}},
+                        {"Name": "VariantName", "Value": "AllTraffic"},
+                    ],
+                    "Statistic": "Average",
+                    "Unit": "Percent",
+                },
+                "TargetValue": 60,
+                "ScaleInCooldown": 600,
+                "ScaleOutCooldown": 200,
+            },
+        },
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Model build custom resource
+# ---------------------------------------------------------------------------------------------
+
+
+def test_build_custom_resource(default: Synth) -> None:
+    manifest = load_manifest(ROOT / "models.yaml")
+    # The release the construct computed at synth (the build code may change while tests run).
+    release = default.stack.node.find_child("ModelBuild").release
+    assert release.manifest_sha256 == manifest.content_sha256()
+    assert release == compute_release(manifest, base_dir=ROOT, code_sha256=release.code_sha256)
+    _, resource = default.only("Custom::TritonModelRelease")
+    props = resource["Properties"]
+    assert set(props) == {
+        "ServiceToken", "ServiceTimeout", "ManifestBucket", "ManifestKey", "ManifestSha256",
+        "ModelBucket", "ModelPrefix", "ReleaseId", "CodeSha256", "OnDelete", "RetiredTagKey",
+    }
+    assert props["ServiceTimeout"] == "3600"
+    assert re.fullmatch(r"[0-9a-f]{64}\.yaml", props["ManifestKey"])
+    assert props["ManifestBucket"] == {"Fn::Sub": "cdk-hnb659fds-assets-${AWS::AccountId}-${AWS::Region}"}
+    assert props["ManifestSha256"] == manifest.content_sha256() == release.manifest_sha256
+    assert props["ReleaseId"] == release.release_id
+    assert props["CodeSha256"] == release.code_sha256
+    assert props["ModelBucket"] == {"Ref": logical_id(default, "ModelBucket/Resource/Resource")}
+    assert props["ModelPrefix"] == "models"
+    assert props["OnDelete"] == "retain"
+    assert props["RetiredTagKey"] == "triton-mme:release-state"
+    assert resource["DeletionPolicy"] == "Delete"
+    # The manifest is not inlined.
+    assert "resnet-synthetic" not in json.dumps(props)
+
+
+def test_build_functions_share_one_image(default: Synth) -> None:
+    functions = {
+        k: v["Properties"] for k, v in default.resources("AWS::Lambda::Function").items()
+        if v["Properties"].get("PackageType") == "Image"
+    }
+    assert len(functions) == 2
+    commands = sorted(p["ImageConfig"]["Command"][0] for p in functions.values())
+    assert commands == ["model_build.handler.is_complete", "model_build.handler.on_event"]
+    images = {json.dumps(p["Code"]["ImageUri"]) for p in functions.values()}
+    assert len(images) == 1
+    for props in functions.values():
+        assert props["MemorySize"] == 6144
+        assert props["EphemeralStorage"] == {"Size": 10240}
+        assert props["Timeout"] == 900
+        assert props["Architectures"] == ["x86_64"]
+        assert "LogGroup" in props["LoggingConfig"]
+    assets = json.loads((default.outdir / "TritonMme.assets.json").read_text())
+    assert len(assets["dockerImages"]) == 1
+    (image,) = assets["dockerImages"].values()
+    assert image["source"]["platform"] == "linux/amd64"
+    staged = default.outdir / image["source"]["directory"]
+    assert (staged / "Dockerfile").is_file() and (staged / "handler.py").is_file()
+    assert not list(staged.rglob("__pycache__"))
+
+
+def test_provider_is_asynchronous_with_the_configured_timeouts(default: Synth) -> None:
+    machine = default.only("AWS::StepFunctions::StateMachine")[1]["Properties"]
+    definition = "".join(p if isinstance(p, str) else "<ref>" for p in machine["DefinitionString"]["Fn::Join"][1])
+    assert '"IntervalSeconds":60,"MaxAttempts":60,"BackoffRate":1' in definition
+    assert machine["LoggingConfiguration"]["Level"] == "ALL"
+    # The provider's onEvent calls the user's on_event; the waiter polls is_complete.
+    framework = {
+        p["Handler"]: p for p in (v["Properties"] for v in default.resources("AWS::Lambda::Function").values())
+        if p.get("Handler", "").startswith("framework.")
+    }
+    assert set(framework) == {"framework.onEvent", "framework.isComplete", "framework.onTimeout"}
+
+
+def test_log_groups_have_retention(default: Synth) -> None:
+    groups = default.resources("AWS::Logs::LogGroup")
+    assert len(groups) == 4  # on_event, is_complete, provider framework, waiter state machine
+    for logical, group in groups.items():
+        assert group["Properties"]["RetentionInDays"] == 30, logical
+
+
+def test_build_role_is_scoped(default: Synth) -> None:
+    role_id = logical_id(default, "ModelBuild/Role/Resource")
+    bucket = logical_id(default, "ModelBucket/Resource/Resource")
+    found = policy_of_role(default.data, role_id)
+    by_action = {a: s for s in found for a in as_list(s["Action"])}
+    assert set(by_action) == {
+        "s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload", "s3:GetObjectTagging",
+        "s3:PutObjectTagging", "s3:ListBucket", "kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey",
+        "cloudformation:DescribeStacks", "logs:CreateLogStream", "logs:PutLogEvents",
+    }
+    prefix_objects = {"Fn::Join": ["", [{"Fn::GetAtt": [bucket, "Arn"]}, "/models/*"]]}
+    for action in ("s3:PutObject", "s3:AbortMultipartUpload", "s3:PutObjectTagging"):
+        assert by_action[action]["Resource"] == prefix_objects, action
+    assert by_action["cloudformation:DescribeStacks"]["Resource"] == {"Ref": "AWS::StackId"}
+    manifest_reads = [s for s in found if s.get("Sid") == "ReadManifest"]
+    assert len(manifest_reads) == 1
+    assert json.dumps(manifest_reads[0]["Resource"]).endswith('.yaml"]]}')
+
+
+def test_model_waits_for_the_build_through_getatt(default: Synth) -> None:
+    model = default.only("AWS::SageMaker::Model")[1]
+    build = logical_id(default, "ModelBuild/Resource/Default")
+    assert model["Properties"]["PrimaryContainer"]["ModelDataUrl"] == {"Fn::GetAtt": [build, "ModelDataUrl"]}
+    # No obsolete DependsOn next to the GetAtt (cfn-lint W3005).
+    assert build not in model.get("DependsOn", [])
+
+
+def test_template_has_no_local_paths(default: Synth) -> None:
+    assert str(ROOT) not in default.text
+    assert str(Path.home()) not in default.text or str(Path.home()) == "/"
+
+
+def test_project_constructs_extend_the_constructs_library() -> None:
+    """``constructs/`` has no ``__init__.py``: it extends the library's package instead of
+    shadowing it, so aws_cdk and every project construct module import in one process."""
+    import importlib
+
+    import aws_cdk  # noqa: F401
+
+    import constructs
+
+    assert not (ROOT / "constructs" / "__init__.py").exists()
+    modules = sorted(p.stem for p in (ROOT / "constructs").glob("*.py"))
+    assert {"model_bucket", "sagemaker_execution_role", "triton_image", "triton_mme_endpoint",
+            "endpoint_autoscaling", "model_build_resource"} <= set(modules)
+    for name in modules:
+        module = importlib.import_module(f"constructs.{name}")
+        assert Path(module.__file__).parent == ROOT / "constructs"  # type: ignore[arg-type]
+    assert constructs.Construct.__module__ == "constructs"
+    assert "_jsii" not in modules
