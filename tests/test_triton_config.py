@@ -75,7 +75,7 @@ FULL_TUNING = {
         "do_copy_in_default_stream": True,
         "execution_mode": "parallel",
         "intra_op_thread_count": 2,
-        "inter_op_thread_count": 1,
+        "inter_op_thread_count": 2,
     },
     "tensorrt": {
         "precision_mode": "FP16",
@@ -126,7 +126,7 @@ def test_onnx_render_has_every_setting_as_triton_expects() -> None:
         "enable_mem_pattern": "0",
         "do_copy_in_default_stream": "1",
         "intra_op_thread_count": "2",
-        "inter_op_thread_count": "1",
+        "inter_op_thread_count": "2",
     }
     assert config.optimization.graph.level == 1
     accelerators = config.optimization.execution_accelerators.gpu_execution_accelerator
