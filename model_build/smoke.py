@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import math
 import random
 import re
 import sys
@@ -39,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from model_build.compare import compare_arrays
 from model_build.errors import ModelBuildError, TritonConfigError, VerifyError
 from model_build.release import INDEX_NAME, REFERENCE_DIR
 
@@ -564,29 +566,11 @@ def _check_answer(result: Any, reference: _Reference, atol: float, rtol: float) 
 
 
 def _compare(name: str, got: np.ndarray, ref: np.ndarray, atol: float, rtol: float) -> float:
-    if got.dtype == np.object_ or ref.dtype == np.object_:
-        if not np.array_equal(got, ref):
-            raise _CallFailed("output", f"output {name!r}: bytes differ from the reference")
-        return 0.0
-    a = got.astype(np.float64)
-    b = ref.astype(np.float64)
-    if not np.isfinite(a).all():
-        bad = int((~np.isfinite(a)).sum())
-        raise _CallFailed("output", f"output {name!r}: {bad} values are nan or inf")
-    if a.size == 0:
-        return 0.0
-    diff = np.abs(a - b)
-    allowed = atol + rtol * np.abs(b)
-    largest = float(diff.max())
-    if (diff > allowed).any():
-        at = np.unravel_index(int(np.argmax(diff - allowed)), diff.shape)
-        raise _CallFailed(
-            "output",
-            f"output {name!r}: largest |difference| {largest:.3g} (at {[int(i) for i in at]}: got "
-            f"{a[at]:.4g}, reference {b[at]:.4g}); allowed atol {atol:g} + rtol {rtol:g} * |reference|",
-            max_diff=largest,
-        )
-    return largest
+    result = compare_arrays(name, got, ref, atol=atol, rtol=rtol)
+    if not result.ok:
+        shown = result.max_abs_diff if math.isfinite(result.max_abs_diff) else None
+        raise _CallFailed("output", result.problem or "", max_diff=shown)
+    return result.max_abs_diff
 
 
 def _smoke_target(

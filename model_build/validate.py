@@ -12,7 +12,6 @@ packaged tarball, loaded the way the Triton container loads it.
 from __future__ import annotations
 
 import io
-import math
 import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -22,6 +21,7 @@ import onnx
 import onnxruntime as ort
 import torch
 
+from model_build.compare import compare_arrays
 from model_build.errors import ExportError, ValidationMismatchError, VerifyError
 from model_build.export import export_onnx, export_torchscript, import_onnx, load_torchscript
 from model_build.manifest import ModelSpec, OnnxFileSource, SyntheticSource, Tolerance
@@ -62,45 +62,17 @@ def check_onnx(path: Path, *, model: str | None = None) -> None:
 def compare_outputs(
     model: str, output_name: str, actual: np.ndarray, expected: np.ndarray, tolerance: Tolerance
 ) -> float:
-    """Max ``|actual - expected|``; fails unless ``|a - b| <= atol + rtol * |b|`` everywhere.
-
-    Non-finite values fail whatever the tolerance: NaN compares false with everything, so a
-    plain ``allclose``-style check could pass on an output that is all NaN.
-    """
-    a = np.asarray(actual, dtype=np.float64)
-    b = np.asarray(expected, dtype=np.float64)
-    if a.shape != b.shape:
+    """Max ``|actual - expected|``; raises unless ``|a - b| <= atol + rtol * |b|`` everywhere
+    and every value is finite (see :func:`model_build.compare.compare_arrays`)."""
+    result = compare_arrays(
+        output_name, np.asarray(actual), np.asarray(expected), atol=tolerance.atol, rtol=tolerance.rtol
+    )
+    if not result.ok:
         raise ValidationMismatchError(
-            f"model {model!r}: output {output_name!r} has shape {list(a.shape)}, the reference has "
-            f"{list(b.shape)}",
-            model=model, output=output_name, max_abs_diff=math.inf,
+            f"model {model!r}: {result.problem}",
+            model=model, output=output_name, max_abs_diff=result.max_abs_diff, tolerance=result.allowed,
         )
-    for values, what in ((a, "output"), (b, "reference for output")):
-        bad = int(np.count_nonzero(~np.isfinite(values)))
-        if bad:
-            raise ValidationMismatchError(
-                f"model {model!r}: {what} {output_name!r} has {bad} non-finite value(s) (nan or inf) "
-                f"of {values.size}; every value must be finite",
-                model=model, output=output_name, max_abs_diff=math.inf,
-                tolerance=tolerance.atol,
-            )
-    if a.size == 0:
-        return 0.0
-    diff = np.abs(a - b)
-    allowed = tolerance.atol + tolerance.rtol * np.abs(b)
-    worst_diff = float(diff.max())
-    excess = diff - allowed
-    if float(excess.max()) > 0:
-        at = tuple(int(i) for i in np.unravel_index(int(np.argmax(excess)), diff.shape))
-        raise ValidationMismatchError(
-            f"model {model!r}: output {output_name!r} differs from the reference by up to "
-            f"{worst_diff:.3g}; at index {list(at)} it is {a[at]:.6g} instead of {b[at]:.6g}, "
-            f"allowed |a - b| <= atol {tolerance.atol:g} + rtol {tolerance.rtol:g} * |b| = "
-            f"{allowed[at]:.3g}",
-            model=model, output=output_name, max_abs_diff=worst_diff,
-            tolerance=float(allowed[at]),
-        )
-    return worst_diff
+    return result.max_abs_diff
 
 
 # --------------------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ from tritonclient.utils import (
     triton_to_np_dtype,
 )
 
+from model_build.compare import compare_arrays
 from model_build.errors import TritonConfigError, VerifyError
 from model_build.manifest import Tolerance
 from model_build.triton_config import (
@@ -651,39 +652,10 @@ def _view(array: np.ndarray, io: Any, mbs: int, *, to_model: bool) -> np.ndarray
 def _compare(
     name: str, got: np.ndarray, ref: np.ndarray, tolerance: Tolerance, model: str
 ) -> float:
-    if got.shape != ref.shape:
-        raise VerifyError(
-            f"model {model!r}: output {name!r}: shape {list(got.shape)} from the artifact; the "
-            f"reference has {list(ref.shape)}",
-            model=model,
-        )
-    if got.dtype == np.object_ or ref.dtype == np.object_:
-        if not np.array_equal(got, ref):
-            raise VerifyError(f"model {model!r}: output {name!r}: bytes differ from the reference", model=model)
-        return 0.0
-    a = got.astype(np.float64)
-    b = ref.astype(np.float64)
-    bad = ~(np.isfinite(a) & np.isfinite(b))
-    if bad.any():
-        raise VerifyError(
-            f"model {model!r}: output {name!r}: {int(bad.sum())} values are nan or inf (artifact or "
-            "reference); every value must be finite",
-            model=model,
-        )
-    if a.size == 0:
-        return 0.0
-    diff = np.abs(a - b)
-    allowed = tolerance.atol + tolerance.rtol * np.abs(b)
-    largest = float(diff.max())
-    if (diff > allowed).any():
-        worst = np.unravel_index(int(np.argmax(diff - allowed)), diff.shape)
-        raise VerifyError(
-            f"model {model!r}: output {name!r}: largest |difference| {largest:.6g} (at index "
-            f"{[int(i) for i in worst]}: got {a[worst]:.6g}, reference {b[worst]:.6g}); allowed "
-            f"atol {tolerance.atol:g} + rtol {tolerance.rtol:g} * |reference|",
-            model=model,
-        )
-    return largest
+    result = compare_arrays(name, got, ref, atol=tolerance.atol, rtol=tolerance.rtol)
+    if not result.ok:
+        raise VerifyError(f"model {model!r}: {result.problem}", model=model)
+    return result.max_abs_diff
 
 
 def _load_reference(path: Path, model: str) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
