@@ -477,6 +477,9 @@ def parse_manifest(data: Any, *, origin: str = "manifest") -> Manifest:
         raise ManifestError(f"{origin}: invalid\n{format_validation_error(error, data)}") from None
 
 
+_SafeLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def load_manifest(path: str | Path) -> Manifest:
     """Read and validate ``models.yaml``."""
     path = Path(path)
@@ -485,7 +488,9 @@ def load_manifest(path: str | Path) -> Manifest:
     except FileNotFoundError:
         raise ManifestError(f"manifest: file {str(path)!r} not found") from None
     try:
-        data = yaml.safe_load(text)
+        # libyaml's loader parses a 1000-model manifest ~4x faster than the pure-Python one,
+        # which is most of what a large manifest adds to `cdk synth` (docs/benchmarks.md).
+        data = yaml.load(text, Loader=_SafeLoader)
     except yaml.YAMLError as error:
         raise ManifestError(f"manifest {str(path)!r}: not valid YAML: {error}") from None
     return parse_manifest(data, origin=str(path))
