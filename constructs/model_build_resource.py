@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 import jsii
 from aws_cdk import Aws, CustomResource, Duration, RemovalPolicy, Size, Stack, Token
+from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
@@ -35,6 +37,21 @@ ON_DELETE_VALUES = ("retain", "destroy")
 CLOUDFORMATION_MAX_WAIT = Duration.hours(1)
 #: With more distinct source prefixes than this in one bucket, the build may read the bucket.
 _MAX_PREFIXES_PER_SOURCE_BUCKET = 10
+#: What Lambda needs to run a function in a VPC (the actions of the AWS managed policy
+#: AWSLambdaVPCAccessExecutionRole, which CDK attaches only to roles it creates itself).
+LAMBDA_VPC_ACTIONS: tuple[str, ...] = (
+    "ec2:AssignPrivateIpAddresses",
+    "ec2:CreateNetworkInterface",
+    "ec2:DeleteNetworkInterface",
+    "ec2:DescribeNetworkInterfaces",
+    "ec2:DescribeSubnets",
+    "ec2:UnassignPrivateIpAddresses",
+)
+
+
+def internet_sources(manifest: Manifest) -> list[str]:
+    """Names of the manifest's models whose source is downloaded from the internet."""
+    return [spec.name for spec in manifest.models if spec.source.kind == "huggingface"]
 
 
 def refuse_local_sources(manifest: Manifest) -> None:
@@ -122,6 +139,12 @@ class ModelBuildResource(Construct):
         deleted; ``destroy`` deletes them. A release superseded by an update is tagged
         ``triton-mme:release-state=retired`` either way.
     :param log_retention: retention of the handler, provider and waiter logs. Default: 1 month.
+    :param vpc: run both handlers in this VPC, in ``vpc_subnets`` with ``security_groups``; the role
+        gets the EC2 network-interface actions Lambda needs. The subnets must reach S3 and
+        CloudFormation (VPC endpoints or a NAT gateway); ``huggingface`` sources need the internet.
+        Default: not in a VPC.
+    :param vpc_subnets: subnets of the handlers (of ``vpc``).
+    :param security_groups: security groups of the handlers (of ``vpc``).
     """
 
     def __init__(
@@ -141,8 +164,16 @@ class ModelBuildResource(Construct):
         query_interval: Duration | None = None,
         on_delete: str = "retain",
         log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
+        vpc: ec2.IVpc | None = None,
+        vpc_subnets: Sequence[ec2.ISubnet] | None = None,
+        security_groups: Sequence[ec2.ISecurityGroup] | None = None,
     ) -> None:
         super().__init__(scope, id)
+        if not (bool(vpc) == bool(vpc_subnets) == bool(security_groups)):
+            raise PropsError(
+                "vpc, vpc_subnets, security_groups: give all three (a function in a VPC needs "
+                "subnets and security groups of it) or none"
+            )
         storage = ephemeral_storage_size or Size.mebibytes(10240)
         run_timeout = timeout or Duration.minutes(15)
         wait_timeout = total_timeout or CLOUDFORMATION_MAX_WAIT
@@ -198,6 +229,24 @@ class ModelBuildResource(Construct):
             )
         )
         self._grant_source_reads(manifest)
+        #: The policy that lets Lambda attach the handlers to the VPC (None without a VPC).
+        self.vpc_access_policy: iam.Policy | None = None
+        if vpc is not None:
+            self.vpc_access_policy = iam.Policy(
+                self,
+                "VpcAccess",
+                roles=[self.role],
+                statements=[iam.PolicyStatement(actions=list(LAMBDA_VPC_ACTIONS), resources=["*"])],
+            )
+            acknowledge_wildcard_resource(
+                self.vpc_access_policy,
+                "*",
+                "Lambda creates, describes and deletes the network interfaces of a function in a "
+                "VPC; these EC2 actions have no resource-level permissions that Lambda's calls match.",
+            )
+        self._vpc = vpc
+        self._vpc_subnets = list(vpc_subnets or [])
+        self._security_groups = list(security_groups or [])
 
         self.on_event_function = self._handler(
             "OnEvent",
@@ -344,7 +393,7 @@ class ModelBuildResource(Construct):
     ) -> lambda_.DockerImageFunction:
         log_group = logs.LogGroup(self, f"{id}Logs", retention=log_retention)
         log_group.grant_write(self.role)
-        return lambda_.DockerImageFunction(
+        function = lambda_.DockerImageFunction(
             self,
             id,
             code=code,
@@ -355,7 +404,14 @@ class ModelBuildResource(Construct):
             timeout=run_timeout,
             role=self.role,
             log_group=log_group,
+            vpc=self._vpc,
+            vpc_subnets=ec2.SubnetSelection(subnets=self._vpc_subnets) if self._vpc else None,
+            security_groups=self._security_groups or None,
         )
+        if self.vpc_access_policy is not None:
+            # Lambda checks the network-interface permissions when it creates the function.
+            function.node.add_dependency(self.vpc_access_policy)
+        return function
 
     def _framework_role(self, id: str, log_group: logs.ILogGroup) -> iam.Role:
         role = iam.Role(

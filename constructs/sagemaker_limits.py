@@ -122,6 +122,99 @@ TRITON_ENUM_VALUES: Mapping[str, tuple[str, ...]] = {
 INVOCATION_NAMESPACE = "AWS/SageMaker"
 INSTANCE_NAMESPACE = "/aws/sagemaker/Endpoints"
 
+# ---------------------------------------------------------------------------------------------
+# Endpoint deployment (botocore: DeploymentConfig, BlueGreenUpdatePolicy, TrafficRoutingConfig,
+# CapacitySize, AutoRollbackConfig; the CloudFormation schema of AWS::SageMaker::Endpoint)
+# ---------------------------------------------------------------------------------------------
+
+TRAFFIC_ROUTING_TYPES: tuple[str, ...] = ("ALL_AT_ONCE", "CANARY", "LINEAR")
+CAPACITY_SIZE_TYPES: tuple[str, ...] = ("INSTANCE_COUNT", "CAPACITY_PERCENT")
+#: TrafficRoutingConfig.WaitIntervalInSeconds (required by the API) and
+#: BlueGreenUpdatePolicy.TerminationWaitInSeconds.
+WAIT_INTERVAL_MIN_SECONDS = 0
+WAIT_INTERVAL_MAX_SECONDS = 3600
+TERMINATION_WAIT_MIN_SECONDS = 0
+TERMINATION_WAIT_MAX_SECONDS = 3600
+#: BlueGreenUpdatePolicy.MaximumExecutionTimeoutInSeconds; it "should be larger than the total
+#: waiting time specified in TerminationWaitInSeconds and WaitIntervalInSeconds".
+MAX_EXECUTION_TIMEOUT_MIN_SECONDS = 600
+MAX_EXECUTION_TIMEOUT_MAX_SECONDS = 28800
+#: CapacitySize.Value >= 1. CanarySize: "less than or equal to 50% of the variant's total
+#: instance count"; LinearStepSize: "10-50% of the variant's total instance count".
+CANARY_MAX_PERCENT = 50
+LINEAR_MIN_PERCENT = 10
+LINEAR_MAX_PERCENT = 50
+#: AutoRollbackConfig.Alarms: 1 to 10 alarm names (AlarmName: 1 to 255 characters).
+ROLLBACK_ALARMS_MIN = 1
+ROLLBACK_ALARMS_MAX = 10
+ALARM_NAME_MAX_LENGTH = 255
+
+
+def check_traffic_routing(
+    *,
+    traffic: str,
+    size_type: str | None,
+    size: int | None,
+    min_instances: int,
+    max_instances: int,
+    prefix: str = "",
+) -> None:
+    """A blue/green traffic shift SageMaker accepts for a variant of ``min_instances`` to
+    ``max_instances`` instances (autoscaling decides the count at deployment time, so an
+    instance-count step must fit every count in that range).
+
+    ``prefix`` is put before each prop name (``mme:`` for settings)."""
+    name = f"{prefix}rollout_size"
+    if traffic not in TRAFFIC_ROUTING_TYPES:
+        raise PropsError(
+            f"{prefix}rollout_traffic: got {traffic!r}; expected one of " + ", ".join(TRAFFIC_ROUTING_TYPES)
+        )
+    if traffic == "ALL_AT_ONCE":
+        if size is not None:
+            raise PropsError(
+                f"{name}: got {size} with {prefix}rollout_traffic ALL_AT_ONCE; a size is for CANARY "
+                "or LINEAR only: leave it unset"
+            )
+        return
+    if size is None:
+        raise PropsError(
+            f"{name}: missing with {prefix}rollout_traffic {traffic}; give the "
+            + ("canary" if traffic == "CANARY" else "linear step")
+            + " size (with rollout_size_type INSTANCE_COUNT or CAPACITY_PERCENT)"
+        )
+    if size_type not in CAPACITY_SIZE_TYPES:
+        raise PropsError(
+            f"{prefix}rollout_size_type: got {size_type!r}; expected one of " + ", ".join(CAPACITY_SIZE_TYPES)
+        )
+    if size < 1:
+        raise PropsError(f"{name}: got {size}; expected at least 1")
+    if size_type == "CAPACITY_PERCENT":
+        low = 1 if traffic == "CANARY" else LINEAR_MIN_PERCENT
+        high = CANARY_MAX_PERCENT if traffic == "CANARY" else LINEAR_MAX_PERCENT
+        if not low <= size <= high:
+            raise PropsError(
+                f"{name}: got {size} percent with {prefix}rollout_traffic {traffic}; expected {low} to "
+                f"{high} percent of the variant's instances"
+            )
+        return
+    # INSTANCE_COUNT: at most half of the smallest fleet; a linear step at least a tenth of the
+    # largest one.
+    most = min_instances // 2
+    if size > most:
+        raise PropsError(
+            f"{name}: got {size} instances with {prefix}rollout_traffic {traffic} and "
+            f"{prefix}min_instance_count {min_instances}; a {traffic.lower()} step may be at most 50% "
+            f"of the variant's instances, so at most {most} here"
+            + (" (none: use CAPACITY_PERCENT, ALL_AT_ONCE, or min_instance_count >= 2)" if most == 0 else "")
+        )
+    if traffic == "LINEAR" and size * 100 < LINEAR_MIN_PERCENT * max_instances:
+        least = -(-LINEAR_MIN_PERCENT * max_instances // 100)
+        raise PropsError(
+            f"{name}: got {size} instances with {prefix}rollout_traffic LINEAR and "
+            f"{prefix}max_instance_count {max_instances}; a linear step must be at least 10% of the "
+            f"variant's instances, so at least {least} here"
+        )
+
 
 # ---------------------------------------------------------------------------------------------
 # Checks shared by the constructs. Values that are unresolved tokens are not checked.

@@ -3,26 +3,35 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from aws_cdk import Duration, Token
 from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_sagemaker as sagemaker
 
 from constructs import Construct
+from constructs.nag_acknowledgments import acknowledge_wildcard_resource
 from constructs.sagemaker_limits import (
+    ALARM_NAME_MAX_LENGTH,
     ENVIRONMENT_KEY_PATTERN,
     ENVIRONMENT_MAX_ENTRIES,
     ENVIRONMENT_VALUE_MAX_LENGTH,
     INSTANCE_NAMESPACE,
     INVOCATION_NAMESPACE,
     LOG_VERBOSE_KEY,
+    MAX_EXECUTION_TIMEOUT_MAX_SECONDS,
+    MAX_EXECUTION_TIMEOUT_MIN_SECONDS,
     MODEL_CACHE_SETTINGS,
     MODEL_DATA_URL_MAX_LENGTH,
+    ROLLBACK_ALARMS_MAX,
+    ROLLBACK_ALARMS_MIN,
     SHM_DEFAULT_BYTE_SIZE_KEY,
     SHM_GROWTH_BYTE_SIZE_KEY,
+    TERMINATION_WAIT_MAX_SECONDS,
+    TERMINATION_WAIT_MIN_SECONDS,
     TIMEOUT_MAX_SECONDS,
     TIMEOUT_MIN_SECONDS,
     TRITON_ENUM_VALUES,
@@ -31,16 +40,37 @@ from constructs.sagemaker_limits import (
     TRITON_TYPED_KEYS,
     VOLUME_SIZE_MAX_GB,
     VOLUME_SIZE_MIN_GB,
+    WAIT_INTERVAL_MAX_SECONDS,
+    WAIT_INTERVAL_MIN_SECONDS,
     PropsError,
     check_instance_type,
     check_name,
     check_range,
+    check_traffic_routing,
     has_instance_storage,
 )
 from constructs.triton_image import TritonImage
 
 DEFAULT_SHM_DEFAULT_BYTE_SIZE = 16 * 1024 * 1024
 DEFAULT_SHM_GROWTH_BYTE_SIZE = 1024 * 1024
+#: What SageMaker needs to attach the model's network interfaces to a VPC (developer guide, "Give
+#: SageMaker hosted endpoints access to resources in your Amazon VPC"). None of these actions
+#: supports resource-level permissions that SageMaker's calls would match, hence ``*``.
+SAGEMAKER_VPC_ACTIONS: tuple[str, ...] = (
+    "ec2:CreateNetworkInterface",
+    "ec2:CreateNetworkInterfacePermission",
+    "ec2:DeleteNetworkInterface",
+    "ec2:DeleteNetworkInterfacePermission",
+    "ec2:DescribeDhcpOptions",
+    "ec2:DescribeNetworkInterfaces",
+    "ec2:DescribeSecurityGroups",
+    "ec2:DescribeSubnets",
+    "ec2:DescribeVpcEndpoints",
+    "ec2:DescribeVpcs",
+)
+#: VpcConfig: at most 16 subnets (SageMaker wants them in two AZs at least) and 1 to 5 security groups.
+VPC_SUBNETS_MAX = 16
+VPC_SECURITY_GROUPS_MAX = 5
 
 
 def check_triton_environment(prop: str, environment: Mapping[str, str]) -> None:
@@ -115,6 +145,19 @@ class TritonMmeEndpoint(Construct):
     :param retain_all_variant_properties: when the endpoint is updated to a new config, keep the
         variant's current instance count (set by autoscaling) instead of resetting it to
         ``initial_instance_count``. Default: True.
+    :param enable_network_isolation: ``EnableNetworkIsolation`` of the model: the container can
+        make no inbound or outbound network call and gets no AWS credentials. SageMaker still
+        downloads the models from S3 with the execution role, outside the container, and hands
+        them to Triton as local files (the multi-model ``LoadModel`` call carries a local path),
+        so Triton multi-model endpoints work with it. Default: True.
+    :param subnets: place the model's network interfaces in these subnets (``VpcConfig``; 2 to 16,
+        in at least two Availability Zones). Requires ``security_groups``. The execution role is
+        then granted the EC2 network-interface actions SageMaker needs. Default: no VPC.
+    :param security_groups: security groups of those interfaces (1 to 5).
+
+    Metrics use the endpoint's name as given (not a reference to the endpoint resource), so that
+    alarms on them can exist before the endpoint: its ``DeploymentConfig`` names them
+    (:meth:`configure_deployment`).
     """
 
     def __init__(
@@ -139,6 +182,9 @@ class TritonMmeEndpoint(Construct):
         volume_size_gb: int | None = None,
         volume_kms_key: kms.IKey | None = None,
         retain_all_variant_properties: bool = True,
+        enable_network_isolation: bool = True,
+        subnets: Sequence[ec2.ISubnet] | None = None,
+        security_groups: Sequence[ec2.ISecurityGroup] | None = None,
     ) -> None:
         super().__init__(scope, id)
         download_timeout = model_data_download_timeout or Duration.seconds(600)
@@ -159,6 +205,8 @@ class TritonMmeEndpoint(Construct):
             volume_size_gb=volume_size_gb,
             volume_kms_key=volume_kms_key,
         )
+        self._check_network(subnets, security_groups)
+        self._execution_role = execution_role
 
         #: The container environment, sorted by key.
         self.environment: dict[str, str] = dict(
@@ -184,7 +232,34 @@ class TritonMmeEndpoint(Construct):
                     model_cache_setting=model_cache_setting
                 ),
             ),
+            enable_network_isolation=enable_network_isolation,
+            vpc_config=(
+                sagemaker.CfnModel.VpcConfigProperty(
+                    subnets=[subnet.subnet_id for subnet in subnets],
+                    security_group_ids=[group.security_group_id for group in security_groups],
+                )
+                if subnets and security_groups
+                else None
+            ),
         )
+        #: The policy that lets SageMaker attach the model to the VPC (None without a VPC).
+        self.vpc_access_policy: iam.Policy | None = None
+        if subnets:
+            self.vpc_access_policy = iam.Policy(
+                self,
+                "VpcAccess",
+                roles=[execution_role],
+                statements=[iam.PolicyStatement(actions=list(SAGEMAKER_VPC_ACTIONS), resources=["*"])],
+            )
+            acknowledge_wildcard_resource(
+                self.vpc_access_policy,
+                "*",
+                "SageMaker creates and deletes the network interfaces of a model placed in a VPC; "
+                "the EC2 describe actions have no resource-level permissions and the interfaces "
+                "do not exist before SageMaker creates them (developer guide, host-vpc).",
+            )
+            # SageMaker checks the permissions when it creates the model.
+            self.model.node.add_dependency(self.vpc_access_policy)
         self.endpoint_config = sagemaker.CfnEndpointConfig(
             self,
             "EndpointConfig",
@@ -218,8 +293,14 @@ class TritonMmeEndpoint(Construct):
             retain_all_variant_properties=retain_all_variant_properties,
         )
 
-        #: The endpoint's name.
+        #: The endpoint's name (a reference to the endpoint resource).
         self.endpoint_name: str = self.endpoint.attr_endpoint_name
+        #: The endpoint's name as given, for metric dimensions.
+        self.metric_endpoint_name: str = endpoint_name
+        #: Whether the model's container is network-isolated.
+        self.network_isolation: bool = enable_network_isolation
+        #: The rollback alarms of the deployment config (see :meth:`configure_deployment`).
+        self.rollback_alarms: list[cloudwatch.IAlarm] = []
         #: The endpoint's ARN.
         self.endpoint_arn: str = self.endpoint.attr_endpoint_arn
         #: The production variant's name.
@@ -296,6 +377,136 @@ class TritonMmeEndpoint(Construct):
                 "refuses a KmsKeyId for it (only p2/p3 accept one)"
             )
 
+    @staticmethod
+    def _check_network(
+        subnets: Sequence[ec2.ISubnet] | None, security_groups: Sequence[ec2.ISecurityGroup] | None
+    ) -> None:
+        if bool(subnets) != bool(security_groups):
+            raise PropsError(
+                "subnets, security_groups: give both (the model's VpcConfig needs subnets and "
+                "security groups) or neither"
+            )
+        if not subnets or not security_groups:
+            return
+        check_range("subnets", len(subnets), 2, VPC_SUBNETS_MAX)
+        check_range("security_groups", len(security_groups), 1, VPC_SECURITY_GROUPS_MAX)
+        zones = [subnet.availability_zone for subnet in subnets]
+        known = [zone for zone in zones if zone and not Token.is_unresolved(zone)]
+        if len(known) == len(zones) and len(set(known)) < 2:
+            raise PropsError(
+                f"subnets: all in {known[0]}; SageMaker needs subnets in at least two "
+                "Availability Zones, even for one instance"
+            )
+
+    # -----------------------------------------------------------------------------------------
+    # Safe rollouts
+    # -----------------------------------------------------------------------------------------
+
+    def configure_deployment(
+        self,
+        *,
+        traffic: str = "ALL_AT_ONCE",
+        size_type: str | None = None,
+        size: int | None = None,
+        wait_interval: Duration | None = None,
+        termination_wait: Duration | None = None,
+        maximum_execution_timeout: Duration | None = None,
+        rollback_alarms: Sequence[cloudwatch.IAlarm] = (),
+        min_instances: int = 1,
+        max_instances: int = 1,
+    ) -> sagemaker.CfnEndpoint.DeploymentConfigProperty:
+        """Set the endpoint's ``DeploymentConfig``: a blue/green update with ``traffic``
+        (``ALL_AT_ONCE``, ``CANARY`` or ``LINEAR``) and, with ``rollback_alarms``, an automatic
+        rollback when one of them goes to ALARM during the update.
+
+        :param size_type: ``INSTANCE_COUNT`` or ``CAPACITY_PERCENT`` (CANARY and LINEAR only).
+        :param size: the canary, or each linear step (CANARY and LINEAR only). A canary is at most
+            50% of the variant's instances, a linear step 10% to 50%; with ``INSTANCE_COUNT`` the
+            step must fit every count from ``min_instances`` to ``max_instances``.
+        :param wait_interval: ``WaitIntervalInSeconds`` (0 to 3600 s): the baking time after each
+            traffic shift, during which the alarms are watched. Default: 600 s.
+        :param termination_wait: ``TerminationWaitInSeconds`` (0 to 3600 s): how long the old
+            fleet is kept after the update completes. Default: 0 s.
+        :param maximum_execution_timeout: ``MaximumExecutionTimeoutInSeconds`` (600 to 28800 s),
+            longer than all the waits together. Default: SageMaker's.
+        :param rollback_alarms: metric alarms (1 to 10; composite alarms are not returned by
+            ``DescribeAlarms`` unless asked for, so they are not accepted here). Their names go into
+            ``AutoRollbackConfiguration`` as references, so they are created before the endpoint;
+            the execution role may ``cloudwatch:DescribeAlarms`` on them (as SageMaker requires).
+        """
+        wait = wait_interval if wait_interval is not None else Duration.seconds(600)
+        termination = termination_wait if termination_wait is not None else Duration.seconds(0)
+        check_traffic_routing(
+            traffic=traffic, size_type=size_type, size=size, min_instances=min_instances,
+            max_instances=max_instances,
+        )
+        check_range("wait_interval", wait.to_seconds(), WAIT_INTERVAL_MIN_SECONDS, WAIT_INTERVAL_MAX_SECONDS, "s")
+        check_range(
+            "termination_wait", termination.to_seconds(), TERMINATION_WAIT_MIN_SECONDS,
+            TERMINATION_WAIT_MAX_SECONDS, "s",
+        )
+        timeout = maximum_execution_timeout.to_seconds() if maximum_execution_timeout else None
+        check_range(
+            "maximum_execution_timeout", timeout, MAX_EXECUTION_TIMEOUT_MIN_SECONDS,
+            MAX_EXECUTION_TIMEOUT_MAX_SECONDS, "s",
+        )
+        alarms = list(rollback_alarms)
+        if alarms:
+            check_range("rollback_alarms", len(alarms), ROLLBACK_ALARMS_MIN, ROLLBACK_ALARMS_MAX, "alarms")
+            for alarm in alarms:
+                if isinstance(alarm, cloudwatch.CompositeAlarm):
+                    raise PropsError(
+                        f"rollback_alarms: {alarm.node.path} is a composite alarm; SageMaker reads "
+                        "rollback alarms with DescribeAlarms, which returns metric alarms unless "
+                        "asked for composite ones: give metric alarms"
+                    )
+                name = alarm.alarm_name
+                if not Token.is_unresolved(name) and not 1 <= len(name) <= ALARM_NAME_MAX_LENGTH:
+                    raise PropsError(f"rollback_alarms: alarm name {name!r} has more than 255 characters")
+
+        routing = sagemaker.CfnEndpoint.TrafficRoutingConfigProperty(
+            type=traffic,
+            wait_interval_in_seconds=wait.to_seconds(),
+            canary_size=(
+                sagemaker.CfnEndpoint.CapacitySizeProperty(type=size_type, value=size)
+                if traffic == "CANARY" and size_type and size
+                else None
+            ),
+            linear_step_size=(
+                sagemaker.CfnEndpoint.CapacitySizeProperty(type=size_type, value=size)
+                if traffic == "LINEAR" and size_type and size
+                else None
+            ),
+        )
+        config = sagemaker.CfnEndpoint.DeploymentConfigProperty(
+            blue_green_update_policy=sagemaker.CfnEndpoint.BlueGreenUpdatePolicyProperty(
+                traffic_routing_configuration=routing,
+                termination_wait_in_seconds=termination.to_seconds(),
+                maximum_execution_timeout_in_seconds=timeout,
+            ),
+            auto_rollback_configuration=(
+                sagemaker.CfnEndpoint.AutoRollbackConfigProperty(
+                    alarms=[
+                        sagemaker.CfnEndpoint.AlarmProperty(alarm_name=alarm.alarm_name) for alarm in alarms
+                    ]
+                )
+                if alarms
+                else None
+            ),
+        )
+        self.endpoint.deployment_config = config
+        if alarms:
+            # Developer guide, "Auto-rollback configuration and monitoring": the execution role
+            # must be allowed cloudwatch:DescribeAlarms on the rollback alarms.
+            grant = iam.Grant.add_to_principal(
+                grantee=self._execution_role,
+                actions=["cloudwatch:DescribeAlarms"],
+                resource_arns=[alarm.alarm_arn for alarm in alarms],
+            )
+            grant.apply_before(self.endpoint)
+        self.rollback_alarms = alarms
+        return config
+
     # -----------------------------------------------------------------------------------------
     # Grants
     # -----------------------------------------------------------------------------------------
@@ -308,6 +519,8 @@ class TritonMmeEndpoint(Construct):
 
     # -----------------------------------------------------------------------------------------
     # Metrics: 1-minute resolution, dimensions EndpointName and VariantName, no per-model one.
+    # EndpointName is the name as given (a string, not a reference): metrics, alarms and
+    # dashboards do not depend on the endpoint resource.
     # -----------------------------------------------------------------------------------------
 
     def metric(
@@ -325,7 +538,7 @@ class TritonMmeEndpoint(Construct):
         return cloudwatch.Metric(
             namespace=namespace,
             metric_name=metric_name,
-            dimensions_map={"EndpointName": self.endpoint_name, "VariantName": self.variant_name},
+            dimensions_map={"EndpointName": self.metric_endpoint_name, "VariantName": self.variant_name},
             statistic=statistic,
             period=period or Duration.minutes(1),
             unit=unit,

@@ -13,23 +13,36 @@ No AWS call is made: the app synthesizes without credentials.
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import json
+import math
 import re
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from constructs.alarm_topic import EMAIL_PATTERN
+from constructs.endpoint_alarms import ALARM_KEYS, DEFAULT_ROLLBACK_ALARMS
+from constructs.endpoint_dashboard import DASHBOARD_NAME_PATTERN
+from constructs.endpoint_network import DEFAULT_INTERFACE_ENDPOINTS, INTERFACE_ENDPOINT_SERVICES
 from constructs.model_bucket import PREFIX_MAX_LENGTH, PREFIX_PATTERN
 from constructs.sagemaker_limits import (
+    MAX_EXECUTION_TIMEOUT_MAX_SECONDS,
+    MAX_EXECUTION_TIMEOUT_MIN_SECONDS,
     MME_GPU_INSTANCE_TYPES,
     NAME_MAX_LENGTH,
     NAME_PATTERN,
+    TERMINATION_WAIT_MAX_SECONDS,
+    TERMINATION_WAIT_MIN_SECONDS,
     TIMEOUT_MAX_SECONDS,
     TIMEOUT_MIN_SECONDS,
     VOLUME_SIZE_MAX_GB,
     VOLUME_SIZE_MIN_GB,
+    WAIT_INTERVAL_MAX_SECONDS,
+    WAIT_INTERVAL_MIN_SECONDS,
     PropsError,
+    check_traffic_routing,
     has_instance_storage,
 )
 from constructs.triton_image import load_image_table
@@ -57,6 +70,24 @@ InstanceType = Literal[
     "ml.p3.2xlarge",
 ]
 assert set(InstanceType.__args__) == set(MME_GPU_INSTANCE_TYPES)  # type: ignore[attr-defined]
+
+AlarmKey = Literal[
+    "invocation_5xx_errors",
+    "invocation_4xx_rate",
+    "model_latency_p99",
+    "model_loading_wait_p90",
+    "gpu_memory",
+    "disk",
+    "gpu_saturation",
+]
+assert AlarmKey.__args__ == ALARM_KEYS  # type: ignore[attr-defined]
+InterfaceEndpoint = Literal["ecr.api", "ecr.dkr", "logs", "monitoring", "sts", "cloudformation", "sagemaker.runtime"]
+assert set(InterfaceEndpoint.__args__) == set(INTERFACE_ENDPOINT_SERVICES)  # type: ignore[attr-defined]
+#: Tag values SageMaker, S3 and the other tagged services accept: letters, digits, spaces and
+#: ``_ . : / = + - @`` (the AWS tag value pattern), 1 to 256 characters here.
+TAG_VALUE_PATTERN = r"^[\w .:/=+\-@]{1,256}$"
+#: Fields whose value is a list; a ``-c`` string may be a JSON array or comma-separated.
+LIST_FIELDS = ("alarm_emails", "rollback_alarms", "vpc_interface_endpoints")
 
 
 class SettingsError(ValueError):
@@ -265,6 +296,178 @@ class MmeSettings(BaseModel):
         "either way.",
     )
 
+    # -- Alarms and notifications -------------------------------------------------------------
+    alarm_5xx_errors_threshold: float = Field(
+        default=0,
+        ge=0,
+        description="Invocation5XXErrors per minute (Sum) above which a minute is bad; the alarm "
+        "fires on 3 bad minutes of 5. 0: any 5xx counts (a container or model failure), 3 of 5 "
+        "ignores a single blip.",
+    )
+    alarm_4xx_rate_percent: float = Field(
+        default=5,
+        gt=0,
+        le=100,
+        description="Share of requests answered 4xx (Average of Invocation4XXErrors, 1 per 4xx "
+        "and 0 otherwise) above which a minute is bad; 5 bad minutes in a row fire. A few 4xx are "
+        "normal client mistakes, a sustained 5% is not.",
+    )
+    alarm_latency_p99_ms: float = Field(
+        default=1000,
+        gt=0,
+        le=3_600_000,
+        description="Latency budget of ModelLatency p99 in milliseconds (the alarm threshold is "
+        "this x 1000 microseconds); 5 minutes in a row above it fire.",
+    )
+    alarm_model_loading_wait_p90_ms: float = Field(
+        default=10_000,
+        gt=0,
+        le=3_600_000,
+        description="ModelLoadingWaitTime p90 in milliseconds over 5-minute periods, 3 in a row: "
+        "models evicted and reloaded (too many for the instances) or slow downloads.",
+    )
+    alarm_gpu_memory_percent: float = Field(
+        default=90,
+        gt=0,
+        le=100,
+        description="GPUMemoryUtilization of the busiest instance (Maximum, 5-minute periods, 3 in "
+        "a row); above 90% loads risk out-of-memory (507) and evictions.",
+    )
+    alarm_disk_percent: float = Field(
+        default=85,
+        gt=0,
+        le=100,
+        description="DiskUtilization of the fullest instance (Maximum, 5-minute periods, 3 in a "
+        "row); the instance store caches the models.",
+    )
+    alarm_gpu_saturation_percent: float = Field(
+        default=90,
+        gt=0,
+        le=100,
+        description="Average GPUUtilization at or above which the fleet counts as pinned; the "
+        "saturation alarm fires when that holds for 15 minutes while the variant runs "
+        "max_instance_count instances (Invocations / InvocationsPerInstance): autoscaling can add "
+        "nothing more.",
+    )
+    alarm_topic_enabled: bool = Field(
+        default=False,
+        description="Create an SNS topic (its own KMS key, TLS-only policy) that every alarm "
+        "notifies on ALARM and OK. Implied by alarm_emails.",
+    )
+    alarm_emails: list[str] = Field(
+        default_factory=list,
+        description="E-mail addresses subscribed to the created alarm topic (each confirms by "
+        "mail); a JSON array or comma-separated with -c. Giving any creates the topic.",
+    )
+    alarm_topic_arn: str | None = Field(
+        default=None,
+        description="An existing SNS topic the alarms notify instead of a created one. Its policy "
+        "(and key, if encrypted) must let cloudwatch.amazonaws.com publish. Unset: none.",
+    )
+    dashboard_name: str | None = Field(
+        default=None,
+        description="Name of the CloudWatch dashboard (letters, digits, '-', '_'). Unset: "
+        "<endpoint_name>-<region>: stable, and unique per region (dashboards are global).",
+    )
+
+    # -- Safe rollouts ------------------------------------------------------------------------
+    rollout_traffic: Literal["ALL_AT_ONCE", "CANARY", "LINEAR"] = Field(
+        default="ALL_AT_ONCE",
+        description="Blue/green traffic shifting of endpoint updates. ALL_AT_ONCE (default) "
+        "works with any fleet size, including the default single instance, and still bakes "
+        "rollout_wait_seconds under the rollback alarms before the old fleet goes; CANARY and "
+        "LINEAR need rollout_size.",
+    )
+    rollout_size_type: Literal["INSTANCE_COUNT", "CAPACITY_PERCENT"] = Field(
+        default="CAPACITY_PERCENT",
+        description="Unit of rollout_size. An INSTANCE_COUNT step must fit every fleet size "
+        "autoscaling may have (at most half of min_instance_count).",
+    )
+    rollout_size: int | None = Field(
+        default=None,
+        description="CANARY: the canary (at most 50% of the instances); LINEAR: each step (10% to "
+        "50%). Refused with ALL_AT_ONCE.",
+    )
+    rollout_wait_seconds: int = Field(
+        default=600,
+        ge=WAIT_INTERVAL_MIN_SECONDS,
+        le=WAIT_INTERVAL_MAX_SECONDS,
+        description="WaitIntervalInSeconds (0 to 3600): baking time after each traffic shift "
+        "while the rollback alarms are watched. 600 covers the 5-minute windows of the default "
+        "rollback alarms.",
+    )
+    rollout_termination_wait_seconds: int = Field(
+        default=300,
+        ge=TERMINATION_WAIT_MIN_SECONDS,
+        le=TERMINATION_WAIT_MAX_SECONDS,
+        description="TerminationWaitInSeconds (0 to 3600): how long the old fleet is kept after "
+        "the update completes, for a fast manual roll back.",
+    )
+    rollout_max_execution_timeout_seconds: int | None = Field(
+        default=None,
+        ge=MAX_EXECUTION_TIMEOUT_MIN_SECONDS,
+        le=MAX_EXECUTION_TIMEOUT_MAX_SECONDS,
+        description="MaximumExecutionTimeoutInSeconds (600 to 28800), longer than all waits "
+        "together. Unset: SageMaker's default.",
+    )
+    rollback_alarms: list[AlarmKey] = Field(
+        default_factory=lambda: [cast(AlarmKey, key) for key in DEFAULT_ROLLBACK_ALARMS],
+        description="Alarms (by key) whose ALARM state rolls an update back: invocation_5xx_errors, "
+        "invocation_4xx_rate, model_latency_p99, model_loading_wait_p90, gpu_memory, disk, "
+        "gpu_saturation. The default leaves model loading out (a new fleet reloads every model). "
+        "Empty: no automatic rollback.",
+    )
+
+    # -- Network ------------------------------------------------------------------------------
+    network_isolation: bool = Field(
+        default=True,
+        description="EnableNetworkIsolation of the model: the Triton container can make no "
+        "network call and gets no AWS credentials; SageMaker still downloads the models from S3 "
+        "itself and hands Triton local files, so multi-model endpoints work with it.",
+    )
+    vpc_id: str | None = Field(
+        default=None,
+        description="Place the model in this existing VPC (looked up: needs account and region): "
+        "its isolated subnets, else its private ones; it must route S3 itself. Unset: no VPC "
+        "(the stack stays environment-agnostic).",
+    )
+    create_vpc: bool = Field(
+        default=False,
+        description="Place the model in a new VPC: 2 AZs, isolated subnets only, flow logs, the S3 "
+        "gateway endpoint and vpc_interface_endpoints. Exclusive with vpc_id.",
+    )
+    vpc_cidr: str = Field(
+        default="10.0.0.0/16",
+        description="IPv4 range of the created VPC (a private /16 to /24).",
+    )
+    vpc_interface_endpoints: list[InterfaceEndpoint] = Field(
+        default_factory=lambda: [cast(InterfaceEndpoint, name) for name in DEFAULT_INTERFACE_ENDPOINTS],
+        description="Interface endpoints of the created VPC (ecr.api, ecr.dkr, logs, monitoring, "
+        "sts, cloudformation, sagemaker.runtime). Only S3 (always created) is required by an "
+        "isolated model; these are for a non-isolated container and any SageMaker traffic "
+        "routed through the VPC. cloudformation is added with build_in_vpc.",
+    )
+    build_in_vpc: bool = Field(
+        default=False,
+        description="Run the model build functions in the VPC too (they need S3 and "
+        "CloudFormation: endpoints in a created VPC, NAT or endpoints in an existing one; "
+        "huggingface sources need the internet).",
+    )
+
+    # -- Cost allocation tags -----------------------------------------------------------------
+    tag_project: str = Field(
+        default="triton-mme",
+        description="Value of the Project tag on every taggable resource.",
+    )
+    tag_environment: str = Field(
+        default="dev",
+        description="Value of the Environment tag on every taggable resource.",
+    )
+    tag_owner: str = Field(
+        default="unassigned",
+        description="Value of the Owner tag on every taggable resource (a team or an address).",
+    )
+
     # -- Environment --------------------------------------------------------------------------
     account: str | None = Field(
         default=None,
@@ -283,12 +486,37 @@ class MmeSettings(BaseModel):
     # -----------------------------------------------------------------------------------------
 
     @field_validator(
-        "triton_image_version", "volume_size_gb", "release_id", "account", "region", mode="before"
+        "triton_image_version",
+        "volume_size_gb",
+        "release_id",
+        "account",
+        "region",
+        "alarm_topic_arn",
+        "dashboard_name",
+        "rollout_size",
+        "rollout_max_execution_timeout_seconds",
+        "vpc_id",
+        mode="before",
     )
     @classmethod
     def _empty_is_unset(cls, value: Any) -> Any:
         if isinstance(value, str) and value.strip().lower() in {"", "none", "null"}:
             return None
+        return value
+
+    @field_validator(*LIST_FIELDS, mode="before")
+    @classmethod
+    def _list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            if not text:
+                return []
+            if text.startswith("["):
+                try:
+                    return json.loads(text)
+                except json.JSONDecodeError as error:
+                    raise ValueError(f"got {text!r}; expected a JSON array ({error.msg})") from None
+            return [item.strip() for item in text.split(",") if item.strip()]
         return value
 
     @field_validator("triton_environment", mode="before")
@@ -379,6 +607,69 @@ class MmeSettings(BaseModel):
             )
         return value
 
+    @field_validator("alarm_emails")
+    @classmethod
+    def _emails(cls, value: list[str]) -> list[str]:
+        for email in value:
+            if not re.fullmatch(EMAIL_PATTERN, email):
+                raise ValueError(f"got {email!r}; expected e-mail addresses such as ops@example.com")
+        if len(set(value)) != len(value):
+            raise ValueError(f"got {value!r}; an address is given twice")
+        return value
+
+    @field_validator("alarm_topic_arn")
+    @classmethod
+    def _topic_arn(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[A-Za-z0-9_-]{1,256}", value):
+            raise ValueError(
+                f"got {value!r}; expected an SNS topic ARN such as "
+                "arn:aws:sns:eu-west-1:123456789012:alarms"
+            )
+        return value
+
+    @field_validator("dashboard_name")
+    @classmethod
+    def _dashboard_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(DASHBOARD_NAME_PATTERN, value):
+            raise ValueError(f"got {value!r}; expected 1 to 255 letters, digits, '-' and '_'")
+        return value
+
+    @field_validator("rollback_alarms", "vpc_interface_endpoints")
+    @classmethod
+    def _unique(cls, value: list[str]) -> list[str]:
+        repeated = sorted({item for item in value if value.count(item) > 1})
+        if repeated:
+            raise ValueError(f"got {value!r}; {', '.join(repeated)} given twice")
+        return value
+
+    @field_validator("vpc_id")
+    @classmethod
+    def _vpc_id(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"vpc-[0-9a-f]{8}([0-9a-f]{9})?", value):
+            raise ValueError(f"got {value!r}; expected a VPC id such as vpc-0123456789abcdef0")
+        return value
+
+    @field_validator("vpc_cidr")
+    @classmethod
+    def _vpc_cidr(cls, value: str) -> str:
+        try:
+            network = ipaddress.IPv4Network(value, strict=True)
+        except ValueError as error:
+            raise ValueError(f"got {value!r}; expected an IPv4 CIDR block such as 10.0.0.0/16 ({error})") from None
+        if not network.is_private or not 16 <= network.prefixlen <= 24:
+            raise ValueError(f"got {value!r}; expected a private IPv4 range from /16 to /24")
+        return value
+
+    @field_validator("tag_project", "tag_environment", "tag_owner")
+    @classmethod
+    def _tag_value(cls, value: str) -> str:
+        if not re.fullmatch(TAG_VALUE_PATTERN, value) or value.lower().startswith("aws:"):
+            raise ValueError(
+                f"got {value!r}; expected 1 to 256 letters, digits, spaces and _ . : / = + - @, "
+                "not starting with 'aws:'"
+            )
+        return value
+
     # -----------------------------------------------------------------------------------------
     # Combinations
     # -----------------------------------------------------------------------------------------
@@ -424,7 +715,86 @@ class MmeSettings(BaseModel):
                 f"mme:build_query_interval_seconds {self.build_query_interval_seconds}; the total "
                 "timeout must be a whole multiple of the query interval"
             )
+        self._check_notifications()
+        self._check_rollout()
+        self._check_network()
         return self
+
+    def _check_notifications(self) -> None:
+        if self.alarm_topic_arn is not None and (self.alarm_topic_enabled or self.alarm_emails):
+            given = "mme:alarm_emails" if self.alarm_emails else "mme:alarm_topic_enabled true"
+            raise ValueError(
+                f"mme:alarm_topic_arn: got {self.alarm_topic_arn!r} with {given}; the alarms notify "
+                "either an existing topic or a created one: drop one of them"
+            )
+
+    def _check_rollout(self) -> None:
+        try:
+            check_traffic_routing(
+                traffic=self.rollout_traffic,
+                size_type=self.rollout_size_type,
+                size=self.rollout_size,
+                min_instances=self.min_instance_count,
+                max_instances=self.max_instance_count,
+                prefix=CONTEXT_PREFIX,
+            )
+        except PropsError as error:
+            raise ValueError(str(error)) from None
+        timeout = self.rollout_max_execution_timeout_seconds
+        if timeout is not None:
+            steps = 1
+            if self.rollout_traffic == "LINEAR" and self.rollout_size:
+                percent = (
+                    self.rollout_size
+                    if self.rollout_size_type == "CAPACITY_PERCENT"
+                    else 100 * self.rollout_size / self.max_instance_count  # most steps
+                )
+                steps = math.ceil(100 / percent)
+            elif self.rollout_traffic == "CANARY":
+                steps = 2
+            waits = steps * self.rollout_wait_seconds + self.rollout_termination_wait_seconds
+            if timeout <= waits:
+                raise ValueError(
+                    f"mme:rollout_max_execution_timeout_seconds: got {timeout} with {steps} wait(s) of "
+                    f"mme:rollout_wait_seconds {self.rollout_wait_seconds} and "
+                    f"mme:rollout_termination_wait_seconds {self.rollout_termination_wait_seconds}; "
+                    f"expected more than the {waits} s of waiting (and time to start the new fleet)"
+                )
+
+    def _check_network(self) -> None:
+        if self.vpc_id is not None and self.create_vpc:
+            raise ValueError(
+                f"mme:vpc_id: got {self.vpc_id!r} with mme:create_vpc true; place the model in an "
+                "existing VPC or in a created one, not both"
+            )
+        if self.vpc_id is not None and (self.account is None or self.region is None):
+            missing = " and ".join(
+                f"mme:{name}" for name in ("account", "region") if getattr(self, name) is None
+            )
+            raise ValueError(
+                f"mme:vpc_id: got {self.vpc_id!r} without {missing}; an existing VPC is looked up "
+                "(ec2.Vpc.from_lookup) in one account and region: set mme:account and mme:region"
+            )
+        if "vpc_cidr" in self.model_fields_set and not self.create_vpc:
+            raise ValueError(
+                f"mme:vpc_cidr: got {self.vpc_cidr!r} without mme:create_vpc true; the range is for a "
+                "created VPC"
+            )
+        if "vpc_interface_endpoints" in self.model_fields_set and not self.create_vpc:
+            raise ValueError(
+                f"mme:vpc_interface_endpoints: got {self.vpc_interface_endpoints!r} without "
+                "mme:create_vpc true; endpoints are only added to a created VPC (an existing one "
+                "keeps its own)"
+            )
+        if self.build_in_vpc and self.vpc_id is None and not self.create_vpc:
+            raise ValueError(
+                "mme:build_in_vpc: got true without a VPC; set mme:vpc_id or mme:create_vpc true"
+            )
+        if self.build_in_vpc and not self.manifest_path:
+            raise ValueError(
+                "mme:build_in_vpc: got true with an empty mme:manifest_path; there is no build to "
+                "place in the VPC (the release is published out of band)"
+            )
 
     # -----------------------------------------------------------------------------------------
     # Construction from the CDK context

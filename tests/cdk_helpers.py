@@ -68,17 +68,19 @@ def synth(
     *,
     nag: bool = True,
     manifest_path: Path | str | None = "default",
+    extra_context: Mapping[str, Any] | None = None,
     **settings: Any,
 ) -> Synth:
     """Build the app in-process the way ``app.py`` does (settings from the context) and synth it.
 
     ``manifest_path`` overrides ``mme:manifest_path`` with an absolute path (None: no manifest).
+    ``extra_context`` adds context keys, such as cached lookups (:func:`vpc_lookup_context`).
     """
     if manifest_path is None:
         settings.setdefault("manifest_path", "")
     elif manifest_path != "default":
         settings["manifest_path"] = str(manifest_path)
-    ctx = context(**settings)
+    ctx = {**context(**settings), **(extra_context or {})}
     app = cdk.App(context=ctx, outdir=str(outdir), analytics_reporting=False)
     parsed = MmeSettings.from_context(ctx)
     manifest, path = load_models(parsed)
@@ -175,3 +177,97 @@ def run_app(outdir: Path, settings: Mapping[str, Any] | None = None, **extra_env
     return subprocess.run(
         [sys.executable, "app.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Operations helpers: cached VPC lookups, tags, dashboard bodies
+# ---------------------------------------------------------------------------------------------
+
+
+def vpc_lookup_context(
+    account: str, region: str, vpc_id: str, *, isolated: bool = True, private: bool = True
+) -> dict[str, Any]:
+    """A cached ``ec2.Vpc.from_lookup`` answer (what the CDK CLI writes to cdk.context.json), so
+    that a lookup synthesizes real-looking ids without AWS credentials. Two AZs; a public group
+    always, isolated and private (with egress) groups on request."""
+    zones = (f"{region}a", f"{region}b")
+
+    def group(name: str, type_: str, index: int) -> dict[str, Any]:
+        return {
+            "name": name,
+            "type": type_,
+            "subnets": [
+                {
+                    "subnetId": f"subnet-{index:02d}{z:015x}",
+                    "cidr": f"10.20.{index * 16 + z * 8}.0/21",
+                    "availabilityZone": zone,
+                    "routeTableId": f"rtb-{index:02d}{z:015x}",
+                }
+                for z, zone in enumerate(zones)
+            ],
+        }
+
+    groups = [group("Public", "Public", 1)]
+    if private:
+        groups.append(group("Private", "Private", 2))
+    if isolated:
+        groups.append(group("Isolated", "Isolated", 3))
+    key = (
+        f"vpc-provider:account={account}:filter.vpc-id={vpc_id}:region={region}"
+        ":returnAsymmetricSubnets=true"
+    )
+    return {
+        key: {
+            "vpcId": vpc_id,
+            "vpcCidrBlock": "10.20.0.0/16",
+            "ownerAccountId": account,
+            "availabilityZones": [],
+            "subnetGroups": groups,
+        }
+    }
+
+
+def taggable_types(data: Mapping[str, Any]) -> set[str]:
+    """The resource types of a template whose CloudFormation schema has a ``Tags`` property
+    (from the schemas cfn-lint ships), custom resources excepted."""
+    from cfnlint.schema.manager import PROVIDER_SCHEMA_MANAGER
+
+    found = set()
+    for resource in data["Resources"].values():
+        type_ = resource["Type"]
+        if type_.startswith("Custom::") or type_ == "AWS::CDK::Metadata":
+            continue
+        schema = PROVIDER_SCHEMA_MANAGER.get_resource_schema("us-east-1", type_).schema
+        if "Tags" in schema.get("properties", {}):
+            found.add(type_)
+    return found
+
+
+def tag_map(tags: Any) -> dict[str, Any]:
+    """A resource's ``Tags`` as a dict (list of Key/Value, or a plain map)."""
+    if isinstance(tags, list):
+        return {tag["Key"]: tag["Value"] for tag in tags}
+    return dict(tags or {})
+
+
+def untagged(data: Mapping[str, Any], expected: Mapping[str, str]) -> list[str]:
+    """Logical ids of taggable resources that miss one of ``expected`` (key -> value)."""
+    types = taggable_types(data)
+    missing = []
+    for logical_id, resource in data["Resources"].items():
+        if resource["Type"] not in types:
+            continue
+        tags = tag_map(resource.get("Properties", {}).get("Tags"))
+        if any(tags.get(key) != value for key, value in expected.items()):
+            missing.append(f"{logical_id} ({resource['Type']})")
+    return missing
+
+
+def flatten_join(value: Any) -> str:
+    """A ``Fn::Join`` of strings and references as one string (references as ``<ref>``)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and "Fn::Join" in value:
+        delimiter, parts = value["Fn::Join"]
+        return delimiter.join(flatten_join(part) for part in parts)
+    return "<ref>"

@@ -49,6 +49,19 @@ def test_defaults() -> None:
     assert (s.build_total_timeout_minutes, s.build_query_interval_seconds) == (60, 60)
     assert s.artifacts_on_delete == "retain"
     assert (s.account, s.region) == (None, None)
+    # Operations
+    assert (s.alarm_5xx_errors_threshold, s.alarm_4xx_rate_percent, s.alarm_latency_p99_ms,
+            s.alarm_model_loading_wait_p90_ms) == (0, 5, 1000, 10000)
+    assert (s.alarm_gpu_memory_percent, s.alarm_disk_percent, s.alarm_gpu_saturation_percent) == (90, 85, 90)
+    assert (s.alarm_topic_enabled, s.alarm_emails, s.alarm_topic_arn, s.dashboard_name) == (False, [], None, None)
+    assert (s.rollout_traffic, s.rollout_size_type, s.rollout_size) == ("ALL_AT_ONCE", "CAPACITY_PERCENT", None)
+    assert (s.rollout_wait_seconds, s.rollout_termination_wait_seconds,
+            s.rollout_max_execution_timeout_seconds) == (600, 300, None)
+    assert s.rollback_alarms == ["invocation_5xx_errors", "invocation_4xx_rate", "model_latency_p99"]
+    assert (s.network_isolation, s.vpc_id, s.create_vpc, s.build_in_vpc) == (True, None, False, False)
+    assert s.vpc_cidr == "10.0.0.0/16"
+    assert s.vpc_interface_endpoints == ["ecr.api", "ecr.dkr", "logs", "monitoring"]
+    assert (s.tag_project, s.tag_environment, s.tag_owner) == ("triton-mme", "dev", "unassigned")
 
 
 def test_every_field_is_documented() -> None:
@@ -150,6 +163,69 @@ def test_newest_image_version_is_the_default_and_versions_are_checked() -> None:
         ({"region": "moon-1"}, "mme:region: got \"moon-1\""),
         ({"region": "us-gov-west-1"}, "mme:region: got 'us-gov-west-1'; the Triton image"),
         ({"stack_name": "1stack"}, "mme:stack_name: got \"1stack\""),
+        # -- Alarms and notifications
+        ({"alarm_5xx_errors_threshold": "-1"}, "mme:alarm_5xx_errors_threshold: got \"-1\"; input should be greater than or equal to 0"),
+        ({"alarm_4xx_rate_percent": "0"}, "mme:alarm_4xx_rate_percent: got \"0\"; input should be greater than 0"),
+        ({"alarm_4xx_rate_percent": "150"}, "mme:alarm_4xx_rate_percent: got \"150\"; input should be less than or equal to 100"),
+        ({"alarm_latency_p99_ms": "fast"}, "mme:alarm_latency_p99_ms: got \"fast\"; input should be a valid number"),
+        ({"alarm_model_loading_wait_p90_ms": "0"}, "mme:alarm_model_loading_wait_p90_ms: got \"0\"; input should be greater than 0"),
+        ({"alarm_gpu_memory_percent": "101"}, "mme:alarm_gpu_memory_percent: got \"101\"; input should be less than or equal to 100"),
+        ({"alarm_disk_percent": "-5"}, "mme:alarm_disk_percent: got \"-5\"; input should be greater than 0"),
+        ({"alarm_gpu_saturation_percent": "100.5"}, "mme:alarm_gpu_saturation_percent: got \"100.5\"; input should be less than or equal to 100"),
+        ({"alarm_emails": "ops"}, "mme:alarm_emails: got 'ops'; expected e-mail addresses such as ops@example.com"),
+        ({"alarm_emails": "a@example.com,a@example.com"}, "mme:alarm_emails: got ['a@example.com', 'a@example.com']; an address is given twice"),
+        ({"alarm_emails": "[oops"}, "mme:alarm_emails: got '[oops'; expected a JSON array"),
+        ({"alarm_topic_arn": "alarms"}, "mme:alarm_topic_arn: got 'alarms'; expected an SNS topic ARN such as arn:aws:sns:"),
+        ({"alarm_topic_arn": "arn:aws:sns:eu-west-1:123456789012:t", "alarm_emails": "ops@example.com"},
+         "mme:alarm_topic_arn: got 'arn:aws:sns:eu-west-1:123456789012:t' with mme:alarm_emails; the alarms notify either an existing topic or a created one"),
+        ({"alarm_topic_arn": "arn:aws:sns:eu-west-1:123456789012:t", "alarm_topic_enabled": "true"},
+         "with mme:alarm_topic_enabled true; the alarms notify either"),
+        ({"alarm_topic_enabled": "sometimes"}, "mme:alarm_topic_enabled: got \"sometimes\"; input should be a valid boolean"),
+        ({"dashboard_name": "my dashboard"}, "mme:dashboard_name: got 'my dashboard'; expected 1 to 255 letters, digits, '-' and '_'"),
+        # -- Safe rollouts
+        ({"rollout_traffic": "BLUE_GREEN"}, "mme:rollout_traffic: got \"BLUE_GREEN\"; input should be 'ALL_AT_ONCE', 'CANARY' or 'LINEAR'"),
+        ({"rollout_size_type": "PERCENT"}, "mme:rollout_size_type: got \"PERCENT\"; input should be 'INSTANCE_COUNT' or 'CAPACITY_PERCENT'"),
+        ({"rollout_traffic": "CANARY"}, "mme:rollout_size: missing with mme:rollout_traffic CANARY; give the canary size"),
+        ({"rollout_traffic": "LINEAR"}, "mme:rollout_size: missing with mme:rollout_traffic LINEAR; give the linear step size"),
+        ({"rollout_size": "10"}, "mme:rollout_size: got 10 with mme:rollout_traffic ALL_AT_ONCE; a size is for CANARY or LINEAR only"),
+        ({"rollout_traffic": "CANARY", "rollout_size": "0"}, "mme:rollout_size: got 0; expected at least 1"),
+        ({"rollout_traffic": "CANARY", "rollout_size": "75"}, "mme:rollout_size: got 75 percent with mme:rollout_traffic CANARY; expected 1 to 50 percent"),
+        ({"rollout_traffic": "LINEAR", "rollout_size": "5"}, "mme:rollout_size: got 5 percent with mme:rollout_traffic LINEAR; expected 10 to 50 percent"),
+        ({"rollout_traffic": "CANARY", "rollout_size_type": "INSTANCE_COUNT", "rollout_size": "1"},
+         "mme:rollout_size: got 1 instances with mme:rollout_traffic CANARY and mme:min_instance_count 1; a canary step may be at most 50% of the variant's instances, so at most 0 here"),
+        ({"rollout_traffic": "LINEAR", "rollout_size_type": "INSTANCE_COUNT", "rollout_size": "1",
+          "min_instance_count": "2", "initial_instance_count": "2", "max_instance_count": "20"},
+         "mme:rollout_size: got 1 instances with mme:rollout_traffic LINEAR and mme:max_instance_count 20; a linear step must be at least 10%"),
+        ({"rollout_wait_seconds": "3601"}, "mme:rollout_wait_seconds: got \"3601\"; input should be less than or equal to 3600"),
+        ({"rollout_termination_wait_seconds": "-1"}, "mme:rollout_termination_wait_seconds: got \"-1\"; input should be greater than or equal to 0"),
+        ({"rollout_max_execution_timeout_seconds": "300"}, "mme:rollout_max_execution_timeout_seconds: got \"300\"; input should be greater than or equal to 600"),
+        ({"rollout_max_execution_timeout_seconds": "30000"}, "mme:rollout_max_execution_timeout_seconds: got \"30000\"; input should be less than or equal to 28800"),
+        ({"rollout_max_execution_timeout_seconds": "800"},
+         "mme:rollout_max_execution_timeout_seconds: got 800 with 1 wait(s) of mme:rollout_wait_seconds 600 and mme:rollout_termination_wait_seconds 300; expected more than the 900 s"),
+        ({"rollback_alarms": "latency"}, "mme:rollback_alarms.0: got \"latency\"; input should be 'invocation_5xx_errors', 'invocation_4xx_rate'"),
+        ({"rollback_alarms": "disk,disk"}, "mme:rollback_alarms: got ['disk', 'disk']; disk given twice"),
+        # -- Network
+        ({"network_isolation": "maybe"}, "mme:network_isolation: got \"maybe\"; input should be a valid boolean"),
+        ({"vpc_id": "my-vpc"}, "mme:vpc_id: got 'my-vpc'; expected a VPC id such as vpc-0123456789abcdef0"),
+        ({"vpc_id": "vpc-0123456789abcdef0"},
+         "mme:vpc_id: got 'vpc-0123456789abcdef0' without mme:account and mme:region; an existing VPC is looked up (ec2.Vpc.from_lookup) in one account and region"),
+        ({"vpc_id": "vpc-0123456789abcdef0", "region": "eu-west-1"}, "mme:vpc_id: got 'vpc-0123456789abcdef0' without mme:account; an existing VPC is looked up"),
+        ({"vpc_id": "vpc-0123456789abcdef0", "create_vpc": "true", "account": "123456789012", "region": "eu-west-1"},
+         "mme:vpc_id: got 'vpc-0123456789abcdef0' with mme:create_vpc true; place the model in an existing VPC or in a created one, not both"),
+        ({"create_vpc": "true", "vpc_cidr": "10.0.0.0/8"}, "mme:vpc_cidr: got '10.0.0.0/8'; expected a private IPv4 range from /16 to /24"),
+        ({"create_vpc": "true", "vpc_cidr": "8.8.0.0/16"}, "mme:vpc_cidr: got '8.8.0.0/16'; expected a private IPv4 range"),
+        ({"create_vpc": "true", "vpc_cidr": "10.0.0.1/16"}, "mme:vpc_cidr: got '10.0.0.1/16'; expected an IPv4 CIDR block such as 10.0.0.0/16"),
+        ({"vpc_cidr": "10.1.0.0/16"}, "mme:vpc_cidr: got '10.1.0.0/16' without mme:create_vpc true; the range is for a created VPC"),
+        ({"create_vpc": "true", "vpc_interface_endpoints": "ecr,logs"}, "mme:vpc_interface_endpoints.0: got \"ecr\"; input should be 'ecr.api', 'ecr.dkr'"),
+        ({"vpc_interface_endpoints": "logs"}, "mme:vpc_interface_endpoints: got ['logs'] without mme:create_vpc true; endpoints are only added to a created VPC"),
+        ({"build_in_vpc": "true"}, "mme:build_in_vpc: got true without a VPC; set mme:vpc_id or mme:create_vpc true"),
+        ({"build_in_vpc": "true", "create_vpc": "true", "manifest_path": "", "release_id": "r-0123456789abcdef"},
+         "mme:build_in_vpc: got true with an empty mme:manifest_path; there is no build to place in the VPC"),
+        # -- Tags
+        ({"tag_project": ""}, "mme:tag_project: got ''; expected 1 to 256 letters, digits, spaces and _ . : / = + - @"),
+        ({"tag_owner": "team#1"}, "mme:tag_owner: got 'team#1'; expected 1 to 256 letters"),
+        ({"tag_environment": "aws:prod"}, "mme:tag_environment: got 'aws:prod'; expected 1 to 256 letters, digits, spaces and _ . : / = + - @, not starting with 'aws:'"),
+        ({"tag_environment": "x" * 257}, "mme:tag_environment: got 'xxxx"),
     ],
 )
 def test_bad_values_give_one_clear_message(values: dict[str, object], expected: str) -> None:
@@ -181,3 +257,33 @@ def test_volume_size_on_ebs_instance_types() -> None:
 def test_release_mode() -> None:
     s = settings(manifest_path="", release_id="r-0123456789abcdef")
     assert s.manifest_path == "" and s.release_id == "r-0123456789abcdef"
+
+
+def test_operations_settings_from_context_strings() -> None:
+    s = settings(
+        alarm_emails='["ops@example.com", "oncall@example.com"]',
+        rollback_alarms="invocation_5xx_errors, gpu_memory",
+        create_vpc="true",
+        vpc_interface_endpoints="",
+        rollout_traffic="LINEAR",
+        rollout_size_type="INSTANCE_COUNT",
+        rollout_size="2",
+        min_instance_count="4",
+        initial_instance_count="4",
+        max_instance_count="10",
+        rollout_max_execution_timeout_seconds="7200",
+        dashboard_name="",
+        tag_owner="ml platform/oncall@example.com",
+    )
+    assert s.alarm_emails == ["ops@example.com", "oncall@example.com"]
+    assert s.rollback_alarms == ["invocation_5xx_errors", "gpu_memory"]
+    assert s.vpc_interface_endpoints == []
+    assert (s.rollout_traffic, s.rollout_size_type, s.rollout_size) == ("LINEAR", "INSTANCE_COUNT", 2)
+    assert s.dashboard_name is None
+    assert settings(rollback_alarms="").rollback_alarms == []
+    assert settings(alarm_topic_arn="arn:aws-cn:sns:cn-north-1:123456789012:alarms").alarm_topic_arn
+
+
+def test_vpc_lookup_needs_both_account_and_region() -> None:
+    s = settings(vpc_id="vpc-0123456789abcdef0", account="123456789012", region="eu-west-1", build_in_vpc="true")
+    assert (s.vpc_id, s.build_in_vpc) == ("vpc-0123456789abcdef0", True)

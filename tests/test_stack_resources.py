@@ -78,7 +78,8 @@ def test_no_wildcard_action_and_no_managed_policy(default: Synth) -> None:
 def test_outputs(default: Synth) -> None:
     outputs = default.data["Outputs"]
     assert set(outputs) == {
-        "EndpointName", "EndpointArn", "ModelBucketName", "ModelDataUrl", "ReleaseId", "ExecutionRoleArn"
+        "EndpointName", "EndpointArn", "ModelBucketName", "ModelDataUrl", "ReleaseId", "ExecutionRoleArn",
+        "DashboardName", "DashboardUrl",
     }
     for name, output in outputs.items():
         assert len(output.get("Description", "")) > 10, name
@@ -230,8 +231,14 @@ def test_execution_role(default: Synth) -> None:
         "ecr:GetAuthorizationToken", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer",
         "ecr:BatchCheckLayerAvailability",
         "logs:CreateLogGroup", "logs:CreateLogStream", "logs:DescribeLogStreams", "logs:PutLogEvents",
-        "cloudwatch:PutMetricData",
+        "cloudwatch:PutMetricData", "cloudwatch:DescribeAlarms",
     }
+    # SageMaker reads the rollback alarms' states with the execution role: those alarms only.
+    rollback = [a["AlarmName"]["Ref"] for a in default.only("AWS::SageMaker::Endpoint")[1]["Properties"][
+        "DeploymentConfig"]["AutoRollbackConfiguration"]["Alarms"]]
+    described = sorted(r["Fn::GetAtt"][0] for r in by_action["cloudwatch:DescribeAlarms"]["Resource"])
+    assert described == sorted(rollback) and len(rollback) == 3
+    assert all(r["Fn::GetAtt"][1] == "Arn" for r in by_action["cloudwatch:DescribeAlarms"]["Resource"])
     assert by_action["s3:GetObject"]["Resource"] == {
         "Fn::Join": ["", [{"Fn::GetAtt": [bucket, "Arn"]}, "/models/*"]]
     }
@@ -358,7 +365,6 @@ def test_scalable_target(default: Synth) -> None:
 
 
 def test_scaling_policies(default: Synth) -> None:
-    endpoint = logical_id(default, "Endpoint/Resource")
     target = logical_id(default, "Autoscaling/Resource/Resource")
     default.template.resource_count_is("AWS::ApplicationAutoScaling::ScalingPolicy", 2)
     default.template.has_resource_properties(
@@ -383,8 +389,10 @@ def test_scaling_policies(default: Synth) -> None:
                 "CustomizedMetricSpecification": {
                     "MetricName": "GPUUtilization",
                     "Namespace": "/aws/sagemaker/Endpoints",
+                    # The endpoint's name as given: metrics do not reference the endpoint resource
+                    # (its DeploymentConfig references the alarms on them).
                     "Dimensions": [
-                        {"Name": "EndpointName", "Value": {"Fn::GetAtt": [endpoint, "EndpointName"]}},
+                        {"Name": "EndpointName", "Value": "triton-mme"},
                         {"Name": "VariantName", "Value": "AllTraffic"},
                     ],
                     "Statistic": "Average",

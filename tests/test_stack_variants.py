@@ -13,7 +13,7 @@ from aws_cdk import Duration
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk.assertions import Match
-from cdk_helpers import ROOT, VENV_BIN, Synth, as_list, mask, policy_of_role, synth, write_manifest
+from cdk_helpers import ROOT, VENV_BIN, Synth, as_list, mask, policy_of_role, synth, untagged, write_manifest
 
 from constructs.endpoint_autoscaling import EndpointAutoscaling
 from constructs.model_bucket import ModelBucket
@@ -160,6 +160,9 @@ def test_build_settings(ebs: Synth) -> None:
 
 def test_ebs_template_is_clean(ebs: Synth) -> None:
     lint(ebs)
+    # Tags reach CDK's own auto-delete provider too (a plain CfnResource function and role).
+    assert ebs.resources("Custom::S3AutoDeleteObjects")
+    assert untagged(ebs.data, {"Project": "triton-mme", "Environment": "dev", "Owner": "unassigned"}) == []
     assert json.loads((ebs.outdir / "manifest.json").read_text())["artifacts"]["TritonMme"]["environment"] == (
         "aws://123456789012/eu-west-1"
     )
@@ -187,6 +190,7 @@ def test_release_mode_has_no_build(published: Synth) -> None:
     assert published.data["Outputs"]["ReleaseId"]["Value"] == RELEASE
     assert published.data["Outputs"]["ModelDataUrl"]["Value"] == expected
     lint(published)
+    assert untagged(published.data, {"Project": "triton-mme", "Environment": "dev", "Owner": "unassigned"}) == []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -287,10 +291,8 @@ def test_endpoint_grant_and_metrics() -> None:
         metric = getattr(endpoint, method)()
         assert (metric.namespace, metric.metric_name, metric.statistic) == (namespace, name, statistic), method
         assert metric.period.to_seconds() == 60
-        assert stack.resolve(metric.dimensions) == {
-            "EndpointName": {"Fn::GetAtt": [logical, "EndpointName"]},
-            "VariantName": "AllTraffic",
-        }
+        # The name as given, not a reference: alarms on these metrics exist before the endpoint.
+        assert stack.resolve(metric.dimensions) == {"EndpointName": "triton", "VariantName": "AllTraffic"}
     custom = endpoint.metric("ModelSetupTime", namespace="AWS/SageMaker", statistic="Maximum")
     assert (custom.metric_name, custom.statistic) == ("ModelSetupTime", "Maximum")
     assert (endpoint.variant_name, endpoint.instance_type) == ("AllTraffic", "ml.g5.xlarge")
