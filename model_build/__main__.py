@@ -345,8 +345,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--manifest", default="models.yaml", help="models manifest (default: models.yaml)")
         if build:
             p.add_argument("--out", default="build", help="build folder (default: build)")
-            p.add_argument("--compresslevel", type=int, default=6, choices=range(1, 10), metavar="1-9",
-                           help="gzip level of the tarballs (default: 6)")
+            p.add_argument("--compresslevel", type=int, default=1, choices=range(1, 10), metavar="1-9",
+                           help="gzip level of the tarballs (default: 1, see docs/benchmarks.md)")
         if s3:
             p.add_argument("--bucket", help="S3 bucket to publish to / verify from")
             p.add_argument("--prefix", default=DEFAULT_PREFIX,

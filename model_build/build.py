@@ -21,8 +21,10 @@ from model_build.release import Release
 from model_build.types import Artifact
 
 BUILD_RECORD = "build.json"
-#: gzip level of the tarballs; see docs/benchmarks.md for the measurement behind the choice.
-DEFAULT_COMPRESSLEVEL = 6
+#: gzip level of the tarballs. ONNX weights barely compress: level 1 gave a MiniLM tarball 0.4%
+#: larger than level 9 but packed faster, and unpacking (what an instance pays on a cold load)
+#: takes the same time at every level (docs/benchmarks.md, "Artifact size and load").
+DEFAULT_COMPRESSLEVEL = 1
 
 
 @dataclass

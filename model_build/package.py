@@ -125,7 +125,7 @@ def package_model(
     model_file: Path,
     format: str,
     out_path: Path,
-    compresslevel: int = 6,
+    compresslevel: int = 1,
 ) -> tuple[str, int]:
     """Write ``out_path`` (``model.tar.gz``) and return ``(sha256 hex, size in bytes)``.
 

@@ -217,6 +217,9 @@ def _handler_class(proxy: FaultProxy, idle_timeout: float) -> type[BaseHTTPReque
 
 class _ProxyHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as with S3: botocore reuses pooled connections
+    # Headers and body go out in two sends; with Nagle's algorithm a response with a body would
+    # wait for the client's delayed ACK (~40 ms), a stall no S3 endpoint has.
+    disable_nagle_algorithm = True
     owner: FaultProxy
 
     def setup(self) -> None:

@@ -1,0 +1,96 @@
+"""``python -m benchmarks [--only NAME ...] [--tiny] [--out DIR] [--docs PATH]``.
+
+Runs the benchmarks in one process (same machine, same library state for both sides of every
+comparison), writes ``<out>/<name>.json`` and ``<out>/<name>.png`` for each, then renders the
+docs page from every result file found in ``<out>``. A full run writes ``benchmarks/results/``
+and ``docs/benchmarks.md``; ``--tiny`` runs each benchmark at a tiny size into a temporary folder
+(or ``--out``) and writes the page next to the results, so a tiny run never overwrites real
+numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import shlex
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+from benchmarks._common import BENCHMARK_NAMES, ROOT, RunContext, log, validate_result, write_json
+
+RESULTS_DIR = ROOT / "benchmarks" / "results"
+DOCS_PATH = ROOT / "docs" / "benchmarks.md"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[1])
+    parser.add_argument("--only", nargs="+", choices=BENCHMARK_NAMES, metavar="NAME",
+                        help="run only these benchmarks: " + ", ".join(BENCHMARK_NAMES))
+    parser.add_argument("--tiny", action="store_true",
+                        help="tiny sizes and one repeat (what the tests run); results go to a temporary folder")
+    parser.add_argument("--out", type=Path, help=f"folder for the JSON and PNG files (default {RESULTS_DIR})")
+    parser.add_argument("--threads", type=int, metavar="N",
+                        help="threads for PyTorch and ONNX Runtime alike (default: every usable core)")
+    parser.add_argument("--docs", type=Path,
+                        help=f"markdown page to write (default {DOCS_PATH}, or <out>/benchmarks.md with --out or --tiny)")
+    return parser.parse_args(argv)
+
+
+def command_line(argv: list[str]) -> str:
+    return shlex.join([".venv/bin/python", "-m", "benchmarks", *argv])
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    names = list(args.only or BENCHMARK_NAMES)
+    if args.out is not None:
+        out_dir = args.out.resolve()
+    elif args.tiny:
+        out_dir = Path(tempfile.mkdtemp(prefix="bench-tiny-"))
+    else:
+        out_dir = RESULTS_DIR
+    docs_path = (args.docs or (out_dir / "benchmarks.md" if (args.out or args.tiny) else DOCS_PATH)).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    failed: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="bench-work-") as work:
+        ctx = RunContext(tiny=args.tiny, out_dir=out_dir, work_dir=Path(work), command=command_line(argv),
+                         threads=args.threads)
+        for name in names:
+            module = importlib.import_module(f"benchmarks.{name}")
+            log(f"{name}: start{' (tiny)' if args.tiny else ''}")
+            try:
+                result = module.run(ctx)
+                problems = validate_result(result, name)
+                if problems:
+                    raise RuntimeError(f"{name}: malformed result: " + "; ".join(problems))
+                write_json(out_dir / f"{name}.json", result)
+                module.chart(result, out_dir / f"{name}.png")
+            except Exception:
+                failed.append(name)
+                log(f"{name}: FAILED\n{traceback.format_exc()}")
+                continue
+            verdicts = ", ".join(
+                f"{g['id']}: {'met' if g['met'] else 'not met' if g['met'] is False else 'n/a'}"
+                + (f" ({g['measured']})" if g["measured"] is not None else "")
+                for g in result["goals"]
+            )
+            log(f"{name}: done in {result['seconds']:.1f} s; {verdicts}")
+
+    from benchmarks.report import write_docs
+
+    write_docs(out_dir, docs_path)
+    total = time.perf_counter() - started
+    log(f"results in {out_dir}; docs {docs_path}; total {total:.1f} s")
+    if failed:
+        log("failed: " + ", ".join(failed))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

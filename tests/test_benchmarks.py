@@ -1,0 +1,216 @@
+"""The benchmarks run and write well-formed results: ``python -m benchmarks --tiny`` once, checked.
+
+These are not timed tests: no number is compared with a threshold here (the goals live in the
+result files and docs/benchmarks.md). What is checked: each benchmark runs at a tiny size, writes
+JSON of the documented shape (schema version, machine, versions, both medians and the ratio of
+every comparison, the goals) and a PNG chart, and the docs page renders from those files.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks._common import (  # noqa: E402
+    BENCHMARK_NAMES,
+    SCHEMA_VERSION,
+    comparison,
+    percentile,
+    stats,
+    validate_result,
+)
+from benchmarks.report import load_results, render_markdown  # noqa: E402
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# The tiny run (one subprocess for the module: about two minutes on two cores)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("bench-tiny")
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--tiny", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=900, check=False,
+    )
+    assert done.returncode == 0, f"python -m benchmarks --tiny failed:\n{done.stderr[-4000:]}"
+    return out
+
+
+def _result(out: Path, name: str) -> dict[str, Any]:
+    return json.loads((out / f"{name}.json").read_text(encoding="utf-8"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", BENCHMARK_NAMES)
+def test_tiny_result_is_well_formed(tiny_run: Path, name: str) -> None:
+    data = _result(tiny_run, name)
+    assert validate_result(data, name) == []
+    assert data["schema"] == SCHEMA_VERSION
+    assert data["tiny"] is True
+    assert "-m benchmarks" in data["command"] and "--tiny" in data["command"]
+    assert data["machine"]["cores"] >= 1 and data["machine"]["cpu_model"]
+    for key in ("torch", "onnxruntime", "aws-cdk-lib"):
+        assert data["versions"][key]
+    for item in data["comparisons"]:
+        assert isinstance(item["baseline_median"], float | int)
+        assert isinstance(item["candidate_median"], float | int)
+        assert item["ratio_definition"] in {"baseline / candidate", "candidate / baseline"}
+    for item in data["goals"]:
+        assert item["met"] in (True, False, None)
+        if item["met"] is False:
+            assert item["limit"], f"{name}/{item['id']}: a missed goal must say what limits it"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", BENCHMARK_NAMES)
+def test_tiny_chart_is_a_png(tiny_run: Path, name: str) -> None:
+    data = (tiny_run / f"{name}.png").read_bytes()
+    assert data.startswith(PNG_MAGIC)
+    assert len(data) > 5000
+
+
+@pytest.mark.slow
+def test_tiny_measurements_have_the_expected_shape(tiny_run: Path) -> None:
+    synth = _result(tiny_run, "synth_scale")["measurements"]["by_size"]
+    assert set(synth) == {"1", "3", "none"}
+    for entry in synth.values():
+        assert entry["resources"] > 0 and entry["template_bytes"] > 0
+        assert entry["cli_s"]["n"] >= 1 and entry["in_process_s"]["n"] >= 1
+
+    publish = _result(tiny_run, "publish")
+    assert publish["parameters"]["copies"] == 5
+    for latency in ("0ms", "30ms"):
+        m = publish["measurements"]["by_latency"][latency]
+        assert m["republish_bytes"]["max"] == 0  # the unchanged release sends nothing
+        assert m["baseline_bytes"]["median"] == 5 * publish["parameters"]["tarball_bytes"]
+        assert m["requests"]["baseline"] == {"PUT": 5}
+
+    inference = _result(tiny_run, "inference")["measurements"]
+    assert set(inference["cpu"]["throughput"]) == {"batch8", "batch32"}
+    assert inference["max_abs_diff_onnx_vs_torch"] < 1e-3
+    assert "skipped" in inference["gpu"] or "latency_batch1" in inference["gpu"]
+
+    artifact = _result(tiny_run, "artifact")["measurements"]
+    assert artifact["recommendation"]["level"] in (1, 6, 9)
+    for variant in ("fp32", "fp16"):
+        for level in ("1", "6", "9"):
+            assert artifact["variants"][variant]["levels"][level]["reproducible"] is True
+    assert artifact["variants"]["fp16"]["model_bytes"] < artifact["variants"]["fp32"]["model_bytes"]
+
+
+@pytest.mark.slow
+def test_tiny_docs_render_from_the_results(tiny_run: Path) -> None:
+    page = (tiny_run / "benchmarks.md").read_text(encoding="utf-8")
+    assert page == render_markdown(load_results(tiny_run), docs_dir=tiny_run, results_dir=tiny_run)
+    assert "Tiny run" in page
+    assert "make bench" in page
+    assert _result(tiny_run, "publish")["machine"]["cpu_model"] in page
+    for name in BENCHMARK_NAMES:
+        assert f"]({name}.png)" in page
+        for item in _result(tiny_run, name)["goals"]:
+            assert item["text"] in page
+    assert "met**" in page
+    assert "Default gzip level" in page
+
+
+# ---------------------------------------------------------------------------------------------
+# Fast checks of the pieces (no benchmark is run)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_stats_reports_median_and_spread() -> None:
+    s = stats([3.0, 1.0, 2.0, 10.0])
+    assert s["median"] == 2.5 and s["min"] == 1.0 and s["max"] == 10.0 and s["n"] == 4
+    assert s["q1"] <= s["median"] <= s["q3"]
+    assert stats([4.0])["q1"] == stats([4.0])["q3"] == 4.0
+    assert percentile([1.0, 2.0, 3.0, 4.0, 5.0], 50) == 3.0
+    assert percentile(list(range(101)), 99) == pytest.approx(99.0)
+
+
+def test_comparison_ratio_favours_the_candidate_above_one() -> None:
+    fast, slow = stats([1.0, 1.0, 1.0]), stats([4.0, 4.0, 4.0])
+    timing = comparison("t", what="", unit="s", baseline_label="b", baseline=slow, candidate_label="c",
+                        candidate=fast, lower_is_better=True)
+    assert timing["ratio"] == 4.0 and timing["baseline_median"] == 4.0 and timing["candidate_median"] == 1.0
+    rate = comparison("r", what="", unit="/s", baseline_label="b", baseline=fast, candidate_label="c",
+                      candidate=slow, lower_is_better=False)
+    assert rate["ratio"] == 4.0
+
+
+def test_validate_result_names_what_is_missing() -> None:
+    assert validate_result([]) == ["result: got list; expected an object"]
+    problems = validate_result({"schema": SCHEMA_VERSION})
+    assert "benchmark: missing" in problems and "comparisons: missing" in problems
+    good = {
+        "schema": SCHEMA_VERSION, "benchmark": "publish", "title": "", "tiny": True, "command": "",
+        "started_at": "", "seconds": 1.0, "machine": {"cpu_model": "x", "cores": 2},
+        "versions": {"torch": "1", "onnxruntime": "1", "aws-cdk-lib": "1"}, "parameters": {},
+        "measurements": {},
+        "comparisons": [{"name": "a", "baseline_median": 1.0, "candidate_median": 2.0, "ratio": 0.5, "unit": "s"}],
+        "goals": [{"id": "g", "text": "t", "target": "x", "measured": 1, "met": True}],
+    }
+    assert validate_result(good, "publish") == []
+    bad = {**good, "comparisons": [{"name": "a", "baseline_median": "1", "ratio": 0.5, "unit": "s"}]}
+    assert "comparisons[0].candidate_median: missing" in validate_result(bad)
+    assert "comparisons[0].baseline_median: not a number" in validate_result(bad)
+    assert validate_result({**good, "goals": [{**good["goals"][0], "met": "yes"}]}) == [
+        "goals[0].met: expected true, false or null"
+    ]
+
+
+def test_generated_manifests_are_valid_and_distinct() -> None:
+    from benchmarks.synth_scale import generated_manifest
+    from model_build.manifest import parse_manifest
+
+    manifest = parse_manifest(generated_manifest(7))
+    assert manifest.target_count == 7
+    assert len({spec.model_dump_json(exclude={"name"}) for spec in manifest.models}) == 7
+
+
+def test_gzip_recommendation_prefers_the_fastest_level_of_equal_size() -> None:
+    from benchmarks.artifact import recommend
+
+    def level(size: int, pack: float) -> dict[str, Any]:
+        return {"bytes": size, "pack_s": stats([pack]), "unpack_s": stats([1.0])}
+
+    # Incompressible weights: sizes within 1%, so the fastest level wins.
+    chosen, why = recommend({"1": level(1004, 2.0), "6": level(1001, 5.0), "9": level(1000, 9.0)})
+    assert chosen == 1 and "level 1" in why
+    # Compressible content: level 1 is 20% larger, so the smallest levels compete on pack time.
+    chosen, _ = recommend({"1": level(1200, 2.0), "6": level(1005, 5.0), "9": level(1000, 9.0)})
+    assert chosen == 6
+
+
+def test_cli_refuses_unknown_benchmarks() -> None:
+    from benchmarks.__main__ import parse_args
+
+    assert parse_args(["--only", "publish", "artifact", "--tiny"]).only == ["publish", "artifact"]
+    with pytest.raises(SystemExit):
+        parse_args(["--only", "nope"])
+
+
+def test_cpu_differences_ignore_cuda_only_settings() -> None:
+    from benchmarks.inference import cpu_differences
+    from model_build.triton_config import mc
+
+    config = mc.ModelConfig()
+    for key, value in (("cudnn_conv_algo_search", "1"), ("arena_extend_strategy", "1"),
+                       ("do_copy_in_default_stream", "1"), ("execution_mode", "0"), ("enable_mem_pattern", "true")):
+        config.parameters[key].string_value = value
+    assert cpu_differences(config) == []
+    config.parameters["execution_mode"].string_value = "1"
+    config.optimization.graph.level = -1
+    assert cpu_differences(config) == ["execution_mode=1", "graph level -1"]
