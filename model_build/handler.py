@@ -23,6 +23,7 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -155,22 +156,9 @@ def on_event(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------
 
 
-def _objects_present(s3: Any, bucket: str, keys: list[str]) -> bool:
-    from botocore.exceptions import ClientError
-
-    for key in keys:
-        try:
-            s3.head_object(Bucket=bucket, Key=key)
-        except ClientError as error:
-            if error.response.get("Error", {}).get("Code") in {"404", "NoSuchKey", "NotFound"}:
-                return False
-            raise
-    return True
-
-
-def _published(s3: Any, request: Request, spec: ModelSpec) -> bool:
-    keys = [request.release.key(request.model_prefix, t) for t in spec.target_names()]
-    return _objects_present(s3, request.model_bucket, keys)
+def _published(present: Mapping[str, int], request: Request, spec: ModelSpec) -> bool:
+    """Every target of ``spec`` is in the release (``present``: one listing of its prefix)."""
+    return all(request.release.key(request.model_prefix, t) in present for t in spec.target_names())
 
 
 def _build_and_publish(s3: Any, request: Request, spec: ModelSpec, work: Path) -> None:
@@ -272,7 +260,7 @@ def is_complete(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
 
 
 def _build_step(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    from model_build.publish import read_index
+    from model_build.publish import list_release, read_index
 
     request = Request(event)
     s3 = _s3()
@@ -281,10 +269,11 @@ def _build_step(event: dict[str, Any], context: Any) -> dict[str, Any]:
     if read_index(s3, request.model_bucket, index_key) is not None:
         return {"IsComplete": True, "Data": request.data(manifest.target_count)}
 
+    present = list_release(s3, request.model_bucket, request.release_prefix)
     slowest = FIRST_MODEL_ESTIMATE_SECONDS
     built_here = 0
     for spec in manifest.models:
-        if _published(s3, request, spec):
+        if _published(present, request, spec):
             continue
         remaining = _remaining_seconds(context) - SAFETY_MARGIN_SECONDS
         if built_here and remaining < slowest * 1.5:

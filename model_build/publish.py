@@ -675,6 +675,11 @@ def _transfer_config(config: TransferConfig | None, concurrency: int) -> Transfe
     )
 
 
+def list_release(s3_client: Any, bucket: str, release_prefix: str) -> dict[str, int]:
+    """Size of every object under a release prefix, by key (one paginated LIST)."""
+    return _list_sizes(s3_client, bucket, _normalise_prefix(release_prefix))
+
+
 def _list_sizes(client: Any, bucket: str, prefix: str) -> dict[str, int]:
     """Sizes of the objects already under the prefix: one LIST instead of a HEAD per absent key."""
     try:
