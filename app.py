@@ -79,13 +79,19 @@ def cdk_json_context(root: Path = ROOT) -> dict[str, Any]:
     path = root / "cdk.json"
     if not path.is_file():
         return {}
-    context = json.loads(path.read_text(encoding="utf-8")).get("context", {})
-    return dict(context) if isinstance(context, dict) else {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise SettingsError(f"{path}: not valid JSON in UTF-8: {error}") from None
+    context = data.get("context", {}) if isinstance(data, dict) else None
+    if not isinstance(context, dict):
+        raise SettingsError(f"{path}: 'context' must be a JSON object of settings")
+    return dict(context)
 
 
 def main() -> int:
-    app = cdk.App(context=cdk_json_context())
     try:
+        app = cdk.App(context=cdk_json_context())
         build_app(app)
     except EXPECTED_ERRORS as error:
         print(f"error: {error}", file=sys.stderr)

@@ -29,7 +29,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SCHEMA_VERSION = 1
 #: The one command the docs name; ``make bench`` runs exactly this.
 MAKE_COMMAND = "make bench  # = .venv/bin/python -m benchmarks"
-BENCHMARK_NAMES: tuple[str, ...] = ("synth_scale", "publish", "inference", "artifact")
+BENCHMARK_NAMES: tuple[str, ...] = (
+    "synth_scale", "publish", "inference", "artifact", "endpoint", "variants", "incremental", "text_ensemble",
+)
 #: Fields every result file has (checked by :func:`validate_result`).
 REQUIRED_FIELDS: tuple[str, ...] = (
     "schema", "benchmark", "title", "tiny", "command", "started_at", "seconds", "machine",

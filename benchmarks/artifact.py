@@ -4,7 +4,7 @@ Both tarballs come from the project's build (``minilm-l6-embedding`` from models
 same entry with ``fp16: true``). Each is unpacked once to get the exact ``model.onnx`` and
 ``config.pbtxt`` it holds, then packed again with :func:`model_build.package.package_model` at
 gzip levels 1, 6 and 9 (the levels' runs interleaved), and each of those tarballs is unpacked
-with :func:`model_build.verify.safe_extract` (what the build's verify step does). "Load" adds the
+with :func:`model_build.tarball.safe_extract` (what the build's verify step does). "Load" adds the
 ONNX Runtime session creation from the config (:func:`model_build.verify.open_model`).
 
 The result chooses the default level: the fastest to pack among the levels whose tarball is
@@ -49,7 +49,8 @@ def _current_default() -> int:
 
 def _contents(tarball: Path, dest: Path) -> tuple[Path, str, str]:
     """The model file, config text and model directory name inside a built tarball."""
-    from model_build.verify import locate_model, safe_extract
+    from model_build.tarball import safe_extract
+    from model_build.verify import locate_model
 
     safe_extract(tarball, dest)
     model_dir, name = locate_model(dest)
@@ -59,8 +60,9 @@ def _contents(tarball: Path, dest: Path) -> tuple[Path, str, str]:
 
 def _measure_variant(tarball: Path, repeats: int, scratch: Path, threads: int) -> dict[str, Any]:
     from model_build.package import package_model
+    from model_build.tarball import safe_extract
     from model_build.triton_config import check_config
-    from model_build.verify import open_model, safe_extract
+    from model_build.verify import open_model
 
     model_file, config_text, name = _contents(tarball, scratch / "source")
     samples: dict[int, dict[str, list[float]]] = {lvl: {"pack_s": [], "unpack_s": []} for lvl in LEVELS}
@@ -147,7 +149,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
         "current_default_level": _current_default(),
         "size_tolerance": SIZE_TOLERANCE,
         "pack": "model_build.package.package_model (reproducible tar, gzip)",
-        "unpack": "model_build.verify.safe_extract (Python tarfile + gzip)",
+        "unpack": "model_build.tarball.safe_extract (Python tarfile + gzip)",
         "load": "model_build.verify.open_model, ONNX Runtime CPU provider",
     })
     variants: dict[str, Any] = {}

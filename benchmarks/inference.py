@@ -64,8 +64,9 @@ Call = Callable[[], Any]
 
 def _unpack(tarball: Path, dest: Path) -> tuple[Path, Any]:
     """Unpack as the container does; returns the model file and the parsed config."""
+    from model_build.tarball import safe_extract
     from model_build.triton_config import check_config, default_filename
-    from model_build.verify import locate_model, safe_extract
+    from model_build.verify import locate_model
 
     safe_extract(tarball, dest)
     model_dir, name = locate_model(dest)

@@ -22,6 +22,7 @@ SECTION_TITLES = {
     "publish": "2. Publishing copies",
     "inference": "3. Serving the built artifact",
     "artifact": "4. Artifact size and load",
+    "variants": "5. Fused graphs and precisions against the roofline",
 }
 
 

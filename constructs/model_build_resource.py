@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import jsii
-from aws_cdk import Aws, CustomResource, Duration, RemovalPolicy, Size, Stack, Token
+from aws_cdk import Aws, CustomResource, Duration, Fn, RemovalPolicy, Size, Stack, Token
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_iam as iam
@@ -21,6 +21,7 @@ from aws_cdk import custom_resources as cr
 from constructs import Construct
 from constructs.cfn_hygiene import drop_referenced_dependencies
 from constructs.model_bucket import RETIRED_TAG_KEY, check_prefix
+from constructs.model_build_state_machine import MAX_CONCURRENCY_LIMIT, ModelBuildStateMachine
 from constructs.nag_acknowledgments import acknowledge, acknowledge_wildcard_resource
 from constructs.sagemaker_limits import PropsError, check_range
 from model_build.errors import ManifestError
@@ -30,6 +31,7 @@ from model_build.release import Release, build_code_sha256, compute_release
 RESOURCE_TYPE = "Custom::TritonModelRelease"
 ON_EVENT_HANDLER = "model_build.handler.on_event"
 IS_COMPLETE_HANDLER = "model_build.handler.is_complete"
+BUILD_STEP_HANDLER = "model_build.handler.build_step"
 #: Files of the build directory that are not part of the image.
 IMAGE_EXCLUDE = ["__pycache__", "**/__pycache__", "tests", ".pytest_cache", "**/*.pyc"]
 ON_DELETE_VALUES = ("retain", "destroy")
@@ -102,22 +104,27 @@ def s3_source_keys(manifest: Manifest) -> dict[str, list[str]]:
 class ModelBuildResource(Construct):
     """Builds the models of a manifest and publishes them under ``<model_prefix>/<release_id>/``.
 
-    A ``Custom::TritonModelRelease`` resource served by two container-image Lambda functions
-    (``model_build.handler.on_event`` and ``model_build.handler.is_complete``, both from the
+    A ``Custom::TritonModelRelease`` resource served by container-image Lambda functions
+    (``model_build.handler.on_event`` and ``model_build.handler.is_complete``, all from the
     image built from ``build_context``'s Dockerfile) through the CDK Provider framework's
-    asynchronous pattern: ``on_event`` answers at once, then a Step Functions waiter calls
-    ``is_complete`` every ``query_interval`` until it reports the release index written, or
-    fails the resource after ``total_timeout`` (``total_timeout / query_interval`` calls). A build
-    longer than one Lambda run therefore neither hangs nor fails silently.
+    asynchronous pattern: ``on_event`` starts the build state machine
+    (:class:`ModelBuildStateMachine`: plan, a Distributed Map that builds each model whose key is
+    not stored in its own run of a third function, ``build_step``, then the release assembled by
+    server-side copies), then the Provider's waiter calls ``is_complete`` every
+    ``query_interval`` until the release index exists, the execution fails (the failing model is
+    named) or ``total_timeout`` passes. A build therefore neither hangs nor fails silently, and
+    only a single model must fit one Lambda run.
 
     The manifest is passed as an S3 asset (its size does not grow the template). The release id
-    is derived from the manifest and the build code (``model_build.release``): an unchanged
-    manifest gives the same properties (no update), a changed one a new release id (an update
-    that publishes to a new prefix). ``model_data_url`` (``Fn::GetAtt ModelDataUrl``) makes
-    whatever uses it wait for the build.
+    and each model's key are derived from the manifest and the build runtime
+    (``model_build.release``): an unchanged manifest gives the same properties (no update), a
+    changed one a new release id (an update that builds the changed models only and publishes to
+    a new prefix). ``model_data_url`` (``Fn::GetAtt ModelDataUrl``) makes whatever uses it wait
+    for the build.
 
-    The handler role may read the manifest asset and the manifest's ``s3`` sources, describe this
-    stack (to tell a stack deletion from an update's cleanup) and write its logs; the stack grants
+    The three functions share one role: it may read the manifest asset and the manifest's ``s3``
+    sources, describe this stack (to tell a stack deletion from an update's cleanup), start
+    and describe executions of its own state machine only, and write its logs; the stack grants
     it the model bucket's prefix (``ModelBucket.grant_read/grant_write/grant_tag``).
 
     :param manifest: the validated manifest. Sources on the local disk (kind ``local``, or
@@ -135,6 +142,8 @@ class ModelBuildResource(Construct):
         CloudFormation's limit for a custom resource; a multiple of ``query_interval``).
         Default: 1 hour.
     :param query_interval: time between ``is_complete`` calls. Default: 60 s.
+    :param max_concurrency: most models the build state machine builds at once (its Distributed
+        Map's ``MaxConcurrency``, 1 to 10,000). Default: 50.
     :param on_delete: ``retain`` (default) keeps a release's objects when the resource is
         deleted; ``destroy`` deletes them. A release superseded by an update is tagged
         ``triton-mme:release-state=retired`` either way.
@@ -162,6 +171,7 @@ class ModelBuildResource(Construct):
         timeout: Duration | None = None,
         total_timeout: Duration | None = None,
         query_interval: Duration | None = None,
+        max_concurrency: int = 50,
         on_delete: str = "retain",
         log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
         vpc: ec2.IVpc | None = None,
@@ -190,12 +200,14 @@ class ModelBuildResource(Construct):
             interval=interval,
             on_delete=on_delete,
         )
+        check_range("max_concurrency", max_concurrency, 1, MAX_CONCURRENCY_LIMIT, "models")
         #: The release the manifest publishes (computed at synth from the manifest and the build
         #: code that goes into the image).
         self.release: Release = compute_release(
             manifest,
             base_dir=manifest_path.parent,
             code_sha256=build_code_sha256(build_context),
+            package_dir=build_context,
         )
 
         self.manifest_asset = s3_assets.Asset(self, "Manifest", path=str(manifest_path))
@@ -248,24 +260,65 @@ class ModelBuildResource(Construct):
         self._vpc_subnets = list(vpc_subnets or [])
         self._security_groups = list(security_groups or [])
 
-        self.on_event_function = self._handler(
-            "OnEvent",
-            self._image_code(build_context, ON_EVENT_HANDLER),
-            description="Model release: validates a request and starts the build",
-            memory_size=memory_size,
-            storage=storage,
-            run_timeout=run_timeout,
+        def function(id: str, handler: str, description: str) -> lambda_.DockerImageFunction:
+            return self._handler(
+                id,
+                self._image_code(build_context, handler),
+                description=description,
+                memory_size=memory_size,
+                storage=storage,
+                run_timeout=run_timeout,
+                log_retention=log_retention,
+            )
+
+        self.on_event_function = function(
+            "OnEvent", ON_EVENT_HANDLER, "Model release: validates a request and starts the build"
+        )
+        self.is_complete_function = function(
+            "IsComplete", IS_COMPLETE_HANDLER,
+            "Model release: polls the build execution until the release index exists",
+        )
+        #: Builds one model per invocation (and plans and finishes the release) for the state machine.
+        self.build_function = function(
+            "Build", BUILD_STEP_HANDLER, "Model release: builds one model, or plans / finishes a release"
+        )
+        self.build_state_machine = ModelBuildStateMachine(
+            self,
+            "BuildStateMachine",
+            build_function=self.build_function,
+            model_bucket=model_bucket,
+            model_prefix=model_prefix,
+            max_concurrency=max_concurrency,
+            timeout=wait_timeout,
             log_retention=log_retention,
         )
-        self.is_complete_function = self._handler(
-            "IsComplete",
-            self._image_code(build_context, IS_COMPLETE_HANDLER),
-            description="Model release: builds and publishes models until the release index exists",
-            memory_size=memory_size,
-            storage=storage,
-            run_timeout=run_timeout,
-            log_retention=log_retention,
+        machine = self.build_state_machine.state_machine
+        # Its own policy, not the role's default one: the build function (same role) must not
+        # wait for the state machine that invokes it (a dependency cycle otherwise).
+        self.start_builds_policy = iam.Policy(
+            self,
+            "StartBuilds",
+            roles=[self.role],
+            statements=[
+                iam.PolicyStatement(actions=["states:StartExecution"], resources=[machine.state_machine_arn]),
+                iam.PolicyStatement(actions=["states:DescribeExecution"],
+                                    resources=[self._execution_arn(machine, ":*")]),
+            ],
         )
+        acknowledge_wildcard_resource(
+            self.start_builds_policy,
+            self._execution_arn(machine, ":*"),
+            "is_complete reads the status of the build executions of this one state machine; "
+            "an execution is named per request.",
+        )
+        map_policy = machine.node.find_child("DistributedMapPolicy")
+        for suffix in (":*", "/*:*"):
+            acknowledge_wildcard_resource(
+                map_policy,
+                self._execution_arn(machine, suffix),
+                "The Distributed Map starts, describes and stops its own child executions (CDK's "
+                "grant, scoped to this state machine's executions and map runs).",
+            )
 
         provider_logs = logs.LogGroup(self, "ProviderLogs", retention=log_retention)
         waiter_logs = logs.LogGroup(self, "WaiterLogs", retention=log_retention)
@@ -302,10 +355,13 @@ class ModelBuildResource(Construct):
                 "ModelPrefix": model_prefix,
                 "ReleaseId": self.release.release_id,
                 "CodeSha256": self.release.code_sha256,
+                "BuildStateMachineArn": machine.state_machine_arn,
                 "OnDelete": on_delete,
                 "RetiredTagKey": RETIRED_TAG_KEY,
             },
         )
+
+        self.resource.node.add_dependency(self.start_builds_policy)
 
         #: ``s3://<bucket>/<prefix>/<release>/`` (``Fn::GetAtt``: available once published).
         self.model_data_url: str = self.resource.get_att_string("ModelDataUrl")
@@ -319,6 +375,15 @@ class ModelBuildResource(Construct):
         self.release_id: str = self.release.release_id
 
         self._tidy_framework()
+
+    @staticmethod
+    def _execution_arn(machine: sfn.StateMachine, suffix: str) -> str:
+        """``arn:...:execution:<state machine name><suffix>``, written as CDK writes it."""
+        stack = Stack.of(machine)
+        return Fn.join("", [
+            "arn:", stack.partition, ":states:", stack.region, ":", stack.account, ":execution:",
+            Fn.select(6, Fn.split(":", machine.state_machine_arn)), suffix,
+        ])
 
     @property
     def grant_principal(self) -> iam.IPrincipal:
@@ -482,7 +547,7 @@ class ModelBuildResource(Construct):
             "CDK exposes no tracing option for it, and its executions are logged at level ALL.",
         )
 
-        for function in (self.on_event_function, self.is_complete_function):
+        for function in (self.on_event_function, self.is_complete_function, self.build_function):
             drop_referenced_dependencies(function, [self.role.node.default_child])
         drop_referenced_dependencies(framework["onEvent"], [self._on_event_framework_role.node.default_child])
         for name in ("isComplete", "onTimeout"):

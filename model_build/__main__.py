@@ -1,4 +1,4 @@
-"""``python -m model_build {validate,build,publish,verify,demo}``.
+"""``python -m model_build {validate,build,publish,verify,demo,smoke,endpoint}``.
 
 Expected errors (a bad manifest, a model whose export does not match PyTorch, an S3 failure)
 print one message and exit 1 with no stack trace; anything else is a bug and keeps its traceback.
@@ -9,10 +9,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +22,9 @@ from rich.table import Table
 
 from model_build.errors import ModelBuildError, PublishError
 from model_build.manifest import Manifest, load_manifest
-from model_build.release import REFERENCE_DIR, Release, compute_release
+from model_build.release import DEFAULT_COMPRESSLEVEL, Release, compute_release
 from model_build.smoke import add_smoke_parser, cmd_smoke
+from model_build.tools.endpoint import add_endpoint_parser, cmd_endpoint
 
 # Wide when not a terminal, so logs and CI output keep each table row and message on one line.
 # Progress bars of our own only: the libraries' weight-loading bars and notices are noise here.
@@ -62,7 +62,8 @@ def _load(args: argparse.Namespace) -> tuple[Manifest, Release, Path]:
     manifest_path = Path(args.manifest)
     manifest = load_manifest(manifest_path)
     base_dir = manifest_path.resolve().parent
-    return manifest, compute_release(manifest, base_dir=base_dir), base_dir
+    level = getattr(args, "compresslevel", None) or DEFAULT_COMPRESSLEVEL
+    return manifest, compute_release(manifest, base_dir=base_dir, compresslevel=level), base_dir
 
 
 # ----------------------------------------------------------------------------------------------
@@ -98,9 +99,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _build(args: argparse.Namespace, s3_client: Any = None) -> tuple[Any, Path, Release]:
+    from functools import partial
+
     from model_build.build import build_release
+    from model_build.local_s3 import make_s3_client
 
     manifest, release, base_dir = _load(args)
+    jobs = getattr(args, "jobs", 1)
     with _progress() as progress:
         task = progress.add_task("build", total=len(manifest.models) * 3)
 
@@ -116,32 +121,52 @@ def _build(args: argparse.Namespace, s3_client: Any = None) -> tuple[Any, Path, 
             s3_client=s3_client,
             compresslevel=args.compresslevel,
             on_model=on_model,
+            jobs=jobs,
+            # Each build process makes its own client (a client does not cross processes).
+            s3_factory=partial(make_s3_client, endpoint_url=getattr(args, "endpoint_url", None),
+                               region=getattr(args, "region", None)),
         )
     return record, release_dir, release
 
 
 def _build_table(record: Any) -> Table:
     table = Table(title=f"release {record.release_id}")
-    for column in ("model", "format", "size", "sha256", "max difference", "time"):
+    for column in ("model", "format", "size", "sha256", "max difference", "gates vs FP32", "time"):
         table.add_column(column, justify="right" if column in {"size", "time"} else "left")
     for model in record.models:
         diff = f"{model.worst_diff:.2e}"
+        fmt = model.format + (" fused" if model.fused_ops.get("Attention") else "")
+        fmt += f" {model.precision}" if model.format == "onnx" else ""
         if model.reference_check:
             diff += f" (incl. {model.reference_check})"
         table.add_row(
             model.name + (f" x{len(model.targets)}" if len(model.targets) > 1 else ""),
-            model.format,
+            fmt,
             _human(model.size),
             model.sha256[:16],
             diff,
+            _gates(model.accuracy),
             f"{model.seconds:.1f} s",
         )
     return table
 
 
+def _gates(accuracy: dict[str, float]) -> str:
+    """``cos 0.99999 >= 0.9999, top-k 1.00 >= 1.0``: each measured value with its gate."""
+    parts = []
+    if "min_cosine" in accuracy:
+        parts.append(f"cos {accuracy['min_cosine']:.5f} >= {accuracy.get('min_cosine_gate', 0):g}")
+    if "top_k_agreement" in accuracy:
+        parts.append(f"top-k {accuracy['top_k_agreement']:.2f} >= {accuracy.get('top_k_gate', 0):g}")
+    return ", ".join(parts) or "-"
+
+
 def cmd_build(args: argparse.Namespace) -> int:
     record, release_dir, _ = _build(args)
     out.print(_build_table(record))
+    reused = len(record.models) - len(record.built)
+    out.print(f"built {len(record.built)} of {len(record.models)} models"
+              + (f"; {reused} unchanged, reused from {Path(args.out) / '_builds'}" if reused else ""))
     out.print(f"artifacts in {release_dir}")
     return 0
 
@@ -171,7 +196,7 @@ def _record_for(args: argparse.Namespace, s3_client: Any) -> tuple[Any, Path, Re
 
 def _publish(args: argparse.Namespace, s3_client: Any, record: Any, release_dir: Path,
              release: Release) -> Any:
-    from model_build.publish import publish_release
+    from model_build.publish import publish_incremental
 
     targets = sum(len(m.targets) for m in record.models)
     with _progress() as progress:
@@ -180,15 +205,18 @@ def _publish(args: argparse.Namespace, s3_client: Any, record: Any, release_dir:
         def on_progress(_key: str, _bytes: int) -> None:
             progress.advance(task)
 
-        report = publish_release(
-            record.artifacts(release_dir),
+        # The same store + assembly as the Lambda's: models whose key is stored are copied.
+        report = publish_incremental(
+            [(model.artifact(release_dir), model.key) for model in record.models],
             s3_client=s3_client,
             bucket=args.bucket,
+            model_prefix=args.prefix,
             release_prefix=release.prefix(args.prefix),
             index_extra={
                 "release_id": release.release_id,
                 "manifest_sha256": release.manifest_sha256,
                 "code_sha256": release.code_sha256,
+                "model_keys": dict(release.model_keys),
             },
             concurrency=args.concurrency,
             progress=on_progress,
@@ -218,67 +246,48 @@ def cmd_publish(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------------------------
 
 
-def _verify_jobs(record: Any, release_dir: Path, *, published: bool) -> list[tuple[str, str, Path, Path]]:
-    """(source model, target, tarball, reference) for every model to verify.
+#: Seconds one invocation of the local endpoint may take (a cold call downloads, unpacks and loads).
+CHECK_TIMEOUT_SECONDS = 300.0
 
-    A local build holds one tarball per manifest entry; a downloaded release holds one per
-    target (copies included), each of which is verified: each is an object a request can name.
+
+def _serve_and_check(args: argparse.Namespace, s3_client: Any, release: Release) -> int:
+    """Serve the published release on the real tritonserver and invoke every target through boto3.
+
+    The answers are compared with the references recorded at build time, by the same code the
+    smoke test runs against a deployed endpoint; the table shows the cold and the warm call.
     """
-    jobs = []
-    for model in record.models:
-        if published:
-            reference = release_dir / REFERENCE_DIR / f"{model.name}.npz"
-            jobs += [(model.name, t, release_dir / f"{t}.tar.gz", reference) for t in model.targets]
-        else:
-            jobs.append((model.name, model.targets[0], release_dir / model.tarball, release_dir / model.reference))
-    return jobs
+    from model_build.smoke import make_client, make_runtime_client, run_smoke, smoke_table
+    from model_build.tools.endpoint import ENDPOINT_NAME, local_endpoint
 
-
-def _verify_dir(record: Any, release_dir: Path, manifest: Manifest, *, published: bool) -> list[Any]:
-    from model_build.verify import verify_artifact
-
-    specs = {spec.name: spec for spec in manifest.models}
-    jobs = _verify_jobs(record, release_dir, published=published)
-    results = []
-    with _progress() as progress:
-        task = progress.add_task("verify", total=len(jobs))
-        for name, target, tarball, reference in jobs:
-            progress.update(task, description=f"verify {target}")
-            results.append(
-                verify_artifact(tarball, reference, tolerance=specs[name].tolerance, target_model=target)
+    with local_endpoint(s3_client=s3_client, bucket=args.bucket, release_id=release.release_id,
+                        model_prefix=args.prefix) as endpoint:
+        out.print(endpoint.ready_line())
+        with _progress() as progress:
+            task = progress.add_task("invoke", total=len(endpoint.release.entries))
+            report = run_smoke(
+                endpoint_name=ENDPOINT_NAME,
+                sagemaker_client=make_client("sagemaker", endpoint_url=endpoint.url),
+                runtime_client=make_runtime_client(endpoint_url=endpoint.url, timeout_seconds=CHECK_TIMEOUT_SECONDS),
+                s3_client=s3_client,
+                timeout_seconds=CHECK_TIMEOUT_SECONDS,
+                progress=lambda row: progress.advance(task),
             )
-            progress.advance(task)
-    return results
-
-
-def _verify_table(results: Sequence[Any], title: str) -> Table:
-    table = Table(title=title)
-    for column in ("target", "format", "max difference", "result", "time"):
-        table.add_column(column)
-    for result in results:
-        table.add_row(
-            result.target,
-            result.format,
-            f"{max(result.max_abs_diff.values(), default=0.0):.2e}",
-            "ok" if result.ok else "FAILED",
-            f"{result.seconds:.2f} s",
-        )
-    return table
-
-
-@contextmanager
-def _downloaded(args: argparse.Namespace, release: Release) -> Iterator[Path]:
-    from model_build.publish import download_release
-
-    with tempfile.TemporaryDirectory(prefix="verify-") as tmp:
-        download_release(_s3(args), args.bucket, release.prefix(args.prefix), Path(tmp))
-        yield Path(tmp)
+    out.print(smoke_table(report))
+    return 0 if report.ok else 1
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from model_build.build import BuildRecord
+    """Serve a release on the real tritonserver and check every target's answers.
 
-    manifest, release, _ = _load(args)
+    With ``--bucket`` the published release is served from there; without, the local build is
+    published to a local S3 endpoint first (moto's server, for the run).
+    """
+    from model_build.build import BuildRecord
+    from model_build.local_s3 import local_s3
+
+    _, release, _ = _load(args)
+    if args.bucket:
+        return _serve_and_check(args, _s3(args), release)
     local_dir = Path(args.out) / release.release_id
     record = BuildRecord.read(local_dir)
     if record is None:
@@ -287,12 +296,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
             "`python -m model_build build` first",
             step="verify",
         )
-    source = _downloaded(args, release) if args.bucket else nullcontext(local_dir)
-    with source as release_dir:
-        results = _verify_dir(record, release_dir, manifest, published=bool(args.bucket))
-    where = f"s3://{args.bucket}/{release.prefix(args.prefix)}/" if args.bucket else str(local_dir)
-    out.print(_verify_table(results, f"verified {where}"))
-    return 0 if all(r.ok for r in results) else 1
+    with local_s3() as endpoint_url:
+        args.endpoint_url, args.bucket = endpoint_url, "triton-mme-verify"
+        s3_client = _s3(args)
+        s3_client.create_bucket(Bucket=args.bucket)
+        _publish(args, s3_client, record, local_dir, release)
+        return _serve_and_check(args, s3_client, release)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -301,7 +310,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Build, publish to S3 (a local endpoint started for the run unless --bucket), verify."""
+    """Build, publish to S3 (local unless --bucket), serve on the real tritonserver, invoke every target."""
     from model_build.local_s3 import local_s3
 
     started = time.perf_counter()
@@ -324,17 +333,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
             again, args.bucket, release.prefix(args.prefix)))
         if again.bytes_sent != 0:
             raise PublishError(f"re-publishing an unchanged release sent {again.bytes_sent} bytes; expected 0")
-        manifest = load_manifest(args.manifest)
-        with _downloaded(args, release) as downloaded:
-            results = _verify_dir(record, downloaded, manifest, published=True)
-        out.print(_verify_table(
-            results, f"verified every model as published to s3://{args.bucket}/{release.prefix(args.prefix)}/"
-        ))
+        status = _serve_and_check(args, s3_client, release)
     out.print(f"demo finished in {time.perf_counter() - started:.0f} s")
-    return 0 if all(r.ok for r in results) else 1
+    return status
 
 
 # ----------------------------------------------------------------------------------------------
+
+
+def _jobs(text: str) -> int:
+    """``--jobs``: a whole number of build processes, at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"got {text!r}; expected a whole number >= 1")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -347,6 +362,9 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--out", default="build", help="build folder (default: build)")
             p.add_argument("--compresslevel", type=int, default=1, choices=range(1, 10), metavar="1-9",
                            help="gzip level of the tarballs (default: 1, see docs/benchmarks.md)")
+            p.add_argument("--jobs", type=_jobs, default=1, metavar="N",
+                           help="build models in N processes; models whose key is built are skipped "
+                                "(default: 1)")
         if s3:
             p.add_argument("--bucket", help="S3 bucket to publish to / verify from")
             p.add_argument("--prefix", default=DEFAULT_PREFIX,
@@ -360,11 +378,12 @@ def _parser() -> argparse.ArgumentParser:
     common(sub.add_parser("build", help="export, validate, configure and package every model"))
     publish = sub.add_parser("publish", help="build if needed, then publish the release to S3")
     common(publish, s3=True)
-    verify = sub.add_parser("verify", help="load each tarball like the container and compare outputs")
+    verify = sub.add_parser("verify", help="serve the release on the real tritonserver and check every target")
     common(verify, s3=True)
-    demo = sub.add_parser("demo", help="build, publish (local S3 unless --bucket) and verify")
+    demo = sub.add_parser("demo", help="build, publish (local S3 unless --bucket), serve on tritonserver, invoke")
     common(demo, s3=True)
     add_smoke_parser(sub)
+    add_endpoint_parser(sub)
     return parser
 
 
@@ -375,6 +394,7 @@ COMMANDS = {
     "verify": cmd_verify,
     "demo": cmd_demo,
     "smoke": cmd_smoke,
+    "endpoint": cmd_endpoint,
 }
 
 

@@ -3,28 +3,36 @@
 The steps live in their own modules with typed inputs and outputs; this module only sequences
 them, times them and records what a build produced (``build.json``), so ``publish`` and
 ``verify`` can run later, in another process, on exactly the same bytes.
+
+Builds are incremental: :func:`build_unit` is the per-model unit (the same one the Lambda runs
+for one Map item) and stores its output once per model key under ``<out>/_builds/<key>/``;
+:func:`build_release` builds only the keys that are missing (in ``jobs`` processes) and
+assembles the release folder from the store.
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
 import shutil
 import time
 from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from model_build.errors import ModelBuildError
-from model_build.manifest import Manifest, ModelSpec
-from model_build.release import Release
+from model_build.manifest import LocalSource, Manifest, ModelSpec, PackageSource
+from model_build.release import BUILDS_DIR, DEFAULT_COMPRESSLEVEL, Release
 from model_build.types import Artifact
 
+__all__ = ["DEFAULT_COMPRESSLEVEL", "BuildRecord", "ModelBuildResult", "build_model", "build_release", "build_unit"]
+
 BUILD_RECORD = "build.json"
-#: gzip level of the tarballs. ONNX weights barely compress: level 1 gave a MiniLM tarball 0.4%
-#: larger than level 9 but packed faster, and unpacking (what an instance pays on a cold load)
-#: takes the same time at every level (docs/benchmarks.md, "Artifact size and load").
-DEFAULT_COMPRESSLEVEL = 1
+#: The record of one stored unit, written last: a unit folder without it is not a build.
+UNIT_RECORD = "result.json"
 
 
 @dataclass
@@ -43,6 +51,13 @@ class ModelBuildResult:
     reference_check: str | None = None
     reference_max_abs_diff: float | None = None
     seconds: float = 0.0
+    #: The precision served and the accuracy gates it met against PyTorch FP32 (min_cosine,
+    #: min_cosine_gate, top_k_agreement, top_k_gate), and the ops fused offline (optimize).
+    precision: str = "fp32"
+    accuracy: dict[str, float] = field(default_factory=dict)
+    fused_ops: dict[str, int] = field(default_factory=dict)
+    #: The model key it was built for (``model_build.release.model_key``); "" for a plain build.
+    key: str = ""
 
     def artifact(self, base: Path) -> Artifact:
         return Artifact(
@@ -72,6 +87,8 @@ class BuildRecord:
     manifest_sha256: str
     code_sha256: str
     models: list[ModelBuildResult]
+    #: Models built by the run that wrote this record; the others were reused from the store.
+    built: list[str] = field(default_factory=list)
 
     def artifacts(self, release_dir: Path) -> list[Artifact]:
         return [model.artifact(release_dir) for model in self.models]
@@ -112,8 +129,12 @@ def build_model(
     if model_work.exists():
         shutil.rmtree(model_work)
     model_work.mkdir(parents=True)
+    text_source: Path | None = None
+    if spec.inputs == "text" and isinstance(spec.source, (LocalSource, PackageSource)):
+        # Tokenizer files are checked before the slow export (downloaded sources: after it).
+        text_source = _text_source(spec, base_dir, model_work, s3_client)
     if step:
-        step("export + validate")
+        step("export + optimize + validate")
     exported, report, reference = export_and_validate(
         spec, base_dir=base_dir, work_dir=model_work, s3_client=s3_client
     )
@@ -121,17 +142,38 @@ def build_model(
         step("config")
     config_text = render_config(spec, exported)
     check_config(config_text, model=spec.name)
-    if step:
-        step("package")
     tarball = release_dir / f"{spec.name}.tar.gz"
-    sha256, size = package_model(
-        model_name=spec.name,
-        config_text=config_text,
-        model_file=exported.path,
-        format=spec.format,
-        out_path=tarball,
-        compresslevel=compresslevel,
-    )
+    if spec.inputs == "text":
+        from model_build.text_ensemble.check import check_text_ensemble
+        from model_build.text_ensemble.ensemble import package_text_ensemble, render_ensemble_configs
+        from model_build.validate import write_reference
+
+        text_source = text_source or _text_source(spec, base_dir, model_work, s3_client)
+        if step:
+            step("strings -> ensemble vs sentence-transformers")
+        text_report = check_text_ensemble(spec, exported, text_source)
+        report.reference_check = (f"{report.reference_check}; " if report.reference_check else "") + (
+            f"raw-text ensemble: {text_report.texts} texts, token ids identical"
+            + ("" if text_report.max_abs_diff is None else f", max |diff| {text_report.max_abs_diff:.2e}"))
+        if step:
+            step("package")
+        sha256, size = package_text_ensemble(spec=spec, exported=exported, tokenizer_dir=text_source,
+                                             out_path=tarball, compresslevel=compresslevel)
+        # What a client of the target sends and gets: strings in, the ensemble's outputs out.
+        reference = model_work / "text.reference.npz"
+        write_reference(reference, text_report.reference_inputs, text_report.reference_outputs)
+        config_text = render_ensemble_configs(spec, exported).ensemble
+    else:
+        if step:
+            step("package")
+        sha256, size = package_model(
+            model_name=spec.name,
+            config_text=config_text,
+            model_file=exported.path,
+            format=spec.format,
+            out_path=tarball,
+            compresslevel=compresslevel,
+        )
     reference_out = release_dir / f"{spec.name}.reference.npz"
     shutil.copyfile(reference, reference_out)
     config_out = release_dir / f"{spec.name}.config.pbtxt"
@@ -150,7 +192,148 @@ def build_model(
         reference_check=report.reference_check,
         reference_max_abs_diff=report.reference_max_abs_diff,
         seconds=round(time.perf_counter() - started, 3),
+        precision=report.precision,
+        accuracy={k: v for k, v in (("min_cosine", report.min_cosine),
+                                    ("min_cosine_gate", report.min_cosine_gate),
+                                    ("top_k_agreement", report.top_k_agreement),
+                                    ("top_k_gate", report.top_k_gate)) if v is not None},
+        fused_ops=dict(report.fused_ops),
     )
+
+
+def _text_source(spec: ModelSpec, base_dir: Path, work_dir: Path, s3_client: Any) -> Path:
+    """The source folder with the tokenizer files a raw-text ensemble carries (checked)."""
+    from model_build.sources import resolve_source
+    from model_build.text_ensemble.ensemble import check_tokenizer_dir
+
+    folder = resolve_source(spec, base_dir=base_dir, work_dir=work_dir / "_sources" / spec.name,
+                            s3_client=s3_client)
+    return check_tokenizer_dir(spec, folder)
+
+
+def _unit_files(spec: ModelSpec) -> tuple[str, str, str]:
+    return f"{spec.name}.tar.gz", f"{spec.name}.reference.npz", f"{spec.name}.config.pbtxt"
+
+
+def read_unit(store_dir: Path, key: str) -> ModelBuildResult | None:
+    """The stored build of ``key``, or None when it is absent or incomplete."""
+    record = store_dir / key / UNIT_RECORD
+    if not record.is_file():
+        return None
+    result = ModelBuildResult(**json.loads(record.read_text()))
+    files = (result.tarball, result.reference, result.config)
+    return result if all((store_dir / key / name).is_file() for name in files) else None
+
+
+def build_unit(
+    spec: ModelSpec,
+    key: str,
+    *,
+    base_dir: Path,
+    store_dir: Path,
+    s3_client: Any = None,
+    compresslevel: int = DEFAULT_COMPRESSLEVEL,
+    step: Callable[[str], None] | None = None,
+) -> tuple[ModelBuildResult, bool]:
+    """Build one manifest entry into ``store_dir/<key>/`` unless that key is already built.
+
+    Returns the result and whether it was built now. The unit is built in a scratch folder and
+    renamed into place once complete, so an interrupted build leaves nothing that looks built
+    and a re-run builds exactly what is missing.
+    """
+    existing = read_unit(store_dir, key)
+    if existing is not None:
+        return existing, False
+    scratch = store_dir / f".{key}.partial"
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir(parents=True)
+    try:
+        result = build_model(
+            spec,
+            base_dir=base_dir,
+            release_dir=scratch,
+            work_dir=scratch / ".work",
+            s3_client=s3_client,
+            compresslevel=compresslevel,
+            step=step,
+        )
+        result.key = key
+        (scratch / UNIT_RECORD).write_text(json.dumps(asdict(result), indent=2, sort_keys=True) + "\n")
+        shutil.rmtree(store_dir / key, ignore_errors=True)
+        os.replace(scratch, store_dir / key)
+    except ModelBuildError as error:
+        if error.model is None:
+            error.model = spec.name
+        raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return result, True
+
+
+def _unit_in_process(
+    spec_json: str, key: str, base_dir: str, store_dir: str, compresslevel: int,
+    s3_factory: Callable[[], Any] | None,
+) -> tuple[dict[str, Any] | None, tuple[str, str | None, str] | None]:
+    """:func:`build_unit` in a worker process; an expected error comes back as plain data
+    (message, model, step) because exception classes with keyword-only fields do not pickle."""
+    spec = ModelSpec.model_validate_json(spec_json)
+    try:
+        result, _ = build_unit(
+            spec, key, base_dir=Path(base_dir), store_dir=Path(store_dir),
+            s3_client=s3_factory() if s3_factory else None, compresslevel=compresslevel,
+        )
+    except ModelBuildError as error:
+        return None, (str(error), error.model or spec.name, error.step)
+    return asdict(result), None
+
+
+def _build_missing_in_processes(
+    missing: list[tuple[ModelSpec, str]],
+    *,
+    jobs: int,
+    base_dir: Path,
+    store_dir: Path,
+    compresslevel: int,
+    s3_factory: Callable[[], Any] | None,
+    on_built: Callable[[ModelSpec], None],
+) -> None:
+    """Build ``missing`` in ``jobs`` fresh processes (spawned: torch does not survive a fork).
+
+    On the first failure nothing new starts; builds already running finish and stay in the
+    store, so a re-run builds only what is still missing. The failure names its model."""
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+        futures: dict[Future[Any], ModelSpec] = {
+            pool.submit(
+                _unit_in_process, spec.model_dump_json(), key, str(base_dir), str(store_dir),
+                compresslevel, s3_factory,
+            ): spec
+            for spec, key in missing
+        }
+        pending = set(futures)
+        failure: ModelBuildError | None = None
+        while pending and failure is None:
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                _, error = future.result()
+                if error is not None and failure is None:
+                    message, model, step = error
+                    failure = ModelBuildError(message, model=model, step=step)
+                elif error is None:
+                    on_built(futures[future])
+        if failure is not None:
+            for future in pending:
+                future.cancel()
+            raise failure
+
+
+def _link(source: Path, target: Path) -> None:
+    """Put a stored file into the release folder without copying its bytes when possible."""
+    target.unlink(missing_ok=True)
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
 
 
 def build_release(
@@ -162,43 +345,60 @@ def build_release(
     s3_client: Any = None,
     compresslevel: int = DEFAULT_COMPRESSLEVEL,
     on_model: Callable[[ModelSpec, str], None] | None = None,
+    jobs: int = 1,
+    s3_factory: Callable[[], Any] | None = None,
 ) -> tuple[BuildRecord, Path]:
-    """Build every manifest entry into ``out_dir/<release_id>/``; reuse nothing from earlier runs.
+    """Build the manifest's missing model keys into ``out_dir/_builds/`` and assemble
+    ``out_dir/<release_id>/`` (files linked from the store, and ``build.json``).
 
-    Every build starts from the sources, so "two builds give byte-identical tarballs" is a
-    property of the build, not of a cache.
+    A model whose key is already stored is not built again: its key covers everything that
+    can change its bytes (``model_build.release``), and two builds of one key give
+    byte-identical tarballs (a property of the build, tested), so reuse is sound. ``jobs`` > 1
+    builds in that many processes (each with its own S3 client from ``s3_factory``).
     """
+    if jobs < 1:
+        raise ValueError(f"jobs: got {jobs}; expected >= 1")
+    keys = dict(release.model_keys)
+    unkeyed = [spec.name for spec in manifest.models if spec.name not in keys]
+    if unkeyed:
+        raise ValueError(f"release {release.release_id} has no model key for {unkeyed}")
+    store_dir = out_dir / BUILDS_DIR
+    store_dir.mkdir(parents=True, exist_ok=True)
+    missing = [(spec, keys[spec.name]) for spec in manifest.models if read_unit(store_dir, keys[spec.name]) is None]
+    built = [spec.name for spec, _ in missing]
+    if jobs == 1 or len(missing) <= 1:
+        for spec, key in missing:
+            def step(name: str, spec: ModelSpec = spec) -> None:
+                if on_model:
+                    on_model(spec, name)
+
+            build_unit(spec, key, base_dir=base_dir, store_dir=store_dir, s3_client=s3_client,
+                       compresslevel=compresslevel, step=step)
+    else:
+        _build_missing_in_processes(
+            missing, jobs=jobs, base_dir=base_dir, store_dir=store_dir, compresslevel=compresslevel,
+            s3_factory=s3_factory, on_built=lambda spec: on_model(spec, "built") if on_model else None,
+        )
     release_dir = out_dir / release.release_id
     release_dir.mkdir(parents=True, exist_ok=True)
-    work_dir = out_dir / ".work"
     results: list[ModelBuildResult] = []
     for spec in manifest.models:
-        def step(name: str, spec: ModelSpec = spec) -> None:
-            if on_model:
-                on_model(spec, name)
-
-        try:
-            results.append(
-                build_model(
-                    spec,
-                    base_dir=base_dir,
-                    release_dir=release_dir,
-                    work_dir=work_dir,
-                    s3_client=s3_client,
-                    compresslevel=compresslevel,
-                    step=step,
-                )
-            )
-        except ModelBuildError as error:
-            if error.model is None:
-                error.model = spec.name
-            raise
-    shutil.rmtree(work_dir, ignore_errors=True)
+        result = read_unit(store_dir, keys[spec.name])
+        assert result is not None, f"{spec.name}: built but not stored"
+        unit = store_dir / result.key
+        names = _unit_files(spec)
+        for stored, name in zip((result.tarball, result.reference, result.config), names, strict=True):
+            _link(unit / stored, release_dir / name)
+        # The entry's copies are not part of its key: its targets come from the manifest.
+        result.tarball, result.reference, result.config = names
+        result.targets = spec.target_names()
+        results.append(result)
     record = BuildRecord(
         release_id=release.release_id,
         manifest_sha256=release.manifest_sha256,
         code_sha256=release.code_sha256,
         models=results,
+        built=built,
     )
     record.write(release_dir)
     return record, release_dir

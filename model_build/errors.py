@@ -80,3 +80,22 @@ class PublishError(ModelBuildError):
 
 class VerifyError(ModelBuildError):
     step = "verify"
+
+
+class AccuracyGateError(ModelBuildError):
+    """An optimized or lower-precision variant misses an accuracy gate against PyTorch FP32.
+
+    ``metric`` is ``min_cosine`` or ``top_k_agreement``; ``value`` what was measured and ``gate``
+    the lowest value allowed, so a user sees at once how far off the variant is.
+    """
+
+    step = "validation"
+
+    def __init__(
+        self, message: str, *, model: str, metric: str, value: float, gate: float, precision: str
+    ) -> None:
+        super().__init__(message, model=model)
+        self.metric = metric
+        self.value = value
+        self.gate = gate
+        self.precision = precision

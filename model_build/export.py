@@ -103,13 +103,21 @@ def export_onnx(
     spec: ModelSpec, module: torch.nn.Module, sample: dict[str, np.ndarray], out_path: Path
 ) -> ExportedModel:
     """Trace ``module`` on ``sample`` into ``out_path`` (opset :data:`OPSET`), FP16 if asked."""
+    from model_build.optimize import should_fuse
+
     names = input_names(spec)
     args = tuple(torch.from_numpy(np.ascontiguousarray(sample[name])) for name in names)
+    fusing = should_fuse(spec, module)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_path.parent, prefix=".export-") as scratch:
         raw = Path(scratch) / "model.onnx"
         try:
-            with _EXPORT_LOCK, _quiet_tracing(), torch.no_grad():
+            with (
+                _EXPORT_LOCK,
+                _quiet_tracing(),
+                torch.no_grad(),
+                _eager_attention(module) if fusing else contextlib.nullcontext(),
+            ):
                 torch.onnx.export(
                     module,
                     args,
@@ -124,7 +132,28 @@ def export_onnx(
         except Exception as error:  # any exporter failure is an export error of this model
             raise _fail(spec, "onnx export", error) from error
         model = onnx.load(str(raw))  # loads external data too, when the exporter wrote any
-    return _finish_onnx(spec, model, out_path)
+    return _finish_onnx(spec, model, out_path, fusing=fusing, module=module)
+
+
+@contextlib.contextmanager
+def _eager_attention(module: torch.nn.Module) -> Iterator[None]:
+    """Trace with transformers' eager attention, the pattern ONNX Runtime's optimizer fuses.
+
+    The SDPA export (transformers' default) computes the same thing but the optimizer fuses
+    nothing in it. The module's own setting is restored afterwards: it is also the reference.
+    """
+    from model_build.optimize import _hf_model
+
+    inner = _hf_model(module)
+    if inner is None:
+        yield
+        return
+    before = getattr(inner.config, "_attn_implementation", None) or "sdpa"
+    inner.set_attn_implementation("eager")
+    try:
+        yield
+    finally:
+        inner.set_attn_implementation(before)
 
 
 def import_onnx(spec: ModelSpec, source_path: Path, out_path: Path) -> ExportedModel:
@@ -133,8 +162,10 @@ def import_onnx(spec: ModelSpec, source_path: Path, out_path: Path) -> ExportedM
         model = onnx.load(str(source_path))
     except Exception as error:  # a truncated or non-ONNX file
         raise _fail(spec, f"reading {str(source_path)!r}", error) from error
+    from model_build.optimize import should_fuse
+
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    return _finish_onnx(spec, model, out_path)
+    return _finish_onnx(spec, model, out_path, fusing=should_fuse(spec, source_path))
 
 
 def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -153,10 +184,27 @@ def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
         return model
 
 
-def _finish_onnx(spec: ModelSpec, model: onnx.ModelProto, out_path: Path) -> ExportedModel:
+def _finish_onnx(
+    spec: ModelSpec,
+    model: onnx.ModelProto,
+    out_path: Path,
+    *,
+    fusing: bool = False,
+    module: torch.nn.Module | None = None,
+) -> ExportedModel:
+    """Shapes, then the offline fusions (``module`` gives heads and hidden size) and FP16.
+
+    Fusion precedes FP16 so the converter sees the fused ops; INT8 comes later, in the build's
+    optimize step (:mod:`model_build.optimize`), as it needs calibration inputs.
+    """
+    from model_build.optimize import check_runtime_compatible, fuse
+
     model = _infer_shapes(model)
-    if spec.fp16:
+    if fusing:
+        model, _ = fuse(spec, model, module)
+    if spec.effective_precision == "fp16":
         model = _to_fp16(spec, model)
+    check_runtime_compatible(model, name=spec.name)
     save_onnx(model, out_path)
     inputs, outputs = onnx_signature(out_path, model_name=spec.name)
     return ExportedModel(name=spec.name, format="onnx", path=out_path, inputs=inputs, outputs=outputs)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -235,6 +236,28 @@ class Tolerance(_Strict):
     rtol: float = Field(default=1e-3, ge=0)
 
 
+#: Numeric precision of the served graph (``precision``): see :data:`DEFAULT_GATES`.
+Precision = Literal["fp32", "fp16", "int8"]
+
+#: Default accuracy gates per precision, against PyTorch FP32 on real inputs: the lowest cosine
+#: similarity of any output row, and (sentence embeddings) the share of top-k retrieval
+#: neighbours among the sample sentences that the variant keeps. Measured on MiniLM
+#: (docs/benchmarks.md): fused FP32 stays above 0.99999, FP16 above 0.9999, INT8 with the
+#: sensitive MatMuls kept in FP32 near 0.996; a user can tighten a gate, never loosen it.
+DEFAULT_GATES: dict[str, tuple[float, float]] = {
+    "fp32": (0.9999, 1.0),
+    "fp16": (0.999, 1.0),
+    "int8": (0.99, 0.9),
+}
+
+
+class AccuracyGate(_Strict):
+    """Tighter gates than the precision's defaults (``None`` keeps the default)."""
+
+    min_cosine: float | None = Field(default=None, gt=0, le=1)
+    min_top_k_agreement: float | None = Field(default=None, gt=0, le=1)
+
+
 class TextInputs(_Strict):
     """Inputs of a text model: token ids and attention mask, ``[batch, sequence]``."""
 
@@ -279,6 +302,18 @@ class ModelSpec(_Strict):
     image: ImageInputs | None = None
     #: Publish N copies as ``<name>-0 ... <name>-(N-1)``; 1 publishes ``<name>`` alone.
     copies: int = Field(default=1, ge=1, le=MAX_TARGETS)
+    #: Offline graph fusions (ONNX Runtime's transformer optimizer: Attention, EmbedLayerNorm,
+    #: BiasGelu). ``None``: on where verified (BERT-family text models exported to ONNX).
+    optimize: bool | None = None
+    #: ``fp16`` (GPU; inputs and outputs stay FP32) or ``int8`` (KIND_CPU; dynamic, per-channel,
+    #: MatMul only, sensitive MatMuls kept FP32). ``fp16: true`` is the older spelling of fp16.
+    precision: Precision = "fp32"
+    #: Accuracy gates against PyTorch FP32; only tighter than :data:`DEFAULT_GATES` allows.
+    accuracy: AccuracyGate | None = None
+    #: ``tokens``: clients send ``input_ids``/``attention_mask``. ``text`` (text tasks): the
+    #: target is a Triton ensemble (tokenizer + model) and clients send UTF-8 strings; the source's
+    #: own ``vocab.txt``/``tokenizer_config.json`` (BERT WordPiece) travel in the tarball.
+    inputs: Literal["tokens", "text"] = "tokens"
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelSpec:
@@ -316,11 +351,22 @@ class ModelSpec(_Strict):
                 "tensorrt: given with instance_group.kind KIND_CPU; TensorRT runs on KIND_GPU or "
                 "KIND_AUTO only"
             )
+        self._check_precision()
         is_text = self.task in TEXT_TASKS
         if is_text and self.image is not None:
             raise ValueError(f"image: given for text task {self.task!r}; use text instead")
         if not is_text and self.text is not None:
             raise ValueError(f"text: given for task {self.task!r}; use image instead")
+        if self.inputs == "text":
+            if not is_text:
+                raise ValueError(f"inputs: got 'text' for task {self.task!r}; raw-text inputs are for "
+                                 "sentence-embedding and feature-extraction (image tasks take tensors)")
+            if isinstance(self.source, (SyntheticSource, OnnxFileSource)):
+                raise ValueError(f"inputs: got 'text' with a {self.source.kind!r} source, which has no tokenizer "
+                                 "files; use a source folder with vocab.txt and tokenizer_config.json")
+            if self.max_batch_size == 0:
+                raise ValueError("inputs: got 'text' with max_batch_size 0; the ensemble takes a batch of "
+                                 "strings: use max_batch_size >= 1")
         if self.task == "sentence-embedding" and isinstance(self.source, SyntheticSource) and (
             self.source.architecture != "bert"
         ):
@@ -336,6 +382,78 @@ class ModelSpec(_Strict):
                 f"({len(longest)} characters); at most {MODEL_NAME_MAX} allowed"
             )
         return self
+
+    def _check_precision(self) -> None:
+        """Combinations that cannot run, or run slower than FP32, are refused before any export."""
+        if self.fp16 and self.precision == "int8":
+            raise ValueError("fp16: true with precision 'int8'; choose one: precision fp16 or int8")
+        precision = self.effective_precision
+        if self.format != "onnx":
+            if precision != "fp32":
+                raise ValueError(
+                    f"precision: got {precision!r} for format {self.format!r}; fp16 and int8 are "
+                    "built for format 'onnx' only"
+                )
+            if self.optimize:
+                raise ValueError(
+                    f"optimize: true for format {self.format!r}; graph fusions are for format "
+                    "'onnx' only"
+                )
+        if self.optimize and self.task not in TEXT_TASKS:
+            raise ValueError(
+                f"optimize: true for task {self.task!r}; the offline fusions are verified for "
+                "transformer text models (sentence-embedding, feature-extraction) only"
+            )
+        level = self.onnxruntime.graph_optimization_level if self.onnxruntime else None
+        if self.optimize and level in ("basic", "disable_all"):
+            raise ValueError(
+                f"onnxruntime.graph_optimization_level: got {level!r} with optimize: true; the "
+                "offline fusions leave SkipLayerNormalization and MatMul fusions to the serving "
+                "session: use 'extended' or 'all' (the default), or optimize: false"
+            )
+        kind = self.instance_group.kind
+        if precision == "fp16" and kind == "KIND_CPU":
+            raise ValueError(
+                "precision: got 'fp16' with instance_group.kind KIND_CPU; ONNX Runtime runs FP16 "
+                "slower than FP32 on CPU: use fp32 or int8 there, fp16 on KIND_GPU"
+            )
+        if precision == "int8":
+            if self.tensorrt is not None:
+                raise ValueError(
+                    "precision: got 'int8' with tensorrt; TensorRT does not run dynamically "
+                    "quantized graphs (it needs calibrated QDQ): drop tensorrt, or use "
+                    "tensorrt.precision_mode with precision fp32"
+                )
+            if kind != "KIND_CPU":
+                raise ValueError(
+                    f"precision: got 'int8' with instance_group.kind {kind}; dynamic INT8 "
+                    "(MatMulInteger) has CPU kernels only: set instance_group.kind KIND_CPU, or "
+                    "use fp16 on the GPU"
+                )
+        if self.accuracy is not None:
+            cosine, agreement = DEFAULT_GATES[precision]
+            for field, given, default in (
+                ("min_cosine", self.accuracy.min_cosine, cosine),
+                ("min_top_k_agreement", self.accuracy.min_top_k_agreement, agreement),
+            ):
+                if given is not None and given < default:
+                    raise ValueError(
+                        f"accuracy.{field}: got {given}; the {precision} default is {default} and "
+                        f"a gate may only be tightened: use a value from {default} to 1"
+                    )
+
+    @property
+    def effective_precision(self) -> str:
+        """``precision``, with the older ``fp16: true`` read as ``fp16``."""
+        return "fp16" if self.fp16 else self.precision
+
+    def gates(self) -> tuple[float, float]:
+        """(min cosine, min top-k agreement): the precision's defaults, tightened where given."""
+        cosine, agreement = DEFAULT_GATES[self.effective_precision]
+        if self.accuracy is not None:
+            cosine = self.accuracy.min_cosine or cosine
+            agreement = self.accuracy.min_top_k_agreement or agreement
+        return cosine, agreement
 
     @property
     def text_inputs(self) -> TextInputs:
@@ -461,6 +579,8 @@ def format_validation_error(error: ValidationError, data: Any, *, prefix: str = 
             )
         else:
             shown = json.dumps(value) if isinstance(value, (str, int, float, bool)) else repr(value)
+            if len(shown) > 120:  # a hostile value must not become a megabyte-long message
+                shown = shown[:100] + f"... ({len(shown)} characters)"
             lines.append(f"{field}: got {shown}; {msg[0].lower() + msg[1:]}")
     return "\n".join(lines)
 
@@ -479,19 +599,214 @@ def parse_manifest(data: Any, *, origin: str = "manifest") -> Manifest:
 
 _SafeLoader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
+#: Largest manifest read (bytes): a generated thousand-model manifest is about a quarter of this. Checked
+#: before the file is parsed, so a huge file costs one ``stat`` (or one bounded read from S3).
+MAX_MANIFEST_BYTES = 2 * 1024 * 1024
+#: Deepest nesting of mappings and lists; the schema itself needs 4.
+MAX_MANIFEST_DEPTH = 32
+#: Longest single scalar (characters); a real value is a name, a path or a number.
+MAX_SCALAR_CHARS = 4096
 
-def load_manifest(path: str | Path) -> Manifest:
-    """Read and validate ``models.yaml``."""
-    path = Path(path)
+
+def _line_col(text: str, offset: int) -> str:
+    line = text.count("\n", 0, offset) + 1
+    return f"line {line}, column {offset - (text.rfind(chr(10), 0, offset) + 1) + 1}"
+
+
+def _decode(raw: bytes, where: str) -> str:
+    """UTF-8 text, or one error saying why not (with the offset of the first bad byte).
+
+    A UTF-8 byte-order mark is accepted and dropped (editors on Windows write one); a UTF-16 or
+    UTF-32 mark is refused with what to do, and so is a NUL byte (a binary file).
+    """
+    if raw.startswith((b"\xff\xfe", b"\xfe\xff", b"\x00\x00\xfe\xff")):
+        raise ManifestError(f"{where}: is UTF-16/UTF-32 text (byte-order mark {raw[:2].hex()}); save it as UTF-8")
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ManifestError(f"manifest: file {str(path)!r} not found") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        prefix = raw[: error.start].decode("utf-8", "replace")
+        raise ManifestError(
+            f"{where}: is not UTF-8 text: byte 0x{raw[error.start]:02x} at offset {error.start} "
+            f"({_line_col(prefix, len(prefix))}) is invalid; "
+            "save the manifest as UTF-8"
+        ) from None
+    nul = text.find("\x00")
+    if nul >= 0:
+        raise ManifestError(
+            f"{where}: holds a NUL byte at {_line_col(text, nul)}; a manifest is YAML text, not a binary file"
+        )
+    return text
+
+
+def _yaml_problem(error: yaml.YAMLError, text: str) -> str:
+    """A YAML error as one line, with a hint for the common case of tab indentation."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    if (mark is not None and 0 <= mark.index < len(text) and text[mark.index] == "\t") or "'\\t'" in str(problem):
+        return f"a tab character{where}; YAML indentation must use spaces"
+    context = getattr(error, "context", None)
+    return f"not valid YAML{where}: {(context + ', ') if context else ''}{problem}"
+
+
+def _check_structure(text: str, where: str) -> None:
+    """One pass over the YAML events (libyaml, no objects built) before anything is constructed.
+
+    Refused: anchors and aliases (always: a manifest needs none, and an alias is how a small file
+    expands to billions of nodes), more than one document, nesting deeper than
+    :data:`MAX_MANIFEST_DEPTH`, a duplicate key in a mapping (YAML keeps the last one silently),
+    a mapping key that is not a plain scalar, and scalars longer than :data:`MAX_SCALAR_CHARS`.
+    """
+    stack: list[list[Any]] = []  # per open collection: [is_mapping, expecting_key, keys]
+    documents = 0
+    try:
+        for event in yaml.parse(text, Loader=_SafeLoader):
+            at = event.start_mark
+            pos = f"line {at.line + 1}, column {at.column + 1}" if at is not None else "?"
+            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+                kind = "an alias" if isinstance(event, yaml.AliasEvent) else "an anchor"
+                raise ManifestError(
+                    f"{where}: {kind} ({'*' if kind == 'an alias' else '&'}{event.anchor}) at {pos}; "
+                    "YAML anchors and aliases are not allowed in a manifest: write each value out"
+                )
+            if isinstance(event, yaml.DocumentStartEvent):
+                documents += 1
+                if documents > 1:
+                    raise ManifestError(
+                        f"{where}: a second YAML document starts at {pos}; a manifest is one document "
+                        "(remove the '---' line or split the file)"
+                    )
+                continue
+            if isinstance(event, (yaml.ScalarEvent, yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                if stack and stack[-1][0]:
+                    frame = stack[-1]
+                    if frame[1]:
+                        if not isinstance(event, yaml.ScalarEvent):
+                            raise ManifestError(f"{where}: a mapping key at {pos} is not a plain value")
+                        if event.value in frame[2]:
+                            raise ManifestError(
+                                f"{where}: duplicate key {event.value!r} at {pos}; each key may appear "
+                                "once in a mapping"
+                            )
+                        frame[2].add(event.value)
+                    frame[1] = not frame[1]
+                if isinstance(event, yaml.ScalarEvent):
+                    if len(event.value) > MAX_SCALAR_CHARS:
+                        raise ManifestError(
+                            f"{where}: a value of {len(event.value)} characters at {pos}; at most "
+                            f"{MAX_SCALAR_CHARS} (MAX_SCALAR_CHARS)"
+                        )
+                    continue
+                if len(stack) >= MAX_MANIFEST_DEPTH:
+                    raise ManifestError(
+                        f"{where}: nesting deeper than {MAX_MANIFEST_DEPTH} levels at {pos} "
+                        "(MAX_MANIFEST_DEPTH)"
+                    )
+                stack.append([isinstance(event, yaml.MappingStartEvent), True, set()])
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                stack.pop()
+    except yaml.YAMLError as error:
+        raise ManifestError(f"{where}: {_yaml_problem(error, text)}") from None
+
+
+def _check_numbers(data: Any, where: str, path: str = "") -> None:
+    """Refuse NaN and infinities anywhere (``.nan``, ``.inf``): no field of the schema means them."""
+    if isinstance(data, float) and not math.isfinite(data):
+        raise ManifestError(
+            f"{where}: {path or 'manifest'}: got {data!r}; NaN and infinite numbers are not allowed"
+        )
+    if isinstance(data, dict):
+        for key, value in data.items():
+            _check_numbers(value, where, f"{path}.{key}" if path else str(key))
+    elif isinstance(data, list):
+        for index, value in enumerate(data):
+            _check_numbers(value, where, f"{path}[{index}]")
+
+
+def load_manifest_bytes(raw: bytes, *, origin: str) -> Manifest:
+    """Decode, parse and validate a manifest's bytes; every refusal is one :class:`ManifestError`.
+
+    The order is cheapest first: size, encoding, one libyaml event pass (aliases, documents,
+    depth, duplicate keys), construction, non-finite numbers, then the schema. Each step is
+    linear in the file's size, so a refused file is refused in milliseconds.
+    """
+    where = f"manifest {origin!r}"
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise ManifestError(
+            f"{where}: is {len(raw)} bytes; at most {MAX_MANIFEST_BYTES} (MAX_MANIFEST_BYTES) are read"
+        )
+    text = _decode(raw, where)
+    if not text.strip():
+        raise ManifestError(f"{where}: is empty; expected a mapping with a 'models' list")
+    _check_structure(text, where)
     try:
         # libyaml's loader parses a 1000-model manifest ~4x faster than the pure-Python one,
         # which is most of what a large manifest adds to `cdk synth` (docs/benchmarks.md).
         data = yaml.load(text, Loader=_SafeLoader)
     except yaml.YAMLError as error:
-        raise ManifestError(f"manifest {str(path)!r}: not valid YAML: {error}") from None
-    return parse_manifest(data, origin=str(path))
+        raise ManifestError(f"{where}: {_yaml_problem(error, text)}") from None
+    except (ValueError, OverflowError) as error:  # e.g. a timestamp with month 13
+        raise ManifestError(f"{where}: a value cannot be read: {error}") from None
+    _check_numbers(data, where)
+    return parse_manifest(data, origin=origin)
 
+
+def load_manifest(path: str | Path) -> Manifest:
+    """Read and validate ``models.yaml``; at most :data:`MAX_MANIFEST_BYTES` are read."""
+    path = Path(path)
+    where = f"manifest {str(path)!r}"
+    try:
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_MANIFEST_BYTES + 1)
+    except FileNotFoundError:
+        raise ManifestError(f"manifest: file {str(path)!r} not found") from None
+    except IsADirectoryError:
+        raise ManifestError(f"{where}: is a directory; expected a YAML file") from None
+    except OSError as error:
+        raise ManifestError(f"{where}: cannot be read: {error.strerror or error}") from None
+    manifest = load_manifest_bytes(raw, origin=str(path))
+    _check_text_sources(manifest, path.resolve().parent, where)
+    return manifest
+
+
+#: The files a raw-text target's tokenizer reads (model_build/text_ensemble/tokenizer_model.py).
+TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json")
+
+
+def _source_folder(source: Source, base_dir: Path) -> Path | None:
+    """The folder of a local or installed-package source, where one can be found without loading it."""
+    import importlib.util
+
+    if isinstance(source, LocalSource):
+        return base_dir / source.path
+    if isinstance(source, PackageSource):
+        try:
+            found = importlib.util.find_spec(source.package)
+        except (ImportError, ValueError):
+            return None
+        locations = list(found.submodule_search_locations or []) if found else []
+        return Path(locations[0]) / source.path if locations else None
+    return None
+
+
+def _check_text_sources(manifest: Manifest, base_dir: Path, where: str) -> None:
+    """``inputs: text`` on a folder source without tokenizer files is refused here, at validate.
+
+    Sources fetched at build time (hub, S3) are checked by the build before the export; a folder
+    that is absent is the source check's to report.
+    """
+    for index, spec in enumerate(manifest.models):
+        if spec.inputs != "text":
+            continue
+        folder = _source_folder(spec.source, base_dir)
+        if folder is None or not folder.is_dir():
+            continue
+        missing = [name for name in TOKENIZER_FILES if not (folder / name).is_file()]
+        if missing:
+            raise ManifestError(
+                f"{where}: models[{index}]({spec.name}).inputs: got 'text', but the source folder "
+                f"{str(folder)!r} has no {' or '.join(missing)}; a raw-text target needs the source's "
+                "WordPiece tokenizer files (vocab.txt, tokenizer_config.json)"
+            )

@@ -23,7 +23,6 @@ import re
 import tarfile
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
@@ -196,7 +195,18 @@ def package_model(
                 )
             files[arcname] = external
 
-    directories: set[str] = set()
+    return write_tarball(files, out_path, compresslevel=compresslevel)
+
+
+def write_tarball(files: dict[str, Path | bytes], out_path: Path, *, compresslevel: int = 1,
+                  empty_dirs: tuple[str, ...] = ()) -> tuple[str, int]:
+    """Write ``files`` (archive path -> file on disk or bytes) reproducibly; ``(sha256, size)``.
+
+    Shared by :func:`package_model` and the raw-text ensemble (several model folders in one
+    tarball). Parent folders are added for every file; ``empty_dirs`` adds folders with nothing in
+    them (an ensemble's ``ensemble/1/``). Written to a temporary file and moved into place.
+    """
+    directories: set[str] = set(empty_dirs)
     for arcname in files:
         parent = PurePosixPath(arcname).parent
         while parent != PurePosixPath("."):
@@ -234,57 +244,3 @@ def package_model(
         Path(tmp_name).unlink(missing_ok=True)
         raise
     return writer.sha256.hexdigest(), writer.size
-
-
-@dataclass(frozen=True)
-class TarMember:
-    """One entry of a tarball as stored (for checks and for ``inspect`` output)."""
-
-    name: str
-    type: str  # "dir", "file", "symlink", "hardlink" or "other"
-    size: int
-    mode: int
-    uid: int
-    gid: int
-    uname: str
-    gname: str
-    mtime: int
-
-
-def _member_type(info: tarfile.TarInfo) -> str:
-    if info.isdir():
-        return "dir"
-    if info.isreg():
-        return "file"
-    if info.issym():
-        return "symlink"
-    if info.islnk():
-        return "hardlink"
-    return "other"
-
-
-def inspect_tarball(path: Path) -> list[TarMember]:
-    """Every entry of a ``.tar.gz`` in archive order, with the metadata packaging fixes."""
-    try:
-        with tarfile.open(path, mode="r:*") as tar:
-            return [
-                TarMember(
-                    name=info.name,
-                    type=_member_type(info),
-                    size=info.size,
-                    mode=info.mode,
-                    uid=info.uid,
-                    gid=info.gid,
-                    uname=info.uname,
-                    gname=info.gname,
-                    mtime=int(info.mtime),
-                )
-                for info in tar.getmembers()
-            ]
-    except (OSError, tarfile.TarError, EOFError) as error:
-        raise PackageError(f"tarball: {str(path)!r} cannot be read: {error}") from None
-
-
-def tarball_members(path: Path) -> list[str]:
-    """Entry names in archive order; directories end with ``/`` so they stand out."""
-    return [m.name + "/" if m.type == "dir" else m.name for m in inspect_tarball(path)]

@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from s3transfer.manager import TransferManager
 
 from model_build.errors import PublishError
-from model_build.release import INDEX_NAME, REFERENCE_DIR
+from model_build.release import BUILDS_DIR, INDEX_NAME, REFERENCE_DIR, store_prefix
 from model_build.types import Artifact
 
 #: Version of the index layout; a reader refuses an index of a schema it does not know.
@@ -263,6 +263,194 @@ def write_index_from_bucket(
     worker = _Worker(s3_client, bucket, None, TransferConfig(), existing, threading.Event())
     _put_index(worker, index_key, body, bucket)
     return index_key
+
+
+# ---------------------------------------------------------------------------------------------
+# The content-addressed store and releases assembled from it
+# ---------------------------------------------------------------------------------------------
+
+#: The target name of a stored build: ``<prefix>/_builds/<key>/model.tar.gz``.
+STORE_TARGET = "model"
+
+
+@dataclass(frozen=True)
+class StoredModel:
+    """One model of a release, by the key its build is stored under."""
+
+    name: str
+    key: str
+    targets: tuple[str, ...]
+    format: str = ""
+
+
+def stored_keys(s3_client: Any, bucket: str, model_prefix: str) -> set[str]:
+    """Keys whose build is complete in the store (its index exists): one paginated LIST."""
+    base = f"{model_prefix.strip('/')}/{BUILDS_DIR}" if model_prefix.strip("/") else BUILDS_DIR
+    suffix = f"/{INDEX_NAME}"
+    return {
+        key[len(base) + 1 : -len(suffix)]
+        for key, _ in _list_sizes_or_fail(s3_client, bucket, base)
+        if key.endswith(suffix) and key.count("/", len(base) + 1) == 1
+    }
+
+
+def _list_sizes_or_fail(s3_client: Any, bucket: str, prefix: str) -> list[tuple[str, int]]:
+    try:
+        return list(_iter_objects(s3_client, bucket, prefix))
+    except (ClientError, BotoCoreError) as error:
+        raise PublishError(f"listing s3://{bucket}/{prefix}/ failed: {_error_code(error)}") from None
+
+
+def publish_unit(
+    artifact: Artifact,
+    key: str,
+    *,
+    s3_client: Any,
+    bucket: str,
+    model_prefix: str,
+    concurrency: int = 4,
+    progress: Progress | None = None,
+) -> PublishReport:
+    """Store one built model under ``<prefix>/_builds/<key>/`` (tarball, reference, config,
+    then the store's own index, written last: its presence means the build is stored whole).
+
+    The same publish as a release's (checksums, skip rule, atomic index), with one target."""
+    return publish_release(
+        [replace(artifact, targets=(STORE_TARGET,))],
+        s3_client=s3_client,
+        bucket=bucket,
+        release_prefix=store_prefix(model_prefix, key),
+        index_extra={"model_key": key},
+        concurrency=concurrency,
+        progress=progress,
+    )
+
+
+def assemble_release(
+    models: Sequence[StoredModel],
+    *,
+    s3_client: Any,
+    bucket: str,
+    model_prefix: str,
+    release_prefix: str,
+    index_extra: Mapping[str, Any],
+    concurrency: int = 16,
+    progress: Progress | None = None,
+) -> PublishReport:
+    """Write a release from stored builds: every object a server-side copy, the index last.
+
+    Each model's store index is read first; a model whose key is not stored fails the release
+    (naming the model) before anything is copied, and no index is written. Objects already in
+    the release with the same digest are skipped, so a re-run finishes a release and a re-run
+    of a finished one sends nothing.
+    """
+    if not models:
+        raise ValueError("models: empty; a release without models would serve nothing")
+    prefix = _normalise_prefix(release_prefix)
+    started = time.monotonic()
+
+    def read_store(model: StoredModel) -> dict[str, Any]:
+        store_index = f"{store_prefix(model_prefix, model.key)}/{INDEX_NAME}"
+        document = read_index(s3_client, bucket, store_index)
+        if document is None or len(document["models"]) != 1:
+            raise PublishError(
+                f"no stored build for key {model.key} (s3://{bucket}/{store_index} is missing); "
+                "build the model first, then assemble the release",
+                model=model.name,
+            )
+        return document
+
+    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="store-index") as pool:
+        stores = list(pool.map(read_store, models))
+    artifacts: list[Artifact] = []
+    objects: list[_Object] = []
+    references: list[dict[str, Any]] = []
+    for model, store in zip(models, stores, strict=True):
+        entry = store["models"][0]
+        artifacts.append(
+            Artifact(name=model.name, format=model.format or entry["format"], path=Path(),
+                     sha256=entry["sha256"], size=entry["size"], targets=model.targets)
+        )
+        objects += [
+            _Object(key=f"{prefix}/{target}.tar.gz", label=target, model=model.name, size=entry["size"],
+                    sha256=entry["sha256"], source_key=entry["key"])
+            for target in model.targets
+        ]
+        for ref in store.get("references", []):
+            name = ref["key"].rsplit("/", 1)[-1]
+            key = f"{prefix}/{REFERENCE_DIR}/{model.name}{name[len(model.name):]}"
+            objects.append(_Object(key=key, label=f"{REFERENCE_DIR}/{name}", model=model.name,
+                                   size=ref["size"], sha256=ref["sha256"], source_key=ref["key"]))
+            references.append({"source_model": model.name, "key": key, "sha256": ref["sha256"], "size": ref["size"]})
+    existing = _list_sizes(s3_client, bucket, prefix)
+    counts = {"copied": 0, "skipped": 0}
+    config = _transfer_config(None, concurrency)
+    with TransferManager(s3_client, config) as transfer:
+        worker = _Worker(s3_client, bucket, transfer, config, existing, threading.Event())
+
+        def copy(obj: _Object) -> None:
+            outcome, _, _ = worker.copy(obj)
+            with worker._lock:
+                counts[outcome] += 1
+
+        _run_all(copy, objects, concurrency, what="copy", bucket=bucket, key=lambda obj: obj.key)
+    if progress is not None:
+        for obj in objects:
+            progress(obj.key, 0)
+    index_key = f"{prefix}/{INDEX_NAME}"
+    body = index_body(artifacts, prefix, index_extra, references=references)
+    outcome, sent = _put_index(worker, index_key, body, bucket)
+    return PublishReport(
+        uploaded=1 if outcome == "uploaded" else 0,
+        copied=counts["copied"],
+        skipped=counts["skipped"] + (1 if outcome == "skipped" else 0),
+        bytes_sent=sent,
+        seconds=time.monotonic() - started,
+        index_key=index_key,
+        targets=sum(len(a.targets) for a in artifacts),
+    )
+
+
+def publish_incremental(
+    units: Sequence[tuple[Artifact, str]],
+    *,
+    s3_client: Any,
+    bucket: str,
+    model_prefix: str,
+    release_prefix: str,
+    index_extra: Mapping[str, Any],
+    concurrency: int = 16,
+    progress: Progress | None = None,
+) -> PublishReport:
+    """Publish a locally built release the way the Lambda does: store each ``(artifact, key)``
+    whose key is not stored yet (:func:`publish_unit`), then :func:`assemble_release`.
+
+    A release where one model changed uploads that model's bytes once and copies the rest.
+    The report adds up both: ``uploaded`` counts stored objects and the index, ``copied`` the
+    release's server-side copies."""
+    started = time.monotonic()
+    present = stored_keys(s3_client, bucket, model_prefix)
+    uploaded = skipped = sent = 0
+    for artifact, key in units:
+        if key in present:
+            continue
+        report = publish_unit(artifact, key, s3_client=s3_client, bucket=bucket, model_prefix=model_prefix,
+                              concurrency=min(4, concurrency), progress=progress)
+        uploaded, skipped, sent = uploaded + report.uploaded, skipped + report.skipped, sent + report.bytes_sent
+    release = assemble_release(
+        [StoredModel(a.name, key, tuple(a.targets), a.format) for a, key in units],
+        s3_client=s3_client, bucket=bucket, model_prefix=model_prefix, release_prefix=release_prefix,
+        index_extra=index_extra, concurrency=concurrency, progress=progress,
+    )
+    return PublishReport(
+        uploaded=uploaded + release.uploaded,
+        copied=release.copied,
+        skipped=skipped + release.skipped,
+        bytes_sent=sent + release.bytes_sent,
+        seconds=time.monotonic() - started,
+        index_key=release.index_key,
+        targets=release.targets,
+    )
 
 
 def index_body(

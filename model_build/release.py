@@ -1,43 +1,151 @@
-"""Release identity: which S3 prefix a manifest publishes to.
+"""Release identity: which key each model's artifact is stored under, and which S3 prefix a
+manifest publishes to.
 
-A release is immutable. Its id is derived from everything that can change the bytes of an
-artifact (the manifest, the build code, the content of local sources), so a changed manifest or
-build publishes under a new prefix and the SageMaker Model is repointed at it: instances that
-cached ``bert-0.tar.gz`` from the old release never mix it with the new one. An unchanged
-manifest gives the same id, so ``cdk deploy`` with nothing changed publishes nothing.
+Two levels, so that a change costs only what it must:
 
-Imports neither torch nor boto3: the CDK app computes the id at synth.
+- A **model key** (``k-`` and 32 hex digits) hashes what can change the bytes a manifest entry
+  builds into (tarball, reference ``.npz``, ``config.pbtxt``): the entry itself except
+  ``copies`` (copies are server-side copies of one tarball), the content of its local source,
+  the runtime code that builds it and the versions of the libraries that produce its bytes. A
+  built model is stored once per key under ``<prefix>/_builds/<key>/`` and reused by every
+  later release that has the same key.
+- A **release id** (``r-`` and 16 hex digits) derives from the models' keys and targets plus the
+  code that lays the release out (index, publish, handler). A release prefix is immutable:
+  instances that cached ``bert-0.tar.gz`` from the old release never mix it with the new one.
+  An unchanged manifest gives the same id, so ``cdk deploy`` with nothing changed publishes
+  nothing; one changed entry gives a new id whose other models are server-side copies.
+
+Runtime code is found by following ``model_build`` imports from the build and release entry
+modules, so the tools users run on their machine (``model_build/tools/``, the CLI front
+``__main__.py``, the smoke client...) are not part of any identity: editing a tool leaves every
+key and release id unchanged (issue 9).
+
+Imports neither torch nor boto3: the CDK app computes the ids at synth.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
-from dataclasses import dataclass
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import metadata
 from pathlib import Path
 
-from model_build.manifest import LocalSource, Manifest, OnnxFileSource
+from model_build.manifest import LocalSource, Manifest, ModelSpec, OnnxFileSource
 
 PACKAGE_DIR = Path(__file__).resolve().parent
-#: Files whose content shapes an artifact. Tests and caches are not part of the build code.
-_CODE_SUFFIXES = {".py", ".txt", ".cfg", ".toml"}
-_CODE_NAMES = {"Dockerfile"}
+PACKAGE = "model_build"
+#: Modules whose imports (followed transitively) are the code that produces a model's bytes.
+MODEL_ENTRY_MODULES = ("build",)
+#: ... and the code that lays out a release (index format, copies, the Lambda's build path).
+RELEASE_ENTRY_MODULES = ("build", "handler", "publish", "release")
+#: Never runtime, even if something imported them by mistake: what users run on their machine.
+TOOL_MODULES = ("__main__", "tools")
+#: Non-Python files that define the build image's toolchain (pins of torch and friends).
+RUNTIME_DATA_FILES = ("Dockerfile", "requirements-lambda.txt")
+#: Distributions whose version can change the bytes of an export, a validation or a tarball.
+BYTE_LIBRARIES = (
+    "torch",
+    "onnx",
+    "onnxruntime",
+    "onnxscript",
+    "transformers",
+    "sentence-transformers",
+    "tokenizers",
+    "safetensors",
+    "numpy",
+)
 #: Index of a release, next to its tarballs; references are for ``verify`` and smoke tests.
 INDEX_NAME = "_index.json"
 REFERENCE_DIR = "_reference"
+#: Folder (under the model prefix) of the content-addressed store of built models.
+BUILDS_DIR = "_builds"
+#: gzip level of the tarballs. ONNX weights barely compress: level 1 gave a MiniLM tarball 0.4%
+#: larger than level 9 but packed faster, and unpacking (what an instance pays on a cold load)
+#: takes the same time at every level (docs/benchmarks.md, "Artifact size and load"). Another
+#: level gives other tarball bytes, so it is part of a model's key.
+DEFAULT_COMPRESSLEVEL = 1
+#: Fields of a manifest entry that do not change what it builds into.
+KEY_EXCLUDED_FIELDS = frozenset({"copies"})
+
+
+def _module_path(package_dir: Path, module: str) -> Path | None:
+    parts = module.split(".")
+    for candidate in (package_dir.joinpath(*parts).with_suffix(".py"), package_dir.joinpath(*parts, "__init__.py")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """``model_build`` modules named by any import in ``path`` (lazy imports in functions too)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == PACKAGE:
+                found.update(alias.name for alias in node.names)
+            elif node.module.startswith(PACKAGE + "."):
+                found.add(node.module[len(PACKAGE) + 1 :])
+        elif isinstance(node, ast.Import):
+            found.update(a.name[len(PACKAGE) + 1 :] for a in node.names if a.name.startswith(PACKAGE + "."))
+    return found
+
+
+def runtime_files(package_dir: Path = PACKAGE_DIR, entries: Iterable[str] = RELEASE_ENTRY_MODULES) -> list[Path]:
+    """The files of the runtime reached from ``entries``: their ``model_build`` imports, followed
+    transitively, plus the image's toolchain files. Tool modules are never included."""
+    seen: set[str] = set()
+    todo = list(entries)
+    files: set[Path] = set()
+    while todo:
+        module = todo.pop()
+        if module in seen or module.split(".")[0] in TOOL_MODULES:
+            continue
+        seen.add(module)
+        path = _module_path(package_dir, module)
+        if path is None:
+            continue
+        files.add(path)
+        todo.extend(_imported_modules(path))
+    files.update(package_dir / name for name in RUNTIME_DATA_FILES if (package_dir / name).is_file())
+    return sorted(files)
+
+
+def _files_sha256(package_dir: Path, files: Iterable[Path]) -> str:
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.relative_to(package_dir).as_posix().encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def model_code_sha256(package_dir: Path = PACKAGE_DIR) -> str:
+    """Hash of the code that builds a model's bytes (independent of paths and mtimes)."""
+    return _files_sha256(package_dir, runtime_files(package_dir, MODEL_ENTRY_MODULES))
 
 
 def build_code_sha256(package_dir: Path = PACKAGE_DIR) -> str:
-    """Hash of the build code itself (this package), independent of paths and mtimes."""
-    digest = hashlib.sha256()
-    for path in sorted(package_dir.rglob("*")):
-        if not path.is_file() or "__pycache__" in path.parts:
-            continue
-        if path.suffix not in _CODE_SUFFIXES and path.name not in _CODE_NAMES:
-            continue
-        rel = path.relative_to(package_dir).as_posix()
-        digest.update(rel.encode() + b"\0")
-        digest.update(hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()
+    """Hash of the whole runtime (model build + release layout + the Lambda's build path)."""
+    return _files_sha256(package_dir, runtime_files(package_dir, RELEASE_ENTRY_MODULES))
+
+
+@lru_cache(maxsize=1)
+def library_versions() -> tuple[tuple[str, str], ...]:
+    """Installed versions of :data:`BYTE_LIBRARIES` (read from package metadata: no import).
+
+    The builder's own versions, not the pins: a laptop with another torch builds other bytes,
+    so its keys differ and it never reuses (or overwrites) what the Lambda built.
+    """
+    versions = []
+    for name in BYTE_LIBRARIES:
+        try:
+            versions.append((name, metadata.version(name)))
+        except metadata.PackageNotFoundError:
+            versions.append((name, "absent"))
+    return tuple(versions)
 
 
 def _tree_sha256(path: Path) -> str:
@@ -52,25 +160,55 @@ def _tree_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def local_source_sha256(spec: ModelSpec, base_dir: Path) -> str | None:
+    """Content hash of a local source (S3 and hub sources are pinned by their address)."""
+    source = spec.source
+    if isinstance(source, (LocalSource, OnnxFileSource)) and not source.path.startswith("s3://"):
+        path = (base_dir / source.path).resolve()
+        if path.exists():
+            return _tree_sha256(path)
+    return None
+
+
 def local_sources_sha256(manifest: Manifest, base_dir: Path) -> dict[str, str]:
-    """Content hash of each local source, keyed by model name (S3 and hub sources are pinned)."""
-    hashes: dict[str, str] = {}
-    for spec in manifest.models:
-        source = spec.source
-        if isinstance(source, (LocalSource, OnnxFileSource)) and not source.path.startswith("s3://"):
-            path = (base_dir / source.path).resolve()
-            if path.exists():
-                hashes[spec.name] = _tree_sha256(path)
-    return hashes
+    """Content hash of each local source, keyed by model name."""
+    hashes = {spec.name: local_source_sha256(spec, base_dir) for spec in manifest.models}
+    return {name: value for name, value in hashes.items() if value is not None}
+
+
+def model_key(
+    spec: ModelSpec,
+    *,
+    base_dir: Path,
+    code_sha256: str,
+    versions: Iterable[tuple[str, str]],
+    compresslevel: int = DEFAULT_COMPRESSLEVEL,
+) -> str:
+    """``k-`` and 32 hex digits over what can change the bytes ``spec`` builds into."""
+    entry = {k: v for k, v in spec.model_dump(mode="json").items() if k not in KEY_EXCLUDED_FIELDS}
+    document = {
+        "entry": entry,
+        "source_sha256": local_source_sha256(spec, base_dir),
+        "code_sha256": code_sha256,
+        "versions": dict(versions),
+        "compresslevel": compresslevel,
+    }
+    text = json.dumps(document, sort_keys=True, separators=(",", ":"))
+    return "k-" + hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 @dataclass(frozen=True)
 class Release:
-    """Where a manifest's artifacts live: ``s3://<bucket>/<prefix>/<release_id>/<target>.tar.gz``."""
+    """Where a manifest's artifacts live: ``s3://<bucket>/<prefix>/<release_id>/<target>.tar.gz``,
+    and where each model's build is stored: ``s3://<bucket>/<prefix>/_builds/<key>/``."""
 
     release_id: str
     manifest_sha256: str
     code_sha256: str
+    #: ``model name -> key``, in manifest order (empty when only the id is known, e.g. a Delete).
+    model_keys: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
+    #: Hash of the code that builds a model's bytes (part of every key); "" when not known.
+    model_code_sha256: str = field(default="", compare=False)
 
     def prefix(self, model_prefix: str) -> str:
         return f"{model_prefix.strip('/')}/{self.release_id}" if model_prefix.strip("/") else self.release_id
@@ -82,21 +220,46 @@ class Release:
         return f"{self.prefix(model_prefix)}/{INDEX_NAME}"
 
 
+def store_prefix(model_prefix: str, key: str) -> str:
+    """``<prefix>/_builds/<key>``: where the build of a model key is stored (once)."""
+    base = model_prefix.strip("/")
+    return f"{base}/{BUILDS_DIR}/{key}" if base else f"{BUILDS_DIR}/{key}"
+
+
 def compute_release(
     manifest: Manifest,
     *,
     base_dir: Path | None = None,
     code_sha256: str | None = None,
+    package_dir: Path = PACKAGE_DIR,
+    versions: Iterable[tuple[str, str]] | None = None,
+    compresslevel: int = DEFAULT_COMPRESSLEVEL,
+    model_code: str | None = None,
 ) -> Release:
-    """The release of a manifest: ``r-`` and 16 hex digits of a hash over what shapes its bytes."""
-    code = code_sha256 or build_code_sha256()
+    """The release of a manifest and the key of each of its models.
+
+    ``code_sha256`` (the whole runtime's hash) and ``model_code`` (the model-building part's)
+    may be given by a caller that already has them;
+    ``package_dir`` is the runtime that builds (the CDK app passes the image's build context).
+    """
+    base = base_dir or Path.cwd()
+    model_code = model_code or model_code_sha256(package_dir)
+    code = code_sha256 or build_code_sha256(package_dir)
+    pinned = tuple(versions) if versions is not None else library_versions()
+    keys = {
+        spec.name: model_key(
+            spec, base_dir=base, code_sha256=model_code, versions=pinned, compresslevel=compresslevel
+        )
+        for spec in manifest.models
+    }
     digest = hashlib.sha256()
-    digest.update(manifest.canonical_json().encode())
-    digest.update(code.encode())
-    for name, value in sorted(local_sources_sha256(manifest, base_dir or Path.cwd()).items()):
-        digest.update(f"{name}={value}".encode())
+    digest.update(code.encode() + b"\0")
+    for spec in manifest.models:
+        digest.update(f"{spec.name}={keys[spec.name]}:{','.join(spec.target_names())}\0".encode())
     return Release(
         release_id=f"r-{digest.hexdigest()[:16]}",
         manifest_sha256=manifest.content_sha256(),
         code_sha256=code,
+        model_keys=keys,
+        model_code_sha256=model_code,
     )

@@ -29,13 +29,12 @@ import math
 import random
 import re
 import sys
-import tarfile
 import tempfile
 import time
 import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -324,19 +323,22 @@ def _config_from_tarball(s3_client: Any, bucket: str, key: str) -> str | None:
     """
     from botocore.exceptions import BotoCoreError, ClientError
 
+    from model_build.errors import ModelBuildError
+    from model_build.tarball import read_member
+
     try:
         body = s3_client.get_object(Bucket=bucket, Key=key)["Body"]
-        with tarfile.open(fileobj=body, mode="r|*") as tar:
-            for member in tar:
-                parts = PurePosixPath(member.name).parts
-                if member.isreg() and parts and parts[-1] == "config.pbtxt" and len(parts) <= 2:
-                    if member.size > _CONFIG_MAX_BYTES:
-                        return None
-                    handle = tar.extractfile(member)
-                    return handle.read().decode("utf-8") if handle else None
-    except (ClientError, BotoCoreError, tarfile.TarError, OSError, EOFError, UnicodeDecodeError):
+        with tempfile.NamedTemporaryFile(suffix=".tar.gz") as local:
+            for chunk in iter(lambda: body.read(1 << 20), b""):
+                local.write(chunk)
+            local.flush()
+            # model_build.tarball reads it under the bomb/size limits (a tarball from a bucket
+            # other teams write is not trusted).
+            data = read_member(Path(local.name), lambda p: p.name == "config.pbtxt" and len(p.parts) <= 2,
+                               max_bytes=_CONFIG_MAX_BYTES)
+        return data.decode("utf-8") if data is not None else None
+    except (ClientError, BotoCoreError, ModelBuildError, OSError, UnicodeDecodeError):
         return None
-    return None
 
 
 def _prepare_reference(
@@ -353,7 +355,7 @@ def _prepare_reference(
     ``digests`` maps object keys to the sha256 the index records for them (its ``references``):
     a reference that changed after the release was published would make every verdict meaningless.
     """
-    from model_build.triton_config import check_config
+    from model_build.triton_config import check_config, parse_config
     from model_build.verify import SAGEMAKER_BINARY_CONTENT_TYPE, build_request
 
     npz_key = f"{prefix}/{REFERENCE_DIR}/{source_model}.npz"
@@ -381,7 +383,10 @@ def _prepare_reference(
             )
         config_text = found
     try:
-        config = check_config(config_text, model=source_model)
+        # A raw-text target's reference config is its ensemble's (TEXT in, the model's outputs
+        # out): only parsed, as its members were checked at build time.
+        ensemble = parse_config(config_text, model=source_model).platform == "ensemble"
+        config = (parse_config if ensemble else check_config)(config_text, model=source_model)
     except TritonConfigError as error:
         return _Reference(error=str(error))
 

@@ -14,6 +14,7 @@ import functools
 import importlib.resources
 import importlib.util
 import inspect
+import json
 import os
 import socket
 import threading
@@ -118,7 +119,46 @@ def _pretrained_dir(path: Path, spec: ModelSpec, what: str) -> Path:
             f"{what}: folder {str(path)!r} has no config.json; expected a save_pretrained folder",
             model=spec.name,
         )
+    _check_weights(path, spec, what)
     return path
+
+
+#: Weight files of a ``save_pretrained`` folder, and the index that names the shards of a big one.
+_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+def _check_weights(path: Path, spec: ModelSpec, what: str) -> None:
+    """A folder with a config but no (or not all) weight files is a partial upload or copy.
+
+    transformers would otherwise fail deep inside ``from_pretrained`` (or, for some classes,
+    initialise random weights and build a model that means nothing), so it is named here."""
+    if any((path / name).is_file() for name in _WEIGHTS):
+        return
+    for index_name in _INDEXES:
+        index = path / index_name
+        if not index.is_file():
+            continue
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {})
+            shards = sorted({str(name) for name in weight_map.values()})
+        except (OSError, ValueError, AttributeError) as error:
+            raise SourceError(f"{what}: {index_name} cannot be read ({error}); upload it again",
+                              model=spec.name) from None
+        missing = [name for name in shards if not (path / name).is_file()]
+        if not shards or missing:
+            raise SourceError(
+                f"{what}: {index_name} names {len(shards)} weight shard(s) and "
+                f"{len(missing)} are missing ({', '.join(missing[:3]) or 'none listed'}); "
+                "a partial upload? upload the whole save_pretrained folder",
+                model=spec.name,
+            )
+        return
+    raise SourceError(
+        f"{what}: folder {str(path)!r} has config.json but no weights ({', '.join(_WEIGHTS)} or a "
+        "sharded index); a partial upload? upload the whole save_pretrained folder",
+        model=spec.name,
+    )
 
 
 def _package_dir(source: PackageSource, spec: ModelSpec) -> Path:
@@ -244,19 +284,37 @@ def _download_prefix(client: Any, bucket: str, prefix: str, work_dir: Path, spec
     uri = f"s3://{bucket}/{prefix}"
     count = 0
     try:
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-            for item in page.get("Contents", []):
-                key = item["Key"]
-                if key.endswith("/"):
-                    continue  # a "folder" marker written by the console
-                target = _safe_target(work_dir, key[len(prefix):], spec, f"s3://{bucket}/{key}")
-                target.parent.mkdir(parents=True, exist_ok=True)
-                client.download_file(bucket, key, str(target))
-                count += 1
+        # The whole listing is checked before the first download: an empty or partial prefix
+        # (no config.json, no weights) fails in one request, not after gigabytes.
+        keys = [item["Key"]
+                for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+                for item in page.get("Contents", []) if not item["Key"].endswith("/")]  # "/": console folder marker
+        names = {key[len(prefix):] for key in keys}
+        if keys and "config.json" not in names:
+            raise SourceError(
+                f"source.uri: {uri!r} holds {len(keys)} object(s) but no config.json; a partial upload? "
+                "expected a whole save_pretrained folder",
+                model=spec.name,
+            )
+        if keys and not names & set(_WEIGHTS + _INDEXES):
+            raise SourceError(
+                f"source.uri: {uri!r} holds config.json but no weights ({', '.join(_WEIGHTS)} or a sharded "
+                "index); a partial upload? expected a whole save_pretrained folder",
+                model=spec.name,
+            )
+        for key in keys:
+            target = _safe_target(work_dir, key[len(prefix):], spec, f"s3://{bucket}/{key}")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            client.download_file(bucket, key, str(target))
+            count += 1
     except (ClientError, BotoCoreError) as error:
         raise SourceError(f"source.uri: cannot download {uri!r}: {error}", model=spec.name) from None
     if count == 0:
-        raise SourceError(f"source.uri: no objects under {uri!r}", model=spec.name)
+        raise SourceError(
+            f"source.uri: no objects under {uri!r}; expected a save_pretrained folder (config.json "
+            "and weights) there: check the URI, or wait until the upload has finished",
+            model=spec.name,
+        )
 
 
 def _onnx_file(
@@ -276,11 +334,34 @@ def _onnx_file(
         except (ClientError, BotoCoreError) as error:
             raise SourceError(f"source.path: cannot download {source.path!r}: {error}",
                               model=spec.name) from None
+        _check_onnx_file(target, source.path, spec)
         return target
     path = base_dir / source.path
     if not path.is_file():
         raise SourceError(f"source.path: file {str(path)!r} does not exist", model=spec.name)
+    _check_onnx_file(path, source.path, spec)
     return path
+
+
+def _check_onnx_file(path: Path, given: str, spec: ModelSpec) -> None:
+    """Refuse, by its first bytes, a file that cannot be an ONNX model, before onnx parses it.
+
+    A serialized ``ModelProto`` starts with its ``ir_version`` field (tag byte 0x08). Protobuf
+    parses many arbitrary byte strings without complaint, so this check, not a parse error, is
+    what names the common mistakes: an empty file, a Git LFS pointer, an HTML error page."""
+    with path.open("rb") as handle:
+        head = handle.read(64)
+    if not head:
+        raise SourceError(f"source.path: {given!r} is an empty file; expected an ONNX model", model=spec.name)
+    if head.startswith(b"version https://git-lfs"):
+        raise SourceError(f"source.path: {given!r} is a Git LFS pointer, not the model; run `git lfs pull`",
+                          model=spec.name)
+    if head[0] != 0x08:
+        raise SourceError(
+            f"source.path: {given!r} is not an ONNX model (its first bytes are {head[:8]!r}; a "
+            "serialized ONNX ModelProto starts with byte 0x08)",
+            model=spec.name,
+        )
 
 
 # --------------------------------------------------------------------------------------------

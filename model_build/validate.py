@@ -22,9 +22,10 @@ import onnxruntime as ort
 import torch
 
 from model_build.compare import compare_arrays
-from model_build.errors import ExportError, ValidationMismatchError, VerifyError
+from model_build.errors import AccuracyGateError, ExportError, ValidationMismatchError, VerifyError
 from model_build.export import export_onnx, export_torchscript, import_onnx, load_torchscript
-from model_build.manifest import ModelSpec, OnnxFileSource, SyntheticSource, Tolerance
+from model_build.manifest import TEXT_TASKS, ModelSpec, OnnxFileSource, SyntheticSource, Tolerance
+from model_build.optimize import fmt_below, optimize_export, row_cosines
 from model_build.sources import (
     input_names,
     load_module,
@@ -40,6 +41,8 @@ Batch = dict[str, np.ndarray]
 Runner = Callable[[Batch], list[np.ndarray]]
 
 REFERENCE_NAME = "reference.npz"
+#: Neighbours compared by the retrieval gate (fewer when there are fewer sample sentences).
+TOP_K = 3
 #: Zip entries get this timestamp: ``np.savez`` stamps the current time, which made two
 #: references of identical arrays differ byte for byte.
 _ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
@@ -110,20 +113,33 @@ def onnx_providers() -> list[str]:
     return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
 
 
-def _onnx_session(path: Path, model: str) -> ort.InferenceSession:
+#: The manifest's ``onnxruntime.graph_optimization_level`` as an ONNX Runtime level.
+_ORT_LEVELS = {
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "disable_all": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
+
+
+def _onnx_session(path: Path, model: str, level: str | None = None) -> ort.InferenceSession:
+    """A session at the graph optimization level the Triton config asks for (unset: all), so
+    the graph validated is the graph served: the offline-fused graph is finished by it."""
     options = ort.SessionOptions()
     options.log_severity_level = 3  # warnings about unused initializers are noise here
+    options.graph_optimization_level = _ORT_LEVELS[level or "all"]
     try:
         return ort.InferenceSession(str(path), options, providers=onnx_providers())
     except Exception as error:
         raise ExportError(f"onnx runtime cannot load {str(path)!r}: {error}"[:400], model=model) from None
 
 
-def exported_runner(exported: ExportedModel) -> Runner:
-    """Run the written file as the serving backend would: ONNX Runtime or ``torch.jit.load``."""
+def exported_runner(exported: ExportedModel, level: str | None = None) -> Runner:
+    """Run the written file as the serving backend would: ONNX Runtime (at the config's graph
+    optimization ``level``) or ``torch.jit.load``."""
     names = [o.name for o in exported.outputs]
     if exported.format == "onnx":
-        session = _onnx_session(exported.path, exported.name)
+        session = _onnx_session(exported.path, exported.name, level)
 
         def run_onnx(sample: Batch) -> list[np.ndarray]:
             try:
@@ -210,9 +226,12 @@ def validate_export(
     With ``source_dir`` given, a sentence-embedding model from a real checkpoint is also compared
     with ``SentenceTransformer(source_dir).encode`` on real sentences.
     """
-    run_exported = exported_runner(exported)
+    level = spec.onnxruntime.graph_optimization_level if spec.onnxruntime else None
+    run_exported = exported_runner(exported, level)
     run_reference = reference_runner(spec, module, exported)
-    report = ValidationReport(name=spec.name)
+    report = ValidationReport(name=spec.name, precision=spec.effective_precision)
+    elementwise = elementwise_tolerance_applies(spec)
+    cosines: list[float] = []
     for sample in samples:
         actual = run_exported(sample)
         expected = run_reference(sample)
@@ -223,13 +242,82 @@ def validate_export(
                 model=spec.name,
             )
         for out, a, b in zip(exported.outputs, actual, expected, strict=True):
-            diff = compare_outputs(spec.name, out.name, a, b, spec.tolerance)
+            if elementwise:
+                diff = compare_outputs(spec.name, out.name, a, b, spec.tolerance)
+            else:  # still refuses NaN/inf and wrong shapes; the gates below judge the values
+                diff = compare_outputs(spec.name, out.name, a, b, Tolerance(atol=np.inf, rtol=0))
             report.max_abs_diff[out.name] = max(report.max_abs_diff.get(out.name, 0.0), diff)
+            cosines.append(float(row_cosines(a, b).min()))
         report.samples += 1
+    if spec.task == "sentence-embedding" and exported.outputs:
+        _retrieval_check(spec, run_exported, run_reference, source_dir, report, cosines)
+    report.min_cosine = min(cosines, default=1.0)
+    check_gates(spec, report)
     if _has_sentence_transformers_reference(spec, source_dir):
         assert source_dir is not None
         _check_sentence_transformers(spec, exported, run_exported, source_dir, report)
     return report
+
+
+def elementwise_tolerance_applies(spec: ModelSpec) -> bool:
+    """``tolerance`` judges FP32 graphs, and FP16/INT8 ones only where the manifest sets it.
+
+    Lower precision moves single values by more than FP32's default ``atol``; for those the
+    accuracy gates (cosine, retrieval agreement) are the check unless a user asks for both.
+    """
+    return spec.effective_precision == "fp32" or "tolerance" in spec.model_fields_set
+
+
+def top_k_agreement(expected: np.ndarray, actual: np.ndarray, k: int) -> float:
+    """Share of each sentence's k nearest neighbours (by cosine, itself excluded) that the
+    variant's embeddings keep: 1.0 means every search over the samples ranks the same top k."""
+    def neighbours(emb: np.ndarray) -> list[set[int]]:
+        unit = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
+        sims = unit @ unit.T
+        np.fill_diagonal(sims, -np.inf)
+        # A stable sort on the negated similarity: ties resolved by index, the same both sides.
+        return [set(np.argsort(-row, kind="stable")[:k].tolist()) for row in sims]
+
+    ref, got = neighbours(np.asarray(expected, np.float64)), neighbours(np.asarray(actual, np.float64))
+    return float(np.mean([len(r & g) / k for r, g in zip(ref, got, strict=True)]))
+
+
+def _retrieval_check(
+    spec: ModelSpec, run: Runner, reference: Runner, source_dir: Path | None,
+    report: ValidationReport, cosines: list[float],
+) -> None:
+    """Embeddings of the sample sentences, variant against reference: cosine and top-k agreement."""
+    sentences = reference_sentences(spec)
+    if len(sentences) < 3:
+        return
+    chunk = 1 if spec.max_batch_size == 0 else min(8, spec.max_batch_size)
+    got, want = [], []
+    for i in range(0, len(sentences), chunk):
+        batch = text_batch(spec, source_dir, sentences[i:i + chunk])
+        got.append(run(batch)[0])
+        want.append(reference(batch)[0])
+    actual, expected = np.concatenate(got), np.concatenate(want)
+    cosines.append(float(row_cosines(actual, expected).min()))
+    report.top_k = min(TOP_K, len(sentences) - 1)
+    report.top_k_agreement = top_k_agreement(expected, actual, report.top_k)
+
+
+def check_gates(spec: ModelSpec, report: ValidationReport) -> None:
+    """Raise :class:`AccuracyGateError` for the first gate the variant misses."""
+    cosine_gate, agreement_gate = spec.gates()
+    report.min_cosine_gate = cosine_gate
+    report.top_k_gate = agreement_gate if report.top_k_agreement is not None else None
+    checks = [("min_cosine", report.min_cosine, cosine_gate)]
+    if report.top_k_agreement is not None:
+        checks.append((f"top_{report.top_k}_agreement", report.top_k_agreement, agreement_gate))
+    for metric, value, gate in checks:
+        if value is not None and value < gate:
+            raise AccuracyGateError(
+                f"model {spec.name!r} ({report.precision}): {metric} {fmt_below(value, gate)} against PyTorch "
+                f"FP32 is below the gate {gate}; use a higher precision, or keep more layers in "
+                "FP32",
+                model=spec.name, metric=metric, value=value, gate=gate, precision=report.precision,
+            )
 
 
 def _has_sentence_transformers_reference(spec: ModelSpec, source_dir: Path | None) -> bool:
@@ -260,7 +348,8 @@ def _check_sentence_transformers(
              for i in range(0, len(sentences), chunk)]
     actual = np.concatenate(parts, axis=0)
     name = f"{exported.outputs[0].name} (vs sentence-transformers)"
-    report.reference_max_abs_diff = compare_outputs(spec.name, name, actual, expected, spec.tolerance)
+    tolerance = spec.tolerance if elementwise_tolerance_applies(spec) else Tolerance(atol=np.inf, rtol=0)
+    report.reference_max_abs_diff = compare_outputs(spec.name, name, actual, expected, tolerance)
     report.reference_check = (
         f"sentence-transformers {sentence_transformers.__version__} encode, "
         f"{len(sentences)} sentences"
@@ -356,9 +445,18 @@ def export_and_validate(
         else:
             exported = export_torchscript(spec, module, trace_sample(samples), model_dir / "model.pt")
         reference = module
+    # The optimize step (INT8 where asked; fusion and FP16 were done by the export), then the
+    # checks, on the file that is packaged.
+    exported, optimized = optimize_export(
+        spec, reference, exported, [*samples, *_calibration(spec, source_dir)],
+        reference_runner(spec, reference, exported),
+    )
     if exported.format == "onnx":
         check_onnx(exported.path, model=spec.name)
     report = validate_export(spec, reference, exported, samples, source_dir=source_dir)
+    report.fused_ops = dict(optimized.fused_ops)
+    report.quantized_matmuls = optimized.quantized_matmuls
+    report.fp32_matmuls = list(optimized.fp32_matmuls)
 
     ref_inputs = reference_inputs(spec, source_dir)
     ref_outputs = reference_runner(spec, reference, exported)(ref_inputs)
@@ -370,3 +468,13 @@ def export_and_validate(
     )
     return exported, report, reference_path
 
+
+
+def _calibration(spec: ModelSpec, source_dir: Path | None) -> list[Batch]:
+    """Extra INT8 calibration input: the sample sentences (text), so the layer choice sees real
+    token statistics, not only the validation samples."""
+    if spec.effective_precision != "int8" or spec.task not in TEXT_TASKS:
+        return []
+    sentences = reference_sentences(spec)
+    chunk = 1 if spec.max_batch_size == 0 else min(8, spec.max_batch_size)
+    return [text_batch(spec, source_dir, sentences[i:i + chunk]) for i in range(0, len(sentences), chunk)]

@@ -1,56 +1,38 @@
-"""Load a packaged ``model.tar.gz`` the way the SageMaker Triton container does and answer one request.
+"""The tarball layout rules, the smoke client's request codec, and ``open_model``.
 
-This is the last check before an artifact is published: it reads only the tarball (not the build's
-in-memory objects), so what passes here is what the endpoint will get. The steps mirror the
-container and Triton:
+Whether a published tarball loads and answers on Triton is checked on the real ``tritonserver``
+(``model_build.tools``, used by ``verify``, ``demo`` and the tests). What stays here:
 
-1. unpack safely (no absolute paths, no ``..``, no links), find the one top-level model directory
-   (or ``config.pbtxt`` at the root), read and check ``config.pbtxt``;
-2. pick the version directory and the backend's default file name, and open the model with the
-   settings the config asks for (ONNX Runtime session options from ``parameters`` and the graph
-   level; TorchScript through ``torch.jit.load``);
-3. build the HTTP request body with tritonclient's own request types, decode it as the server
-   does and check it against the config, run the model, encode the response as Triton does and
-   read it back with tritonclient's ``InferResult``;
-4. compare every output with the reference recorded at build time.
-
-The request/response codec functions are public so a smoke-test client for real endpoints can
-reuse them (the SageMaker binary content type is
-``application/vnd.sagemaker-triton.binary+json;json-header-size=<n>``).
+- ``locate_model``, ``_version_dir`` and ``check_ensemble_repository``: the layout rules (one
+  model directory or ``config.pbtxt`` at the root, or one ensemble with its members; a numeric
+  version directory);
+- ``build_request`` / ``parse_response``: the client side of Triton's binary+JSON protocol, with
+  tritonclient's own types, for the smoke test
+  (``application/vnd.sagemaker-triton.binary+json;json-header-size=<n>``);
+- ``open_model``: an ONNX Runtime session (or TorchScript module) with the settings a config asks
+  for, which the benchmarks time directly, without a server in between.
 """
 
 from __future__ import annotations
 
-import json
 import re
-import tarfile
-import tempfile
-import time
 import warnings
-import zipfile
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import tritonclient.http as httpclient
 from tritonclient.utils import (
     InferenceServerException,
-    deserialize_bytes_tensor,
     np_to_triton_dtype,
-    serialize_byte_tensor,
     triton_to_np_dtype,
 )
 
-from model_build.compare import compare_arrays
-from model_build.errors import TritonConfigError, VerifyError
-from model_build.manifest import Tolerance
+from model_build.errors import VerifyError
 from model_build.triton_config import (
     ModelConfig,
-    check_config,
     config_backend,
-    default_filename,
     wire_datatype,
 )
 from model_build.triton_config import mc as _mc
@@ -78,66 +60,9 @@ _ORT_TO_WIRE = {
 _INDEXED_NAME = re.compile(r"^.+__([0-9]+)$")
 
 
-@dataclass
-class VerifyResult:
-    """What verification found for one tarball."""
-
-    target: str
-    format: str
-    max_abs_diff: dict[str, float] = field(default_factory=dict)
-    ok: bool = False
-    seconds: float = 0.0
-    version: int = 1
-    #: ONNX Runtime providers the session used (empty for TorchScript), to show CPU vs GPU.
-    providers: tuple[str, ...] = ()
-
-    @property
-    def worst(self) -> float:
-        return max(self.max_abs_diff.values(), default=0.0)
-
-
 # --------------------------------------------------------------------------------------------
 # Unpacking
 # --------------------------------------------------------------------------------------------
-
-
-def safe_extract(tarball: Path, dest: Path, *, model: str | None = None) -> None:
-    """Unpack ``tarball`` into ``dest``, refusing anything that could escape or alias files.
-
-    Every member is checked before anything is written (so a refused archive leaves nothing
-    behind), then ``tarfile``'s ``data`` filter does the extraction as a second line of defence.
-    """
-    who = f"model {model!r}: " if model else ""
-    try:
-        with tarfile.open(tarball, mode="r:*") as tar:
-            members = tar.getmembers()
-            for member in members:
-                name = member.name
-                path = PurePosixPath(name.replace("\\", "/"))
-                if path.is_absolute() or re.match(r"^[A-Za-z]:", name) or ".." in path.parts:
-                    raise VerifyError(
-                        f"{who}tarball member {name!r}: path is absolute or contains '..'; "
-                        "allowed: relative paths inside the archive",
-                        model=model,
-                    )
-                if member.issym() or member.islnk():
-                    kind = "symlink" if member.issym() else "hard link"
-                    raise VerifyError(
-                        f"{who}tarball member {name!r}: is a {kind} to {member.linkname!r}; "
-                        "allowed: regular files and directories only",
-                        model=model,
-                    )
-                if not (member.isreg() or member.isdir()):
-                    raise VerifyError(
-                        f"{who}tarball member {name!r}: is a device, fifo or other special file; "
-                        "allowed: regular files and directories only",
-                        model=model,
-                    )
-            tar.extractall(dest, members=members, filter="data")
-    except VerifyError:
-        raise
-    except (OSError, tarfile.TarError, EOFError) as error:
-        raise VerifyError(f"{who}tarball {str(tarball)!r}: cannot be unpacked: {error}", model=model) from None
 
 
 def locate_model(root: Path, *, model: str | None = None) -> tuple[Path, str | None]:
@@ -190,6 +115,38 @@ def _version_dir(model_dir: Path, config: ModelConfig, model: str) -> tuple[int,
             )
         chosen = max(wanted)
     return chosen, model_dir / str(chosen)
+
+
+def check_ensemble_repository(root: Path, *, model: str | None = None) -> str:
+    """The rules a tarball holding a whole repository (an ensemble and its members) must meet.
+
+    SageMaker's front end loads the folder whose config says ``platform: "ensemble"``; Triton then
+    loads each model its steps name, by folder, and a member's config ``name`` must be its folder's.
+    Returns the ensemble's folder name.
+    """
+    from model_build.triton_config import parse_config
+
+    who = f"model {model!r}: " if model else ""
+    folders = sorted(p for p in root.iterdir() if p.is_dir())
+    configs = {}
+    for folder in folders:
+        if not (folder / "config.pbtxt").is_file():
+            raise VerifyError(f"{who}tarball: {folder.name + '/config.pbtxt'!r} is missing", model=model)
+        configs[folder.name] = parse_config((folder / "config.pbtxt").read_text(), model=model)
+    ensembles = [name for name, config in configs.items() if config.platform == "ensemble"]
+    if len(ensembles) != 1:
+        raise VerifyError(f"{who}tarball: {len(folders)} model folders and {len(ensembles)} ensembles "
+                          f"{ensembles}; several folders need exactly one ensemble", model=model)
+    for name, config in configs.items():
+        if name not in ensembles and config.name and config.name != name:
+            raise VerifyError(f"{who}member {name!r}: config name {config.name!r}; a member's config name "
+                              "must be its folder's", model=model)
+    for step in configs[ensembles[0]].ensemble_scheduling.step:
+        if step.model_name not in configs:
+            raise VerifyError(f"{who}ensemble step: model {step.model_name!r} is not in the tarball; its "
+                              f"folders are {sorted(configs)}", model=model)
+        _version_dir(root / step.model_name, configs[step.model_name], model or step.model_name)
+    return ensembles[0]
 
 
 # --------------------------------------------------------------------------------------------
@@ -245,180 +202,9 @@ def build_request(
     return bytes(body), int(header_length)
 
 
-def parse_request_header(body: bytes, header_length: int) -> dict[str, Any]:
-    """The JSON header of a request body (names, datatypes, shapes, requested outputs)."""
-    if not 0 < header_length <= len(body):
-        raise VerifyError(
-            f"request: json-header-size {header_length} does not fit a body of {len(body)} bytes"
-        )
-    try:
-        header = json.loads(body[:header_length].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise VerifyError(f"request: json header cannot be parsed: {error}") from None
-    if not isinstance(header, dict) or not isinstance(header.get("inputs"), list):
-        raise VerifyError("request: json header has no 'inputs' list")
-    return header
-
-
-def decode_request(body: bytes, header_length: int) -> dict[str, np.ndarray]:
-    """Decode a request body into arrays as Triton's HTTP server does.
-
-    tritonclient ships no request decoder (only ``InferResult`` for responses), so this follows
-    the binary tensor extension: the JSON header, then each input's raw bytes in header order,
-    ``binary_data_size`` bytes each; BYTES tensors use tritonclient's own length-prefixed
-    deserializer. Leftover or missing bytes are an error, as in the server.
-    """
-    header = parse_request_header(body, header_length)
-    arrays: dict[str, np.ndarray] = {}
-    offset = header_length
-    for entry in header["inputs"]:
-        name = entry.get("name")
-        datatype = entry.get("datatype")
-        shape = entry.get("shape")
-        if not isinstance(name, str) or not isinstance(datatype, str) or not isinstance(shape, list):
-            raise VerifyError(f"request: input entry {entry!r} needs name, datatype and shape")
-        if name in arrays:
-            raise VerifyError(f"request: input {name!r}: given twice")
-        dtype = _np_dtype(datatype)
-        size = (entry.get("parameters") or {}).get("binary_data_size")
-        array: np.ndarray
-        if size is None:
-            if "data" not in entry:
-                raise VerifyError(f"request: input {name!r}: has neither binary_data_size nor data")
-            array = np.array(entry["data"], dtype=dtype).reshape(shape)
-        else:
-            if not isinstance(size, int) or size < 0 or offset + size > len(body):
-                raise VerifyError(
-                    f"request: input {name!r}: binary_data_size {size} runs past the end of the "
-                    f"body ({len(body) - offset} bytes left)"
-                )
-            raw = body[offset : offset + size]
-            offset += size
-            if datatype == "BYTES":
-                array = deserialize_bytes_tensor(raw) if size else np.empty(0, dtype=np.object_)
-            else:
-                itemsize = np.dtype(dtype).itemsize
-                count = int(np.prod(shape)) if shape else 1
-                if size != count * itemsize:
-                    raise VerifyError(
-                        f"request: input {name!r}: binary_data_size {size} does not match shape "
-                        f"{shape} of {datatype} ({count * itemsize} bytes)"
-                    )
-                array = np.frombuffer(raw, dtype=np.dtype(dtype).newbyteorder("<")).astype(dtype)
-            array = array.reshape(shape)
-        arrays[name] = array
-    if offset != len(body):
-        raise VerifyError(
-            f"request: {len(body) - offset} bytes after the last input are not claimed by any "
-            "binary_data_size"
-        )
-    return arrays
-
-
-def encode_response(
-    outputs: Mapping[str, np.ndarray], *, model_name: str = "", model_version: str = "1"
-) -> tuple[bytes, int]:
-    """A response body as Triton writes it for binary outputs, and its JSON header length.
-
-    The header lists each output with ``binary_data_size``; the raw little-endian bytes follow in
-    the same order (the length goes in the ``Inference-Header-Content-Length`` header).
-    """
-    entries = []
-    blobs = []
-    for name, value in outputs.items():
-        array = np.asarray(value)
-        if array.dtype == np.object_ or array.dtype.kind in "SU":
-            datatype = "BYTES"
-            serialized = serialize_byte_tensor(array)
-            blob = serialized.item() if serialized.size > 0 else b""
-        else:
-            datatype = np_to_triton_dtype(array.dtype)
-            if datatype is None:
-                raise VerifyError(f"response: output {name!r}: dtype {array.dtype.name!r} has no triton type")
-            blob = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
-        entries.append(
-            {
-                "name": name,
-                "datatype": datatype,
-                "shape": [int(d) for d in array.shape],
-                "parameters": {"binary_data_size": len(blob)},
-            }
-        )
-        blobs.append(blob)
-    header = json.dumps(
-        {"model_name": model_name, "model_version": model_version, "outputs": entries},
-        separators=(",", ":"),
-    ).encode("utf-8")
-    return header + b"".join(blobs), len(header)
-
-
 def parse_response(body: bytes, header_length: int | None) -> httpclient.InferResult:
     """Read a response body with tritonclient's own parser (what a client application uses)."""
     return httpclient.InferResult.from_response_body(body, header_length=header_length)
-
-
-def _shape_matches(shape: list[int], expected: list[int]) -> bool:
-    return len(shape) == len(expected) and all(e == -1 or s == e for s, e in zip(shape, expected, strict=True))
-
-
-def check_request(
-    config: ModelConfig,
-    arrays: Mapping[str, np.ndarray],
-    *,
-    requested_outputs: list[str] | None = None,
-    model: str | None = None,
-) -> None:
-    """Check decoded request tensors against the config as Triton does before running a model.
-
-    Names must be exactly the config's inputs, data types must match, and the shape must be the
-    batch (at most ``max_batch_size``) followed by the config ``dims`` (``-1`` matches any size).
-    """
-    model = model or config.name or "?"
-    expected = {io.name: io for io in config.input}
-    unknown = sorted(set(arrays) - set(expected))
-    if unknown:
-        raise VerifyError(
-            f"model {model!r}: request input {unknown[0]!r}: not in the config; allowed inputs: "
-            + ", ".join(sorted(expected)),
-            model=model,
-        )
-    mbs = config.max_batch_size
-    for name, io in expected.items():
-        if name not in arrays:
-            raise VerifyError(f"model {model!r}: request input {name!r}: missing", model=model)
-        array = arrays[name]
-        want = wire_datatype(io.data_type)
-        got = "BYTES" if array.dtype == np.object_ else np_to_triton_dtype(array.dtype)
-        if got != want:
-            raise VerifyError(
-                f"model {model!r}: request input {name!r}: datatype {got}; the config expects {want}",
-                model=model,
-            )
-        shape = list(array.shape)
-        dims = list(io.dims)
-        if mbs >= 1:
-            if not shape or not 1 <= shape[0] <= mbs:
-                raise VerifyError(
-                    f"model {model!r}: request input {name!r}: shape {shape}; the batch dimension "
-                    f"must be 1 to max_batch_size ({mbs})",
-                    model=model,
-                )
-            shape = shape[1:]
-        if not _shape_matches(shape, dims):
-            raise VerifyError(
-                f"model {model!r}: request input {name!r}: shape {list(array.shape)}; the config "
-                f"expects {'[batch] + ' if mbs >= 1 else ''}{dims}",
-                model=model,
-            )
-    if requested_outputs is not None:
-        outputs = {o.name for o in config.output}
-        for name in requested_outputs:
-            if name not in outputs:
-                raise VerifyError(
-                    f"model {model!r}: requested output {name!r}: not in the config; allowed: "
-                    + ", ".join(sorted(outputs)),
-                    model=model,
-                )
 
 
 # --------------------------------------------------------------------------------------------
@@ -502,12 +288,13 @@ class _OnnxRunner:
         self._check_signature(config, model)
 
     def _check_signature(self, config: ModelConfig, model: str) -> None:
-        """The backend refuses a config whose tensors the graph does not have (name and type)."""
+        """The backend refuses a config whose tensors the graph does not have (name, type, dims)."""
         for kind, graph_side, config_side in (
             ("input", self.session.get_inputs(), config.input),
             ("output", self.session.get_outputs(), config.output),
         ):
             graph = {t.name: _ORT_TO_WIRE.get(t.type, t.type) for t in graph_side}
+            shapes = {t.name: list(t.shape)[1 if config.max_batch_size > 0 else 0:] for t in graph_side}
             for io in config_side:
                 if io.name not in graph:
                     raise VerifyError(
@@ -519,6 +306,15 @@ class _OnnxRunner:
                     raise VerifyError(
                         f"model {model!r}: config {kind} {io.name!r}: data_type "
                         f"{_mc.DataType.Name(io.data_type)}; the onnx graph has {graph[io.name]}",
+                        model=model,
+                    )
+                dims = list(io.reshape.shape) if io.HasField("reshape") else list(io.dims)
+                shape = shapes[io.name]
+                if len(dims) != len(shape) or any(isinstance(g, int) and g >= 0 and d != -1 and g != d
+                                                  for g, d in zip(shape, dims, strict=True)):
+                    raise VerifyError(
+                        f"model {model!r}: config {kind} {io.name!r}: dims {dims}; the onnx graph has "
+                        f"{shape} (batch axis {'removed' if config.max_batch_size > 0 else 'kept'})",
                         model=model,
                     )
             if kind == "input" and len(graph) != len(config_side):
@@ -632,158 +428,3 @@ def open_model(model_path: Path, config: ModelConfig, *, model: str) -> _OnnxRun
             model=model,
         )
     return _TorchRunner(model_path, config, model)
-
-
-# --------------------------------------------------------------------------------------------
-# Shapes between client view (config dims) and model view (reshape)
-# --------------------------------------------------------------------------------------------
-
-
-def _view(array: np.ndarray, io: Any, mbs: int, *, to_model: bool) -> np.ndarray:
-    """Apply the config's ``reshape``: client shape is dims, the model sees reshape.shape."""
-    if not io.HasField("reshape"):
-        return array
-    target = list(io.reshape.shape) if to_model else list(io.dims)
-    if mbs >= 1:
-        target = [array.shape[0], *target]
-    return array.reshape(target)
-
-
-def _compare(
-    name: str, got: np.ndarray, ref: np.ndarray, tolerance: Tolerance, model: str
-) -> float:
-    result = compare_arrays(name, got, ref, atol=tolerance.atol, rtol=tolerance.rtol)
-    if not result.ok:
-        raise VerifyError(f"model {model!r}: {result.problem}", model=model)
-    return result.max_abs_diff
-
-
-def _load_reference(path: Path, model: str) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {key: data[key] for key in data.files}
-    except (OSError, ValueError, zipfile.BadZipFile) as error:
-        raise VerifyError(f"model {model!r}: reference {str(path)!r}: cannot be read: {error}", model=model) from None
-    inputs = {k[len("input:"):]: v for k, v in arrays.items() if k.startswith("input:")}
-    outputs = {k[len("output:"):]: v for k, v in arrays.items() if k.startswith("output:")}
-    return inputs, outputs
-
-
-# --------------------------------------------------------------------------------------------
-# The whole check
-# --------------------------------------------------------------------------------------------
-
-
-def verify_artifact(
-    tarball: Path,
-    reference_npz: Path,
-    *,
-    tolerance: Tolerance,
-    target_model: str | None = None,
-) -> VerifyResult:
-    """Unpack, load and query ``tarball`` once, and compare the answer with ``reference_npz``.
-
-    Raises :class:`VerifyError` naming the model and what is wrong (the output and its largest
-    difference for a numerical mismatch); returns the measured differences when all is well.
-    """
-    started = time.perf_counter()
-    tarball = Path(tarball)
-    label = target_model or tarball.name
-    with tempfile.TemporaryDirectory(prefix="verify-") as tmp:
-        root = Path(tmp)
-        safe_extract(tarball, root, model=label)
-        model_dir, dir_name = locate_model(root, model=label)
-        config_text = (model_dir / "config.pbtxt").read_text(encoding="utf-8")
-        try:
-            config = check_config(config_text, model=target_model or dir_name)
-        except TritonConfigError as error:
-            raise VerifyError(str(error), model=target_model or dir_name) from None
-        target = target_model or dir_name or config.name or tarball.name
-        backend = config_backend(config)
-        version, version_dir = _version_dir(model_dir, config, target)
-        model_path = version_dir / default_filename(config)
-        runner = open_model(model_path, config, model=target)
-
-        ref_inputs, ref_outputs = _load_reference(Path(reference_npz), target)
-        mbs = config.max_batch_size
-        client_inputs: dict[str, np.ndarray] = {}
-        for io in config.input:
-            if io.name not in ref_inputs:
-                raise VerifyError(
-                    f"model {target!r}: reference: no 'input:{io.name}' array; it holds "
-                    + ", ".join(sorted(ref_inputs)),
-                    model=target,
-                )
-            client_inputs[io.name] = _view(ref_inputs[io.name], io, mbs, to_model=False)
-        output_names = [o.name for o in config.output]
-
-        body, header_length = build_request(config, client_inputs)
-        header = parse_request_header(body, header_length)
-        decoded = decode_request(body, header_length)
-        for name, array in client_inputs.items():
-            if not np.array_equal(decoded[name], array):
-                raise VerifyError(
-                    f"model {target!r}: request input {name!r}: decoded body differs from the data sent",
-                    model=target,
-                )
-        requested = [o["name"] for o in header.get("outputs", [])]
-        check_request(config, decoded, requested_outputs=requested, model=target)
-
-        feeds = {io.name: _view(decoded[io.name], io, mbs, to_model=True) for io in config.input}
-        try:
-            produced = runner.run(feeds, output_names)
-        except VerifyError:
-            raise
-        except Exception as error:  # the runtime's own error types
-            raise VerifyError(f"model {target!r}: inference failed: {error}", model=target) from None
-
-        response_outputs: dict[str, np.ndarray] = {}
-        for io in config.output:
-            array = _view(produced[io.name], io, mbs, to_model=False)
-            want = wire_datatype(io.data_type)
-            got = "BYTES" if array.dtype == np.object_ else np_to_triton_dtype(array.dtype)
-            if got != want:
-                raise VerifyError(
-                    f"model {target!r}: output {io.name!r}: the model returned {got}; the config "
-                    f"declares {_mc.DataType.Name(io.data_type)}",
-                    model=target,
-                )
-            expected = [-1, *io.dims] if mbs >= 1 else list(io.dims)
-            if not _shape_matches(list(array.shape), expected):
-                raise VerifyError(
-                    f"model {target!r}: output {io.name!r}: the model returned shape "
-                    f"{list(array.shape)}; the config declares {expected}",
-                    model=target,
-                )
-            response_outputs[io.name] = array
-
-        response, response_header = encode_response(
-            response_outputs, model_name=target, model_version=str(version)
-        )
-        result = parse_response(response, response_header)
-
-        diffs: dict[str, float] = {}
-        for io in config.output:
-            got = result.as_numpy(io.name)
-            if got is None:
-                raise VerifyError(f"model {target!r}: output {io.name!r}: missing in the response", model=target)
-            if io.name not in ref_outputs:
-                raise VerifyError(
-                    f"model {target!r}: reference: no 'output:{io.name}' array; it holds "
-                    + ", ".join(sorted(ref_outputs)),
-                    model=target,
-                )
-            ref = ref_outputs[io.name]
-            if io.HasField("reshape") and got.shape != ref.shape and got.size == ref.size:
-                got = got.reshape(ref.shape)  # the reference was recorded in the model's shape
-            diffs[io.name] = _compare(io.name, got, ref, tolerance, target)
-
-    return VerifyResult(
-        target=target,
-        format=_BACKEND_FORMAT[backend],
-        max_abs_diff=diffs,
-        ok=True,
-        seconds=time.perf_counter() - started,
-        version=version,
-        providers=runner.providers,
-    )

@@ -101,7 +101,7 @@ class MmeSettings(BaseModel):
     ``mme:`` keys of a CDK context.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True, allow_inf_nan=False)
 
     # -- Stack and endpoint -------------------------------------------------------------------
     stack_name: str = Field(
@@ -288,6 +288,13 @@ class MmeSettings(BaseModel):
         ge=5,
         le=3600,
         description="Time between is_complete calls; the total timeout must be a multiple of it.",
+    )
+    build_max_concurrency: int = Field(
+        default=50,
+        ge=1,
+        le=10000,
+        description="Most models built at once: the MaxConcurrency of the build state machine's "
+        "Distributed Map (one Lambda run per model; mind the account's Lambda concurrency).",
     )
     artifacts_on_delete: Literal["retain", "destroy"] = Field(
         default="retain",
@@ -802,18 +809,36 @@ class MmeSettings(BaseModel):
 
     @classmethod
     def from_context(cls, context: Mapping[str, Any]) -> MmeSettings:
-        """Read every ``mme:<field>`` key of a CDK context; other keys are ignored."""
+        """Read every ``mme:<field>`` key of a CDK context; other keys are ignored.
+
+        A key that looks meant for this app but is not a known setting (``mme:instace_type``,
+        ``MME:...``, ``mme.x``) is refused, never ignored: a typo would otherwise deploy the
+        default silently. A value longer than :data:`MAX_CONTEXT_VALUE_CHARS` (as given or as
+        JSON) is refused before it is parsed.
+        """
         values: dict[str, Any] = {}
         known = list(cls.model_fields)
         for key, value in context.items():
+            key = str(key)
             if not key.startswith(CONTEXT_PREFIX):
+                if re.match(r"^mme\W", key, re.IGNORECASE) or key.lower().startswith(CONTEXT_PREFIX):
+                    raise SettingsError(
+                        f"{_clip(key)}: looks like a setting of this app but does not start with "
+                        f"{CONTEXT_PREFIX!r}; known settings: "
+                        + ", ".join(CONTEXT_PREFIX + field for field in known)
+                    )
                 continue
             name = key[len(CONTEXT_PREFIX):]
+            size = len(value) if isinstance(value, str) else len(json.dumps(value, default=str))
+            if size > MAX_CONTEXT_VALUE_CHARS:
+                raise SettingsError(
+                    f"{_clip(key)}: got a value of {size} characters; at most {MAX_CONTEXT_VALUE_CHARS}"
+                )
             if name not in cls.model_fields:
                 close = difflib.get_close_matches(name, known, n=1)
                 hint = f"did you mean {CONTEXT_PREFIX}{close[0]}? " if close else ""
                 raise SettingsError(
-                    f"{key}: unknown setting; {hint}known settings: "
+                    f"{_clip(key)}: unknown setting; {hint}known settings: "
                     + ", ".join(CONTEXT_PREFIX + field for field in known)
                 )
             values[name] = value
@@ -821,6 +846,15 @@ class MmeSettings(BaseModel):
             return cls.model_validate(values)
         except ValidationError as error:
             raise SettingsError(format_settings_error(error)) from None
+
+
+#: Longest context value read (characters, or JSON characters for a non-string from cdk.json).
+MAX_CONTEXT_VALUE_CHARS = 8192
+
+
+def _clip(text: str, limit: int = 100) -> str:
+    """A value as echoed in a message: a huge one must not become a huge error."""
+    return text if len(text) <= limit else text[: limit - 3] + f"... ({len(text)} characters)"
 
 
 def format_settings_error(error: ValidationError) -> str:
@@ -838,9 +872,9 @@ def format_settings_error(error: ValidationError) -> str:
         if item["type"] == "extra_forbidden":
             lines.append(f"{field}: unknown setting")
         elif item["type"] == "value_error":
-            lines.append(f"{field}: {message}")
+            lines.append(f"{field}: {_clip(message, 600)}")
         else:
             value = item.get("input")
             shown = json.dumps(value) if isinstance(value, (str, int, float, bool)) else repr(value)
-            lines.append(f"{field}: got {shown}; {message[0].lower() + message[1:]}")
+            lines.append(f"{field}: got {_clip(shown)}; {message[0].lower() + message[1:]}")
     return "\n".join(lines)

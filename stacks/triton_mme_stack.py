@@ -26,6 +26,7 @@ from constructs.triton_image import TritonImage
 from constructs.triton_mme_endpoint import TritonMmeEndpoint
 from model_build.manifest import Manifest
 from model_build.release import PACKAGE_DIR
+from model_build.text_ensemble.shm import shm_problem
 from stacks.settings import MmeSettings
 
 #: The model build's Docker build context (``model_build/`` with its Dockerfile).
@@ -109,6 +110,10 @@ class TritonMmeStack(Stack):
         if manifest is not None:
             if manifest_path is None:
                 raise PropsError("manifest_path: missing; the manifest file is uploaded as an asset")
+            # Raw-text targets: the tokenizer's largest request must fit the python backend's pool.
+            shm = shm_problem(manifest, settings.shm_default_byte_size)
+            if shm is not None:
+                raise PropsError(shm)
             build_network = network if settings.build_in_vpc else None
             if build_network is not None and not build_network.build_has_internet:
                 online = internet_sources(manifest)
@@ -132,6 +137,7 @@ class TritonMmeStack(Stack):
                 timeout=Duration.minutes(settings.build_timeout_minutes),
                 total_timeout=Duration.minutes(settings.build_total_timeout_minutes),
                 query_interval=Duration.seconds(settings.build_query_interval_seconds),
+                max_concurrency=settings.build_max_concurrency,
                 on_delete=settings.artifacts_on_delete,
                 vpc=build_network.vpc if build_network else None,
                 vpc_subnets=build_network.build_subnets if build_network else None,

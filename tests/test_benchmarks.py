@@ -110,6 +110,12 @@ def test_tiny_measurements_have_the_expected_shape(tiny_run: Path) -> None:
             assert artifact["variants"][variant]["levels"][level]["reproducible"] is True
     assert artifact["variants"]["fp16"]["model_bytes"] < artifact["variants"]["fp32"]["model_bytes"]
 
+    endpoint = _result(tiny_run, "endpoint")["measurements"]
+    for model in ("resnet-synthetic", "resnet-synthetic-ts"):
+        # A cold call downloads, unpacks and loads: it cannot be as fast as a warm one.
+        assert endpoint["cold_s"][model]["min"] > endpoint["warm_s"][model]["p50"] > 0
+    assert endpoint["batch8_encodings_s"]["json"]["request_bytes"] > endpoint["batch8_encodings_s"]["binary"]["request_bytes"]
+
 
 @pytest.mark.slow
 def test_tiny_docs_render_from_the_results(tiny_run: Path) -> None:

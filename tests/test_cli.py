@@ -57,11 +57,15 @@ def test_demo_builds_publishes_to_local_s3_and_verifies(small_manifest: Path, tm
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "small-resnet x4" in out
-    # One tarball, its reference and config, and the index are sent; the 3 other copies are not.
-    assert "4 target models; objects (tarballs, references, index): 4 uploaded, 3 copied server-side" in out
+    # The build is stored once (tarball, reference, config, store index) and the release index
+    # is written; the 4 targets and the reference and config are server-side copies of the store.
+    assert "4 target models; objects (tarballs, references, index): 5 uploaded, 6 copied server-side" in out
     assert "second publish of the unchanged release" in out and "0 B sent" in out
+    # Served by the real tritonserver the demo started, every target invoked through boto3.
+    assert "endpoint local ready at http://127.0.0.1:" in out and "tritonserver 2.51.0" in out
+    assert "cold ms" in out and "warm ms" in out
     for i in range(4):
-        assert f"small-resnet-{i}" in out
+        assert f"small-resnet-{i}.tar.gz" in out
     assert out.count(" ok ") == 4 and "FAILED" not in out
     assert "Traceback" not in result.stderr
 
@@ -87,7 +91,8 @@ def test_publish_then_verify_against_an_s3_endpoint(small_manifest: Path, tmp_pa
         tampered = cli("verify", "--manifest", str(small_manifest), "--out", str(tmp_path / "b"),
                        "--bucket", "models", "--endpoint-url", url)
         assert tampered.returncode == 1
-        assert "small-resnet-2.tar.gz" in tampered.stderr and "Traceback" not in tampered.stderr
+        assert "FAILED" in tampered.stdout and "small-resnet-2.tar.gz" in tampered.stdout
+        assert "sha256" in tampered.stdout and "Traceback" not in tampered.stderr
 
 
 def test_publish_without_bucket_is_a_usage_error(small_manifest: Path) -> None:
@@ -101,9 +106,11 @@ def test_building_the_default_manifest_twice_gives_byte_identical_tarballs(tmp_p
     for run in ("one", "two"):
         result = cli("build", "--out", str(tmp_path / run), timeout=900)
         assert result.returncode == 0, result.stderr
-        tarballs = sorted((tmp_path / run).rglob("*.tar.gz"))
+        # The release folder (its files are links into the store, <out>/_builds/<key>/).
+        tarballs = sorted((tmp_path / run).glob("r-*/*.tar.gz"))
         assert [t.name for t in tarballs] == [
-            "minilm-l6-embedding.tar.gz", "resnet-synthetic-ts.tar.gz", "resnet-synthetic.tar.gz"
+            "minilm-l6-embedding.tar.gz", "minilm-l6-text.tar.gz", "resnet-synthetic-ts.tar.gz",
+            "resnet-synthetic.tar.gz",
         ]
         digests.append({t.name: hashlib.sha256(t.read_bytes()).hexdigest() for t in tarballs})
     assert digests[0] == digests[1]

@@ -191,9 +191,12 @@ def test_create_builds_in_several_runs_then_update_and_delete(env: Any) -> None:
                                 Context(seconds=handler.SAFETY_MARGIN_SECONDS))
     assert first == {"IsComplete": False}
     assert read_index(s3, BUCKET, f"{prefix}/_index.json") is None, "no index before every model is in"
-    published = keys(s3, prefix)
-    assert {f"{prefix}/tiny-resnet-{i}.tar.gz" for i in range(3)} <= published
-    assert f"{prefix}/tiny-resnet-ts.tar.gz" not in published
+    # The model built so far is in the content-addressed store, not yet in the release.
+    model_keys = compute_release(parse_manifest(MANIFEST)).model_keys
+    stored = keys(s3, "models/_builds/")
+    assert f"models/_builds/{model_keys['tiny-resnet']}/_index.json" in stored
+    assert not any(key.startswith(f"models/_builds/{model_keys['tiny-resnet-ts']}/") for key in stored)
+    assert keys(s3, f"{prefix}/") == set()
 
     second = handler.is_complete(event("Create", props, PhysicalResourceId=created["PhysicalResourceId"]),
                                  Context(seconds=900))
@@ -237,6 +240,11 @@ def test_create_builds_in_several_runs_then_update_and_delete(env: Any) -> None:
     done = handler.is_complete(event("Update", new_props, PhysicalResourceId=updated["PhysicalResourceId"],
                                      OldResourceProperties=props), Context(seconds=900))
     assert done["IsComplete"] is True and done["Data"]["ModelCount"] == "2"
+    # Only the number of copies changed: the model's key is the same, so nothing was built and
+    # the new release is made of server-side copies of the stored build.
+    assert {key.split("/")[2] for key in keys(s3, "models/_builds/")} == set(model_keys.values())
+    new_index = read_index(s3, BUCKET, f"models/{new_props['ReleaseId']}/_index.json")
+    assert new_index is not None and new_index["model_keys"] == {"tiny-resnet": model_keys["tiny-resnet"]}
     assert f"{prefix}/tiny-resnet-0.tar.gz" in keys(s3, prefix), "the old release stays until clean-up"
 
     # Update clean-up: CloudFormation deletes the superseded resource; its objects are tagged

@@ -40,12 +40,14 @@ def test_default_manifest_is_valid_and_lists_its_targets() -> None:
     targets = [name for name, _ in manifest.targets()]
     assert targets == [
         "minilm-l6-embedding",
+        "minilm-l6-text",
         "resnet-synthetic-0",
         "resnet-synthetic-1",
         "resnet-synthetic-2",
         "resnet-synthetic-ts",
     ]
-    assert manifest.target_count == 5
+    assert manifest.target_count == 6
+    assert [spec.inputs for spec in manifest.models[:2]] == ["tokens", "text"]
     minilm = manifest.models[0]
     assert minilm.source.kind == "package" and minilm.task == "sentence-embedding"
     assert {spec.format for spec in manifest.models} == {"onnx", "torchscript"}
@@ -62,7 +64,8 @@ def test_release_id_is_stable_and_follows_content_not_formatting(tmp_path: Path)
     assert first.release_id.startswith("r-") and len(first.release_id) == 18
     # Any change that shapes the artifacts gives a new release.
     changed = copy.deepcopy(DEFAULT)
-    changed["models"][1]["max_batch_size"] = 8
+    resnet = next(m for m in changed["models"] if m["name"] == "resnet-synthetic")
+    resnet["max_batch_size"] = 8
     assert compute_release(parse_manifest(changed), base_dir=ROOT).release_id != first.release_id
     assert compute_release(manifest, base_dir=ROOT, code_sha256="0" * 64).release_id != first.release_id
 
@@ -70,6 +73,8 @@ def test_release_id_is_stable_and_follows_content_not_formatting(tmp_path: Path)
 def test_build_code_hash_changes_with_the_code(tmp_path: Path) -> None:
     package = tmp_path / "model_build"
     package.mkdir()
+    # Runtime code is what the build reaches through its imports (tools are not part of it).
+    (package / "build.py").write_text("from model_build.export import A\n")
     (package / "export.py").write_text("A = 1\n")
     before = build_code_sha256(package)
     (package / "__pycache__").mkdir()
@@ -254,7 +259,7 @@ def test_cli_validate_prints_targets_and_release() -> None:
     release = compute_release(load_manifest(ROOT / "models.yaml"), base_dir=ROOT).release_id
     assert release in result.stdout
     assert "resnet-synthetic-0 .. resnet-synthetic-2" in result.stdout
-    assert "5 target models in 3 entries" in result.stdout
+    assert "6 target models in 4 entries" in result.stdout
 
 
 def test_cli_bad_manifest_is_one_message_without_traceback(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Packaging (reproducible tarballs) and verification (load and query like the container).
+"""Packaging (reproducible tarballs), the request codec of the smoke client, and ``open_model``.
 
 Real tiny models are exported with torch (ONNX and TorchScript) and run with the real ONNX Runtime,
 torch and tritonclient: nothing is mocked.
@@ -21,23 +21,14 @@ import numpy as np
 import onnx
 import pytest
 import torch
-import tritonclient.http as httpclient
 
 from model_build.errors import PackageError, VerifyError
 from model_build.manifest import ModelSpec, Tolerance
-from model_build.package import inspect_tarball, package_model, tarball_members
+from model_build.package import package_model
+from model_build.tarball import inspect_tarball, tarball_members
 from model_build.triton_config import check_config, render_config
 from model_build.types import ExportedModel, TensorSpec
-from model_build.verify import (
-    build_request,
-    check_request,
-    decode_request,
-    encode_response,
-    open_model,
-    parse_request_header,
-    parse_response,
-    verify_artifact,
-)
+from model_build.verify import build_request, open_model
 
 TOLERANCE = Tolerance(atol=1e-4, rtol=1e-3)
 
@@ -256,8 +247,16 @@ def test_package_includes_onnx_external_data(onnx_model: Built, tmp_path: Path) 
         "tiny-onnx/config.pbtxt",
     ]
     # The tarball alone is enough to run the model: the weights came along.
-    result = verify_artifact(out, onnx_model.reference, tolerance=TOLERANCE)
-    assert result.ok
+    from model_build.tarball import safe_extract
+    from model_build.validate import read_reference
+
+    safe_extract(out, tmp_path / "unpacked")
+    runner = open_model(tmp_path / "unpacked" / "tiny-onnx" / "1" / "model.onnx",
+                        check_config(onnx_model.config_text), model="tiny-onnx")
+    inputs, expected = read_reference(onnx_model.reference)
+    got = runner.run(inputs, list(expected))
+    for name, array in expected.items():
+        np.testing.assert_allclose(got[name], array, atol=TOLERANCE.atol, rtol=TOLERANCE.rtol)
 
     (folder / "weights.bin").unlink()
     with pytest.raises(PackageError, match=r"'weights\.bin' is missing"):
@@ -291,28 +290,6 @@ def test_package_refuses_bad_inputs(onnx_model: Built, torchscript_model: Built,
 # --------------------------------------------------------------------------------------------
 
 
-def test_verify_onnx_round_trip(onnx_model: Built, tmp_path: Path) -> None:
-    out = tmp_path / "model.tar.gz"
-    _package(onnx_model, out, name="tiny-onnx-0")
-    result = verify_artifact(out, onnx_model.reference, tolerance=TOLERANCE, target_model="tiny-onnx-0.tar.gz")
-    assert result.ok
-    assert (result.target, result.format, result.version) == ("tiny-onnx-0.tar.gz", "onnx", 1)
-    assert set(result.max_abs_diff) == {"y", "score"}
-    assert result.worst < 1e-4
-    assert result.providers == ("CPUExecutionProvider",)
-    assert result.seconds > 0
-
-
-def test_verify_torchscript_round_trip(torchscript_model: Built, tmp_path: Path) -> None:
-    out = tmp_path / "model.tar.gz"
-    _package(torchscript_model, out)
-    result = verify_artifact(out, torchscript_model.reference, tolerance=TOLERANCE)
-    assert result.ok
-    assert (result.target, result.format) == ("tiny-ts", "torchscript")
-    assert set(result.max_abs_diff) == {"y__0", "score__1"}
-    assert result.worst < 1e-5
-
-
 def test_verify_session_follows_the_config(onnx_model: Built, tmp_path: Path) -> None:
     import onnxruntime as ort
 
@@ -325,108 +302,11 @@ def test_verify_session_follows_the_config(onnx_model: Built, tmp_path: Path) ->
     assert options.enable_mem_pattern is False
 
 
-def test_verify_fails_beyond_tolerance(onnx_model: Built, tmp_path: Path) -> None:
-    out = tmp_path / "model.tar.gz"
-    _package(onnx_model, out)
-    with np.load(onnx_model.reference) as data:
-        arrays = dict(data)
-    arrays["output:score"] = arrays["output:score"] + np.array([0.0, 0.5, 0.0], dtype=np.float32)
-    perturbed = tmp_path / "perturbed.npz"
-    np.savez(perturbed, **arrays)
-    with pytest.raises(VerifyError) as caught:
-        verify_artifact(out, perturbed, tolerance=TOLERANCE, target_model="tiny-onnx-7")
-    message = str(caught.value)
-    assert "model 'tiny-onnx-7'" in message
-    assert "output 'score'" in message
-    assert "largest |difference| 0.5" in message
-    assert "at index [1]" in message
-    assert caught.value.model == "tiny-onnx-7"
-    # Well inside a looser tolerance the same artifact passes.
-    assert verify_artifact(out, perturbed, tolerance=Tolerance(atol=1.0, rtol=0.0)).ok
-
-
-def test_verify_fails_on_nan_reference(onnx_model: Built, tmp_path: Path) -> None:
-    out = tmp_path / "model.tar.gz"
-    _package(onnx_model, out)
-    with np.load(onnx_model.reference) as data:
-        arrays = dict(data)
-    arrays["output:y"][0, 0] = np.nan
-    bad = tmp_path / "nan.npz"
-    np.savez(bad, **arrays)
-    with pytest.raises(VerifyError, match=r"output 'y': 1 non-finite value\(s\)"):
-        verify_artifact(out, bad, tolerance=Tolerance(atol=1e9, rtol=1e9))
-
-
-def test_verify_accepts_config_at_tar_root(onnx_model: Built, tmp_path: Path) -> None:
-    out = tmp_path / "root.tar.gz"
-    with tarfile.open(out, "w:gz") as tar:
-        tar.add(onnx_model.exported.path, arcname="1/model.onnx")
-        data = onnx_model.config_text.encode()
-        info = tarfile.TarInfo("config.pbtxt")
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-    result = verify_artifact(out, onnx_model.reference, tolerance=TOLERANCE, target_model="root-model")
-    assert result.ok and result.target == "root-model"
-
-
-def _tar_with(path: Path, member: tarfile.TarInfo, data: bytes = b"") -> None:
-    with tarfile.open(path, "w:gz") as tar:
-        tar.addfile(member, io.BytesIO(data) if member.isreg() else None)
-
-
-@pytest.mark.parametrize(
-    ("make", "expected"),
-    [
-        (lambda: tarfile.TarInfo("../evil"), "'../evil'"),
-        (lambda: tarfile.TarInfo("m/../../evil"), "'m/../../evil'"),
-        (lambda: tarfile.TarInfo("/etc/evil"), "'/etc/evil'"),
-    ],
-    ids=["dotdot", "nested-dotdot", "absolute"],
-)
-def test_verify_refuses_escaping_paths(onnx_model: Built, tmp_path: Path, make: Any, expected: str) -> None:
-    member = make()
-    member.size = 4
-    tarball = tmp_path / "box" / "evil.tar.gz"
-    tarball.parent.mkdir()
-    _tar_with(tarball, member, b"evil")
-    with pytest.raises(VerifyError) as caught:
-        verify_artifact(tarball, onnx_model.reference, tolerance=TOLERANCE)
-    assert expected in str(caught.value)
-    assert "contains '..'" in str(caught.value)
-    assert not (tmp_path / "evil").exists()
-
-
-@pytest.mark.parametrize("kind", [tarfile.SYMTYPE, tarfile.LNKTYPE], ids=["symlink", "hardlink"])
-def test_verify_refuses_links(onnx_model: Built, tmp_path: Path, kind: bytes) -> None:
-    tarball = tmp_path / "link.tar.gz"
-    member = tarfile.TarInfo("tiny/1/model.onnx")
-    member.type = kind
-    member.linkname = "/etc/passwd"
-    _tar_with(tarball, member)
-    with pytest.raises(VerifyError, match=r"'tiny/1/model.onnx': is a (symlink|hard link) to '/etc/passwd'"):
-        verify_artifact(tarball, onnx_model.reference, tolerance=TOLERANCE)
-
-
-def test_verify_refuses_two_top_level_directories(onnx_model: Built, tmp_path: Path) -> None:
-    tarball = tmp_path / "two.tar.gz"
-    with tarfile.open(tarball, "w:gz") as tar:
-        for name in ("a", "b"):
-            info = tarfile.TarInfo(name)
-            info.type = tarfile.DIRTYPE
-            tar.addfile(info)
-    with pytest.raises(VerifyError, match=r"top level holds \['a/', 'b/'\]"):
-        verify_artifact(tarball, onnx_model.reference, tolerance=TOLERANCE)
-
-
-def test_verify_refuses_config_that_does_not_match_graph(onnx_model: Built, tmp_path: Path) -> None:
-    out = tmp_path / "model.tar.gz"
+def test_open_model_refuses_config_that_does_not_match_graph(onnx_model: Built) -> None:
     text = onnx_model.config_text.replace('name: "mask"\n  data_type: TYPE_INT64', 'name: "mask"\n  data_type: TYPE_INT32')
     assert text != onnx_model.config_text
-    package_model(
-        model_name="tiny", config_text=text, model_file=onnx_model.exported.path, format="onnx", out_path=out
-    )
     with pytest.raises(VerifyError, match=r"config input 'mask': data_type TYPE_INT32; the onnx graph has INT64"):
-        verify_artifact(out, onnx_model.reference, tolerance=TOLERANCE)
+        open_model(onnx_model.exported.path, check_config(text), model="tiny")
 
 
 # --------------------------------------------------------------------------------------------
@@ -434,11 +314,12 @@ def test_verify_refuses_config_that_does_not_match_graph(onnx_model: Built, tmp_
 # --------------------------------------------------------------------------------------------
 
 
-def test_request_body_decodes_back_to_the_inputs(onnx_model: Built, tiny_torch: Any) -> None:
+def test_request_body_is_triton_binary_json(onnx_model: Built, tiny_torch: Any) -> None:
+    """The client side of the codec (the server side is the real tritonserver: tests/test_local_endpoint.py)."""
     _, inputs, _ = tiny_torch
     config = check_config(onnx_model.config_text)
     body, header_length = build_request(config, inputs)
-    header = parse_request_header(body, header_length)
+    header = json.loads(body[:header_length])
     assert [(i["name"], i["datatype"], i["shape"]) for i in header["inputs"]] == [
         ("x", "FP32", [3, 4]),
         ("mask", "INT64", [3, 4]),
@@ -448,63 +329,10 @@ def test_request_body_decodes_back_to_the_inputs(onnx_model: Built, tiny_torch: 
         ("y", True),
         ("score", True),
     ]
-    decoded = decode_request(body, header_length)
-    assert set(decoded) == {"x", "mask"}
-    for name, array in inputs.items():
-        assert decoded[name].dtype == array.dtype
-        assert np.array_equal(decoded[name], array)
-    check_request(config, decoded, requested_outputs=["y", "score"], model="tiny-onnx")
-
-    with pytest.raises(VerifyError, match="bytes after the last input"):
-        decode_request(body + b"\x00", header_length)
-    with pytest.raises(VerifyError, match="runs past the end"):
-        decode_request(body[:-1], header_length)
-
-
-def test_request_check_follows_triton_rules(onnx_model: Built, tiny_torch: Any) -> None:
-    _, inputs, _ = tiny_torch
-    config = check_config(onnx_model.config_text)
-    too_big = {k: np.concatenate([v, v]) for k, v in inputs.items()}  # batch 6 > max_batch_size 4
-    with pytest.raises(VerifyError, match=r"request input 'x': shape \[6, 4\]; the batch dimension must be 1 to max_batch_size \(4\)"):
-        check_request(config, too_big, model="tiny-onnx")
+    assert len(body) == header_length + sum(array.nbytes for array in inputs.values())
     wrong_type = dict(inputs, mask=inputs["mask"].astype(np.int32))
     with pytest.raises(VerifyError, match=r"input 'mask': data has dtype 'int32' \(INT32\); the config expects INT64"):
         build_request(config, wrong_type)
-    with pytest.raises(VerifyError, match="request input 'extra': not in the config"):
-        check_request(config, dict(inputs, extra=inputs["x"]), model="tiny-onnx")
-
-
-def test_bytes_tensors_survive_the_codec() -> None:
-    text = (
-        'name: "text"\nbackend: "onnxruntime"\nmax_batch_size: 2\n'
-        'input { name: "sentence" data_type: TYPE_STRING dims: [ 1 ] }\n'
-        'output { name: "y" data_type: TYPE_FP32 dims: [ 1 ] }\n'
-    )
-    config = check_config(text)
-    sentences = np.array([[b"hello"], ["wörld".encode()]], dtype=np.object_)
-    body, header_length = build_request(config, {"sentence": sentences})
-    decoded = decode_request(body, header_length)
-    assert decoded["sentence"].shape == (2, 1)
-    assert list(decoded["sentence"].ravel()) == [b"hello", "wörld".encode()]
-
-
-def test_response_is_read_by_tritonclient() -> None:
-    outputs = {
-        "y": np.arange(6, dtype=np.float32).reshape(2, 3),
-        "ids": np.array([[1], [2]], dtype=np.int64),
-        "label": np.array([b"cat", b"dog"], dtype=np.object_),
-    }
-    body, header_length = encode_response(outputs, model_name="m-0.tar.gz", model_version="1")
-    header = json.loads(body[:header_length])
-    assert header["model_name"] == "m-0.tar.gz"
-    assert [o["parameters"]["binary_data_size"] for o in header["outputs"]] == [24, 16, 14]
-    result = parse_response(body, header_length)
-    assert isinstance(result, httpclient.InferResult)
-    for name, array in outputs.items():
-        got = result.as_numpy(name)
-        assert got is not None and got.shape == array.shape
-        assert np.array_equal(got, array)
-    assert result.as_numpy("missing") is None
 
 
 def test_gzip_stream_of_package_is_a_valid_tar(onnx_model: Built, tmp_path: Path) -> None:

@@ -29,7 +29,6 @@ import socket
 import tarfile
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,18 +62,6 @@ SMALL_MULTIPART = TransferConfig(multipart_threshold=5 * MIB, multipart_chunksiz
 # ---------------------------------------------------------------------------------------------
 # Fixtures and helpers
 # ---------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def endpoint() -> Iterator[str]:
-    with local_s3() as url:
-        yield url
-
-
-@pytest.fixture
-def proxy(endpoint: str) -> Iterator[FaultProxy]:
-    with FaultProxy(endpoint) as fault_proxy:
-        yield fault_proxy
 
 
 @pytest.fixture

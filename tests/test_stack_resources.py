@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aws_cdk import Validations
@@ -416,13 +417,19 @@ def test_build_custom_resource(default: Synth) -> None:
     # The release the construct computed at synth (the build code may change while tests run).
     release = default.stack.node.find_child("ModelBuild").release
     assert release.manifest_sha256 == manifest.content_sha256()
-    assert release == compute_release(manifest, base_dir=ROOT, code_sha256=release.code_sha256)
+    again = compute_release(manifest, base_dir=ROOT, code_sha256=release.code_sha256,
+                            model_code=release.model_code_sha256)
+    assert again == release and again.release_id == release.release_id
+    assert dict(again.model_keys) == dict(release.model_keys)
+    assert list(release.model_keys) == [spec.name for spec in manifest.models]
     _, resource = default.only("Custom::TritonModelRelease")
     props = resource["Properties"]
     assert set(props) == {
         "ServiceToken", "ServiceTimeout", "ManifestBucket", "ManifestKey", "ManifestSha256",
         "ModelBucket", "ModelPrefix", "ReleaseId", "CodeSha256", "OnDelete", "RetiredTagKey",
+        "BuildStateMachineArn",
     }
+    assert props["BuildStateMachineArn"] == {"Ref": logical_id(default, "ModelBuild/BuildStateMachine/Resource/Resource")}
     assert props["ServiceTimeout"] == "3600"
     assert re.fullmatch(r"[0-9a-f]{64}\.yaml", props["ManifestKey"])
     assert props["ManifestBucket"] == {"Fn::Sub": "cdk-hnb659fds-assets-${AWS::AccountId}-${AWS::Region}"}
@@ -443,9 +450,11 @@ def test_build_functions_share_one_image(default: Synth) -> None:
         k: v["Properties"] for k, v in default.resources("AWS::Lambda::Function").items()
         if v["Properties"].get("PackageType") == "Image"
     }
-    assert len(functions) == 2
+    assert len(functions) == 3
     commands = sorted(p["ImageConfig"]["Command"][0] for p in functions.values())
-    assert commands == ["model_build.handler.is_complete", "model_build.handler.on_event"]
+    assert commands == [
+        "model_build.handler.build_step", "model_build.handler.is_complete", "model_build.handler.on_event"
+    ]
     images = {json.dumps(p["Code"]["ImageUri"]) for p in functions.values()}
     assert len(images) == 1
     for props in functions.values():
@@ -464,7 +473,8 @@ def test_build_functions_share_one_image(default: Synth) -> None:
 
 
 def test_provider_is_asynchronous_with_the_configured_timeouts(default: Synth) -> None:
-    machine = default.only("AWS::StepFunctions::StateMachine")[1]["Properties"]
+    waiter_id = logical_id(default, "ModelBuild/Provider/waiter-state-machine/Resource")
+    machine = default.resources("AWS::StepFunctions::StateMachine")[waiter_id]["Properties"]
     definition = "".join(p if isinstance(p, str) else "<ref>" for p in machine["DefinitionString"]["Fn::Join"][1])
     assert '"IntervalSeconds":60,"MaxAttempts":60,"BackoffRate":1' in definition
     assert machine["LoggingConfiguration"]["Level"] == "ALL"
@@ -476,9 +486,74 @@ def test_provider_is_asynchronous_with_the_configured_timeouts(default: Synth) -
     assert set(framework) == {"framework.onEvent", "framework.isComplete", "framework.onTimeout"}
 
 
+def _definition(default: Synth, path: str) -> dict[str, Any]:
+    """A state machine's definition, with each token replaced by a placeholder naming it."""
+    machine = default.resources("AWS::StepFunctions::StateMachine")[logical_id(default, path)]["Properties"]
+    parts = machine["DefinitionString"]["Fn::Join"][1]
+    text = "".join(
+        p if isinstance(p, str) else "<" + (p.get("Ref") or ".".join(p.get("Fn::GetAtt", ["?"]))) + ">" for p in parts
+    )
+    return dict(json.loads(text), _properties=machine)
+
+
+def test_build_state_machine_plans_maps_and_finishes(default: Synth) -> None:
+    definition = _definition(default, "ModelBuild/BuildStateMachine/Resource/Resource")
+    machine = definition.pop("_properties")
+    build_fn = logical_id(default, "ModelBuild/Build/Resource")
+    bucket = logical_id(default, "ModelBucket/Resource/Resource")
+    assert definition["StartAt"] == "Plan"
+    states = definition["States"]
+    assert [states["Plan"]["Next"], states["BuildModels"]["Next"]] == ["BuildModels", "Finish"]
+    assert states["Finish"]["End"] is True
+    build_map = states["BuildModels"]
+    assert build_map["Type"] == "Map"
+    assert build_map["ItemProcessor"]["ProcessorConfig"]["Mode"] == "DISTRIBUTED"
+    assert build_map["MaxConcurrency"] == 50
+    # No tolerated failures (Step Functions' default, 0): one failed model fails the Map.
+    assert build_map.get("ToleratedFailureCount", 0) == 0 and "ToleratedFailurePercentage" not in build_map
+    # The item source is the plan the build writes in the model bucket (data, not template).
+    reader = build_map["ItemReader"]
+    assert reader["Resource"].endswith(":states:::s3:getObject")
+    assert reader["ReaderConfig"]["InputType"] == "JSON"
+    assert reader["Parameters"] == {"Bucket": f"<{bucket}>", "Key.$": "$.Plan.Key"}
+    assert build_map["ItemSelector"] == {
+        "Step": "build", "Request.$": "$.Request",
+        "Model.$": "$$.Map.Item.Value.Model", "Key.$": "$$.Map.Item.Value.Key",
+    }
+    tasks = [states["Plan"], states["Finish"], *build_map["ItemProcessor"]["States"].values()]
+    assert len(tasks) == 3
+    for task in tasks:
+        assert task["Resource"] == f"<{build_fn}.Arn>", "every task invokes the build function"
+        (retry,) = task["Retry"]
+        assert set(retry["ErrorEquals"]) == {
+            "Lambda.TooManyRequestsException", "Lambda.ServiceException", "Lambda.AWSLambdaException",
+            "Lambda.SdkClientException", "Lambda.ClientExecutionTimeoutException",
+        }
+        assert (retry["IntervalSeconds"], retry["MaxAttempts"], retry["BackoffRate"]) == (2, 6, 2)
+        assert retry["JitterStrategy"] == "FULL"
+    assert states["Plan"]["Parameters"] == {"Step": "plan", "Request.$": "$.Request"}
+    assert states["Plan"]["ResultPath"] == "$.Plan"
+    assert states["Finish"]["Parameters"] == {"Step": "finish", "Request.$": "$.Request"}
+    assert definition["TimeoutSeconds"] == 3600
+    assert machine["TracingConfiguration"] == {"Enabled": True}
+    assert machine["LoggingConfiguration"]["Level"] == "ALL"
+    # Its role may invoke the build function only (and its versions).
+    role_id = logical_id(default, "ModelBuild/BuildStateMachine/Resource/Role/Resource")
+    invokes = [s for s in policy_of_role(default.data, role_id) if "lambda:InvokeFunction" in as_list(s["Action"])]
+    resources = [json.dumps(r) for s in invokes for r in as_list(s["Resource"])]
+    assert resources and all(build_fn in r for r in resources)
+
+
+def test_build_state_machine_concurrency_is_a_setting(tmp_path: Path) -> None:
+    concurrent = synth(tmp_path, nag=False, build_max_concurrency="7")
+    definition = _definition(concurrent, "ModelBuild/BuildStateMachine/Resource/Resource")
+    assert definition["States"]["BuildModels"]["MaxConcurrency"] == 7
+
+
 def test_log_groups_have_retention(default: Synth) -> None:
     groups = default.resources("AWS::Logs::LogGroup")
-    assert len(groups) == 4  # on_event, is_complete, provider framework, waiter state machine
+    # on_event, is_complete, build, provider framework, waiter state machine, build state machine
+    assert len(groups) == 6
     for logical, group in groups.items():
         assert group["Properties"]["RetentionInDays"] == 30, logical
 
@@ -492,7 +567,11 @@ def test_build_role_is_scoped(default: Synth) -> None:
         "s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload", "s3:GetObjectTagging",
         "s3:PutObjectTagging", "s3:ListBucket", "kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey",
         "cloudformation:DescribeStacks", "logs:CreateLogStream", "logs:PutLogEvents",
+        "states:StartExecution", "states:DescribeExecution",
     }
+    machine = logical_id(default, "ModelBuild/BuildStateMachine/Resource/Resource")
+    assert by_action["states:StartExecution"]["Resource"] == {"Ref": machine}, "its own state machine only"
+    assert machine in json.dumps(by_action["states:DescribeExecution"]["Resource"])
     prefix_objects = {"Fn::Join": ["", [{"Fn::GetAtt": [bucket, "Arn"]}, "/models/*"]]}
     for action in ("s3:PutObject", "s3:AbortMultipartUpload", "s3:PutObjectTagging"):
         assert by_action[action]["Resource"] == prefix_objects, action

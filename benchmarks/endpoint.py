@@ -1,0 +1,218 @@
+"""The local endpoint on the real ``tritonserver``: cold starts, warm latency, JSON against
+binary+JSON bodies, and what Triton's dynamic batcher gives 8 concurrent clients.
+
+Everything goes through boto3's ``sagemaker-runtime`` client to the local endpoint
+(:mod:`model_build.tools.endpoint`), which downloads the published tarball from a local S3
+endpoint (moto's server), unpacks it and loads it on the server: the path a SageMaker MME takes,
+on CPU with the python-based ONNX Runtime / PyTorch backends (see the README's deviations).
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks._common import (
+    RunContext,
+    comparison,
+    finish_result,
+    goal,
+    log,
+    manifest_entry,
+    new_result,
+    percentile,
+    run_for,
+    spec_from,
+    stats,
+)
+
+NAME = "endpoint"
+TITLE = "Local endpoint on the real tritonserver: cold start, warm latency, JSON vs binary, dynamic batching"
+BUCKET = "bench-endpoint"
+BINARY = "application/vnd.sagemaker-triton.binary+json;json-header-size={}"
+#: The seed articles' claim for image payloads; the target this benchmark checks.
+BINARY_GOAL = 2.0
+BATCHING_GOAL = 1.5
+
+
+def _request(name: str, array: np.ndarray, output: str, *, binary: bool) -> tuple[bytes, str]:
+    import tritonclient.http as httpclient
+
+    tensor = httpclient.InferInput(name, list(array.shape), "FP32")
+    tensor.set_data_from_numpy(array, binary_data=binary)
+    wanted = httpclient.InferRequestedOutput(output, binary_data=binary)
+    body, header = httpclient.InferenceServerClient.generate_request_body([tensor], outputs=[wanted])
+    return body, (BINARY.format(header) if header else "application/json")
+
+
+def _targets(ctx: RunContext) -> dict[str, dict[str, Any]]:
+    """The two ResNet entries of models.yaml (ONNX and TorchScript), one copy each."""
+    out = {}
+    for name, input_name, output in (("resnet-synthetic", "pixel_values", "logits"),
+                                     ("resnet-synthetic-ts", "pixel_values__0", "logits__0")):
+        entry = manifest_entry(name)
+        entry["copies"] = 1
+        out[name] = {"spec": spec_from(entry), "input": input_name, "output": output}
+    return out
+
+
+def run(ctx: RunContext) -> dict[str, Any]:
+    from model_build.local_s3 import local_s3, make_s3_client
+    from model_build.publish import publish_release
+    from model_build.smoke import make_runtime_client
+    from model_build.tools.endpoint import local_endpoint
+
+    started = time.perf_counter()
+    budget = 1.0 if ctx.tiny else 8.0
+    targets = _targets(ctx)
+    result = new_result(NAME, TITLE, ctx, {
+        "models": list(targets), "repeats": ctx.repeats, "seconds_per_measurement": budget,
+        "path": "boto3 sagemaker-runtime -> local endpoint -> tritonserver 2.51 (python-based backends, CPU)",
+        "batching": "8 clients each sending batch-1 requests, against 1 client; dynamic batching as in models.yaml",
+    })
+    artifacts = []
+    for item in targets.values():
+        built, release_dir = ctx.build(item["spec"])
+        artifacts.append(built.artifact(release_dir))
+    release_id = "r-bench00000000000"
+    with local_s3() as url:
+        s3 = make_s3_client(endpoint_url=url)
+        s3.create_bucket(Bucket=BUCKET)
+        publish_release(artifacts, s3_client=s3, bucket=BUCKET, release_prefix=f"models/{release_id}",
+                        index_extra={"release_id": release_id})
+        with local_endpoint(s3_client=s3, bucket=BUCKET, release_id=release_id) as endpoint:
+            log(f"endpoint: {endpoint.ready_line()}")
+            runtime = make_runtime_client(endpoint_url=endpoint.url, timeout_seconds=300)
+            image = targets["resnet-synthetic"]["spec"].image_inputs.image_size
+            rng = np.random.default_rng(0)
+
+            def invoke(target: str, body: bytes, content_type: str) -> None:
+                runtime.invoke_endpoint(EndpointName="local", TargetModel=target, ContentType=content_type,
+                                        Body=body)["Body"].read()
+
+            cold: dict[str, Any] = {}
+            warm: dict[str, Any] = {}
+            for name, item in targets.items():
+                target = f"{name}.tar.gz"
+                body, ctype = _request(item["input"], rng.random((1, 3, image, image), dtype=np.float32),
+                                       item["output"], binary=True)
+                samples = []
+                for _ in range(ctx.repeats):
+                    endpoint.cache.unload_all()
+                    t0 = time.perf_counter()
+                    invoke(target, body, ctype)
+                    samples.append(time.perf_counter() - t0)
+                cold[name] = stats(samples)
+                latencies = run_for(lambda target=target, body=body, ctype=ctype: invoke(target, body, ctype),
+                                    budget, min_calls=20)
+                warm[name] = {**stats(latencies), "p50": percentile(latencies, 50), "p99": percentile(latencies, 99),
+                              "calls": len(latencies)}
+                log(f"endpoint: {name}: cold {cold[name]['median'] * 1000:.0f} ms, warm p50 "
+                    f"{warm[name]['p50'] * 1000:.1f} ms p99 {warm[name]['p99'] * 1000:.1f} ms")
+            result["measurements"]["cold_s"] = cold
+            result["measurements"]["warm_s"] = warm
+
+            onnx = targets["resnet-synthetic"]
+            batch8 = rng.random((8, 3, image, image), dtype=np.float32)
+            encodings = {}
+            for label, binary in (("json", False), ("binary", True)):
+                body, ctype = _request(onnx["input"], batch8, onnx["output"], binary=binary)
+                encodings[label] = {**stats(run_for(lambda body=body, ctype=ctype: invoke(
+                    "resnet-synthetic.tar.gz", body, ctype), budget, min_calls=5)), "request_bytes": len(body)}
+            result["measurements"]["batch8_encodings_s"] = encodings
+            binary_vs_json = comparison(
+                "batch8_binary_vs_json", what="ResNet batch 8 request latency through the endpoint", unit="s",
+                baseline_label="JSON", baseline=encodings["json"], candidate_label="binary+JSON",
+                candidate=encodings["binary"], lower_is_better=True)
+            result["comparisons"].append(binary_vs_json)
+
+            body, ctype = _request(onnx["input"], rng.random((1, 3, image, image), dtype=np.float32),
+                                   onnx["output"], binary=True)
+            throughput = {}
+            for clients in (1, 8):
+                rates = []
+                for _ in range(ctx.repeats):
+                    calls = 8 * (4 if ctx.tiny else 40)
+                    with ThreadPoolExecutor(clients) as pool:
+                        t0 = time.perf_counter()
+                        list(pool.map(lambda _: invoke("resnet-synthetic.tar.gz", body, ctype), range(calls)))
+                        rates.append(calls / (time.perf_counter() - t0))
+                throughput[str(clients)] = stats(rates)
+            result["measurements"]["throughput_rps"] = throughput
+            batching = comparison(
+                "throughput_8_clients_vs_1", what="ResNet batch-1 requests per second", unit="requests/s",
+                baseline_label="1 client", baseline=throughput["1"], candidate_label="8 clients",
+                candidate=throughput["8"], lower_is_better=False)
+            result["comparisons"].append(batching)
+
+    result["goals"].append(goal(
+        "binary_faster_than_json", "binary+JSON bodies are much faster than JSON for image batches (seed articles)",
+        target=f">= {BINARY_GOAL:g}x at batch 8", measured=round(binary_vs_json["ratio"], 2),
+        met=binary_vs_json["ratio"] >= BINARY_GOAL,
+        detail=f"JSON body {encodings['json']['request_bytes']} bytes, binary {encodings['binary']['request_bytes']} bytes",
+        limit="" if binary_vs_json["ratio"] >= BINARY_GOAL else
+        "on loopback the JSON encode/decode of 8x3x224x224 floats is the difference; model time is the same",
+    ))
+    result["goals"].append(goal(
+        "dynamic_batching_throughput", "8 concurrent clients get more throughput than 1 through Triton's dynamic batcher",
+        target=f">= {BATCHING_GOAL:g}x requests/s", measured=round(batching["ratio"], 2),
+        met=batching["ratio"] >= BATCHING_GOAL,
+        limit="" if batching["ratio"] >= BATCHING_GOAL else
+        "2 cores run the client, the endpoint, the server and the python backend's stub at once",
+    ))
+    result["notes"].append("cold = download from local S3 + sha256 + unpack + load on tritonserver + first answer")
+    return finish_result(result, started)
+
+
+def chart(result: dict[str, Any], path: Path) -> None:
+    from benchmarks._charts import figure, save
+
+    fig, axes = figure(2, TITLE.split(":")[0])
+    names = list(result["measurements"]["warm_s"])
+    cold = [result["measurements"]["cold_s"][n]["median"] * 1000 for n in names]
+    p50 = [result["measurements"]["warm_s"][n]["p50"] * 1000 for n in names]
+    p99 = [result["measurements"]["warm_s"][n]["p99"] * 1000 for n in names]
+    x = np.arange(len(names))
+    axes[0].bar(x - 0.25, cold, 0.25, label="cold")
+    axes[0].bar(x, p50, 0.25, label="warm p50")
+    axes[0].bar(x + 0.25, p99, 0.25, label="warm p99")
+    axes[0].set_xticks(x, names)
+    axes[0].set_ylabel("ms")
+    axes[0].set_yscale("log")
+    axes[0].legend()
+    axes[0].set_title("latency per model (batch 1)")
+    rates = result["measurements"]["throughput_rps"]
+    axes[1].bar(["1 client", "8 clients"], [rates["1"]["median"], rates["8"]["median"]])
+    axes[1].set_ylabel("requests/s")
+    axes[1].set_title("ResNet batch-1 throughput")
+    save(fig, path)
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """Tables of the endpoint benchmark for docs/benchmarks.md."""
+    from benchmarks._common import spread_text
+    from benchmarks.report import table
+
+    m = result["measurements"]
+    rows = [[f"`{name}`", spread_text(m["cold_s"][name], "s"), f"{m['warm_s'][name]['p50'] * 1000:.1f} ms",
+             f"{m['warm_s'][name]['p99'] * 1000:.1f} ms", m["warm_s"][name]["calls"]] for name in m["warm_s"]]
+    ratios = {c["name"]: c["ratio"] for c in result["comparisons"]}
+    enc, rps = m["batch8_encodings_s"], m["throughput_rps"]
+    return "\n".join([
+        f"Path: {result['parameters']['path']}. Cold: {result['notes'][0]}.",
+        "",
+        table(["model", "cold start", "warm p50 (batch 1)", "warm p99 (batch 1)", "warm calls"], rows),
+        "",
+        table(["", "JSON", "binary+JSON", "binary speed-up"], [[
+            "ResNet batch 8 latency", spread_text(enc["json"], "s"), spread_text(enc["binary"], "s"),
+            f"**{ratios['batch8_binary_vs_json']:.2f}x**"], [
+            "request body", f"{enc['json']['request_bytes'] / 1e6:.2f} MB", f"{enc['binary']['request_bytes'] / 1e6:.2f} MB", ""]]),
+        "",
+        table(["", "1 client", "8 clients", "gain"], [[
+            "ResNet batch-1 requests/s", f"{rps['1']['median']:.1f}", f"{rps['8']['median']:.1f}",
+            f"**{ratios['throughput_8_clients_vs_1']:.2f}x**"]]),
+    ])

@@ -1,0 +1,156 @@
+"""The state machine that builds a release's models in parallel: plan -> Distributed Map -> finish.
+
+Why a Distributed Map: a model build takes seconds to minutes and must fit one Lambda run; a
+release of hundreds of distinct models built one after another does not fit CloudFormation's
+hour. Here every model that needs building gets its own invocation of the build function, at
+most ``max_concurrency`` at a time, and the list of models travels as data (a JSON array the
+plan step writes under the model prefix, read by the Map's ``ItemReader``), so the template
+does not grow with the manifest.
+
+- ``Plan`` writes ``<prefix>/_plans/<release>.json``: the models whose key is not stored yet.
+- ``BuildModels`` (Distributed Map, ``ToleratedFailureCount`` 0) runs ``build_item`` for each;
+  one failure fails the Map and the execution (the build function records the model's name
+  and reason where the custom resource reads them).
+- ``Finish`` assembles the release from the store (server-side copies) and writes its index.
+
+Every task invokes the one build function (``model_build.handler.build_step``) and retries on
+Lambda throttling and transient service errors with jittered backoff; the state machine's role
+may invoke that function only.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import Aws, Duration, Fn
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_stepfunctions as sfn
+from aws_cdk import aws_stepfunctions_tasks as tasks
+
+from constructs import Construct
+from constructs.cfn_hygiene import drop_referenced_dependencies
+from constructs.nag_acknowledgments import acknowledge_wildcard_resource
+
+#: Lambda errors worth retrying: throttling and the service's own transient failures. A build
+#: error (the model's fault) is not retried: it would fail the same way again.
+TRANSIENT_LAMBDA_ERRORS = (
+    "Lambda.TooManyRequestsException",
+    "Lambda.ServiceException",
+    "Lambda.AWSLambdaException",
+    "Lambda.SdkClientException",
+    "Lambda.ClientExecutionTimeoutException",
+)
+#: Retry schedule on those errors: 2, 4, 8, 16, 32, 64 s (full jitter), about two minutes.
+RETRY_ATTEMPTS = 6
+RETRY_INTERVAL = Duration.seconds(2)
+#: A Distributed Map runs at most 10,000 child executions at once.
+MAX_CONCURRENCY_LIMIT = 10_000
+PLANS_DIR = "_plans"
+
+
+class ModelBuildStateMachine(Construct):
+    """Plan, build every model that needs it in parallel (Distributed Map), finish the release.
+
+    :param build_function: the function every state invokes (``build_step`` of the build image).
+    :param model_bucket: bucket of the releases, where the plan (the Map's item source) lives.
+    :param model_prefix: key prefix of the releases; the plans are under ``<prefix>/_plans/``.
+    :param max_concurrency: most models built at once (1 to 10,000; mind the account's Lambda
+        concurrency, 1,000 by default).
+    :param timeout: the execution's timeout (the custom resource's total timeout).
+    :param log_retention: retention of the execution log.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        build_function: lambda_.IFunction,
+        model_bucket: s3.IBucket,
+        model_prefix: str,
+        max_concurrency: int,
+        timeout: Duration,
+        log_retention: logs.RetentionDays,
+    ) -> None:
+        super().__init__(scope, id)
+        self._function = build_function
+        plan = self._invoke("Plan", {"Step": "plan", "Request.$": "$.Request"}, result_path="$.Plan")
+        build_models = sfn.DistributedMap(
+            self,
+            "BuildModels",
+            comment="One build_item invocation per model whose key is not stored yet",
+            item_reader=sfn.S3JsonItemReader(bucket=model_bucket, key=sfn.JsonPath.string_at("$.Plan.Key")),
+            item_selector={
+                "Step": "build",
+                "Request.$": "$.Request",
+                "Model.$": "$$.Map.Item.Value.Model",
+                "Key.$": "$$.Map.Item.Value.Key",
+            },
+            max_concurrency=max_concurrency,
+            tolerated_failure_count=0,
+            result_path=sfn.JsonPath.DISCARD,
+        )
+        build_models.item_processor(self._invoke("BuildModel", None))
+        finish = self._invoke("Finish", {"Step": "finish", "Request.$": "$.Request"})
+
+        self.log_group = logs.LogGroup(self, "Logs", retention=log_retention)
+        self.state_machine = sfn.StateMachine(
+            self,
+            "Resource",
+            definition_body=sfn.DefinitionBody.from_chainable(plan.next(build_models).next(finish)),
+            timeout=timeout,
+            tracing_enabled=True,
+            logs=sfn.LogOptions(destination=self.log_group, level=sfn.LogLevel.ALL, include_execution_data=False),
+            comment="Builds the models of a Triton release in parallel, then writes the release",
+        )
+        # The Map reads its item source, the plan: CDK's S3JsonItemReader grants s3:GetObject on
+        # the bucket's objects (its key is only known at run time); the bucket's key decrypts it.
+        if model_bucket.encryption_key is not None:
+            model_bucket.encryption_key.grant_decrypt(self.state_machine)
+        self._acknowledge(model_bucket)
+        # cfn-lint W3005: the machine's GetAtt of its role already orders them.
+        role = self.state_machine.role.node.default_child
+        drop_referenced_dependencies(self.state_machine, [role])
+
+    def _invoke(self, id: str, payload: dict[str, str] | None, *, result_path: str | None = None) -> tasks.LambdaInvoke:
+        task = tasks.LambdaInvoke(
+            self,
+            id,
+            lambda_function=self._function,
+            payload=sfn.TaskInput.from_object(payload) if payload is not None else None,
+            payload_response_only=True,
+            retry_on_service_exceptions=False,
+            result_path=result_path,
+        )
+        task.add_retry(
+            errors=list(TRANSIENT_LAMBDA_ERRORS),
+            interval=RETRY_INTERVAL,
+            max_attempts=RETRY_ATTEMPTS,
+            backoff_rate=2,
+            jitter_strategy=sfn.JitterType.FULL,
+        )
+        return task
+
+    def _acknowledge(self, model_bucket: s3.IBucket) -> None:
+        policy = self.state_machine.role.node.find_child("DefaultPolicy")
+        acknowledge_wildcard_resource(
+            policy,
+            f"{self._function.function_arn}:*",
+            "Step Functions may invoke any version of the build function (lambda:InvokeFunction "
+            "on '<function ARN>:*'); the grant names that one function only.",
+        )
+        acknowledge_wildcard_resource(
+            policy,
+            # CDK's S3JsonItemReader writes the partition as a token, whatever the stack's env.
+            Fn.join("", ["arn:", Aws.PARTITION, ":s3:::", model_bucket.bucket_name, "/*"]),
+            "The Distributed Map reads its item source, the plan the build writes under "
+            "<prefix>/_plans/<release>.json; its key is chosen at run time, so CDK's "
+            "S3JsonItemReader grants s3:GetObject (read only) on the bucket's objects.",
+        )
+        acknowledge_wildcard_resource(
+            policy,
+            "*",
+            "Step Functions delivers execution logs and X-Ray traces through APIs "
+            "(logs:CreateLogDelivery..., xray:PutTraceSegments...) that support no "
+            "resource-level permissions.",
+        )

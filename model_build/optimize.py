@@ -1,0 +1,392 @@
+"""Make the exported graph faster without changing what it computes beyond a measured gate.
+
+Three independent steps, applied to the FP32 export in this order:
+
+1. **Fusion** (``optimize``): ONNX Runtime's transformer optimizer
+   (``onnxruntime.transformers.optimizer.optimize_model``, model type ``bert``) rewrites the
+   attention blocks into ``com.microsoft`` ``Attention``, the embeddings into
+   ``EmbedLayerNormalization`` and the FFN activation into ``BiasGelu``. It only recognises the
+   *eager* attention pattern (transformers' default SDPA export fuses nothing), so the export is
+   traced with eager attention when fusing (:func:`model_build.export.export_onnx`). It runs with
+   ``opt_level=1``: ONNX Runtime's *basic* optimizations (constant folding, redundant node
+   elimination), which are the same for every execution provider, are baked in because the
+   attention pattern is only visible after constant folding. The provider-specific *extended*
+   and layout optimizations (SkipLayerNormalization, MatMul+Add fusions, NCHWc...) are left to
+   the serving session, whose ``graph_optimization_level`` (default ``all``) applies them for
+   the provider the model actually runs on; re-running the basic level there finds nothing left
+   to do. The contrib ops used (Attention, EmbedLayerNormalization, BiasGelu) have CPU and CUDA
+   kernels in ONNX Runtime 1.19, the version of Triton 24.10's onnxruntime backend, and the
+   ONNX opset stays the export's (18); the IR version is reset to the export's so an older
+   runtime loads the file.
+2. **FP16** (``precision: fp16``): weights and compute in FP16, inputs and outputs FP32, with
+   onnxruntime's converter (it knows which ops must stay FP32).
+3. **INT8** (``precision: int8``): dynamic quantization, weights int8 symmetric *per channel*,
+   activations uint8 per tensor at run time, **MatMul only** (the fused Attention keeps its
+   FP32 projection: quantizing it cost accuracy and, measured, speed). A naive quantization of
+   every MatMul lost accuracy (MiniLM min cosine 0.986 against FP32); so the MatMuls are ranked
+   by the error their quantization causes on real activations (:func:`matmul_sensitivity`) and
+   the most sensitive ones are kept in FP32, one more at a time, until the quantized graph
+   meets the model's cosine gate on the calibration inputs (:func:`quantize_int8`).
+
+Every step is a pure function of the graph and the seeded inputs: two builds give the same bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import tempfile
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+
+from model_build.errors import AccuracyGateError, ExportError
+from model_build.export import onnx_signature, save_onnx
+from model_build.manifest import TEXT_TASKS, ModelSpec, SyntheticSource
+from model_build.types import ExportedModel
+
+Batch = dict[str, np.ndarray]
+Runner = Callable[[Batch], list[np.ndarray]]
+
+#: Model types whose fusion is verified (exported, fused, validated in the test suite).
+FUSABLE_MODEL_TYPES: frozenset[str] = frozenset({"bert"})
+#: Contrib ops the fused graph may contain: each has CPU and CUDA kernels in ONNX Runtime 1.19.
+ALLOWED_CONTRIB_OPS: frozenset[str] = frozenset(
+    {"Attention", "EmbedLayerNormalization", "SkipLayerNormalization", "BiasGelu", "FastGelu",
+     "Gelu", "DynamicQuantizeMatMul", "MatMulIntegerToFloat"}
+)
+#: Newest ONNX opset and IR version ONNX Runtime 1.19 (Triton 24.10) runs.
+MAX_OPSET = 21
+MAX_IR_VERSION = 10
+
+
+@dataclass
+class OptimizeReport:
+    """What the optimize step did, for the build table and ``build.json``."""
+
+    fused: bool = False
+    precision: str = "fp32"
+    fused_ops: dict[str, int] = field(default_factory=dict)
+    quantized_matmuls: int = 0
+    fp32_matmuls: list[str] = field(default_factory=list)
+    calibration_min_cosine: float | None = None
+
+
+def _hf_model(module: torch.nn.Module | Path | None) -> Any:
+    """The transformers model inside our wrapper (it holds the config and the attention switch)."""
+    if not isinstance(module, torch.nn.Module):
+        return None
+    for sub in module.modules():
+        if hasattr(sub, "config") and hasattr(sub, "set_attn_implementation"):
+            return sub
+    return None
+
+
+def model_type(spec: ModelSpec, module: torch.nn.Module | Path | None) -> str | None:
+    if isinstance(spec.source, SyntheticSource):
+        return spec.source.architecture
+    inner = _hf_model(module)
+    return getattr(getattr(inner, "config", None), "model_type", None) if inner is not None else None
+
+
+def should_fuse(spec: ModelSpec, module: torch.nn.Module | Path | None) -> bool:
+    """``optimize`` as given; unset: on for ONNX text models of a verified type (BERT family)."""
+    if spec.format != "onnx":
+        return False
+    if spec.optimize is not None:
+        if spec.optimize and model_type(spec, module) not in FUSABLE_MODEL_TYPES and not isinstance(
+            module, Path
+        ):
+            raise ExportError(
+                f"optimize: true for model type {model_type(spec, module)!r}; fusions are verified "
+                f"for {', '.join(sorted(FUSABLE_MODEL_TYPES))} only: set optimize: false",
+                model=spec.name,
+            )
+        return spec.optimize
+    level = spec.onnxruntime.graph_optimization_level if spec.onnxruntime else None
+    return (
+        spec.task in TEXT_TASKS
+        and model_type(spec, module) in FUSABLE_MODEL_TYPES
+        and level not in ("basic", "disable_all")  # the serving session finishes the fusions
+    )
+
+
+def _attention_shape(module: torch.nn.Module | Path | None) -> tuple[int, int]:
+    """(heads, hidden) from the model config; (0, 0) lets the optimizer read them off the graph."""
+    config = getattr(_hf_model(module), "config", None)
+    return int(getattr(config, "num_attention_heads", 0) or 0), int(getattr(config, "hidden_size", 0) or 0)
+
+
+def _prune_opsets(model: onnx.ModelProto, ir_version: int) -> onnx.ModelProto:
+    """Keep only the domains the nodes use and the export's IR version, for ONNX Runtime 1.19.
+
+    ONNX Runtime writes every domain it knows into the saved model (``com.microsoft.nchwc``,
+    ``org.pytorch.aten``...), and newer onnx helpers stamp a newer IR version than an older
+    runtime accepts; neither is needed by the graph.
+    """
+    used = {node.domain for node in model.graph.node} | {""}
+    kept = [op for op in model.opset_import if op.domain in used or op.domain == "ai.onnx"]
+    del model.opset_import[:]
+    model.opset_import.extend(sorted(kept, key=lambda op: op.domain))
+    model.ir_version = min(ir_version, MAX_IR_VERSION)
+    return model
+
+
+def fuse(spec: ModelSpec, model: onnx.ModelProto, module: torch.nn.Module | Path | None) -> tuple[
+    onnx.ModelProto, dict[str, int]
+]:
+    """Transformer fusions (see the module docstring); fails if no attention was fused."""
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    heads, hidden = _attention_shape(module)
+    ir_version = model.ir_version
+    try:
+        # It prints (not logs) a failed symbolic shape inference on the graph's dynamic Expand
+        # nodes; that only skips SkipLayerNormalization, which the serving session fuses itself.
+        with warnings.catch_warnings(), _quiet_ort_logging(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")
+            optimized = optimize_model(model, model_type="bert", num_heads=heads, hidden_size=hidden,
+                                       opt_level=1, use_gpu=False)
+    except Exception as error:
+        raise ExportError(f"graph fusion failed: {type(error).__name__}: {error}"[:400],
+                          model=spec.name) from None
+    counts = {k: int(v) for k, v in optimized.get_fused_operator_statistics().items() if v}
+    if not counts.get("Attention"):
+        raise ExportError(
+            "optimize: the transformer optimizer fused no Attention in this graph (found "
+            f"{counts or 'nothing'}); set optimize: false for this model",
+            model=spec.name,
+        )
+    return _prune_opsets(optimized.model, ir_version), counts
+
+
+class _quiet_ort_logging:
+    """The optimizer logs expected noise (symbolic shape inference on dynamic Expand nodes)."""
+
+    def __enter__(self) -> None:
+        import logging
+
+        self._logger = logging.getLogger("onnxruntime.transformers")
+        self._level = self._logger.level
+        self._logger.setLevel(logging.ERROR)
+        self._root = logging.getLogger()
+        self._root_level = self._root.level
+        self._root.setLevel(logging.ERROR)  # the quantizer warns on the root logger
+
+    def __exit__(self, *exc: object) -> None:
+        self._logger.setLevel(self._level)
+        self._root.setLevel(self._root_level)
+
+
+# --------------------------------------------------------------------------------------------
+# INT8
+# --------------------------------------------------------------------------------------------
+
+
+def _session(path: Path) -> object:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def _feeds(session: object, batch: Batch) -> Batch:
+    names = [i.name for i in session.get_inputs()]  # type: ignore[attr-defined]
+    return {n: np.ascontiguousarray(batch[n]) for n in names if n in batch}
+
+
+def row_cosines(actual: np.ndarray, expected: np.ndarray) -> np.ndarray:
+    """Cosine similarity of each batch row (all other axes flattened) of two outputs."""
+    a = np.asarray(actual, dtype=np.float64).reshape(actual.shape[0], -1)
+    b = np.asarray(expected, dtype=np.float64).reshape(expected.shape[0], -1)
+    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    # Two zero rows are the same row; one zero row against a non-zero one is as far as it gets.
+    same_zero = (np.linalg.norm(a, axis=1) == 0) & (np.linalg.norm(b, axis=1) == 0)
+    cos = np.where(norms > 0, (a * b).sum(axis=1) / np.where(norms > 0, norms, 1.0), 0.0)
+    return np.where(same_zero, 1.0, cos)
+
+
+def _weight_matmuls(model: onnx.ModelProto) -> list[tuple[str, str, np.ndarray]]:
+    """(node name, activation input, 2-D weight) of every MatMul with a constant weight."""
+    weights = {t.name: t for t in model.graph.initializer}
+    found = []
+    for node in model.graph.node:
+        if node.op_type == "MatMul" and node.input[1] in weights:
+            weight = onnx.numpy_helper.to_array(weights[node.input[1]])
+            if weight.ndim == 2:
+                found.append((node.name, node.input[0], weight))
+    return found
+
+
+def matmul_sensitivity(model_path: Path, batches: Sequence[Batch]) -> list[tuple[str, float]]:
+    """Relative error each MatMul's own INT8 quantization causes, largest first.
+
+    The FP32 graph is run with every MatMul's activation exposed; each MatMul is then computed
+    in numpy both exactly and as the dynamic quantizer does it (activation uint8 asymmetric per
+    tensor, weight int8 symmetric per output channel). Layers fed by outlier activations (the
+    FFN output after GELU in BERT) show the largest error: those are the ones to keep in FP32.
+    """
+    model = onnx.load(str(model_path))
+    matmuls = _weight_matmuls(model)
+    exposed = {activation for _, activation, _ in matmuls}
+    known = {o.name for o in model.graph.output}
+    for name in sorted(exposed - known):
+        model.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
+    with tempfile.TemporaryDirectory() as scratch:
+        probe = Path(scratch) / "probe.onnx"
+        onnx.save_model(model, str(probe))
+        session = _session(probe)
+        names = [o.name for o in session.get_outputs()]  # type: ignore[attr-defined]
+        runs = [dict(zip(names, session.run(None, _feeds(session, b)), strict=True))  # type: ignore[attr-defined]
+                for b in batches]
+    errors: list[tuple[str, float]] = []
+    for node, activation, weight in matmuls:
+        scale_w = np.abs(weight).max(axis=0) / 127.0
+        scale_w[scale_w == 0] = 1.0
+        wq = np.round(weight / scale_w) * scale_w
+        num = den = 0.0
+        for run in runs:
+            a = run[activation].astype(np.float64)
+            lo, hi = min(a.min(), 0.0), max(a.max(), 0.0)
+            scale_a = (hi - lo) / 255.0 or 1.0
+            zero = np.round(-lo / scale_a)
+            aq = (np.clip(np.round(a / scale_a) + zero, 0, 255) - zero) * scale_a
+            exact = a @ weight
+            num += float(((aq @ wq - exact) ** 2).sum())
+            den += float((exact**2).sum())
+        errors.append((node, (num / den) ** 0.5 if den else 0.0))
+    return sorted(errors, key=lambda item: (-item[1], item[0]))
+
+
+def _quantize(src: Path, dst: Path, exclude: Sequence[str]) -> None:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with warnings.catch_warnings(), _quiet_ort_logging():
+        warnings.simplefilter("ignore")
+        quantize_dynamic(
+            str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True,
+            op_types_to_quantize=["MatMul"], nodes_to_exclude=list(exclude),
+        )
+
+
+def _min_cosine(path: Path, batches: Sequence[Batch], expected: Sequence[list[np.ndarray]]) -> float:
+    session = _session(path)
+    worst = 1.0
+    for batch, outputs in zip(batches, expected, strict=True):
+        actual = session.run(None, _feeds(session, batch))  # type: ignore[attr-defined]
+        for a, b in zip(actual, outputs, strict=True):
+            worst = min(worst, float(row_cosines(a, b).min()))
+    return worst
+
+
+def fmt_below(value: float, gate: float) -> str:
+    """``value`` with just enough decimals to be visibly below ``gate`` (0.99999987, not 1.000000)."""
+    for digits in range(4, 13):
+        if f"{value:.{digits}f}" != f"{gate:.{digits}f}":
+            return f"{value:.{digits}f}"
+    return repr(value)
+
+
+def quantize_int8(
+    spec: ModelSpec, fp32_path: Path, out_path: Path, batches: Sequence[Batch], reference: Runner,
+    report: OptimizeReport,
+) -> onnx.ModelProto:
+    """Quantize, keeping the most sensitive MatMuls in FP32 until the cosine gate holds.
+
+    The gate is the model's own (``accuracy.min_cosine`` or the int8 default) against the
+    FP32 reference on the calibration batches; if even keeping every MatMul but one in FP32
+    misses it, INT8 brings nothing for this model and the build fails naming the gate.
+    """
+    gate, _ = spec.gates()
+    # Headroom: the layer choice must hold on inputs it was not chosen on, so the search aims
+    # half-way between the gate and 1 (0.995 for the default 0.99); validation checks the gate.
+    target = 1.0 - (1.0 - gate) / 2
+    expected = [reference(b) for b in batches]
+    ranked = [name for name, _ in matmul_sensitivity(fp32_path, batches)]
+    best = -1.0
+    for kept in range(len(ranked)):
+        exclude = ranked[:kept]
+        _quantize(fp32_path, out_path, exclude)
+        cosine = _min_cosine(out_path, batches, expected)
+        best = max(best, cosine)
+        if cosine >= target:
+            report.quantized_matmuls = len(ranked) - kept
+            report.fp32_matmuls = sorted(exclude)
+            report.calibration_min_cosine = cosine
+            return onnx.load(str(out_path))
+    raise AccuracyGateError(
+        f"model {spec.name!r} (int8): min_cosine {fmt_below(best, target)} against PyTorch FP32 "
+        f"is below {target:g} (the gate {gate} with headroom) even with all but one of {len(ranked)} "
+        "MatMuls kept in FP32; use precision fp32",
+        model=spec.name, metric="min_cosine", value=best, gate=target, precision="int8",
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Entry point
+# --------------------------------------------------------------------------------------------
+
+
+def check_runtime_compatible(model: onnx.ModelProto, *, name: str) -> None:
+    """Refuse a graph ONNX Runtime 1.19 (Triton 24.10) would not load."""
+    for op in model.opset_import:
+        if op.domain in ("", "ai.onnx") and op.version > MAX_OPSET:
+            raise ExportError(f"graph uses ONNX opset {op.version}; Triton 24.10's ONNX Runtime "
+                              f"1.19 runs up to {MAX_OPSET}", model=name)
+    contrib = {n.op_type for n in model.graph.node if n.domain == "com.microsoft"}
+    unknown = sorted(contrib - ALLOWED_CONTRIB_OPS)
+    if unknown:
+        raise ExportError(f"graph uses contrib ops {unknown} not verified on ONNX Runtime 1.19 "
+                          f"CPU and CUDA; allowed: {sorted(ALLOWED_CONTRIB_OPS)}", model=name)
+
+
+def contrib_op_counts(path: Path) -> dict[str, int]:
+    """How many of each fused (``com.microsoft``) op the saved graph holds: the proof of fusion."""
+    graph = onnx.load(str(path), load_external_data=False).graph
+    counts: dict[str, int] = {}
+    for node in graph.node:
+        if node.domain == "com.microsoft":
+            counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def optimize_export(
+    spec: ModelSpec,
+    module: torch.nn.Module | Path | None,
+    exported: ExportedModel,
+    calibration: Sequence[Batch],
+    reference: Runner,
+) -> tuple[ExportedModel, OptimizeReport]:
+    """The build step between export and validation: INT8 where asked, and the step's record.
+
+    Fusion and FP16 are already done by the export (:func:`model_build.export.export_onnx`: the
+    exported file is the served one, so a re-export gives the same bytes); INT8 needs
+    calibration inputs and the FP32 reference, which only the build has.
+    """
+    precision = spec.effective_precision
+    report = OptimizeReport(precision=precision)
+    if exported.format != "onnx":
+        return exported, report
+    report.fused = should_fuse(spec, module)
+    if precision == "int8":
+        model = onnx.load(str(exported.path))
+        with tempfile.TemporaryDirectory(dir=exported.path.parent, prefix=".int8-") as scratch:
+            fp32_path = Path(scratch) / "fp32.onnx"
+            save_onnx(model, fp32_path)
+            quantized = quantize_int8(spec, fp32_path, Path(scratch) / "int8.onnx", calibration,
+                                      reference, report)
+            quantized = _prune_opsets(quantized, model.ir_version)
+        check_runtime_compatible(quantized, name=spec.name)
+        save_onnx(quantized, exported.path)
+        inputs, outputs = onnx_signature(exported.path, model_name=spec.name)
+        exported = ExportedModel(name=spec.name, format="onnx", path=exported.path, inputs=inputs,
+                                 outputs=outputs)
+    report.fused_ops = contrib_op_counts(exported.path)
+    return exported, report

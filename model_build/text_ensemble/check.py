@@ -1,0 +1,110 @@
+"""Verify a raw-text ensemble before it is packaged: strings -> the ensemble's path -> outputs.
+
+The ensemble's path is replayed in-process exactly as the server runs it: the tarball's own
+tokenizer (:mod:`model_build.text_ensemble.tokenizer_model`, the same file) then the exported file
+through the serving runtime (:func:`model_build.validate.exported_runner`). Two checks, on the
+manifest's sample texts and on texts in other scripts (Japanese, Chinese, Korean, accented Latin,
+Cyrillic, emoji), where a hand-written tokenizer is most likely to drift:
+
+1. token ids equal those of the source's own Hugging Face tokenizer, exactly (a different id is a
+   silently different embedding, so no tolerance applies);
+2. for ``sentence-embedding`` sources that sentence-transformers loads, the outputs equal
+   ``SentenceTransformer.encode`` within the model's tolerance.
+
+A failure raises :class:`~model_build.errors.ValidationMismatchError` naming the text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from model_build.errors import ValidationMismatchError
+from model_build.manifest import ModelSpec, Tolerance
+from model_build.text_ensemble.ensemble import MASK_TASKS
+from model_build.text_ensemble.tokenizer_model import TEXT_INPUT, WordPieceTokenizer
+from model_build.types import ExportedModel
+
+#: Texts in other scripts checked for every raw-text target, besides the manifest's samples.
+OTHER_SCRIPTS: tuple[str, ...] = (
+    "東京は日本の首都で、カタカナとひらがなと漢字を使います。",
+    "我爱北京天安门，天安门上太阳升。",  # noqa: RUF001 - the full-width comma is part of the test
+    "한국어 문장도 토큰화됩니다.",
+    "Crème brûlée à la façon d'Ångström; naïve café, ÉCOLE, İstanbul, straße.",
+    "Съешь же ещё этих мягких французских булок, да выпей чаю.",
+    "Great job 👍🏽 see you soon 😀 🇯🇵 ❤️",
+)
+
+
+@dataclass(frozen=True)
+class TextEnsembleReport:
+    """What the check compared (recorded with the build)."""
+
+    texts: int
+    tokens_identical: bool
+    #: Largest ``|ensemble - SentenceTransformer.encode|``; ``None`` when no such reference exists.
+    max_abs_diff: float | None
+    #: A request of strings and the answer the ensemble path gives (our tokenizer, the exported
+    #: model): the reference ``verify``, ``smoke`` and the demo send to the endpoint.
+    reference_inputs: dict[str, np.ndarray]
+    reference_outputs: dict[str, np.ndarray]
+
+
+def check_text_ensemble(spec: ModelSpec, exported: ExportedModel, source_dir: Path) -> TextEnsembleReport:
+    """Run both checks of the module docstring; raise on the first text that differs."""
+    from transformers import AutoTokenizer
+
+    from model_build.sources import reference_sentences
+    from model_build.validate import (
+        _has_sentence_transformers_reference,
+        compare_outputs,
+        elementwise_tolerance_applies,
+        exported_runner,
+    )
+
+    max_len = spec.text_inputs.max_sequence_length
+    texts = [*reference_sentences(spec), *OTHER_SCRIPTS]
+    ours = WordPieceTokenizer.from_dir(str(source_dir))
+    ids, mask = ours.encode_batch(texts, max_len, truncate=True)
+    reference = AutoTokenizer.from_pretrained(str(source_dir), local_files_only=True)
+    expected = reference(texts, truncation=True, max_length=max_len, padding="max_length", return_tensors="np")
+    for row, text in enumerate(texts):
+        if not np.array_equal(ids[row], expected["input_ids"][row]):
+            raise ValidationMismatchError(
+                f"model {spec.name!r}: inputs: text: the ensemble's tokenizer gives other token ids than the "
+                f"source's tokenizer for text {row} {text[:60]!r}: "
+                f"{_unpadded(ids[row], mask[row])} vs {_unpadded(expected['input_ids'][row], expected['attention_mask'][row])}",
+                model=spec.name, output="input_ids", max_abs_diff=float("inf"), tolerance=0.0)
+
+    run = exported_runner(exported)
+    chunk = max(1, min(8, spec.max_batch_size))
+    rows = min(chunk, len(texts))
+    answers = run({"input_ids": ids[:rows], "attention_mask": mask[:rows]})
+    outputs = {tensor.name: np.asarray(value) for tensor, value in zip(exported.outputs, answers, strict=True)}
+    if spec.task in MASK_TASKS and "attention_mask" not in outputs:
+        outputs["attention_mask"] = mask[:rows]
+    # Fixed-width UTF-8 bytes: the .npz stays pickle-free; tritonclient sends them as BYTES.
+    request = {TEXT_INPUT: np.array([[text.encode("utf-8")] for text in texts[:rows]], dtype=np.bytes_)}
+    if not _has_sentence_transformers_reference(spec, source_dir):
+        return TextEnsembleReport(texts=len(texts), tokens_identical=True, max_abs_diff=None,
+                                  reference_inputs=request, reference_outputs=outputs)
+
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(source_dir), device="cpu", local_files_only=True)
+    model.max_seq_length = min(model.max_seq_length or max_len, max_len)
+    wanted = model.encode(texts, convert_to_numpy=True, normalize_embeddings=True, show_progress_bar=False)
+    actual = np.concatenate([run({"input_ids": ids[i:i + chunk], "attention_mask": mask[i:i + chunk]})[0]
+                             for i in range(0, len(texts), chunk)])
+    tolerance = spec.tolerance if elementwise_tolerance_applies(spec) else Tolerance(atol=np.inf, rtol=0)
+    diff = compare_outputs(spec.name, f"{exported.outputs[0].name} (strings vs sentence-transformers)",
+                           actual, wanted, tolerance)
+    return TextEnsembleReport(texts=len(texts), tokens_identical=True, max_abs_diff=diff,
+                              reference_inputs=request, reference_outputs=outputs)
+
+
+def _unpadded(ids: np.ndarray, mask: np.ndarray) -> list[int]:
+    """The unpadded ids of one row (for the error message)."""
+    return [int(i) for i in ids[: int(mask.sum())]]

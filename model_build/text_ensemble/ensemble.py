@@ -1,0 +1,181 @@
+"""Raw text in: one tarball holding a whole Triton repository (ensemble + tokenizer + model).
+
+Layout of the tarball (SageMaker unpacks it into one folder and loads it under the target's key;
+Triton's SageMaker server picks the folder whose config has ``platform: "ensemble"`` as the main
+model and loads the others as its members, under their own names)::
+
+    ensemble/config.pbtxt          platform "ensemble": TEXT -> tokenizer -> model -> outputs
+    ensemble/1/                    empty (an ensemble has no files, but needs a version folder)
+    tokenizer/config.pbtxt         backend "python", KIND_CPU
+    tokenizer/1/model.py           tokenizer_model.py, unchanged (pure Python + numpy)
+    tokenizer/1/vocab.txt          the source's own tokenizer files
+    tokenizer/1/tokenizer_config.json
+    model/config.pbtxt             the exported model's config (render_config), renamed "model"
+    model/1/model.onnx             the exported file, unchanged
+
+The member names are fixed (``tokenizer``, ``model``): the server runs with
+``--model-namespacing=true`` (as the SageMaker MME serve script does), so two ensembles from two
+tarballs, or two copies of one tarball under two keys, each resolve their own members
+(tests/test_text_ensemble.py loads two side by side and checks each answers with its own model).
+
+Only the python backend and the model's own backend are needed: nothing outside the image's
+Python (numpy) is imported by the tokenizer, so the tarball is the same for every image version.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from model_build.errors import PackageError
+from model_build.manifest import ModelSpec
+from model_build.package import onnx_external_data_files, write_tarball
+from model_build.text_ensemble import tokenizer_model
+from model_build.text_ensemble.tokenizer_model import (
+    CONFIG_FILE,
+    KNOWN_OUTPUTS,
+    TEXT_INPUT,
+    TRUNCATION_MODES,
+    VOCAB_FILE,
+    TokenizerError,
+    WordPieceTokenizer,
+)
+from model_build.triton_config import check_config, default_filename, render_config
+from model_build.types import ExportedModel
+
+ENSEMBLE = "ensemble"
+TOKENIZER = "tokenizer"
+MODEL = "model"
+#: Tasks whose outputs the ensemble returns with the tokenizer's attention mask (token-level
+#: outputs need it to tell padding from text; pooled ones do not).
+MASK_TASKS = frozenset({"feature-extraction"})
+TEXT_TASKS = frozenset({"sentence-embedding", "feature-extraction"})
+TOKENIZER_FILES = (VOCAB_FILE, CONFIG_FILE)
+
+
+@dataclass(frozen=True)
+class EnsembleConfigs:
+    """The three ``config.pbtxt`` texts, by folder name."""
+
+    ensemble: str
+    tokenizer: str
+    model: str
+
+    def by_folder(self) -> dict[str, str]:
+        return {ENSEMBLE: self.ensemble, TOKENIZER: self.tokenizer, MODEL: self.model}
+
+
+def check_tokenizer_dir(spec: ModelSpec, source_dir: Path | None) -> Path:
+    """The folder holding the source's ``vocab.txt`` + ``tokenizer_config.json``, both readable.
+
+    Refused before any export: a source without them cannot tokenize on the server.
+    """
+    if source_dir is None or not Path(source_dir).is_dir():
+        raise PackageError(f"inputs: text needs the source's tokenizer files ({', '.join(TOKENIZER_FILES)}); "
+                           f"source {spec.source!r} has no folder of files", model=spec.name)
+    missing = [name for name in TOKENIZER_FILES if not (Path(source_dir) / name).is_file()]
+    if missing:
+        raise PackageError(f"inputs: text needs the source's tokenizer files; {', '.join(missing)} missing in "
+                           f"{str(source_dir)!r} (a WordPiece/BERT tokenizer is what the server-side tokenizer runs)",
+                           model=spec.name)
+    try:
+        WordPieceTokenizer.from_dir(str(source_dir))
+    except TokenizerError as error:
+        raise PackageError(f"inputs: text: {error}", model=spec.name) from None
+    return Path(source_dir)
+
+
+def _dims(tensor_shape: tuple[int, ...]) -> list[int]:
+    return list(tensor_shape[1:])  # the batch dimension is max_batch_size's
+
+
+def render_ensemble_configs(spec: ModelSpec, exported: ExportedModel, *, truncation: str = "refuse") -> EnsembleConfigs:
+    """The ensemble, tokenizer and model configs for ``spec`` and its exported model.
+
+    The model config is :func:`render_config`'s, renamed to its folder; the ensemble's outputs are
+    the model's (plus ``attention_mask`` for token-level tasks), its only input ``TEXT``.
+    """
+    if spec.task not in TEXT_TASKS:
+        raise PackageError(f"inputs: text: task {spec.task!r} takes no text; allowed for: "
+                           + ", ".join(sorted(TEXT_TASKS)), model=spec.name)
+    if truncation not in TRUNCATION_MODES:
+        raise PackageError(f"truncation: got {truncation!r}; allowed: " + ", ".join(TRUNCATION_MODES), model=spec.name)
+    if spec.max_batch_size < 1:
+        raise PackageError(f"max_batch_size: got {spec.max_batch_size}; a raw-text ensemble needs batching "
+                           "(at least 1)", model=spec.name)
+    model_inputs = [tensor.name for tensor in exported.inputs]
+    unknown = [name for name in model_inputs if name not in KNOWN_OUTPUTS]
+    if unknown:
+        raise PackageError(f"inputs: text: the exported model takes {unknown}; the tokenizer produces "
+                           + ", ".join(KNOWN_OUTPUTS), model=spec.name)
+    max_len = spec.text_inputs.max_sequence_length
+
+    model_config = mc.ModelConfig()
+    text_format.Parse(render_config(spec, exported), model_config)
+    model_config.name = MODEL
+
+    tokenizer = mc.ModelConfig(name=TOKENIZER, backend="python", max_batch_size=spec.max_batch_size)
+    tokenizer.input.add(name=TEXT_INPUT, data_type=mc.TYPE_STRING, dims=[1])
+    for name in model_inputs:
+        tokenizer.output.add(name=name, data_type=mc.TYPE_INT64, dims=[max_len])
+    if "attention_mask" not in model_inputs and spec.task in MASK_TASKS:
+        tokenizer.output.add(name="attention_mask", data_type=mc.TYPE_INT64, dims=[max_len])
+    tokenizer.instance_group.add(kind=mc.ModelInstanceGroup.KIND_CPU, count=1)
+    tokenizer.parameters["max_sequence_length"].string_value = str(max_len)
+    tokenizer.parameters["truncation"].string_value = truncation
+
+    ensemble = mc.ModelConfig(name=ENSEMBLE, platform="ensemble", max_batch_size=spec.max_batch_size)
+    ensemble.input.add(name=TEXT_INPUT, data_type=mc.TYPE_STRING, dims=[1])
+    outputs = {out.name: out for out in model_config.output}
+    for out in model_config.output:
+        ensemble.output.add(name=out.name, data_type=out.data_type, dims=list(out.dims))
+    if spec.task in MASK_TASKS and "attention_mask" not in outputs:
+        ensemble.output.add(name="attention_mask", data_type=mc.TYPE_INT64, dims=[max_len])
+    step = ensemble.ensemble_scheduling.step.add(model_name=TOKENIZER, model_version=-1)
+    step.input_map[TEXT_INPUT] = TEXT_INPUT
+    for out in tokenizer.output:
+        step.output_map[out.name] = out.name
+    step = ensemble.ensemble_scheduling.step.add(model_name=MODEL, model_version=-1)
+    for name in model_inputs:
+        step.input_map[name] = name
+    for name in outputs:
+        step.output_map[name] = name
+
+    return EnsembleConfigs(
+        ensemble=text_format.MessageToString(ensemble),
+        tokenizer=text_format.MessageToString(tokenizer),
+        model=text_format.MessageToString(model_config),
+    )
+
+
+def package_text_ensemble(
+    *,
+    spec: ModelSpec,
+    exported: ExportedModel,
+    tokenizer_dir: Path,
+    out_path: Path,
+    truncation: str = "refuse",
+    compresslevel: int = 1,
+) -> tuple[str, int]:
+    """Write the ensemble tarball (layout in the module docstring); ``(sha256, size)``.
+
+    Reproducible like :func:`model_build.package.package_model`: same inputs, same bytes.
+    """
+    tokenizer_dir = check_tokenizer_dir(spec, tokenizer_dir)
+    configs = render_ensemble_configs(spec, exported, truncation=truncation)
+    model_config = check_config(configs.model, model=spec.name)
+    filename = default_filename(model_config)
+    files: dict[str, Path | bytes] = {
+        f"{folder}/config.pbtxt": text.encode("utf-8") for folder, text in configs.by_folder().items()
+    }
+    files[f"{TOKENIZER}/1/model.py"] = Path(tokenizer_model.__file__)
+    for name in TOKENIZER_FILES:
+        files[f"{TOKENIZER}/1/{name}"] = tokenizer_dir / name
+    files[f"{MODEL}/1/{filename}"] = exported.path
+    if exported.format == "onnx":
+        for location in onnx_external_data_files(exported.path):
+            files[f"{MODEL}/1/{location}"] = exported.path.parent / location
+    return write_tarball(files, Path(out_path), compresslevel=compresslevel, empty_dirs=(f"{ENSEMBLE}/1",))

@@ -1,0 +1,289 @@
+"""``python -m model_build endpoint``: a SageMaker multi-model endpoint on this machine, on the real Triton.
+
+One process serves, on ``127.0.0.1:<port>``:
+
+- the SageMaker **runtime** API (``POST /endpoints/local/invocations`` with
+  ``X-Amzn-SageMaker-Target-Model``), so ``boto3.client("sagemaker-runtime", endpoint_url=...)``
+  works unchanged; errors come back as SageMaker shapes them (``ValidationError`` 400, the
+  container's errors as ``ModelError`` 424 with ``OriginalStatusCode``);
+- the three **control-plane** calls the smoke test makes (``DescribeEndpoint``,
+  ``DescribeEndpointConfig``, ``DescribeModel`` for the endpoint ``local``), so
+  ``python -m model_build smoke --endpoint local`` finds the release the same way it does on AWS.
+
+Behind it, :mod:`model_build.tools.mme` plays SageMaker's part of MME and the real
+``tritonserver`` loads and runs the models. Deviations from the GPU endpoint are printed in the
+ready line and listed in the README: python-based ``onnxruntime``/``pytorch`` backends on CPU and
+``KIND_GPU`` served as ``KIND_CPU``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+from model_build.errors import ModelBuildError
+from model_build.tools.mme import EndpointError, ModelCache, Release, read_release, validation_error
+from model_build.tools.triton_server import TritonServer, check_port_free, temporary_dir, triton_server
+
+ENDPOINT_NAME = "local"
+#: Request bodies above this are refused with 413 (SageMaker's own limit is 6 MB; binary
+#: payloads of large batches are allowed more locally, but never unbounded).
+MAX_BODY_BYTES = 64 * 1024 * 1024
+_INVOKE_PATH = re.compile(r"^/endpoints/([^/]+)/invocations$")
+_ERROR_NAMESPACE = ":http://internal.amazon.com/coral/com.amazon.sagemaker/"
+_ARN = "arn:aws:sagemaker:local:000000000000"
+DEVIATIONS = ("python-based onnxruntime/pytorch backends on CPU", "KIND_GPU served as KIND_CPU")
+
+
+@dataclass
+class LocalEndpoint:
+    """A running endpoint: its URL, the server behind it and its model cache."""
+
+    url: str
+    server: TritonServer
+    cache: ModelCache
+    release: Release
+
+    def ready_line(self) -> str:
+        return (
+            f"endpoint {ENDPOINT_NAME} ready at {self.url} (tritonserver {self.server.version}, "
+            f"release {self.release.release_id}: {len(self.release.entries)} targets from {self.release.url}); "
+            f"deviations from the GPU endpoint: {'; '.join(DEVIATIONS)}"
+        )
+
+
+def _error_response(error: EndpointError) -> tuple[int, dict[str, str], bytes]:
+    headers = {"Content-Type": "application/json", "x-amzn-ErrorType": error.code + _ERROR_NAMESPACE}
+    document: dict[str, Any] = {"message": error.message}
+    if error.original_status is not None:
+        kind = "SERVER" if error.original_status >= 500 else "CLIENT"
+        document = {
+            "ErrorCode": f"{kind}_ERROR_FROM_MODEL",
+            "Message": error.message,
+            "OriginalMessage": error.original_message,
+            "OriginalStatusCode": error.original_status,
+            "LogStreamArn": "local: see the endpoint's tritonserver.log",
+        }
+    return error.status, headers, json.dumps(document).encode()
+
+
+def _control(endpoint: LocalEndpoint, operation: str, request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """The three describe calls, for the one endpoint this process serves."""
+    name, config, model = ENDPOINT_NAME, f"{ENDPOINT_NAME}-config", f"{ENDPOINT_NAME}-model"
+    asked = {"DescribeEndpoint": ("EndpointName", name), "DescribeEndpointConfig": ("EndpointConfigName", config),
+             "DescribeModel": ("ModelName", model)}
+    if operation not in asked:
+        return 400, {"__type": "UnknownOperationException", "message": f"operation {operation} is not served locally"}
+    field, expected = asked[operation]
+    if request.get(field) != expected:
+        return 400, {"__type": "ValidationException", "message": f"Could not find {field} \"{request.get(field)}\"."}
+    if operation == "DescribeEndpoint":
+        return 200, {"EndpointName": name, "EndpointArn": f"{_ARN}:endpoint/{name}", "EndpointConfigName": config,
+                     "EndpointStatus": "InService", "CreationTime": 0, "LastModifiedTime": 0,
+                     "ProductionVariants": [{"VariantName": "AllTraffic", "CurrentInstanceCount": 1}]}
+    if operation == "DescribeEndpointConfig":
+        return 200, {"EndpointConfigName": config, "EndpointConfigArn": f"{_ARN}:endpoint-config/{config}",
+                     "CreationTime": 0,
+                     "ProductionVariants": [{"VariantName": "AllTraffic", "ModelName": model,
+                                             "InitialInstanceCount": 1, "InstanceType": "local"}]}
+    return 200, {"ModelName": model, "ModelArn": f"{_ARN}:model/{model}", "CreationTime": 0,
+                 "ExecutionRoleArn": "arn:aws:iam::000000000000:role/local",
+                 "PrimaryContainer": {"Image": f"tritonserver:{endpoint.server.version}", "Mode": "MultiModel",
+                                      "ModelDataUrl": endpoint.release.url}}
+
+
+def invoke(endpoint: LocalEndpoint, endpoint_name: str, target: str, content_type: str,
+           body: bytes) -> tuple[int, dict[str, str], bytes]:
+    """One ``InvokeEndpoint``: status, headers, body as SageMaker's runtime answers."""
+    try:
+        if endpoint_name != ENDPOINT_NAME:
+            raise validation_error(f"Endpoint {endpoint_name} of account 000000000000 not found.")
+        if not target:
+            raise validation_error("TargetModel is required for a multi-model endpoint.")
+        status, answer_type, answer = endpoint.cache.invoke(target, body, content_type)
+    except EndpointError as error:
+        return _error_response(error)
+    return status, {"Content-Type": answer_type, "x-Amzn-Invoked-Production-Variant": "AllTraffic"}, answer
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    timeout = 30
+    endpoint: LocalEndpoint
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _send(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        try:
+            self.send_response(status)
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.send_header("x-amzn-RequestId", str(uuid.uuid4()))
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+    def do_GET(self) -> None:
+        if self.path == "/ping":
+            self._send(200, {"Content-Type": "text/plain"}, b"")
+        else:
+            self._send(404, {"Content-Type": "application/json"}, b'{"message": "unknown route"}')
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_BODY_BYTES:
+            self.close_connection = True
+            error = validation_error(f"request body of {length} bytes is over the local limit of {MAX_BODY_BYTES}")
+            self._send(*_error_response(EndpointError(413, error.code, error.message)))
+            return
+        body = self.rfile.read(length)
+        operation = self.headers.get("X-Amz-Target", "")
+        if self.path == "/" and operation:
+            try:
+                request = json.loads(body or b"{}")
+            except ValueError:
+                request = {}
+            status, document = _control(self.endpoint, operation.partition(".")[2], request)
+            self._send(status, {"Content-Type": "application/x-amz-json-1.1"}, json.dumps(document).encode())
+            return
+        match = _INVOKE_PATH.match(self.path)
+        if match is None:
+            self._send(404, {"Content-Type": "application/json"}, b'{"message": "unknown route"}')
+            return
+        try:
+            answer = invoke(self.endpoint, unquote(match.group(1)), self.headers.get("X-Amzn-SageMaker-Target-Model", ""),
+                            self.headers.get("Content-Type", ""), body)
+        except Exception as error:  # a bug must answer, not hang the client
+            answer = _error_response(EndpointError(500, "InternalFailure", f"local endpoint error: {error!r}"))
+        self._send(*answer)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that drops its keep-alive connection is not an error worth a traceback."""
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            super().handle_error(request, client_address)
+
+
+@contextmanager
+def local_endpoint(
+    *,
+    s3_client: Any,
+    bucket: str,
+    release_id: str,
+    model_prefix: str = "models",
+    port: int = 0,
+    memory_budget_bytes: int | None = None,
+    shm_default_byte_size: int = 16 * 1024 * 1024,
+    shm_growth_byte_size: int = 1024 * 1024,
+) -> Iterator[LocalEndpoint]:
+    """Serve a published release for the block; on exit nothing is left running or on disk."""
+    if port:
+        check_port_free(port)
+    release = read_release(s3_client, bucket, model_prefix, release_id)
+    with temporary_dir("mme-endpoint-") as work, triton_server(
+        work_dir=work, shm_default_byte_size=shm_default_byte_size, shm_growth_byte_size=shm_growth_byte_size,
+    ) as server:
+        cache = ModelCache(server=server, s3_client=s3_client, release=release, root=work / "models",
+                           memory_budget_bytes=memory_budget_bytes)
+        handler: type[_Handler] = type("Handler", (_Handler,), {})
+        httpd = _Server(("127.0.0.1", port), handler)
+        endpoint = LocalEndpoint(url=f"http://127.0.0.1:{httpd.server_address[1]}", server=server, cache=cache,
+                                 release=release)
+        handler.endpoint = endpoint
+        thread = threading.Thread(target=httpd.serve_forever, name="local-endpoint", daemon=True)
+        thread.start()
+        try:
+            yield endpoint
+        finally:
+            httpd.shutdown()
+            httpd.server_close()
+            thread.join(timeout=10)
+
+
+# ------------------------------------------------------------------------------------------------
+# CLI
+# ------------------------------------------------------------------------------------------------
+
+
+def _stack_shm_settings() -> tuple[int, int]:
+    """The SHM sizes the stack gives the container: ``cdk.json``'s context through the app's settings.
+
+    That import loads the CDK (a few seconds, and jsii starts Node.js): it runs after the quick
+    checks, with the virtualenv's Node.js first on ``PATH`` as ``make`` sets it.
+    """
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from app import cdk_json_context, load_settings
+
+    settings = load_settings(cdk_json_context())
+    return settings.shm_default_byte_size, settings.shm_growth_byte_size
+
+
+def add_endpoint_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "endpoint",
+        help="serve a published release as a SageMaker multi-model endpoint on the real tritonserver",
+        description="Serve s3://BUCKET/PREFIX/RELEASE/ the way a SageMaker GPU multi-model endpoint does, on "
+                    "127.0.0.1: the SageMaker runtime API (endpoint name 'local'), models loaded on first use "
+                    "into the real tritonserver. Stops on SIGINT/SIGTERM.",
+    )
+    parser.add_argument("--bucket", required=True, help="bucket the release was published to")
+    parser.add_argument("--release", required=True, help="release id (r-...)")
+    parser.add_argument("--prefix", default="models", help="model prefix in the bucket (default: models)")
+    parser.add_argument("--endpoint-url", default=None, help="S3 endpoint URL (default: AWS)")
+    parser.add_argument("--region", default=None, help="AWS region of the bucket (default: from the environment)")
+    parser.add_argument("--port", type=int, default=8080, help="port on 127.0.0.1 (default: 8080)")
+    parser.add_argument("--memory-budget-mb", type=int, default=None, metavar="N",
+                        help="unload least-recently-used models before the unpacked size of the loaded ones "
+                             "would exceed N MiB (default: no budget)")
+    parser.set_defaults(func=cmd_endpoint)
+    return parser
+
+
+def cmd_endpoint(args: argparse.Namespace) -> int:
+    from model_build.local_s3 import make_s3_client
+
+    if not 1 <= args.port <= 65535:
+        raise ModelBuildError(f"--port: got {args.port}; expected 1..65535")
+    if args.memory_budget_mb is not None and args.memory_budget_mb < 1:
+        raise ModelBuildError(f"--memory-budget-mb: got {args.memory_budget_mb}; expected at least 1")
+    check_port_free(args.port)
+    s3 = make_s3_client(endpoint_url=args.endpoint_url, region=args.region)
+    read_release(s3, args.bucket, args.prefix, args.release)  # no index: one error line, before anything starts
+    shm_default, shm_growth = _stack_shm_settings()
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    budget = args.memory_budget_mb * 1024 * 1024 if args.memory_budget_mb else None
+    with local_endpoint(s3_client=s3, bucket=args.bucket, release_id=args.release, model_prefix=args.prefix,
+                        port=args.port, memory_budget_bytes=budget, shm_default_byte_size=shm_default,
+                        shm_growth_byte_size=shm_growth) as endpoint:
+        print(endpoint.ready_line(), flush=True)
+        started = time.monotonic()
+        while not stop.wait(0.5):
+            if not endpoint.server.alive():
+                raise ModelBuildError(f"tritonserver stopped unexpectedly:\n{endpoint.server.log_tail()}")
+        print(f"endpoint {ENDPOINT_NAME} stopped after {time.monotonic() - started:.0f} s "
+              f"({endpoint.cache.invocations.total()} invocations, {endpoint.cache.loads} loads, "
+              f"{endpoint.cache.unloads} unloads)", flush=True)
+    return 0

@@ -1,0 +1,139 @@
+"""Triton's ``onnxruntime`` backend, played by the python backend on CPU for the local endpoint.
+
+It reads the config the way ``onnxruntime_backend/src/onnxruntime.cc`` does: the model-level
+``parameters`` it knows (others ignored, as there), ``optimization { graph { level } }``, the CPU
+accelerators (only ``openvino`` exists; anything else is refused) and the tensorrt accelerator's
+keys (an unknown key is refused; the accelerator itself needs a GPU and is not applied here).
+Batching is Triton's own: the dynamic batcher hands this file several requests per ``execute``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import local_backend_common as common
+import onnxruntime as ort
+import triton_python_backend_utils as pb_utils
+
+#: ``optimization.graph.level`` -> ORT level, as the backend maps it (anything else: all).
+_LEVELS = {
+    -1: ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    1: ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    2: ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+}
+#: Keys of the tensorrt accelerator the backend knows; any other is a load error there.
+_TRT_KEYS = {
+    "precision_mode", "max_workspace_size_bytes", "trt_max_partition_iterations", "trt_min_subgraph_size",
+    "int8_calibration_table_name", "int8_use_native_calibration_table", "trt_dla_enable", "trt_dla_core",
+    "trt_engine_cache_enable", "trt_engine_cache_path", "trt_dump_subgraphs", "trt_force_sequential_engine_build",
+    "trt_context_memory_sharing_enable", "trt_layer_norm_fp32_fallback", "trt_timing_cache_enable",
+    "trt_timing_cache_path", "trt_force_timing_cache", "trt_detailed_build_log", "trt_build_heuristics_enable",
+    "trt_sparsity_enable", "trt_builder_optimization_level", "trt_auxiliary_streams", "trt_tactic_sources",
+    "trt_extra_plugin_lib_paths", "trt_profile_min_shapes", "trt_profile_max_shapes", "trt_profile_opt_shapes",
+    "trt_cuda_graph_enable", "trt_dump_ep_context_model", "trt_ep_context_file_path",
+    "trt_ep_context_embed_mode",
+}
+
+
+def session_options(config: dict) -> ort.SessionOptions:
+    options = ort.SessionOptions()
+    params = common.parameters(config)
+    level = config.get("optimization", {}).get("graph", {}).get("level", 0)
+    options.graph_optimization_level = _LEVELS.get(int(level), ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    if "intra_op_thread_count" in params:
+        count = common.parse_int("intra_op_thread_count", params["intra_op_thread_count"])
+        if count > 0:
+            options.intra_op_num_threads = count
+    if "inter_op_thread_count" in params:
+        count = common.parse_int("inter_op_thread_count", params["inter_op_thread_count"])
+        if count > 0:
+            options.inter_op_num_threads = count
+    if "execution_mode" in params:
+        mode = common.parse_int("execution_mode", params["execution_mode"])
+        if mode not in (0, 1):
+            raise common.ConfigError(f"unsupported execution mode '{mode}' (expected 0 or 1)")
+        options.execution_mode = ort.ExecutionMode.ORT_PARALLEL if mode else ort.ExecutionMode.ORT_SEQUENTIAL
+    if "enable_mem_arena" in params:
+        options.enable_cpu_mem_arena = common.parse_bool("enable_mem_arena", params["enable_mem_arena"])
+    if "enable_mem_pattern" in params:
+        options.enable_mem_pattern = common.parse_bool("enable_mem_pattern", params["enable_mem_pattern"])
+    if "session.use_device_allocator_for_initializers" in params:
+        options.add_session_config_entry(
+            "session.use_device_allocator_for_initializers", params["session.use_device_allocator_for_initializers"]
+        )
+    return options
+
+
+def check_accelerators(config: dict) -> None:
+    accelerators = config.get("optimization", {}).get("execution_accelerators", {})
+    for acc in accelerators.get("cpu_execution_accelerator", []):
+        if acc.get("name") != "openvino":
+            raise common.ConfigError(f"unknown Execution Accelerator '{acc.get('name')}' is requested")
+    for acc in accelerators.get("gpu_execution_accelerator", []):
+        name = acc.get("name")
+        if name == "tensorrt":
+            for key in acc.get("parameters", {}):
+                if key not in _TRT_KEYS:
+                    raise common.ConfigError(f"unknown parameter '{key}' is provided for TensorRT Execution Accelerator")
+        elif name != "cuda":
+            raise common.ConfigError(f"unknown Execution Accelerator '{name}' is requested")
+
+
+#: ONNX tensor element types -> Triton config data types.
+_ONNX_TYPES = {
+    "tensor(float)": "TYPE_FP32", "tensor(float16)": "TYPE_FP16", "tensor(double)": "TYPE_FP64",
+    "tensor(int64)": "TYPE_INT64", "tensor(int32)": "TYPE_INT32", "tensor(int16)": "TYPE_INT16",
+    "tensor(int8)": "TYPE_INT8", "tensor(uint8)": "TYPE_UINT8", "tensor(bool)": "TYPE_BOOL",
+    "tensor(string)": "TYPE_STRING", "tensor(bfloat16)": "TYPE_BF16",
+}
+
+
+def check_io(session: ort.InferenceSession, config: dict) -> None:
+    """The backend's ``ValidateInputs``/``ValidateOutputs``: names, data types and shapes."""
+    batched = int(config.get("max_batch_size", 0)) > 0
+    for kind, declared, actual in (("input", config.get("input", []), session.get_inputs()),
+                                   ("output", config.get("output", []), session.get_outputs())):
+        model = {item.name: item for item in actual}
+        for tensor in declared:
+            name = tensor["name"]
+            if name not in model:
+                raise common.ConfigError(
+                    f"unexpected {kind} '{name}' in model configuration; the model has {sorted(model)}"
+                )
+            expected = _ONNX_TYPES.get(model[name].type, model[name].type)
+            if tensor.get("data_type") != expected:
+                raise common.ConfigError(
+                    f"unexpected datatype {tensor.get('data_type')} for {kind} '{name}', model provides {expected}"
+                )
+            dims = [int(d) for d in tensor.get("reshape", {}).get("shape", tensor.get("dims", []))]
+            shape = list(model[name].shape)
+            if batched:
+                shape = shape[1:]
+            if len(shape) != len(dims) or any(
+                isinstance(m, int) and m >= 0 and d != -1 and m != d for m, d in zip(shape, dims, strict=False)
+            ):
+                raise common.ConfigError(
+                    f"model '{kind}' '{name}' has shape {shape} (batch axis removed: {batched}); "
+                    f"the configuration declares dims {dims}"
+                )
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict) -> None:
+        self.config = common.load_args(args)
+        check_accelerators(self.config)
+        options = session_options(self.config)
+        path = common.model_path(args, self.config, "model.onnx")
+        self.session = ort.InferenceSession(path, sess_options=options, providers=["CPUExecutionProvider"])
+        check_io(self.session, self.config)
+        self.inputs = [tensor["name"] for tensor in self.config.get("input", [])]
+        self.outputs = [tensor["name"] for tensor in self.config.get("output", [])]
+        self.batched = int(self.config.get("max_batch_size", 0)) > 0
+
+    def execute(self, requests: list) -> list:
+        def run(feeds: dict) -> list:
+            return self.session.run(self.outputs, feeds)
+
+        return common.execute(pb_utils, requests, self.inputs, self.outputs, run, batched=self.batched)

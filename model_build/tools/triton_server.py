@@ -1,0 +1,253 @@
+"""The real ``tritonserver`` on loopback, as the SageMaker Triton container runs it in MME mode.
+
+The server comes from the PyPI package ``nvidia-pytriton`` (Triton 2.51, the 24.10 release), which
+``make setup`` installs into its own environment, ``.venv-triton``, made with the system Python 3.11:
+the python backend's stub links that Python's ``libpython3.11.so`` and runs on it (with the
+environment of the first ``python3`` on ``PATH``), and the package pins ``numpy<2`` (the project
+venv has numpy 2, with which every python-backend response came back empty). The environment also holds ONNX Runtime 1.19 (the
+version Triton 24.10's onnxruntime backend ships) and torch for the python-based backends.
+
+Started the way ``docker/sagemaker/serve`` starts it on a multi-model endpoint: SageMaker API only
+(``--allow-sagemaker --model-control-mode=explicit --model-namespacing``), HTTP, gRPC and metrics
+off, the python backend's shared memory from the same settings the stack gives the container.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+
+from model_build.errors import ModelBuildError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+#: Where ``make setup`` puts the triton environment; ``MME_TRITON_ENV`` points elsewhere.
+DEFAULT_ENV = REPO_ROOT / ".venv-triton"
+ENV_VARIABLE = "MME_TRITON_ENV"
+BACKENDS_SOURCE = Path(__file__).resolve().parent / "triton_backends"
+#: The python-based backends this project provides (the C++ ones are not in the package).
+PYTHON_BASED_BACKENDS = ("onnxruntime", "pytorch")
+STARTUP_SECONDS = 60.0
+#: What the server said when it started: ``| server_version | 2.51.0 |``.
+_VERSION = re.compile(r"server_version\s*\|\s*([0-9.]+)")
+
+
+class TritonEnvironmentError(ModelBuildError):
+    """The triton environment is missing or incomplete: says what to run."""
+
+
+@dataclass(frozen=True)
+class TritonEnvironment:
+    """Paths inside an installed ``nvidia-pytriton``."""
+
+    root: Path
+    site_packages: Path
+
+    @property
+    def package(self) -> Path:
+        return self.site_packages / "pytriton" / "tritonserver"
+
+    @property
+    def binary(self) -> Path:
+        return self.package / "bin" / "tritonserver"
+
+    @property
+    def libraries(self) -> Path:
+        return self.site_packages / "nvidia_pytriton.libs"
+
+    @property
+    def python_version(self) -> str:
+        return self.site_packages.parent.name.removeprefix("python")
+
+    @classmethod
+    def find(cls, root: Path | None = None) -> TritonEnvironment:
+        root = Path(root or os.environ.get(ENV_VARIABLE) or DEFAULT_ENV)
+        candidates = sorted(root.glob("lib/python3.*/site-packages"))
+        if not candidates or not (candidates[0] / "pytriton" / "tritonserver" / "bin" / "tritonserver").is_file():
+            raise TritonEnvironmentError(
+                f"no tritonserver in {root} (set {ENV_VARIABLE} to another environment); "
+                "run `make setup` to install it"
+            )
+        return cls(root=root, site_packages=candidates[0])
+
+    def assemble_backends(self, dest: Path) -> Path:
+        """``dest/python`` (backend + stub) and the python-based ``onnxruntime`` / ``pytorch``."""
+        python = dest / "python"
+        python.mkdir(parents=True)
+        shutil.copy2(self.package / "backends" / "python" / "libtriton_python.so", python / "libtriton_python.so")
+        shutil.copy2(self.package / "backends" / "python" / "triton_python_backend_utils.py",
+                     python / "triton_python_backend_utils.py")
+        stub = self.package / "python_backend_stubs" / self.python_version / "triton_python_backend_stub"
+        if not stub.is_file():
+            raise TritonEnvironmentError(f"no python backend stub for Python {self.python_version} in {stub.parent}")
+        shutil.copy2(stub, python / stub.name)
+        for backend in PYTHON_BASED_BACKENDS:
+            target = dest / backend
+            target.mkdir()
+            shutil.copy2(BACKENDS_SOURCE / backend / "model.py", target / "model.py")
+            shutil.copy2(BACKENDS_SOURCE / "local_backend_common.py", target / "local_backend_common.py")
+        return dest
+
+
+class TritonServerError(ModelBuildError):
+    """The server did not start or stopped answering."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def check_port_free(port: int) -> None:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as error:
+            raise TritonServerError(f"port {port}: not available ({error.strerror}); pick another with --port") from None
+
+
+@dataclass
+class Response:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+class TritonServer:
+    """A running ``tritonserver`` with the SageMaker API on ``127.0.0.1:<port>``.
+
+    Triton 2.51 binds its SageMaker port on all interfaces (it has no address option for it); the
+    local endpoint only ever talks to it on loopback and puts its own front on 127.0.0.1.
+    """
+
+    def __init__(self, process: subprocess.Popen[bytes], port: int, log_path: Path, version: str) -> None:
+        self.process = process
+        self.port = port
+        self.log_path = log_path
+        self.version = version
+        self.url = f"http://127.0.0.1:{port}"
+
+    def request(self, method: str, path: str, body: bytes | None = None, *,
+                headers: dict[str, str] | None = None, timeout: float = 600.0) -> Response:
+        """One call to the server; HTTP errors are answers too (the caller reads the status)."""
+        request = urllib.request.Request(self.url + path, data=body, method=method, headers=headers or {})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as answer:
+                return Response(answer.status, dict(answer.headers.items()), answer.read())
+        except urllib.error.HTTPError as error:
+            return Response(error.code, dict(error.headers.items()), error.read())
+
+    def log_tail(self, lines: int = 20) -> str:
+        with suppress(OSError):
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return ""
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+
+def _command(env: TritonEnvironment, backends: Path, repository: Path, port: int,
+             shm_default_byte_size: int, shm_growth_byte_size: int, log_verbose: int) -> list[str]:
+    return [
+        str(env.binary),
+        f"--model-repository={repository}",
+        f"--backend-directory={backends}",
+        "--model-control-mode=explicit",
+        "--allow-sagemaker=true",
+        f"--sagemaker-port={port}",
+        "--allow-http=false",
+        "--allow-grpc=false",
+        "--allow-metrics=false",
+        "--model-namespacing=true",
+        "--exit-timeout-secs=10",
+        f"--backend-config=python,shm-default-byte-size={shm_default_byte_size}",
+        f"--backend-config=python,shm-growth-byte-size={shm_growth_byte_size}",
+        f"--log-verbose={log_verbose}",
+    ]
+
+
+def _wait_ready(server: TritonServer, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        if not server.alive():
+            raise TritonServerError(f"tritonserver exited with status {server.process.returncode}:\n{server.log_tail()}")
+        with suppress(OSError):
+            if server.request("GET", "/ping", timeout=2).status == 200:
+                return
+        time.sleep(0.1)
+    raise TritonServerError(f"tritonserver did not answer /ping within {STARTUP_SECONDS:g} s:\n{server.log_tail()}")
+
+
+def stop_process(process: subprocess.Popen[bytes], grace: float = 15.0) -> None:
+    """SIGTERM the server's process group, SIGKILL what is left after ``grace`` seconds.
+
+    The group takes the python backend's stub processes with it: nothing outlives the endpoint.
+    """
+    if process.poll() is None:
+        with suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        with suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=grace)
+    with suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+@contextmanager
+def triton_server(
+    *,
+    work_dir: Path,
+    port: int | None = None,
+    shm_default_byte_size: int = 16 * 1024 * 1024,
+    shm_growth_byte_size: int = 1024 * 1024,
+    log_verbose: int = 0,
+    env: TritonEnvironment | None = None,
+) -> Iterator[TritonServer]:
+    """Start ``tritonserver`` for the block; stop it and its stubs after, whatever happened."""
+    env = env or TritonEnvironment.find()
+    port = port or free_port()
+    check_port_free(port)
+    backends = env.assemble_backends(work_dir / "backends")
+    repository = work_dir / "repository"
+    repository.mkdir()
+    log_path = work_dir / "tritonserver.log"
+    command = _command(env, backends, repository, port, shm_default_byte_size, shm_growth_byte_size, log_verbose)
+    # The python backend's stub embeds the system Python and takes the first ``python3`` on PATH
+    # as its executable, virtualenv included: the triton environment's ``bin`` goes first, so every
+    # python model runs with that environment (numpy 1.26, ONNX Runtime 1.19, torch), never with
+    # the project venv a caller may have put first (numpy 2 there breaks the python backend).
+    environment = {**os.environ, "LD_LIBRARY_PATH": str(env.libraries),
+                   "PATH": f"{env.root / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment,
+                                   stdin=subprocess.DEVNULL, start_new_session=True)
+    server = TritonServer(process, port, log_path, version="?")
+    try:
+        _wait_ready(server, time.monotonic() + STARTUP_SECONDS)
+        match = _VERSION.search(log_path.read_text(errors="replace"))
+        server.version = match.group(1) if match else "?"
+        yield server
+    finally:
+        stop_process(process)
+
+
+@contextmanager
+def temporary_dir(prefix: str) -> Iterator[Path]:
+    """A work folder removed on exit (also when the block is left by a signal turned exception)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+

@@ -1,0 +1,28 @@
+"""Fixtures several test modules share: moto's S3 server on loopback and a fault proxy in front of it.
+
+A module that defines a fixture of the same name (e.g. ``endpoint`` for the local SageMaker
+endpoint) overrides these, as pytest does for any conftest fixture.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from s3_faults import FaultProxy  # tests/ is on sys.path; a site-packages "tests" shadows tests.
+
+from model_build.local_s3 import local_s3
+
+
+@pytest.fixture(scope="module")
+def endpoint() -> Iterator[str]:
+    """moto's S3 server for the module (state shared by its tests: use distinct buckets)."""
+    with local_s3() as url:
+        yield url
+
+
+@pytest.fixture
+def proxy(endpoint: str) -> Iterator[FaultProxy]:
+    """A fault-injecting proxy in front of the module's S3 server, fresh for each test."""
+    with FaultProxy(endpoint) as fault_proxy:
+        yield fault_proxy

@@ -1,0 +1,122 @@
+"""Hostile and broken manifests: each is refused by the CLI (``validate`` and ``publish``), by the
+CDK app and by the custom-resource Lambda with one error naming the file and what is wrong, fast,
+in bounded memory, and with nothing written to S3 (moto's real server) or the build folder.
+
+The limits (``MAX_MANIFEST_BYTES``, ``MAX_MANIFEST_DEPTH``, ``MAX_SCALAR_CHARS``) and the alias
+policy (anchors and aliases refused outright) are documented in the README.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hostile_helpers import SYNTH_MEMORY_LIMIT_BYTES, assert_refused, run_bounded
+
+from model_build.local_s3 import local_s3, make_s3_client
+from model_build.manifest import MAX_MANIFEST_BYTES, MAX_MANIFEST_DEPTH, MAX_SCALAR_CHARS
+
+VALID = (
+    "version: 1\n"
+    "models:\n"
+    "  - name: tiny\n"
+    "    source: {kind: synthetic, architecture: bert, config: {num_hidden_layers: 1}}\n"
+    "    task: sentence-embedding\n"
+    "    format: onnx\n"
+    "    max_batch_size: 2\n"
+    "    text: {max_sequence_length: 8}\n"
+)
+
+
+def _billion_laughs(levels: int = 9) -> str:
+    lines = ['a0: &a0 ["lol"]']
+    for i in range(1, levels + 1):
+        lines.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]")
+    return "\n".join(lines) + "\n" + VALID
+
+
+#: name -> (file bytes, fragments the error line must hold besides the file name)
+CORPUS: dict[str, tuple[bytes, tuple[str, ...]]] = {
+    "latin1": (VALID.replace("tiny", "caf\xe9").encode("latin-1"), ("not UTF-8", "0xe9", "line 3")),
+    "binary": (bytes(range(128, 256)) * 64, ("not UTF-8", "offset 0")),
+    "nul-bytes": (b"version: 1\x00\x00\x00models: []\n", ("NUL byte", "not a binary file")),
+    "utf16": (VALID.encode("utf-16"), ("UTF-16", "save it as UTF-8")),
+    "billion-laughs": (_billion_laughs().encode(), ("anchor", "&a0", "not allowed")),
+    "merge-key": (
+        b"base: &base {format: onnx}\nversion: 1\nmodels:\n  - <<: *base\n    name: x\n",
+        ("anchor", "&base"),
+    ),
+    "alias-only": (b"version: 1\nmodels: *nowhere\n", ("alias", "not allowed")),
+    "deep-nesting": (("models: " + "[" * 100_000 + "]" * 100_000 + "\n").encode(), (f"deeper than {MAX_MANIFEST_DEPTH}",)),
+    "huge-file": ((VALID + "# padding\n" * (MAX_MANIFEST_BYTES // 10 + 1)).encode(), (f"at most {MAX_MANIFEST_BYTES}",)),
+    "duplicate-key": (VALID.replace("    format: onnx\n", "    format: onnx\n    format: torchscript\n").encode(),
+                      ("duplicate key 'format'", "line 7")),
+    "nan": (VALID.replace("max_batch_size: 2", "max_batch_size: .nan").encode(), ("models[0].max_batch_size", "NaN")),
+    "inf": (VALID.replace("max_batch_size: 2", "max_batch_size: -.inf").encode(), ("max_batch_size", "infinite")),
+    "tabs": (VALID.replace("  - name: tiny", "\t- name: tiny").encode(), ("tab character", "line 3", "spaces")),
+    "two-documents": ((VALID + "---\n" + VALID).encode(), ("second YAML document", "line 9")),
+    "empty": (b"   \n\n", ("is empty",)),
+    "long-value": (VALID.replace("tiny", "t" * (MAX_SCALAR_CHARS + 1)).encode(), ("characters", f"at most {MAX_SCALAR_CHARS}")),
+    "not-yaml": (b"version: 1\nmodels: [unclosed\n", ("not valid YAML", "line 3")),
+}
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    with local_s3() as endpoint:
+        yield endpoint
+
+
+def _write(tmp_path: Path, name: str) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_bytes(CORPUS[name][0])
+    return path
+
+
+@pytest.mark.parametrize("name", sorted(CORPUS))
+def test_publish_refuses_hostile_manifest(name: str, tmp_path: Path, s3_endpoint: str) -> None:
+    """`publish` is the widest path (manifest -> build folder -> S3): nothing may reach either."""
+    s3 = make_s3_client(endpoint_url=s3_endpoint)
+    bucket = f"hostile-{name}"
+    s3.create_bucket(Bucket=bucket)
+    path = _write(tmp_path, name)
+    out = tmp_path / "build"
+    outcome = run_bounded(["-m", "model_build", "publish", "--manifest", str(path), "--out", str(out),
+                           "--bucket", bucket, "--endpoint-url", s3_endpoint])
+    assert_refused(outcome, str(path), *CORPUS[name][1])
+    assert not out.exists() or not any(out.iterdir())
+    assert s3.list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
+
+
+@pytest.mark.parametrize("name", ["billion-laughs", "deep-nesting", "latin1", "duplicate-key"])
+def test_validate_refuses_hostile_manifest(name: str, tmp_path: Path) -> None:
+    path = _write(tmp_path, name)
+    outcome = run_bounded(["-m", "model_build", "validate", "--manifest", str(path)])
+    assert_refused(outcome, str(path), *CORPUS[name][1])
+
+
+def test_utf8_byte_order_mark_is_accepted(tmp_path: Path) -> None:
+    """Windows editors write a UTF-8 BOM: it is dropped, not refused."""
+    path = tmp_path / "bom.yaml"
+    path.write_bytes(b"\xef\xbb\xbf" + VALID.encode())
+    outcome = run_bounded(["-m", "model_build", "validate", "--manifest", str(path)])
+    assert outcome.returncode == 0, outcome.stderr
+    assert "tiny" in outcome.stdout
+
+
+def test_a_directory_is_not_a_manifest(tmp_path: Path) -> None:
+    outcome = run_bounded(["-m", "model_build", "validate", "--manifest", str(tmp_path)])
+    assert_refused(outcome, str(tmp_path), "is a directory")
+
+
+def test_synth_refuses_hostile_manifest(tmp_path: Path) -> None:
+    """The CDK app reads the manifest before it builds a construct: refused without a template."""
+    path = _write(tmp_path, "billion-laughs")
+    out = tmp_path / "cdk.out"
+    context = {"mme:manifest_path": str(path)}
+    outcome = run_bounded(["app.py"], env={"CDK_OUTDIR": str(out), "CDK_CONTEXT_JSON": json.dumps(context)},
+                          memory_limit=SYNTH_MEMORY_LIMIT_BYTES)
+    assert_refused(outcome, str(path), "anchor")
+    assert not list(out.glob("*.template.json"))

@@ -1,0 +1,174 @@
+"""Hostile and broken ``model.tar.gz`` archives: :func:`model_build.tarball.safe_extract` (what
+verify, the local endpoint and the smoke test's local serving unpack with) refuses each before
+writing a byte, in a subprocess under a memory limit and a time bound, with one message naming
+the archive or the member.
+
+The runner prints ``error: <message>`` and exits 1 on a ``ModelBuildError``, as the CLI does.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from hostile_helpers import assert_refused, run_bounded
+
+from model_build.tarball import MAX_HEADER_BYTES, MAX_MEMBERS, MAX_RATIO, MAX_UNPACKED_BYTES
+
+RUNNER = """
+import sys
+from pathlib import Path
+from model_build.errors import ModelBuildError
+from model_build.tarball import safe_extract
+try:
+    safe_extract(Path(sys.argv[1]), Path(sys.argv[2]), model="m")
+except ModelBuildError as error:
+    print(f"error: {error}", file=sys.stderr)
+    sys.exit(1)
+print("ok")
+"""
+
+
+class _Zeros(io.RawIOBase):
+    """``size`` zero bytes without holding them: the body of a bomb member."""
+
+    def __init__(self, size: int) -> None:
+        self.left = size
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        n = min(len(buffer), self.left)
+        buffer[:n] = bytes(n)
+        self.left -= n
+        return n
+
+    def readable(self) -> bool:
+        return True
+
+
+def _tar(path: Path, members: list[tuple[tarfile.TarInfo, bytes | None]], **kwargs: object) -> None:
+    with tarfile.open(path, "w:gz", **kwargs) as tar:  # type: ignore[call-overload]
+        for info, data in members:
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+
+
+def _info(name: str, kind: bytes = tarfile.REGTYPE, size: int = 0, linkname: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.size = size
+    info.linkname = linkname
+    return info
+
+
+def _good(path: Path) -> None:
+    _tar(path, [(_info("m", tarfile.DIRTYPE), None), (_info("m/config.pbtxt", size=5), b"name:")])
+
+
+def _bomb(path: Path) -> None:
+    size = 100 << 20  # past RATIO_FLOOR_BYTES, and zeros compress about 1000x
+    with tarfile.open(path, "w:gz", compresslevel=1) as tar:
+        tar.addfile(_info("m/1/model.onnx", size=size), io.BufferedReader(_Zeros(size)))
+
+
+def _lying_header(path: Path) -> None:
+    """A header claims 40 GiB; the archive is a few hundred bytes."""
+    info = _info("m/1/model.onnx", size=40 << 30)
+    raw = info.tobuf(tarfile.GNU_FORMAT)
+    path.write_bytes(gzip.compress(raw + bytes(1024)))
+
+
+def _many(path: Path) -> None:
+    _tar(path, [(_info(f"m/{i}"), b"") for i in range(MAX_MEMBERS + 1)])
+
+
+def _huge_pax(path: Path) -> None:
+    info = _info("m/config.pbtxt", size=1)
+    info.pax_headers = {"comment": "x" * (MAX_HEADER_BYTES + 10)}
+    _tar(path, [(info, b"x")], format=tarfile.PAX_FORMAT)
+
+
+def _truncated(path: Path) -> None:
+    _tar(path, [(_info("m/1/model.onnx", size=200_000), bytes(range(256)) * 781 + bytes(64))])
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def _bad_crc(path: Path) -> None:
+    _good(path)
+    data = bytearray(path.read_bytes())
+    data[-8] ^= 0xFF  # the CRC32 of the gzip trailer
+    path.write_bytes(bytes(data))
+
+
+#: name -> (writer, fragments of the error line besides the archive path)
+CORPUS: dict[str, tuple[Callable[[Path], None], tuple[str, ...]]] = {
+    "dotdot": (lambda p: _tar(p, [(_info("m/../../evil", size=1), b"x")]), ("'m/../../evil'", "contains '..'")),
+    "absolute": (lambda p: _tar(p, [(_info("/etc/evil", size=1), b"x")]), ("'/etc/evil'", "absolute")),
+    "backslash": (lambda p: _tar(p, [(_info("m\\..\\..\\evil", size=1), b"x")]), ("backslash",)),
+    "symlink": (lambda p: _tar(p, [(_info("m/model.onnx", tarfile.SYMTYPE, linkname="/etc/passwd"), None)]),
+                ("'m/model.onnx'", "symlink to '/etc/passwd'")),
+    "hardlink": (lambda p: _tar(p, [(_info("m/a", size=1), b"x"), (_info("m/b", tarfile.LNKTYPE, linkname="m/a"), None)]),
+                 ("'m/b'", "hard link to 'm/a'")),
+    "char-device": (lambda p: _tar(p, [(_info("m/null", tarfile.CHRTYPE), None)]), ("'m/null'", "character device")),
+    "block-device": (lambda p: _tar(p, [(_info("m/sda", tarfile.BLKTYPE), None)]), ("'m/sda'", "block device")),
+    "fifo": (lambda p: _tar(p, [(_info("m/pipe", tarfile.FIFOTYPE), None)]), ("'m/pipe'", "FIFO")),
+    "duplicate": (lambda p: _tar(p, [(_info("m/a", size=1), b"x"), (_info("m/a", size=1), b"y")]), ("'m/a'", "appears twice")),
+    "ratio-bomb": (_bomb, (f"ratio above {MAX_RATIO}", "decompression bomb")),
+    "lying-header": (_lying_header, (f"more than {MAX_UNPACKED_BYTES} bytes",)),
+    "too-many-members": (_many, (f"more than {MAX_MEMBERS} members",)),
+    "huge-pax-header": (_huge_pax, ("header record", f"at most {MAX_HEADER_BYTES}")),
+    "truncated-gzip": (_truncated, ("truncated or corrupt",)),
+    "bad-crc": (_bad_crc, ("truncated or corrupt", "CRC")),
+    "not-a-tar": (lambda p: p.write_bytes(gzip.compress(b"<html>503 Slow Down</html>\n" * 40)), ("not a tar archive",)),
+    "empty-file": (lambda p: p.write_bytes(b""), ("not a tar archive",)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CORPUS))
+def test_safe_extract_refuses(name: str, tmp_path: Path) -> None:
+    tarball = tmp_path / f"{name}.tar.gz"
+    CORPUS[name][0](tarball)
+    dest = tmp_path / "dest"
+    outcome = run_bounded(["-c", RUNNER, str(tarball), str(dest)])
+    line = assert_refused(outcome, *CORPUS[name][1])
+    assert str(tarball) in line or "tarball member" in line, line
+    assert "model 'm'" in line
+    assert not dest.exists() or not any(dest.iterdir()), "a refused archive must leave nothing behind"
+    assert not (tmp_path / "evil").exists() and not Path("/etc/evil").exists()
+
+
+def test_safe_extract_unpacks_a_good_archive(tmp_path: Path) -> None:
+    """The same runner accepts a well-formed archive, so the refusals above are about the input."""
+    tarball = tmp_path / "good.tar.gz"
+    _good(tarball)
+    outcome = run_bounded(["-c", RUNNER, str(tarball), str(tmp_path / "dest")])
+    assert outcome.returncode == 0, outcome.stderr
+    assert (tmp_path / "dest" / "m" / "config.pbtxt").read_bytes() == b"name:"
+
+
+def test_inspect_tarball_is_bounded_on_a_bomb(tmp_path: Path) -> None:
+    """Listing a bomb costs no more than refusing it (inspect shares the limits)."""
+    from model_build.tarball import TarballError, inspect_tarball
+
+    tarball = tmp_path / "bomb.tar.gz"
+    _lying_header(tarball)
+    with pytest.raises(TarballError, match="more than"):
+        inspect_tarball(tarball)
+
+
+def test_read_member_reads_one_file_and_refuses_a_bomb(tmp_path: Path) -> None:
+    """What the smoke test's fallback reads ``config.pbtxt`` with: bounded like ``safe_extract``."""
+    from model_build.tarball import TarballError, read_member
+
+    good = tmp_path / "good.tar.gz"
+    _good(good)
+    assert read_member(good, lambda p: p.name == "config.pbtxt", max_bytes=100) == b"name:"
+    assert read_member(good, lambda p: p.name == "config.pbtxt", max_bytes=4) is None
+    assert read_member(good, lambda p: p.name == "model.onnx", max_bytes=100) is None
+    bomb = tmp_path / "bomb.tar.gz"
+    _bomb(bomb)
+    with pytest.raises(TarballError, match="decompression bomb"):
+        read_member(bomb, lambda p: p.name == "config.pbtxt", max_bytes=100)

@@ -1,0 +1,536 @@
+"""Incremental builds: model keys, the content-addressed store and releases assembled from it.
+
+Identity is checked on a copy of the real ``model_build`` package; S3 is moto's server over
+HTTP on loopback behind the counting proxy of ``s3_faults`` (requests and bytes are counted at
+the server side of the wire, not inside publish); the end-to-end tests build tiny synthetic
+ResNets with torch and ONNX Runtime for real.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import io
+import json
+import random
+import shutil
+import tarfile
+import uuid
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+import numpy as np
+import pytest
+import yaml
+from s3_faults import FaultProxy  # tests/ is on sys.path
+
+from model_build import handler
+from model_build.build import build_release
+from model_build.errors import PublishError
+from model_build.local_s3 import make_s3_client
+from model_build.manifest import load_manifest, parse_manifest
+from model_build.publish import (
+    StoredModel,
+    assemble_release,
+    download_release,
+    publish_incremental,
+    publish_unit,
+    read_index,
+    stored_keys,
+)
+from model_build.release import (
+    PACKAGE_DIR,
+    build_code_sha256,
+    compute_release,
+    model_code_sha256,
+    runtime_files,
+    store_prefix,
+)
+from model_build.types import Artifact
+
+ROOT = Path(__file__).resolve().parents[1]
+PREFIX = "models"
+
+
+# ---------------------------------------------------------------------------------------------
+# Identity: what changes a model's key and a release id, and what does not
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def package(tmp_path: Path) -> Path:
+    """A copy of the real ``model_build`` package that a test may edit."""
+    copy_dir = tmp_path / "model_build"
+    shutil.copytree(PACKAGE_DIR, copy_dir, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    return copy_dir
+
+
+def _append(path: Path, text: str = "\n# edited\n") -> None:
+    path.write_text(path.read_text() + text)
+
+
+def test_the_runtime_is_what_the_build_and_the_handler_import() -> None:
+    names = {path.relative_to(PACKAGE_DIR).as_posix() for path in runtime_files()}
+    assert {"build.py", "export.py", "validate.py", "package.py", "handler.py", "publish.py",
+            "release.py", "Dockerfile", "requirements-lambda.txt"} <= names
+    tools = {"__main__.py", "smoke.py", "verify.py"}
+    assert not names & tools, names & tools
+    assert not any(name.startswith("tools/") for name in names)
+    # The code of a model's bytes is a part of the runtime: not the handler nor the publisher.
+    model_names = {p.name for p in runtime_files(entries=("build",))}
+    assert {"export.py", "package.py"} <= model_names and not {"handler.py", "publish.py"} & model_names
+
+
+def test_editing_a_tool_changes_no_model_key_and_no_release_id(package: Path) -> None:
+    manifest = load_manifest(ROOT / "models.yaml")
+    before = compute_release(manifest, base_dir=ROOT, package_dir=package)
+    tool_files = [package / "__main__.py", package / "smoke.py", package / "verify.py",
+                  *sorted((package / "tools").rglob("*.py"))]
+    assert len(tool_files) > 3
+    for path in tool_files:
+        _append(path)
+    after = compute_release(manifest, base_dir=ROOT, package_dir=package)
+    assert after.release_id == before.release_id
+    assert dict(after.model_keys) == dict(before.model_keys)
+
+    # The release layout (the handler) is part of the release id, not of any model's key.
+    _append(package / "handler.py")
+    relaid = compute_release(manifest, base_dir=ROOT, package_dir=package)
+    assert relaid.release_id != before.release_id
+    assert dict(relaid.model_keys) == dict(before.model_keys)
+
+    # The export code changes every model's bytes: every key changes.
+    _append(package / "export.py")
+    rebuilt = compute_release(manifest, base_dir=ROOT, package_dir=package)
+    assert all(rebuilt.model_keys[name] != key for name, key in before.model_keys.items())
+
+
+def test_one_changed_entry_changes_its_own_key_alone() -> None:
+    data = yaml.safe_load((ROOT / "models.yaml").read_text())
+    first = compute_release(parse_manifest(data), base_dir=ROOT)
+    changed = copy.deepcopy(data)
+    changed["models"][1]["max_batch_size"] = data["models"][1]["max_batch_size"] * 2
+    second = compute_release(parse_manifest(changed), base_dir=ROOT)
+    name = changed["models"][1]["name"]
+    assert second.release_id != first.release_id
+    differing = {n for n in first.model_keys if first.model_keys[n] != second.model_keys[n]}
+    assert differing == {name}
+
+    # Copies are server-side copies of one tarball: a new release, the same keys.
+    more = copy.deepcopy(data)
+    more["models"][0]["copies"] = data["models"][0].get("copies", 1) + 1
+    third = compute_release(parse_manifest(more), base_dir=ROOT)
+    assert third.release_id != first.release_id
+    assert dict(third.model_keys) == dict(first.model_keys)
+
+
+def test_what_builds_the_bytes_is_part_of_every_key() -> None:
+    manifest = load_manifest(ROOT / "models.yaml")
+    base = compute_release(manifest, base_dir=ROOT)
+    level = compute_release(manifest, base_dir=ROOT, compresslevel=9)
+    torch = compute_release(manifest, base_dir=ROOT, versions=[("torch", "0.0.0")])
+    for other in (level, torch):
+        assert all(other.model_keys[n] != k for n, k in base.model_keys.items())
+        assert other.release_id != base.release_id
+    assert len(model_code_sha256()) == len(build_code_sha256()) == 64
+    assert model_code_sha256() != build_code_sha256()
+
+
+# ---------------------------------------------------------------------------------------------
+# The store and the assembly, counted at the S3 server
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def client(proxy: FaultProxy) -> Any:
+    return make_s3_client(endpoint_url=proxy.url, max_attempts=3, read_timeout=10)
+
+
+@pytest.fixture
+def bucket(endpoint: str) -> str:
+    name = f"inc-{uuid.uuid4().hex[:16]}"
+    make_s3_client(endpoint_url=endpoint).create_bucket(Bucket=name)
+    return name
+
+
+def _artifact(folder: Path, name: str, *, size: int, copies: int = 1, seed: int = 0) -> Artifact:
+    """A real ``model.tar.gz`` with a random payload, a reference ``.npz`` and a config."""
+    folder.mkdir(parents=True, exist_ok=True)
+    payload = random.Random(f"{name}-{seed}").randbytes(size)
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=1) as tar:
+        info = tarfile.TarInfo(f"{name}/1/model.onnx")
+        info.size = len(payload)
+        tar.addfile(info, io.BytesIO(payload))
+    path = folder / f"{name}.tar.gz"
+    path.write_bytes(buffer.getvalue())
+    reference = folder / f"{name}.reference.npz"
+    np.savez(reference, output=np.random.default_rng(seed).random((2, 4)))
+    config = folder / f"{name}.config.pbtxt"
+    config.write_text(f'name: "{name}"\n')
+    data = path.read_bytes()
+    targets = tuple(f"{name}-{i}" for i in range(copies)) if copies > 1 else (name,)
+    return Artifact(name=name, format="onnx", path=path, sha256=hashlib.sha256(data).hexdigest(),
+                    size=len(data), targets=targets, reference_path=reference, config_path=config)
+
+
+def _key(artifact: Artifact) -> str:
+    return "k-" + artifact.sha256[:32]
+
+
+def _release_objects(s3: Any, bucket: str, prefix: str) -> dict[str, bytes]:
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/")
+    keys = [item["Key"] for page in pages for item in page.get("Contents", [])]
+    return {key[len(prefix) + 1:]: s3.get_object(Bucket=bucket, Key=key)["Body"].read() for key in keys}
+
+
+def test_one_changed_model_is_built_once_and_the_rest_are_server_side_copies(
+    tmp_path: Path, proxy: FaultProxy, client: Any, bucket: str
+) -> None:
+    models = [_artifact(tmp_path / "a", f"m{i}", size=40_000 + i, copies=1 + i % 3) for i in range(8)]
+    first = publish_incremental(
+        [(a, _key(a)) for a in models], s3_client=client, bucket=bucket, model_prefix=PREFIX,
+        release_prefix=f"{PREFIX}/r-1", index_extra={"release_id": "r-1"},
+    )
+    assert stored_keys(client, bucket, PREFIX) == {_key(a) for a in models}
+    assert first.targets == sum(len(a.targets) for a in models)
+
+    changed = _artifact(tmp_path / "b", "m5", size=50_000, copies=models[5].targets.__len__(), seed=1)
+    second_models = [*models[:5], changed, *models[6:]]
+    proxy.reset_records()
+    report = publish_incremental(
+        [(a, _key(a)) for a in second_models], s3_client=client, bucket=bucket, model_prefix=PREFIX,
+        release_prefix=f"{PREFIX}/r-2", index_extra={"release_id": "r-2"},
+    )
+    uploads = proxy.forwarded("PUT", is_copy=False)
+    copies = proxy.forwarded("PUT", is_copy=True)
+    # Uploaded: the changed model's tarball, reference, config and store index, then the release index.
+    uploaded_keys = sorted(unquote(r.target.split("?")[0]).split(f"/{bucket}/", 1)[-1] for r in uploads)
+    store = store_prefix(PREFIX, _key(changed))
+    assert uploaded_keys == sorted([
+        f"{store}/model.tar.gz", f"{store}/_reference/m5.npz", f"{store}/_reference/m5.config.pbtxt",
+        f"{store}/_index.json", f"{PREFIX}/r-2/_index.json",
+    ])
+    sent = proxy.bytes_uploaded()
+    assert changed.size <= sent < changed.size + 20_000, sent
+    # Copied server-side: every target of every model and each model's reference and config.
+    expected_copies = sum(len(a.targets) + 2 for a in second_models)
+    assert len(copies) == expected_copies == report.copied
+    assert report.bytes_sent == sent
+
+    # The release reads back like any other: every file matches the index's digest.
+    paths = download_release(client, bucket, f"{PREFIX}/r-2", tmp_path / "down")
+    assert {p.name for p in paths if p.suffix == ".gz"} == {f"{t}.tar.gz" for a in second_models for t in a.targets}
+    assert (tmp_path / "down" / f"{changed.targets[0]}.tar.gz").read_bytes() == changed.path.read_bytes()
+    index = read_index(client, bucket, f"{PREFIX}/r-2/_index.json")
+    assert index is not None and index["release_id"] == "r-2"
+
+    # Publishing the same release again sends nothing.
+    proxy.reset_records()
+    again = publish_incremental(
+        [(a, _key(a)) for a in second_models], s3_client=client, bucket=bucket, model_prefix=PREFIX,
+        release_prefix=f"{PREFIX}/r-2", index_extra={"release_id": "r-2"},
+    )
+    assert proxy.bytes_uploaded() == 0 and again.bytes_sent == 0 and again.copied == 0
+    assert proxy.forwarded("PUT") == []
+
+
+def test_a_model_missing_from_the_store_fails_the_release_by_name_and_a_rerun_finishes(
+    tmp_path: Path, proxy: FaultProxy, client: Any, bucket: str
+) -> None:
+    models = [_artifact(tmp_path, f"n{i}", size=20_000, copies=2) for i in range(3)]
+    for artifact in models[:2]:
+        publish_unit(artifact, _key(artifact), s3_client=client, bucket=bucket, model_prefix=PREFIX)
+    planned = [StoredModel(a.name, _key(a), a.targets, a.format) for a in models]
+    release = f"{PREFIX}/r-3"
+    with pytest.raises(PublishError) as caught:
+        assemble_release(planned, s3_client=client, bucket=bucket, model_prefix=PREFIX,
+                         release_prefix=release, index_extra={})
+    assert caught.value.model == "n2"
+    assert _key(models[2]) in str(caught.value)
+    assert _release_objects(client, bucket, release) == {}, "nothing copied, no index"
+
+    publish_unit(models[2], _key(models[2]), s3_client=client, bucket=bucket, model_prefix=PREFIX)
+    proxy.reset_records()
+    report = assemble_release(planned, s3_client=client, bucket=bucket, model_prefix=PREFIX,
+                              release_prefix=release, index_extra={})
+    assert report.copied == 3 * (2 + 2) and proxy.bytes_uploaded() == report.bytes_sent > 0
+    assert read_index(client, bucket, f"{release}/_index.json") is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end with real builds: the per-model unit + final step equals the CLI's release
+# ---------------------------------------------------------------------------------------------
+
+TINY = {
+    "kind": "synthetic",
+    "architecture": "resnet",
+    "config": {"embedding_size": 8, "hidden_sizes": [8, 8, 8, 8], "depths": [1, 1, 1, 1],
+               "layer_type": "basic", "num_labels": 4},
+}
+
+
+def _tiny_manifest(count: int, *, broken: str | None = None) -> dict[str, Any]:
+    models: list[dict[str, Any]] = []
+    for i in range(count):
+        models.append({
+            "name": f"tiny-{i}",
+            "source": dict(copy.deepcopy(TINY), seed=i),  # no shared dicts: YAML would alias them
+            "task": "image-classification",
+            "format": "torchscript" if i == 1 else "onnx",
+            "max_batch_size": 2,
+            "image": {"image_size": 32, "channels": 3},
+            "copies": 2 if i == 0 else 1,
+        })
+    if broken:
+        models.append({"name": broken, "source": {"kind": "s3", "uri": "s3://no-such-source-bucket/x/"},
+                       "task": "feature-extraction", "max_batch_size": 2})
+    return {"version": 1, "models": models}
+
+
+@pytest.fixture
+def lambda_env(endpoint: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
+    monkeypatch.setenv("MODEL_BUILD_S3_ENDPOINT_URL", endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    return make_s3_client(endpoint_url=endpoint)
+
+
+def _request(s3: Any, data: dict[str, Any], bucket: str) -> dict[str, str]:
+    """The custom resource's properties for ``data``, its manifest uploaded like the asset."""
+    s3.put_object(Bucket=bucket, Key="asset/manifest.yaml", Body=yaml.safe_dump(data).encode())
+    release = compute_release(parse_manifest(data))
+    return {"ManifestBucket": bucket, "ManifestKey": "asset/manifest.yaml",
+            "ManifestSha256": release.manifest_sha256, "ModelBucket": bucket, "ModelPrefix": PREFIX,
+            "ReleaseId": release.release_id, "CodeSha256": release.code_sha256}
+
+
+def _run_map(props: dict[str, str], s3: Any) -> list[dict[str, Any]]:
+    """What the state machine does: write the plan, one build_item per item, in any order."""
+    plan = handler.plan_items({"Request": props})
+    items = json.loads(s3.get_object(Bucket=plan["Bucket"], Key=plan["Key"])["Body"].read())
+    assert len(items) == plan["Count"]
+    return [handler.build_item({"Request": props, **item}) for item in reversed(items)]
+
+
+@pytest.mark.slow
+def test_per_model_units_and_the_final_step_equal_the_cli_release_byte_for_byte(
+    tmp_path: Path, lambda_env: Any, endpoint: str
+) -> None:
+    s3 = lambda_env
+    data = _tiny_manifest(3)
+    manifest = parse_manifest(data)
+    release = compute_release(manifest, base_dir=tmp_path)
+
+    # The CLI: `build --jobs 2`, then the incremental publish, into one bucket.
+    cli_bucket = f"cli-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(Bucket=cli_bucket)
+    record, release_dir = build_release(manifest, release, base_dir=tmp_path, out_dir=tmp_path / "build", jobs=2)
+    assert sorted(record.built) == ["tiny-0", "tiny-1", "tiny-2"]
+    publish_incremental(
+        [(m.artifact(release_dir), m.key) for m in record.models], s3_client=s3, bucket=cli_bucket,
+        model_prefix=PREFIX, release_prefix=release.prefix(PREFIX),
+        index_extra={"release_id": release.release_id, "manifest_sha256": release.manifest_sha256,
+                     "code_sha256": release.code_sha256, "model_keys": dict(release.model_keys)},
+    )
+    again, _ = build_release(manifest, release, base_dir=tmp_path, out_dir=tmp_path / "build", jobs=2)
+    assert again.built == [], "every key is stored: a re-run builds nothing"
+
+    # The Lambda: the Map's per-model unit for each item, then the final step, into another.
+    map_bucket = f"map-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(Bucket=map_bucket)
+    props = _request(s3, data, map_bucket)
+    assert props["ReleaseId"] == release.release_id
+    results = _run_map(props, s3)
+    assert sorted(r["Model"] for r in results) == ["tiny-0", "tiny-1", "tiny-2"]
+    assert all(r["Built"] for r in results)
+    finished = handler.finish_release({"Request": props})
+    assert finished["ModelCount"] == "4"
+
+    prefix = release.prefix(PREFIX)
+    cli_objects = _release_objects(s3, cli_bucket, prefix)
+    map_objects = _release_objects(s3, map_bucket, prefix)
+    assert set(cli_objects) == set(map_objects)
+    assert {"tiny-0-0.tar.gz", "tiny-0-1.tar.gz", "tiny-1.tar.gz", "tiny-2.tar.gz", "_index.json"} <= set(cli_objects)
+    assert cli_objects == map_objects, "the two ways of building give the same release, byte for byte"
+
+    # Change one entry: the plan holds that model alone; the others are copied.
+    changed = copy.deepcopy(data)
+    changed["models"][2]["max_batch_size"] = 4
+    new_props = _request(s3, changed, map_bucket)
+    rebuilt = _run_map(new_props, s3)
+    assert [r["Model"] for r in rebuilt] == ["tiny-2"]
+    handler.finish_release({"Request": new_props})
+    new_index = read_index(s3, map_bucket, f"{PREFIX}/{new_props['ReleaseId']}/_index.json")
+    assert new_index is not None and len(new_index["models"]) == 4
+
+
+@pytest.mark.slow
+def test_a_failing_model_fails_the_release_naming_it_and_a_rerun_builds_only_what_is_missing(
+    tmp_path: Path, lambda_env: Any
+) -> None:
+    s3 = lambda_env
+    bucket = f"fail-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(Bucket=bucket)
+    data = _tiny_manifest(1, broken="gone")
+    props = _request(s3, data, bucket)
+    plan = handler.plan_items({"Request": props})
+    items = json.loads(s3.get_object(Bucket=bucket, Key=plan["Key"])["Body"].read())
+    assert [item["Model"] for item in items] == ["tiny-0", "gone"]
+    assert handler.build_item({"Request": props, **items[0]})["Built"] is True
+    with pytest.raises(handler.HandlerError) as caught:
+        handler.build_item({"Request": props, **items[1]})
+    assert "model 'gone'" in str(caught.value) and len(str(caught.value)) <= 400
+    with pytest.raises(handler.HandlerError) as final:
+        handler.finish_release({"Request": props})
+    assert "model 'gone'" in str(final.value)
+    assert read_index(s3, bucket, f"{PREFIX}/{props['ReleaseId']}/_index.json") is None
+
+    # A re-run (say after the source appeared, here after dropping the entry) plans only what
+    # is missing; the model built before the failure is not built again.
+    fixed = _tiny_manifest(2)
+    fixed_props = _request(s3, fixed, bucket)
+    rerun = handler.plan_items({"Request": fixed_props})
+    assert rerun["Count"] == 1
+    assert [r["Model"] for r in _run_map(fixed_props, s3)] == ["tiny-1"]
+    handler.finish_release({"Request": fixed_props})
+    assert read_index(s3, bucket, f"{PREFIX}/{fixed_props['ReleaseId']}/_index.json") is not None
+
+
+def test_a_map_item_whose_key_this_runtime_does_not_compute_is_refused(tmp_path: Path, lambda_env: Any) -> None:
+    s3 = lambda_env
+    bucket = f"key-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(Bucket=bucket)
+    props = _request(s3, _tiny_manifest(1), bucket)
+    with pytest.raises(handler.HandlerError, match="planned key 'k-0'"):
+        handler.build_item({"Request": props, "Model": "tiny-0", "Key": "k-0"})
+    with pytest.raises(handler.HandlerError, match="field Model: got 'nope'"):
+        handler.build_item({"Request": props, "Model": "nope", "Key": "k-0"})
+    assert stored_keys(s3, bucket, PREFIX) == set()
+
+
+# ---------------------------------------------------------------------------------------------
+# The custom resource drives the state machine (Step Functions API of moto's server)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def machine(endpoint: str, monkeypatch: pytest.MonkeyPatch, lambda_env: Any) -> str:
+    """A state machine on moto's Step Functions API: it records executions and their status
+    (it runs no Lambda), so the test performs the Map's steps through the build function's
+    entry point, as the state machine would."""
+    monkeypatch.setenv("MODEL_BUILD_STATES_ENDPOINT_URL", endpoint)
+    import boto3
+
+    states = boto3.client("stepfunctions", endpoint_url=endpoint)
+    return str(states.create_state_machine(
+        name=f"build-{uuid.uuid4().hex[:8]}", definition='{"StartAt":"x","States":{"x":{"Type":"Succeed"}}}',
+        roleArn="arn:aws:iam::123456789012:role/build",
+    )["stateMachineArn"])
+
+
+def _cfn_event(props: dict[str, str], **extra: Any) -> dict[str, Any]:
+    return {"RequestType": "Create", "RequestId": str(uuid.uuid4()), "ResourceProperties": props,
+            "StackId": "arn:aws:cloudformation:us-east-1:123456789012:stack/TritonMme/1", **extra}
+
+
+def _states_client(endpoint: str) -> Any:
+    import boto3
+
+    return boto3.client("stepfunctions", endpoint_url=endpoint)
+
+
+@pytest.mark.slow
+def test_on_event_starts_the_build_and_is_complete_polls_it_until_the_index_exists(
+    lambda_env: Any, machine: str, endpoint: str
+) -> None:
+    s3 = lambda_env
+    bucket = f"sfn-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(Bucket=bucket)
+    props = dict(_request(s3, _tiny_manifest(1), bucket), BuildStateMachineArn=machine)
+    started = handler.on_event(_cfn_event(props))
+    execution = started["Data"]["BuildExecutionArn"]
+    described = _states_client(endpoint).describe_execution(executionArn=execution)
+    assert described["status"] == "RUNNING"
+    assert json.loads(described["input"]) == {"Request": props}
+    polled = _cfn_event(props, PhysicalResourceId=started["PhysicalResourceId"], Data=started["Data"])
+    assert handler.is_complete(polled) == {"IsComplete": False}
+
+    # What the state machine does: plan, one build per item, finish (one entry point).
+    plan = handler.build_step({"Step": "plan", "Request": props})
+    items = json.loads(s3.get_object(Bucket=bucket, Key=plan["Key"])["Body"].read())
+    for item in items:
+        handler.build_step({"Step": "build", "Request": props, **item})
+    handler.build_step({"Step": "finish", "Request": props})
+    done = handler.is_complete(polled)
+    assert done["IsComplete"] is True and done["Data"]["ModelCount"] == "2"  # tiny-0 has 2 copies
+    # The same release again starts no execution: its index exists.
+    assert "Data" not in handler.on_event(_cfn_event(props))
+
+
+def test_a_failed_build_execution_fails_the_resource_naming_the_model(
+    lambda_env: Any, machine: str, endpoint: str
+) -> None:
+    s3 = lambda_env
+    bucket = f"sfx-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(Bucket=bucket)
+    props = dict(_request(s3, _tiny_manifest(0, broken="gone"), bucket), BuildStateMachineArn=machine)
+    started = handler.on_event(_cfn_event(props))
+    execution = started["Data"]["BuildExecutionArn"]
+    plan = handler.build_step({"Step": "plan", "Request": props})
+    (item,) = json.loads(s3.get_object(Bucket=bucket, Key=plan["Key"])["Body"].read())
+    with pytest.raises(handler.HandlerError):
+        handler.build_step({"Step": "build", "Request": props, **item})
+    # The Map fails on its first failed item; the execution ends failed.
+    _states_client(endpoint).stop_execution(executionArn=execution, error="States.ExceedToleratedFailureThreshold")
+    polled = _cfn_event(props, PhysicalResourceId=started["PhysicalResourceId"], Data=started["Data"])
+    with pytest.raises(handler.HandlerError) as caught:
+        handler.is_complete(polled)
+    reason = str(caught.value)
+    assert "model 'gone'" in reason and len(reason) <= 400 and "Traceback" not in reason
+    assert read_index(s3, bucket, f"{PREFIX}/{props['ReleaseId']}/_index.json") is None
+    with pytest.raises(handler.HandlerError, match="field Step: got 'nope'"):
+        handler.build_step({"Step": "nope", "Request": props})
+
+
+def test_build_jobs_must_be_a_whole_number_of_processes(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "model_build", "build", "--jobs", "0", "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 2
+    assert "argument --jobs: got '0'; expected a whole number >= 1" in done.stderr
+    assert "Traceback" not in done.stderr and not any(tmp_path.iterdir()), "nothing built"
+    with pytest.raises(ValueError, match="jobs: got 0; expected >= 1"):
+        build_release(load_manifest(ROOT / "models.yaml"), compute_release(load_manifest(ROOT / "models.yaml")),
+                      base_dir=ROOT, out_dir=tmp_path, jobs=0)
+
+
+@pytest.mark.slow
+def test_build_jobs_a_failing_model_names_it_and_a_rerun_builds_only_what_is_missing(
+    tmp_path: Path, lambda_env: Any, endpoint: str
+) -> None:
+    from functools import partial
+
+    from model_build.errors import ModelBuildError
+
+    broken = parse_manifest(_tiny_manifest(1, broken="gone"))
+    release = compute_release(broken, base_dir=tmp_path)
+    factory = partial(make_s3_client, endpoint_url=endpoint)
+    with pytest.raises(ModelBuildError) as caught:
+        build_release(broken, release, base_dir=tmp_path, out_dir=tmp_path / "b", jobs=2, s3_factory=factory)
+    assert caught.value.model == "gone"
+    assert not (tmp_path / "b" / release.release_id / "build.json").exists(), "no release folder record"
+    stored = {p.name for p in (tmp_path / "b" / "_builds").iterdir() if not p.name.startswith(".")}
+    assert stored == {release.model_keys["tiny-0"]}, "the model that built is kept"
+
+    fixed = parse_manifest(_tiny_manifest(2))
+    record, _ = build_release(fixed, compute_release(fixed, base_dir=tmp_path), base_dir=tmp_path,
+                              out_dir=tmp_path / "b", jobs=2, s3_factory=factory)
+    assert record.built == ["tiny-1"]
