@@ -14,6 +14,7 @@ off, the python backend's shared memory from the same settings the stack gives t
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -28,6 +29,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from model_build.errors import ModelBuildError
 
@@ -123,6 +125,10 @@ class Response:
     status: int
     headers: dict[str, str]
     body: bytes
+
+    def json(self) -> Any:
+        """The body as JSON: the server answers JSON on success and ``{"error": ...}`` on failure."""
+        return json.loads(self.body)
 
 
 class TritonServer:
