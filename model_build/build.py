@@ -56,6 +56,9 @@ class ModelBuildResult:
     precision: str = "fp32"
     accuracy: dict[str, float] = field(default_factory=dict)
     fused_ops: dict[str, int] = field(default_factory=dict)
+    #: INT8: MatMuls quantized, and those kept in FP32 because they cost the most accuracy.
+    quantized_matmuls: int = 0
+    fp32_matmuls: list[str] = field(default_factory=list)
     #: The model key it was built for (``model_build.release.model_key``); "" for a plain build.
     key: str = ""
 
@@ -196,8 +199,12 @@ def build_model(
         accuracy={k: v for k, v in (("min_cosine", report.min_cosine),
                                     ("min_cosine_gate", report.min_cosine_gate),
                                     ("top_k_agreement", report.top_k_agreement),
-                                    ("top_k_gate", report.top_k_gate)) if v is not None},
+                                    ("top_k_gate", report.top_k_gate),
+                                    ("calibration_min_cosine", report.calibration_min_cosine))
+                  if v is not None},
         fused_ops=dict(report.fused_ops),
+        quantized_matmuls=report.quantized_matmuls,
+        fp32_matmuls=list(report.fp32_matmuls),
     )
 
 

@@ -52,6 +52,32 @@ DEFAULT_SENTENCES: tuple[str, ...] = (
     "How do I reset my password if I no longer have access to my email account?",
 )
 
+#: What the INT8 layer choice is calibrated on (:func:`calibration_inputs`). None of these is a
+#: validation sentence (:data:`DEFAULT_SENTENCES`, or a manifest's ``sample_texts``, which
+#: replace them there), and random inputs use their own seed: the accuracy gate is judged on
+#: inputs the calibration never saw, so the cosine in the build table is a held-out figure.
+CALIBRATION_SENTENCES: tuple[str, ...] = (
+    "The committee postponed its decision until the next quarterly meeting.",
+    "My phone battery drains quickly when the screen brightness is high.",
+    "Fresh bread smells wonderful early in the morning.",
+    "Can you recommend a quiet hotel near the train station?",
+    "The river flooded the lower fields after three days of heavy rain.",
+    "He forgot his umbrella at the office again.",
+    "Researchers published a new method for measuring air quality in cities.",
+    "Please send the signed contract back by Friday afternoon.",
+    "The children built a sandcastle that the tide washed away.",
+    "Our team won the final match in the last minute of extra time.",
+    "Which medicine should I take for a mild headache?",
+    "The museum reopened its ancient history wing after renovation.",
+    "Traffic was slow on the bridge because of an accident.",
+    "She learned to play the violin when she was seven years old.",
+    "The software update fixed the crash that happened on startup.",
+    "Warm soup is perfect on a cold winter evening.",
+)
+#: Seed of the random inputs (images; ids without a tokenizer) INT8 is calibrated on; the
+#: validation samples use 0 and the recorded reference batch 1.
+CALIBRATION_SEED = 7
+
 #: Seconds to wait for a TCP connection to the hub before calling it unreachable. huggingface_hub
 #: itself retries a failed lookup five times with back-off (about 25 s) before giving up.
 HUB_PROBE_TIMEOUT_S = 5.0
@@ -545,6 +571,23 @@ def reference_inputs(spec: ModelSpec, source_dir: Path | None, *, seed: int = 1)
 def reference_sentences(spec: ModelSpec) -> list[str]:
     """Real sentences for the sentence-transformers comparison."""
     return list(spec.text_inputs.sample_texts or DEFAULT_SENTENCES)
+
+
+def calibration_inputs(spec: ModelSpec, source_dir: Path | None) -> list[Batch]:
+    """Inputs the INT8 layer choice is made on, disjoint from the validation inputs.
+
+    Text: :data:`CALIBRATION_SENTENCES` less any the manifest also validates on, in batches of
+    up to 8; images (and ids without a tokenizer): seeded with :data:`CALIBRATION_SEED`.
+    """
+    sizes = _batch_sizes(spec)
+    if spec.task not in TEXT_TASKS:
+        rng = np.random.default_rng(CALIBRATION_SEED)
+        return [_image_batch(spec, size, rng) for size in sizes]
+    validated = set(reference_sentences(spec))
+    texts = [text for text in CALIBRATION_SENTENCES if text not in validated]
+    encode = _text_encoder(spec, source_dir, CALIBRATION_SEED)
+    chunk = sizes[2]
+    return [encode(texts[i:i + chunk]) for i in range(0, len(texts), chunk)]
 
 
 def _batch_sizes(spec: ModelSpec) -> tuple[int, int, int]:

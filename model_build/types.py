@@ -74,6 +74,9 @@ class ValidationReport:
     fused_ops: dict[str, int] = field(default_factory=dict)
     quantized_matmuls: int = 0
     fp32_matmuls: list[str] = field(default_factory=list)
+    #: INT8: the lowest cosine on the calibration inputs the layer choice was made on (the
+    #: gate itself is judged on the held-out validation inputs: ``min_cosine``).
+    calibration_min_cosine: float | None = None
 
     @property
     def worst(self) -> float:

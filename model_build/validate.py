@@ -24,9 +24,10 @@ import torch
 from model_build.compare import compare_arrays
 from model_build.errors import AccuracyGateError, ExportError, ValidationMismatchError, VerifyError
 from model_build.export import export_onnx, export_torchscript, import_onnx, load_torchscript
-from model_build.manifest import TEXT_TASKS, ModelSpec, OnnxFileSource, SyntheticSource, Tolerance
+from model_build.manifest import ModelSpec, OnnxFileSource, SyntheticSource, Tolerance
 from model_build.optimize import fmt_below, optimize_export, row_cosines
 from model_build.sources import (
+    calibration_inputs,
     input_names,
     load_module,
     reference_inputs,
@@ -447,9 +448,11 @@ def export_and_validate(
         reference = module
     # The optimize step (INT8 where asked; fusion and FP16 were done by the export), then the
     # checks, on the file that is packaged.
+    # INT8's layer choice is calibrated on inputs disjoint from ``samples`` and the sample
+    # sentences, which the gates below judge it on.
+    calibration = calibration_inputs(spec, source_dir) if spec.effective_precision == "int8" else []
     exported, optimized = optimize_export(
-        spec, reference, exported, [*samples, *_calibration(spec, source_dir)],
-        reference_runner(spec, reference, exported),
+        spec, reference, exported, calibration, reference_runner(spec, reference, exported),
     )
     if exported.format == "onnx":
         check_onnx(exported.path, model=spec.name)
@@ -457,6 +460,7 @@ def export_and_validate(
     report.fused_ops = dict(optimized.fused_ops)
     report.quantized_matmuls = optimized.quantized_matmuls
     report.fp32_matmuls = list(optimized.fp32_matmuls)
+    report.calibration_min_cosine = optimized.calibration_min_cosine
 
     ref_inputs = reference_inputs(spec, source_dir)
     ref_outputs = reference_runner(spec, reference, exported)(ref_inputs)
@@ -467,14 +471,3 @@ def export_and_validate(
         {out.name: value for out, value in zip(exported.outputs, ref_outputs, strict=True)},
     )
     return exported, report, reference_path
-
-
-
-def _calibration(spec: ModelSpec, source_dir: Path | None) -> list[Batch]:
-    """Extra INT8 calibration input: the sample sentences (text), so the layer choice sees real
-    token statistics, not only the validation samples."""
-    if spec.effective_precision != "int8" or spec.task not in TEXT_TASKS:
-        return []
-    sentences = reference_sentences(spec)
-    chunk = 1 if spec.max_batch_size == 0 else min(8, spec.max_batch_size)
-    return [text_batch(spec, source_dir, sentences[i:i + chunk]) for i in range(0, len(sentences), chunk)]

@@ -106,6 +106,17 @@ def test_minilm_signature_read_back_has_dynamic_batch_and_sequence(minilm):
             if o.domain in ("", "ai.onnx")} == {18}
 
 
+def test_default_minilm_is_served_fused_and_meets_its_gates(minilm, specs):
+    """The default manifest's MiniLM: fused offline (6 layers: 6 Attention) in FP32, gates met."""
+    exported, report, _ = minilm
+    assert specs[MINILM].optimize is not False and specs[MINILM].effective_precision == "fp32"
+    assert report.fused_ops.get("Attention") == 6 and report.fused_ops.get("EmbedLayerNormalization") == 1
+    ops = {node.op_type for node in onnx.load(str(exported.path), load_external_data=False).graph.node}
+    assert "Attention" in ops and "Softmax" not in ops  # no unfused attention left
+    assert report.precision == "fp32" and report.min_cosine >= report.min_cosine_gate
+    assert report.top_k_agreement is not None and report.top_k_agreement >= report.top_k_gate
+
+
 def test_minilm_runs_on_a_shape_never_traced(minilm, specs, minilm_dir):
     exported, _, _ = minilm
     texts = ["short", "a somewhat longer sentence about servers", "x " * 30, "y", "z z z"]

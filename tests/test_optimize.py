@@ -26,8 +26,15 @@ from model_build.optimize import (
     matmul_sensitivity,
     row_cosines,
 )
-from model_build.sources import load_module, sample_inputs
-from model_build.validate import export_and_validate, top_k_agreement, validate_export
+from model_build.sources import (
+    CALIBRATION_SENTENCES,
+    calibration_inputs,
+    load_module,
+    reference_sentences,
+    sample_inputs,
+)
+from model_build.types import ValidationReport
+from model_build.validate import check_gates, export_and_validate, top_k_agreement, validate_export
 
 pytestmark = pytest.mark.slow
 
@@ -187,6 +194,54 @@ def test_validation_gate_fails_a_graph_that_misses_a_tightened_gate(int8):
     assert (error.model, error.metric, error.precision) == ("tiny-int8", "min_cosine", "int8")
     assert error.value == pytest.approx(report.min_cosine) and error.gate > error.value
     assert "below the gate" in str(error)
+
+
+def test_fp16_past_its_gate_fails_the_build_naming_model_metric_value_gate(tmp_path):
+    spec = tiny_bert(name="tiny-fp16-strict", precision="fp16", accuracy={"min_cosine": 1.0})
+    with pytest.raises(AccuracyGateError) as caught:
+        _build(spec, tmp_path)
+    error = caught.value
+    assert (error.model, error.metric, error.precision) == ("tiny-fp16-strict", "min_cosine", "fp16")
+    assert error.value < error.gate == 1.0 and "below the gate" in str(error)
+
+
+def test_top_k_gate_fails_naming_the_agreement_when_the_cosine_gate_holds():
+    spec = tiny_bert(name="tiny-int8", precision="int8", instance_group={"kind": "KIND_CPU"})
+    cosine_gate, agreement_gate = spec.gates()
+    report = ValidationReport(name="tiny-int8", precision="int8", min_cosine=cosine_gate,
+                              top_k=5, top_k_agreement=agreement_gate - 0.05)
+    with pytest.raises(AccuracyGateError) as caught:
+        check_gates(spec, report)
+    error = caught.value
+    assert (error.metric, error.gate) == ("top_5_agreement", agreement_gate)
+    assert error.value == pytest.approx(agreement_gate - 0.05) and "top_5_agreement" in str(error)
+    report.top_k_agreement = agreement_gate
+    check_gates(spec, report)  # at the gate exactly: passes
+
+
+def test_int8_is_calibrated_on_inputs_the_gates_never_see():
+    """The layer choice and the gate must not share inputs, or the gate would only confirm the
+    fit: calibration sentences differ from the validation sentences, random ids from another
+    seed, and no calibration row equals a validation row."""
+    spec = tiny_bert(precision="int8", instance_group={"kind": "KIND_CPU"})
+    assert not set(CALIBRATION_SENTENCES) & set(reference_sentences(spec))
+    calibration = calibration_inputs(spec, None)
+    validation = sample_inputs(spec, None)
+    assert calibration and sum(b["input_ids"].shape[0] for b in calibration) >= 8
+    seen = {row.tobytes() for b in validation for row in b["input_ids"]}
+    assert not any(row.tobytes() in seen for b in calibration for row in b["input_ids"])
+    # A manifest's own sample texts are validation sentences: never calibrated on.
+    overlapping = tiny_bert(precision="int8", instance_group={"kind": "KIND_CPU"},
+                            text={"max_sequence_length": 32, "sample_texts": list(CALIBRATION_SENTENCES[:3])})
+    assert sum(b["input_ids"].shape[0] for b in calibration_inputs(overlapping, None)) == \
+        len(CALIBRATION_SENTENCES) - 3
+
+
+def test_int8_records_its_held_out_and_calibration_figures(int8):
+    _, report = int8
+    assert report.calibration_min_cosine is not None and report.calibration_min_cosine >= 0.995
+    assert report.quantized_matmuls + len(report.fp32_matmuls) == 3 * LAYERS
+    assert DEFAULT_GATES["int8"][0] <= report.min_cosine
 
 
 def test_top_k_agreement_counts_kept_neighbours():
