@@ -590,6 +590,24 @@ def check_config(text: str, *, model: str | None = None) -> ModelConfig:
     return config
 
 
+def check_repository_config(text: str, *, model: str | None = None) -> ModelConfig:
+    """:func:`check_config` for any folder of a tarball: an ensemble or a python-backend member too.
+
+    Model configs (``onnxruntime``/``pytorch``) get every check of :func:`check_config`; an
+    ``ensemble`` (``platform: "ensemble"``) or a ``backend: "python"`` member gets the checks of
+    Triton's core that apply to every model (batching, tensors, instance groups).
+    """
+    config = parse_config(text, model=model)
+    if config.platform != "ensemble" and config.backend != "python":
+        return check_config(text, model=model)
+    problems = _Problems(model or config.name or "?")
+    _check_batching(config, problems)
+    _check_io(config, problems)
+    _check_instance_groups(config, problems)
+    problems.raise_if_any()
+    return config
+
+
 def config_backend(config: ModelConfig) -> str:
     """The backend of a checked config (``platform`` alone names it too)."""
     return config.backend or _PLATFORM_BACKEND[config.platform]

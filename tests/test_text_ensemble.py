@@ -332,6 +332,25 @@ def test_build_refuses_a_source_without_tokenizer_files_before_export(tmp_path):
     assert not (tmp_path / "release").exists() or not list((tmp_path / "release").iterdir())
 
 
+def test_build_refuses_an_s3_source_without_tokenizer_files_before_download_and_export(tmp_path, endpoint):
+    """An S3 prefix without vocab.txt: refused after fetching the tokenizer files, before the weights."""
+    from model_build.build import build_model
+    from model_build.local_s3 import make_s3_client
+
+    s3 = make_s3_client(endpoint_url=endpoint)
+    s3.create_bucket(Bucket="no-vocab")
+    for path in MINILM_DIR.rglob("*"):
+        if path.is_file() and path.name != "vocab.txt":
+            s3.upload_file(str(path), "no-vocab", f"minilm/{path.relative_to(MINILM_DIR).as_posix()}")
+    spec = spec_for(inputs="text", source={"kind": "s3", "uri": "s3://no-vocab/minilm"})
+    with pytest.raises(PackageError) as caught:
+        build_model(spec, base_dir=tmp_path, release_dir=tmp_path / "release", work_dir=tmp_path / "work",
+                    s3_client=s3)
+    assert "vocab.txt missing" in str(caught.value) and caught.value.model == "minilm-text"
+    assert not list((tmp_path / "work").rglob("*.onnx"))  # refused before the export
+    assert not list((tmp_path / "work").rglob("model.safetensors"))  # ... and before the weights' download
+
+
 @pytest.mark.slow
 def test_strings_in_embeddings_out_match_sentence_transformers(server, sentence_transformer):
     texts = list(TEXTS.values())

@@ -32,7 +32,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from model_build.errors import PackageError
 from model_build.manifest import ModelSpec
-from model_build.package import onnx_external_data_files, write_tarball
+from model_build.package import gate_tarball, onnx_external_data_files, write_tarball
 from model_build.text_ensemble import tokenizer_model
 from model_build.text_ensemble.tokenizer_model import (
     CONFIG_FILE,
@@ -92,12 +92,15 @@ def _dims(tensor_shape: tuple[int, ...]) -> list[int]:
     return list(tensor_shape[1:])  # the batch dimension is max_batch_size's
 
 
-def render_ensemble_configs(spec: ModelSpec, exported: ExportedModel, *, truncation: str = "refuse") -> EnsembleConfigs:
+def render_ensemble_configs(spec: ModelSpec, exported: ExportedModel, *,
+                            truncation: str | None = None) -> EnsembleConfigs:
     """The ensemble, tokenizer and model configs for ``spec`` and its exported model.
 
     The model config is :func:`render_config`'s, renamed to its folder; the ensemble's outputs are
     the model's (plus ``attention_mask`` for token-level tasks), its only input ``TEXT``.
+    ``truncation`` defaults to the manifest's ``text.truncation``.
     """
+    truncation = spec.text_inputs.truncation if truncation is None else truncation
     if spec.task not in TEXT_TASKS:
         raise PackageError(f"inputs: text: task {spec.task!r} takes no text; allowed for: "
                            + ", ".join(sorted(TEXT_TASKS)), model=spec.name)
@@ -157,7 +160,7 @@ def package_text_ensemble(
     exported: ExportedModel,
     tokenizer_dir: Path,
     out_path: Path,
-    truncation: str = "refuse",
+    truncation: str | None = None,
     compresslevel: int = 1,
 ) -> tuple[str, int]:
     """Write the ensemble tarball (layout in the module docstring); ``(sha256, size)``.
@@ -178,4 +181,6 @@ def package_text_ensemble(
     if exported.format == "onnx":
         for location in onnx_external_data_files(exported.path):
             files[f"{MODEL}/1/{location}"] = exported.path.parent / location
-    return write_tarball(files, Path(out_path), compresslevel=compresslevel, empty_dirs=(f"{ENSEMBLE}/1",))
+    written = write_tarball(files, Path(out_path), compresslevel=compresslevel, empty_dirs=(f"{ENSEMBLE}/1",))
+    gate_tarball(Path(out_path), model=spec.name)  # the pre-publish gate, ensemble rules included
+    return written
