@@ -3,9 +3,11 @@
 Whether a published tarball loads and answers on Triton is checked on the real ``tritonserver``
 (``model_build.tools``, used by ``verify``, ``demo`` and the tests). What stays here:
 
-- ``locate_model``, ``_version_dir`` and ``check_ensemble_repository``: the layout rules (one
-  model directory or ``config.pbtxt`` at the root, or one ensemble with its members; a numeric
-  version directory);
+- ``check_repository``: the one pre-publish gate the build runs on every tarball it writes
+  (layout, version folder, config, config against the graph, ensemble rules), each of its rules
+  confirmed against the real server in ``tests/test_config_rules_on_triton.py``; its parts
+  ``locate_model``, ``_version_dir``, ``check_ensemble_repository`` (layout) and
+  ``check_signature`` / ``onnx_signature`` (the config against the graph, read with ``onnx.load``);
 - ``build_request`` / ``parse_response``: the client side of Triton's binary+JSON protocol, with
   tritonclient's own types, for the smoke test
   (``application/vnd.sagemaker-triton.binary+json;json-header-size=<n>``);
