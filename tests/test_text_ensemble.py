@@ -158,6 +158,50 @@ def test_tokenizer_model_file_needs_nothing_but_stdlib_and_numpy_on_python_38():
                         "triton_python_backend_utils"}, imported
 
 
+def _other_cpythons() -> list[str]:
+    """CPython interpreters on this machine other than the one running the tests (with numpy)."""
+    import shutil
+    import subprocess
+    import sys
+
+    found = []
+    for minor in range(8, 15):
+        path = shutil.which(f"python3.{minor}")
+        if not path or (3, minor) == sys.version_info[:2]:
+            continue
+        probe = subprocess.run([path, "-c", "import numpy"], capture_output=True, timeout=60)
+        if probe.returncode == 0:
+            found.append(path)
+    return found
+
+
+OTHER_CPYTHONS = _other_cpythons()
+
+
+@pytest.mark.skipif(not OTHER_CPYTHONS, reason="no other CPython with numpy on this machine (Debian bookworm "
+                    "packages python3.11 only); the file is parsed as 3.8 above instead")
+@pytest.mark.parametrize("python", OTHER_CPYTHONS or ["none"])
+def test_tokenizer_pure_python_path_runs_on_other_cpythons(python, ours):
+    """The tarball's model.py, loaded by path (as the stub loads it), tokenizes like it does here."""
+    import subprocess
+
+    import model_build.text_ensemble.tokenizer_model as module
+
+    code = ("import importlib.util, json, sys\n"
+            "spec = importlib.util.spec_from_file_location('model', sys.argv[1]); m = importlib.util.module_from_spec(spec)\n"
+            "spec.loader.exec_module(m)\n"
+            "t = m.WordPieceTokenizer.from_dir(sys.argv[2])\n"
+            "ids, mask = t.encode_batch(json.loads(sys.argv[3]), int(sys.argv[4]), truncate=True)\n"
+            "print(json.dumps([ids.tolist(), mask.tolist()]))\n")
+    texts = [*TEXTS.values(), LONG]
+    done = subprocess.run([python, "-c", code, module.__file__, str(MINILM_DIR), json.dumps(texts), str(MAX_LEN)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    ids, mask = json.loads(done.stdout)
+    expected_ids, expected_mask = ours.encode_batch(texts, MAX_LEN, truncate=True)
+    assert ids == expected_ids.tolist() and mask == expected_mask.tolist()
+
+
 # --------------------------------------------------------------------------------------------
 # Configs (no export needed: a signature is enough)
 # --------------------------------------------------------------------------------------------
