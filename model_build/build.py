@@ -120,7 +120,7 @@ def build_model(
 ) -> ModelBuildResult:
     """Build one manifest entry into ``release_dir/<name>.tar.gz`` (+ its reference ``.npz``)."""
     # Heavy imports (torch, onnx, onnxruntime) only when something is built.
-    from model_build.package import package_model
+    from model_build.package import gate_tarball, package_model
     from model_build.triton_config import check_config, render_config
     from model_build.validate import export_and_validate
 
@@ -180,6 +180,11 @@ def build_model(
             out_path=tarball,
             compresslevel=compresslevel,
         )
+    # The pre-publish gate, on every tarball the build writes: layout, version folder, configs,
+    # each config against its graph, ensemble rules (model_build.verify.check_repository).
+    if step:
+        step("pre-publish gate")
+    gate_tarball(tarball, model=spec.name)
     reference_out = release_dir / f"{spec.name}.reference.npz"
     shutil.copyfile(reference, reference_out)
     config_out = release_dir / f"{spec.name}.config.pbtxt"

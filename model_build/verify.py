@@ -155,8 +155,8 @@ def check_repository(path: Path, *, model: str) -> str:
     """The pre-publish gate: everything Triton checks when it loads a tarball, before it is published.
 
     ``path`` is a packaged ``model.tar.gz`` (unpacked safely into a temporary folder next to it) or
-    an unpacked folder. The build runs it on every tarball it writes
-    (:func:`model_build.package.package_model`, :func:`model_build.text_ensemble.ensemble.package_text_ensemble`);
+    an unpacked folder. The build runs it on every tarball it writes, single model or ensemble
+    (``model_build.build.build_model`` through :func:`model_build.package.gate_tarball`);
     ``tests/test_config_rules_on_triton.py`` confirms each rule against the real ``tritonserver``.
 
     1. layout: ``config.pbtxt`` at the root or one model folder; several folders only as one

@@ -137,7 +137,9 @@ def our_gate(root: Path) -> str:
 def good(tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("rules")
     spec = parse_manifest({"version": 1, "models": [SPEC]}).models[0]
-    result = build_model(spec, base_dir=work, release_dir=work, work_dir=work / "work")
+    steps: list[str] = []
+    result = build_model(spec, base_dir=work, release_dir=work, work_dir=work / "work", step=steps.append)
+    assert steps[-1] == "pre-publish gate"  # the build ran this very gate on the tarball it wrote
     root = work / "good"
     with tarfile.open(work / result.tarball) as tar:
         tar.extractall(root, filter="data")

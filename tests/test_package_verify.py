@@ -356,17 +356,20 @@ def test_gzip_stream_of_package_is_a_valid_tar(onnx_model: Built, tmp_path: Path
                                           "the graph's inputs 'mask', 'x'"),
     ("dims: 3", "dims: 5", "config output 'y': dims [5]; the onnx graph has [3]"),
 ], ids=["data type", "input name", "dims"])
-def test_package_model_gate_refuses_config_not_the_graphs_and_leaves_no_tarball(
+def test_gate_refuses_a_packaged_config_not_the_graphs_and_leaves_no_tarball(
     onnx_model: Built, tmp_path: Path, old: str, new: str, reason: str
 ) -> None:
-    """``check_config`` alone accepts these (they are valid configs); the graph gate does not."""
+    """``check_config`` alone accepts these (they are valid configs); the build's gate does not."""
+    from model_build.package import gate_tarball
+
     text = onnx_model.config_text.replace(old, new, 1)
     assert text != onnx_model.config_text
     check_config(text, model="tiny-onnx")
     out = tmp_path / "model.tar.gz"
+    package_model(model_name="tiny-onnx", config_text=text, model_file=onnx_model.exported.path,
+                  format="onnx", out_path=out)
     with pytest.raises(VerifyError) as caught:
-        package_model(model_name="tiny-onnx", config_text=text, model_file=onnx_model.exported.path,
-                      format="onnx", out_path=out)
+        gate_tarball(out, model="tiny-onnx")
     assert reason in str(caught.value) and caught.value.model == "tiny-onnx"
     assert not out.exists() and not list(tmp_path.iterdir())  # nothing left to publish
 

