@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from model_build.errors import ModelBuildError
-from model_build.manifest import LocalSource, Manifest, ModelSpec, PackageSource
+from model_build.manifest import Manifest, ModelSpec, S3Source
 from model_build.release import BUILDS_DIR, DEFAULT_COMPRESSLEVEL, Release
 from model_build.types import Artifact
 
@@ -123,7 +123,7 @@ def build_model(
 ) -> ModelBuildResult:
     """Build one manifest entry into ``release_dir/<name>.tar.gz`` (+ its reference ``.npz``)."""
     # Heavy imports (torch, onnx, onnxruntime) only when something is built.
-    from model_build.package import package_model
+    from model_build.package import gate_tarball, package_model
     from model_build.triton_config import check_config, render_config
     from model_build.validate import export_and_validate
 
@@ -133,8 +133,9 @@ def build_model(
         shutil.rmtree(model_work)
     model_work.mkdir(parents=True)
     text_source: Path | None = None
-    if spec.inputs == "text" and isinstance(spec.source, (LocalSource, PackageSource)):
-        # Tokenizer files are checked before the slow export (downloaded sources: after it).
+    if spec.inputs == "text":
+        # Tokenizer files are checked right after the source is resolved, before the slow export,
+        # for every source kind (an S3 source: its two tokenizer files only, not the weights).
         text_source = _text_source(spec, base_dir, model_work, s3_client)
     if step:
         step("export + optimize + validate")
@@ -151,7 +152,11 @@ def build_model(
         from model_build.text_ensemble.ensemble import package_text_ensemble, render_ensemble_configs
         from model_build.validate import write_reference
 
-        text_source = text_source or _text_source(spec, base_dir, model_work, s3_client)
+        if isinstance(spec.source, S3Source):  # the export downloaded the whole folder: its files are packaged
+            from model_build.text_ensemble.ensemble import check_tokenizer_dir
+
+            text_source = check_tokenizer_dir(spec, model_work / "_sources" / spec.name)
+        assert text_source is not None
         if step:
             step("strings -> ensemble vs sentence-transformers")
         text_report = check_text_ensemble(spec, exported, text_source)
@@ -161,11 +166,12 @@ def build_model(
         if step:
             step("package")
         sha256, size = package_text_ensemble(spec=spec, exported=exported, tokenizer_dir=text_source,
-                                             out_path=tarball, compresslevel=compresslevel)
+                                             out_path=tarball, truncation=spec.text_inputs.truncation,
+                                             compresslevel=compresslevel)
         # What a client of the target sends and gets: strings in, the ensemble's outputs out.
         reference = model_work / "text.reference.npz"
         write_reference(reference, text_report.reference_inputs, text_report.reference_outputs)
-        config_text = render_ensemble_configs(spec, exported).ensemble
+        config_text = render_ensemble_configs(spec, exported, truncation=spec.text_inputs.truncation).ensemble
     else:
         if step:
             step("package")
@@ -177,6 +183,11 @@ def build_model(
             out_path=tarball,
             compresslevel=compresslevel,
         )
+    # The pre-publish gate, on every tarball the build writes: layout, version folder, configs,
+    # each config against its graph, ensemble rules (model_build.verify.check_repository).
+    if step:
+        step("pre-publish gate")
+    gate_tarball(tarball, model=spec.name)
     reference_out = release_dir / f"{spec.name}.reference.npz"
     shutil.copyfile(reference, reference_out)
     config_out = release_dir / f"{spec.name}.config.pbtxt"
@@ -209,13 +220,48 @@ def build_model(
 
 
 def _text_source(spec: ModelSpec, base_dir: Path, work_dir: Path, s3_client: Any) -> Path:
-    """The source folder with the tokenizer files a raw-text ensemble carries (checked)."""
+    """The source folder with the tokenizer files a raw-text ensemble carries (checked).
+
+    Local, package and hub sources are resolved as the export resolves them (the hub's download
+    lands where the export looks, so it is not repeated). An S3 source's tokenizer files alone are
+    fetched into a folder of their own: a prefix without them is refused before the weights are
+    downloaded; the export then downloads the folder once.
+    """
     from model_build.sources import resolve_source
     from model_build.text_ensemble.ensemble import check_tokenizer_dir
 
+    if isinstance(spec.source, S3Source):
+        return check_tokenizer_dir(spec, _s3_tokenizer_files(spec, spec.source, work_dir / "_tokenizer", s3_client))
     folder = resolve_source(spec, base_dir=base_dir, work_dir=work_dir / "_sources" / spec.name,
                             s3_client=s3_client)
     return check_tokenizer_dir(spec, folder)
+
+
+def _s3_tokenizer_files(spec: ModelSpec, source: S3Source, folder: Path, s3_client: Any) -> Path:
+    """Download ``vocab.txt`` and ``tokenizer_config.json`` of an S3 source (those present) into ``folder``."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from model_build.errors import SourceError
+    from model_build.text_ensemble.ensemble import TOKENIZER_FILES
+
+    if s3_client is None:
+        import boto3
+
+        s3_client = boto3.client("s3")
+    bucket, _, prefix = source.uri[len("s3://"):].partition("/")
+    prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        try:
+            s3_client.download_file(bucket, prefix + name, str(folder / name))
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") not in {"404", "NoSuchKey", "NotFound"}:
+                raise SourceError(f"source.uri: cannot read s3://{bucket}/{prefix}{name}: {error}",
+                                  model=spec.name) from None
+        except BotoCoreError as error:
+            raise SourceError(f"source.uri: cannot read s3://{bucket}/{prefix}{name}: {error}",
+                              model=spec.name) from None
+    return folder
 
 
 def _unit_files(spec: ModelSpec) -> tuple[str, str, str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -67,3 +68,38 @@ def compare_arrays(name: str, actual: np.ndarray, expected: np.ndarray, *, atol:
         f"rtol {rtol:g} * |reference| = {float(allowed[at]):.3g}",
         float(allowed[at]),
     )
+
+
+#: How far an endpoint's answer may be from the build's reference, by the precision the target
+#: serves (``atol``, ``rtol``). The build's reference is the served graph itself on CPU, so the
+#: only legitimate differences are the serving device's numerics: FP32 on a GPU (TF32 matmuls,
+#: other kernels) moves values by about 1e-4..1e-3; FP16 weights/engines and dynamic INT8 by far
+#: more. A wrong model, garbled bytes or a swapped output differ by orders of magnitude more.
+SERVED_TOLERANCE: dict[str, tuple[float, float]] = {
+    "fp32": (1e-3, 1e-3),
+    "fp16": (2e-2, 2e-2),
+    "int8": (5e-2, 5e-2),
+}
+#: Where the served precision is not recorded (token targets: their config carries none), the
+#: loosest rule applies.
+UNKNOWN_PRECISION_TOLERANCE: tuple[float, float] = (5e-2, 5e-2)
+#: The key of a raw-text ensemble's ``config.pbtxt`` ``parameters`` that records the precision
+#: served (Triton ignores an ensemble's parameters; smoke and verify read it).
+SERVED_PRECISION_KEY = "served_precision"
+
+
+def served_tolerance(precision: str | None) -> tuple[float, float]:
+    """``(atol, rtol)`` for an answer served at ``precision`` (``None``: not recorded)."""
+    if precision is None:
+        return UNKNOWN_PRECISION_TOLERANCE
+    if precision not in SERVED_TOLERANCE:
+        raise ValueError(f"precision: got {precision!r}; allowed: " + ", ".join(SERVED_TOLERANCE))
+    return SERVED_TOLERANCE[precision]
+
+
+def config_served_precision(config: Any) -> str | None:
+    """The precision a (parsed) ``config.pbtxt`` records under :data:`SERVED_PRECISION_KEY`, if any."""
+    if SERVED_PRECISION_KEY not in config.parameters:
+        return None
+    value = config.parameters[SERVED_PRECISION_KEY].string_value
+    return value if value in SERVED_TOLERANCE else None

@@ -264,6 +264,10 @@ class TextInputs(_Strict):
     max_sequence_length: int = Field(default=128, ge=2, le=8192)
     #: Sentences for validation and verification; defaults are built in when empty.
     sample_texts: tuple[str, ...] = ()
+    #: ``inputs: text`` only: what the server-side tokenizer does with a string longer than
+    #: ``max_sequence_length`` tokens. ``refuse`` (default): a 400 naming the input and the string's
+    #: index; ``truncate``: cut to ``max_sequence_length`` tokens, as sentence-transformers does.
+    truncation: Literal["refuse", "truncate"] = "refuse"
 
 
 class ImageInputs(_Strict):
@@ -367,6 +371,9 @@ class ModelSpec(_Strict):
             if self.max_batch_size == 0:
                 raise ValueError("inputs: got 'text' with max_batch_size 0; the ensemble takes a batch of "
                                  "strings: use max_batch_size >= 1")
+        elif self.text is not None and self.text.truncation != "refuse":
+            raise ValueError(f"text.truncation: got {self.text.truncation!r} with inputs 'tokens'; truncation is "
+                             "done by the server-side tokenizer of inputs: text (token clients cut their own ids)")
         if self.task == "sentence-embedding" and isinstance(self.source, SyntheticSource) and (
             self.source.architecture != "bert"
         ):

@@ -128,8 +128,8 @@ def package_model(
 ) -> tuple[str, int]:
     """Write ``out_path`` (``model.tar.gz``) and return ``(sha256 hex, size in bytes)``.
 
-    The config is checked first (a tarball that Triton would refuse is never written) and must
-    match ``format``. The model file is streamed, never read whole into memory; the archive is
+    The config is checked first and must match ``format``. The build then runs the pre-publish
+    gate (:func:`gate_tarball`: layout, version folder, config against the graph) on the tarball. The model file is streamed, never read whole into memory; the archive is
     written to a temporary file next to ``out_path`` and moved into place, so a failed run leaves
     no half-written tarball behind.
     """
@@ -196,6 +196,22 @@ def package_model(
             files[arcname] = external
 
     return write_tarball(files, out_path, compresslevel=compresslevel)
+
+
+def gate_tarball(out_path: Path, *, model: str) -> None:
+    """Run the pre-publish gate (:func:`model_build.verify.check_repository`) on a written tarball.
+
+    The build calls it on every tarball it writes (``model_build.build.build_model``), before
+    anything is stored or published. A tarball the gate refuses is removed, so nothing Triton would
+    refuse is left to publish.
+    """
+    from model_build.verify import check_repository  # lazy: verify imports tritonclient
+
+    try:
+        check_repository(out_path, model=model)
+    except BaseException:
+        Path(out_path).unlink(missing_ok=True)
+        raise
 
 
 def write_tarball(files: dict[str, Path | bytes], out_path: Path, *, compresslevel: int = 1,

@@ -15,10 +15,10 @@ asks the endpoint itself, through the public SageMaker APIs, the way a client ap
 3. Each answer is read with tritonclient's own parser and checked: every config output present,
    with the config's data type and shape, and values close to the reference.
 
-The tolerance is loose on purpose (see :data:`DEFAULT_ATOL`): the build already checked the
-numerics tightly on CPU; here the question is "is this the right model, answering sanely", and a
-GPU (TF32 convolutions, FP16 or TensorRT engines) legitimately moves values by far more than the
-build's tolerance.
+The tolerance is the one rule of :mod:`model_build.compare` for the precision the target serves
+(:data:`~model_build.compare.SERVED_TOLERANCE`): tight for FP32 (a raw-text target's ensemble config
+records its precision), looser for FP16/INT8, and the loosest where the precision is not recorded
+(token targets: see :data:`DEFAULT_ATOL`). ``--atol``/``--rtol`` override it for every target.
 """
 
 from __future__ import annotations
@@ -39,15 +39,19 @@ from typing import Any
 
 import numpy as np
 
-from model_build.compare import compare_arrays
+from model_build.compare import (
+    UNKNOWN_PRECISION_TOLERANCE,
+    compare_arrays,
+    config_served_precision,
+    served_tolerance,
+)
 from model_build.errors import ModelBuildError, TritonConfigError, VerifyError
 from model_build.release import INDEX_NAME, REFERENCE_DIR
 
-#: Loose on purpose: TF32 convolutions and matmuls on Ampere GPUs (g5), FP16 weights and
-#: TensorRT FP16 engines move outputs by 1e-3 to 1e-2 relative, sometimes more on large logits.
-#: A wrong model, garbled bytes or a swapped output differ by orders of magnitude more.
-DEFAULT_ATOL = 5e-2
-DEFAULT_RTOL = 5e-2
+#: Where the served precision is not recorded: loose, as TF32 convolutions and matmuls on Ampere
+#: GPUs (g5), FP16 weights and TensorRT FP16 engines move outputs by 1e-3 to 1e-2 relative. A wrong
+#: model, garbled bytes or a swapped output differ by orders of magnitude more.
+DEFAULT_ATOL, DEFAULT_RTOL = UNKNOWN_PRECISION_TOLERANCE
 #: Per-invocation limit; SageMaker itself gives a model 60 s to answer an invocation.
 DEFAULT_TIMEOUT_SECONDS = 60.0
 _HEADER_SIZE = re.compile(r"json-header-size\s*=\s*(\d+)", re.IGNORECASE)
@@ -138,6 +142,11 @@ class _Reference:
     outputs: dict[str, np.ndarray] = field(default_factory=dict)
     #: Set when the reference could not be prepared: every target of the model fails with it.
     error: str | None = None
+
+    def tolerance(self, atol: float | None, rtol: float | None) -> tuple[float, float]:
+        """The comparison's ``(atol, rtol)``: given ones, else the rule of the precision served."""
+        rule_atol, rule_rtol = served_tolerance(config_served_precision(self.config) if self.config else None)
+        return (rule_atol if atol is None else atol, rule_rtol if rtol is None else rtol)
 
 
 # --------------------------------------------------------------------------------------------
@@ -586,8 +595,8 @@ def _smoke_target(
     reference: _Reference,
     *,
     timeout_seconds: float,
-    atol: float,
-    rtol: float,
+    atol: float | None,
+    rtol: float | None,
 ) -> TargetResult:
     """Invoke one target cold then warm; the row fails with the first problem of either call.
 
@@ -600,6 +609,7 @@ def _smoke_target(
         return row
     problems: list[tuple[str, _CallFailed]] = []
     diffs: list[float] = []
+    atol, rtol = reference.tolerance(atol, rtol)
     for label in ("cold", "warm"):
         try:
             ms, body, content_type = _invoke(runtime_client, endpoint_name, target, reference, timeout_seconds)
@@ -646,8 +656,8 @@ def run_smoke(
     release: str | None = None,
     sample: int | None = None,
     timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS,
-    tolerance_atol: float = DEFAULT_ATOL,
-    tolerance_rtol: float = DEFAULT_RTOL,
+    tolerance_atol: float | None = None,
+    tolerance_rtol: float | None = None,
     seed: int = 0,
     progress: Progress | None = None,
 ) -> SmokeReport:
@@ -749,10 +759,13 @@ def add_smoke_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--region", default=None, help="AWS region (default: from the environment)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_SECONDS, metavar="S",
                         help=f"seconds one invocation may take (default: {DEFAULT_TIMEOUT_SECONDS:g})")
-    parser.add_argument("--atol", type=float, default=DEFAULT_ATOL,
-                        help=f"absolute tolerance against the reference (default: {DEFAULT_ATOL:g}; loose: GPU numerics differ)")
-    parser.add_argument("--rtol", type=float, default=DEFAULT_RTOL,
-                        help=f"relative tolerance against the reference (default: {DEFAULT_RTOL:g})")
+    parser.add_argument("--atol", type=float, default=None,
+                        help="absolute tolerance against the reference for every target (default: the rule of "
+                             "the precision the target serves, model_build.compare.SERVED_TOLERANCE; "
+                             f"{DEFAULT_ATOL:g} where it is not recorded)")
+    parser.add_argument("--rtol", type=float, default=None,
+                        help="relative tolerance against the reference for every target (default: as --atol; "
+                             f"{DEFAULT_RTOL:g} where the precision is not recorded)")
     for service in ("sagemaker", "runtime", "s3"):
         parser.add_argument(f"--{service}-endpoint-url", default=None, metavar="URL",
                             help=f"{service} API endpoint, for testing against local endpoints (default: AWS)")

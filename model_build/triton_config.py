@@ -12,7 +12,9 @@ a build error that names the field, the value and what is allowed.
 
 A few checks are stricter than Triton on purpose, each noted where it is made: Triton ignores
 unknown ``parameters`` keys and graph levels other than -1/1/2 (a typo then silently changes
-nothing), and it accepts ``dynamic_batching`` on a model that cannot batch.
+nothing), it accepts ``dynamic_batching`` on a model that cannot batch, and it loads a config that
+lists one tensor twice under the same name (checked on tritonserver 2.51 with the local
+onnxruntime stand-in: tests/test_config_rules_on_triton.py).
 """
 
 from __future__ import annotations
@@ -586,6 +588,24 @@ def check_config(text: str, *, model: str | None = None) -> ModelConfig:
         _check_onnxruntime(config, problems)
     elif backend == "pytorch":
         _check_pytorch(config, problems)
+    problems.raise_if_any()
+    return config
+
+
+def check_repository_config(text: str, *, model: str | None = None) -> ModelConfig:
+    """:func:`check_config` for any folder of a tarball: an ensemble or a python-backend member too.
+
+    Model configs (``onnxruntime``/``pytorch``) get every check of :func:`check_config`; an
+    ``ensemble`` (``platform: "ensemble"``) or a ``backend: "python"`` member gets the checks of
+    Triton's core that apply to every model (batching, tensors, instance groups).
+    """
+    config = parse_config(text, model=model)
+    if config.platform != "ensemble" and config.backend != "python":
+        return check_config(text, model=model)
+    problems = _Problems(model or config.name or "?")
+    _check_batching(config, problems)
+    _check_io(config, problems)
+    _check_instance_groups(config, problems)
     problems.raise_if_any()
     return config
 

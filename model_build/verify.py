@@ -3,9 +3,11 @@
 Whether a published tarball loads and answers on Triton is checked on the real ``tritonserver``
 (``model_build.tools``, used by ``verify``, ``demo`` and the tests). What stays here:
 
-- ``locate_model``, ``_version_dir`` and ``check_ensemble_repository``: the layout rules (one
-  model directory or ``config.pbtxt`` at the root, or one ensemble with its members; a numeric
-  version directory);
+- ``check_repository``: the one pre-publish gate the build runs on every tarball it writes
+  (layout, version folder, config, config against the graph, ensemble rules), each of its rules
+  confirmed against the real server in ``tests/test_config_rules_on_triton.py``; its parts
+  ``locate_model``, ``_version_dir``, ``check_ensemble_repository`` (layout) and
+  ``check_signature`` / ``onnx_signature`` (the config against the graph, read with ``onnx.load``);
 - ``build_request`` / ``parse_response``: the client side of Triton's binary+JSON protocol, with
   tritonclient's own types, for the smoke test
   (``application/vnd.sagemaker-triton.binary+json;json-header-size=<n>``);
@@ -29,7 +31,7 @@ from tritonclient.utils import (
     triton_to_np_dtype,
 )
 
-from model_build.errors import VerifyError
+from model_build.errors import ModelBuildError, VerifyError
 from model_build.triton_config import (
     ModelConfig,
     config_backend,
@@ -149,6 +151,120 @@ def check_ensemble_repository(root: Path, *, model: str | None = None) -> str:
     return ensembles[0]
 
 
+def check_repository(path: Path, *, model: str) -> str:
+    """The pre-publish gate: everything Triton checks when it loads a tarball, before it is published.
+
+    ``path`` is a packaged ``model.tar.gz`` (unpacked safely into a temporary folder next to it) or
+    an unpacked folder. The build runs it on every tarball it writes, single model or ensemble
+    (``model_build.build.build_model`` through :func:`model_build.package.gate_tarball`);
+    ``tests/test_config_rules_on_triton.py`` confirms each rule against the real ``tritonserver``.
+
+    1. layout: ``config.pbtxt`` at the root or one model folder; several folders only as one
+       ensemble and its members (:func:`check_ensemble_repository`);
+    2. every folder's config parses and passes :func:`~model_build.triton_config.check_config`
+       (ensembles and python members: Triton core's rules);
+    3. a numeric version folder (the one the version policy serves) holding the model file;
+    4. the config's inputs and outputs against the graph's (names, data types, dims), read with
+       ``onnx.load`` (no weights, no ONNX Runtime session) or TorchScript's forward signature;
+    5. an ensemble's steps map only tensors its members have, and produce every ensemble output.
+
+    Returns the name of the folder the endpoint loads ("" for a config at the root). Raises a
+    :class:`~model_build.errors.ModelBuildError` (``TritonConfigError`` or ``VerifyError``) naming
+    the model, the field, the value and what is allowed.
+    """
+    path = Path(path)
+    if path.is_file():
+        import tarfile
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix=".gate-", dir=path.parent) as tmp:
+            try:
+                with tarfile.open(path) as tar:
+                    tar.extractall(tmp, filter="data")
+            except (tarfile.TarError, OSError, EOFError) as error:
+                raise VerifyError(f"model {model!r}: tarball {path.name!r}: cannot be unpacked: {error}",
+                                  model=model) from None
+            return check_repository(Path(tmp), model=model)
+    if not path.is_dir():
+        raise VerifyError(f"model {model!r}: {str(path)!r} is neither a tarball nor a folder", model=model)
+    folders = sorted(p for p in path.iterdir() if p.is_dir())
+    try:
+        if (path / "config.pbtxt").is_file() or len(folders) <= 1:
+            model_dir, name = locate_model(path, model=model)
+            _check_model_folder(model_dir, model, None)
+            return name or ""
+        main = check_ensemble_repository(path, model=model)
+        configs = {folder.name: _check_model_folder(folder, model, folder.name) for folder in folders}
+        _check_ensemble_wiring(main, configs, model)
+        return main
+    except ModelBuildError as error:
+        error.model = model
+        raise
+
+
+def _check_model_folder(folder: Path, model: str, member: str | None) -> ModelConfig:
+    """Steps 2-4 of :func:`check_repository` for one model folder."""
+    from model_build.triton_config import check_repository_config, default_filename
+
+    label = model if member is None else f"{model}/{member}"
+    config = check_repository_config((folder / "config.pbtxt").read_text(encoding="utf-8", errors="replace"),
+                                     model=label)
+    _, version = _version_dir(folder, config, label)
+    if config.platform == "ensemble":
+        return config
+    if config.backend == "python":
+        if not (version / "model.py").is_file():
+            raise VerifyError(f"model {label!r}: model file 'model.py': missing in version folder "
+                              f"{version.name!r}; a python-backend model needs one", model=model)
+        return config
+    model_file = version / default_filename(config)
+    if config_backend(config) == "onnxruntime":
+        if model_file.is_dir():  # the backend reads <dir>/model.onnx for a directory
+            model_file = model_file / "model.onnx"
+        if not model_file.is_file():
+            raise VerifyError(f"model {label!r}: model file {model_file.name!r}: missing in version folder "
+                              f"{version.name!r}; allowed: the file default_model_filename names", model=model)
+        from model_build.package import onnx_external_data_files
+
+        for location in onnx_external_data_files(model_file):
+            if not (model_file.parent / location).is_file():
+                raise VerifyError(f"model {label!r}: external data file {location!r}: missing next to "
+                                  f"{model_file.name!r}", model=model)
+        inputs, outputs = onnx_signature(model_file, model=label)
+        check_signature(config, label, "onnx graph", inputs, outputs)
+    else:
+        open_model(model_file, config, model=label)  # TorchScript: loads, maps inputs to forward's arguments
+    return config
+
+
+def _check_ensemble_wiring(main: str, configs: dict[str, ModelConfig], model: str) -> None:
+    """Triton's ensemble rules: steps map member tensors; every ensemble input used, output produced."""
+    ensemble = configs[main]
+    available = {io.name for io in ensemble.input}
+    produced: set[str] = set()
+    for index, step in enumerate(ensemble.ensemble_scheduling.step):
+        member = configs[step.model_name]
+        where = f"model {model!r}: ensemble_scheduling.step[{index}]({step.model_name})"
+        for field, mapping, tensors in (("input_map", step.input_map, member.input),
+                                        ("output_map", step.output_map, member.output)):
+            names = {io.name for io in tensors}
+            for key in sorted(mapping):
+                if key not in names:
+                    raise VerifyError(f"{where}.{field}: key {key!r} is not a tensor of {step.model_name!r}; "
+                                      "allowed: " + ", ".join(repr(n) for n in sorted(names)), model=model)
+        for key in sorted(step.input_map):
+            if step.input_map[key] not in available:
+                raise VerifyError(f"{where}.input_map[{key!r}]: {step.input_map[key]!r} is neither an ensemble "
+                                  "input nor an earlier step's output; allowed: "
+                                  + ", ".join(repr(n) for n in sorted(available)), model=model)
+        available |= set(step.output_map.values())
+        produced |= set(step.output_map.values())
+    for io in ensemble.output:
+        if io.name not in produced:
+            raise VerifyError(f"model {model!r}: ensemble output {io.name!r}: no step produces it; the steps "
+                              "produce " + ", ".join(repr(n) for n in sorted(produced)), model=model)
+
+
 # --------------------------------------------------------------------------------------------
 # Request and response codec (tritonclient on the client side, Triton's format on the server)
 # --------------------------------------------------------------------------------------------
@@ -216,6 +332,87 @@ def _wants_gpu(config: ModelConfig) -> bool:
     kinds = {group.kind for group in config.instance_group}
     # No instance group: Triton uses the GPU when one is present.
     return not kinds or bool(kinds & {_mc.ModelInstanceGroup.KIND_GPU, _mc.ModelInstanceGroup.KIND_AUTO})
+
+
+#: One graph tensor: name, wire data type (``FP32``...), shape (``-1`` or a name where variable).
+GraphTensor = tuple[str, str, list[Any]]
+
+
+def check_signature(config: ModelConfig, model: str, what: str, inputs: list[GraphTensor],
+                    outputs: list[GraphTensor]) -> None:
+    """Refuse a config whose tensors are not the graph's: name, data type, dims (batch axis aside).
+
+    The onnxruntime backend makes the same checks when it loads the model (``ValidateInputs`` /
+    ``ValidateOutputs`` of ``onnxruntime_backend``); each refusal names the model, the config field,
+    its value and what the graph has.
+    """
+    for kind, graph_side, config_side in (("input", inputs, config.input), ("output", outputs, config.output)):
+        graph = {name: wire for name, wire, _ in graph_side}
+        shapes = {name: list(shape)[1 if config.max_batch_size > 0 else 0:] for name, _, shape in graph_side}
+        for io in config_side:
+            if io.name not in graph:
+                raise VerifyError(
+                    f"model {model!r}: config {kind} {io.name!r}: name not in the {what}; allowed: the "
+                    f"graph's {kind}s " + ", ".join(repr(n) for n in sorted(graph)),
+                    model=model,
+                )
+            if graph[io.name] != wire_datatype(io.data_type):
+                raise VerifyError(
+                    f"model {model!r}: config {kind} {io.name!r}: data_type "
+                    f"{_mc.DataType.Name(io.data_type)}; the {what} has {graph[io.name]} "
+                    f"(allowed: TYPE_{graph[io.name].replace('BYTES', 'STRING')})",
+                    model=model,
+                )
+            dims = list(io.reshape.shape) if io.HasField("reshape") else list(io.dims)
+            shape = shapes[io.name]
+            if len(dims) != len(shape) or any(isinstance(g, int) and g >= 0 and d != -1 and g != d
+                                              for g, d in zip(shape, dims, strict=True)):
+                raise VerifyError(
+                    f"model {model!r}: config {kind} {io.name!r}: dims {dims}; the {what} has "
+                    f"{['-1' if not isinstance(g, int) or g < 0 else g for g in shape]} "
+                    f"(batch axis {'removed' if config.max_batch_size > 0 else 'kept'}); allowed: those "
+                    "dims, -1 where the graph's dimension is variable",
+                    model=model,
+                )
+        if kind == "input" and len(graph) != len(config_side):
+            missing = sorted(set(graph) - {io.name for io in config_side})
+            raise VerifyError(
+                f"model {model!r}: input: the {what} also needs {missing}; the config must list every "
+                "graph input",
+                model=model,
+            )
+
+
+def onnx_signature(path: Path, *, model: str) -> tuple[list[GraphTensor], list[GraphTensor]]:
+    """Inputs and outputs of an ONNX file read with ``onnx.load`` (graph only, no weights, no session)."""
+    import onnx  # lazy: a TorchScript model needs no onnx
+
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception as error:  # onnx raises DecodeError and others
+        raise VerifyError(f"model {model!r}: model file {path.name!r}: not a readable onnx model: {error}",
+                          model=model) from None
+    initializers = {tensor.name for tensor in proto.graph.initializer}
+
+    def tensors(values: Any) -> list[GraphTensor]:
+        found: list[GraphTensor] = []
+        for value in values:
+            if value.name in initializers:  # IR < 4 lists initializers as inputs
+                continue
+            tensor_type = value.type.tensor_type
+            wire = _ONNX_TO_WIRE.get(onnx.TensorProto.DataType.Name(tensor_type.elem_type), "?")
+            shape = [dim.dim_value if dim.HasField("dim_value") else -1 for dim in tensor_type.shape.dim]
+            found.append((value.name, wire, shape))
+        return found
+
+    return tensors(proto.graph.input), tensors(proto.graph.output)
+
+
+_ONNX_TO_WIRE = {
+    "FLOAT": "FP32", "FLOAT16": "FP16", "BFLOAT16": "BF16", "DOUBLE": "FP64", "INT8": "INT8", "INT16": "INT16",
+    "INT32": "INT32", "INT64": "INT64", "UINT8": "UINT8", "UINT16": "UINT16", "UINT32": "UINT32",
+    "UINT64": "UINT64", "BOOL": "BOOL", "STRING": "BYTES",
+}
 
 
 class _OnnxRunner:
@@ -289,41 +486,9 @@ class _OnnxRunner:
 
     def _check_signature(self, config: ModelConfig, model: str) -> None:
         """The backend refuses a config whose tensors the graph does not have (name, type, dims)."""
-        for kind, graph_side, config_side in (
-            ("input", self.session.get_inputs(), config.input),
-            ("output", self.session.get_outputs(), config.output),
-        ):
-            graph = {t.name: _ORT_TO_WIRE.get(t.type, t.type) for t in graph_side}
-            shapes = {t.name: list(t.shape)[1 if config.max_batch_size > 0 else 0:] for t in graph_side}
-            for io in config_side:
-                if io.name not in graph:
-                    raise VerifyError(
-                        f"model {model!r}: config {kind} {io.name!r}: not in the onnx graph; the "
-                        f"graph's {kind}s are " + ", ".join(sorted(graph)),
-                        model=model,
-                    )
-                if graph[io.name] != wire_datatype(io.data_type):
-                    raise VerifyError(
-                        f"model {model!r}: config {kind} {io.name!r}: data_type "
-                        f"{_mc.DataType.Name(io.data_type)}; the onnx graph has {graph[io.name]}",
-                        model=model,
-                    )
-                dims = list(io.reshape.shape) if io.HasField("reshape") else list(io.dims)
-                shape = shapes[io.name]
-                if len(dims) != len(shape) or any(isinstance(g, int) and g >= 0 and d != -1 and g != d
-                                                  for g, d in zip(shape, dims, strict=True)):
-                    raise VerifyError(
-                        f"model {model!r}: config {kind} {io.name!r}: dims {dims}; the onnx graph has "
-                        f"{shape} (batch axis {'removed' if config.max_batch_size > 0 else 'kept'})",
-                        model=model,
-                    )
-            if kind == "input" and len(graph) != len(config_side):
-                missing = sorted(set(graph) - {io.name for io in config_side})
-                raise VerifyError(
-                    f"model {model!r}: input: the onnx graph also needs {missing}; the config "
-                    "must list every graph input",
-                    model=model,
-                )
+        check_signature(config, model, "onnx graph",
+                        [(t.name, _ORT_TO_WIRE.get(t.type, t.type), list(t.shape)) for t in self.session.get_inputs()],
+                        [(t.name, _ORT_TO_WIRE.get(t.type, t.type), list(t.shape)) for t in self.session.get_outputs()])
 
     def run(self, feeds: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
         results = self.session.run(names, feeds, self.run_options)

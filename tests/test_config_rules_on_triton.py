@@ -1,10 +1,12 @@
-"""Each rule of our pre-publish config gate, confirmed on the real ``tritonserver``.
+"""Each rule of our pre-publish gate, confirmed on the real ``tritonserver``.
 
-``model_build.triton_config.check_config`` (and the tarball layout checks) refuse a config before
-anything is published, because on a SageMaker MME a bad config is only found at the first
+``model_build.verify.check_repository`` (the gate the build runs on every tarball it writes: layout,
+version folder, ``check_config``, the config against the graph, ensemble rules) refuses a tarball
+before anything is published, because on a SageMaker MME a bad config is only found at the first
 invocation. Here every case of a corpus is given to both: our gate must refuse it, and the real
-server's load (``POST /models``, the SageMaker MME route) must refuse it too, with the reason in
-its answer. The few rules that are stricter than Triton on purpose (a typo Triton would silently
+server's load (``POST /models``, the SageMaker MME route) must refuse it too; each case names a
+reason keyword that must appear in our error and another in the server's answer (a refusal for
+another reason fails the test). The few rules that are stricter than Triton on purpose (a typo Triton would silently
 ignore) are listed apart, and the test shows that the server does load them: the README says so.
 
 Rules of Triton's core (batching, dims, names, layout) are the server's own. Rules of the ONNX
@@ -29,8 +31,7 @@ from model_build.build import build_model
 from model_build.errors import ModelBuildError
 from model_build.manifest import parse_manifest
 from model_build.tools.triton_server import TritonServer, triton_server
-from model_build.triton_config import check_config, default_filename
-from model_build.verify import _version_dir, check_ensemble_repository, locate_model, open_model
+from model_build.verify import check_repository
 
 pytestmark = [pytest.mark.slow, requires_triton]
 
@@ -77,7 +78,6 @@ REFUSED_BY_BOTH: dict[str, Edit] = {
     "preferred batch size above max_batch_size": _config_edit("preferred_batch_size: 4", "preferred_batch_size: 8"),
     "negative max_batch_size": _config_edit("max_batch_size: 4", "max_batch_size: -1"),
     "a dimension of 0": _config_edit("dims: 32", "dims: 0"),
-    "two inputs with one name": _append('input { name: "pixel_values" data_type: TYPE_FP32 dims: 1 }\n'),
     "execution_mode other than 0/1": _append('parameters { key: "execution_mode" value { string_value: "2" } }\n'),
     "unknown tensorrt accelerator key": _append(
         'optimization { execution_accelerators { gpu_execution_accelerator { name: "tensorrt" '
@@ -95,22 +95,51 @@ STRICTER_THAN_TRITON: dict[str, Edit] = {
     "unknown parameters key (a typo)": _append('parameters { key: "intra_op_threads" value { string_value: "2" } }\n'),
     "graph optimization level other than -1/1/2": _append("optimization { graph { level: 5 } }\n"),
     "two model directories without an ensemble": _second_model,
+    # The same tensor twice (a copy-paste), nothing else wrong: the server loads it (this corpus
+    # once had it refused "by both", but the server's refusal was for the dims of the copy).
+    "two inputs with one name": _append('input { name: "pixel_values" data_type: TYPE_FP32 dims: [3, 32, 32] }\n'),
+}
+STRICT_REASONS: dict[str, str] = {
+    "two inputs with one name": "names must be unique",
+    "unknown parameters key (a typo)": "parameters key: got 'intra_op_threads'; unknown key",
+    "graph optimization level other than -1/1/2": "optimization.graph.level: got 5",
+    "two model directories without an ensemble": "several folders need exactly one ensemble",
 }
 
 
-def our_gate(root: Path) -> None:
-    """Our checks: the layout, the version directory, ``check_config`` and the config against the graph."""
-    model_dir, _ = locate_model(root, model="rules")
-    config = check_config((model_dir / "config.pbtxt").read_text(), model="rules")
-    _, version = _version_dir(model_dir, config, "rules")
-    open_model(version / default_filename(config), config, model="rules")
+#: For each case: a keyword our gate's error must contain, and one the server's refusal must contain.
+REASONS: dict[str, tuple[str, str]] = {
+    "preferred batch size above max_batch_size": ("dynamic_batching.preferred_batch_size: got 8",
+                                                  "preferred size must be <= max batch size"),
+    "negative max_batch_size": ("max_batch_size: got -1", "'max_batch_size' must be non-negative"),
+    "a dimension of 0": ("dims: got [3, 0, 32]", "dimension must be integer >= 1"),
+    "execution_mode other than 0/1": ("parameters['execution_mode']: got '2'", "unsupported execution mode '2'"),
+    "unknown tensorrt accelerator key": ("key: got 'precision'", "unknown parameter 'precision'"),
+    "cpu accelerator other than openvino": ("cpu_execution_accelerator[0].name: got 'cuda'",
+                                            "unknown Execution Accelerator 'cuda'"),
+    "enable_mem_arena not a boolean": ("parameters['enable_mem_arena']: got 'yes'",
+                                       "failed to convert 'yes' to boolean value for parameter 'enable_mem_arena'"),
+    "no version directory": ("version directory: none found", "at least one version must be available"),
+    "dims that are not the graph's": ("config input 'pixel_values': dims [3, 16, 32]",
+                                      "the configuration declares dims [3, 16, 32]"),
+    "a data type that is not the graph's": ("data_type TYPE_FP16; the onnx graph has FP32",
+                                            "unexpected datatype TYPE_FP16 for input 'pixel_values'"),
+    "an input the graph does not have": ("config input 'pixels': name not in the onnx graph", "unexpected input 'pixels'"),
+}
+
+
+def our_gate(root: Path) -> str:
+    """The build's own pre-publish gate, exactly as the build calls it (on the unpacked folder)."""
+    return check_repository(root, model="rules")
 
 
 @pytest.fixture(scope="module")
 def good(tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("rules")
     spec = parse_manifest({"version": 1, "models": [SPEC]}).models[0]
-    result = build_model(spec, base_dir=work, release_dir=work, work_dir=work / "work")
+    steps: list[str] = []
+    result = build_model(spec, base_dir=work, release_dir=work, work_dir=work / "work", step=steps.append)
+    assert steps[-1] == "pre-publish gate"  # the build ran this very gate on the tarball it wrote
     root = work / "good"
     with tarfile.open(work / result.tarball) as tar:
         tar.extractall(root, filter="data")
@@ -131,11 +160,17 @@ def _case(good: Path, tmp_path: Path, edit: Edit) -> Path:
 
 
 def _load(server: TritonServer, root: Path, name: str) -> tuple[int, str]:
+    """The server's answer to a load, and what its log says about that load (where the server
+    answers only "failed to poll from model repository", the log holds the reason)."""
+    before = server.log_path.stat().st_size if server.log_path.exists() else 0
     answer = server.request("POST", "/models", json.dumps({"model_name": name, "url": str(root)}).encode(),
                             headers={"Content-Type": "application/json"}, timeout=120)
     if answer.status == 200:
         server.request("DELETE", f"/models/{name}", timeout=120)
-    return answer.status, answer.body.decode(errors="replace")
+    with server.log_path.open("rb") as log:
+        log.seek(before)
+        logged = log.read().decode(errors="replace")
+    return answer.status, answer.body.decode(errors="replace") + "\n" + logged
 
 
 def test_the_unchanged_model_passes_both(server: TritonServer, good: Path) -> None:
@@ -147,18 +182,22 @@ def test_the_unchanged_model_passes_both(server: TritonServer, good: Path) -> No
 def test_refused_by_our_gate_and_by_the_real_server(server: TritonServer, good: Path, tmp_path: Path,
                                                     case: str) -> None:
     root = _case(good, tmp_path, REFUSED_BY_BOTH[case])
-    with pytest.raises(ModelBuildError):
+    ours, theirs = REASONS[case]
+    with pytest.raises(ModelBuildError) as caught:
         our_gate(root)
+    assert ours in str(caught.value), str(caught.value)
+    assert "'rules'" in str(caught.value) and caught.value.model == "rules"
     status, message = _load(server, root, f"refused{list(REFUSED_BY_BOTH).index(case)}")
     assert status == 400, message
-    assert "load failed" in message or "failed" in message
+    assert theirs in message, message
 
 
 @pytest.mark.parametrize("case", list(STRICTER_THAN_TRITON))
 def test_stricter_than_triton_on_purpose(server: TritonServer, good: Path, tmp_path: Path, case: str) -> None:
     root = _case(good, tmp_path, STRICTER_THAN_TRITON[case])
-    with pytest.raises(ModelBuildError):
+    with pytest.raises(ModelBuildError) as caught:
         our_gate(root)
+    assert STRICT_REASONS[case] in str(caught.value), str(caught.value)
     status, message = _load(server, root, f"strict{list(STRICTER_THAN_TRITON).index(case)}")
     assert status == 200, message
 
@@ -197,16 +236,39 @@ def _step_names_a_missing_member(root: Path) -> None:
     path.write_text(path.read_text().replace('model_name: "rules"', 'model_name: "absent"'))
 
 
+def _ensemble_edit(old: str, new: str) -> Edit:
+    def edit(root: Path) -> None:
+        path = root / "ensemble" / "config.pbtxt"
+        assert old in path.read_text()
+        path.write_text(path.read_text().replace(old, new, 1))
+
+    return edit
+
+
 ENSEMBLE_REFUSED_BY_BOTH: dict[str, Edit] = {
     "member config name other than its folder": _member_renamed,
     "ensemble step naming a member not in the tarball": _step_names_a_missing_member,
     "member without a version directory": lambda root: shutil.rmtree(root / "rules" / "1"),
+    "step mapping a tensor the member does not have": _ensemble_edit('key: "pixel_values"', 'key: "pixels"'),
+    "ensemble output no step produces": _ensemble_edit('value: "logits"', 'value: "scores"'),
+    "member config against its graph (data type)": lambda root: _config_edit(
+        "data_type: TYPE_FP32", "data_type: TYPE_FP16")(root / "rules"),
+}
+ENSEMBLE_REASONS: dict[str, tuple[str, str]] = {
+    "member config name other than its folder": ("config name 'other'", "directory name must equal model name"),
+    "ensemble step naming a member not in the tarball": ("model 'absent' is not in the tarball",
+                                                         "'absent': model not found"),
+    "member without a version directory": ("version directory: none found", "at least one version must be available"),
+    "step mapping a tensor the member does not have": ("input_map: key 'pixels'", "non-existing input pixels"),
+    "ensemble output no step produces": ("ensemble output 'logits': no step produces it", "ensemble output 'logits'"),
+    "member config against its graph (data type)": ("data_type TYPE_FP16; the onnx graph has FP32",
+                                                    "unexpected datatype TYPE_FP16 for input 'pixel_values'"),
 }
 
 
 def test_an_ensemble_tarball_passes_both(server: TritonServer, good: Path, tmp_path: Path) -> None:
     root = _ensemble(good, tmp_path)
-    assert check_ensemble_repository(root, model="rules") == "ensemble"
+    assert our_gate(root) == "ensemble"
     status, message = _load(server, root, "ensemble-good")
     assert status == 200, message
 
@@ -215,7 +277,10 @@ def test_an_ensemble_tarball_passes_both(server: TritonServer, good: Path, tmp_p
 def test_ensemble_rules_refused_by_our_check_and_by_the_real_server(server: TritonServer, good: Path,
                                                                     tmp_path: Path, case: str) -> None:
     root = _ensemble(good, tmp_path, ENSEMBLE_REFUSED_BY_BOTH[case])
-    with pytest.raises(ModelBuildError):
-        check_ensemble_repository(root, model="rules")
+    ours, theirs = ENSEMBLE_REASONS[case]
+    with pytest.raises(ModelBuildError) as caught:
+        our_gate(root)
+    assert ours in str(caught.value), str(caught.value)
     status, message = _load(server, root, f"ensemble{list(ENSEMBLE_REFUSED_BY_BOTH).index(case)}")
     assert status == 400, message
+    assert theirs in message, message

@@ -342,3 +342,47 @@ def test_gzip_stream_of_package_is_a_valid_tar(onnx_model: Built, tmp_path: Path
     assert len(raw) % tarfile.RECORDSIZE == 0
     with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
         assert tar.getnames()[0] == "tiny-onnx"
+
+
+# --------------------------------------------------------------------------------------------
+# The pre-publish gate the build runs on every tarball it writes
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("old", "new", "reason"), [
+    ('name: "mask"\n  data_type: TYPE_INT64', 'name: "mask"\n  data_type: TYPE_INT32',
+     "config input 'mask': data_type TYPE_INT32; the onnx graph has INT64 (allowed: TYPE_INT64)"),
+    ('name: "mask"', 'name: "attention"', "config input 'attention': name not in the onnx graph; allowed: "
+                                          "the graph's inputs 'mask', 'x'"),
+    ("dims: 3", "dims: 5", "config output 'y': dims [5]; the onnx graph has [3]"),
+], ids=["data type", "input name", "dims"])
+def test_gate_refuses_a_packaged_config_not_the_graphs_and_leaves_no_tarball(
+    onnx_model: Built, tmp_path: Path, old: str, new: str, reason: str
+) -> None:
+    """``check_config`` alone accepts these (they are valid configs); the build's gate does not."""
+    from model_build.package import gate_tarball
+
+    text = onnx_model.config_text.replace(old, new, 1)
+    assert text != onnx_model.config_text
+    check_config(text, model="tiny-onnx")
+    out = tmp_path / "model.tar.gz"
+    package_model(model_name="tiny-onnx", config_text=text, model_file=onnx_model.exported.path,
+                  format="onnx", out_path=out)
+    with pytest.raises(VerifyError) as caught:
+        gate_tarball(out, model="tiny-onnx")
+    assert reason in str(caught.value) and caught.value.model == "tiny-onnx"
+    assert not out.exists() and not list(tmp_path.iterdir())  # nothing left to publish
+
+
+def test_gate_reads_the_graph_without_an_onnx_runtime_session(onnx_model: Built, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    out = tmp_path / "model.tar.gz"
+    _package(onnx_model, out)
+    code = ("import sys; from pathlib import Path; from model_build.verify import check_repository; "
+            f"print(check_repository(Path({str(out)!r}), model='tiny-onnx'), 'onnxruntime' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            cwd=Path(__file__).resolve().parents[1])
+    assert result.stdout.split() == ["tiny-onnx", "False"], result.stderr
+    assert not [p for p in tmp_path.iterdir() if p.name != "model.tar.gz"]  # its unpacked copy is gone

@@ -158,6 +158,50 @@ def test_tokenizer_model_file_needs_nothing_but_stdlib_and_numpy_on_python_38():
                         "triton_python_backend_utils"}, imported
 
 
+def _other_cpythons() -> list[str]:
+    """CPython interpreters on this machine other than the one running the tests (with numpy)."""
+    import shutil
+    import subprocess
+    import sys
+
+    found = []
+    for minor in range(8, 15):
+        path = shutil.which(f"python3.{minor}")
+        if not path or (3, minor) == sys.version_info[:2]:
+            continue
+        probe = subprocess.run([path, "-c", "import numpy"], capture_output=True, timeout=60)
+        if probe.returncode == 0:
+            found.append(path)
+    return found
+
+
+OTHER_CPYTHONS = _other_cpythons()
+
+
+@pytest.mark.skipif(not OTHER_CPYTHONS, reason="no other CPython with numpy on this machine (Debian bookworm "
+                    "packages python3.11 only); the file is parsed as 3.8 above instead")
+@pytest.mark.parametrize("python", OTHER_CPYTHONS or ["none"])
+def test_tokenizer_pure_python_path_runs_on_other_cpythons(python, ours):
+    """The tarball's model.py, loaded by path (as the stub loads it), tokenizes like it does here."""
+    import subprocess
+
+    import model_build.text_ensemble.tokenizer_model as module
+
+    code = ("import importlib.util, json, sys\n"
+            "spec = importlib.util.spec_from_file_location('model', sys.argv[1]); m = importlib.util.module_from_spec(spec)\n"
+            "spec.loader.exec_module(m)\n"
+            "t = m.WordPieceTokenizer.from_dir(sys.argv[2])\n"
+            "ids, mask = t.encode_batch(json.loads(sys.argv[3]), int(sys.argv[4]), truncate=True)\n"
+            "print(json.dumps([ids.tolist(), mask.tolist()]))\n")
+    texts = [*TEXTS.values(), LONG]
+    done = subprocess.run([python, "-c", code, module.__file__, str(MINILM_DIR), json.dumps(texts), str(MAX_LEN)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    ids, mask = json.loads(done.stdout)
+    expected_ids, expected_mask = ours.encode_batch(texts, MAX_LEN, truncate=True)
+    assert ids == expected_ids.tolist() and mask == expected_mask.tolist()
+
+
 # --------------------------------------------------------------------------------------------
 # Configs (no export needed: a signature is enough)
 # --------------------------------------------------------------------------------------------
@@ -183,6 +227,62 @@ def test_feature_extraction_ensemble_returns_the_mask():
     configs = render_ensemble_configs(spec_for(task="feature-extraction"), signature)
     outputs = configs.ensemble.split("ensemble_scheduling")[0]
     assert 'name: "last_hidden_state"' in outputs and 'name: "attention_mask"' in outputs
+
+
+def test_truncation_is_a_manifest_choice_in_the_tokenizer_config_and_the_model_key(tmp_path):
+    from model_build.errors import ManifestError
+    from model_build.release import model_key
+
+    refuse = spec_for(inputs="text")
+    truncate = spec_for(inputs="text", text={"max_sequence_length": MAX_LEN, "truncation": "truncate"})
+    assert refuse.text_inputs.truncation == "refuse"  # the default: a too-long string is a 400
+    assert 'key: "truncation"\n  value {\n    string_value: "refuse"' in render_ensemble_configs(refuse, FAKE_SIGNATURE).tokenizer
+    assert 'key: "truncation"\n  value {\n    string_value: "truncate"' in render_ensemble_configs(
+        truncate, FAKE_SIGNATURE).tokenizer
+    keys = {model_key(spec, base_dir=tmp_path, code_sha256="c", versions=()) for spec in (refuse, truncate)}
+    assert len(keys) == 2
+    with pytest.raises(ManifestError) as caught:
+        spec_for(inputs="text", text={"truncation": "cut"})
+    assert "truncation" in str(caught.value) and "'refuse'" in str(caught.value) and "'truncate'" in str(caught.value)
+    with pytest.raises(ManifestError, match=r"text\.truncation: got 'truncate' with inputs 'tokens'"):
+        spec_for(text={"truncation": "truncate"})
+
+
+def _answer_json(name: str, values: np.ndarray) -> Any:
+    body = json.dumps({"model_name": "ensemble", "outputs": [
+        {"name": name, "datatype": "FP32", "shape": list(values.shape), "data": values.reshape(-1).tolist()}]})
+    return httpclient.InferResult.from_response_body(body.encode(), header_length=None)
+
+
+@pytest.mark.parametrize(("overrides", "precision"), [
+    ({}, "fp32"),
+    ({"precision": "fp16", "instance_group": {"kind": "KIND_GPU", "count": 1}}, "fp16"),
+    ({"precision": "int8"}, "int8"),
+], ids=["fp32", "fp16", "int8"])
+def test_smoke_holds_a_raw_text_target_to_the_tolerance_of_its_precision(overrides, precision):
+    """The ensemble's config records the precision served; smoke compares with compare.py's rule for it."""
+    from model_build.compare import SERVED_TOLERANCE
+    from model_build.smoke import _CallFailed, _check_answer, _Reference
+    from model_build.triton_config import parse_config
+
+    config = parse_config(render_ensemble_configs(spec_for(inputs="text", **overrides), FAKE_SIGNATURE).ensemble)
+    reference = _Reference(config=config, batch=2,
+                           outputs={"sentence_embedding": np.full((2, 384), 0.05, dtype=np.float32)})
+    atol, rtol = reference.tolerance(None, None)
+    assert (atol, rtol) == SERVED_TOLERANCE[precision]
+    expected = reference.outputs["sentence_embedding"]
+    within = expected + np.float32(0.9 * (atol + rtol * 0.05))
+    assert _check_answer(_answer_json("sentence_embedding", within), reference, atol, rtol) > 0
+    beyond = expected.copy()
+    beyond[1, 7] += np.float32(1.5 * (atol + rtol * 0.05))
+    with pytest.raises(_CallFailed, match=r"output 'sentence_embedding': largest \|difference\| .* exceeds the tolerance"):
+        _check_answer(_answer_json("sentence_embedding", beyond), reference, atol, rtol)
+    if precision == "fp32":  # tight: what the former 5e-2 let through now fails
+        assert atol <= 1e-3 and rtol <= 1e-3
+        drifted = expected + np.float32(1e-2)
+        with pytest.raises(_CallFailed, match="exceeds the tolerance"):
+            _check_answer(_answer_json("sentence_embedding", drifted), reference, atol, rtol)
+        assert reference.tolerance(5e-2, 5e-2) == (5e-2, 5e-2)  # --atol/--rtol still override
 
 
 def test_configs_refuse_bad_truncation_and_non_text_inputs():
@@ -221,8 +321,9 @@ def built(tmp_path_factory):
 def tarballs(built, exported_minilm, tmp_path_factory) -> dict[str, Path]:
     """The build's tarball (refuses long texts) and one packaged with truncation on."""
     truncating = tmp_path_factory.mktemp("tarballs") / "truncate.tar.gz"
-    package_text_ensemble(spec=spec_for(), exported=exported_minilm, tokenizer_dir=MINILM_DIR,
-                          out_path=truncating, truncation="truncate")
+    # The manifest's choice (text.truncation), not a packaging argument.
+    package_text_ensemble(spec=spec_for(inputs="text", text={"max_sequence_length": MAX_LEN, "truncation": "truncate"}),
+                          exported=exported_minilm, tokenizer_dir=MINILM_DIR, out_path=truncating)
     return {"refuse": built[1], "truncate": truncating}
 
 
@@ -296,6 +397,7 @@ def test_tarball_is_one_repository_and_reproducible(tarballs, exported_minilm, t
 def test_build_of_inputs_text_checks_strings_and_packages_the_ensemble(built):
     result, tarball, steps = built
     assert "strings -> ensemble vs sentence-transformers" in steps
+    assert steps[-2:] == ["package", "pre-publish gate"]  # the gate runs on the tarball it wrote
     assert "raw-text ensemble" in (result.reference_check or "") and "token ids identical" in result.reference_check
     with tarfile.open(tarball) as tar:
         config = tar.extractfile("ensemble/config.pbtxt").read().decode()  # type: ignore[union-attr]
@@ -332,6 +434,25 @@ def test_build_refuses_a_source_without_tokenizer_files_before_export(tmp_path):
     assert not (tmp_path / "release").exists() or not list((tmp_path / "release").iterdir())
 
 
+def test_build_refuses_an_s3_source_without_tokenizer_files_before_download_and_export(tmp_path, endpoint):
+    """An S3 prefix without vocab.txt: refused after fetching the tokenizer files, before the weights."""
+    from model_build.build import build_model
+    from model_build.local_s3 import make_s3_client
+
+    s3 = make_s3_client(endpoint_url=endpoint)
+    s3.create_bucket(Bucket="no-vocab")
+    for path in MINILM_DIR.rglob("*"):
+        if path.is_file() and path.name != "vocab.txt":
+            s3.upload_file(str(path), "no-vocab", f"minilm/{path.relative_to(MINILM_DIR).as_posix()}")
+    spec = spec_for(inputs="text", source={"kind": "s3", "uri": "s3://no-vocab/minilm"})
+    with pytest.raises(PackageError) as caught:
+        build_model(spec, base_dir=tmp_path, release_dir=tmp_path / "release", work_dir=tmp_path / "work",
+                    s3_client=s3)
+    assert "vocab.txt missing" in str(caught.value) and caught.value.model == "minilm-text"
+    assert not list((tmp_path / "work").rglob("*.onnx"))  # refused before the export
+    assert not list((tmp_path / "work").rglob("model.safetensors"))  # ... and before the weights' download
+
+
 @pytest.mark.slow
 def test_strings_in_embeddings_out_match_sentence_transformers(server, sentence_transformer):
     texts = list(TEXTS.values())
@@ -351,6 +472,48 @@ def test_truncating_copy_embeds_long_text_like_sentence_transformers(server, sen
     # The copies beside it keep their own tokenizer (namespacing): they refuse the same text.
     refused = _invoke(server, "copy-a", [LONG])
     assert refused.status == 400 and "max_sequence_length=128" in refused.json()["error"]
+
+
+@pytest.fixture(scope="module")
+def feature_extraction_key(server, tmp_path_factory) -> str:
+    """The project's build of a raw-text ``feature-extraction`` target, loaded beside the others."""
+    from model_build.build import build_model
+
+    release = tmp_path_factory.mktemp("fe-release")
+    result = build_model(spec_for(name="minilm-tokens-out", task="feature-extraction", inputs="text"), base_dir=ROOT,
+                         release_dir=release, work_dir=tmp_path_factory.mktemp("fe-work"))
+    folder = tmp_path_factory.mktemp("fe-model") / "model"
+    with tarfile.open(release / result.tarball) as tar:
+        tar.extractall(folder, filter="data")
+    answer = server.request("POST", "/models", json.dumps({"model_name": "fe", "url": str(folder)}).encode(),
+                            headers={"Content-Type": "application/json"})
+    assert answer.status == 200, (answer.status, answer.body, server.log_tail())
+    return "fe"
+
+
+@pytest.mark.slow
+def test_feature_extraction_strings_in_hidden_states_and_mask_out_match_transformers(server, feature_extraction_key):
+    """``last_hidden_state`` and ``attention_mask`` (as documented) equal transformers' AutoModel on the same strings."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    texts = [TEXTS["english"], TEXTS["japanese"], TEXTS["accented"], TEXTS["emoji"]]
+    answer = _invoke(server, feature_extraction_key, texts)
+    assert answer.status == 200, answer.body
+    outputs = {out["name"]: np.asarray(out["data"]).reshape(out["shape"]) for out in answer.json()["outputs"]}
+    assert sorted(outputs) == ["attention_mask", "last_hidden_state"]
+    hidden, mask = outputs["last_hidden_state"].astype(np.float32), outputs["attention_mask"]
+    assert hidden.shape == (len(texts), MAX_LEN, 384) and mask.shape == (len(texts), MAX_LEN)
+
+    tokenizer = AutoTokenizer.from_pretrained(str(MINILM_DIR))
+    encoded = tokenizer(texts, padding="max_length", max_length=MAX_LEN, truncation=True, return_tensors="pt")
+    model = AutoModel.from_pretrained(str(MINILM_DIR)).eval()
+    with torch.inference_mode():
+        expected = model(**encoded).last_hidden_state.numpy()
+    np.testing.assert_array_equal(mask, encoded["attention_mask"].numpy())
+    real = mask.astype(bool)  # the positions a client reads (padding rows are the model's, not text)
+    np.testing.assert_allclose(hidden[real], expected[real], atol=1e-4, rtol=1e-4)
+    assert float(np.abs(hidden[real] - expected[real]).max()) < 1e-4
 
 
 BAD_INPUTS: dict[str, tuple[list[Any], str, bool, str]] = {

@@ -378,3 +378,23 @@ def test_accepted_spellings_match_the_backend_parsers() -> None:
     )
     config = check_config(text, model="tiny")
     assert config.parameters["enable_mem_arena"].string_value == "off"
+
+
+def test_repository_config_checks_ensembles_and_python_members_with_core_rules() -> None:
+    """The gate's per-folder check: check_config refuses an ensemble or python backend (not an export's
+    backend); check_repository_config applies the core rules to them and check_config to the rest."""
+    from model_build.errors import TritonConfigError
+    from model_build.triton_config import check_repository_config
+
+    python = ('name: "tokenizer" backend: "python" max_batch_size: 8\n'
+              'input { name: "TEXT" data_type: TYPE_STRING dims: [1] }\n'
+              'output { name: "input_ids" data_type: TYPE_INT64 dims: [128] }\n')
+    ensemble = 'name: "ensemble" platform: "ensemble" max_batch_size: 8\n' + python.split("\n", 1)[1]
+    for text in (python, ensemble):
+        with pytest.raises(TritonConfigError):
+            check_config(text, model="t")
+        assert check_repository_config(text, model="t").max_batch_size == 8
+        with pytest.raises(TritonConfigError, match=r"output\[0\]\(input_ids\)\.dims: got \[0\]; each dimension"):
+            check_repository_config(text.replace("dims: [128]", "dims: [0]"), model="t")
+    with pytest.raises(TritonConfigError, match="max_batch_size: got -1"):
+        check_repository_config(GOOD.replace("max_batch_size: 8", "max_batch_size: -1"), model="t")

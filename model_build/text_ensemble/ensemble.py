@@ -30,6 +30,7 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from model_build.compare import SERVED_PRECISION_KEY
 from model_build.errors import PackageError
 from model_build.manifest import ModelSpec
 from model_build.package import onnx_external_data_files, write_tarball
@@ -88,16 +89,30 @@ def check_tokenizer_dir(spec: ModelSpec, source_dir: Path | None) -> Path:
     return Path(source_dir)
 
 
+def served_precision(spec: ModelSpec) -> str:
+    """The precision the target's answers are computed at: the graph's, or a TensorRT engine's
+    lower one (``tensorrt.precision_mode`` FP16/BF16 -> fp16, INT8 -> int8)."""
+    mode = spec.tensorrt.precision_mode if spec.tensorrt is not None else None
+    if mode == "INT8":
+        return "int8"
+    if mode in ("FP16", "BF16") and spec.effective_precision == "fp32":
+        return "fp16"
+    return spec.effective_precision
+
+
 def _dims(tensor_shape: tuple[int, ...]) -> list[int]:
     return list(tensor_shape[1:])  # the batch dimension is max_batch_size's
 
 
-def render_ensemble_configs(spec: ModelSpec, exported: ExportedModel, *, truncation: str = "refuse") -> EnsembleConfigs:
+def render_ensemble_configs(spec: ModelSpec, exported: ExportedModel, *,
+                            truncation: str | None = None) -> EnsembleConfigs:
     """The ensemble, tokenizer and model configs for ``spec`` and its exported model.
 
     The model config is :func:`render_config`'s, renamed to its folder; the ensemble's outputs are
     the model's (plus ``attention_mask`` for token-level tasks), its only input ``TEXT``.
+    ``truncation`` defaults to the manifest's ``text.truncation``.
     """
+    truncation = spec.text_inputs.truncation if truncation is None else truncation
     if spec.task not in TEXT_TASKS:
         raise PackageError(f"inputs: text: task {spec.task!r} takes no text; allowed for: "
                            + ", ".join(sorted(TEXT_TASKS)), model=spec.name)
@@ -128,6 +143,8 @@ def render_ensemble_configs(spec: ModelSpec, exported: ExportedModel, *, truncat
     tokenizer.parameters["truncation"].string_value = truncation
 
     ensemble = mc.ModelConfig(name=ENSEMBLE, platform="ensemble", max_batch_size=spec.max_batch_size)
+    # What smoke and verify compare the answers with: the tolerance rule of the precision served.
+    ensemble.parameters[SERVED_PRECISION_KEY].string_value = served_precision(spec)
     ensemble.input.add(name=TEXT_INPUT, data_type=mc.TYPE_STRING, dims=[1])
     outputs = {out.name: out for out in model_config.output}
     for out in model_config.output:
@@ -157,7 +174,7 @@ def package_text_ensemble(
     exported: ExportedModel,
     tokenizer_dir: Path,
     out_path: Path,
-    truncation: str = "refuse",
+    truncation: str | None = None,
     compresslevel: int = 1,
 ) -> tuple[str, int]:
     """Write the ensemble tarball (layout in the module docstring); ``(sha256, size)``.
