@@ -60,9 +60,17 @@ lint: setup
 bench: setup
 	$(PY) -m benchmarks
 
+# Optional endpoint URLs (a local endpoint: RUNTIME_ENDPOINT_URL=http://127.0.0.1:8080
+# SAGEMAKER_ENDPOINT_URL=http://127.0.0.1:8080 S3_ENDPOINT_URL=<the S3 it serves from>).
+RUNTIME_ENDPOINT_URL ?=
+SAGEMAKER_ENDPOINT_URL ?=
+S3_ENDPOINT_URL ?=
 smoke: setup
-	@test -n "$(ENDPOINT)" || { echo "usage: make smoke ENDPOINT=<endpoint name> [RELEASE=...]"; exit 2; }
-	$(PY) -m model_build smoke --endpoint $(ENDPOINT) $(if $(RELEASE),--release $(RELEASE))
+	@test -n "$(ENDPOINT)" || { echo "usage: make smoke ENDPOINT=<endpoint name> [RELEASE=...] [RUNTIME_ENDPOINT_URL=...] [SAGEMAKER_ENDPOINT_URL=...] [S3_ENDPOINT_URL=...]"; exit 2; }
+	$(PY) -m model_build smoke --endpoint $(ENDPOINT) $(if $(RELEASE),--release $(RELEASE)) \
+		$(if $(RUNTIME_ENDPOINT_URL),--runtime-endpoint-url $(RUNTIME_ENDPOINT_URL)) \
+		$(if $(SAGEMAKER_ENDPOINT_URL),--sagemaker-endpoint-url $(SAGEMAKER_ENDPOINT_URL)) \
+		$(if $(S3_ENDPOINT_URL),--s3-endpoint-url $(S3_ENDPOINT_URL))
 
 # Re-pin every transitive dependency after changing requirements.txt.
 lock: $(VENV)/.installed

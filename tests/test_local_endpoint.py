@@ -11,11 +11,16 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tarfile
+import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -73,6 +78,61 @@ class TritonPythonModel:
         return []
 '''
 OOM_CONFIG = b'name: "oom"\nbackend: "python"\nmax_batch_size: 0\ninput { name: "x" data_type: TYPE_FP32 dims: 1 }\noutput { name: "y" data_type: TYPE_FP32 dims: 1 }\n'
+# A model that holds "device memory" while loaded: its flag file exists from initialize to finalize.
+HOG_MODEL = b'''
+import json, os
+import triton_python_backend_utils as pb_utils
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.flag = config["parameters"]["flag"]["string_value"]
+        open(self.flag, "w").close()
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy())])
+                for r in requests]
+    def finalize(self):
+        os.remove(self.flag)
+'''
+# A model that runs out of memory while the hog is loaded, and loads once it is gone.
+GREEDY_MODEL = b'''
+import json, os
+import triton_python_backend_utils as pb_utils
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        if os.path.exists(config["parameters"]["flag"]["string_value"]):
+            raise MemoryError("out of memory: another model holds the memory (test)")
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy() * 2)])
+                for r in requests]
+'''
+
+
+def _python_config(name: str, flag: Path) -> bytes:
+    return OOM_CONFIG.replace(b'"oom"', f'"{name}"'.encode()) + (
+        f'parameters {{ key: "flag" value {{ string_value: "{flag}" }} }}\n'.encode())
+
+
+def _with_parameters(config: bytes, **parameters: str) -> bytes:
+    return config + b"".join(f'parameters {{ key: "{key}" value {{ string_value: "{value}" }} }}\n'.encode()
+                             for key, value in parameters.items())
+
+
+def _two_input_onnx() -> bytes:
+    """A graph with two inputs (y = a + b); a config that lists only ``a`` is refused by the backend."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["a", "b"], ["y"])], "two",
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [1]), helper.make_tensor_value_info("b", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return bytes(model.SerializeToString())
+
+
+TWO_INPUT_CONFIG = (b'name: "two"\nbackend: "onnxruntime"\nmax_batch_size: 0\n'
+                    b'input { name: "a" data_type: TYPE_FP32 dims: 1 }\noutput { name: "y" data_type: TYPE_FP32 dims: 1 }\n')
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +152,10 @@ def release(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         config = (release_dir / "tiny-onnx.config.pbtxt").read_bytes()
         with tarfile.open(release_dir / "tiny-onnx.tar.gz") as tar:
             onnx_bytes = tar.extractfile("tiny-onnx/1/model.onnx").read()  # type: ignore[union-attr]
+        with tarfile.open(release_dir / "tiny-ts.tar.gz") as tar:
+            ts_members = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+        ts_config = ts_members["tiny-ts/config.pbtxt"]
+        flag = work / "hog-loaded.flag"
         hostile = {
             # The index promises the good bytes; the object holds others.
             "tampered.tar.gz": (good[:-8] + b"\0" * 8, hashlib.sha256(good).hexdigest()),
@@ -100,6 +164,20 @@ def release(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
             "refused.tar.gz": _tarball({
                 "m/config.pbtxt": config.replace(b"dims: 32", b"dims: 16"), "m/1/model.onnx": onnx_bytes}),
             "oom.tar.gz": _tarball({"oom/config.pbtxt": OOM_CONFIG, "oom/1/model.py": OOM_MODEL}),
+            "badconfig.tar.gz": _tarball({"m/config.pbtxt": b'name: "m"\nbackend: "onnxruntime"\ninput { oops\n',
+                                          "m/1/model.onnx": onnx_bytes}),
+            "hog.tar.gz": _tarball({"hog/config.pbtxt": _python_config("hog", flag), "hog/1/model.py": HOG_MODEL}),
+            "greedy.tar.gz": _tarball({"greedy/config.pbtxt": _python_config("greedy", flag),
+                                       "greedy/1/model.py": GREEDY_MODEL}),
+            "two-inputs.tar.gz": _tarball({"two/config.pbtxt": TWO_INPUT_CONFIG, "two/1/model.onnx": _two_input_onnx()}),
+            "shrink.tar.gz": _tarball({"tiny-onnx/config.pbtxt": _with_parameters(
+                config, **{"memory.enable_memory_arena_shrinkage": "cpu:0"}), "tiny-onnx/1/model.onnx": onnx_bytes}),
+            "bad-shrink.tar.gz": _tarball({"tiny-onnx/config.pbtxt": _with_parameters(
+                config, **{"memory.enable_memory_arena_shrinkage": "tpu:7"}), "tiny-onnx/1/model.onnx": onnx_bytes}),
+            "interop.tar.gz": _tarball({**ts_members, "tiny-ts/config.pbtxt": _with_parameters(
+                ts_config, INTER_OP_THREAD_COUNT="2", INTRA_OP_THREAD_COUNT="1")}),
+            "bad-interop.tar.gz": _tarball({**ts_members, "tiny-ts/config.pbtxt": _with_parameters(
+                ts_config, INTER_OP_THREAD_COUNT="two")}),
         }
         index_key = f"{prefix}/{INDEX_NAME}"
         index = json.loads(s3.get_object(Bucket=BUCKET, Key=index_key)["Body"].read())
@@ -110,7 +188,8 @@ def release(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
             index["models"].append({"target_model": target, "key": key, "sha256": digest, "size": len(body),
                                     "format": "onnx", "source_model": target.removesuffix(".tar.gz")})
         s3.put_object(Bucket=BUCKET, Key=index_key, Body=json.dumps(index).encode())
-        yield {"s3": s3, "url": url, "release": rel, "dir": release_dir, "record": record}
+        yield {"s3": s3, "url": url, "release": rel, "dir": release_dir, "record": record, "index": index,
+               "prefix": prefix, "flag": flag}
 
 
 @pytest.fixture(scope="module")
@@ -186,6 +265,9 @@ def _error(endpoint: LocalEndpoint, target: str, body: bytes = b"{}") -> dict[st
     ("escaping.tar.gz", "ValidationError", 400, ".."),
     ("refused.tar.gz", "ModelError", 424, "dims"),
     ("oom.tar.gz", "ModelError", 424, "out of memory"),
+    ("badconfig.tar.gz", "ModelError", 424, "config.pbtxt: not a valid model config"),
+    ("two-inputs.tar.gz", "ModelError", 424, "configuration expects 1 inputs, model provides 2"),
+    ("bad-interop.tar.gz", "ModelError", 424, "INTER_OP_THREAD_COUNT"),
 ])
 def test_bad_targets_get_one_clear_error_and_the_endpoint_keeps_serving(
     endpoint: LocalEndpoint, release: dict[str, Any], target: str, code: str, status: int, words: str
@@ -217,6 +299,225 @@ def test_a_bad_request_is_the_servers_400_relayed_as_model_error(endpoint: Local
     assert "pixel_values__0" in response["Error"]["Message"]
 
 
+def test_a_507_load_unloads_the_least_recently_used_model_and_then_succeeds(
+    endpoint: LocalEndpoint, release: dict[str, Any]
+) -> None:
+    runtime = make_runtime_client(endpoint_url=endpoint.url, timeout_seconds=120)
+    x = np.array([1.5], dtype=np.float32)
+    body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": x.tolist()}]}).encode()
+    endpoint.cache.unload_all()
+    assert not release["flag"].exists()
+
+    def call(target: str) -> np.ndarray:
+        return _answer(runtime.invoke_endpoint(EndpointName="local", TargetModel=target,
+                                               ContentType="application/json", Body=body))
+
+    np.testing.assert_array_equal(call("hog.tar.gz"), x)
+    assert release["flag"].exists() and endpoint.cache.loaded_targets() == ["hog.tar.gz"]
+    unloads = endpoint.cache.unloads
+    # greedy's first load answers 507 (the hog holds the memory); the hog is unloaded, the retry loads.
+    np.testing.assert_array_equal(call("greedy.tar.gz"), x * 2)
+    assert endpoint.cache.loaded_targets() == ["greedy.tar.gz"]
+    assert endpoint.cache.unloads == unloads + 1
+    assert not release["flag"].exists()
+    log = endpoint.server.log_path.read_text(errors="replace")
+    assert "out of memory: another model holds the memory" in log  # the first load really failed
+
+
+def test_a_model_always_out_of_memory_unloads_at_most_max_oom_retries_models(
+    endpoint: LocalEndpoint, release: dict[str, Any]
+) -> None:
+    from model_build.tools.mme import MAX_OOM_RETRIES
+
+    runtime = make_runtime_client(endpoint_url=endpoint.url, timeout_seconds=120)
+    endpoint.cache.unload_all()
+    order = ["tiny-onnx-0.tar.gz", "tiny-onnx-1.tar.gz", "tiny-ts.tar.gz", "shrink.tar.gz"]
+    for target in order:
+        model = "tiny-ts" if target == "tiny-ts.tar.gz" else "tiny-onnx"
+        inputs, expected = _reference(release, model)
+        body, content_type = _request("pixel_values__0" if model == "tiny-ts" else "pixel_values", inputs, binary=True)
+        np.testing.assert_allclose(_answer(runtime.invoke_endpoint(
+            EndpointName="local", TargetModel=target, ContentType=content_type, Body=body)), expected, atol=1e-4, rtol=1e-3)
+    assert endpoint.cache.loaded_targets() == order
+    unloads = endpoint.cache.unloads
+    response = _error(endpoint, "oom.tar.gz")
+    assert response["OriginalStatusCode"] == 507 and "oom.tar.gz" in response["Error"]["Message"]
+    assert endpoint.cache.unloads == unloads + MAX_OOM_RETRIES
+    # The least recently used went first; the rest stay loaded.
+    assert endpoint.cache.loaded_targets() == order[MAX_OOM_RETRIES:]
+
+
+def test_arena_shrinkage_is_applied_per_run(endpoint: LocalEndpoint, release: dict[str, Any]) -> None:
+    inputs, expected = _reference(release, "tiny-onnx")
+    body, content_type = _request("pixel_values", inputs, binary=True)
+    runtime = make_runtime_client(endpoint_url=endpoint.url, timeout_seconds=120)
+    np.testing.assert_allclose(_answer(runtime.invoke_endpoint(
+        EndpointName="local", TargetModel="shrink.tar.gz", ContentType=content_type, Body=body)),
+        expected, atol=1e-4, rtol=1e-3)
+    # A value ONNX Runtime cannot apply fails each run that carries it (it loads: the key is a run option).
+    with pytest.raises(ClientError) as caught:
+        runtime.invoke_endpoint(EndpointName="local", TargetModel="bad-shrink.tar.gz", ContentType=content_type,
+                                Body=body)
+    assert caught.value.response["Error"]["Code"] == "ModelError"
+    assert "bad-shrink.tar.gz" in endpoint.cache.loaded_targets()
+    assert "tpu" in caught.value.response["Error"]["Message"], caught.value.response["Error"]["Message"]
+
+
+def test_thread_counts_of_the_pytorch_backend_load_and_answer(endpoint: LocalEndpoint, release: dict[str, Any]) -> None:
+    inputs, expected = _reference(release, "tiny-ts")
+    body, content_type = _request("pixel_values__0", inputs, binary=True)
+    runtime = make_runtime_client(endpoint_url=endpoint.url, timeout_seconds=120)
+    np.testing.assert_allclose(_answer(runtime.invoke_endpoint(
+        EndpointName="local", TargetModel="interop.tar.gz", ContentType=content_type, Body=body)),
+        expected, atol=1e-4, rtol=1e-3)
+
+
+def test_a_body_over_the_6_mb_invoke_limit_is_a_413_validation_error(endpoint: LocalEndpoint) -> None:
+    from model_build.tools.endpoint import MAX_BODY_BYTES
+
+    assert MAX_BODY_BYTES == 6291456  # botocore's sagemaker-runtime BodyBlob max
+    response = _error(endpoint, "tiny-ts.tar.gz", body=b" " * (MAX_BODY_BYTES + 1))
+    assert response["ResponseMetadata"]["HTTPStatusCode"] == 413
+    assert response["Error"]["Code"] == "ValidationError"
+    assert "6291456" in response["Error"]["Message"]
+    # At the limit the body reaches the model (which refuses blank JSON: the server's 400, relayed).
+    response = _error(endpoint, "tiny-ts.tar.gz", body=b" " * MAX_BODY_BYTES)
+    assert response["ResponseMetadata"]["HTTPStatusCode"] == 424
+
+
+def test_a_root_config_is_localized_too(tmp_path: Path) -> None:
+    from model_build.tools.mme import localize_configs
+
+    (tmp_path / "1").mkdir()
+    (tmp_path / "config.pbtxt").write_text('name: "m"\nbackend: "onnxruntime"\n'
+                                           'instance_group { kind: KIND_GPU count: 1 gpus: 0 }\n')
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "config.pbtxt").write_text('name: "sub"\ninstance_group { kind: KIND_GPU gpus: 0 }\n')
+    localize_configs(tmp_path)
+    for path in (tmp_path / "config.pbtxt", tmp_path / "sub" / "config.pbtxt"):
+        text = path.read_text()
+        assert "KIND_CPU" in text and "KIND_GPU" not in text and "gpus" not in text, text
+
+
+@pytest.mark.parametrize(("mutate", "words"), [
+    (lambda e: e.pop("sha256"), "missing field(s) sha256"),
+    (lambda e: e.update(size="12"), "field 'size' must be a non-negative integer"),
+    (lambda e: e.update(key="models/other-release/tiny-ts.tar.gz"), "is not under the release prefix"),
+    (lambda e: e.update(key=e["key"].rpartition("/")[0] + "/../../escape.tar.gz"), "is not under the release prefix"),
+])
+def test_a_malformed_index_entry_is_one_clear_error(release: dict[str, Any], mutate: Any, words: str) -> None:
+    from model_build.errors import ModelBuildError
+    from model_build.tools.mme import read_release
+
+    release_id = "r-malformed0000000"
+    index = json.loads(json.dumps(release["index"]))
+    for item in index["models"]:  # a well-formed copy of the release under another id...
+        item["key"] = f"models/{release_id}/{item['key'].rpartition('/')[2]}"
+    read_release_ok = json.dumps(index).encode()
+    release["s3"].put_object(Bucket=BUCKET, Key=f"models/{release_id}/{INDEX_NAME}", Body=read_release_ok)
+    assert len(read_release(release["s3"], BUCKET, "models", release_id).entries) == len(index["models"])
+    entry = next(e for e in index["models"] if e["target_model"] == "tiny-ts.tar.gz")
+    mutate(entry)  # ...then one entry spoiled
+    release["s3"].put_object(Bucket=BUCKET, Key=f"models/{release_id}/{INDEX_NAME}", Body=json.dumps(index).encode())
+    with pytest.raises(ModelBuildError) as caught:
+        read_release(release["s3"], BUCKET, "models", release_id)
+    message = str(caught.value)
+    assert words in message and "tiny-ts.tar.gz" in message and release_id in message, message
+
+
+# ------------------------------------------------------------------------------------------------
+# Concurrency, with a memory budget: real concurrent calls on the real server
+# ------------------------------------------------------------------------------------------------
+
+_LOAD_EVENT = re.compile(r"successfully (loaded|unloaded) '([^']+)'")
+
+
+def _peak_loaded(log: str) -> int:
+    """The most models the server had loaded at once, from its own log lines."""
+    loaded: set[str] = set()
+    peak = 0
+    for kind, name in _LOAD_EVENT.findall(log):
+        if kind == "loaded":
+            loaded.add(name)
+        else:
+            loaded.discard(name)
+        peak = max(peak, len(loaded))
+    return peak
+
+
+def _budget_for_one(release: dict[str, Any]) -> int:
+    with tarfile.open(release["dir"] / "tiny-onnx.tar.gz") as tar:
+        return sum(member.size for member in tar.getmembers()) * 3 // 2
+
+
+def test_two_targets_loading_at_once_stay_within_the_budget(release: dict[str, Any]) -> None:
+    inputs, expected = _reference(release, "tiny-onnx")
+    body, content_type = _request("pixel_values", inputs, binary=True)
+    targets = ["tiny-onnx-0.tar.gz", "tiny-onnx-1.tar.gz"] * 3
+    with local_endpoint(s3_client=release["s3"], bucket=BUCKET, release_id=release["release"].release_id,
+                        memory_budget_bytes=_budget_for_one(release)) as ep:
+        runtime = make_runtime_client(endpoint_url=ep.url, timeout_seconds=300)
+        start = threading.Barrier(len(targets))
+
+        def call(target: str) -> np.ndarray:
+            start.wait()
+            return _answer(runtime.invoke_endpoint(EndpointName="local", TargetModel=target,
+                                                   ContentType=content_type, Body=body))
+
+        with ThreadPoolExecutor(len(targets)) as pool:
+            answers = list(pool.map(call, targets))
+        for answer in answers:
+            np.testing.assert_allclose(answer, expected, atol=1e-4, rtol=1e-3)
+        log = ep.server.log_path.read_text(errors="replace")
+        assert _LOAD_EVENT.search(log), log[-2000:]
+        assert _peak_loaded(log) == 1, log[-4000:]
+        assert ep.cache.loaded_bytes() <= _budget_for_one(release)
+        assert ep.cache.loads >= 2
+
+
+def test_a_target_evicted_while_called_again_reloads_into_its_own_files(release: dict[str, Any]) -> None:
+    """Calls for A and B interleave with room for one: every load of one evicts the other."""
+    inputs, expected = _reference(release, "tiny-onnx")
+    body, content_type = _request("pixel_values", inputs, binary=True)
+    targets = ["tiny-onnx-0.tar.gz", "tiny-onnx-1.tar.gz"] * 5
+    failures: list[str] = []
+    with local_endpoint(s3_client=release["s3"], bucket=BUCKET, release_id=release["release"].release_id,
+                        memory_budget_bytes=_budget_for_one(release)) as ep:
+        runtime = make_runtime_client(endpoint_url=ep.url, timeout_seconds=300)
+
+        def call(target: str) -> None:
+            for _ in range(2):
+                try:
+                    answer = _answer(runtime.invoke_endpoint(EndpointName="local", TargetModel=target,
+                                                             ContentType=content_type, Body=body))
+                    np.testing.assert_allclose(answer, expected, atol=1e-4, rtol=1e-3)
+                except Exception as error:  # collected: every call must answer correctly
+                    failures.append(f"{target}: {error}")
+                with ep.cache._state:  # every loaded model still has its files on disk
+                    for name, item in ep.cache._loaded.items():
+                        if not (item.directory / "1").parent.is_dir():
+                            failures.append(f"{name}: loaded, but its folder {item.directory} is gone")
+
+        with ThreadPoolExecutor(len(targets)) as pool:
+            list(pool.map(call, targets))
+        assert not failures, failures
+        assert ep.cache.unloads >= 1 and ep.cache.loads == ep.cache.unloads + len(ep.cache.loaded_targets())
+        assert _peak_loaded(ep.server.log_path.read_text(errors="replace")) == 1
+
+
+def test_a_missing_triton_environment_fails_the_tests_it_would_skip(tmp_path: Path) -> None:
+    probe = tmp_path / "test_probe.py"
+    probe.write_text("from triton_helpers import requires_triton\npytestmark = requires_triton\n"
+                     "def test_needs_triton():\n    pass\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(probe)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+        env={**os.environ, "MME_TRITON_ENV": str(tmp_path / "nowhere"), "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])},
+    )
+    assert done.returncode != 0, done.stdout
+    assert "make setup" in done.stdout and "skipped" not in done.stdout, done.stdout
+
+
 def test_memory_budget_unloads_the_least_recently_used_model(release: dict[str, Any]) -> None:
     with tarfile.open(release["dir"] / "tiny-onnx.tar.gz") as tar:
         unpacked = sum(member.size for member in tar.getmembers())
@@ -245,7 +546,7 @@ def test_smoke_runs_unchanged_against_the_local_endpoint(endpoint: LocalEndpoint
     )
     rows = {row.target: row for row in report.rows}
     assert all(rows[t].ok for t in ("tiny-onnx-0.tar.gz", "tiny-onnx-1.tar.gz", "tiny-ts.tar.gz")), report.rows
-    assert report.targets_in_release == 7 and report.release_id == release["release"].release_id
+    assert report.targets_in_release == 15 and report.release_id == release["release"].release_id
     assert not any(rows[t].ok for t in ("tampered.tar.gz", "escaping.tar.gz", "refused.tar.gz", "oom.tar.gz"))
 
 
@@ -279,24 +580,87 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
-def test_the_command_serves_until_sigterm_and_leaves_nothing_behind(release: dict[str, Any]) -> None:
+#: The python backend's shared memory: ``/dev/shm/triton_<backend>_backend_shm_region_<uuid>``
+#: (``triton_python_backend_shm_region_...`` for python models; the python-based onnxruntime
+#: backend's models use ``triton_onnxruntime_backend_shm_region_...``).
+_SHM = re.compile(r"/dev/shm/triton_\w+_backend_shm_region_\S+")
+
+
+def _shm_regions(pids: list[int]) -> set[str]:
+    """The python backend's shared-memory files these processes have mapped."""
+    found = set()
+    for pid in pids:
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            continue
+        found |= {match.group(0) for match in map(_SHM.search, maps.splitlines()) if match}
+    return found
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return "Z" in Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return True
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_the_command_serves_until_a_signal_and_leaves_nothing_behind(release: dict[str, Any], signum: int) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     process = _start(release, "--port", str(port))
     try:
-        _serve_then_stop(process, release, port)
+        group, workdir, regions = _serve(process, release, port)
+        process.send_signal(signum)
+        assert process.wait(timeout=60) == 0
+        assert "stopped" in process.stdout.read()  # type: ignore[union-attr]
+        assert all(_gone(pid) for pid in group)
+        assert not workdir.exists()
+        assert not {path for path in regions if Path(path).exists()}, regions
     finally:  # a failed assertion must not leave the endpoint (and its tritonserver) running
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
             process.wait(timeout=60)
 
 
-def _serve_then_stop(process: subprocess.Popen[str], release: dict[str, Any], port: int) -> None:
-    assert process.stdout is not None
+def test_a_killed_endpoint_takes_tritonserver_and_its_stubs_with_it(release: dict[str, Any]) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    process = _start(release, "--port", str(port))
+    group: list[int] = []
+    workdir = None
+    try:
+        group, workdir, regions = _serve(process, release, port)
+        process.send_signal(signal.SIGKILL)  # no handler runs: only the kernel's parent-death signal
+        process.wait(timeout=30)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not all(_gone(pid) for pid in group):
+            time.sleep(0.2)
+        assert [pid for pid in group if not _gone(pid)] == []
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(Path(path).exists() for path in regions):
+            time.sleep(0.2)
+        assert not {path for path in regions if Path(path).exists()}, regions
+    finally:
+        if process.poll() is None:  # failed before the kill: stop it the normal way
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=60)
+        for pid in group:  # never leave a server behind, whatever failed above
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
+        if workdir is not None:  # the one thing a SIGKILLed endpoint cannot remove
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _serve(process: subprocess.Popen[str], release: dict[str, Any], port: int) -> tuple[list[int], Path, set[str]]:
+    """Ready line checked, one invocation answered: (processes below it, its work folder, its shm files)."""
+    assert process.stdout is not None and process.stderr is not None
     line = process.stdout.readline()
     assert f"endpoint local ready at http://127.0.0.1:{port}" in line, line or process.stderr.read()
-    assert "tritonserver 2.51.0" in line and "7 targets" in line and "KIND_GPU served as KIND_CPU" in line
+    assert "tritonserver 2.51.0" in line and "15 targets" in line and "KIND_GPU served as KIND_CPU" in line
     runtime = make_runtime_client(endpoint_url=f"http://127.0.0.1:{port}", timeout_seconds=120)
     inputs, expected = _reference(release, "tiny-onnx")
     body, content_type = _request("pixel_values", inputs, binary=False)
@@ -311,12 +675,9 @@ def _serve_then_stop(process: subprocess.Popen[str], release: dict[str, Any], po
     repository = next(arg for cmd in commands for arg in cmd if arg.startswith(b"--model-repository="))
     workdir = Path(repository.partition(b"=")[2].decode()).parent
     assert workdir.is_dir() and workdir.name.startswith("mme-endpoint-")
-    process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=60) == 0
-    assert "stopped" in process.stdout.read()
-    for pid in group:
-        assert not Path(f"/proc/{pid}").exists() or "Z" in (Path(f"/proc/{pid}/stat").read_text().split()[2])
-    assert not workdir.exists()
+    regions = _shm_regions(group)
+    assert regions, "the python backend maps its shared memory: none found"
+    return group, workdir, regions
 
 
 @pytest.mark.parametrize("case", ["port in use", "no release index"])

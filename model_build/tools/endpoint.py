@@ -40,9 +40,11 @@ from model_build.tools.mme import EndpointError, ModelCache, Release, read_relea
 from model_build.tools.triton_server import TritonServer, check_port_free, temporary_dir, triton_server
 
 ENDPOINT_NAME = "local"
-#: Request bodies above this are refused with 413 (SageMaker's own limit is 6 MB; binary
-#: payloads of large batches are allowed more locally, but never unbounded).
-MAX_BODY_BYTES = 64 * 1024 * 1024
+#: SageMaker's real-time ``InvokeEndpoint`` takes a body of at most 6 MB: the ``BodyBlob`` shape
+#: of botocore's ``sagemaker-runtime`` service model has ``max: 6291456`` (6 MiB). A larger body
+#: is refused, as the service refuses it, with a 413 ``ValidationError`` naming the limit, before
+#: it is read.
+MAX_BODY_BYTES = 6 * 1024 * 1024
 _INVOKE_PATH = re.compile(r"^/endpoints/([^/]+)/invocations$")
 _ERROR_NAMESPACE = ":http://internal.amazon.com/coral/com.amazon.sagemaker/"
 _ARN = "arn:aws:sagemaker:local:000000000000"
@@ -150,7 +152,9 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         if length > MAX_BODY_BYTES:
             self.close_connection = True
-            error = validation_error(f"request body of {length} bytes is over the local limit of {MAX_BODY_BYTES}")
+            error = validation_error(
+                f"Request body of {length} bytes is over the InvokeEndpoint limit of {MAX_BODY_BYTES} bytes "
+                "(6 MB, SageMaker real-time inference); send a smaller batch or use asynchronous inference")
             self._send(*_error_response(EndpointError(413, error.code, error.message)))
             return
         body = self.rfile.read(length)

@@ -12,8 +12,17 @@ and retries). This module plays that part against a published release:
   (the only change to the published bytes: this machine has no GPU);
 - concurrent first calls for one target load it once; a failure answers that call and the ones
   waiting on it, and the next call tries again;
+- load, eviction and unload of one target are mutually exclusive (each holds the target's lock
+  from the first file written to the last one removed), so a call for a target that is being
+  evicted waits for the unload to finish and then loads it again into a fresh folder;
 - the memory budget counts the **unpacked size** of each loaded model (what SageMaker also sizes
-  its cache by on disk); the server's resident memory is not measured.
+  its cache by on disk); the server's resident memory is not measured. A load **reserves** its
+  size under the cache's lock before it registers the model, so loads of different targets at the
+  same time never exceed the budget together; a load that finds no room and no idle model to
+  unload waits for models in use (or other loads) to finish, up to ``LOAD_TIMEOUT_SECONDS``;
+- a load the server answers 507 (out of memory) unloads the least recently used idle model and
+  retries, **at most ``MAX_OOM_RETRIES`` times per load**; then the 507 is relayed. A model that
+  is always out of memory so costs at most that many unloads per call, never every idle model.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import json
 import re
 import shutil
 import threading
+import time
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +45,8 @@ from model_build.tools.triton_server import TritonServer
 
 #: How long one load may take before the call fails (a python stub that never starts hangs the load).
 LOAD_TIMEOUT_SECONDS = 300.0
+#: Unload-and-retry rounds after a load answered 507, per load (see the module docstring).
+MAX_OOM_RETRIES = 2
 INVOKE_TIMEOUT_SECONDS = 600.0
 _CHUNK = 1 << 20
 
@@ -112,10 +124,37 @@ def read_release(s3_client: Any, bucket: str, model_prefix: str, release_id: str
             "publish it first (python -m model_build publish) or check --bucket/--prefix/--release"
         )
     release = Release(bucket=bucket, prefix=prefix, release_id=release_id)
-    for item in index.get("models") or []:
-        entry = Entry(str(item["target_model"]), str(item["key"]), str(item["sha256"]), int(item["size"]))
+    models = index.get("models") or []
+    if not isinstance(models, list):
+        raise ModelBuildError(f"release {release_id}: index s3://{bucket}/{index_key}: 'models' is not a list")
+    for number, item in enumerate(models):
+        entry = _entry(item, number, f"release {release_id}: index s3://{bucket}/{index_key}", prefix)
         release.entries[entry.target] = entry
     return release
+
+
+def _entry(item: Any, number: int, where: str, prefix: str) -> Entry:
+    """One index entry, checked: its fields and types, and a key under the release prefix."""
+    if not isinstance(item, dict):
+        raise ModelBuildError(f"{where}: models[{number}] is {type(item).__name__}, expected an object")
+    label = f"{where}: models[{number}] ({item.get('target_model', '?')!r})"
+    missing = [name for name in ("target_model", "key", "sha256", "size") if name not in item]
+    if missing:
+        raise ModelBuildError(f"{label}: missing field(s) {', '.join(missing)}")
+    for name in ("target_model", "key", "sha256"):
+        if not isinstance(item[name], str) or not item[name]:
+            raise ModelBuildError(f"{label}: field {name!r} must be a non-empty string, got {item[name]!r}")
+    if not re.fullmatch(r"[0-9a-f]{64}", item["sha256"]):
+        raise ModelBuildError(f"{label}: field 'sha256' must be 64 lowercase hex digits, got {item['sha256']!r}")
+    if not isinstance(item["size"], int) or isinstance(item["size"], bool) or item["size"] < 0:
+        raise ModelBuildError(f"{label}: field 'size' must be a non-negative integer, got {item['size']!r}")
+    key = item["key"]
+    parts = key.split("/")
+    if not key.startswith(f"{prefix}/") or any(part in ("", ".", "..") for part in parts[len(prefix.split('/')):]):
+        raise ModelBuildError(
+            f"{label}: key {key!r} is not under the release prefix {prefix + '/'!r}; refusing the index"
+        )
+    return Entry(item["target_model"], key, item["sha256"], item["size"])
 
 
 def model_name_for(target: str) -> str:
@@ -123,13 +162,28 @@ def model_name_for(target: str) -> str:
     return hashlib.sha256(target.encode()).hexdigest()[:32]
 
 
+class ConfigParseError(ModelBuildError):
+    """A ``config.pbtxt`` of a tarball that does not parse as a Triton model config."""
+
+
 def localize_configs(model_root: Path) -> None:
-    """``KIND_GPU`` -> ``KIND_CPU`` in every config of an unpacked tarball (this machine has no GPU)."""
+    """``KIND_GPU`` -> ``KIND_CPU`` in every config of an unpacked tarball (this machine has no GPU).
+
+    The configs are ``<model>/config.pbtxt`` of each model folder and a ``config.pbtxt`` at the
+    tarball's root (a tarball packed from inside its model folder). One that does not parse raises
+    :class:`ConfigParseError` naming the file and the parser's line and column.
+    """
     from tritonclient.grpc import model_config_pb2 as mc
 
-    for path in model_root.glob("*/config.pbtxt"):
+    paths = sorted(model_root.glob("*/config.pbtxt"))
+    if (model_root / "config.pbtxt").is_file():
+        paths.insert(0, model_root / "config.pbtxt")
+    for path in paths:
         config = mc.ModelConfig()
-        text_format.Parse(path.read_text(), config)
+        try:
+            text_format.Parse(path.read_text(errors="replace"), config)
+        except text_format.ParseError as error:
+            raise ConfigParseError(f"{path.relative_to(model_root)}: not a valid model config: {error}") from None
         changed = False
         for group in config.instance_group:
             if group.kind == mc.ModelInstanceGroup.KIND_GPU:
@@ -156,7 +210,13 @@ def _server_message(body: bytes, name: str, target: str) -> str:
 
 
 class ModelCache:
-    """Targets loaded on the server, least recently used first."""
+    """Targets loaded on the server, least recently used first.
+
+    Locks: ``_state`` (a condition) guards the bookkeeping (``_loaded``, ``_reserved``, the
+    ``in_flight`` counts) and is never held across a server call; each target's own lock is held
+    for the whole of a load, an eviction or an unload of that target. ``in_flight`` only grows
+    under the target's lock, so an evictor holding that lock sees a count that cannot rise.
+    """
 
     def __init__(self, *, server: TritonServer, s3_client: Any, release: Release, root: Path,
                  memory_budget_bytes: int | None = None) -> None:
@@ -166,8 +226,10 @@ class ModelCache:
         self.root = root
         self.budget = memory_budget_bytes
         self._loaded: OrderedDict[str, Loaded] = OrderedDict()
-        self._state = threading.Lock()
+        self._state = threading.Condition(threading.Lock())
         self._target_locks: dict[str, threading.Lock] = {}
+        #: Bytes promised to loads under way (counted against the budget with the loaded ones).
+        self._reserved = 0
         self.loads = 0
         self.unloads = 0
         #: Invocations received per target (also the ones refused), for the stop line and tests.
@@ -187,6 +249,7 @@ class ModelCache:
         finally:
             with self._state:
                 loaded.in_flight -= 1
+                self._state.notify_all()
         if answer.status != 200:
             raise model_error(target, answer.status, _server_message(answer.body, loaded.name, target))
         return 200, answer.headers.get("Content-Type", "application/json"), answer.body
@@ -201,6 +264,10 @@ class ModelCache:
 
     # ---------------------------------------------------------------- loading
 
+    def _lock_for(self, target: str) -> threading.Lock:
+        with self._state:
+            return self._target_locks.setdefault(target, threading.Lock())
+
     def _acquire(self, target: str) -> Loaded:
         entry = self.release.entries.get(target)
         if entry is None:
@@ -208,36 +275,46 @@ class ModelCache:
                 f"TargetModel {target!r}: not in release {self.release.release_id} "
                 f"({self.release.url}); the release lists {len(self.release.entries)} targets"
             )
-        with self._state:
-            lock = self._target_locks.setdefault(target, threading.Lock())
-        with lock:
+        with self._lock_for(target):
             with self._state:
                 loaded = self._loaded.get(target)
                 if loaded is not None:
                     self._loaded.move_to_end(target)
                     loaded.in_flight += 1
                     return loaded
-            loaded = self._load(entry)
+            loaded = self._load(entry)  # registered in ``_loaded`` by the load, still under our lock
             with self._state:
-                self._loaded[target] = loaded
                 loaded.in_flight += 1
                 return loaded
 
     def _load(self, entry: Entry) -> Loaded:
+        """Fetch, reserve room, register; the caller holds the target's lock."""
         name = model_name_for(entry.target)
         directory = self.root / name / "model"
         shutil.rmtree(directory.parent, ignore_errors=True)
         directory.mkdir(parents=True)
+        reserved = 0
         try:
             self._fetch(entry, directory)
             size = _tree_size(directory)
-            self._make_room(entry.target, size)
-            self._register(entry.target, name, directory, size)
+            reserved = self._make_room(entry.target, size)
+            self._register(entry.target, name, directory)
+            loaded = Loaded(name=name, directory=directory, size=size)
+            with self._state:  # the reservation becomes a loaded model in one step
+                self._reserved -= reserved
+                reserved = 0
+                self._loaded[entry.target] = loaded
+                self.loads += 1
+                self._state.notify_all()
         except BaseException:
             shutil.rmtree(directory.parent, ignore_errors=True)
             raise
-        self.loads += 1
-        return Loaded(name=name, directory=directory, size=size)
+        finally:
+            if reserved:
+                with self._state:
+                    self._reserved -= reserved
+                    self._state.notify_all()
+        return loaded
 
     def _fetch(self, entry: Entry, directory: Path) -> None:
         """Download, check the digest, unpack safely, localize the configs."""
@@ -270,48 +347,97 @@ class ModelCache:
             raise validation_error(f"TargetModel {entry.target!r}: {error}") from None
         finally:
             tarball.unlink(missing_ok=True)
-        localize_configs(directory)
+        try:
+            localize_configs(directory)
+        except ConfigParseError as error:
+            # The server would refuse the load with a 400: SageMaker relays that as a ModelError.
+            raise model_error(entry.target, 400, f"failed to load {entry.target!r}: {error}",
+                              what="while loading") from None
 
-    def _make_room(self, target: str, size: int) -> None:
+    def _make_room(self, target: str, size: int) -> int:
+        """Reserve ``size`` bytes of the budget, unloading idle models first; the bytes reserved.
+
+        Waits (up to ``LOAD_TIMEOUT_SECONDS``) while no idle model can go but models in use or
+        other loads may free room; then answers 507 as the platform does when nothing can go.
+        """
         if self.budget is None:
-            return
+            return 0
         if size > self.budget:
             raise model_error(target, 507, f"model needs {size} bytes unpacked, more than the whole "
                               f"memory budget of {self.budget} bytes", what="while loading")
-        while self.loaded_bytes() + size > self.budget and self._evict_one():
-            pass
+        deadline = time.monotonic() + LOAD_TIMEOUT_SECONDS
+        while True:
+            with self._state:
+                used = sum(item.size for item in self._loaded.values()) + self._reserved
+                if used + size <= self.budget:
+                    self._reserved += size
+                    return size
+            if self._evict_one(exclude=target):
+                continue
+            with self._state:
+                busy = self._reserved > 0 or any(item.in_flight for item in self._loaded.values())
+                remaining = deadline - time.monotonic()
+                if not busy or remaining <= 0:
+                    raise model_error(
+                        target, 507, f"model needs {size} bytes unpacked; {used} of the memory budget of "
+                        f"{self.budget} bytes are held by models in use or loading", what="while loading")
+                self._state.wait(min(remaining, 1.0))
 
-    def _register(self, target: str, name: str, directory: Path, size: int) -> None:
+    def _register(self, target: str, name: str, directory: Path) -> None:
+        """``POST /models``; a 507 unloads the LRU idle model and retries, ``MAX_OOM_RETRIES`` times at most."""
         document = json.dumps({"model_name": name, "url": str(directory)}).encode()
+        retries = 0
         while True:
             answer = self.server.request("POST", "/models", document, headers={"Content-Type": "application/json"},
                                          timeout=LOAD_TIMEOUT_SECONDS)
             if answer.status in (200, 409):
                 return
             message = _server_message(answer.body, name, target)
-            if answer.status == 507 and self._evict_one():
+            if answer.status == 507 and retries < MAX_OOM_RETRIES and self._evict_one(exclude=target):
+                retries += 1
                 continue  # as SageMaker does: unload the least recently used model and retry
             raise model_error(target, answer.status, message, what="while loading")
 
-    def _evict_one(self) -> bool:
-        """Unload the least recently used idle model; False when none can go."""
-        with self._state:
-            victim = next((t for t, item in self._loaded.items() if item.in_flight == 0), None)
-            if victim is None:
-                return False
-            item = self._loaded.pop(victim)
-        self.unload(item)
-        return True
+    def _evict_one(self, exclude: str | None = None) -> bool:
+        """Unload the least recently used idle model; False when none can go.
 
-    def unload(self, item: Loaded) -> None:
-        self.server.request("DELETE", f"/models/{item.name}", timeout=LOAD_TIMEOUT_SECONDS)
-        shutil.rmtree(item.directory.parent, ignore_errors=True)
-        self.unloads += 1
+        Takes the victim's target lock (without waiting: a target whose lock is held is being
+        loaded, invoked for the first time or evicted by another thread, so it is skipped), checks
+        under that lock that it is still loaded and idle, and unloads it before letting go.
+        """
+        with self._state:
+            candidates = [t for t, item in self._loaded.items() if item.in_flight == 0 and t != exclude]
+        for victim in candidates:
+            lock = self._lock_for(victim)
+            if not lock.acquire(blocking=False):
+                continue
+            try:
+                with self._state:
+                    item = self._loaded.get(victim)
+                    if item is None or item.in_flight:
+                        continue
+                    del self._loaded[victim]
+                self._unload(victim, item)
+                return True
+            finally:
+                lock.release()
+        return False
+
+    def _unload(self, target: str, item: Loaded) -> None:
+        """``DELETE`` then remove the folder; the caller holds the target's lock."""
+        try:
+            self.server.request("DELETE", f"/models/{item.name}", timeout=LOAD_TIMEOUT_SECONDS)
+            shutil.rmtree(item.directory.parent, ignore_errors=True)
+        finally:
+            with self._state:
+                self.unloads += 1
+                self._state.notify_all()
 
     def unload_all(self) -> None:
-        with self._state:
-            items = list(self._loaded.values())
-            self._loaded.clear()
-        for item in items:
-            self.unload(item)
-
+        """Unload every loaded model, each under its target's lock (waits for loads under way)."""
+        for target in self.loaded_targets():
+            with self._lock_for(target):
+                with self._state:
+                    item = self._loaded.pop(target, None)
+                if item is not None:
+                    self._unload(target, item)

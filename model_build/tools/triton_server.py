@@ -10,10 +10,15 @@ version Triton 24.10's onnxruntime backend ships) and torch for the python-based
 Started the way ``docker/sagemaker/serve`` starts it on a multi-model endpoint: SageMaker API only
 (``--allow-sagemaker --model-control-mode=explicit --model-namespacing``), HTTP, gRPC and metrics
 off, the python backend's shared memory from the same settings the stack gives the container.
+
+The server runs in its own session (a signal to the caller's group does not reach it first) and
+dies with the process that started it: ``PR_SET_PDEATHSIG`` (Linux) sends it SIGTERM when that
+process dies, also by SIGKILL, so no ``tritonserver`` or stub outlives the endpoint.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import re
@@ -21,11 +26,12 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,6 +201,33 @@ def _wait_ready(server: TritonServer, deadline: float) -> None:
     raise TritonServerError(f"tritonserver did not answer /ping within {STARTUP_SECONDS:g} s:\n{server.log_tail()}")
 
 
+#: ``prctl(PR_SET_PDEATHSIG, ...)``: the signal the kernel sends the server when its parent dies.
+_PR_SET_PDEATHSIG = 1
+#: SIGTERM, not SIGKILL: the server then shuts down as on ``stop_process`` (unloads its models,
+#: stops the python backend's stubs, removes their ``/dev/shm`` regions), bounded by
+#: ``--exit-timeout-secs``; a SIGKILL would leave the stubs' shared memory behind.
+PARENT_DEATH_SIGNAL = signal.SIGTERM
+
+
+def _die_with_parent(parent: int) -> Callable[[], None]:
+    """A ``preexec_fn`` that ties the server's life to this process (Linux; elsewhere it does nothing).
+
+    The kernel signals the child when the *thread* that started it exits: start the server from
+    the thread that lives as long as the endpoint (the main thread, in the command and the tests).
+    """
+
+    def apply() -> None:
+        if not sys.platform.startswith("linux"):
+            return
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, int(PARENT_DEATH_SIGNAL), 0, 0, 0) != 0:
+            os._exit(111)  # cannot promise to die with the parent: do not start at all
+        if os.getppid() != parent:  # the parent died before the prctl took effect
+            os._exit(112)
+
+    return apply
+
+
 def stop_process(process: subprocess.Popen[bytes], grace: float = 15.0) -> None:
     """SIGTERM the server's process group, SIGKILL what is left after ``grace`` seconds.
 
@@ -237,7 +270,8 @@ def triton_server(
                    "PATH": f"{env.root / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment,
-                                   stdin=subprocess.DEVNULL, start_new_session=True)
+                                   stdin=subprocess.DEVNULL, start_new_session=True,
+                                   preexec_fn=_die_with_parent(os.getpid()))
     server = TritonServer(process, port, log_path, version="?")
     try:
         _wait_ready(server, time.monotonic() + STARTUP_SECONDS)

@@ -4,6 +4,11 @@ It reads the config the way ``onnxruntime_backend/src/onnxruntime.cc`` does: the
 ``parameters`` it knows (others ignored, as there), ``optimization { graph { level } }``, the CPU
 accelerators (only ``openvino`` exists; anything else is refused) and the tensorrt accelerator's
 keys (an unknown key is refused; the accelerator itself needs a GPU and is not applied here).
+``memory.enable_memory_arena_shrinkage`` is a run option there and here: passed as given to every
+``run`` (ONNX Runtime checks the value, e.g. ``cpu:0``, and fails the request that carries a bad one).
+Like the backend's ``ValidateInputs``, the config must list as many (non-optional) inputs as the
+graph has ("configuration expects N inputs, model provides M"); the backend fills a config's
+inputs itself only under auto-complete when the config lists none, which this stand-in does not do.
 Batching is Triton's own: the dynamic batcher hands this file several requests per ``execute``.
 """
 
@@ -66,6 +71,19 @@ def session_options(config: dict) -> ort.SessionOptions:
     return options
 
 
+#: The one ``parameters`` key the backend applies per run, not per session.
+ARENA_SHRINKAGE = "memory.enable_memory_arena_shrinkage"
+
+
+def run_options(config: dict) -> ort.RunOptions:
+    """The backend's run options: ``memory.enable_memory_arena_shrinkage`` as given (e.g. ``cpu:0``)."""
+    options = ort.RunOptions()
+    params = common.parameters(config)
+    if ARENA_SHRINKAGE in params:
+        options.add_run_config_entry(ARENA_SHRINKAGE, params[ARENA_SHRINKAGE])
+    return options
+
+
 def check_accelerators(config: dict) -> None:
     accelerators = config.get("optimization", {}).get("execution_accelerators", {})
     for acc in accelerators.get("cpu_execution_accelerator", []):
@@ -93,6 +111,14 @@ _ONNX_TYPES = {
 def check_io(session: ort.InferenceSession, config: dict) -> None:
     """The backend's ``ValidateInputs``/``ValidateOutputs``: names, data types and shapes."""
     batched = int(config.get("max_batch_size", 0)) > 0
+    expected = sum(1 for tensor in config.get("input", []) if not tensor.get("optional", False))
+    expected += len(config.get("batch_input", []))
+    graph_inputs = session.get_inputs()
+    if len(graph_inputs) != expected:
+        raise common.ConfigError(
+            f"configuration expects {expected} inputs, model provides {len(graph_inputs)} "
+            f"(the model's inputs: {sorted(item.name for item in graph_inputs)})"
+        )
     for kind, declared, actual in (("input", config.get("input", []), session.get_inputs()),
                                    ("output", config.get("output", []), session.get_outputs())):
         model = {item.name: item for item in actual}
@@ -131,9 +157,10 @@ class TritonPythonModel:
         self.inputs = [tensor["name"] for tensor in self.config.get("input", [])]
         self.outputs = [tensor["name"] for tensor in self.config.get("output", [])]
         self.batched = int(self.config.get("max_batch_size", 0)) > 0
+        self.run_options = run_options(self.config)
 
     def execute(self, requests: list) -> list:
         def run(feeds: dict) -> list:
-            return self.session.run(self.outputs, feeds)
+            return self.session.run(self.outputs, feeds, self.run_options)
 
         return common.execute(pb_utils, requests, self.inputs, self.outputs, run, batched=self.batched)

@@ -37,9 +37,21 @@ class TritonPythonModel:
         self.config = common.load_args(args)
         params = common.parameters(self.config)
         self.inference_mode = common.parse_bool("INFERENCE_MODE", params.get("INFERENCE_MODE", "true"))
-        for key, setter in (("INTRA_OP_THREAD_COUNT", torch.set_num_threads),):
-            if key in params and common.parse_int(key, params[key]) > 0:
-                setter(common.parse_int(key, params[key]))
+        # Each model instance runs in its own stub process, and nothing has run on torch's
+        # inter-op pool before ``initialize``: the inter-op count can still be set here (torch
+        # refuses it once that pool has started; that is reported as the config error it is).
+        if "INTER_OP_THREAD_COUNT" in params:
+            count = common.parse_int("INTER_OP_THREAD_COUNT", params["INTER_OP_THREAD_COUNT"])
+            if count > 0 and torch.get_num_interop_threads() != count:
+                try:
+                    torch.set_num_interop_threads(count)
+                except RuntimeError as error:
+                    raise common.ConfigError(
+                        f"INTER_OP_THREAD_COUNT '{count}': torch could not apply it ({error})") from None
+        if "INTRA_OP_THREAD_COUNT" in params:
+            count = common.parse_int("INTRA_OP_THREAD_COUNT", params["INTRA_OP_THREAD_COUNT"])
+            if count > 0:
+                torch.set_num_threads(count)
         self.module = torch.jit.load(common.model_path(args, self.config, "model.pt"), map_location="cpu")
         self.module.eval()
         self.inputs = _order([t["name"] for t in self.config.get("input", [])], "input")
