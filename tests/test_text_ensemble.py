@@ -24,7 +24,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from model_build.errors import PackageError
-from model_build.manifest import parse_manifest
+from model_build.manifest import load_manifest, parse_manifest
 from model_build.text_ensemble.ensemble import (
     check_tokenizer_dir,
     package_text_ensemble,
@@ -587,7 +587,6 @@ def _text_manifest(path: Path, *, batch: int, length: int) -> Path:
 
 
 def test_shm_need_is_largest_batch_times_sequence_times_bytes(tmp_path):
-    from model_build.manifest import load_manifest
     from model_build.text_ensemble.shm import shm_bytes_per_request, shm_problem
 
     manifest = load_manifest(_text_manifest(tmp_path / "m.yaml", batch=32, length=512))
@@ -691,3 +690,20 @@ def test_cli_validate_refuses_inputs_text_on_a_folder_without_tokenizer_files(tm
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     assert "models[0](no-vocab).inputs: got 'text'" in lines[0] and "has no vocab.txt" in lines[0]
     assert "Traceback" not in result.stderr
+
+
+def test_synth_check_refuses_disabled_namespacing_with_raw_text_targets():
+    """Ensemble members share names across tarballs: namespacing must stay on (serve script:
+    ``--model-namespacing=$SAGEMAKER_TRITON_DISABLE_MODEL_NAMESPACING`` when the key is set)."""
+    from model_build.text_ensemble.container import NAMESPACING_KEY, namespacing_problem
+
+    manifest = load_manifest(ROOT / "models.yaml")
+    assert any(spec.inputs == "text" for spec in manifest.models)
+    assert namespacing_problem(manifest, {}) is None
+    assert namespacing_problem(manifest, {NAMESPACING_KEY: "true"}) is None
+    problem = namespacing_problem(manifest, {NAMESPACING_KEY: "false"})
+    assert problem is not None
+    assert "mme:triton_environment" in problem and NAMESPACING_KEY in problem and "'false'" in problem
+    assert "'minilm-l6-text'" in problem
+    tokens_only = manifest.model_copy(update={"models": [s for s in manifest.models if s.inputs != "text"]})
+    assert namespacing_problem(tokens_only, {NAMESPACING_KEY: "false"}) is None
