@@ -362,8 +362,9 @@ def build_release(
     unkeyed = [spec.name for spec in manifest.models if spec.name not in keys]
     if unkeyed:
         raise ValueError(f"release {release.release_id} has no model key for {unkeyed}")
+    # Created lazily (build_unit makes it when it stores a unit): an input refused before any
+    # build, such as a source that does not resolve, leaves the build folder as it was.
     store_dir = out_dir / BUILDS_DIR
-    store_dir.mkdir(parents=True, exist_ok=True)
     missing = [(spec, keys[spec.name]) for spec in manifest.models if read_unit(store_dir, keys[spec.name]) is None]
     built = [spec.name for spec, _ in missing]
     if jobs == 1 or len(missing) <= 1:

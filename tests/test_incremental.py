@@ -714,3 +714,57 @@ def test_every_s3_call_of_a_create_and_an_update_is_granted_by_the_default_stack
                        for granted, pattern, conditions in build_role_grants):
                 denied.append(f"{operation} needs {action} on {resource}" + (f" (prefix {prefix!r})" if prefix else ""))
     assert denied == [], "\n".join(sorted(set(denied)))
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI publish is incremental against the bucket (a fresh checkout builds only what is missing)
+# ---------------------------------------------------------------------------------------------
+
+
+def _cli(*args: str) -> Any:
+    import subprocess
+    import sys
+
+    from cdk_helpers import subprocess_env
+
+    return subprocess.run([sys.executable, "-m", "model_build", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, env=subprocess_env())
+
+
+@pytest.mark.slow
+def test_cli_publish_from_a_fresh_checkout_builds_only_the_changed_entry_and_copies_the_rest(
+    tmp_path: Path, proxy: FaultProxy, bucket: str
+) -> None:
+    data = _tiny_manifest(3)
+    manifest_path = tmp_path / "models.yaml"
+    manifest_path.write_text(yaml.safe_dump(data))
+    out = tmp_path / "build"
+    common = ["--manifest", str(manifest_path), "--out", str(out), "--bucket", bucket,
+              "--endpoint-url", proxy.url]
+    first = _cli("publish", *common)
+    assert first.returncode == 0, first.stderr
+    assert "built 3 of 3 models (tiny-0, tiny-1, tiny-2); 0 already stored" in first.stdout
+
+    shutil.rmtree(out)  # a fresh checkout: nothing built locally
+    data["models"][2]["max_batch_size"] = 4
+    manifest_path.write_text(yaml.safe_dump(data))
+    release = compute_release(parse_manifest(data), base_dir=tmp_path)
+    proxy.reset_records()
+    second = _cli("publish", *common)
+    assert second.returncode == 0, second.stderr
+    assert "built 1 of 3 models (tiny-2); 2 already stored" in second.stdout, second.stdout
+    # At the server: bytes went up for the changed model's store and the release index only;
+    # every target of the two unchanged models (and their reference and config) is a copy.
+    uploads = sorted(unquote(r.target.split("?")[0]).split(f"/{bucket}/", 1)[-1]
+                     for r in proxy.forwarded("PUT", is_copy=False))
+    store = store_prefix(PREFIX, release.model_keys["tiny-2"])
+    assert uploads == sorted([f"{store}/model.tar.gz", f"{store}/_reference/tiny-2.npz",
+                              f"{store}/_reference/tiny-2.config.pbtxt", f"{store}/_index.json",
+                              f"{release.prefix(PREFIX)}/_index.json"]), uploads
+    copied = [unquote(r.target.split("?")[0]).split(f"/{bucket}/", 1)[-1]
+              for r in proxy.forwarded("PUT", is_copy=True)]
+    release_dir = release.prefix(PREFIX)
+    for target in ("tiny-0-0", "tiny-0-1", "tiny-1"):
+        assert f"{release_dir}/{target}.tar.gz" in copied, (target, copied)
+    assert len(copied) == (2 + 2) + (1 + 2) + (1 + 2), copied
+    assert {p.name for p in (out / "_builds").iterdir()} == {release.model_keys["tiny-2"]}
