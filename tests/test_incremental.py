@@ -768,3 +768,38 @@ def test_cli_publish_from_a_fresh_checkout_builds_only_the_changed_entry_and_cop
         assert f"{release_dir}/{target}.tar.gz" in copied, (target, copied)
     assert len(copied) == (2 + 2) + (1 + 2) + (1 + 2), copied
     assert {p.name for p in (out / "_builds").iterdir()} == {release.model_keys["tiny-2"]}
+
+
+# ---------------------------------------------------------------------------------------------
+# The Lambda image and a laptop compute the same keys: same versions of every keyed library
+# ---------------------------------------------------------------------------------------------
+
+
+def _pins(text: str) -> dict[str, str]:
+    pins = {}
+    for line in text.splitlines():
+        match = re.match(r"^\s*([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?==([^\s;#]+)", line)
+        if match:
+            pins[re.sub(r"[-_.]+", "-", match.group(1)).lower()] = match.group(2)
+    return pins
+
+
+def test_the_lambda_image_pins_every_keyed_library_to_the_project_constraints() -> None:
+    from importlib import metadata
+
+    from model_build.release import BYTE_LIBRARIES
+
+    constraints = _pins((ROOT / "constraints.txt").read_text())
+    lambda_pins = _pins((ROOT / "model_build" / "requirements-lambda.txt").read_text())
+    # torch comes first, from the CPU index, on its own `pip install` line of the Dockerfile;
+    # that index's wheel reports the version with its local tag (2.13.0+cpu), as the venv's does.
+    dockerfile = (ROOT / "model_build" / "Dockerfile").read_text()
+    torch_line = next(line for line in dockerfile.splitlines() if "pip install" in line and "torch==" in line)
+    assert "download.pytorch.org/whl/cpu" in torch_line
+    lambda_pins["torch"] = _pins(torch_line.split("install", 1)[1].replace(" ", "\n"))["torch"] + "+cpu"
+    for name in BYTE_LIBRARIES:
+        key = re.sub(r"[-_.]+", "-", name).lower()
+        assert key in lambda_pins, f"{name}: part of every model key but not pinned in requirements-lambda.txt"
+        assert lambda_pins[key] == constraints.get(key), (name, lambda_pins[key], constraints.get(key))
+        # The venv (`make setup`) has what constraints.txt says: its keys are the Lambda's keys.
+        assert metadata.version(name) == constraints[key], (name, metadata.version(name))
