@@ -246,7 +246,12 @@ def build_unit(
         return existing, False
     scratch = store_dir / f".{key}.partial"
     shutil.rmtree(scratch, ignore_errors=True)
+    # The store (and the build folder above it) is created here, lazily; a build that fails
+    # removes the folders it created, so a refused input (a source that does not resolve)
+    # leaves no trace in the build folder.
+    created = [folder for folder in (store_dir, *store_dir.parents) if not folder.exists()]
     scratch.mkdir(parents=True)
+    stored = False
     try:
         result = build_model(
             spec,
@@ -261,12 +266,19 @@ def build_unit(
         (scratch / UNIT_RECORD).write_text(json.dumps(asdict(result), indent=2, sort_keys=True) + "\n")
         shutil.rmtree(store_dir / key, ignore_errors=True)
         os.replace(scratch, store_dir / key)
+        stored = True
     except ModelBuildError as error:
         if error.model is None:
             error.model = spec.name
         raise
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+        if not stored:
+            for folder in created:  # deepest first; a folder another build filled stays
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
     return result, True
 
 
