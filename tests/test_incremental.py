@@ -803,3 +803,63 @@ def test_the_lambda_image_pins_every_keyed_library_to_the_project_constraints() 
         assert lambda_pins[key] == constraints.get(key), (name, lambda_pins[key], constraints.get(key))
         # The venv (`make setup`) has what constraints.txt says: its keys are the Lambda's keys.
         assert metadata.version(name) == constraints[key], (name, metadata.version(name))
+
+
+# ---------------------------------------------------------------------------------------------
+# The same release retried after a transient failure builds only what is missing
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_same_release_retried_after_a_source_appears_builds_only_the_missing_model(
+    tmp_path: Path, lambda_env: Any
+) -> None:
+    s3 = lambda_env
+    bucket = f"retry-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(Bucket=bucket)
+    data = _tiny_manifest(2)
+    source = f"s3://{bucket}/uploads/late/model.onnx"
+    data["models"].append({"name": "late", "source": {"kind": "onnx", "path": source},
+                           "task": "image-classification", "format": "onnx", "max_batch_size": 2,
+                           "image": {"image_size": 32, "channels": 3}})
+    props = _request(s3, data, bucket)
+
+    # First attempt: the late model's source is not uploaded yet; the others build and are stored.
+    first = _run_map_tolerating_failures(props, s3)
+    assert sorted(first) == ["late", "tiny-0", "tiny-1"]
+    assert first["tiny-0"] is True and first["tiny-1"] is True
+    assert isinstance(first["late"], handler.HandlerError) and "model 'late'" in str(first["late"])
+    with pytest.raises(handler.HandlerError, match="model 'late'"):
+        handler.finish_release({"Request": props})
+    assert read_index(s3, bucket, f"{PREFIX}/{props['ReleaseId']}/_index.json") is None
+
+    # The upload lands (a real ONNX model: tiny-0's, taken from its stored build).
+    keys = compute_release(parse_manifest(data), base_dir=tmp_path).model_keys
+    stored = s3.get_object(Bucket=bucket, Key=f"{store_prefix(PREFIX, keys['tiny-0'])}/model.tar.gz")["Body"].read()
+    with tarfile.open(fileobj=io.BytesIO(stored), mode="r:gz") as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith("/model.onnx"))
+        onnx_bytes = tar.extractfile(member).read()  # type: ignore[union-attr]
+    s3.put_object(Bucket=bucket, Key="uploads/late/model.onnx", Body=onnx_bytes)
+
+    # The same release again (same properties, as the Provider's retry or a redeploy sends):
+    # the plan holds the late model alone, and the release completes.
+    retry = _run_map_tolerating_failures(props, s3)
+    assert retry == {"late": True}, retry
+    finished = handler.finish_release({"Request": props})
+    assert finished["ModelCount"] == "4"
+    index = read_index(s3, bucket, f"{PREFIX}/{props['ReleaseId']}/_index.json")
+    assert index is not None and set(index["model_keys"]) == {"tiny-0", "tiny-1", "late"}
+    assert stored_keys(s3, bucket, PREFIX) == set(keys.values())
+
+
+def _run_map_tolerating_failures(props: dict[str, str], s3: Any) -> dict[str, Any]:
+    """The Map with a tolerated failure count: every item runs; each item's Built flag or error."""
+    plan = handler.plan_items({"Request": props})
+    items = json.loads(s3.get_object(Bucket=plan["Bucket"], Key=plan["Key"])["Body"].read())
+    outcomes: dict[str, Any] = {}
+    for item in items:
+        try:
+            outcomes[item["Model"]] = handler.build_item({"Request": props, **item})["Built"]
+        except handler.HandlerError as error:
+            outcomes[item["Model"]] = error
+    return outcomes
