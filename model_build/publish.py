@@ -716,6 +716,10 @@ def read_index(s3_client: Any, bucket: str, index_key: str) -> dict[str, Any] | 
     except ClientError as error:
         if _error_code(error) in {"NoSuchKey", "404", "NotFound"}:
             return None
+        if _error_code(error) in {"AccessDenied", "403"} and not _listed(s3_client, bucket, index_key):
+            # S3 answers 403, not 404, for a missing key unless the caller may list the bucket
+            # without an s3:prefix condition; the build role may list only under its prefix.
+            return None
         raise PublishError(f"reading index s3://{bucket}/{index_key} failed: {_error_code(error)}") from None
     try:
         document = json.loads(body)
@@ -727,6 +731,16 @@ def read_index(s3_client: Any, bucket: str, index_key: str) -> dict[str, Any] | 
             f"index s3://{bucket}/{index_key}: schema {found!r}; this build reads schema {INDEX_SCHEMA}"
         )
     return document
+
+
+def _listed(s3_client: Any, bucket: str, key: str) -> bool:
+    """Whether ``key`` exists, by a listing (a missing key's GET may answer 403); False if the
+    listing itself is refused (the caller's error stands)."""
+    try:
+        response = s3_client.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1)
+    except (ClientError, BotoCoreError):
+        return True
+    return any(item["Key"] == key for item in response.get("Contents", []))
 
 
 def retire_release(
