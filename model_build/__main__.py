@@ -182,16 +182,89 @@ def _s3(args: argparse.Namespace) -> Any:
     return make_s3_client(endpoint_url=args.endpoint_url, region=args.region)
 
 
-def _record_for(args: argparse.Namespace, s3_client: Any) -> tuple[Any, Path, Release]:
-    """The build of this manifest: the one on disk if it matches the release, else a new one."""
+def _local_record(args: argparse.Namespace, release: Release) -> tuple[Any, Path] | None:
+    """The complete local build of this release, if ``build`` or ``publish`` left one."""
     from model_build.build import BuildRecord
 
-    _, release, _ = _load(args)
     release_dir = Path(args.out) / release.release_id
     record = BuildRecord.read(release_dir)
     if record is not None and all((release_dir / m.tarball).is_file() for m in record.models):
-        return record, release_dir, release
-    return _build(args, s3_client)
+        return record, release_dir
+    return None
+
+
+def _build_missing_and_publish(args: argparse.Namespace, s3_client: Any, manifest: Manifest,
+                               release: Release, base_dir: Path) -> tuple[Any, list[str], int]:
+    """Incremental against the bucket: list ``<prefix>/_builds/`` once, build only the keys that
+    neither the bucket nor the local store (``<out>/_builds/``) holds, store those, and assemble
+    the release by server-side copies. Returns the report, the models built here and how many
+    models' keys the bucket already held."""
+    from functools import partial
+
+    from model_build.build import _build_missing_in_processes, build_unit, read_unit
+    from model_build.local_s3 import make_s3_client
+    from model_build.publish import StoredModel, publish_from_store, stored_keys
+    from model_build.release import BUILDS_DIR
+
+    keys = dict(release.model_keys)
+    store_dir = Path(args.out) / BUILDS_DIR
+    present = stored_keys(s3_client, args.bucket, args.prefix)
+    missing = [spec for spec in manifest.models if keys[spec.name] not in present]
+    to_build = list({keys[spec.name]: spec for spec in reversed(missing)
+                     if read_unit(store_dir, keys[spec.name]) is None}.items())[::-1]
+    with _progress() as progress:
+        task = progress.add_task("build", total=len(to_build) * 3)
+
+        def on_model(spec: Any, name: str) -> None:
+            progress.update(task, description=f"{spec.name}: {name}")
+            progress.advance(task)
+
+        if args.jobs > 1 and len(to_build) > 1:
+            _build_missing_in_processes(
+                [(spec, key) for key, spec in to_build], jobs=args.jobs, base_dir=base_dir, store_dir=store_dir,
+                compresslevel=args.compresslevel, on_built=lambda spec: on_model(spec, "built"),
+                s3_factory=partial(make_s3_client, endpoint_url=args.endpoint_url, region=args.region),
+            )
+        else:
+            for key, spec in to_build:
+                build_unit(spec, key, base_dir=base_dir, store_dir=store_dir, s3_client=s3_client,
+                           compresslevel=args.compresslevel, step=partial(on_model, spec))
+    built = [spec.name for _, spec in to_build]
+    artifacts: dict[str, Any] = {}
+    for spec in missing:
+        result = read_unit(store_dir, keys[spec.name])
+        assert result is not None, f"{spec.name}: built but not stored"
+        artifacts[keys[spec.name]] = result.artifact(store_dir / keys[spec.name])
+    targets = manifest.target_count
+    with _progress() as progress:
+        task = progress.add_task(f"publish {release.release_id}", total=targets + 1)
+
+        def on_progress(_key: str, _bytes: int) -> None:
+            progress.advance(task)
+
+        report = publish_from_store(
+            [StoredModel(spec.name, keys[spec.name], tuple(spec.target_names()), spec.format)
+             for spec in manifest.models],
+            artifacts,
+            s3_client=s3_client,
+            bucket=args.bucket,
+            model_prefix=args.prefix,
+            release_prefix=release.prefix(args.prefix),
+            index_extra=_index_extra(release),
+            concurrency=args.concurrency,
+            progress=on_progress,
+            present=present,
+        )
+    return report, built, len(manifest.models) - len(missing)
+
+
+def _index_extra(release: Release) -> dict[str, Any]:
+    return {
+        "release_id": release.release_id,
+        "manifest_sha256": release.manifest_sha256,
+        "code_sha256": release.code_sha256,
+        "model_keys": dict(release.model_keys),
+    }
 
 
 def _publish(args: argparse.Namespace, s3_client: Any, record: Any, release_dir: Path,
@@ -234,8 +307,17 @@ def _publish_line(report: Any, bucket: str, prefix: str) -> str:
 
 def cmd_publish(args: argparse.Namespace) -> int:
     s3_client = _s3(args)
-    record, release_dir, release = _record_for(args, s3_client)
-    report = _publish(args, s3_client, record, release_dir, release)
+    manifest, release, base_dir = _load(args)
+    local = _local_record(args, release)
+    if local is not None:
+        record, release_dir = local
+        report = _publish(args, s3_client, record, release_dir, release)
+        out.print(f"built 0 of {len(manifest.models)} models; the local build {release_dir} is complete")
+    else:
+        report, built, in_bucket = _build_missing_and_publish(args, s3_client, manifest, release, base_dir)
+        out.print(f"built {len(built)} of {len(manifest.models)} models"
+                  + (f" ({', '.join(built)})" if built else "")
+                  + f"; {in_bucket} already stored in s3://{args.bucket}/{args.prefix}/_builds/")
     out.print(_publish_line(report, args.bucket, release.prefix(args.prefix)))
     out.print(f"ModelDataUrl: s3://{args.bucket}/{release.prefix(args.prefix)}/")
     return 0

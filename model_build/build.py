@@ -299,7 +299,12 @@ def build_unit(
         return existing, False
     scratch = store_dir / f".{key}.partial"
     shutil.rmtree(scratch, ignore_errors=True)
+    # The store (and the build folder above it) is created here, lazily; a build that fails
+    # removes the folders it created, so a refused input (a source that does not resolve)
+    # leaves no trace in the build folder.
+    created = [folder for folder in (store_dir, *store_dir.parents) if not folder.exists()]
     scratch.mkdir(parents=True)
+    stored = False
     try:
         result = build_model(
             spec,
@@ -314,12 +319,19 @@ def build_unit(
         (scratch / UNIT_RECORD).write_text(json.dumps(asdict(result), indent=2, sort_keys=True) + "\n")
         shutil.rmtree(store_dir / key, ignore_errors=True)
         os.replace(scratch, store_dir / key)
+        stored = True
     except ModelBuildError as error:
         if error.model is None:
             error.model = spec.name
         raise
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+        if not stored:
+            for folder in created:  # deepest first; a folder another build filled stays
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
     return result, True
 
 
@@ -415,8 +427,9 @@ def build_release(
     unkeyed = [spec.name for spec in manifest.models if spec.name not in keys]
     if unkeyed:
         raise ValueError(f"release {release.release_id} has no model key for {unkeyed}")
+    # Created lazily (build_unit makes it when it stores a unit): an input refused before any
+    # build, such as a source that does not resolve, leaves the build folder as it was.
     store_dir = out_dir / BUILDS_DIR
-    store_dir.mkdir(parents=True, exist_ok=True)
     missing = [(spec, keys[spec.name]) for spec in manifest.models if read_unit(store_dir, keys[spec.name]) is None]
     built = [spec.name for spec, _ in missing]
     if jobs == 1 or len(missing) <= 1:

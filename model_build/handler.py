@@ -13,7 +13,9 @@ the store by server-side copies, its index written last. A release prefix stays 
 - ``build_step`` is the state machine's one function: ``plan`` writes the Map's item source
   (the models whose key is not stored), ``build`` builds and stores one model (one Lambda run
   each, in parallel), ``finish`` assembles the release and writes its index. A failing model
-  records its name and reason under ``<prefix>/_plans/`` and fails its Map item.
+  records its name and reason under ``<prefix>/_plans/`` and fails its Map item; ``plan``
+  resets that record to a "no failure" marker (a put, not a delete: the build role may not
+  delete unless ``OnDelete`` is ``destroy``).
 - ``is_complete`` polls: the release index exists -> done; the execution runs -> not yet; the
   execution failed -> the failing model's reason, which CloudFormation shows. Without a state
   machine it builds as many models per run as fit, across several calls (the same per-model
@@ -250,6 +252,15 @@ def _failure_key(request: Request) -> str:
     return f"{base}{PLANS_DIR}/{request.release_id}.failure.json"
 
 
+#: The failure record's body while no model of the current attempt has failed (the plan writes it).
+NO_FAILURE = b'{"model": null, "reason": null}'
+
+
+def _clear_failure(s3: Any, request: Request) -> None:
+    s3.put_object(Bucket=request.model_bucket, Key=_failure_key(request), Body=NO_FAILURE,
+                  ContentType="application/json")
+
+
 def _execution_outcome(s3: Any, request: Request, execution_arn: str) -> dict[str, Any]:
     """``IsComplete: False`` while the build runs; a failed build raises with the failing
     model's name and reason (recorded by the build function), or the execution's error."""
@@ -261,7 +272,10 @@ def _execution_outcome(s3: Any, request: Request, execution_arn: str) -> dict[st
         raise HandlerError(f"build execution {execution_arn} succeeded but the release has no index")
     try:
         body = s3.get_object(Bucket=request.model_bucket, Key=_failure_key(request))["Body"].read()
-        reason = str(json.loads(body)["reason"])
+        recorded = json.loads(body)["reason"]
+        if not recorded:  # the plan's "no failure" marker: no model recorded a failure
+            raise LookupError("no failure recorded")
+        reason = str(recorded)
     except Exception:  # no record (a Lambda timeout or out of memory): the execution's own error
         error = described.get("error") or status
         cause = " ".join(str(described.get("cause") or "").split())[:300]
@@ -521,7 +535,10 @@ def plan_items(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
         plan_key = f"{base}{PLANS_DIR}/{request.release_id}.json"
         s3.put_object(Bucket=request.model_bucket, Key=plan_key, Body=json.dumps(items).encode(),
                       ContentType="application/json")
-        s3.delete_object(Bucket=request.model_bucket, Key=_failure_key(request))  # a new attempt
+        # A new attempt: overwrite an earlier attempt's failure record with the "no failure"
+        # marker. Not a delete: the build role has s3:DeleteObject only with OnDelete=destroy,
+        # and S3 answers AccessDenied to a delete without it (even of a missing key).
+        _clear_failure(s3, request)
         return {"Bucket": request.model_bucket, "Key": plan_key, "Count": len(items)}
     except (HandlerError, ModelBuildError) as error:
         raise _short(error) from None

@@ -428,18 +428,42 @@ def publish_incremental(
     A release where one model changed uploads that model's bytes once and copies the rest.
     The report adds up both: ``uploaded`` counts stored objects and the index, ``copied`` the
     release's server-side copies."""
+    return publish_from_store(
+        [StoredModel(a.name, key, tuple(a.targets), a.format) for a, key in units],
+        {key: artifact for artifact, key in units},
+        s3_client=s3_client, bucket=bucket, model_prefix=model_prefix, release_prefix=release_prefix,
+        index_extra=index_extra, concurrency=concurrency, progress=progress,
+    )
+
+
+def publish_from_store(
+    models: Sequence[StoredModel],
+    artifacts: Mapping[str, Artifact],
+    *,
+    s3_client: Any,
+    bucket: str,
+    model_prefix: str,
+    release_prefix: str,
+    index_extra: Mapping[str, Any],
+    concurrency: int = 16,
+    progress: Progress | None = None,
+    present: set[str] | None = None,
+) -> PublishReport:
+    """Store the built ``artifacts`` (by key) whose key the bucket's store lacks, then assemble
+    the release of ``models`` from the store. A model whose key is neither stored nor among
+    ``artifacts`` fails the assembly, naming it. ``present``: the stored keys, if already listed."""
     started = time.monotonic()
-    present = stored_keys(s3_client, bucket, model_prefix)
+    if present is None:
+        present = stored_keys(s3_client, bucket, model_prefix)
     uploaded = skipped = sent = 0
-    for artifact, key in units:
-        if key in present:
+    for key in dict.fromkeys(model.key for model in models):
+        if key in present or key not in artifacts:
             continue
-        report = publish_unit(artifact, key, s3_client=s3_client, bucket=bucket, model_prefix=model_prefix,
+        report = publish_unit(artifacts[key], key, s3_client=s3_client, bucket=bucket, model_prefix=model_prefix,
                               concurrency=min(4, concurrency), progress=progress)
         uploaded, skipped, sent = uploaded + report.uploaded, skipped + report.skipped, sent + report.bytes_sent
     release = assemble_release(
-        [StoredModel(a.name, key, tuple(a.targets), a.format) for a, key in units],
-        s3_client=s3_client, bucket=bucket, model_prefix=model_prefix, release_prefix=release_prefix,
+        models, s3_client=s3_client, bucket=bucket, model_prefix=model_prefix, release_prefix=release_prefix,
         index_extra=index_extra, concurrency=concurrency, progress=progress,
     )
     return PublishReport(
@@ -692,6 +716,10 @@ def read_index(s3_client: Any, bucket: str, index_key: str) -> dict[str, Any] | 
     except ClientError as error:
         if _error_code(error) in {"NoSuchKey", "404", "NotFound"}:
             return None
+        if _error_code(error) in {"AccessDenied", "403"} and not _listed(s3_client, bucket, index_key):
+            # S3 answers 403, not 404, for a missing key unless the caller may list the bucket
+            # without an s3:prefix condition; the build role may list only under its prefix.
+            return None
         raise PublishError(f"reading index s3://{bucket}/{index_key} failed: {_error_code(error)}") from None
     try:
         document = json.loads(body)
@@ -703,6 +731,16 @@ def read_index(s3_client: Any, bucket: str, index_key: str) -> dict[str, Any] | 
             f"index s3://{bucket}/{index_key}: schema {found!r}; this build reads schema {INDEX_SCHEMA}"
         )
     return document
+
+
+def _listed(s3_client: Any, bucket: str, key: str) -> bool:
+    """Whether ``key`` exists, by a listing (a missing key's GET may answer 403); False if the
+    listing itself is refused (the caller's error stands)."""
+    try:
+        response = s3_client.list_objects_v2(Bucket=bucket, Prefix=key, MaxKeys=1)
+    except (ClientError, BotoCoreError):
+        return True
+    return any(item["Key"] == key for item in response.get("Contents", []))
 
 
 def retire_release(

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hostile_helpers import SYNTH_MEMORY_LIMIT_BYTES, assert_refused, run_bounded
+from hostile_helpers import SYNTH_MEMORY_LIMIT_BYTES, SYNTH_TIME_LIMIT_S, assert_refused, run_bounded
 
 from model_build.local_s3 import local_s3, make_s3_client
 from model_build.manifest import MAX_MANIFEST_BYTES, MAX_MANIFEST_DEPTH, MAX_SCALAR_CHARS
@@ -90,11 +90,12 @@ def test_publish_refuses_hostile_manifest(name: str, tmp_path: Path, s3_endpoint
     assert s3.list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
 
 
-@pytest.mark.parametrize("name", ["billion-laughs", "deep-nesting", "latin1", "duplicate-key"])
+@pytest.mark.parametrize("name", sorted(CORPUS))
 def test_validate_refuses_hostile_manifest(name: str, tmp_path: Path) -> None:
     path = _write(tmp_path, name)
     outcome = run_bounded(["-m", "model_build", "validate", "--manifest", str(path)])
     assert_refused(outcome, str(path), *CORPUS[name][1])
+    assert sorted(tmp_path.iterdir()) == [path], "validate writes nothing"
 
 
 def test_utf8_byte_order_mark_is_accepted(tmp_path: Path) -> None:
@@ -111,12 +112,55 @@ def test_a_directory_is_not_a_manifest(tmp_path: Path) -> None:
     assert_refused(outcome, str(tmp_path), "is a directory")
 
 
-def test_synth_refuses_hostile_manifest(tmp_path: Path) -> None:
-    """The CDK app reads the manifest before it builds a construct: refused without a template."""
-    path = _write(tmp_path, "billion-laughs")
+@pytest.mark.parametrize("name", sorted(CORPUS))
+def test_synth_refuses_hostile_manifest(name: str, tmp_path: Path) -> None:
+    """The CDK app reads the manifest before it builds a construct: refused without a template
+    (``python app.py`` with the ``mme:manifest_path`` context, as ``cdk synth -c`` passes it)."""
+    path = _write(tmp_path, name)
     out = tmp_path / "cdk.out"
     context = {"mme:manifest_path": str(path)}
     outcome = run_bounded(["app.py"], env={"CDK_OUTDIR": str(out), "CDK_CONTEXT_JSON": json.dumps(context)},
-                          memory_limit=SYNTH_MEMORY_LIMIT_BYTES)
-    assert_refused(outcome, str(path), "anchor")
-    assert not list(out.glob("*.template.json"))
+                          memory_limit=SYNTH_MEMORY_LIMIT_BYTES, time_limit=SYNTH_TIME_LIMIT_S)
+    assert_refused(outcome, str(path), *CORPUS[name][1], time_limit=SYNTH_TIME_LIMIT_S)
+    assert not out.exists() or not list(out.rglob("*.json")), "no template, no asset manifest"
+
+
+#: The custom resource's Lambda, in a subprocess: CloudFormation shows ``error: <reason>``.
+HANDLER_RUNNER = """
+import json, sys
+from model_build import handler
+try:
+    result = getattr(handler, sys.argv[1])(json.loads(sys.argv[2]))
+except handler.HandlerError as error:
+    print(f"error: {error}", file=sys.stderr)
+    sys.exit(1)
+print(json.dumps(result))
+"""
+
+
+@pytest.mark.parametrize("entry", ["on_event", "is_complete", "build_step"])
+@pytest.mark.parametrize("name", sorted(CORPUS))
+def test_handler_refuses_hostile_manifest(name: str, entry: str, tmp_path: Path, s3_endpoint: str) -> None:
+    """The manifest asset as the Lambda reads it (from S3): each entry point that reads it
+    (the custom resource's two and the state machine's plan step) fails with the reason naming
+    the object, and writes nothing to the model bucket or the Lambda's /tmp."""
+    s3 = make_s3_client(endpoint_url=s3_endpoint)
+    assets, models = f"assets-{name}-{entry}".replace("_", "-")[:63], f"models-{name}-{entry}".replace("_", "-")[:63]
+    for bucket in (assets, models):
+        s3.create_bucket(Bucket=bucket)
+    s3.put_object(Bucket=assets, Key=f"{name}.yaml", Body=CORPUS[name][0])
+    props = {"ServiceToken": "arn:aws:lambda:us-east-1:123456789012:function:provider",
+             "ManifestBucket": assets, "ManifestKey": f"{name}.yaml", "ManifestSha256": "0" * 64,
+             "ModelBucket": models, "ModelPrefix": "models", "ReleaseId": "r-0123456789abcdef"}
+    event = ({"Step": "plan", "Request": props} if entry == "build_step" else
+             {"RequestType": "Create", "RequestId": "r1", "ResourceProperties": props,
+              "StackId": "arn:aws:cloudformation:us-east-1:1:stack/s/x"})
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    outcome = run_bounded(["-c", HANDLER_RUNNER, entry, json.dumps(event)],
+                          env={"MODEL_BUILD_S3_ENDPOINT_URL": s3_endpoint, "AWS_DEFAULT_REGION": "us-east-1",
+                               "TMPDIR": str(scratch)})
+    line = assert_refused(outcome, f"s3://{assets}/{name}.yaml", *CORPUS[name][1])
+    assert len(line) <= 420, "CloudFormation shows a short reason"
+    assert s3.list_objects_v2(Bucket=models).get("KeyCount", 0) == 0
+    assert not any(scratch.iterdir())

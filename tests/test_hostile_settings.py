@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
-from hostile_helpers import SYNTH_MEMORY_LIMIT_BYTES, assert_refused, run_bounded
+from hostile_helpers import SYNTH_MEMORY_LIMIT_BYTES, SYNTH_TIME_LIMIT_S, assert_refused, run_bounded
 
 from app import cdk_json_context
 from stacks.settings import MAX_CONTEXT_VALUE_CHARS, SettingsError
@@ -38,8 +38,8 @@ def test_synth_refuses_context(name: str, tmp_path: Path) -> None:
     context, fragments = CORPUS[name]
     out = tmp_path / "cdk.out"
     outcome = run_bounded(["app.py"], env={"CDK_OUTDIR": str(out), "CDK_CONTEXT_JSON": json.dumps(context)},
-                          memory_limit=SYNTH_MEMORY_LIMIT_BYTES)
-    assert_refused(outcome, *fragments)
+                          memory_limit=SYNTH_MEMORY_LIMIT_BYTES, time_limit=SYNTH_TIME_LIMIT_S)
+    assert_refused(outcome, *fragments, time_limit=SYNTH_TIME_LIMIT_S)
     assert not list(out.glob("*.template.json")), "a refused setting must not write a template"
 
 

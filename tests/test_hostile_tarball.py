@@ -11,8 +11,9 @@ from __future__ import annotations
 import gzip
 import io
 import tarfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hostile_helpers import assert_refused, run_bounded
@@ -172,3 +173,107 @@ def test_read_member_reads_one_file_and_refuses_a_bomb(tmp_path: Path) -> None:
     _bomb(bomb)
     with pytest.raises(TarballError, match="decompression bomb"):
         read_member(bomb, lambda p: p.name == "config.pbtxt", max_bytes=100)
+
+
+# ---------------------------------------------------------------------------------------------
+# The real command: `python -m model_build verify` on a published release holding a hostile tarball
+# ---------------------------------------------------------------------------------------------
+
+#: Wall-clock bound of one verify run: it starts the real tritonserver (measured 9.6 s of wall
+#: time on the 2-core machine at load 4-5, most of it the server's start), about 4x that.
+VERIFY_TIME_LIMIT = 45.0
+#: tritonserver and its Python backend stubs run under the same address-space limit.
+VERIFY_MEMORY_LIMIT = 16 << 30
+
+
+def _not_onnx(real: Path) -> Callable[[Path], None]:
+    """A well-formed copy of a real build's tarball whose ``model.onnx`` is not ONNX."""
+
+    def write(path: Path) -> None:
+        with tarfile.open(real, "r:gz") as source, tarfile.open(path, "w:gz") as tar:
+            for member in source.getmembers():
+                data = source.extractfile(member).read() if member.isfile() else None  # type: ignore[union-attr]
+                if member.name.endswith("model.onnx"):
+                    data = b"<Error><Code>SlowDown</Code></Error>"
+                    member.size = len(data)
+                tar.addfile(member, io.BytesIO(data) if data is not None else None)
+
+    return write
+
+
+#: name -> fragments of the target's error in verify's table (which cuts a reason at about 180
+#: characters: the bomb's names its size limit, the ratio comes later).
+VERIFY_CASES: dict[str, tuple[str, ...]] = {
+    "dotdot": CORPUS["dotdot"][1],
+    "symlink": CORPUS["symlink"][1],
+    "ratio-bomb": ("tarball", "unpacks to more than"),
+    "truncated-gzip": CORPUS["truncated-gzip"][1],
+    "onnx-not-onnx": ("load failed for model 'tiny.tar.gz'", "INVALID_PROTOBUF"),
+}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, Any, Any]]:
+    """moto's S3 server and one real build of a tiny ONNX model (its reference and config are
+    published next to each hostile tarball, so verify gets as far as unpacking it)."""
+    import yaml
+
+    from model_build.build import build_release
+    from model_build.local_s3 import local_s3
+    from model_build.manifest import load_manifest
+    from model_build.release import compute_release
+
+    folder = tmp_path_factory.mktemp("verify")
+    manifest = folder / "models.yaml"
+    manifest.write_text(yaml.safe_dump({"version": 1, "models": [{
+        "name": "tiny", "task": "image-classification", "format": "onnx", "max_batch_size": 2,
+        "image": {"image_size": 32, "channels": 3},
+        "source": {"kind": "synthetic", "architecture": "resnet", "seed": 0,
+                   "config": {"embedding_size": 8, "hidden_sizes": [8, 8], "depths": [1, 1], "num_labels": 4}},
+    }]}))
+    release = compute_release(load_manifest(manifest), base_dir=folder)
+    record, release_dir = build_release(load_manifest(manifest), release, base_dir=folder, out_dir=folder / "build")
+    with local_s3() as endpoint:
+        yield endpoint, manifest, release, record.models[0].artifact(release_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(VERIFY_CASES))
+def test_verify_refuses_a_published_hostile_tarball(name: str, tmp_path: Path, built: Any) -> None:
+    import hashlib
+    import re
+    from dataclasses import replace
+
+    from model_build.local_s3 import make_s3_client
+    from model_build.publish import publish_incremental
+
+    endpoint, manifest, release, artifact = built
+    writer = _not_onnx(artifact.path) if name == "onnx-not-onnx" else CORPUS[name][0]
+    fragments = VERIFY_CASES[name]
+    tarball = tmp_path / "tiny.tar.gz"
+    writer(tarball)
+    data = tarball.read_bytes()
+    # Published as a release would be: the index holds the hostile tarball's own digest, so the
+    # digest check passes and the archive reaches the unpacking.
+    hostile = replace(artifact, path=tarball, sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+    s3 = make_s3_client(endpoint_url=endpoint)
+    bucket = f"verify-{name}"
+    s3.create_bucket(Bucket=bucket)
+    publish_incremental([(hostile, release.model_keys["tiny"])], s3_client=s3, bucket=bucket, model_prefix="models",
+                        release_prefix=release.prefix("models"),
+                        index_extra={"release_id": release.release_id, "manifest_sha256": release.manifest_sha256,
+                                     "code_sha256": release.code_sha256, "model_keys": dict(release.model_keys)})
+    outcome = run_bounded(["-m", "model_build", "verify", "--manifest", str(manifest), "--bucket", bucket,
+                           "--endpoint-url", endpoint, "--out", str(tmp_path / "out")],
+                          env={"AWS_DEFAULT_REGION": "us-east-1"}, memory_limit=VERIFY_MEMORY_LIMIT,
+                          time_limit=VERIFY_TIME_LIMIT)
+    assert outcome.returncode == 1, (outcome.stdout[-3000:], outcome.stderr[-3000:])
+    assert "Traceback" not in outcome.stdout + outcome.stderr, outcome.stderr[-3000:]
+    assert outcome.seconds < VERIFY_TIME_LIMIT, f"took {outcome.seconds:.1f} s"
+    failed = [line for line in outcome.stdout.splitlines() if "FAILED" in line]
+    assert len(failed) == 1 and "tiny.tar.gz" in failed[0], outcome.stdout[-3000:]
+    table = " ".join(re.sub(r"[│┃]", " ", outcome.stdout).split())  # the table wraps its error column
+    for fragment in fragments:
+        assert fragment in table, (fragment, table[-2000:])
+    assert not (tmp_path / "evil").exists() and not Path("/etc/evil").exists()
+    assert not (tmp_path / "out").exists(), "verify of a published release writes no build folder"

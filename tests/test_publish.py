@@ -554,3 +554,19 @@ def test_local_s3_serves_on_loopback_and_stops() -> None:
         busy.listen()
         with pytest.raises(PublishError, match="not available"), local_s3(busy.getsockname()[1]):
             pass
+
+
+def test_read_index_tells_a_missing_index_from_a_refused_one_when_s3_answers_403(
+    proxy: FaultProxy, client: Any, direct: Any, bucket: str
+) -> None:
+    """Without an unconditioned s3:ListBucket (the build role lists only under its prefix), S3
+    answers a GET of a missing key with 403 AccessDenied, not 404: the index is then looked up
+    by a listing, so a new release reads as "no index" and a real refusal still fails."""
+    from model_build.publish import read_index
+
+    missing = f"{PREFIX}/_index.json"
+    proxy.add(Rule("error", method="GET", path=r"/_index\.json", status=403, code="AccessDenied", times=2))
+    assert read_index(client, bucket, missing) is None
+    direct.put_object(Bucket=bucket, Key=missing, Body=b"{}")
+    with pytest.raises(PublishError, match="AccessDenied"):
+        read_index(client, bucket, missing)
