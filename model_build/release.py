@@ -28,6 +28,8 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import sys
+import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -137,9 +139,14 @@ def library_versions() -> tuple[tuple[str, str], ...]:
     """Installed versions of :data:`BYTE_LIBRARIES` (read from package metadata: no import).
 
     The builder's own versions, not the pins: a laptop with another torch builds other bytes,
-    so its keys differ and it never reuses (or overwrites) what the Lambda built.
+    so its keys differ and it never reuses (or overwrites) what the Lambda built. The Python
+    version (``major.minor``) and the zlib the tarballs are deflated with are part of it too:
+    gzip's bytes depend on the zlib build, and nothing promises an export's bytes across Python
+    versions. A laptop on the project's Python 3.11 and the Lambda image on 3.12 therefore keep
+    separate keys; the same image run elsewhere shares the Lambda's.
     """
-    versions = []
+    versions = [("python", f"{sys.version_info.major}.{sys.version_info.minor}"),
+                ("zlib", zlib.ZLIB_RUNTIME_VERSION)]
     for name in BYTE_LIBRARIES:
         try:
             versions.append((name, metadata.version(name)))
