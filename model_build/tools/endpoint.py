@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import signal
 import sys
@@ -31,13 +30,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
 from model_build.errors import ModelBuildError
 from model_build.tools.mme import EndpointError, ModelCache, Release, read_release, validation_error
-from model_build.tools.triton_server import TritonServer, check_port_free, temporary_dir, triton_server
+from model_build.tools.triton_server import (
+    TritonServer,
+    check_port_free,
+    stack_shm_settings,
+    temporary_dir,
+    triton_server,
+)
 
 ENDPOINT_NAME = "local"
 #: SageMaker's real-time ``InvokeEndpoint`` takes a body of at most 6 MB: the ``BodyBlob`` shape
@@ -197,10 +201,13 @@ def local_endpoint(
     model_prefix: str = "models",
     port: int = 0,
     memory_budget_bytes: int | None = None,
-    shm_default_byte_size: int = 16 * 1024 * 1024,
-    shm_growth_byte_size: int = 1024 * 1024,
+    shm_default_byte_size: int | None = None,
+    shm_growth_byte_size: int | None = None,
 ) -> Iterator[LocalEndpoint]:
-    """Serve a published release for the block; on exit nothing is left running or on disk."""
+    """Serve a published release for the block; on exit nothing is left running or on disk.
+
+    Shared-memory sizes left out are the stack's (:func:`~model_build.tools.triton_server.stack_shm_settings`).
+    """
     if port:
         check_port_free(port)
     release = read_release(s3_client, bucket, model_prefix, release_id)
@@ -227,20 +234,6 @@ def local_endpoint(
 # ------------------------------------------------------------------------------------------------
 # CLI
 # ------------------------------------------------------------------------------------------------
-
-
-def _stack_shm_settings() -> tuple[int, int]:
-    """The SHM sizes the stack gives the container: ``cdk.json``'s context through the app's settings.
-
-    That import loads the CDK (a few seconds, and jsii starts Node.js): it runs after the quick
-    checks, with the virtualenv's Node.js first on ``PATH`` as ``make`` sets it.
-    """
-    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from app import cdk_json_context, load_settings
-
-    settings = load_settings(cdk_json_context())
-    return settings.shm_default_byte_size, settings.shm_growth_byte_size
 
 
 def add_endpoint_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -274,7 +267,7 @@ def cmd_endpoint(args: argparse.Namespace) -> int:
     check_port_free(args.port)
     s3 = make_s3_client(endpoint_url=args.endpoint_url, region=args.region)
     read_release(s3, args.bucket, args.prefix, args.release)  # no index: one error line, before anything starts
-    shm_default, shm_growth = _stack_shm_settings()
+    shm_default, shm_growth = stack_shm_settings()
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())

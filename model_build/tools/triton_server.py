@@ -19,6 +19,7 @@ process dies, also by SIGKILL, so no ``tritonserver`` or stub outlives the endpo
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import os
 import re
@@ -248,12 +249,20 @@ def triton_server(
     *,
     work_dir: Path,
     port: int | None = None,
-    shm_default_byte_size: int = 16 * 1024 * 1024,
-    shm_growth_byte_size: int = 1024 * 1024,
+    shm_default_byte_size: int | None = None,
+    shm_growth_byte_size: int | None = None,
     log_verbose: int = 0,
     env: TritonEnvironment | None = None,
 ) -> Iterator[TritonServer]:
-    """Start ``tritonserver`` for the block; stop it and its stubs after, whatever happened."""
+    """Start ``tritonserver`` for the block; stop it and its stubs after, whatever happened.
+
+    Shared-memory sizes left out are the ones the stack gives the container
+    (:func:`stack_shm_settings`), so every local server runs python models as the endpoint does.
+    """
+    if shm_default_byte_size is None or shm_growth_byte_size is None:
+        stack_default, stack_growth = stack_shm_settings()
+        shm_default_byte_size = stack_default if shm_default_byte_size is None else shm_default_byte_size
+        shm_growth_byte_size = stack_growth if shm_growth_byte_size is None else shm_growth_byte_size
     env = env or TritonEnvironment.find()
     port = port or free_port()
     check_port_free(port)
@@ -280,6 +289,24 @@ def triton_server(
         yield server
     finally:
         stop_process(process)
+
+
+@functools.lru_cache(maxsize=1)
+def stack_shm_settings() -> tuple[int, int]:
+    """The python backend's SHM sizes the stack gives the container, read once.
+
+    ``cdk.json``'s context through the app's own settings (``mme:shm_default_byte_size``,
+    ``mme:shm_growth_byte_size``): the one definition of the setting and its default. That import
+    loads the CDK (a few seconds, and jsii starts Node.js), so it runs only when a server starts,
+    with the virtualenv's Node.js first on ``PATH`` as ``make`` sets it.
+    """
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    from app import cdk_json_context, load_settings
+
+    settings = load_settings(cdk_json_context())
+    return settings.shm_default_byte_size, settings.shm_growth_byte_size
 
 
 @contextmanager
