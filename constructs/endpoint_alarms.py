@@ -150,49 +150,71 @@ class EndpointAlarmsProps(Props):
 
 @dataclass(frozen=True)
 class _Alarm:
-    """How one alarm is built: ``description`` is formatted with ``variant``, ``value`` (its
-    threshold setting), ``micro`` (that many milliseconds in microseconds) and ``max`` (instances)."""
+    """How one alarm is built from its threshold setting (``setting``, a field of
+    :class:`AlarmThresholds`): the endpoint's ``metric`` method with ``statistic`` over ``period``
+    (``None``: the saturation expression), the threshold made of the setting, ``(evaluation
+    periods, datapoints to alarm)`` and missing data."""
 
-    metric: Callable[[TritonMmeEndpoint], cloudwatch.IMetric]
+    setting: str
+    metric: str | None
+    statistic: str
+    period: Duration
     threshold: Callable[[float], float]
     periods: tuple[int, int]
     missing: cloudwatch.TreatMissingData
-    description: str
+    comparison: cloudwatch.ComparisonOperator = cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD
 
 
-_INVOCATIONS, _INSTANCES = cloudwatch.TreatMissingData.NOT_BREACHING, cloudwatch.TreatMissingData.MISSING
-_ALARMS: dict[AlarmKey, tuple[str, _Alarm]] = {
-    "invocation_5xx_errors": ("invocation_5xx_errors", _Alarm(
-        lambda e: e.metric_invocation_5xx_errors(statistic="Sum", period=MINUTE), float, (5, 3), _INVOCATIONS,
-        "{variant}: more than {value:g} 5xx responses a minute in 3 of the last 5 minutes. Check the "
-        "endpoint's container logs (Triton load/inference errors, out-of-memory 507s).")),
-    "invocation_4xx_rate": ("invocation_4xx_rate_percent", _Alarm(
-        lambda e: e.metric_invocation_4xx_errors(statistic="Average", period=MINUTE), lambda v: v / 100, (5, 5),
-        _INVOCATIONS, "{variant}: more than {value:g}% of requests answered 4xx for 5 minutes (Average of "
-        "Invocation4XXErrors is the 4xx share). Clients ask for models not in the served release, or send bad inputs.")),
-    "model_latency_p99": ("model_latency_p99_ms", _Alarm(
-        lambda e: e.metric_model_latency(statistic="p99", period=MINUTE), lambda v: v * MICROSECONDS_PER_MILLISECOND,
-        (5, 5), _INVOCATIONS, "{variant}: ModelLatency p99 above the {value:g} ms budget ({micro:,.0f} "
-        "microseconds) for 5 minutes.")),
-    "model_loading_wait_p90": ("model_loading_wait_p90_ms", _Alarm(
-        lambda e: e.metric_model_loading_wait_time(statistic="p90", period=FIVE_MINUTES),
-        lambda v: v * MICROSECONDS_PER_MILLISECOND, (3, 3), _INVOCATIONS, "{variant}: ModelLoadingWaitTime p90 "
-        "above {value:g} ms for 15 minutes: models are evicted and reloaded (too many for the instances' memory) "
-        "or downloads are slow. Compare ModelCacheHit and LoadedModelCount.")),
-    "gpu_memory": ("gpu_memory_percent", _Alarm(
-        lambda e: e.metric_gpu_memory_utilization(statistic="Maximum", period=FIVE_MINUTES), float, (3, 3),
-        _INSTANCES, "{variant}: GPUMemoryUtilization of the busiest instance above {value:g}% for 15 minutes; "
-        "loads may fail with out-of-memory (507) and models get evicted.")),
-    "disk": ("disk_percent", _Alarm(
-        lambda e: e.metric_disk_utilization(statistic="Maximum", period=FIVE_MINUTES), float, (3, 3), _INSTANCES,
-        "{variant}: DiskUtilization of the fullest instance above {value:g}% for 15 minutes; the model cache on "
-        "the instance store is nearly full.")),
+def _microseconds(milliseconds: float) -> float:
+    return milliseconds * MICROSECONDS_PER_MILLISECOND
+
+
+def _share(percent: float) -> float:
+    return percent / 100
+
+
+def _saturation(endpoint: TritonMmeEndpoint, percent: float) -> cloudwatch.IMetric:
+    """1 in a minute when the GPU is at ``percent`` or more while the variant runs its maximum
+    number of instances (see the module documentation)."""
+    most = endpoint.fleet.maximum
+    return cloudwatch.MathExpression(
+        expression=f"IF(gpu >= {percent:g} AND (invocations / perinstance) >= {most - 0.5:g}, 1, 0)",
+        using_metrics={
+            "gpu": endpoint.metric_gpu_utilization(period=MINUTE),
+            "invocations": endpoint.metric_invocations(period=MINUTE),
+            "perinstance": endpoint.metric_invocations_per_instance(period=MINUTE),
+        },
+        label="1 when GPU is pinned at maximum capacity",
+        period=MINUTE,
+    )
+
+
+_SAME, _ONE = float, (lambda _: 1)
+_NO_TRAFFIC_IS_FINE, _SILENCE_SHOWS = cloudwatch.TreatMissingData.NOT_BREACHING, cloudwatch.TreatMissingData.MISSING
+_AT_LEAST = cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD
+# fmt: off
+_ALARMS: dict[AlarmKey, _Alarm] = {
+    "invocation_5xx_errors": _Alarm("invocation_5xx_errors", "metric_invocation_5xx_errors", "Sum", MINUTE, _SAME, (5, 3), _NO_TRAFFIC_IS_FINE),
+    "invocation_4xx_rate": _Alarm("invocation_4xx_rate_percent", "metric_invocation_4xx_errors", "Average", MINUTE, _share, (5, 5), _NO_TRAFFIC_IS_FINE),
+    "model_latency_p99": _Alarm("model_latency_p99_ms", "metric_model_latency", "p99", MINUTE, _microseconds, (5, 5), _NO_TRAFFIC_IS_FINE),
+    "model_loading_wait_p90": _Alarm("model_loading_wait_p90_ms", "metric_model_loading_wait_time", "p90", FIVE_MINUTES, _microseconds, (3, 3), _NO_TRAFFIC_IS_FINE),
+    "gpu_memory": _Alarm("gpu_memory_percent", "metric_gpu_memory_utilization", "Maximum", FIVE_MINUTES, _SAME, (3, 3), _SILENCE_SHOWS),
+    "disk": _Alarm("disk_percent", "metric_disk_utilization", "Maximum", FIVE_MINUTES, _SAME, (3, 3), _SILENCE_SHOWS),
+    # A series of 1 and 0 (see _saturation): it alarms at 1.
+    "gpu_saturation": _Alarm("gpu_saturation_percent", None, "Average", MINUTE, _ONE, (15, 15), _NO_TRAFFIC_IS_FINE, _AT_LEAST),
 }
-_SATURATION = (
-    "{variant}: average GPUUtilization at or above {value:g}% while the variant runs its maximum of {max} "
-    "instances (Invocations / InvocationsPerInstance) for 15 minutes: autoscaling cannot add capacity. Raise "
-    "the maximum instance count or the instance type."
-)
+#: Each alarm's description, formatted with ``variant``, ``value`` (its threshold setting),
+#: ``micro`` (``value`` milliseconds in microseconds) and ``max`` (the fleet's maximum).
+_DESCRIPTIONS: dict[AlarmKey, str] = {
+    "invocation_5xx_errors": "{variant}: more than {value:g} 5xx responses a minute in 3 of the last 5 minutes. Check the endpoint's container logs (Triton load/inference errors, out-of-memory 507s).",
+    "invocation_4xx_rate": "{variant}: more than {value:g}% of requests answered 4xx for 5 minutes (Average of Invocation4XXErrors is the 4xx share). Clients ask for models not in the served release, or send bad inputs.",
+    "model_latency_p99": "{variant}: ModelLatency p99 above the {value:g} ms budget ({micro:,.0f} microseconds) for 5 minutes.",
+    "model_loading_wait_p90": "{variant}: ModelLoadingWaitTime p90 above {value:g} ms for 15 minutes: models are evicted and reloaded (too many for the instances' memory) or downloads are slow. Compare ModelCacheHit and LoadedModelCount.",
+    "gpu_memory": "{variant}: GPUMemoryUtilization of the busiest instance above {value:g}% for 15 minutes; loads may fail with out-of-memory (507) and models get evicted.",
+    "disk": "{variant}: DiskUtilization of the fullest instance above {value:g}% for 15 minutes; the model cache on the instance store is nearly full.",
+    "gpu_saturation": "{variant}: average GPUUtilization at or above {value:g}% while the variant runs its maximum of {max} instances (Invocations / InvocationsPerInstance) for 15 minutes: autoscaling cannot add capacity. Raise the maximum instance count or the instance type.",
+}
+# fmt: on
 
 
 class EndpointAlarms(Construct):
@@ -211,12 +233,17 @@ class EndpointAlarms(Construct):
         self._variant = f"{endpoint.metric_endpoint_name}/{endpoint.variant_name}"
         #: The alarms by key (:data:`ALARM_KEYS`).
         self.alarms: dict[str, cloudwatch.Alarm] = {}
-        for key, (setting, alarm) in _ALARMS.items():
-            value = getattr(props.thresholds, setting)
-            self._add(key, alarm.metric(endpoint), alarm.threshold(value), alarm.periods, alarm.missing,
-                      alarm.description.format(variant=self._variant, value=value,
-                                               micro=value * MICROSECONDS_PER_MILLISECOND))
-        self._add_saturation()
+        for key, alarm in _ALARMS.items():
+            value = getattr(props.thresholds, alarm.setting)
+            metric = (
+                _saturation(endpoint, value)
+                if alarm.metric is None
+                else getattr(endpoint, alarm.metric)(statistic=alarm.statistic, period=alarm.period)
+            )
+            description = _DESCRIPTIONS[key].format(
+                variant=self._variant, value=value, micro=_microseconds(value), max=endpoint.fleet.maximum
+            )
+            self._add(key, alarm, metric, alarm.threshold(value), description)
         #: The alarms whose ALARM state rolls an update back (``props.rollback_alarms``), in that order.
         self.rollback_alarms: list[cloudwatch.Alarm] = [self.alarms[key] for key in props.rollback_alarms]
         if props.topic is not None:
@@ -227,33 +254,7 @@ class EndpointAlarms(Construct):
         #: The topic the alarms notify, if any.
         self.topic = props.topic
 
-    def _add_saturation(self) -> None:
-        endpoint, percent = self.props.endpoint, self.props.thresholds.gpu_saturation_percent
-        most = endpoint.fleet.maximum
-        saturation = cloudwatch.MathExpression(
-            expression=f"IF(gpu >= {percent:g} AND (invocations / perinstance) >= {most - 0.5:g}, 1, 0)",
-            using_metrics={
-                "gpu": endpoint.metric_gpu_utilization(statistic="Average", period=MINUTE),
-                "invocations": endpoint.metric_invocations(statistic="Sum", period=MINUTE),
-                "perinstance": endpoint.metric_invocations_per_instance(statistic="Sum", period=MINUTE),
-            },
-            label="1 when GPU is pinned at maximum capacity",
-            period=MINUTE,
-        )
-        self._add("gpu_saturation", saturation, 1, (15, 15), _INVOCATIONS,
-                  _SATURATION.format(variant=self._variant, value=percent, max=most),
-                  cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD)
-
-    def _add(
-        self,
-        key: str,
-        metric: cloudwatch.IMetric,
-        threshold: float,
-        periods: tuple[int, int],
-        missing: cloudwatch.TreatMissingData,
-        description: str,
-        comparison: cloudwatch.ComparisonOperator = cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
-    ) -> None:
+    def _add(self, key: str, alarm: _Alarm, metric: cloudwatch.IMetric, threshold: float, description: str) -> None:
         construct_id = "".join(part.capitalize() for part in key.split("_"))
         self.alarms[key] = cloudwatch.Alarm(
             self,
@@ -262,8 +263,8 @@ class EndpointAlarms(Construct):
             alarm_description=description,
             metric=metric,
             threshold=threshold,
-            evaluation_periods=periods[0],
-            datapoints_to_alarm=periods[1],
-            comparison_operator=comparison,
-            treat_missing_data=missing,
+            evaluation_periods=alarm.periods[0],
+            datapoints_to_alarm=alarm.periods[1],
+            comparison_operator=alarm.comparison,
+            treat_missing_data=alarm.missing,
         )

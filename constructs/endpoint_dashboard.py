@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Annotated
 
 from aws_cdk import Aws, Duration
@@ -11,7 +12,7 @@ from aws_cdk import aws_cloudwatch as cloudwatch
 from pydantic import AfterValidator, Field
 
 from constructs import Construct
-from constructs.endpoint_metrics import RESOLUTION
+from constructs.endpoint_metrics import RESOLUTION, MetricOptions
 from constructs.props import Props, Resource
 from constructs.triton_mme_endpoint import TritonMmeEndpoint
 
@@ -39,21 +40,60 @@ class EndpointDashboardProps(Props):
     )
 
 
-def _graph(
-    title: str,
-    width: int,
-    metrics: Sequence[cloudwatch.IMetric],
-    y: tuple[float | None, float | None] | None = None,
-    annotations: Sequence[cloudwatch.HorizontalAnnotation] | None = None,
-) -> cloudwatch.GraphWidget:
-    """A graph of ``metrics`` on the left axis, from ``y[0]`` to ``y[1]`` when given."""
-    return cloudwatch.GraphWidget(
-        title=title,
-        left=list(metrics),
-        left_annotations=list(annotations) if annotations else None,
-        left_y_axis=cloudwatch.YAxisProps(min=y[0], max=y[1]) if y else None,
-        width=width,
-    )
+@dataclass(frozen=True)
+class _Graph:
+    """A graph of the endpoint's metrics: ``(metric_* method, statistic or None for its default,
+    label)`` each, on a left axis from ``y[0]`` to ``y[1]`` when given."""
+
+    title: str
+    width: int
+    metrics: tuple[tuple[str, str | None, str], ...]
+    y: tuple[float | None, float | None] | None = None
+
+
+#: The rows of graphs below the title and above the alarms (the instance row is drawn apart).
+_TRAFFIC = (
+    _Graph("Requests and errors (per minute)", 12, (
+        ("metric_invocations", None, "Invocations"),
+        ("metric_invocation_4xx_errors", None, "4xx"),
+        ("metric_invocation_5xx_errors", None, "5xx"),
+    )),
+    _Graph("Latency (microseconds)", 12, (
+        ("metric_model_latency", "p50", "ModelLatency p50"),
+        ("metric_model_latency", "p99", "ModelLatency p99"),
+        ("metric_overhead_latency", "p99", "OverheadLatency p99"),
+    )),
+)
+_MODELS = (
+    _Graph("Loaded models", 8, (
+        ("metric_loaded_model_count", None, "LoadedModelCount per instance"),
+        ("metric_loaded_model_count", "Sum", "LoadedModelCount total"),
+    )),
+    _Graph("Model cache hit ratio", 8, (("metric_model_cache_hit", None, "ModelCacheHit"),), (0, 1)),
+    _Graph("Model loading (microseconds)", 8, (
+        ("metric_model_loading_wait_time", "p90", "ModelLoadingWaitTime p90"),
+        ("metric_model_downloading_time", None, "ModelDownloadingTime"),
+        ("metric_model_loading_time", None, "ModelLoadingTime"),
+        ("metric_model_unloading_time", None, "ModelUnloadingTime"),
+    )),
+)
+_RESOURCES = (
+    _Graph("GPU (%)", 8, (
+        ("metric_gpu_utilization", None, "GPUUtilization avg"),
+        ("metric_gpu_utilization", "Maximum", "GPUUtilization max"),
+        ("metric_gpu_memory_utilization", None, "GPUMemoryUtilization avg"),
+        ("metric_gpu_memory_utilization", "Maximum", "GPUMemoryUtilization max"),
+    ), (0, 100)),
+    _Graph("CPU and memory (%)", 8, (
+        ("metric_cpu_utilization", None, "CPUUtilization avg (100 per core)"),
+        ("metric_memory_utilization", None, "MemoryUtilization avg"),
+        ("metric_memory_utilization", "Maximum", "MemoryUtilization max"),
+    ), (0, None)),
+    _Graph("Disk (%)", 8, (
+        ("metric_disk_utilization", None, "DiskUtilization avg"),
+        ("metric_disk_utilization", "Maximum", "DiskUtilization max"),
+    ), (0, 100)),
+)
 
 
 class EndpointDashboard(Construct):
@@ -73,90 +113,60 @@ class EndpointDashboard(Construct):
         endpoint = props.endpoint
         #: The dashboard's name.
         self.dashboard_name: str = props.dashboard_name or f"{endpoint.metric_endpoint_name}-{Aws.REGION}"
-        rows = [self._title(), self._traffic(), self._instances(), self._models(), self._resources()]
+        title = cloudwatch.TextWidget(
+            markdown=(
+                f"# Triton multi-model endpoint `{endpoint.metric_endpoint_name}` / `{endpoint.variant_name}`\n"
+                "Latencies and model times are in **microseconds**; utilization is 0-100% per GPU/core "
+                "(one GPU per instance type)."
+            ),
+            width=WIDTH,
+            height=2,
+        )
+        rows: list[list[cloudwatch.IWidget]] = [
+            [title], self._graphs(_TRAFFIC), self._instances(), self._graphs(_MODELS), self._graphs(_RESOURCES)
+        ]
         if props.alarms:
             rows.append([cloudwatch.AlarmStatusWidget(title="Alarms", alarms=list(props.alarms), width=WIDTH)])
         self.dashboard = cloudwatch.Dashboard(
             self, "Resource", dashboard_name=self.dashboard_name, default_interval=Duration.hours(3), widgets=rows
         )
 
-    def _title(self) -> list[cloudwatch.IWidget]:
-        e = self.props.endpoint
-        return [cloudwatch.TextWidget(
-            markdown=(
-                f"# Triton multi-model endpoint `{e.metric_endpoint_name}` / `{e.variant_name}`\n"
-                "Latencies and model times are in **microseconds**; utilization is 0-100% per GPU/core "
-                "(one GPU per instance type)."
-            ),
-            width=WIDTH,
-            height=2,
-        )]
+    def _graphs(self, graphs: tuple[_Graph, ...]) -> list[cloudwatch.IWidget]:
+        return [self._graph(graph) for graph in graphs]
 
-    def _traffic(self) -> list[cloudwatch.IWidget]:
-        e = self.props.endpoint
-        return [
-            _graph("Requests and errors (per minute)", 12, [
-                e.metric_invocations(label="Invocations"),
-                e.metric_invocation_4xx_errors(label="4xx"),
-                e.metric_invocation_5xx_errors(label="5xx"),
-            ]),
-            _graph("Latency (microseconds)", 12, [
-                e.metric_model_latency(statistic="p50", label="ModelLatency p50"),
-                e.metric_model_latency(statistic="p99", label="ModelLatency p99"),
-                e.metric_overhead_latency(statistic="p99", label="OverheadLatency p99"),
-            ]),
-        ]
+    def _graph(self, graph: _Graph, annotations: list[cloudwatch.HorizontalAnnotation] | None = None) -> cloudwatch.IWidget:
+        endpoint = self.props.endpoint
+        metrics: list[cloudwatch.IMetric] = []
+        for method, statistic, label in graph.metrics:
+            options: MetricOptions = {"label": label} if statistic is None else {"label": label, "statistic": statistic}
+            metrics.append(getattr(endpoint, method)(**options))
+        return cloudwatch.GraphWidget(
+            title=graph.title,
+            left=metrics,
+            left_annotations=annotations,
+            left_y_axis=cloudwatch.YAxisProps(min=graph.y[0], max=graph.y[1]) if graph.y else None,
+            width=graph.width,
+        )
 
     def _instances(self) -> list[cloudwatch.IWidget]:
-        e = self.props.endpoint
+        """The active instance count (``Invocations / InvocationsPerInstance``) under the autoscaling
+        maximum, and the scaling metric."""
+        endpoint = self.props.endpoint
         instances = cloudwatch.MathExpression(
             expression="invocations / perinstance",
             using_metrics={
-                "invocations": e.metric_invocations(),
-                "perinstance": e.metric_invocations_per_instance(),
+                "invocations": endpoint.metric_invocations(),
+                "perinstance": endpoint.metric_invocations_per_instance(),
             },
             label="Active instances (Invocations / InvocationsPerInstance)",
             period=RESOLUTION,
         )
-        maximum = cloudwatch.HorizontalAnnotation(value=e.fleet.maximum, label="Autoscaling maximum")
+        maximum = cloudwatch.HorizontalAnnotation(value=endpoint.fleet.maximum, label="Autoscaling maximum")
         return [
-            _graph("Instances (scaling)", 12, [instances], (0, None), [maximum]),
-            _graph("Requests per instance (scaling metric)", 12,
-                   [e.metric_invocations_per_instance(label="InvocationsPerInstance")]),
-        ]
-
-    def _models(self) -> list[cloudwatch.IWidget]:
-        e = self.props.endpoint
-        return [
-            _graph("Loaded models", 8, [
-                e.metric_loaded_model_count(label="LoadedModelCount per instance"),
-                e.metric_loaded_model_count(statistic="Sum", label="LoadedModelCount total"),
-            ]),
-            _graph("Model cache hit ratio", 8, [e.metric_model_cache_hit(label="ModelCacheHit")], (0, 1)),
-            _graph("Model loading (microseconds)", 8, [
-                e.metric_model_loading_wait_time(statistic="p90", label="ModelLoadingWaitTime p90"),
-                e.metric_model_downloading_time(label="ModelDownloadingTime"),
-                e.metric_model_loading_time(label="ModelLoadingTime"),
-                e.metric_model_unloading_time(label="ModelUnloadingTime"),
-            ]),
-        ]
-
-    def _resources(self) -> list[cloudwatch.IWidget]:
-        e = self.props.endpoint
-        return [
-            _graph("GPU (%)", 8, [
-                e.metric_gpu_utilization(label="GPUUtilization avg"),
-                e.metric_gpu_utilization(statistic="Maximum", label="GPUUtilization max"),
-                e.metric_gpu_memory_utilization(label="GPUMemoryUtilization avg"),
-                e.metric_gpu_memory_utilization(statistic="Maximum", label="GPUMemoryUtilization max"),
-            ], (0, 100)),
-            _graph("CPU and memory (%)", 8, [
-                e.metric_cpu_utilization(label="CPUUtilization avg (100 per core)"),
-                e.metric_memory_utilization(label="MemoryUtilization avg"),
-                e.metric_memory_utilization(statistic="Maximum", label="MemoryUtilization max"),
-            ], (0, None)),
-            _graph("Disk (%)", 8, [
-                e.metric_disk_utilization(label="DiskUtilization avg"),
-                e.metric_disk_utilization(statistic="Maximum", label="DiskUtilization max"),
-            ], (0, 100)),
+            cloudwatch.GraphWidget(
+                title="Instances (scaling)", left=[instances], left_annotations=[maximum],
+                left_y_axis=cloudwatch.YAxisProps(min=0), width=12,
+            ),
+            self._graph(_Graph("Requests per instance (scaling metric)", 12,
+                               (("metric_invocations_per_instance", None, "InvocationsPerInstance"),))),
         ]

@@ -244,16 +244,14 @@ class ModelBuildResource(Construct):
         self.manifest_asset = s3_assets.Asset(self, "Manifest", path=str(props.manifest_path))
         self.role = self._role()
         #: The policy that lets Lambda attach the handlers to the VPC (None without a VPC).
-        self.vpc_access_policy: iam.Policy | None = None
-        if props.vpc is not None:
-            self.vpc_access_policy = wildcard_policy(
-                self,
-                "VpcAccess",
-                self.role,
-                LAMBDA_VPC_ACTIONS,
-                "Lambda creates, describes and deletes the network interfaces of a function in a "
-                "VPC; these EC2 actions have no resource-level permissions that Lambda's calls match.",
-            )
+        self.vpc_access_policy: iam.Policy | None = None if props.vpc is None else wildcard_policy(
+            self,
+            "VpcAccess",
+            self.role,
+            LAMBDA_VPC_ACTIONS,
+            "Lambda creates, describes and deletes the network interfaces of a function in a VPC; "
+            "these EC2 actions have no resource-level permissions that Lambda's calls match.",
+        )
         self.on_event_function = self._handler(
             "OnEvent", ON_EVENT_HANDLER, "Model release: validates a request and starts the build"
         )
@@ -264,17 +262,11 @@ class ModelBuildResource(Construct):
         self.build_function = self._handler(
             "Build", BUILD_STEP_HANDLER, "Model release: builds one model, or plans / finishes a release"
         )
-        self.build_state_machine = ModelBuildStateMachine(
-            self,
-            "BuildStateMachine",
-            props=ModelBuildStateMachineProps(
-                build_function=self.build_function,
-                model_bucket=props.model_bucket,
-                max_concurrency=props.max_concurrency,
-                timeout=props.total_timeout,
-                log_retention=props.log_retention,
-            ),
-        )
+        #: Plan, build each model (a Distributed Map of build_function runs), finish the release.
+        self.build_state_machine = ModelBuildStateMachine(self, "BuildStateMachine", props=ModelBuildStateMachineProps(
+            build_function=self.build_function, model_bucket=props.model_bucket, max_concurrency=props.max_concurrency,
+            timeout=props.total_timeout, log_retention=props.log_retention,
+        ))
         self.start_builds_policy = self._start_builds_policy()
         self.provider = self._provider()
         self.resource = self._custom_resource()
