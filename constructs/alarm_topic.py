@@ -12,7 +12,7 @@ from pydantic import AfterValidator, Field
 
 from constructs import Construct
 from constructs.customer_key import customer_key
-from constructs.props import Props
+from constructs.props import Props, is_unresolved
 
 #: A plain e-mail address (what an SNS ``email`` subscription takes).
 EMAIL_PATTERN = r"^[^@\s]+@[^@\s]+\.[^@\s]+$"
@@ -21,7 +21,7 @@ CLOUDWATCH_PRINCIPAL = "cloudwatch.amazonaws.com"
 
 def _emails(emails: list[str]) -> list[str]:
     for email in emails:
-        if not re.fullmatch(EMAIL_PATTERN, email):
+        if not is_unresolved(email) and not re.fullmatch(EMAIL_PATTERN, email):
             raise ValueError(f"got {email!r}; expected e-mail addresses such as ops@example.com")
     if len(set(emails)) != len(emails):
         raise ValueError(f"got {emails!r}; an address is given twice")

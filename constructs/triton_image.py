@@ -14,15 +14,15 @@ import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Self
 
 from aws_cdk import Aws, CfnMapping, Stack, Token
 from aws_cdk import aws_iam as iam
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, model_validator
 
 from constructs import Construct
 from constructs.nag_acknowledgments import acknowledge_wildcard_resource
-from constructs.props import Props
+from constructs.props import Props, is_unresolved
 from constructs.sagemaker_limits import PropsError
 
 FRAMEWORK = "sagemaker-tritonserver"
@@ -143,6 +143,12 @@ class TritonImageProps(Props):
         description="Version of the sagemaker-tritonserver image (e.g. 25.09), checked against the "
         "sagemaker SDK's image table; unset: the newest version in that table.",
     )
+
+    @model_validator(mode="after")
+    def _known_version(self) -> Self:
+        if is_unresolved(self.version):
+            raise PropsError("version: got a token; the version picks a row of the image table at synth: give it as text")
+        return self
 
 
 class TritonImage(Construct):
