@@ -33,8 +33,7 @@ class AlarmTopicProps(Props):
 
     emails: Annotated[list[str], AfterValidator(_emails)] = Field(
         default_factory=list,
-        description="E-mail addresses subscribed to the created alarm topic (each confirms by mail); a "
-        "JSON array or comma-separated with -c. Giving any creates the topic.",
+        description="E-mail addresses subscribed to the alarm topic (each confirms by mail). Empty: none.",
     )
     removal_policy: RemovalPolicy = Field(
         default=RemovalPolicy.RETAIN,

@@ -120,8 +120,8 @@ class AlarmThresholds(Props):
         default=90,
         description="Average GPUUtilization at or above which the fleet counts as pinned; the "
         "saturation alarm fires when that holds for 15 minutes while the variant runs "
-        "max_instance_count instances (Invocations / InvocationsPerInstance): autoscaling can add "
-        "nothing more.",
+        "fleet.maximum instances (Invocations / InvocationsPerInstance): autoscaling can add nothing "
+        "more.",
     )
 
 

@@ -88,7 +88,7 @@ class EndpointNetworkProps(Props):
         description="Interface endpoints of the created VPC (ecr.api, ecr.dkr, logs, monitoring, sts, "
         "cloudformation, sagemaker.runtime). Only S3 (always created) is required by an isolated "
         "model; these are for a non-isolated container and any SageMaker traffic routed through the "
-        "VPC. cloudformation is added with build_in_vpc.",
+        "VPC. cloudformation is added with build_access.",
     )
     build_access: bool = Field(
         default=False,

@@ -60,7 +60,7 @@ class ModelBucketProps(Props):
     )
     removal_policy: RemovalPolicy = Field(
         default=RemovalPolicy.RETAIN,
-        description="retain: the buckets and the KMS key stay when the stack is deleted; destroy: they "
+        description="RETAIN: the buckets and the KMS key stay when the stack is deleted; DESTROY: they "
         "are emptied and deleted (adds CDK's auto-delete-objects custom resource).",
     )
 

@@ -191,7 +191,7 @@ class ModelBuildResourceProps(Props):
             )
 
     @model_validator(mode="after")
-    def _reachable(self) -> Self:
+    def _vpc_and_sources(self) -> Self:
         if not (bool(self.vpc) == bool(self.vpc_subnets) == bool(self.security_groups)):
             raise PropsError(
                 "vpc, vpc_subnets, security_groups: give all three (a function in a VPC needs subnets and "

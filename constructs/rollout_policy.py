@@ -63,13 +63,13 @@ class RolloutPolicyProps(Props):
     traffic: TrafficRoutingType = Field(
         default="ALL_AT_ONCE",
         description="Blue/green traffic shifting of endpoint updates. ALL_AT_ONCE (default) works with "
-        "any fleet size, including the default single instance, and still bakes rollout_wait_seconds "
-        "under the rollback alarms before the old fleet goes; CANARY and LINEAR need rollout_size.",
+        "any fleet size, including the default single instance, and still bakes wait_interval under the "
+        "rollback alarms before the old fleet goes; CANARY and LINEAR need size.",
     )
     size_type: CapacitySizeType = Field(
         default="CAPACITY_PERCENT",
-        description="Unit of rollout_size. An INSTANCE_COUNT step must fit every fleet size "
-        "autoscaling may have (at most half of min_instance_count).",
+        description="Unit of size. An INSTANCE_COUNT step must fit every fleet size autoscaling may "
+        "have (at most half of fleet.minimum).",
     )
     size: int | None = Field(
         default=None,
@@ -113,16 +113,16 @@ class RolloutPolicyProps(Props):
         ``fleet.maximum`` (autoscaling decides the count at deployment time)."""
         traffic, size, size_name = self.traffic, self.size, name("size")
         shift = f"{name('traffic')} {traffic}"
-        if traffic == "ALL_AT_ONCE" or size is None:
-            if traffic == "ALL_AT_ONCE" and size is not None:
+        if traffic == "ALL_AT_ONCE":
+            if size is not None:
                 raise PropsError(f"{size_name}: got {size} with {shift}; a size is for CANARY or LINEAR only: leave it unset")
-            if traffic != "ALL_AT_ONCE":
-                step = "canary" if traffic == "CANARY" else "linear step"
-                raise PropsError(
-                    f"{size_name}: missing with {shift}; give the {step} size (with {name('size_type')} "
-                    "INSTANCE_COUNT or CAPACITY_PERCENT)"
-                )
             return
+        if size is None:
+            step = "canary" if traffic == "CANARY" else "linear step"
+            raise PropsError(
+                f"{size_name}: missing with {shift}; give the {step} size (with {name('size_type')} "
+                "INSTANCE_COUNT or CAPACITY_PERCENT)"
+            )
         if size < 1:
             raise PropsError(f"{size_name}: got {size}; expected at least 1")
         if self.size_type == "CAPACITY_PERCENT":

@@ -188,10 +188,9 @@ class TritonMmeEndpointProps(Props):
     )
     environment: Annotated[dict[str, str], AfterValidator(_environment)] = Field(
         default_factory=dict,
-        description="Extra container variables, from the documented SAGEMAKER_TRITON_* list only (a "
-        "JSON object with -c). SHM and LOG_VERBOSE keys go through their own settings; "
-        "SAGEMAKER_TRITON_DEFAULT_MODEL_NAME is refused (single-model only); values at most 1024 "
-        "characters.",
+        description="Extra container variables, from the documented SAGEMAKER_TRITON_* list only. SHM "
+        "and LOG_VERBOSE keys go through their own props; SAGEMAKER_TRITON_DEFAULT_MODEL_NAME is "
+        "refused (single-model only); values at most 1024 characters.",
     )
     model_data_download_timeout: ContainerTimeout = Field(
         default_factory=lambda: Duration.seconds(600),

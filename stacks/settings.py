@@ -79,26 +79,6 @@ TAG_VALUE_PATTERN = r"^(?!(?i:aws:))[\w .:/=+\-@]{1,256}$"
 P = TypeVar("P", bound=Props)
 
 
-def _matching(pattern: str, expected: str) -> Any:
-    """``Annotated`` metadata of a string setting that must match ``pattern`` (said in words)."""
-
-    def check(value: str) -> str:
-        if not re.fullmatch(pattern, value):
-            raise ValueError(f"got {value!r}; expected {expected}")
-        return value
-
-    return AfterValidator(check)
-
-
-ReleaseId = Annotated[str, _matching(RELEASE_ID_PATTERN, "a release id as `python -m model_build publish` prints "
-                                                       "it: 'r-' and 16 lowercase hex digits")]
-TopicArn = Annotated[str, _matching(r"arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[A-Za-z0-9_-]{1,256}",
-                                    "an SNS topic ARN such as arn:aws:sns:eu-west-1:123456789012:alarms")]
-VpcId = Annotated[str, _matching(r"vpc-[0-9a-f]{8}([0-9a-f]{9})?", "a VPC id such as vpc-0123456789abcdef0")]
-TagValue = Annotated[str, _matching(TAG_VALUE_PATTERN, "1 to 256 letters, digits, spaces and _ . : / = + - @, "
-                                                       "not starting with 'aws:'")]
-
-
 class SettingsError(ValueError):
     """Settings that cannot give a working deployment; the message says which and why."""
 
@@ -318,6 +298,26 @@ def from_context_value(value: Any, annotation: Any) -> Any:
 # ---------------------------------------------------------------------------------------------
 # The settings
 # ---------------------------------------------------------------------------------------------
+
+
+def _matching(pattern: str, expected: str) -> Any:
+    """``Annotated`` metadata of a string setting that must match ``pattern`` (said in words)."""
+
+    def check(value: str) -> str:
+        if not re.fullmatch(pattern, value):
+            raise ValueError(f"got {value!r}; expected {expected}")
+        return value
+
+    return AfterValidator(check)
+
+
+ReleaseId = Annotated[str, _matching(RELEASE_ID_PATTERN, "a release id as `python -m model_build publish` prints "
+                                                       "it: 'r-' and 16 lowercase hex digits")]
+TopicArn = Annotated[str, _matching(r"arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[A-Za-z0-9_-]{1,256}",
+                                    "an SNS topic ARN such as arn:aws:sns:eu-west-1:123456789012:alarms")]
+VpcId = Annotated[str, _matching(r"vpc-[0-9a-f]{8}([0-9a-f]{9})?", "a VPC id such as vpc-0123456789abcdef0")]
+TagValue = Annotated[str, _matching(TAG_VALUE_PATTERN, "1 to 256 letters, digits, spaces and _ . : / = + - @, "
+                                                       "not starting with 'aws:'")]
 
 
 class AppSettings(BaseModel):
