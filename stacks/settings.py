@@ -394,7 +394,7 @@ class AppSettings(BaseModel):
     @model_validator(mode="after")
     def _consistent(self) -> Self:
         for props in PROPS:
-            props.model_construct(**self._values(props, self._unchecked)).check(self._namer(props))
+            self._unchecked(props).check(self._namer(props))
         if self.region is not None:
             load_image_table().row(self.triton_image_version).check_region(self.region, f"{CONTEXT_PREFIX}region")
         self._check_release()
