@@ -54,3 +54,16 @@ def drop_referenced_dependencies(resource: Any, referenced: Iterable[IConstruct 
         raise TypeError(f"{resource.node.path}: no CloudFormation resource to fix")
     dropped = _cfn_paths(referenced)
     cfn.add_override("DependsOn", Lazy.any(_DependsOn(cfn, dropped)))
+
+
+def drop_provider_role_dependency(scope: IConstruct, provider_id: str) -> None:
+    """The CDK-internal custom resource provider ``provider_id`` of ``scope``'s stack (one per
+    stack) depends on its role both explicitly and through ``Fn::GetAtt``; keep the ``GetAtt``
+    only (cfn-lint W3005)."""
+    provider = Stack.of(scope).node.try_find_child(provider_id)
+    if provider is None:
+        return
+    handler = provider.node.try_find_child("Handler")
+    role = provider.node.try_find_child("Role")
+    if handler is not None and role is not None:
+        drop_referenced_dependencies(handler, [role])

@@ -28,20 +28,23 @@ variant's average ``GPUUtilization`` is 0 to 100.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Annotated, Literal, get_args
 
-from aws_cdk import Duration, Token
+from aws_cdk import Duration
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_cloudwatch_actions as cloudwatch_actions
 from aws_cdk import aws_sns as sns
+from pydantic import AfterValidator, Field
 
 from constructs import Construct
-from constructs.sagemaker_limits import ALARM_NAME_MAX_LENGTH, PropsError, check_range
+from constructs.props import Props, Resource, unique
+from constructs.sagemaker_limits import ALARM_NAME_MAX_LENGTH
 from constructs.triton_mme_endpoint import TritonMmeEndpoint
 
 #: The alarms, by key (the keys of ``mme:rollback_alarms``), in dashboard order.
-ALARM_KEYS: tuple[str, ...] = (
+AlarmKey = Literal[
     "invocation_5xx_errors",
     "invocation_4xx_rate",
     "model_latency_p99",
@@ -49,64 +52,169 @@ ALARM_KEYS: tuple[str, ...] = (
     "gpu_memory",
     "disk",
     "gpu_saturation",
-)
+]
+ALARM_KEYS: tuple[str, ...] = get_args(AlarmKey)
 #: The alarms a rollout watches by default: the ones a bad release moves at once. Model loading
 #: waits are left out on purpose: a new fleet starts with an empty model cache, so every model is
 #: loaded again during a deployment; instance-resource alarms watch slower trends.
-DEFAULT_ROLLBACK_ALARMS: tuple[str, ...] = ("invocation_5xx_errors", "invocation_4xx_rate", "model_latency_p99")
+DEFAULT_ROLLBACK_ALARMS: tuple[AlarmKey, ...] = ("invocation_5xx_errors", "invocation_4xx_rate", "model_latency_p99")
 MICROSECONDS_PER_MILLISECOND = 1000
+MINUTE = Duration.minutes(1)
+FIVE_MINUTES = Duration.minutes(5)
+
+#: A share of requests or of a resource, in percent.
+Percent = Annotated[float, Field(gt=0, le=100)]
+#: A latency budget in milliseconds (at most an hour).
+Milliseconds = Annotated[float, Field(gt=0, le=3_600_000)]
+
+
+def _name_prefix(prefix: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", prefix) or (
+        len(prefix) + 1 + max(len(key) for key in ALARM_KEYS) > ALARM_NAME_MAX_LENGTH
+    ):
+        raise ValueError(
+            f"got {prefix!r}; expected letters, digits, '_', '.' and '-', short enough for alarm names "
+            f"of at most {ALARM_NAME_MAX_LENGTH} characters"
+        )
+    return prefix
+
+
+class AlarmThresholds(Props):
+    """Thresholds of the endpoint alarms, each with the reason for its default."""
+
+    invocation_5xx_errors: float = Field(
+        default=0,
+        ge=0,
+        le=1e12,
+        description="Invocation5XXErrors per minute (Sum) above which a minute is bad; the alarm fires "
+        "on 3 bad minutes of 5. 0: any 5xx counts (a container or model failure), 3 of 5 ignores a "
+        "single blip.",
+    )
+    invocation_4xx_rate_percent: Percent = Field(
+        default=5,
+        description="Share of requests answered 4xx (Average of Invocation4XXErrors, 1 per 4xx and 0 "
+        "otherwise) above which a minute is bad; 5 bad minutes in a row fire. A few 4xx are normal "
+        "client mistakes, a sustained 5% is not.",
+    )
+    model_latency_p99_ms: Milliseconds = Field(
+        default=1000,
+        description="Latency budget of ModelLatency p99 in milliseconds (the alarm threshold is this x "
+        "1000 microseconds); 5 minutes in a row above it fire.",
+    )
+    model_loading_wait_p90_ms: Milliseconds = Field(
+        default=10_000,
+        description="ModelLoadingWaitTime p90 in milliseconds over 5-minute periods, 3 in a row: models "
+        "evicted and reloaded (too many for the instances) or slow downloads.",
+    )
+    gpu_memory_percent: Percent = Field(
+        default=90,
+        description="GPUMemoryUtilization of the busiest instance (Maximum, 5-minute periods, 3 in a "
+        "row); above 90% loads risk out-of-memory (507) and evictions.",
+    )
+    disk_percent: Percent = Field(
+        default=85,
+        description="DiskUtilization of the fullest instance (Maximum, 5-minute periods, 3 in a row); "
+        "the instance store caches the models.",
+    )
+    gpu_saturation_percent: Percent = Field(
+        default=90,
+        description="Average GPUUtilization at or above which the fleet counts as pinned; the "
+        "saturation alarm fires when that holds for 15 minutes while the variant runs "
+        "fleet.maximum instances (Invocations / InvocationsPerInstance): autoscaling can add nothing "
+        "more.",
+    )
+
+
+class EndpointAlarmsProps(Props):
+    """Props of :class:`EndpointAlarms`."""
+
+    endpoint: TritonMmeEndpoint = Field(
+        description="The endpoint: its metric_* methods give every metric; the saturation alarm "
+        "compares the active instance count with its fleet.maximum."
+    )
+    thresholds: AlarmThresholds = Field(default_factory=lambda: AlarmThresholds(), description="The thresholds.")
+    topic: Resource[sns.ITopic] | None = Field(
+        default=None, description="SNS topic notified when an alarm goes to ALARM and back to OK. Unset: none."
+    )
+    name_prefix: Annotated[str, AfterValidator(_name_prefix)] | None = Field(
+        default=None, description="Prefix of the alarm names. Unset: the endpoint's name."
+    )
+    rollback_alarms: Annotated[list[AlarmKey], AfterValidator(unique)] = Field(
+        default_factory=lambda: list(DEFAULT_ROLLBACK_ALARMS),
+        description="Alarms (by key) whose ALARM state rolls an update back: invocation_5xx_errors, "
+        "invocation_4xx_rate, model_latency_p99, model_loading_wait_p90, gpu_memory, disk, "
+        "gpu_saturation. The default leaves model loading out (a new fleet reloads every model). "
+        "Empty: no automatic rollback.",
+    )
 
 
 @dataclass(frozen=True)
-class AlarmThresholds:
-    """Thresholds of the endpoint alarms, each with the reason for its default.
+class _Alarm:
+    """How one alarm is built from its threshold setting (``setting``, a field of
+    :class:`AlarmThresholds`): the endpoint's ``metric`` method with ``statistic`` over ``period``
+    (``None``: the saturation expression), the threshold made of the setting, ``(evaluation
+    periods, datapoints to alarm)`` and missing data."""
 
-    :param invocation_5xx_errors: 5xx responses per minute above which a minute counts as bad;
-        the alarm fires on 3 bad minutes out of 5. Default 0: any 5xx (a container error, a model
-        that fails to load, an out-of-memory answer) is worth a look, and 3 of 5 minutes ignores a
-        single blip.
-    :param invocation_4xx_rate_percent: share of requests answered 4xx (the ``Average`` of
-        ``Invocation4XXErrors``, which is 1 per 4xx response and 0 otherwise) above which a minute
-        is bad; 5 bad minutes in a row fire. Default 5%: clients asking for a model that is not in
-        the release, or sending malformed tensors; a few are normal, a sustained 5% is not.
-    :param model_latency_p99_ms: latency budget of ``ModelLatency`` p99 in milliseconds (the
-        metric is in microseconds: the threshold is this x 1000); 5 minutes in a row above it
-        fire. Default 1000 ms: an interactive budget for embedding and vision models on one GPU.
-    :param model_loading_wait_p90_ms: ``ModelLoadingWaitTime`` p90 in milliseconds over 5-minute
-        periods, 3 in a row. Default 10000 ms: a cold ONNX model loads in seconds; a p90 wait
-        above 10 s means models are evicted and reloaded (too many for the instances' memory) or
-        downloads are slow.
-    :param gpu_memory_percent: ``GPUMemoryUtilization`` of the busiest instance (``Maximum``) over
-        5-minute periods, 3 in a row. Default 90%: above it Triton answers loads with
-        out-of-memory (507) and SageMaker starts evicting models.
-    :param disk_percent: ``DiskUtilization`` of the fullest instance, 5-minute periods, 3 in a
-        row. Default 85%: the instance store caches the downloaded models; near full, downloads
-        fail or thrash.
-    :param gpu_saturation_percent: average ``GPUUtilization`` at or above which the fleet counts
-        as pinned; the alarm fires when that holds while the variant runs its maximum instance
-        count for 15 minutes in a row. Default 90% (the GPU scaling target defaults to 60%):
-        autoscaling can add nothing more, so raise the maximum or the instance type.
-    """
+    setting: str
+    metric: str | None
+    statistic: str
+    period: Duration
+    threshold: Callable[[float], float]
+    periods: tuple[int, int]
+    missing: cloudwatch.TreatMissingData
+    comparison: cloudwatch.ComparisonOperator = cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD
 
-    invocation_5xx_errors: float = 0
-    invocation_4xx_rate_percent: float = 5
-    model_latency_p99_ms: float = 1000
-    model_loading_wait_p90_ms: float = 10_000
-    gpu_memory_percent: float = 90
-    disk_percent: float = 85
-    gpu_saturation_percent: float = 90
 
-    def check(self) -> None:
-        """Raise :class:`PropsError` for a threshold out of its range."""
-        check_range("invocation_5xx_errors", self.invocation_5xx_errors, 0, 1e12)
-        for prop in ("invocation_4xx_rate_percent", "gpu_memory_percent", "disk_percent", "gpu_saturation_percent"):
-            value = getattr(self, prop)
-            if not 0 < value <= 100:
-                raise PropsError(f"{prop}: got {value:g}; expected a percentage above 0 and at most 100")
-        for prop in ("model_latency_p99_ms", "model_loading_wait_p90_ms"):
-            value = getattr(self, prop)
-            if not 0 < value <= 3_600_000:
-                raise PropsError(f"{prop}: got {value:g} ms; expected above 0 and at most 3600000 ms")
+def _microseconds(milliseconds: float) -> float:
+    return milliseconds * MICROSECONDS_PER_MILLISECOND
+
+
+def _share(percent: float) -> float:
+    return percent / 100
+
+
+def _saturation(endpoint: TritonMmeEndpoint, percent: float) -> cloudwatch.IMetric:
+    """1 in a minute when the GPU is at ``percent`` or more while the variant runs its maximum
+    number of instances (see the module documentation)."""
+    most = endpoint.fleet.maximum
+    return cloudwatch.MathExpression(
+        expression=f"IF(gpu >= {percent:g} AND (invocations / perinstance) >= {most - 0.5:g}, 1, 0)",
+        using_metrics={
+            "gpu": endpoint.metric_gpu_utilization(period=MINUTE),
+            "invocations": endpoint.metric_invocations(period=MINUTE),
+            "perinstance": endpoint.metric_invocations_per_instance(period=MINUTE),
+        },
+        label="1 when GPU is pinned at maximum capacity",
+        period=MINUTE,
+    )
+
+
+_SAME, _ONE = float, (lambda _: 1)
+_NO_TRAFFIC_IS_FINE, _SILENCE_SHOWS = cloudwatch.TreatMissingData.NOT_BREACHING, cloudwatch.TreatMissingData.MISSING
+_AT_LEAST = cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD
+# fmt: off
+_ALARMS: dict[AlarmKey, _Alarm] = {
+    "invocation_5xx_errors": _Alarm("invocation_5xx_errors", "metric_invocation_5xx_errors", "Sum", MINUTE, _SAME, (5, 3), _NO_TRAFFIC_IS_FINE),
+    "invocation_4xx_rate": _Alarm("invocation_4xx_rate_percent", "metric_invocation_4xx_errors", "Average", MINUTE, _share, (5, 5), _NO_TRAFFIC_IS_FINE),
+    "model_latency_p99": _Alarm("model_latency_p99_ms", "metric_model_latency", "p99", MINUTE, _microseconds, (5, 5), _NO_TRAFFIC_IS_FINE),
+    "model_loading_wait_p90": _Alarm("model_loading_wait_p90_ms", "metric_model_loading_wait_time", "p90", FIVE_MINUTES, _microseconds, (3, 3), _NO_TRAFFIC_IS_FINE),
+    "gpu_memory": _Alarm("gpu_memory_percent", "metric_gpu_memory_utilization", "Maximum", FIVE_MINUTES, _SAME, (3, 3), _SILENCE_SHOWS),
+    "disk": _Alarm("disk_percent", "metric_disk_utilization", "Maximum", FIVE_MINUTES, _SAME, (3, 3), _SILENCE_SHOWS),
+    # A series of 1 and 0 (see _saturation): it alarms at 1.
+    "gpu_saturation": _Alarm("gpu_saturation_percent", None, "Average", MINUTE, _ONE, (15, 15), _NO_TRAFFIC_IS_FINE, _AT_LEAST),
+}
+#: Each alarm's description, formatted with ``variant``, ``value`` (its threshold setting),
+#: ``micro`` (``value`` milliseconds in microseconds) and ``max`` (the fleet's maximum).
+_DESCRIPTIONS: dict[AlarmKey, str] = {
+    "invocation_5xx_errors": "{variant}: more than {value:g} 5xx responses a minute in 3 of the last 5 minutes. Check the endpoint's container logs (Triton load/inference errors, out-of-memory 507s).",
+    "invocation_4xx_rate": "{variant}: more than {value:g}% of requests answered 4xx for 5 minutes (Average of Invocation4XXErrors is the 4xx share). Clients ask for models not in the served release, or send bad inputs.",
+    "model_latency_p99": "{variant}: ModelLatency p99 above the {value:g} ms budget ({micro:,.0f} microseconds) for 5 minutes.",
+    "model_loading_wait_p90": "{variant}: ModelLoadingWaitTime p90 above {value:g} ms for 15 minutes: models are evicted and reloaded (too many for the instances' memory) or downloads are slow. Compare ModelCacheHit and LoadedModelCount.",
+    "gpu_memory": "{variant}: GPUMemoryUtilization of the busiest instance above {value:g}% for 15 minutes; loads may fail with out-of-memory (507) and models get evicted.",
+    "disk": "{variant}: DiskUtilization of the fullest instance above {value:g}% for 15 minutes; the model cache on the instance store is nearly full.",
+    "gpu_saturation": "{variant}: average GPUUtilization at or above {value:g}% while the variant runs its maximum of {max} instances (Invocations / InvocationsPerInstance) for 15 minutes: autoscaling cannot add capacity. Raise the maximum instance count or the instance type.",
+}
+# fmt: on
 
 
 class EndpointAlarms(Construct):
@@ -114,173 +222,39 @@ class EndpointAlarms(Construct):
 
     Alarm names are ``<name_prefix>-<key with hyphens>`` (for example
     ``triton-mme-invocation-5xx-errors``): readable in notifications and stable across updates.
-
-    :param endpoint: the endpoint; its ``metric_*`` methods give every metric.
-    :param max_instance_count: the variant's autoscaling maximum (the saturation alarm compares
-        the active instance count with it).
-    :param thresholds: Default: :class:`AlarmThresholds` defaults.
-    :param topic: SNS topic notified when an alarm goes to ALARM and back to OK. Default: none.
-    :param name_prefix: prefix of the alarm names. Default: the endpoint's name.
     """
 
-    def __init__(
-        self,
-        scope: Construct,
-        id: str,
-        *,
-        endpoint: TritonMmeEndpoint,
-        max_instance_count: int,
-        thresholds: AlarmThresholds | None = None,
-        topic: sns.ITopic | None = None,
-        name_prefix: str | None = None,
-    ) -> None:
+    def __init__(self, scope: Construct, id: str, *, props: EndpointAlarmsProps) -> None:
         super().__init__(scope, id)
-        limits = thresholds or AlarmThresholds()
-        limits.check()
-        check_range("max_instance_count", max_instance_count, 1, 10_000)
-        prefix = name_prefix if name_prefix is not None else endpoint.metric_endpoint_name
-        if not Token.is_unresolved(prefix) and (
-            not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", prefix)
-            or len(prefix) + 1 + max(len(key) for key in ALARM_KEYS) > ALARM_NAME_MAX_LENGTH
-        ):
-            raise PropsError(
-                f"name_prefix: got {prefix!r}; expected letters, digits, '_', '.' and '-', short "
-                f"enough for alarm names of at most {ALARM_NAME_MAX_LENGTH} characters"
-            )
-        self._prefix = prefix
-        minute = Duration.minutes(1)
-        five_minutes = Duration.minutes(5)
-        variant = f"{endpoint.metric_endpoint_name}/{endpoint.variant_name}"
-
+        #: The props the alarms were built from.
+        self.props = props
+        endpoint = props.endpoint
+        self._prefix = props.name_prefix if props.name_prefix is not None else endpoint.metric_endpoint_name
+        self._variant = f"{endpoint.metric_endpoint_name}/{endpoint.variant_name}"
         #: The alarms by key (:data:`ALARM_KEYS`).
         self.alarms: dict[str, cloudwatch.Alarm] = {}
-
-        self._add(
-            "invocation_5xx_errors",
-            endpoint.metric_invocation_5xx_errors(statistic="Sum", period=minute),
-            threshold=limits.invocation_5xx_errors,
-            evaluation_periods=5,
-            datapoints_to_alarm=3,
-            missing=cloudwatch.TreatMissingData.NOT_BREACHING,
-            description=(
-                f"{variant}: more than {limits.invocation_5xx_errors:g} 5xx responses a minute in 3 of "
-                "the last 5 minutes. Check the endpoint's container logs (Triton load/inference "
-                "errors, out-of-memory 507s)."
-            ),
-        )
-        self._add(
-            "invocation_4xx_rate",
-            endpoint.metric_invocation_4xx_errors(statistic="Average", period=minute),
-            threshold=limits.invocation_4xx_rate_percent / 100,
-            evaluation_periods=5,
-            datapoints_to_alarm=5,
-            missing=cloudwatch.TreatMissingData.NOT_BREACHING,
-            description=(
-                f"{variant}: more than {limits.invocation_4xx_rate_percent:g}% of requests answered "
-                "4xx for 5 minutes (Average of Invocation4XXErrors is the 4xx share). Clients ask "
-                "for models not in the served release, or send bad inputs."
-            ),
-        )
-        self._add(
-            "model_latency_p99",
-            endpoint.metric_model_latency(statistic="p99", period=minute),
-            threshold=limits.model_latency_p99_ms * MICROSECONDS_PER_MILLISECOND,
-            evaluation_periods=5,
-            datapoints_to_alarm=5,
-            missing=cloudwatch.TreatMissingData.NOT_BREACHING,
-            description=(
-                f"{variant}: ModelLatency p99 above the {limits.model_latency_p99_ms:g} ms budget "
-                f"({limits.model_latency_p99_ms * MICROSECONDS_PER_MILLISECOND:,.0f} microseconds) for 5 "
-                "minutes."
-            ),
-        )
-        self._add(
-            "model_loading_wait_p90",
-            endpoint.metric_model_loading_wait_time(statistic="p90", period=five_minutes),
-            threshold=limits.model_loading_wait_p90_ms * MICROSECONDS_PER_MILLISECOND,
-            evaluation_periods=3,
-            datapoints_to_alarm=3,
-            missing=cloudwatch.TreatMissingData.NOT_BREACHING,
-            description=(
-                f"{variant}: ModelLoadingWaitTime p90 above {limits.model_loading_wait_p90_ms:g} ms for "
-                "15 minutes: models are evicted and reloaded (too many for the instances' memory) "
-                "or downloads are slow. Compare ModelCacheHit and LoadedModelCount."
-            ),
-        )
-        self._add(
-            "gpu_memory",
-            endpoint.metric_gpu_memory_utilization(statistic="Maximum", period=five_minutes),
-            threshold=limits.gpu_memory_percent,
-            evaluation_periods=3,
-            datapoints_to_alarm=3,
-            missing=cloudwatch.TreatMissingData.MISSING,
-            description=(
-                f"{variant}: GPUMemoryUtilization of the busiest instance above "
-                f"{limits.gpu_memory_percent:g}% for 15 minutes; loads may fail with out-of-memory "
-                "(507) and models get evicted."
-            ),
-        )
-        self._add(
-            "disk",
-            endpoint.metric_disk_utilization(statistic="Maximum", period=five_minutes),
-            threshold=limits.disk_percent,
-            evaluation_periods=3,
-            datapoints_to_alarm=3,
-            missing=cloudwatch.TreatMissingData.MISSING,
-            description=(
-                f"{variant}: DiskUtilization of the fullest instance above {limits.disk_percent:g}% "
-                "for 15 minutes; the model cache on the instance store is nearly full."
-            ),
-        )
-        saturation = cloudwatch.MathExpression(
-            expression=(
-                f"IF(gpu >= {limits.gpu_saturation_percent:g} AND "
-                f"(invocations / perinstance) >= {max_instance_count - 0.5:g}, 1, 0)"
-            ),
-            using_metrics={
-                "gpu": endpoint.metric_gpu_utilization(statistic="Average", period=minute),
-                "invocations": endpoint.metric_invocations(statistic="Sum", period=minute),
-                "perinstance": endpoint.metric_invocations_per_instance(statistic="Sum", period=minute),
-            },
-            label="1 when GPU is pinned at maximum capacity",
-            period=minute,
-        )
-        self._add(
-            "gpu_saturation",
-            saturation,
-            threshold=1,
-            evaluation_periods=15,
-            datapoints_to_alarm=15,
-            missing=cloudwatch.TreatMissingData.NOT_BREACHING,
-            comparison=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-            description=(
-                f"{variant}: average GPUUtilization at or above {limits.gpu_saturation_percent:g}% "
-                f"while the variant runs its maximum of {max_instance_count} instances "
-                "(Invocations / InvocationsPerInstance) for 15 minutes: autoscaling cannot add "
-                "capacity. Raise the maximum instance count or the instance type."
-            ),
-        )
-
-        if topic is not None:
-            action = cloudwatch_actions.SnsAction(topic)
-            for alarm in self.alarms.values():
-                alarm.add_alarm_action(action)
-                alarm.add_ok_action(action)
+        for key, alarm in _ALARMS.items():
+            value = getattr(props.thresholds, alarm.setting)
+            metric = (
+                _saturation(endpoint, value)
+                if alarm.metric is None
+                else getattr(endpoint, alarm.metric)(statistic=alarm.statistic, period=alarm.period)
+            )
+            description = _DESCRIPTIONS[key].format(
+                variant=self._variant, value=value, micro=_microseconds(value), max=endpoint.fleet.maximum
+            )
+            self._add(key, alarm, metric, alarm.threshold(value), description)
+        #: The alarms whose ALARM state rolls an update back (``props.rollback_alarms``), in that order.
+        self.rollback_alarms: list[cloudwatch.Alarm] = [self.alarms[key] for key in props.rollback_alarms]
+        if props.topic is not None:
+            action = cloudwatch_actions.SnsAction(props.topic)
+            for each in self.alarms.values():
+                each.add_alarm_action(action)
+                each.add_ok_action(action)
         #: The topic the alarms notify, if any.
-        self.topic = topic
+        self.topic = props.topic
 
-    def _add(
-        self,
-        key: str,
-        metric: cloudwatch.IMetric,
-        *,
-        threshold: float,
-        evaluation_periods: int,
-        datapoints_to_alarm: int,
-        missing: cloudwatch.TreatMissingData,
-        description: str,
-        comparison: cloudwatch.ComparisonOperator = cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
-    ) -> None:
+    def _add(self, key: str, alarm: _Alarm, metric: cloudwatch.IMetric, threshold: float, description: str) -> None:
         construct_id = "".join(part.capitalize() for part in key.split("_"))
         self.alarms[key] = cloudwatch.Alarm(
             self,
@@ -289,18 +263,8 @@ class EndpointAlarms(Construct):
             alarm_description=description,
             metric=metric,
             threshold=threshold,
-            evaluation_periods=evaluation_periods,
-            datapoints_to_alarm=datapoints_to_alarm,
-            comparison_operator=comparison,
-            treat_missing_data=missing,
+            evaluation_periods=alarm.periods[0],
+            datapoints_to_alarm=alarm.periods[1],
+            comparison_operator=alarm.comparison,
+            treat_missing_data=alarm.missing,
         )
-
-    def select(self, keys: Sequence[str]) -> list[cloudwatch.Alarm]:
-        """The alarms of ``keys``, in that order; an unknown key raises :class:`PropsError`."""
-        unknown = [key for key in keys if key not in self.alarms]
-        if unknown:
-            raise PropsError(
-                f"rollback_alarms: unknown {', '.join(map(repr, unknown))}; expected some of "
-                + ", ".join(ALARM_KEYS)
-            )
-        return [self.alarms[key] for key in keys]

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from aws_cdk import Duration, Stack, Token
+from typing import Annotated
+
+from aws_cdk import Duration, Stack
 from aws_cdk import aws_applicationautoscaling as appscaling
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_iam as iam
+from pydantic import Field
 
 from constructs import Construct
-from constructs.sagemaker_limits import PropsError, check_range
+from constructs.props import SECONDS, Between, Props
 from constructs.triton_mme_endpoint import TritonMmeEndpoint
 
 SCALABLE_DIMENSION = "sagemaker:variant:DesiredInstanceCount"
@@ -17,6 +20,41 @@ SERVICE_LINKED_ROLE = (
     "aws-service-role/sagemaker.application-autoscaling.amazonaws.com/"
     "AWSServiceRoleForApplicationAutoScaling_SageMakerEndpoint"
 )
+#: A target-tracking cooldown: at most a day.
+Cooldown = Annotated[Duration, Between(0, 86400, SECONDS)]
+
+
+class EndpointAutoscalingProps(Props):
+    """Props of :class:`EndpointAutoscaling`."""
+
+    endpoint: TritonMmeEndpoint = Field(
+        description="The endpoint whose variant scales, between its fleet.minimum and fleet.maximum."
+    )
+    invocations_per_instance_target: float = Field(
+        default=70,
+        gt=0,
+        description="Target of the SageMakerVariantInvocationsPerInstance tracking policy (requests per "
+        "instance per minute).",
+    )
+    invocations_scale_in_cooldown: Cooldown = Field(
+        default_factory=lambda: Duration.seconds(600), description="Scale-in cooldown of the invocations policy."
+    )
+    invocations_scale_out_cooldown: Cooldown = Field(
+        default_factory=lambda: Duration.seconds(300), description="Scale-out cooldown of the invocations policy."
+    )
+    gpu_utilization_target: float = Field(
+        default=60,
+        gt=0,
+        le=100,
+        description="Target average GPUUtilization in percent (0 < target <= 100) of the GPU tracking "
+        "policy. The variant scales in only when both policies agree.",
+    )
+    gpu_scale_in_cooldown: Cooldown = Field(
+        default_factory=lambda: Duration.seconds(600), description="Scale-in cooldown of the GPU policy."
+    )
+    gpu_scale_out_cooldown: Cooldown = Field(
+        default_factory=lambda: Duration.seconds(200), description="Scale-out cooldown of the GPU policy."
+    )
 
 
 class EndpointAutoscaling(Construct):
@@ -32,62 +70,17 @@ class EndpointAutoscaling(Construct):
     when both policies agree. The target uses Application Auto Scaling's service-linked role for
     SageMaker endpoints. Its resource id references the endpoint (``Fn::GetAtt``), so it is
     registered after the endpoint exists and deregistered before the endpoint is deleted.
-
-    :param endpoint: the endpoint whose variant scales.
-    :param min_capacity: fewest instances (at least 1). Default: 1.
-    :param max_capacity: most instances (at least ``min_capacity``). Default: 4.
-    :param invocations_per_instance_target: target requests per instance per minute.
-        Default: 70.
-    :param invocations_scale_in_cooldown: Default: 600 s.
-    :param invocations_scale_out_cooldown: Default: 300 s.
-    :param gpu_utilization_target: target average GPU use in percent (0 < target <= 100).
-        Default: 60.
-    :param gpu_scale_in_cooldown: Default: 600 s.
-    :param gpu_scale_out_cooldown: Default: 200 s.
     """
 
-    def __init__(
-        self,
-        scope: Construct,
-        id: str,
-        *,
-        endpoint: TritonMmeEndpoint,
-        min_capacity: int = 1,
-        max_capacity: int = 4,
-        invocations_per_instance_target: float = 70,
-        invocations_scale_in_cooldown: Duration | None = None,
-        invocations_scale_out_cooldown: Duration | None = None,
-        gpu_utilization_target: float = 60,
-        gpu_scale_in_cooldown: Duration | None = None,
-        gpu_scale_out_cooldown: Duration | None = None,
-    ) -> None:
+    def __init__(self, scope: Construct, id: str, *, props: EndpointAutoscalingProps) -> None:
         super().__init__(scope, id)
-        check_range("min_capacity", min_capacity, 1, 10_000)
-        check_range("max_capacity", max_capacity, 1, 10_000)
-        if not Token.is_unresolved(min_capacity) and not Token.is_unresolved(max_capacity) and (
-            min_capacity > max_capacity
-        ):
-            raise PropsError(
-                f"min_capacity: got {min_capacity} with max_capacity {max_capacity}; expected "
-                "min_capacity <= max_capacity"
-            )
-        if not Token.is_unresolved(invocations_per_instance_target) and invocations_per_instance_target <= 0:
-            raise PropsError(
-                f"invocations_per_instance_target: got {invocations_per_instance_target}; "
-                "expected a number above 0"
-            )
-        if not Token.is_unresolved(gpu_utilization_target) and not 0 < gpu_utilization_target <= 100:
-            raise PropsError(
-                f"gpu_utilization_target: got {gpu_utilization_target}; expected a percentage "
-                "above 0 and at most 100"
-            )
-
+        #: The props the autoscaling was built from.
+        self.props = props
+        endpoint = props.endpoint
         role = iam.Role.from_role_arn(
             self,
             "ServiceLinkedRole",
-            Stack.of(self).format_arn(
-                service="iam", region="", resource="role", resource_name=SERVICE_LINKED_ROLE
-            ),
+            Stack.of(self).format_arn(service="iam", region="", resource="role", resource_name=SERVICE_LINKED_ROLE),
             mutable=False,
         )
         self.scalable_target = appscaling.ScalableTarget(
@@ -96,23 +89,21 @@ class EndpointAutoscaling(Construct):
             service_namespace=appscaling.ServiceNamespace.SAGEMAKER,
             scalable_dimension=SCALABLE_DIMENSION,
             resource_id=f"endpoint/{endpoint.endpoint_name}/variant/{endpoint.variant_name}",
-            min_capacity=min_capacity,
-            max_capacity=max_capacity,
+            min_capacity=endpoint.fleet.minimum,
+            max_capacity=endpoint.fleet.maximum,
             role=role,
         )
         self.invocations_policy = self.scalable_target.scale_to_track_metric(
             "InvocationsPerInstance",
-            target_value=invocations_per_instance_target,
+            target_value=props.invocations_per_instance_target,
             predefined_metric=appscaling.PredefinedMetric.SAGEMAKER_VARIANT_INVOCATIONS_PER_INSTANCE,
-            scale_in_cooldown=invocations_scale_in_cooldown or Duration.seconds(600),
-            scale_out_cooldown=invocations_scale_out_cooldown or Duration.seconds(300),
+            scale_in_cooldown=props.invocations_scale_in_cooldown,
+            scale_out_cooldown=props.invocations_scale_out_cooldown,
         )
         self.gpu_policy = self.scalable_target.scale_to_track_metric(
             "GpuUtilization",
-            target_value=gpu_utilization_target,
-            custom_metric=endpoint.metric_gpu_utilization(
-                statistic="Average", unit=cloudwatch.Unit.PERCENT
-            ),
-            scale_in_cooldown=gpu_scale_in_cooldown or Duration.seconds(600),
-            scale_out_cooldown=gpu_scale_out_cooldown or Duration.seconds(200),
+            target_value=props.gpu_utilization_target,
+            custom_metric=endpoint.metric_gpu_utilization(unit=cloudwatch.Unit.PERCENT),
+            scale_in_cooldown=props.gpu_scale_in_cooldown,
+            scale_out_cooldown=props.gpu_scale_out_cooldown,
         )

@@ -4,24 +4,96 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Annotated
 
-from aws_cdk import Duration, Token
+from aws_cdk import Aws, Duration
 from aws_cdk import aws_cloudwatch as cloudwatch
+from pydantic import AfterValidator, Field
 
 from constructs import Construct
-from constructs.sagemaker_limits import PropsError, check_range
+from constructs.endpoint_metrics import RESOLUTION, MetricOptions
+from constructs.props import Props, Resource
 from constructs.triton_mme_endpoint import TritonMmeEndpoint
 
 DASHBOARD_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,255}$"
 WIDTH = 24
 
 
-def check_dashboard_name(prop: str, name: str) -> None:
-    """A CloudWatch dashboard name: 1 to 255 letters, digits, '-' and '_' (tokens pass)."""
-    if Token.is_unresolved(name):
-        return
+def _dashboard_name(name: str) -> str:
     if not re.fullmatch(DASHBOARD_NAME_PATTERN, name):
-        raise PropsError(f"{prop}: got {name!r}; expected 1 to 255 letters, digits, '-' and '_'")
+        raise ValueError(f"got {name!r}; expected 1 to 255 letters, digits, '-' and '_'")
+    return name
+
+
+class EndpointDashboardProps(Props):
+    """Props of :class:`EndpointDashboard`."""
+
+    endpoint: TritonMmeEndpoint = Field(description="The endpoint; its fleet.maximum is drawn on the instance graph.")
+    dashboard_name: Annotated[str, AfterValidator(_dashboard_name)] | None = Field(
+        default=None,
+        description="Name of the CloudWatch dashboard (letters, digits, '-', '_'). Unset: "
+        "<endpoint_name>-<region>: stable, and unique per region (dashboards are global).",
+    )
+    alarms: Sequence[Resource[cloudwatch.IAlarm]] = Field(
+        default=(), description="Alarms shown in an alarm-status widget. Empty: no widget."
+    )
+
+
+@dataclass(frozen=True)
+class _Graph:
+    """A graph of the endpoint's metrics: ``(metric_* method, statistic or None for its default,
+    label)`` each, on a left axis from ``y[0]`` to ``y[1]`` when given."""
+
+    title: str
+    width: int
+    metrics: tuple[tuple[str, str | None, str], ...]
+    y: tuple[float | None, float | None] | None = None
+
+
+#: The rows of graphs below the title and above the alarms (the instance row is drawn apart).
+_TRAFFIC = (
+    _Graph("Requests and errors (per minute)", 12, (
+        ("metric_invocations", None, "Invocations"),
+        ("metric_invocation_4xx_errors", None, "4xx"),
+        ("metric_invocation_5xx_errors", None, "5xx"),
+    )),
+    _Graph("Latency (microseconds)", 12, (
+        ("metric_model_latency", "p50", "ModelLatency p50"),
+        ("metric_model_latency", "p99", "ModelLatency p99"),
+        ("metric_overhead_latency", "p99", "OverheadLatency p99"),
+    )),
+)
+_MODELS = (
+    _Graph("Loaded models", 8, (
+        ("metric_loaded_model_count", None, "LoadedModelCount per instance"),
+        ("metric_loaded_model_count", "Sum", "LoadedModelCount total"),
+    )),
+    _Graph("Model cache hit ratio", 8, (("metric_model_cache_hit", None, "ModelCacheHit"),), (0, 1)),
+    _Graph("Model loading (microseconds)", 8, (
+        ("metric_model_loading_wait_time", "p90", "ModelLoadingWaitTime p90"),
+        ("metric_model_downloading_time", None, "ModelDownloadingTime"),
+        ("metric_model_loading_time", None, "ModelLoadingTime"),
+        ("metric_model_unloading_time", None, "ModelUnloadingTime"),
+    )),
+)
+_RESOURCES = (
+    _Graph("GPU (%)", 8, (
+        ("metric_gpu_utilization", None, "GPUUtilization avg"),
+        ("metric_gpu_utilization", "Maximum", "GPUUtilization max"),
+        ("metric_gpu_memory_utilization", None, "GPUMemoryUtilization avg"),
+        ("metric_gpu_memory_utilization", "Maximum", "GPUMemoryUtilization max"),
+    ), (0, 100)),
+    _Graph("CPU and memory (%)", 8, (
+        ("metric_cpu_utilization", None, "CPUUtilization avg (100 per core)"),
+        ("metric_memory_utilization", None, "MemoryUtilization avg"),
+        ("metric_memory_utilization", "Maximum", "MemoryUtilization max"),
+    ), (0, None)),
+    _Graph("Disk (%)", 8, (
+        ("metric_disk_utilization", None, "DiskUtilization avg"),
+        ("metric_disk_utilization", "Maximum", "DiskUtilization max"),
+    ), (0, 100)),
+)
 
 
 class EndpointDashboard(Construct):
@@ -32,160 +104,69 @@ class EndpointDashboard(Construct):
     and requests per instance; the multi-model metrics (``LoadedModelCount``, ``ModelCacheHit``,
     ``ModelLoadingWaitTime``, ``ModelDownloadingTime``, ``ModelLoadingTime``,
     ``ModelUnloadingTime``); GPU, GPU memory, CPU, memory and disk use; the alarms' states.
-
-    :param endpoint: the endpoint.
-    :param dashboard_name: a stable name (1 to 255 letters, digits, '-', '_'; tokens allowed).
-        Dashboards are global to the account, so include the region when the same endpoint name
-        is deployed in several regions.
-    :param max_instance_count: drawn as a line on the instance graph.
-    :param alarms: shown in an alarm-status widget. Default: none (no widget).
     """
 
-    def __init__(
-        self,
-        scope: Construct,
-        id: str,
-        *,
-        endpoint: TritonMmeEndpoint,
-        dashboard_name: str,
-        max_instance_count: int,
-        alarms: Sequence[cloudwatch.IAlarm] = (),
-    ) -> None:
+    def __init__(self, scope: Construct, id: str, *, props: EndpointDashboardProps) -> None:
         super().__init__(scope, id)
-        check_dashboard_name("dashboard_name", dashboard_name)
-        check_range("max_instance_count", max_instance_count, 1, 10_000)
-        e = endpoint
-        minute = Duration.minutes(1)
+        #: The props the dashboard was built from.
+        self.props = props
+        endpoint = props.endpoint
+        #: The dashboard's name.
+        self.dashboard_name: str = props.dashboard_name or f"{endpoint.metric_endpoint_name}-{Aws.REGION}"
+        title = cloudwatch.TextWidget(
+            markdown=(
+                f"# Triton multi-model endpoint `{endpoint.metric_endpoint_name}` / `{endpoint.variant_name}`\n"
+                "Latencies and model times are in **microseconds**; utilization is 0-100% per GPU/core "
+                "(one GPU per instance type)."
+            ),
+            width=WIDTH,
+            height=2,
+        )
+        rows: list[list[cloudwatch.IWidget]] = [
+            [title], self._graphs(_TRAFFIC), self._instances(), self._graphs(_MODELS), self._graphs(_RESOURCES)
+        ]
+        if props.alarms:
+            rows.append([cloudwatch.AlarmStatusWidget(title="Alarms", alarms=list(props.alarms), width=WIDTH)])
+        self.dashboard = cloudwatch.Dashboard(
+            self, "Resource", dashboard_name=self.dashboard_name, default_interval=Duration.hours(3), widgets=rows
+        )
 
-        def labelled(metric: cloudwatch.Metric, label: str) -> cloudwatch.Metric:
-            return metric.with_(label=label)
+    def _graphs(self, graphs: tuple[_Graph, ...]) -> list[cloudwatch.IWidget]:
+        return [self._graph(graph) for graph in graphs]
 
+    def _graph(self, graph: _Graph, annotations: list[cloudwatch.HorizontalAnnotation] | None = None) -> cloudwatch.IWidget:
+        endpoint = self.props.endpoint
+        metrics: list[cloudwatch.IMetric] = []
+        for method, statistic, label in graph.metrics:
+            options: MetricOptions = {"label": label} if statistic is None else {"label": label, "statistic": statistic}
+            metrics.append(getattr(endpoint, method)(**options))
+        return cloudwatch.GraphWidget(
+            title=graph.title,
+            left=metrics,
+            left_annotations=annotations,
+            left_y_axis=cloudwatch.YAxisProps(min=graph.y[0], max=graph.y[1]) if graph.y else None,
+            width=graph.width,
+        )
+
+    def _instances(self) -> list[cloudwatch.IWidget]:
+        """The active instance count (``Invocations / InvocationsPerInstance``) under the autoscaling
+        maximum, and the scaling metric."""
+        endpoint = self.props.endpoint
         instances = cloudwatch.MathExpression(
             expression="invocations / perinstance",
             using_metrics={
-                "invocations": e.metric_invocations(statistic="Sum", period=minute),
-                "perinstance": e.metric_invocations_per_instance(statistic="Sum", period=minute),
+                "invocations": endpoint.metric_invocations(),
+                "perinstance": endpoint.metric_invocations_per_instance(),
             },
             label="Active instances (Invocations / InvocationsPerInstance)",
-            period=minute,
+            period=RESOLUTION,
         )
-        rows: list[list[cloudwatch.IWidget]] = [
-            [
-                cloudwatch.TextWidget(
-                    markdown=(
-                        f"# Triton multi-model endpoint `{e.metric_endpoint_name}` / `{e.variant_name}`\n"
-                        "Latencies and model times are in **microseconds**; utilization is 0-100% per "
-                        "GPU/core (one GPU per instance type)."
-                    ),
-                    width=WIDTH,
-                    height=2,
-                )
-            ],
-            [
-                cloudwatch.GraphWidget(
-                    title="Requests and errors (per minute)",
-                    left=[
-                        labelled(e.metric_invocations(), "Invocations"),
-                        labelled(e.metric_invocation_4xx_errors(), "4xx"),
-                        labelled(e.metric_invocation_5xx_errors(), "5xx"),
-                    ],
-                    width=12,
-                ),
-                cloudwatch.GraphWidget(
-                    title="Latency (microseconds)",
-                    left=[
-                        labelled(e.metric_model_latency(statistic="p50"), "ModelLatency p50"),
-                        labelled(e.metric_model_latency(statistic="p99"), "ModelLatency p99"),
-                        labelled(e.metric_overhead_latency(statistic="p99"), "OverheadLatency p99"),
-                    ],
-                    width=12,
-                ),
-            ],
-            [
-                cloudwatch.GraphWidget(
-                    title="Instances (scaling)",
-                    left=[instances],
-                    left_annotations=[
-                        cloudwatch.HorizontalAnnotation(
-                            value=max_instance_count, label="Autoscaling maximum"
-                        )
-                    ],
-                    left_y_axis=cloudwatch.YAxisProps(min=0),
-                    width=12,
-                ),
-                cloudwatch.GraphWidget(
-                    title="Requests per instance (scaling metric)",
-                    left=[labelled(e.metric_invocations_per_instance(), "InvocationsPerInstance")],
-                    width=12,
-                ),
-            ],
-            [
-                cloudwatch.GraphWidget(
-                    title="Loaded models",
-                    left=[
-                        labelled(e.metric_loaded_model_count(statistic="Average"), "LoadedModelCount per instance"),
-                        labelled(e.metric_loaded_model_count(statistic="Sum"), "LoadedModelCount total"),
-                    ],
-                    width=8,
-                ),
-                cloudwatch.GraphWidget(
-                    title="Model cache hit ratio",
-                    left=[labelled(e.metric_model_cache_hit(statistic="Average"), "ModelCacheHit")],
-                    left_y_axis=cloudwatch.YAxisProps(min=0, max=1),
-                    width=8,
-                ),
-                cloudwatch.GraphWidget(
-                    title="Model loading (microseconds)",
-                    left=[
-                        labelled(e.metric_model_loading_wait_time(statistic="p90"), "ModelLoadingWaitTime p90"),
-                        labelled(e.metric_model_downloading_time(), "ModelDownloadingTime"),
-                        labelled(e.metric_model_loading_time(), "ModelLoadingTime"),
-                        labelled(e.metric_model_unloading_time(), "ModelUnloadingTime"),
-                    ],
-                    width=8,
-                ),
-            ],
-            [
-                cloudwatch.GraphWidget(
-                    title="GPU (%)",
-                    left=[
-                        labelled(e.metric_gpu_utilization(), "GPUUtilization avg"),
-                        labelled(e.metric_gpu_utilization(statistic="Maximum"), "GPUUtilization max"),
-                        labelled(e.metric_gpu_memory_utilization(), "GPUMemoryUtilization avg"),
-                        labelled(e.metric_gpu_memory_utilization(statistic="Maximum"), "GPUMemoryUtilization max"),
-                    ],
-                    left_y_axis=cloudwatch.YAxisProps(min=0, max=100),
-                    width=8,
-                ),
-                cloudwatch.GraphWidget(
-                    title="CPU and memory (%)",
-                    left=[
-                        labelled(e.metric_cpu_utilization(), "CPUUtilization avg (100 per core)"),
-                        labelled(e.metric_memory_utilization(), "MemoryUtilization avg"),
-                        labelled(e.metric_memory_utilization(statistic="Maximum"), "MemoryUtilization max"),
-                    ],
-                    left_y_axis=cloudwatch.YAxisProps(min=0),
-                    width=8,
-                ),
-                cloudwatch.GraphWidget(
-                    title="Disk (%)",
-                    left=[
-                        labelled(e.metric_disk_utilization(), "DiskUtilization avg"),
-                        labelled(e.metric_disk_utilization(statistic="Maximum"), "DiskUtilization max"),
-                    ],
-                    left_y_axis=cloudwatch.YAxisProps(min=0, max=100),
-                    width=8,
-                ),
-            ],
+        maximum = cloudwatch.HorizontalAnnotation(value=endpoint.fleet.maximum, label="Autoscaling maximum")
+        return [
+            cloudwatch.GraphWidget(
+                title="Instances (scaling)", left=[instances], left_annotations=[maximum],
+                left_y_axis=cloudwatch.YAxisProps(min=0), width=12,
+            ),
+            self._graph(_Graph("Requests per instance (scaling metric)", 12,
+                               (("metric_invocations_per_instance", None, "InvocationsPerInstance"),))),
         ]
-        if alarms:
-            rows.append([cloudwatch.AlarmStatusWidget(title="Alarms", alarms=list(alarms), width=WIDTH)])
-        self.dashboard = cloudwatch.Dashboard(
-            self,
-            "Resource",
-            dashboard_name=dashboard_name,
-            default_interval=Duration.hours(3),
-            widgets=rows,
-        )
-        #: The dashboard's name.
-        self.dashboard_name: str = dashboard_name

@@ -21,19 +21,24 @@ resources in your Amazon VPC" and "Run training and inference containers in inte
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Sequence
+from typing import Annotated, Literal
 
 from aws_cdk import RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_logs as logs
+from pydantic import AfterValidator, Field
 
 from constructs import Construct
-from constructs.cfn_hygiene import drop_referenced_dependencies
+from constructs.cfn_hygiene import drop_provider_role_dependency
 from constructs.nag_acknowledgments import acknowledge
+from constructs.props import Props, Resource, unique
 from constructs.sagemaker_limits import PropsError
 
 #: Interface endpoints that may be created in a new VPC, by their name in ``com.amazonaws.<region>.``.
-INTERFACE_ENDPOINT_SERVICES: dict[str, ec2.InterfaceVpcEndpointAwsService] = {
+InterfaceEndpoint = Literal["ecr.api", "ecr.dkr", "logs", "monitoring", "sts", "cloudformation", "sagemaker.runtime"]
+INTERFACE_ENDPOINT_SERVICES: dict[InterfaceEndpoint, ec2.InterfaceVpcEndpointAwsService] = {
     "ecr.api": ec2.InterfaceVpcEndpointAwsService.ECR,
     "ecr.dkr": ec2.InterfaceVpcEndpointAwsService.ECR_DOCKER,
     "logs": ec2.InterfaceVpcEndpointAwsService.CLOUDWATCH_LOGS,
@@ -42,7 +47,7 @@ INTERFACE_ENDPOINT_SERVICES: dict[str, ec2.InterfaceVpcEndpointAwsService] = {
     "cloudformation": ec2.InterfaceVpcEndpointAwsService.CLOUDFORMATION,
     "sagemaker.runtime": ec2.InterfaceVpcEndpointAwsService.SAGEMAKER_RUNTIME,
 }
-DEFAULT_INTERFACE_ENDPOINTS: tuple[str, ...] = ("ecr.api", "ecr.dkr", "logs", "monitoring")
+DEFAULT_INTERFACE_ENDPOINTS: tuple[InterfaceEndpoint, ...] = ("ecr.api", "ecr.dkr", "logs", "monitoring")
 HTTPS = ec2.Port.tcp(443)
 #: Construct id of the provider CDK adds to the stack to strip the default security group's rules.
 RESTRICT_DEFAULT_SG_PROVIDER_ID = "Custom::VpcRestrictDefaultSGCustomResourceProvider"
@@ -55,8 +60,49 @@ PLACEHOLDER_ID_RULES: tuple[str, ...] = (
 )
 
 
+def _private_cidr(value: str) -> str:
+    try:
+        network = ipaddress.IPv4Network(value, strict=True)
+    except ValueError as error:
+        raise ValueError(f"got {value!r}; expected an IPv4 CIDR block such as 10.0.0.0/16 ({error})") from None
+    if not network.is_private or not 16 <= network.prefixlen <= 24:
+        raise ValueError(f"got {value!r}; expected a private IPv4 range from /16 to /24")
+    return value
+
+
 def _zones(subnets: Sequence[ec2.ISubnet]) -> set[str]:
     return {subnet.availability_zone for subnet in subnets}
+
+
+class EndpointNetworkProps(Props):
+    """Props of :class:`EndpointNetwork`."""
+
+    vpc: Resource[ec2.IVpc] | None = Field(
+        default=None, description="An existing VPC (e.g. ec2.Vpc.from_lookup). Unset: a VPC is created."
+    )
+    cidr: Annotated[str, AfterValidator(_private_cidr)] = Field(
+        default="10.0.0.0/16", description="IPv4 range of the created VPC (a private /16 to /24)."
+    )
+    interface_endpoints: Annotated[list[InterfaceEndpoint], AfterValidator(unique)] = Field(
+        default_factory=lambda: list(DEFAULT_INTERFACE_ENDPOINTS),
+        description="Interface endpoints of the created VPC (ecr.api, ecr.dkr, logs, monitoring, sts, "
+        "cloudformation, sagemaker.runtime). Only S3 (always created) is required by an isolated "
+        "model; these are for a non-isolated container and any SageMaker traffic routed through the "
+        "VPC. cloudformation is added with build_access.",
+    )
+    build_access: bool = Field(
+        default=False,
+        description="Run the model build functions in the VPC too (they need S3 and CloudFormation: "
+        "endpoints in a created VPC, NAT or endpoints in an existing one; huggingface sources need the "
+        "internet).",
+    )
+    flow_log_retention: logs.RetentionDays = Field(
+        default=logs.RetentionDays.ONE_MONTH, description="Retention of a created VPC's flow logs."
+    )
+    removal_policy: RemovalPolicy = Field(
+        default=RemovalPolicy.RETAIN,
+        description="Of the created VPC's flow log group: RETAIN keeps it when the stack is deleted.",
+    )
 
 
 class EndpointNetwork(Construct):
@@ -76,61 +122,25 @@ class EndpointNetwork(Construct):
 
     Security groups have no inbound rule; outbound is HTTPS (TCP 443) only. In a created VPC that
     reaches only the VPC endpoints (no route leaves the VPC).
-
-    :param vpc: an existing VPC. Default: create one.
-    :param cidr: IPv4 range of a created VPC. Default: ``10.0.0.0/16``.
-    :param interface_endpoints: interface endpoints of a created VPC, by service name (keys of
-        :data:`INTERFACE_ENDPOINT_SERVICES`). Default: :data:`DEFAULT_INTERFACE_ENDPOINTS`.
-    :param build_access: also give the model build subnets and a security group (in a created
-        VPC, adds the ``cloudformation`` endpoint). Default: False.
-    :param flow_log_retention: retention of a created VPC's flow logs. Default: one month.
-    :param removal_policy: of the flow log group. Default: ``RETAIN``.
     """
 
-    def __init__(
-        self,
-        scope: Construct,
-        id: str,
-        *,
-        vpc: ec2.IVpc | None = None,
-        cidr: str = "10.0.0.0/16",
-        interface_endpoints: Sequence[str] = DEFAULT_INTERFACE_ENDPOINTS,
-        build_access: bool = False,
-        flow_log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
-        removal_policy: RemovalPolicy = RemovalPolicy.RETAIN,
-    ) -> None:
+    def __init__(self, scope: Construct, id: str, *, props: EndpointNetworkProps | None = None) -> None:
         super().__init__(scope, id)
-        unknown = [name for name in interface_endpoints if name not in INTERFACE_ENDPOINT_SERVICES]
-        if unknown:
-            raise PropsError(
-                f"interface_endpoints: unknown {', '.join(map(repr, unknown))}; expected some of "
-                + ", ".join(INTERFACE_ENDPOINT_SERVICES)
-            )
+        #: The props the network was built from.
+        self.props = props = props or EndpointNetworkProps()
         #: Whether the VPC was created here.
-        self.created = vpc is None
-        if vpc is None:
-            vpc = self._create_vpc(cidr, flow_log_retention, removal_policy)
-        self.vpc: ec2.IVpc = vpc
+        self.created = props.vpc is None
+        self.vpc: ec2.IVpc = props.vpc if props.vpc is not None else self._create_vpc()
         #: True on the first synthesis of a looked-up VPC that is not in the context yet: the CDK
         #: CLI then performs the lookup and synthesizes again with the real VPC.
-        self.pending_lookup = bool(vpc.select_subnets().is_pending_lookup)
+        self.pending_lookup = bool(self.vpc.select_subnets().is_pending_lookup)
         if self.pending_lookup:
-            # The placeholder VPC's ids are not real ids; only this pass is exempt from their
-            # format checks (the template that is deployed comes from the second pass).
-            for rule in PLACEHOLDER_ID_RULES:
-                acknowledge(
-                    Stack.of(self),
-                    rule,
-                    "Placeholder ids of a pending Vpc.from_lookup (vpc-12345, p-12345); the CDK CLI "
-                    "performs the lookup and synthesizes again with the real ids, checked in full.",
-                )
-
-        isolated = list(vpc.isolated_subnets)
-        egress = list(vpc.private_subnets)
+            self._acknowledge_placeholders()
+        isolated, egress = list(self.vpc.isolated_subnets), list(self.vpc.private_subnets)
         model_subnets = isolated if len(_zones(isolated)) >= 2 else egress
         if len(_zones(model_subnets)) < 2:
             raise PropsError(
-                f"vpc: {vpc.vpc_id} has no isolated or private subnets in two Availability Zones; "
+                f"vpc: {self.vpc.vpc_id} has no isolated or private subnets in two Availability Zones; "
                 "SageMaker needs the model's subnets in at least two (public subnets are not used)"
             )
         #: Subnets of the model's network interfaces.
@@ -139,86 +149,90 @@ class EndpointNetwork(Construct):
         self.model_security_group = self._security_group(
             "ModelSecurityGroup", "Triton multi-model endpoint model: no inbound, HTTPS out"
         )
-
         #: Subnets and security group of the model build (None without ``build_access``).
         self.build_subnets: list[ec2.ISubnet] | None = None
         self.build_security_group: ec2.SecurityGroup | None = None
         #: Whether the build subnets have a route out of the VPC (a NAT gateway or the like).
         self.build_has_internet = False
-        if build_access:
-            build_subnets = egress if egress else isolated
-            if not build_subnets:
-                raise PropsError(f"vpc: {vpc.vpc_id} has no isolated or private subnet for the model build")
-            self.build_subnets = build_subnets
-            self.build_has_internet = bool(egress)
-            self.build_security_group = self._security_group(
-                "BuildSecurityGroup", "Triton model build functions: no inbound, HTTPS out"
-            )
-
+        if props.build_access:
+            self._build_access(isolated, egress)
         #: The interface endpoints created, by service name.
         self.interface_endpoints: dict[str, ec2.InterfaceVpcEndpoint] = {}
         #: Security group of the interface endpoints (None when there are none).
         self.endpoint_security_group: ec2.SecurityGroup | None = None
-        wanted = list(dict.fromkeys([*interface_endpoints, *(["cloudformation"] if build_access else [])]))
+        build: list[InterfaceEndpoint] = ["cloudformation"] if props.build_access else []
+        wanted = list(dict.fromkeys([*props.interface_endpoints, *build]))
         if self.created and wanted:
-            group = ec2.SecurityGroup(
-                self,
-                "EndpointSecurityGroup",
-                vpc=vpc,
-                description="Interface VPC endpoints: HTTPS from the model and the build only",
-                allow_all_outbound=False,
-            )
-            for source in (self.model_security_group, self.build_security_group):
-                if source is not None:
-                    group.add_ingress_rule(source, HTTPS, f"HTTPS from {source.node.id}")
-            self.endpoint_security_group = group
-            for name in wanted:
-                self.interface_endpoints[name] = vpc.add_interface_endpoint(
-                    "".join(part.capitalize() for part in name.split(".")) + "Endpoint",
-                    service=INTERFACE_ENDPOINT_SERVICES[name],
-                    subnets=ec2.SubnetSelection(subnets=isolated),
-                    private_dns_enabled=True,
-                    security_groups=[group],
-                    open=False,
-                )
+            self._interface_endpoints(wanted, isolated)
 
-    def _create_vpc(
-        self, cidr: str, retention: logs.RetentionDays, removal_policy: RemovalPolicy
-    ) -> ec2.Vpc:
+    def _acknowledge_placeholders(self) -> None:
+        # The placeholder VPC's ids are not real ids; only this pass is exempt from their format
+        # checks (the template that is deployed comes from the second pass).
+        for rule in PLACEHOLDER_ID_RULES:
+            acknowledge(
+                Stack.of(self),
+                rule,
+                "Placeholder ids of a pending Vpc.from_lookup (vpc-12345, p-12345); the CDK CLI "
+                "performs the lookup and synthesizes again with the real ids, checked in full.",
+            )
+
+    def _build_access(self, isolated: list[ec2.ISubnet], egress: list[ec2.ISubnet]) -> None:
+        build_subnets = egress if egress else isolated
+        if not build_subnets:
+            raise PropsError(f"vpc: {self.vpc.vpc_id} has no isolated or private subnet for the model build")
+        self.build_subnets = build_subnets
+        self.build_has_internet = bool(egress)
+        self.build_security_group = self._security_group(
+            "BuildSecurityGroup", "Triton model build functions: no inbound, HTTPS out"
+        )
+
+    def _interface_endpoints(self, wanted: list[InterfaceEndpoint], isolated: list[ec2.ISubnet]) -> None:
+        group = ec2.SecurityGroup(
+            self,
+            "EndpointSecurityGroup",
+            vpc=self.vpc,
+            description="Interface VPC endpoints: HTTPS from the model and the build only",
+            allow_all_outbound=False,
+        )
+        for source in (self.model_security_group, self.build_security_group):
+            if source is not None:
+                group.add_ingress_rule(source, HTTPS, f"HTTPS from {source.node.id}")
+        self.endpoint_security_group = group
+        for name in wanted:
+            self.interface_endpoints[name] = self.vpc.add_interface_endpoint(
+                "".join(part.capitalize() for part in name.split(".")) + "Endpoint",
+                service=INTERFACE_ENDPOINT_SERVICES[name],
+                subnets=ec2.SubnetSelection(subnets=isolated),
+                private_dns_enabled=True,
+                security_groups=[group],
+                open=False,
+            )
+
+    def _create_vpc(self) -> ec2.Vpc:
+        props = self.props
         vpc = ec2.Vpc(
             self,
             "Vpc",
-            ip_addresses=ec2.IpAddresses.cidr(cidr),
+            ip_addresses=ec2.IpAddresses.cidr(props.cidr),
             max_azs=2,
             nat_gateways=0,
             subnet_configuration=[
                 ec2.SubnetConfiguration(name="Isolated", subnet_type=ec2.SubnetType.PRIVATE_ISOLATED)
             ],
-            gateway_endpoints={
-                "S3": ec2.GatewayVpcEndpointOptions(service=ec2.GatewayVpcEndpointAwsService.S3)
-            },
+            gateway_endpoints={"S3": ec2.GatewayVpcEndpointOptions(service=ec2.GatewayVpcEndpointAwsService.S3)},
         )
-        flow_logs = logs.LogGroup(self, "FlowLogs", retention=retention, removal_policy=removal_policy)
+        flow_logs = logs.LogGroup(
+            self, "FlowLogs", retention=props.flow_log_retention, removal_policy=props.removal_policy
+        )
         vpc.add_flow_log(
             "FlowLog",
             destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_logs),
             traffic_type=ec2.FlowLogTrafficType.ALL,
         )
-        # The provider's function references its role (Fn::GetAtt) and also depends on it
-        # (cfn-lint W3005).
-        provider = Stack.of(self).node.try_find_child(RESTRICT_DEFAULT_SG_PROVIDER_ID)
-        if provider is not None:
-            handler = provider.node.try_find_child("Handler")
-            role = provider.node.try_find_child("Role")
-            if handler is not None and role is not None:
-                drop_referenced_dependencies(handler, [role])
+        drop_provider_role_dependency(self, RESTRICT_DEFAULT_SG_PROVIDER_ID)
         return vpc
 
     def _security_group(self, id: str, description: str) -> ec2.SecurityGroup:
-        group = ec2.SecurityGroup(
-            self, id, vpc=self.vpc, description=description, allow_all_outbound=False
-        )
-        group.add_egress_rule(
-            ec2.Peer.any_ipv4(), HTTPS, "HTTPS to AWS endpoints (VPC endpoints in an isolated VPC)"
-        )
+        group = ec2.SecurityGroup(self, id, vpc=self.vpc, description=description, allow_all_outbound=False)
+        group.add_egress_rule(ec2.Peer.any_ipv4(), HTTPS, "HTTPS to AWS endpoints (VPC endpoints in an isolated VPC)")
         return group

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Annotated, Literal, Self
 
 import jsii
-from aws_cdk import Aws, CustomResource, Duration, Fn, RemovalPolicy, Size, Stack, Token
+from aws_cdk import Aws, CustomResource, Duration, Fn, RemovalPolicy, Size, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_iam as iam
@@ -17,16 +18,22 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_assets as s3_assets
 from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import custom_resources as cr
+from pydantic import AfterValidator, Field, model_validator
 
 from constructs import Construct
 from constructs.cfn_hygiene import drop_referenced_dependencies
-from constructs.model_bucket import RETIRED_TAG_KEY, check_prefix
-from constructs.model_build_state_machine import MAX_CONCURRENCY_LIMIT, ModelBuildStateMachine
-from constructs.nag_acknowledgments import acknowledge, acknowledge_wildcard_resource
-from constructs.sagemaker_limits import PropsError, check_range
+from constructs.model_bucket import RETIRED_TAG_KEY, KeyPrefix
+from constructs.model_build_state_machine import (
+    MaxConcurrency,
+    ModelBuildStateMachine,
+    ModelBuildStateMachineProps,
+)
+from constructs.nag_acknowledgments import acknowledge, acknowledge_wildcard_resource, wildcard_policy
+from constructs.props import MEBIBYTES, SECONDS, Between, Namer, Props, Resource, known
+from constructs.sagemaker_limits import PropsError
 from model_build.errors import ManifestError
 from model_build.manifest import LocalSource, Manifest, OnnxFileSource, S3Source
-from model_build.release import Release, build_code_sha256, compute_release
+from model_build.release import PACKAGE_DIR, Release, build_code_sha256, compute_release
 
 RESOURCE_TYPE = "Custom::TritonModelRelease"
 ON_EVENT_HANDLER = "model_build.handler.on_event"
@@ -34,7 +41,6 @@ IS_COMPLETE_HANDLER = "model_build.handler.is_complete"
 BUILD_STEP_HANDLER = "model_build.handler.build_step"
 #: Files of the build directory that are not part of the image.
 IMAGE_EXCLUDE = ["__pycache__", "**/__pycache__", "tests", ".pytest_cache", "**/*.pyc"]
-ON_DELETE_VALUES = ("retain", "destroy")
 #: CloudFormation waits at most this long for a custom resource (ServiceTimeout: 1 to 3600 s).
 CLOUDFORMATION_MAX_WAIT = Duration.hours(1)
 #: With more distinct source prefixes than this in one bucket, the build may read the bucket.
@@ -100,6 +106,101 @@ def s3_source_keys(manifest: Manifest) -> dict[str, list[str]]:
     return result
 
 
+def _manifest_file(path: Path) -> Path:
+    if not path.is_file():
+        raise ValueError(f"got {str(path)!r}; no such file")
+    return path
+
+
+def _build_context(path: Path) -> Path:
+    if not (path / "Dockerfile").is_file():
+        raise ValueError(
+            f"got {str(path)!r}; it has no Dockerfile (the build image of the model build handlers is built from it)"
+        )
+    return path
+
+
+class ModelBuildResourceProps(Props):
+    """Props of :class:`ModelBuildResource`."""
+
+    manifest: Manifest = Field(
+        description="The validated manifest. Sources on the local disk (kind local, or onnx with a local "
+        "path) are refused: the Lambda cannot read them."
+    )
+    manifest_path: Annotated[Path, AfterValidator(_manifest_file)] = Field(
+        description="The manifest file (uploaded as an asset; its folder is the base of relative paths)."
+    )
+    model_bucket: Resource[s3.IBucket] = Field(description="Bucket the release is published to.")
+    model_prefix: KeyPrefix = Field(
+        default="models",
+        description="S3 key prefix of every release (<prefix>/<release_id>/<model>.tar.gz); the "
+        "execution role reads only this prefix.",
+    )
+    build_context: Annotated[Path, AfterValidator(_build_context)] = Field(
+        default=PACKAGE_DIR, description="Folder with the Dockerfile of the build image (model_build/)."
+    )
+    memory_size: int = Field(default=6144, ge=128, le=10240, description="Memory of the build Lambda functions (MiB).")
+    ephemeral_storage_size: Annotated[Size, Between(512, 10240, MEBIBYTES)] = Field(
+        default_factory=lambda: Size.mebibytes(10240), description="/tmp storage of the build Lambda functions (MiB)."
+    )
+    timeout: Annotated[Duration, Between(1, 900, SECONDS)] = Field(
+        default_factory=lambda: Duration.minutes(15),
+        description="Timeout of one run of a build Lambda function; the build continues over several runs.",
+    )
+    total_timeout: Annotated[Duration, Between(1, CLOUDFORMATION_MAX_WAIT.to_seconds(), SECONDS)] = Field(
+        default_factory=lambda: CLOUDFORMATION_MAX_WAIT,
+        description="Provider total timeout: how long is_complete is polled (total / query interval calls) "
+        "before the resource fails. At most 60 minutes: CloudFormation waits at most one hour for a "
+        "custom resource.",
+    )
+    query_interval: Annotated[Duration, Between(5, CLOUDFORMATION_MAX_WAIT.to_seconds(), SECONDS)] = Field(
+        default_factory=lambda: Duration.seconds(60),
+        description="Time between is_complete calls; the total timeout must be a multiple of it.",
+    )
+    max_concurrency: MaxConcurrency = Field(
+        default=50,
+        description="Most models built at once: the MaxConcurrency of the build state machine's "
+        "Distributed Map (one Lambda run per model; mind the account's Lambda concurrency).",
+    )
+    on_delete: Literal["retain", "destroy"] = Field(
+        default="retain",
+        description="What the build does with the served release's objects when the stack is deleted "
+        "(retain or destroy). A release superseded by an update is tagged retired either way.",
+    )
+    log_retention: logs.RetentionDays = Field(
+        default=logs.RetentionDays.ONE_MONTH, description="Retention of the handler, provider and waiter logs."
+    )
+    vpc: Resource[ec2.IVpc] | None = Field(
+        default=None,
+        description="Run the handlers in this VPC, in vpc_subnets with security_groups; the role gets the "
+        "EC2 network-interface actions Lambda needs. The subnets must reach S3 and CloudFormation (VPC "
+        "endpoints or a NAT gateway); huggingface sources need the internet. Unset: not in a VPC.",
+    )
+    vpc_subnets: Sequence[Resource[ec2.ISubnet]] | None = Field(default=None, description="Subnets of the handlers (of vpc).")
+    security_groups: Sequence[Resource[ec2.ISecurityGroup]] | None = Field(
+        default=None, description="Security groups of the handlers (of vpc)."
+    )
+
+    def check(self, name: Namer) -> None:
+        total, every = self.total_timeout, self.query_interval
+        seconds = total.to_seconds(), every.to_seconds()
+        if known(*seconds) and (seconds[0] < seconds[1] or seconds[0] % seconds[1]):
+            raise PropsError(
+                f"{name('total_timeout')}: got {total.to_human_string()} with {name('query_interval')} "
+                f"{every.to_human_string()}; the total timeout must be a whole multiple of the query interval"
+            )
+
+    @model_validator(mode="after")
+    def _vpc_and_sources(self) -> Self:
+        if not (bool(self.vpc) == bool(self.vpc_subnets) == bool(self.security_groups)):
+            raise PropsError(
+                "vpc, vpc_subnets, security_groups: give all three (a function in a VPC needs subnets and "
+                "security groups of it) or none"
+            )
+        refuse_local_sources(self.manifest)
+        return self
+
+
 @jsii.implements(iam.IGrantable)
 class ModelBuildResource(Construct):
     """Builds the models of a manifest and publishes them under ``<model_prefix>/<release_id>/``.
@@ -126,242 +227,49 @@ class ModelBuildResource(Construct):
     sources, describe this stack (to tell a stack deletion from an update's cleanup), start
     and describe executions of its own state machine only, and write its logs; the stack grants
     it the model bucket's prefix (``ModelBucket.grant_read/grant_write/grant_tag``).
-
-    :param manifest: the validated manifest. Sources on the local disk (kind ``local``, or
-        ``onnx`` with a local path) are refused: the Lambda cannot read them.
-    :param manifest_path: the manifest file (uploaded as an asset; its folder is the base of
-        relative paths).
-    :param model_bucket: bucket the release is published to.
-    :param model_prefix: key prefix of all releases (``models``).
-    :param build_context: folder with the ``Dockerfile`` of the build image (``model_build/``).
-    :param memory_size: MiB of memory of each handler (128 to 10240). Default: 6144.
-    :param ephemeral_storage_size: ``/tmp`` size of each handler (512 MiB to 10240 MiB).
-        Default: 10240 MiB.
-    :param timeout: timeout of one handler run (1 s to 15 min). Default: 15 minutes.
-    :param total_timeout: how long the Provider keeps polling ``is_complete`` (at most 1 hour,
-        CloudFormation's limit for a custom resource; a multiple of ``query_interval``).
-        Default: 1 hour.
-    :param query_interval: time between ``is_complete`` calls. Default: 60 s.
-    :param max_concurrency: most models the build state machine builds at once (its Distributed
-        Map's ``MaxConcurrency``, 1 to 10,000). Default: 50.
-    :param on_delete: ``retain`` (default) keeps a release's objects when the resource is
-        deleted; ``destroy`` deletes them. A release superseded by an update is tagged
-        ``triton-mme:release-state=retired`` either way.
-    :param log_retention: retention of the handler, provider and waiter logs. Default: 1 month.
-    :param vpc: run both handlers in this VPC, in ``vpc_subnets`` with ``security_groups``; the role
-        gets the EC2 network-interface actions Lambda needs. The subnets must reach S3 and
-        CloudFormation (VPC endpoints or a NAT gateway); ``huggingface`` sources need the internet.
-        Default: not in a VPC.
-    :param vpc_subnets: subnets of the handlers (of ``vpc``).
-    :param security_groups: security groups of the handlers (of ``vpc``).
     """
 
-    def __init__(
-        self,
-        scope: Construct,
-        id: str,
-        *,
-        manifest: Manifest,
-        manifest_path: Path,
-        model_bucket: s3.IBucket,
-        model_prefix: str,
-        build_context: Path,
-        memory_size: int = 6144,
-        ephemeral_storage_size: Size | None = None,
-        timeout: Duration | None = None,
-        total_timeout: Duration | None = None,
-        query_interval: Duration | None = None,
-        max_concurrency: int = 50,
-        on_delete: str = "retain",
-        log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
-        vpc: ec2.IVpc | None = None,
-        vpc_subnets: Sequence[ec2.ISubnet] | None = None,
-        security_groups: Sequence[ec2.ISecurityGroup] | None = None,
-    ) -> None:
+    def __init__(self, scope: Construct, id: str, *, props: ModelBuildResourceProps) -> None:
         super().__init__(scope, id)
-        if not (bool(vpc) == bool(vpc_subnets) == bool(security_groups)):
-            raise PropsError(
-                "vpc, vpc_subnets, security_groups: give all three (a function in a VPC needs "
-                "subnets and security groups of it) or none"
-            )
-        storage = ephemeral_storage_size or Size.mebibytes(10240)
-        run_timeout = timeout or Duration.minutes(15)
-        wait_timeout = total_timeout or CLOUDFORMATION_MAX_WAIT
-        interval = query_interval or Duration.seconds(60)
-        self._validate(
-            manifest=manifest,
-            manifest_path=manifest_path,
-            model_prefix=model_prefix,
-            build_context=build_context,
-            memory_size=memory_size,
-            storage=storage,
-            run_timeout=run_timeout,
-            wait_timeout=wait_timeout,
-            interval=interval,
-            on_delete=on_delete,
-        )
-        check_range("max_concurrency", max_concurrency, 1, MAX_CONCURRENCY_LIMIT, "models")
+        #: The props the resource was built from.
+        self.props = props
         #: The release the manifest publishes (computed at synth from the manifest and the build
         #: code that goes into the image).
         self.release: Release = compute_release(
-            manifest,
-            base_dir=manifest_path.parent,
-            code_sha256=build_code_sha256(build_context),
-            package_dir=build_context,
+            props.manifest,
+            base_dir=props.manifest_path.parent,
+            code_sha256=build_code_sha256(props.build_context),
+            package_dir=props.build_context,
         )
-
-        self.manifest_asset = s3_assets.Asset(self, "Manifest", path=str(manifest_path))
-
-        self.role = iam.Role(
-            self,
-            "Role",
-            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
-            description="Builds and publishes the models of the Triton multi-model endpoint",
-        )
-        self.role.add_to_principal_policy(
-            iam.PolicyStatement(
-                sid="ReadManifest",
-                actions=["s3:GetObject"],
-                resources=[
-                    Stack.of(self).format_arn(
-                        service="s3",
-                        region="",
-                        account="",
-                        resource=self.manifest_asset.s3_bucket_name,
-                        resource_name=self.manifest_asset.s3_object_key,
-                    )
-                ],
-            )
-        )
-        self.role.add_to_principal_policy(
-            iam.PolicyStatement(
-                sid="TellDeletionFromCleanup",
-                actions=["cloudformation:DescribeStacks"],
-                resources=[Aws.STACK_ID],
-            )
-        )
-        self._grant_source_reads(manifest)
+        self.manifest_asset = s3_assets.Asset(self, "Manifest", path=str(props.manifest_path))
+        self.role = self._role()
         #: The policy that lets Lambda attach the handlers to the VPC (None without a VPC).
-        self.vpc_access_policy: iam.Policy | None = None
-        if vpc is not None:
-            self.vpc_access_policy = iam.Policy(
-                self,
-                "VpcAccess",
-                roles=[self.role],
-                statements=[iam.PolicyStatement(actions=list(LAMBDA_VPC_ACTIONS), resources=["*"])],
-            )
-            acknowledge_wildcard_resource(
-                self.vpc_access_policy,
-                "*",
-                "Lambda creates, describes and deletes the network interfaces of a function in a "
-                "VPC; these EC2 actions have no resource-level permissions that Lambda's calls match.",
-            )
-        self._vpc = vpc
-        self._vpc_subnets = list(vpc_subnets or [])
-        self._security_groups = list(security_groups or [])
-
-        def function(id: str, handler: str, description: str) -> lambda_.DockerImageFunction:
-            return self._handler(
-                id,
-                self._image_code(build_context, handler),
-                description=description,
-                memory_size=memory_size,
-                storage=storage,
-                run_timeout=run_timeout,
-                log_retention=log_retention,
-            )
-
-        self.on_event_function = function(
+        self.vpc_access_policy: iam.Policy | None = None if props.vpc is None else wildcard_policy(
+            self,
+            "VpcAccess",
+            self.role,
+            LAMBDA_VPC_ACTIONS,
+            "Lambda creates, describes and deletes the network interfaces of a function in a VPC; "
+            "these EC2 actions have no resource-level permissions that Lambda's calls match.",
+        )
+        self.on_event_function = self._handler(
             "OnEvent", ON_EVENT_HANDLER, "Model release: validates a request and starts the build"
         )
-        self.is_complete_function = function(
-            "IsComplete", IS_COMPLETE_HANDLER,
-            "Model release: polls the build execution until the release index exists",
+        self.is_complete_function = self._handler(
+            "IsComplete", IS_COMPLETE_HANDLER, "Model release: polls the build execution until the release index exists"
         )
         #: Builds one model per invocation (and plans and finishes the release) for the state machine.
-        self.build_function = function(
+        self.build_function = self._handler(
             "Build", BUILD_STEP_HANDLER, "Model release: builds one model, or plans / finishes a release"
         )
-        self.build_state_machine = ModelBuildStateMachine(
-            self,
-            "BuildStateMachine",
-            build_function=self.build_function,
-            model_bucket=model_bucket,
-            model_prefix=model_prefix,
-            max_concurrency=max_concurrency,
-            timeout=wait_timeout,
-            log_retention=log_retention,
-        )
-        machine = self.build_state_machine.state_machine
-        # Its own policy, not the role's default one: the build function (same role) must not
-        # wait for the state machine that invokes it (a dependency cycle otherwise).
-        self.start_builds_policy = iam.Policy(
-            self,
-            "StartBuilds",
-            roles=[self.role],
-            statements=[
-                iam.PolicyStatement(actions=["states:StartExecution"], resources=[machine.state_machine_arn]),
-                iam.PolicyStatement(actions=["states:DescribeExecution"],
-                                    resources=[self._execution_arn(machine, ":*")]),
-            ],
-        )
-        acknowledge_wildcard_resource(
-            self.start_builds_policy,
-            self._execution_arn(machine, ":*"),
-            "is_complete reads the status of the build executions of this one state machine; "
-            "an execution is named per request.",
-        )
-        map_policy = machine.node.find_child("DistributedMapPolicy")
-        for suffix in (":*", "/*:*"):
-            acknowledge_wildcard_resource(
-                map_policy,
-                self._execution_arn(machine, suffix),
-                "The Distributed Map starts, describes and stops its own child executions (CDK's "
-                "grant, scoped to this state machine's executions and map runs).",
-            )
-
-        provider_logs = logs.LogGroup(self, "ProviderLogs", retention=log_retention)
-        waiter_logs = logs.LogGroup(self, "WaiterLogs", retention=log_retention)
-        self._on_event_framework_role = self._framework_role("FrameworkOnEventRole", provider_logs)
-        self._complete_framework_role = self._framework_role("FrameworkCompleteRole", provider_logs)
-        self.provider = cr.Provider(
-            self,
-            "Provider",
-            on_event_handler=self.on_event_function,
-            is_complete_handler=self.is_complete_function,
-            query_interval=interval,
-            total_timeout=wait_timeout,
-            log_group=provider_logs,
-            framework_on_event_role=self._on_event_framework_role,
-            framework_complete_and_timeout_role=self._complete_framework_role,
-            disable_waiter_state_machine_logging=False,
-            waiter_state_machine_log_options=cr.LogOptions(
-                destination=waiter_logs, level=sfn.LogLevel.ALL, include_execution_data=False
-            ),
-        )
-
-        self.resource = CustomResource(
-            self,
-            "Resource",
-            service_token=self.provider.service_token,
-            resource_type=RESOURCE_TYPE,
-            service_timeout=CLOUDFORMATION_MAX_WAIT,
-            removal_policy=RemovalPolicy.DESTROY,
-            properties={
-                "ManifestBucket": self.manifest_asset.s3_bucket_name,
-                "ManifestKey": self.manifest_asset.s3_object_key,
-                "ManifestSha256": self.release.manifest_sha256,
-                "ModelBucket": model_bucket.bucket_name,
-                "ModelPrefix": model_prefix,
-                "ReleaseId": self.release.release_id,
-                "CodeSha256": self.release.code_sha256,
-                "BuildStateMachineArn": machine.state_machine_arn,
-                "OnDelete": on_delete,
-                "RetiredTagKey": RETIRED_TAG_KEY,
-            },
-        )
-
-        self.resource.node.add_dependency(self.start_builds_policy)
+        #: Plan, build each model (a Distributed Map of build_function runs), finish the release.
+        self.build_state_machine = ModelBuildStateMachine(self, "BuildStateMachine", props=ModelBuildStateMachineProps(
+            build_function=self.build_function, model_bucket=props.model_bucket, max_concurrency=props.max_concurrency,
+            timeout=props.total_timeout, log_retention=props.log_retention,
+        ))
+        self.start_builds_policy = self._start_builds_policy()
+        self.provider = self._provider()
+        self.resource = self._custom_resource()
 
         #: ``s3://<bucket>/<prefix>/<release>/`` (``Fn::GetAtt``: available once published).
         self.model_data_url: str = self.resource.get_att_string("ModelDataUrl")
@@ -376,6 +284,116 @@ class ModelBuildResource(Construct):
 
         self._tidy_framework()
 
+    def _role(self) -> iam.Role:
+        """The role of the three functions: it reads the manifest asset and the manifest's ``s3``
+        sources, and describes this stack (to tell a stack deletion from an update's cleanup)."""
+        role = iam.Role(
+            self,
+            "Role",
+            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+            description="Builds and publishes the models of the Triton multi-model endpoint",
+        )
+        manifest = Stack.of(self).format_arn(
+            service="s3",
+            region="",
+            account="",
+            resource=self.manifest_asset.s3_bucket_name,
+            resource_name=self.manifest_asset.s3_object_key,
+        )
+        role.add_to_principal_policy(iam.PolicyStatement(sid="ReadManifest", actions=["s3:GetObject"], resources=[manifest]))
+        role.add_to_principal_policy(
+            iam.PolicyStatement(
+                sid="TellDeletionFromCleanup", actions=["cloudformation:DescribeStacks"], resources=[Aws.STACK_ID]
+            )
+        )
+        self._grant_source_reads(role, self.props.manifest)
+        return role
+
+    def _start_builds_policy(self) -> iam.Policy:
+        """Start and describe executions of the build state machine only. Its own policy, not the
+        role's default one: the build function (same role) must not wait for the state machine that
+        invokes it (a dependency cycle otherwise)."""
+        machine = self.build_state_machine.state_machine
+        executions = self._execution_arn(machine, ":*")
+        policy = iam.Policy(
+            self,
+            "StartBuilds",
+            roles=[self.role],
+            statements=[
+                iam.PolicyStatement(actions=["states:StartExecution"], resources=[machine.state_machine_arn]),
+                iam.PolicyStatement(actions=["states:DescribeExecution"], resources=[executions]),
+            ],
+        )
+        acknowledge_wildcard_resource(
+            policy,
+            executions,
+            "is_complete reads the status of the build executions of this one state machine; "
+            "an execution is named per request.",
+        )
+        map_policy = machine.node.find_child("DistributedMapPolicy")
+        for suffix in (":*", "/*:*"):
+            acknowledge_wildcard_resource(
+                map_policy,
+                self._execution_arn(machine, suffix),
+                "The Distributed Map starts, describes and stops its own child executions (CDK's "
+                "grant, scoped to this state machine's executions and map runs).",
+            )
+        return policy
+
+    def _provider(self) -> cr.Provider:
+        """The Provider framework's asynchronous pattern: ``on_event``, then ``is_complete`` every
+        ``query_interval`` until done or ``total_timeout``."""
+        retention = self.props.log_retention
+        provider_logs = logs.LogGroup(self, "ProviderLogs", retention=retention)
+        waiter_logs = logs.LogGroup(self, "WaiterLogs", retention=retention)
+        self._on_event_framework_role = self._framework_role("FrameworkOnEventRole", provider_logs)
+        self._complete_framework_role = self._framework_role("FrameworkCompleteRole", provider_logs)
+        return cr.Provider(
+            self,
+            "Provider",
+            on_event_handler=self.on_event_function,
+            is_complete_handler=self.is_complete_function,
+            query_interval=self.props.query_interval,
+            total_timeout=self.props.total_timeout,
+            log_group=provider_logs,
+            framework_on_event_role=self._on_event_framework_role,
+            framework_complete_and_timeout_role=self._complete_framework_role,
+            disable_waiter_state_machine_logging=False,
+            waiter_state_machine_log_options=cr.LogOptions(
+                destination=waiter_logs, level=sfn.LogLevel.ALL, include_execution_data=False
+            ),
+        )
+
+    def _custom_resource(self) -> CustomResource:
+        props = self.props
+        resource = CustomResource(
+            self,
+            "Resource",
+            service_token=self.provider.service_token,
+            resource_type=RESOURCE_TYPE,
+            service_timeout=CLOUDFORMATION_MAX_WAIT,
+            removal_policy=RemovalPolicy.DESTROY,
+            properties={
+                "ManifestBucket": self.manifest_asset.s3_bucket_name,
+                "ManifestKey": self.manifest_asset.s3_object_key,
+                "ManifestSha256": self.release.manifest_sha256,
+                "ModelBucket": props.model_bucket.bucket_name,
+                "ModelPrefix": props.model_prefix,
+                "ReleaseId": self.release.release_id,
+                "CodeSha256": self.release.code_sha256,
+                "BuildStateMachineArn": self.build_state_machine.state_machine.state_machine_arn,
+                "OnDelete": props.on_delete,
+                "RetiredTagKey": RETIRED_TAG_KEY,
+            },
+        )
+        resource.node.add_dependency(self.start_builds_policy)
+        return resource
+
+    @property
+    def grant_principal(self) -> iam.IPrincipal:
+        """The role both handlers run with."""
+        return self.role
+
     @staticmethod
     def _execution_arn(machine: sfn.StateMachine, suffix: str) -> str:
         """``arn:...:execution:<state machine name><suffix>``, written as CDK writes it."""
@@ -384,56 +402,6 @@ class ModelBuildResource(Construct):
             "arn:", stack.partition, ":states:", stack.region, ":", stack.account, ":execution:",
             Fn.select(6, Fn.split(":", machine.state_machine_arn)), suffix,
         ])
-
-    @property
-    def grant_principal(self) -> iam.IPrincipal:
-        """The role both handlers run with."""
-        return self.role
-
-    # -----------------------------------------------------------------------------------------
-
-    @staticmethod
-    def _validate(
-        *,
-        manifest: Manifest,
-        manifest_path: Path,
-        model_prefix: str,
-        build_context: Path,
-        memory_size: int,
-        storage: Size,
-        run_timeout: Duration,
-        wait_timeout: Duration,
-        interval: Duration,
-        on_delete: str,
-    ) -> None:
-        refuse_local_sources(manifest)
-        if not manifest_path.is_file():
-            raise PropsError(f"manifest_path: got {str(manifest_path)!r}; no such file")
-        check_prefix("model_prefix", model_prefix)
-        if not (build_context / "Dockerfile").is_file():
-            raise PropsError(
-                f"build_context: got {str(build_context)!r}; it has no Dockerfile (the build "
-                "image of the model build handlers is built from it)"
-            )
-        check_range("memory_size", memory_size, 128, 10240, "MiB")
-        check_range("ephemeral_storage_size", storage.to_mebibytes(), 512, 10240, "MiB")
-        check_range("timeout", run_timeout.to_seconds(), 1, 900, "s")
-        check_range("query_interval", interval.to_seconds(), 1, CLOUDFORMATION_MAX_WAIT.to_seconds(), "s")
-        check_range(
-            "total_timeout", wait_timeout.to_seconds(), 1, CLOUDFORMATION_MAX_WAIT.to_seconds(), "s"
-        )
-        total, every = wait_timeout.to_seconds(), interval.to_seconds()
-        if not Token.is_unresolved(total) and not Token.is_unresolved(every) and (
-            total < every or total % every
-        ):
-            raise PropsError(
-                f"total_timeout: got {total:g} s with query_interval {every:g} s; the total "
-                "timeout must be a whole multiple of the query interval"
-            )
-        if on_delete not in ON_DELETE_VALUES:
-            raise PropsError(
-                f"on_delete: got {on_delete!r}; expected one of " + ", ".join(ON_DELETE_VALUES)
-            )
 
     @staticmethod
     def _image_code(build_context: Path, handler: str) -> lambda_.DockerImageCode:
@@ -445,33 +413,25 @@ class ModelBuildResource(Construct):
             platform=ecr_assets.Platform.LINUX_AMD64,
         )
 
-    def _handler(
-        self,
-        id: str,
-        code: lambda_.DockerImageCode,
-        *,
-        description: str,
-        memory_size: int,
-        storage: Size,
-        run_timeout: Duration,
-        log_retention: logs.RetentionDays,
-    ) -> lambda_.DockerImageFunction:
-        log_group = logs.LogGroup(self, f"{id}Logs", retention=log_retention)
+    def _handler(self, id: str, handler: str, description: str) -> lambda_.DockerImageFunction:
+        """One of the functions: the build image with ``handler``, its own log group, the shared role."""
+        props = self.props
+        log_group = logs.LogGroup(self, f"{id}Logs", retention=props.log_retention)
         log_group.grant_write(self.role)
         function = lambda_.DockerImageFunction(
             self,
             id,
-            code=code,
+            code=self._image_code(props.build_context, handler),
             description=description,
             architecture=lambda_.Architecture.X86_64,
-            memory_size=memory_size,
-            ephemeral_storage_size=storage,
-            timeout=run_timeout,
+            memory_size=props.memory_size,
+            ephemeral_storage_size=props.ephemeral_storage_size,
+            timeout=props.timeout,
             role=self.role,
             log_group=log_group,
-            vpc=self._vpc,
-            vpc_subnets=ec2.SubnetSelection(subnets=self._vpc_subnets) if self._vpc else None,
-            security_groups=self._security_groups or None,
+            vpc=props.vpc,
+            vpc_subnets=ec2.SubnetSelection(subnets=list(props.vpc_subnets or [])) if props.vpc else None,
+            security_groups=list(props.security_groups or []) or None,
         )
         if self.vpc_access_policy is not None:
             # Lambda checks the network-interface permissions when it creates the function.
@@ -488,19 +448,17 @@ class ModelBuildResource(Construct):
         log_group.grant_write(role)
         return role
 
-    def _grant_source_reads(self, manifest: Manifest) -> None:
+    def _grant_source_reads(self, role: iam.Role, manifest: Manifest) -> None:
         """Read access to the manifest's sources on S3 (``s3`` folders, ``onnx`` files)."""
         for bucket, keys in s3_source_keys(manifest).items():
             bucket_arn = Stack.of(self).format_arn(
                 service="s3", region="", account="", resource=bucket
             )
             objects = [f"{bucket_arn}/{key}" for key in keys]
-            self.role.add_to_principal_policy(
-                iam.PolicyStatement(actions=["s3:GetObject"], resources=objects)
-            )
+            role.add_to_principal_policy(iam.PolicyStatement(actions=["s3:GetObject"], resources=objects))
             folders = [key for key in keys if key.endswith("*")]
             if folders:
-                self.role.add_to_principal_policy(
+                role.add_to_principal_policy(
                     iam.PolicyStatement(
                         actions=["s3:ListBucket"],
                         resources=[bucket_arn],
@@ -509,7 +467,7 @@ class ModelBuildResource(Construct):
                 )
             for resource in (o for o in objects if o.endswith("*")):
                 acknowledge_wildcard_resource(
-                    self.role,
+                    role,
                     resource,
                     "The build reads the files of a model source given as an S3 folder in the "
                     "manifest; access is scoped to that folder.",

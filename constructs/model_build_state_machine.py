@@ -20,16 +20,20 @@ may invoke that function only.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from aws_cdk import Aws, Duration, Fn
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import aws_stepfunctions_tasks as tasks
+from pydantic import Field
 
 from constructs import Construct
 from constructs.cfn_hygiene import drop_referenced_dependencies
 from constructs.nag_acknowledgments import acknowledge_wildcard_resource
+from constructs.props import Props, Resource
 
 #: Lambda errors worth retrying: throttling and the service's own transient failures. A build
 #: error (the model's fault) is not retried: it would fail the same way again.
@@ -46,34 +50,36 @@ RETRY_INTERVAL = Duration.seconds(2)
 #: A Distributed Map runs at most 10,000 child executions at once.
 MAX_CONCURRENCY_LIMIT = 10_000
 PLANS_DIR = "_plans"
+#: Most models built at once (the Distributed Map's ``MaxConcurrency``).
+MaxConcurrency = Annotated[int, Field(ge=1, le=MAX_CONCURRENCY_LIMIT)]
+
+
+class ModelBuildStateMachineProps(Props):
+    """Props of :class:`ModelBuildStateMachine`."""
+
+    build_function: Resource[lambda_.IFunction] = Field(
+        description="The function every state invokes (build_step of the build image)."
+    )
+    model_bucket: Resource[s3.IBucket] = Field(
+        description="Bucket of the releases, where the plan (the Map's item source) lives, under "
+        "<prefix>/_plans/."
+    )
+    max_concurrency: MaxConcurrency = Field(description="Most models built at once (the Map's MaxConcurrency).")
+    timeout: Duration = Field(description="The execution's timeout (the custom resource's total timeout).")
+    log_retention: logs.RetentionDays = Field(
+        default=logs.RetentionDays.ONE_MONTH, description="Retention of the execution log."
+    )
 
 
 class ModelBuildStateMachine(Construct):
-    """Plan, build every model that needs it in parallel (Distributed Map), finish the release.
+    """Plan, build every model that needs it in parallel (Distributed Map), finish the release."""
 
-    :param build_function: the function every state invokes (``build_step`` of the build image).
-    :param model_bucket: bucket of the releases, where the plan (the Map's item source) lives.
-    :param model_prefix: key prefix of the releases; the plans are under ``<prefix>/_plans/``.
-    :param max_concurrency: most models built at once (1 to 10,000; mind the account's Lambda
-        concurrency, 1,000 by default).
-    :param timeout: the execution's timeout (the custom resource's total timeout).
-    :param log_retention: retention of the execution log.
-    """
-
-    def __init__(
-        self,
-        scope: Construct,
-        id: str,
-        *,
-        build_function: lambda_.IFunction,
-        model_bucket: s3.IBucket,
-        model_prefix: str,
-        max_concurrency: int,
-        timeout: Duration,
-        log_retention: logs.RetentionDays,
-    ) -> None:
+    def __init__(self, scope: Construct, id: str, *, props: ModelBuildStateMachineProps) -> None:
         super().__init__(scope, id)
-        self._function = build_function
+        #: The props the state machine was built from.
+        self.props = props
+        self._function = props.build_function
+        model_bucket = props.model_bucket
         plan = self._invoke("Plan", {"Step": "plan", "Request.$": "$.Request"}, result_path="$.Plan")
         build_models = sfn.DistributedMap(
             self,
@@ -86,19 +92,19 @@ class ModelBuildStateMachine(Construct):
                 "Model.$": "$$.Map.Item.Value.Model",
                 "Key.$": "$$.Map.Item.Value.Key",
             },
-            max_concurrency=max_concurrency,
+            max_concurrency=props.max_concurrency,
             tolerated_failure_count=0,
             result_path=sfn.JsonPath.DISCARD,
         )
         build_models.item_processor(self._invoke("BuildModel", None))
         finish = self._invoke("Finish", {"Step": "finish", "Request.$": "$.Request"})
 
-        self.log_group = logs.LogGroup(self, "Logs", retention=log_retention)
+        self.log_group = logs.LogGroup(self, "Logs", retention=props.log_retention)
         self.state_machine = sfn.StateMachine(
             self,
             "Resource",
             definition_body=sfn.DefinitionBody.from_chainable(plan.next(build_models).next(finish)),
-            timeout=timeout,
+            timeout=props.timeout,
             tracing_enabled=True,
             logs=sfn.LogOptions(destination=self.log_group, level=sfn.LogLevel.ALL, include_execution_data=False),
             comment="Builds the models of a Triton release in parallel, then writes the release",

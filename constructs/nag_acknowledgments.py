@@ -11,11 +11,13 @@ logical-id changes.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from aws_cdk import Acknowledgment, Stack, Validations
+from aws_cdk import aws_iam as iam
 
-from constructs import IConstruct
+from constructs import Construct, IConstruct
 
 
 def flatten_reference(scope: IConstruct, value: Any) -> str:
@@ -57,3 +59,11 @@ def acknowledge_wildcard_resource(scope: IConstruct, resource: Any, reason: str)
 def acknowledge_wildcard_action(scope: IConstruct, action: str, reason: str) -> None:
     """Acknowledge the ``AwsSolutions-IAM5`` finding for one wildcard action of a policy."""
     acknowledge(scope, f"AwsSolutions-IAM5[Action::{action}]", reason)
+
+
+def wildcard_policy(scope: Construct, id: str, role: iam.IRole, actions: Sequence[str], reason: str) -> iam.Policy:
+    """A policy of ``role`` allowing ``actions`` on ``*`` (actions without resource-level
+    permissions, such as the EC2 network-interface ones), with its finding acknowledged."""
+    policy = iam.Policy(scope, id, roles=[role], statements=[iam.PolicyStatement(actions=list(actions), resources=["*"])])
+    acknowledge_wildcard_resource(policy, "*", reason)
+    return policy

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import jsii
 from aws_cdk import ArnFormat, Stack
 from aws_cdk import aws_iam as iam
+from pydantic import Field
 
 from constructs import Construct
 from constructs.nag_acknowledgments import acknowledge_wildcard_resource
-from constructs.sagemaker_limits import INSTANCE_NAMESPACE, check_name
+from constructs.props import Props
+from constructs.sagemaker_limits import INSTANCE_NAMESPACE, SageMakerName
+
+
+class SageMakerExecutionRoleProps(Props):
+    """Props of :class:`SageMakerExecutionRole`."""
+
+    endpoint_name: SageMakerName = Field(description="Name of the endpoint whose logs the role writes.")
 
 
 @jsii.implements(iam.IGrantable)
@@ -20,58 +30,37 @@ class SageMakerExecutionRole(Construct):
     (``cloudwatch:PutMetricData`` conditioned on ``cloudwatch:namespace``). Everything else is
     granted to it: read the model prefix (``ModelBucket.grant_read``), pull the Triton image
     (``TritonImage.grant_pull``). It has no AWS managed policy and no wildcard action.
-
-    :param endpoint_name: name of the endpoint whose logs the role writes.
     """
 
-    def __init__(self, scope: Construct, id: str, *, endpoint_name: str) -> None:
+    def __init__(self, scope: Construct, id: str, *, props: SageMakerExecutionRoleProps) -> None:
         super().__init__(scope, id)
-        check_name("endpoint_name", endpoint_name)
+        #: The props the role was built from.
+        self.props = props
         self.role = iam.Role(
             self,
             "Resource",
             assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"),
-            description=f"Hosts the Triton multi-model endpoint {endpoint_name}",
+            description=f"Hosts the Triton multi-model endpoint {props.endpoint_name}",
         )
-        stack = Stack.of(self)
-        log_group = stack.format_arn(
+        log_group = Stack.of(self).format_arn(
             service="logs",
             resource="log-group",
-            resource_name=f"/aws/sagemaker/Endpoints/{endpoint_name}",
+            resource_name=f"/aws/sagemaker/Endpoints/{props.endpoint_name}",
             arn_format=ArnFormat.COLON_RESOURCE_NAME,
         )
-        log_group_children = f"{log_group}:*"
-        log_streams = f"{log_group}:log-stream:*"
-        self.role.add_to_principal_policy(
-            iam.PolicyStatement(
-                sid="EndpointLogGroup",
-                actions=["logs:CreateLogGroup", "logs:CreateLogStream", "logs:DescribeLogStreams"],
-                resources=[log_group, log_group_children],
-            )
-        )
-        self.role.add_to_principal_policy(
-            iam.PolicyStatement(
-                sid="EndpointLogEvents",
-                actions=["logs:PutLogEvents"],
-                resources=[log_streams],
-            )
-        )
-        self.role.add_to_principal_policy(
-            iam.PolicyStatement(
-                sid="EndpointMetrics",
-                actions=["cloudwatch:PutMetricData"],
-                resources=["*"],
-                conditions={"StringEquals": {"cloudwatch:namespace": INSTANCE_NAMESPACE}},
-            )
-        )
+        self._allow("EndpointLogGroup", ["logs:CreateLogGroup", "logs:CreateLogStream", "logs:DescribeLogStreams"],
+                    [log_group, f"{log_group}:*"])
+        self._allow("EndpointLogEvents", ["logs:PutLogEvents"], [f"{log_group}:log-stream:*"])
+        self._allow("EndpointMetrics", ["cloudwatch:PutMetricData"], ["*"],
+                    {"StringEquals": {"cloudwatch:namespace": INSTANCE_NAMESPACE}})
         for resource, reason in (
             (
-                log_group_children,
+                f"{log_group}:*",
                 "Log streams of the endpoint's own log group; their names are chosen by "
                 "SageMaker per instance.",
             ),
             (
-                log_streams,
+                f"{log_group}:log-stream:*",
                 "Log events go to streams of the endpoint's own log group; their names are "
                 "chosen by SageMaker per instance.",
             ),
@@ -87,6 +76,11 @@ class SageMakerExecutionRole(Construct):
         self.role_arn: str = self.role.role_arn
         #: Name of the role.
         self.role_name: str = self.role.role_name
+
+    def _allow(self, sid: str, actions: list[str], resources: list[str], conditions: dict[str, Any] | None = None) -> None:
+        self.role.add_to_principal_policy(
+            iam.PolicyStatement(sid=sid, actions=actions, resources=resources, conditions=conditions)
+        )
 
     @property
     def grant_principal(self) -> iam.IPrincipal:

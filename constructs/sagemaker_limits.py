@@ -2,8 +2,8 @@
 
 Each number names where it comes from (the botocore service model ``sagemaker/2017-07-24``, the
 SageMaker developer guide for multi-model endpoints, the Triton server's ``docker/sagemaker/serve``
-script) so that it can be re-checked. Constructs validate their props against these values early
-(at construction, before anything is synthesized) and raise :class:`PropsError`.
+script) so that it can be re-checked. The constructs' props (``constructs/props.py``) are typed with
+these values and refuse anything else with :class:`PropsError`, when they are built.
 
 This module lives in the ``constructs`` namespace package (no ``__init__.py``: see the README);
 its name must never collide with a module of the ``constructs`` library.
@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from typing import Annotated, Any, Literal
 
-from aws_cdk import Token
+from pydantic import AfterValidator, BeforeValidator
 
 
 class PropsError(ValueError):
@@ -31,6 +32,19 @@ class PropsError(ValueError):
 
 NAME_MAX_LENGTH = 63
 NAME_PATTERN = r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$"
+
+
+def _sagemaker_name(value: str) -> str:
+    if len(value) > NAME_MAX_LENGTH or not re.fullmatch(NAME_PATTERN, value):
+        raise ValueError(
+            f"got {value!r}; expected 1 to {NAME_MAX_LENGTH} letters, digits and single hyphens, "
+            "starting and ending with a letter or digit"
+        )
+    return value
+
+
+#: A SageMaker resource name (a props field type).
+SageMakerName = Annotated[str, AfterValidator(_sagemaker_name)]
 
 # ---------------------------------------------------------------------------------------------
 # Instance types (developer guide: "Supported algorithms, frameworks, and instances for
@@ -59,6 +73,18 @@ def has_instance_storage(instance_type: str) -> bool:
     return instance_family(instance_type) in INSTANCE_STORAGE_FAMILIES
 
 
+def _instance_type(value: Any) -> Any:
+    if value not in MME_GPU_INSTANCE_TYPES:
+        raise ValueError(
+            f"got {value!r}; a GPU multi-model endpoint runs on one of " + ", ".join(MME_GPU_INSTANCE_TYPES)
+        )
+    return value
+
+
+#: One of :data:`MME_GPU_INSTANCE_TYPES` (a props field type).
+InstanceType = Annotated[str, BeforeValidator(_instance_type)]
+
+
 # ---------------------------------------------------------------------------------------------
 # ProductionVariant and container limits (botocore)
 # ---------------------------------------------------------------------------------------------
@@ -67,7 +93,7 @@ TIMEOUT_MIN_SECONDS = 60
 TIMEOUT_MAX_SECONDS = 3600
 VOLUME_SIZE_MIN_GB = 1
 VOLUME_SIZE_MAX_GB = 512
-MODEL_CACHE_SETTINGS: tuple[str, ...] = ("Enabled", "Disabled")
+ModelCacheSetting = Literal["Enabled", "Disabled"]
 ENVIRONMENT_MAX_ENTRIES = 100
 ENVIRONMENT_KEY_PATTERN = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
 ENVIRONMENT_KEY_MAX_LENGTH = 1024
@@ -127,8 +153,8 @@ INSTANCE_NAMESPACE = "/aws/sagemaker/Endpoints"
 # CapacitySize, AutoRollbackConfig; the CloudFormation schema of AWS::SageMaker::Endpoint)
 # ---------------------------------------------------------------------------------------------
 
-TRAFFIC_ROUTING_TYPES: tuple[str, ...] = ("ALL_AT_ONCE", "CANARY", "LINEAR")
-CAPACITY_SIZE_TYPES: tuple[str, ...] = ("INSTANCE_COUNT", "CAPACITY_PERCENT")
+TrafficRoutingType = Literal["ALL_AT_ONCE", "CANARY", "LINEAR"]
+CapacitySizeType = Literal["INSTANCE_COUNT", "CAPACITY_PERCENT"]
 #: TrafficRoutingConfig.WaitIntervalInSeconds (required by the API) and
 #: BlueGreenUpdatePolicy.TerminationWaitInSeconds.
 WAIT_INTERVAL_MIN_SECONDS = 0
@@ -148,110 +174,3 @@ LINEAR_MAX_PERCENT = 50
 ROLLBACK_ALARMS_MIN = 1
 ROLLBACK_ALARMS_MAX = 10
 ALARM_NAME_MAX_LENGTH = 255
-
-
-def check_traffic_routing(
-    *,
-    traffic: str,
-    size_type: str | None,
-    size: int | None,
-    min_instances: int,
-    max_instances: int,
-    prefix: str = "",
-) -> None:
-    """A blue/green traffic shift SageMaker accepts for a variant of ``min_instances`` to
-    ``max_instances`` instances (autoscaling decides the count at deployment time, so an
-    instance-count step must fit every count in that range).
-
-    ``prefix`` is put before each prop name (``mme:`` for settings)."""
-    name = f"{prefix}rollout_size"
-    if traffic not in TRAFFIC_ROUTING_TYPES:
-        raise PropsError(
-            f"{prefix}rollout_traffic: got {traffic!r}; expected one of " + ", ".join(TRAFFIC_ROUTING_TYPES)
-        )
-    if traffic == "ALL_AT_ONCE":
-        if size is not None:
-            raise PropsError(
-                f"{name}: got {size} with {prefix}rollout_traffic ALL_AT_ONCE; a size is for CANARY "
-                "or LINEAR only: leave it unset"
-            )
-        return
-    if size is None:
-        raise PropsError(
-            f"{name}: missing with {prefix}rollout_traffic {traffic}; give the "
-            + ("canary" if traffic == "CANARY" else "linear step")
-            + " size (with rollout_size_type INSTANCE_COUNT or CAPACITY_PERCENT)"
-        )
-    if size_type not in CAPACITY_SIZE_TYPES:
-        raise PropsError(
-            f"{prefix}rollout_size_type: got {size_type!r}; expected one of " + ", ".join(CAPACITY_SIZE_TYPES)
-        )
-    if size < 1:
-        raise PropsError(f"{name}: got {size}; expected at least 1")
-    if size_type == "CAPACITY_PERCENT":
-        low = 1 if traffic == "CANARY" else LINEAR_MIN_PERCENT
-        high = CANARY_MAX_PERCENT if traffic == "CANARY" else LINEAR_MAX_PERCENT
-        if not low <= size <= high:
-            raise PropsError(
-                f"{name}: got {size} percent with {prefix}rollout_traffic {traffic}; expected {low} to "
-                f"{high} percent of the variant's instances"
-            )
-        return
-    # INSTANCE_COUNT: at most half of the smallest fleet; a linear step at least a tenth of the
-    # largest one.
-    most = min_instances // 2
-    if size > most:
-        raise PropsError(
-            f"{name}: got {size} instances with {prefix}rollout_traffic {traffic} and "
-            f"{prefix}min_instance_count {min_instances}; a {traffic.lower()} step may be at most 50% "
-            f"of the variant's instances, so at most {most} here"
-            + (" (none: use CAPACITY_PERCENT, ALL_AT_ONCE, or min_instance_count >= 2)" if most == 0 else "")
-        )
-    if traffic == "LINEAR" and size * 100 < LINEAR_MIN_PERCENT * max_instances:
-        least = -(-LINEAR_MIN_PERCENT * max_instances // 100)
-        raise PropsError(
-            f"{name}: got {size} instances with {prefix}rollout_traffic LINEAR and "
-            f"{prefix}max_instance_count {max_instances}; a linear step must be at least 10% of the "
-            f"variant's instances, so at least {least} here"
-        )
-
-
-# ---------------------------------------------------------------------------------------------
-# Checks shared by the constructs. Values that are unresolved tokens are not checked.
-# ---------------------------------------------------------------------------------------------
-
-
-def _given(value: object) -> bool:
-    """A value to check: neither ``None`` nor an unresolved token."""
-    return value is not None and not Token.is_unresolved(value)
-
-
-def check_range(prop: str, value: float | None, low: float, high: float, unit: str = "") -> None:
-    """Raise :class:`PropsError` unless ``low <= value <= high`` (tokens and ``None`` pass)."""
-    if value is None or not _given(value):
-        return
-    suffix = f" {unit}" if unit else ""
-    if not low <= value <= high:
-        raise PropsError(f"{prop}: got {value:g}{suffix}; expected {low:g} to {high:g}{suffix}")
-
-
-def check_name(prop: str, value: str | None) -> None:
-    """A SageMaker resource name: at most 63 characters, ``[a-zA-Z0-9](-*[a-zA-Z0-9])*``."""
-    if value is None or not _given(value):
-        return
-    if len(value) > NAME_MAX_LENGTH or not re.fullmatch(NAME_PATTERN, value):
-        raise PropsError(
-            f"{prop}: got {value!r}; expected 1 to {NAME_MAX_LENGTH} letters, digits and single "
-            "hyphens, starting and ending with a letter or digit"
-        )
-
-
-def check_instance_type(prop: str, value: str) -> None:
-    """One of the documented GPU multi-model instance types."""
-    if not _given(value):
-        return
-    if value not in MME_GPU_INSTANCE_TYPES:
-        raise PropsError(
-            f"{prop}: got {value!r}; a GPU multi-model endpoint runs on one of "
-            + ", ".join(MME_GPU_INSTANCE_TYPES)
-        )

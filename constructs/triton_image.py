@@ -14,12 +14,15 @@ import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Self
 
 from aws_cdk import Aws, CfnMapping, Stack, Token
 from aws_cdk import aws_iam as iam
+from pydantic import AfterValidator, Field, model_validator
 
 from constructs import Construct
 from constructs.nag_acknowledgments import acknowledge_wildcard_resource
+from constructs.props import Props, is_unresolved
 from constructs.sagemaker_limits import PropsError
 
 FRAMEWORK = "sagemaker-tritonserver"
@@ -57,6 +60,14 @@ class ImageVersion:
         account = self.registries[region]
         return f"{account}.dkr.ecr.{region}.{ecr_dns_suffix(region)}/{self.repository}:{self.tag}"
 
+    def check_region(self, region: str, name: str = "region") -> None:
+        """Raise :class:`PropsError` unless the image is published in ``region`` (tokens pass)."""
+        if not Token.is_unresolved(region) and region not in self.registries:
+            raise PropsError(
+                f"{name}: got {region!r}; the Triton image {self.version} is published in "
+                + ", ".join(self.registries)
+            )
+
 
 @dataclass(frozen=True)
 class ImageTable:
@@ -75,13 +86,10 @@ class ImageTable:
         return self.versions[-1]
 
     def row(self, version: str | None = None) -> ImageVersion:
-        """The row of ``version`` (default: the newest); raises :class:`PropsError`."""
+        """The row of ``version`` (default: the newest); raises ``ValueError``."""
         chosen = version or self.newest
         if chosen not in self.rows:
-            raise PropsError(
-                f"version: got {chosen!r}; the sagemaker SDK's {FRAMEWORK} table has "
-                + ", ".join(self.versions)
-            )
+            raise ValueError(f"got {chosen!r}; the sagemaker SDK's {FRAMEWORK} table has " + ", ".join(self.versions))
         return self.rows[chosen]
 
 
@@ -122,27 +130,42 @@ def load_image_table(path: Path | None = None) -> ImageTable:
     return ImageTable(path=source, rows=rows)
 
 
+def _version(version: str) -> str:
+    load_image_table().row(version)
+    return version
+
+
+class TritonImageProps(Props):
+    """Props of :class:`TritonImage`."""
+
+    version: Annotated[str, AfterValidator(_version)] | None = Field(
+        default=None,
+        description="Version of the sagemaker-tritonserver image (e.g. 25.09), checked against the "
+        "sagemaker SDK's image table; unset: the newest version in that table.",
+    )
+
+    @model_validator(mode="after")
+    def _known_version(self) -> Self:
+        if is_unresolved(self.version):
+            raise PropsError("version: got a token; the version picks a row of the image table at synth: give it as text")
+        return self
+
+
 class TritonImage(Construct):
     """The ``sagemaker-tritonserver`` image of one version, for whatever region the stack is in.
 
     Renders a ``CfnMapping`` with one entry per region the SDK lists for the version (the image URI
     and the account of its registry); ``image_uri`` and ``repository_arn`` look the deployment
-    region up in it. A deployment to a region the table does not list fails at the mapping lookup.
-
-    :param version: Triton release such as ``25.09``. Default: the newest version in the installed
-        sagemaker SDK's table. Raises :class:`PropsError` for a version the table does not have.
+    region up in it. A deployment to a region the table does not list fails at the mapping lookup;
+    a stack whose region is known refuses one the table does not list.
     """
 
-    def __init__(self, scope: Construct, id: str, *, version: str | None = None) -> None:
+    def __init__(self, scope: Construct, id: str, *, props: TritonImageProps | None = None) -> None:
         super().__init__(scope, id)
-        table = load_image_table()
-        row = table.row(version)
-        region = Stack.of(self).region
-        if not Token.is_unresolved(region) and region not in row.registries:
-            raise PropsError(
-                f"region: got {region!r}; the Triton image {row.version} is published in "
-                + ", ".join(row.registries)
-            )
+        #: The props the image was built from.
+        self.props = props = props or TritonImageProps()
+        row = load_image_table().row(props.version)
+        row.check_region(Stack.of(self).region)
         #: The Triton version (``26.05``...).
         self.version: str = row.version
         #: ECR repository name (``sagemaker-tritonserver``).

@@ -3,35 +3,28 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from typing import Annotated, Self
 
-from aws_cdk import Duration, Token
-from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import Duration
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_sagemaker as sagemaker
+from pydantic import AfterValidator, Field, model_validator
 
 from constructs import Construct
-from constructs.nag_acknowledgments import acknowledge_wildcard_resource
+from constructs.endpoint_metrics import EndpointMetrics
+from constructs.nag_acknowledgments import wildcard_policy
+from constructs.props import SECONDS, Between, Namer, Props, Resource, is_unresolved, known
 from constructs.sagemaker_limits import (
-    ALARM_NAME_MAX_LENGTH,
     ENVIRONMENT_KEY_PATTERN,
     ENVIRONMENT_MAX_ENTRIES,
     ENVIRONMENT_VALUE_MAX_LENGTH,
-    INSTANCE_NAMESPACE,
-    INVOCATION_NAMESPACE,
     LOG_VERBOSE_KEY,
-    MAX_EXECUTION_TIMEOUT_MAX_SECONDS,
-    MAX_EXECUTION_TIMEOUT_MIN_SECONDS,
-    MODEL_CACHE_SETTINGS,
     MODEL_DATA_URL_MAX_LENGTH,
-    ROLLBACK_ALARMS_MAX,
-    ROLLBACK_ALARMS_MIN,
     SHM_DEFAULT_BYTE_SIZE_KEY,
     SHM_GROWTH_BYTE_SIZE_KEY,
-    TERMINATION_WAIT_MAX_SECONDS,
-    TERMINATION_WAIT_MIN_SECONDS,
     TIMEOUT_MAX_SECONDS,
     TIMEOUT_MIN_SECONDS,
     TRITON_ENUM_VALUES,
@@ -40,19 +33,14 @@ from constructs.sagemaker_limits import (
     TRITON_TYPED_KEYS,
     VOLUME_SIZE_MAX_GB,
     VOLUME_SIZE_MIN_GB,
-    WAIT_INTERVAL_MAX_SECONDS,
-    WAIT_INTERVAL_MIN_SECONDS,
+    InstanceType,
+    ModelCacheSetting,
     PropsError,
-    check_instance_type,
-    check_name,
-    check_range,
-    check_traffic_routing,
+    SageMakerName,
     has_instance_storage,
 )
 from constructs.triton_image import TritonImage
 
-DEFAULT_SHM_DEFAULT_BYTE_SIZE = 16 * 1024 * 1024
-DEFAULT_SHM_GROWTH_BYTE_SIZE = 1024 * 1024
 #: What SageMaker needs to attach the model's network interfaces to a VPC (developer guide, "Give
 #: SageMaker hosted endpoints access to resources in your Amazon VPC"). None of these actions
 #: supports resource-level permissions that SageMaker's calls would match, hence ``*``.
@@ -71,44 +59,227 @@ SAGEMAKER_VPC_ACTIONS: tuple[str, ...] = (
 #: VpcConfig: at most 16 subnets (SageMaker wants them in two AZs at least) and 1 to 5 security groups.
 VPC_SUBNETS_MAX = 16
 VPC_SECURITY_GROUPS_MAX = 5
+#: Instance counts: the variant starts with at most 1,000; Application Auto Scaling's capacities.
+INITIAL_INSTANCES_MAX = 1000
+INSTANCES_MAX = 10_000
 
 
-def check_triton_environment(prop: str, environment: Mapping[str, str]) -> None:
-    """Extra container environment: documented ``SAGEMAKER_TRITON_*`` keys only.
+def _environment(environment: dict[str, str]) -> dict[str, str]:
+    """Extra container environment: documented ``SAGEMAKER_TRITON_*`` keys only, sorted.
 
     Keys with their own prop (shared memory sizes, verbose logging) and single-model keys are
     refused; values are strings of at most 1024 characters.
     """
     for key, value in environment.items():
         if key in TRITON_TYPED_KEYS:
-            raise PropsError(
-                f"{prop}: key {key!r} has its own setting (shared memory sizes and verbose "
-                "logging are typed props); set it there"
+            raise ValueError(
+                f"key {key!r} has its own setting (shared memory sizes and verbose logging are typed "
+                "props); set it there"
             )
         if key in TRITON_SINGLE_MODEL_KEYS:
-            raise PropsError(
-                f"{prop}: key {key!r} is for single-model endpoints; a multi-model endpoint "
-                "loads the model named by each request's TargetModel"
+            raise ValueError(
+                f"key {key!r} is for single-model endpoints; a multi-model endpoint loads the model "
+                "named by each request's TargetModel"
             )
         if key not in TRITON_EXTRA_KEYS or not re.fullmatch(ENVIRONMENT_KEY_PATTERN, key):
-            raise PropsError(
-                f"{prop}: unknown key {key!r}; allowed: " + ", ".join(sorted(TRITON_EXTRA_KEYS))
-            )
-        if Token.is_unresolved(value):
+            raise ValueError(f"unknown key {key!r}; allowed: " + ", ".join(sorted(TRITON_EXTRA_KEYS)))
+        if is_unresolved(value):
             continue
-        if not isinstance(value, str):
-            raise PropsError(f"{prop}: value of {key!r} is {type(value).__name__}; expected a string")
         if len(value) > ENVIRONMENT_VALUE_MAX_LENGTH:
-            raise PropsError(
-                f"{prop}: value of {key!r} has {len(value)} characters; at most "
-                f"{ENVIRONMENT_VALUE_MAX_LENGTH} allowed"
+            raise ValueError(
+                f"value of {key!r} has {len(value)} characters; at most {ENVIRONMENT_VALUE_MAX_LENGTH} allowed"
             )
         allowed = TRITON_ENUM_VALUES.get(key)
         if allowed and value not in allowed:
-            raise PropsError(f"{prop}: {key} got {value!r}; expected one of " + ", ".join(allowed))
+            raise ValueError(f"{key} got {value!r}; expected one of " + ", ".join(allowed))
+    if len(environment) + len(TRITON_TYPED_KEYS) > ENVIRONMENT_MAX_ENTRIES:
+        raise ValueError(
+            f"{len(environment)} entries; at most {ENVIRONMENT_MAX_ENTRIES - len(TRITON_TYPED_KEYS)} "
+            "besides the typed ones"
+        )
+    return dict(sorted(environment.items()))
 
 
-class TritonMmeEndpoint(Construct):
+def _model_data_url(url: str) -> str:
+    if not url.startswith("s3://") or not url.endswith("/") or len(url) > MODEL_DATA_URL_MAX_LENGTH:
+        raise ValueError(
+            f"got {url!r}; a multi-model endpoint needs an S3 prefix 's3://<bucket>/<prefix>/' of at "
+            f"most {MODEL_DATA_URL_MAX_LENGTH} characters"
+        )
+    return url
+
+
+#: ``ModelDataDownloadTimeoutInSeconds`` and ``ContainerStartupHealthCheckTimeoutInSeconds``.
+ContainerTimeout = Annotated[Duration, Between(TIMEOUT_MIN_SECONDS, TIMEOUT_MAX_SECONDS, SECONDS)]
+#: A shared-memory size of the python backend, in bytes.
+ByteSize = Annotated[int, Field(ge=1, le=2**63 - 1)]
+
+
+class FleetSize(Props):
+    """How many instances the variant runs: created with ``initial``, kept by autoscaling between
+    ``minimum`` and ``maximum`` (``minimum <= initial <= maximum``).
+
+    One value, given to the endpoint, its autoscaling, its rollout policy, alarms and dashboard, so
+    that every one of them sees the same numbers.
+    """
+
+    minimum: int = Field(default=1, ge=1, le=INSTANCES_MAX, description="Fewest instances autoscaling scales in to.")
+    initial: int = Field(
+        default=1,
+        ge=1,
+        le=INITIAL_INSTANCES_MAX,
+        description="Instances the endpoint is created with; min <= initial <= max. Later updates "
+        "keep the count autoscaling set.",
+    )
+    maximum: int = Field(default=4, ge=1, le=INSTANCES_MAX, description="Most instances autoscaling scales out to.")
+
+    def check(self, name: Namer) -> None:
+        if known(self.minimum, self.initial, self.maximum) and not self.minimum <= self.initial <= self.maximum:
+            raise PropsError(
+                f"{name('minimum')}, {name('initial')}, {name('maximum')}: got {self.minimum}, "
+                f"{self.initial}, {self.maximum}; expected min <= initial <= max"
+            )
+
+
+class TritonMmeEndpointProps(Props):
+    """Props of :class:`TritonMmeEndpoint`."""
+
+    image: TritonImage = Field(description="The Triton image (its image_uri resolves in the deployment region).")
+    execution_role: Resource[iam.IRole] = Field(
+        description="The role SageMaker assumes; it must read model_data_url and pull the image. The "
+        "model is created after the role's policy."
+    )
+    model_data_url: Annotated[str, AfterValidator(_model_data_url)] = Field(
+        description="The S3 prefix of the models (s3://bucket/prefix/); a request's TargetModel is a "
+        "key relative to it."
+    )
+    endpoint_name: SageMakerName = Field(
+        default="triton-mme",
+        description="Fixed name of the SageMaker endpoint (at most 63 letters, digits and hyphens). "
+        "The model and the endpoint config get names generated by CloudFormation, so that a change "
+        "can replace them while the endpoint keeps its name.",
+    )
+    instance_type: InstanceType = Field(
+        default="ml.g5.xlarge",
+        description="Instance type of the endpoint's variant: one of the GPU types documented for "
+        "multi-model endpoints (ml.g4dn.* and ml.g5.* xlarge to 16xlarge, ml.p2.xlarge, ml.p3.2xlarge).",
+    )
+    fleet: FleetSize = Field(
+        default_factory=lambda: FleetSize(), description="Instance counts; the variant starts with fleet.initial."
+    )
+    variant_name: SageMakerName = Field(default="AllTraffic", description="Name of the production variant.")
+    model_cache_setting: ModelCacheSetting = Field(
+        default="Enabled",
+        description="MultiModelConfig.ModelCacheSetting: Enabled keeps loaded models on the instance; "
+        "Disabled suits many models each invoked rarely.",
+    )
+    shm_default_byte_size: ByteSize = Field(
+        default=16 * 1024 * 1024,
+        description="SAGEMAKER_TRITON_SHM_DEFAULT_BYTE_SIZE: initial shared memory of each "
+        "python-backend model (no effect on pure ONNX models).",
+    )
+    shm_growth_byte_size: ByteSize = Field(
+        default=1024 * 1024, description="SAGEMAKER_TRITON_SHM_GROWTH_BYTE_SIZE: growth step of that shared memory."
+    )
+    log_verbose: bool = Field(
+        default=False,
+        description="SAGEMAKER_TRITON_LOG_VERBOSE. Off by default: the container's own default "
+        "(verbose) is noisy and costly in production.",
+    )
+    environment: Annotated[dict[str, str], AfterValidator(_environment)] = Field(
+        default_factory=dict,
+        description="Extra container variables, from the documented SAGEMAKER_TRITON_* list only. SHM "
+        "and LOG_VERBOSE keys go through their own props; SAGEMAKER_TRITON_DEFAULT_MODEL_NAME is "
+        "refused (single-model only); values at most 1024 characters.",
+    )
+    model_data_download_timeout: ContainerTimeout = Field(
+        default_factory=lambda: Duration.seconds(600),
+        description="ModelDataDownloadTimeoutInSeconds of the variant (60 to 3600 s).",
+    )
+    container_startup_health_check_timeout: ContainerTimeout = Field(
+        default_factory=lambda: Duration.seconds(600),
+        description="ContainerStartupHealthCheckTimeoutInSeconds of the variant (60 to 3600 s).",
+    )
+    volume_size_gb: int | None = Field(
+        default=None,
+        ge=VOLUME_SIZE_MIN_GB,
+        le=VOLUME_SIZE_MAX_GB,
+        description="ML storage volume in GB (1 to 512), for the EBS-backed ml.p2/ml.p3 types only "
+        "(whose volume is then also encrypted with the bucket key); refused on instance-store "
+        "g4dn/g5. Unset: SageMaker's default.",
+    )
+    volume_kms_key: Resource[kms.IKey] | None = Field(
+        default=None,
+        description="Key that encrypts the ML storage volume; EBS-backed types (p2, p3) only, an "
+        "instance store is encrypted by the hardware. Unset: none.",
+    )
+    retain_all_variant_properties: bool = Field(
+        default=True,
+        description="When the endpoint is updated to a new config, keep the variant's instance count "
+        "(set by autoscaling) instead of resetting it to fleet.initial.",
+    )
+    enable_network_isolation: bool = Field(
+        default=True,
+        description="EnableNetworkIsolation of the model: the Triton container can make no network "
+        "call and gets no AWS credentials; SageMaker still downloads the models from S3 itself and "
+        "hands Triton local files, so multi-model endpoints work with it.",
+    )
+    subnets: Sequence[Resource[ec2.ISubnet]] | None = Field(
+        default=None,
+        description="Place the model's network interfaces in these subnets (VpcConfig; 2 to 16, in at "
+        "least two Availability Zones), with security_groups; the execution role then gets the EC2 "
+        "network-interface actions SageMaker needs. Unset: no VPC.",
+    )
+    security_groups: Sequence[Resource[ec2.ISecurityGroup]] | None = Field(
+        default=None, description="Security groups of those interfaces (1 to 5)."
+    )
+
+    def check(self, name: Namer) -> None:
+        if known(self.volume_size_gb, self.instance_type) and has_instance_storage(self.instance_type):
+            raise PropsError(
+                f"{name('volume_size_gb')}: got {self.volume_size_gb} with {name('instance_type')} "
+                f"{self.instance_type}; g4dn and g5 instances serve from their local instance store, "
+                "which has a fixed size: leave volume_size_gb unset (only ml.p2.xlarge and "
+                "ml.p3.2xlarge accept it)"
+            )
+
+    @model_validator(mode="after")
+    def _volume_key(self) -> Self:
+        if self.volume_kms_key is not None and known(self.instance_type) and has_instance_storage(self.instance_type):
+            raise PropsError(
+                f"volume_kms_key: given with instance_type {self.instance_type}; the instance store of "
+                "g4dn and g5 instances is encrypted by the hardware and CreateEndpointConfig refuses a "
+                "KmsKeyId for it (only p2/p3 accept one)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _network(self) -> Self:
+        subnets, groups = self.subnets, self.security_groups
+        if bool(subnets) != bool(groups):
+            raise PropsError(
+                "subnets, security_groups: give both (the model's VpcConfig needs subnets and security "
+                "groups) or neither"
+            )
+        if not subnets or not groups:
+            return self
+        for prop, count, low, high in (
+            ("subnets", len(subnets), 2, VPC_SUBNETS_MAX),
+            ("security_groups", len(groups), 1, VPC_SECURITY_GROUPS_MAX),
+        ):
+            if not low <= count <= high:
+                raise PropsError(f"{prop}: got {count}; expected {low} to {high}")
+        zones = [subnet.availability_zone for subnet in subnets]
+        resolved = [zone for zone in zones if zone and not is_unresolved(zone)]
+        if len(resolved) == len(zones) and len(set(resolved)) < 2:
+            raise PropsError(
+                f"subnets: all in {resolved[0]}; SageMaker needs subnets in at least two Availability "
+                "Zones, even for one instance"
+            )
+        return self
+
+
+class TritonMmeEndpoint(EndpointMetrics, Construct):
     """A Triton multi-model endpoint: ``AWS::SageMaker::Model`` (``Mode: MultiModel``), its
     ``EndpointConfig`` (one production variant) and the ``Endpoint``.
 
@@ -117,552 +288,137 @@ class TritonMmeEndpoint(Construct):
     (image, environment, model data, instance type...) replaces them, and a replacement needs a
     new name. The endpoint keeps its name and is updated in place to the new config.
 
-    :param image: the Triton image (its ``image_uri`` resolves in the deployment region).
-    :param execution_role: the role SageMaker assumes; it must read ``model_data_url`` and pull
-        the image. The model is created after the role's policy.
-    :param model_data_url: the S3 prefix of the models (``s3://bucket/prefix/``); a request's
-        ``TargetModel`` is a key relative to it.
-    :param endpoint_name: the endpoint's fixed name (at most 63 characters).
-    :param instance_type: one of the documented GPU multi-model instance types.
-    :param initial_instance_count: instances the variant starts with. Default: 1.
-    :param variant_name: production variant name. Default: ``AllTraffic``.
-    :param model_cache_setting: ``Enabled`` (default) caches loaded models on the instance;
-        ``Disabled`` for a large number of models each rarely invoked.
-    :param shm_default_byte_size: ``SAGEMAKER_TRITON_SHM_DEFAULT_BYTE_SIZE``: initial shared
-        memory of python-backend models. Default: 16 MiB (the container's own default).
-    :param shm_growth_byte_size: ``SAGEMAKER_TRITON_SHM_GROWTH_BYTE_SIZE``. Default: 1 MiB.
-    :param log_verbose: ``SAGEMAKER_TRITON_LOG_VERBOSE``. Default: False (the container's own
-        default is verbose, which is noisy and costly in production).
-    :param environment: extra documented ``SAGEMAKER_TRITON_*`` variables. Default: none.
-    :param model_data_download_timeout: ``ModelDataDownloadTimeoutInSeconds`` (60 s to 1 h).
-        Default: 600 s.
-    :param container_startup_health_check_timeout:
-        ``ContainerStartupHealthCheckTimeoutInSeconds`` (60 s to 1 h). Default: 600 s.
-    :param volume_size_gb: ML storage volume size (1 to 512 GB). Only EBS-backed instance types
-        (p2, p3) accept it; refused on instance-store families (g4dn, g5). Default: SageMaker's.
-    :param volume_kms_key: key that encrypts the ML storage volume. Only EBS-backed instance
-        types accept it (instance-store volumes are encrypted by the hardware). Default: none.
-    :param retain_all_variant_properties: when the endpoint is updated to a new config, keep the
-        variant's current instance count (set by autoscaling) instead of resetting it to
-        ``initial_instance_count``. Default: True.
-    :param enable_network_isolation: ``EnableNetworkIsolation`` of the model: the container can
-        make no inbound or outbound network call and gets no AWS credentials. SageMaker still
-        downloads the models from S3 with the execution role, outside the container, and hands
-        them to Triton as local files (the multi-model ``LoadModel`` call carries a local path),
-        so Triton multi-model endpoints work with it. Default: True.
-    :param subnets: place the model's network interfaces in these subnets (``VpcConfig``; 2 to 16,
-        in at least two Availability Zones). Requires ``security_groups``. The execution role is
-        then granted the EC2 network-interface actions SageMaker needs. Default: no VPC.
-    :param security_groups: security groups of those interfaces (1 to 5).
-
-    Metrics use the endpoint's name as given (not a reference to the endpoint resource), so that
-    alarms on them can exist before the endpoint: its ``DeploymentConfig`` names them
-    (:meth:`configure_deployment`).
+    Its ``metric_*`` methods (:class:`~constructs.endpoint_metrics.EndpointMetrics`) use the
+    endpoint's name as given, so alarms on them can exist before the endpoint: a
+    :class:`~constructs.rollout_policy.RolloutPolicy` makes the endpoint's ``DeploymentConfig``
+    name them.
     """
 
-    def __init__(
-        self,
-        scope: Construct,
-        id: str,
-        *,
-        image: TritonImage,
-        execution_role: iam.IRole,
-        model_data_url: str,
-        endpoint_name: str,
-        instance_type: str,
-        initial_instance_count: int = 1,
-        variant_name: str = "AllTraffic",
-        model_cache_setting: str = "Enabled",
-        shm_default_byte_size: int = DEFAULT_SHM_DEFAULT_BYTE_SIZE,
-        shm_growth_byte_size: int = DEFAULT_SHM_GROWTH_BYTE_SIZE,
-        log_verbose: bool = False,
-        environment: Mapping[str, str] | None = None,
-        model_data_download_timeout: Duration | None = None,
-        container_startup_health_check_timeout: Duration | None = None,
-        volume_size_gb: int | None = None,
-        volume_kms_key: kms.IKey | None = None,
-        retain_all_variant_properties: bool = True,
-        enable_network_isolation: bool = True,
-        subnets: Sequence[ec2.ISubnet] | None = None,
-        security_groups: Sequence[ec2.ISecurityGroup] | None = None,
-    ) -> None:
+    def __init__(self, scope: Construct, id: str, *, props: TritonMmeEndpointProps) -> None:
         super().__init__(scope, id)
-        download_timeout = model_data_download_timeout or Duration.seconds(600)
-        startup_timeout = container_startup_health_check_timeout or Duration.seconds(600)
-        extra = dict(environment or {})
-        self._validate(
-            model_data_url=model_data_url,
-            endpoint_name=endpoint_name,
-            instance_type=instance_type,
-            initial_instance_count=initial_instance_count,
-            variant_name=variant_name,
-            model_cache_setting=model_cache_setting,
-            shm_default_byte_size=shm_default_byte_size,
-            shm_growth_byte_size=shm_growth_byte_size,
-            environment=extra,
-            download_timeout=download_timeout,
-            startup_timeout=startup_timeout,
-            volume_size_gb=volume_size_gb,
-            volume_kms_key=volume_kms_key,
-        )
-        self._check_network(subnets, security_groups)
-        self._execution_role = execution_role
-
+        #: The props the endpoint was built from.
+        self.props = props
         #: The container environment, sorted by key.
         self.environment: dict[str, str] = dict(
             sorted(
                 {
-                    SHM_DEFAULT_BYTE_SIZE_KEY: str(shm_default_byte_size),
-                    SHM_GROWTH_BYTE_SIZE_KEY: str(shm_growth_byte_size),
-                    LOG_VERBOSE_KEY: "true" if log_verbose else "false",
-                    **extra,
+                    SHM_DEFAULT_BYTE_SIZE_KEY: str(props.shm_default_byte_size),
+                    SHM_GROWTH_BYTE_SIZE_KEY: str(props.shm_growth_byte_size),
+                    LOG_VERBOSE_KEY: "true" if props.log_verbose else "false",
+                    **props.environment,
                 }.items()
             )
         )
-        self.model = sagemaker.CfnModel(
-            self,
-            "Model",
-            execution_role_arn=execution_role.role_arn,
-            primary_container=sagemaker.CfnModel.ContainerDefinitionProperty(
-                image=image.image_uri,
-                mode="MultiModel",
-                model_data_url=model_data_url,
-                environment=self.environment,
-                multi_model_config=sagemaker.CfnModel.MultiModelConfigProperty(
-                    model_cache_setting=model_cache_setting
-                ),
-            ),
-            enable_network_isolation=enable_network_isolation,
-            vpc_config=(
-                sagemaker.CfnModel.VpcConfigProperty(
-                    subnets=[subnet.subnet_id for subnet in subnets],
-                    security_group_ids=[group.security_group_id for group in security_groups],
-                )
-                if subnets and security_groups
-                else None
-            ),
-        )
+        self.model = self._model()
         #: The policy that lets SageMaker attach the model to the VPC (None without a VPC).
-        self.vpc_access_policy: iam.Policy | None = None
-        if subnets:
-            self.vpc_access_policy = iam.Policy(
-                self,
-                "VpcAccess",
-                roles=[execution_role],
-                statements=[iam.PolicyStatement(actions=list(SAGEMAKER_VPC_ACTIONS), resources=["*"])],
-            )
-            acknowledge_wildcard_resource(
-                self.vpc_access_policy,
-                "*",
-                "SageMaker creates and deletes the network interfaces of a model placed in a VPC; "
-                "the EC2 describe actions have no resource-level permissions and the interfaces "
-                "do not exist before SageMaker creates them (developer guide, host-vpc).",
-            )
-            # SageMaker checks the permissions when it creates the model.
-            self.model.node.add_dependency(self.vpc_access_policy)
-        self.endpoint_config = sagemaker.CfnEndpointConfig(
-            self,
-            "EndpointConfig",
-            production_variants=[
-                sagemaker.CfnEndpointConfig.ProductionVariantProperty(
-                    variant_name=variant_name,
-                    model_name=self.model.attr_model_name,
-                    instance_type=instance_type,
-                    initial_instance_count=initial_instance_count,
-                    initial_variant_weight=1,
-                    volume_size_in_gb=volume_size_gb,
-                    model_data_download_timeout_in_seconds=download_timeout.to_seconds(),
-                    container_startup_health_check_timeout_in_seconds=startup_timeout.to_seconds(),
-                )
-            ],
-            kms_key_id=volume_kms_key.key_arn if volume_kms_key else None,
-        )
-        if volume_kms_key is not None:
-            # SageMaker creates a grant on the key for the instance's EBS volume.
-            iam.Grant.add_to_principal(
-                grantee=execution_role,
-                actions=["kms:CreateGrant"],
-                resource_arns=[volume_kms_key.key_arn],
-                conditions={"Bool": {"kms:GrantIsForAWSResource": "true"}},
-            )
+        self.vpc_access_policy = self._vpc_access()
+        self.endpoint_config = self._endpoint_config()
         self.endpoint = sagemaker.CfnEndpoint(
             self,
             "Resource",
-            endpoint_name=endpoint_name,
+            endpoint_name=props.endpoint_name,
             endpoint_config_name=self.endpoint_config.attr_endpoint_config_name,
-            retain_all_variant_properties=retain_all_variant_properties,
+            retain_all_variant_properties=props.retain_all_variant_properties,
         )
 
         #: The endpoint's name (a reference to the endpoint resource).
         self.endpoint_name: str = self.endpoint.attr_endpoint_name
         #: The endpoint's name as given, for metric dimensions.
-        self.metric_endpoint_name: str = endpoint_name
-        #: Whether the model's container is network-isolated.
-        self.network_isolation: bool = enable_network_isolation
-        #: The rollback alarms of the deployment config (see :meth:`configure_deployment`).
-        self.rollback_alarms: list[cloudwatch.IAlarm] = []
+        self.metric_endpoint_name: str = props.endpoint_name
         #: The endpoint's ARN.
         self.endpoint_arn: str = self.endpoint.attr_endpoint_arn
         #: The production variant's name.
-        self.variant_name: str = variant_name
+        self.variant_name: str = props.variant_name
         #: The instance type of the variant.
-        self.instance_type: str = instance_type
+        self.instance_type: str = props.instance_type
+        #: The variant's instance counts.
+        self.fleet: FleetSize = props.fleet
+        #: The role SageMaker assumes for the endpoint.
+        self.execution_role: iam.IRole = props.execution_role
+        #: Whether the model's container is network-isolated.
+        self.network_isolation: bool = props.enable_network_isolation
         #: Name of the SageMaker model (generated by CloudFormation).
         self.model_name: str = self.model.attr_model_name
         #: Name of the endpoint config (generated by CloudFormation).
         self.endpoint_config_name: str = self.endpoint_config.attr_endpoint_config_name
 
-    @staticmethod
-    def _validate(
-        *,
-        model_data_url: str,
-        endpoint_name: str,
-        instance_type: str,
-        initial_instance_count: int,
-        variant_name: str,
-        model_cache_setting: str,
-        shm_default_byte_size: int,
-        shm_growth_byte_size: int,
-        environment: dict[str, str],
-        download_timeout: Duration,
-        startup_timeout: Duration,
-        volume_size_gb: int | None,
-        volume_kms_key: kms.IKey | None,
-    ) -> None:
-        check_name("endpoint_name", endpoint_name)
-        check_name("variant_name", variant_name)
-        check_instance_type("instance_type", instance_type)
-        check_range("initial_instance_count", initial_instance_count, 1, 1000)
-        if not Token.is_unresolved(model_data_url) and (
-            not model_data_url.startswith("s3://")
-            or not model_data_url.endswith("/")
-            or len(model_data_url) > MODEL_DATA_URL_MAX_LENGTH
-        ):
-            raise PropsError(
-                f"model_data_url: got {model_data_url!r}; a multi-model endpoint needs an S3 "
-                f"prefix 's3://<bucket>/<prefix>/' of at most {MODEL_DATA_URL_MAX_LENGTH} characters"
-            )
-        if model_cache_setting not in MODEL_CACHE_SETTINGS:
-            raise PropsError(
-                f"model_cache_setting: got {model_cache_setting!r}; expected one of "
-                + ", ".join(MODEL_CACHE_SETTINGS)
-            )
-        check_range("shm_default_byte_size", shm_default_byte_size, 1, 2**63 - 1, "bytes")
-        check_range("shm_growth_byte_size", shm_growth_byte_size, 1, 2**63 - 1, "bytes")
-        check_triton_environment("environment", environment)
-        if len(environment) + len(TRITON_TYPED_KEYS) > ENVIRONMENT_MAX_ENTRIES:
-            raise PropsError(
-                f"environment: {len(environment)} entries; at most "
-                f"{ENVIRONMENT_MAX_ENTRIES - len(TRITON_TYPED_KEYS)} besides the typed ones"
-            )
-        for prop, timeout in (
-            ("model_data_download_timeout", download_timeout),
-            ("container_startup_health_check_timeout", startup_timeout),
-        ):
-            if not Token.is_unresolved(timeout.to_seconds()):
-                check_range(prop, timeout.to_seconds(), TIMEOUT_MIN_SECONDS, TIMEOUT_MAX_SECONDS, "s")
-        store = not Token.is_unresolved(instance_type) and has_instance_storage(instance_type)
-        if volume_size_gb is not None:
-            if store:
-                raise PropsError(
-                    f"volume_size_gb: got {volume_size_gb} with instance type {instance_type}; "
-                    "g4dn and g5 instances use their local instance store, which has a fixed "
-                    "size: leave volume_size_gb unset (only p2/p3 accept it)"
+    def _model(self) -> sagemaker.CfnModel:
+        props = self.props
+        subnets, groups = props.subnets, props.security_groups
+        return sagemaker.CfnModel(
+            self,
+            "Model",
+            execution_role_arn=props.execution_role.role_arn,
+            primary_container=sagemaker.CfnModel.ContainerDefinitionProperty(
+                image=props.image.image_uri,
+                mode="MultiModel",
+                model_data_url=props.model_data_url,
+                environment=self.environment,
+                multi_model_config=sagemaker.CfnModel.MultiModelConfigProperty(
+                    model_cache_setting=props.model_cache_setting
+                ),
+            ),
+            enable_network_isolation=props.enable_network_isolation,
+            vpc_config=(
+                sagemaker.CfnModel.VpcConfigProperty(
+                    subnets=[subnet.subnet_id for subnet in subnets],
+                    security_group_ids=[group.security_group_id for group in groups],
                 )
-            check_range("volume_size_gb", volume_size_gb, VOLUME_SIZE_MIN_GB, VOLUME_SIZE_MAX_GB, "GB")
-        if volume_kms_key is not None and store:
-            raise PropsError(
-                f"volume_kms_key: given with instance type {instance_type}; the instance store of "
-                "g4dn and g5 instances is encrypted by the hardware and CreateEndpointConfig "
-                "refuses a KmsKeyId for it (only p2/p3 accept one)"
-            )
-
-    @staticmethod
-    def _check_network(
-        subnets: Sequence[ec2.ISubnet] | None, security_groups: Sequence[ec2.ISecurityGroup] | None
-    ) -> None:
-        if bool(subnets) != bool(security_groups):
-            raise PropsError(
-                "subnets, security_groups: give both (the model's VpcConfig needs subnets and "
-                "security groups) or neither"
-            )
-        if not subnets or not security_groups:
-            return
-        check_range("subnets", len(subnets), 2, VPC_SUBNETS_MAX)
-        check_range("security_groups", len(security_groups), 1, VPC_SECURITY_GROUPS_MAX)
-        zones = [subnet.availability_zone for subnet in subnets]
-        known = [zone for zone in zones if zone and not Token.is_unresolved(zone)]
-        if len(known) == len(zones) and len(set(known)) < 2:
-            raise PropsError(
-                f"subnets: all in {known[0]}; SageMaker needs subnets in at least two "
-                "Availability Zones, even for one instance"
-            )
-
-    # -----------------------------------------------------------------------------------------
-    # Safe rollouts
-    # -----------------------------------------------------------------------------------------
-
-    def configure_deployment(
-        self,
-        *,
-        traffic: str = "ALL_AT_ONCE",
-        size_type: str | None = None,
-        size: int | None = None,
-        wait_interval: Duration | None = None,
-        termination_wait: Duration | None = None,
-        maximum_execution_timeout: Duration | None = None,
-        rollback_alarms: Sequence[cloudwatch.IAlarm] = (),
-        min_instances: int = 1,
-        max_instances: int = 1,
-    ) -> sagemaker.CfnEndpoint.DeploymentConfigProperty:
-        """Set the endpoint's ``DeploymentConfig``: a blue/green update with ``traffic``
-        (``ALL_AT_ONCE``, ``CANARY`` or ``LINEAR``) and, with ``rollback_alarms``, an automatic
-        rollback when one of them goes to ALARM during the update.
-
-        :param size_type: ``INSTANCE_COUNT`` or ``CAPACITY_PERCENT`` (CANARY and LINEAR only).
-        :param size: the canary, or each linear step (CANARY and LINEAR only). A canary is at most
-            50% of the variant's instances, a linear step 10% to 50%; with ``INSTANCE_COUNT`` the
-            step must fit every count from ``min_instances`` to ``max_instances``.
-        :param wait_interval: ``WaitIntervalInSeconds`` (0 to 3600 s): the baking time after each
-            traffic shift, during which the alarms are watched. Default: 600 s.
-        :param termination_wait: ``TerminationWaitInSeconds`` (0 to 3600 s): how long the old
-            fleet is kept after the update completes. Default: 0 s.
-        :param maximum_execution_timeout: ``MaximumExecutionTimeoutInSeconds`` (600 to 28800 s),
-            longer than all the waits together. Default: SageMaker's.
-        :param rollback_alarms: metric alarms (1 to 10; composite alarms are not returned by
-            ``DescribeAlarms`` unless asked for, so they are not accepted here). Their names go into
-            ``AutoRollbackConfiguration`` as references, so they are created before the endpoint;
-            the execution role may ``cloudwatch:DescribeAlarms`` on them (as SageMaker requires).
-        """
-        wait = wait_interval if wait_interval is not None else Duration.seconds(600)
-        termination = termination_wait if termination_wait is not None else Duration.seconds(0)
-        check_traffic_routing(
-            traffic=traffic, size_type=size_type, size=size, min_instances=min_instances,
-            max_instances=max_instances,
-        )
-        check_range("wait_interval", wait.to_seconds(), WAIT_INTERVAL_MIN_SECONDS, WAIT_INTERVAL_MAX_SECONDS, "s")
-        check_range(
-            "termination_wait", termination.to_seconds(), TERMINATION_WAIT_MIN_SECONDS,
-            TERMINATION_WAIT_MAX_SECONDS, "s",
-        )
-        timeout = maximum_execution_timeout.to_seconds() if maximum_execution_timeout else None
-        check_range(
-            "maximum_execution_timeout", timeout, MAX_EXECUTION_TIMEOUT_MIN_SECONDS,
-            MAX_EXECUTION_TIMEOUT_MAX_SECONDS, "s",
-        )
-        alarms = list(rollback_alarms)
-        if alarms:
-            check_range("rollback_alarms", len(alarms), ROLLBACK_ALARMS_MIN, ROLLBACK_ALARMS_MAX, "alarms")
-            for alarm in alarms:
-                if isinstance(alarm, cloudwatch.CompositeAlarm):
-                    raise PropsError(
-                        f"rollback_alarms: {alarm.node.path} is a composite alarm; SageMaker reads "
-                        "rollback alarms with DescribeAlarms, which returns metric alarms unless "
-                        "asked for composite ones: give metric alarms"
-                    )
-                name = alarm.alarm_name
-                if not Token.is_unresolved(name) and not 1 <= len(name) <= ALARM_NAME_MAX_LENGTH:
-                    raise PropsError(f"rollback_alarms: alarm name {name!r} has more than 255 characters")
-
-        routing = sagemaker.CfnEndpoint.TrafficRoutingConfigProperty(
-            type=traffic,
-            wait_interval_in_seconds=wait.to_seconds(),
-            canary_size=(
-                sagemaker.CfnEndpoint.CapacitySizeProperty(type=size_type, value=size)
-                if traffic == "CANARY" and size_type and size
-                else None
-            ),
-            linear_step_size=(
-                sagemaker.CfnEndpoint.CapacitySizeProperty(type=size_type, value=size)
-                if traffic == "LINEAR" and size_type and size
+                if subnets and groups
                 else None
             ),
         )
-        config = sagemaker.CfnEndpoint.DeploymentConfigProperty(
-            blue_green_update_policy=sagemaker.CfnEndpoint.BlueGreenUpdatePolicyProperty(
-                traffic_routing_configuration=routing,
-                termination_wait_in_seconds=termination.to_seconds(),
-                maximum_execution_timeout_in_seconds=timeout,
-            ),
-            auto_rollback_configuration=(
-                sagemaker.CfnEndpoint.AutoRollbackConfigProperty(
-                    alarms=[
-                        sagemaker.CfnEndpoint.AlarmProperty(alarm_name=alarm.alarm_name) for alarm in alarms
-                    ]
+
+    def _vpc_access(self) -> iam.Policy | None:
+        if not self.props.subnets:
+            return None
+        policy = wildcard_policy(
+            self,
+            "VpcAccess",
+            self.props.execution_role,
+            SAGEMAKER_VPC_ACTIONS,
+            "SageMaker creates and deletes the network interfaces of a model placed in a VPC; the EC2 "
+            "describe actions have no resource-level permissions and the interfaces do not exist "
+            "before SageMaker creates them (developer guide, host-vpc).",
+        )
+        # SageMaker checks the permissions when it creates the model.
+        self.model.node.add_dependency(policy)
+        return policy
+
+    def _endpoint_config(self) -> sagemaker.CfnEndpointConfig:
+        props = self.props
+        key = props.volume_kms_key
+        config = sagemaker.CfnEndpointConfig(
+            self,
+            "EndpointConfig",
+            production_variants=[
+                sagemaker.CfnEndpointConfig.ProductionVariantProperty(
+                    variant_name=props.variant_name,
+                    model_name=self.model.attr_model_name,
+                    instance_type=props.instance_type,
+                    initial_instance_count=props.fleet.initial,
+                    initial_variant_weight=1,
+                    volume_size_in_gb=props.volume_size_gb,
+                    model_data_download_timeout_in_seconds=props.model_data_download_timeout.to_seconds(),
+                    container_startup_health_check_timeout_in_seconds=(
+                        props.container_startup_health_check_timeout.to_seconds()
+                    ),
                 )
-                if alarms
-                else None
-            ),
+            ],
+            kms_key_id=key.key_arn if key else None,
         )
-        self.endpoint.deployment_config = config
-        if alarms:
-            # Developer guide, "Auto-rollback configuration and monitoring": the execution role
-            # must be allowed cloudwatch:DescribeAlarms on the rollback alarms.
-            grant = iam.Grant.add_to_principal(
-                grantee=self._execution_role,
-                actions=["cloudwatch:DescribeAlarms"],
-                resource_arns=[alarm.alarm_arn for alarm in alarms],
+        if key is not None:
+            # SageMaker creates a grant on the key for the instance's EBS volume.
+            iam.Grant.add_to_principal(
+                grantee=props.execution_role,
+                actions=["kms:CreateGrant"],
+                resource_arns=[key.key_arn],
+                conditions={"Bool": {"kms:GrantIsForAWSResource": "true"}},
             )
-            grant.apply_before(self.endpoint)
-        self.rollback_alarms = alarms
         return config
-
-    # -----------------------------------------------------------------------------------------
-    # Grants
-    # -----------------------------------------------------------------------------------------
 
     def grant_invoke(self, grantee: iam.IGrantable) -> iam.Grant:
         """Let ``grantee`` invoke the endpoint (``sagemaker:InvokeEndpoint`` on its ARN)."""
         return iam.Grant.add_to_principal(
             grantee=grantee, actions=["sagemaker:InvokeEndpoint"], resource_arns=[self.endpoint_arn]
-        )
-
-    # -----------------------------------------------------------------------------------------
-    # Metrics: 1-minute resolution, dimensions EndpointName and VariantName, no per-model one.
-    # EndpointName is the name as given (a string, not a reference): metrics, alarms and
-    # dashboards do not depend on the endpoint resource.
-    # -----------------------------------------------------------------------------------------
-
-    def metric(
-        self,
-        metric_name: str,
-        *,
-        namespace: str = INVOCATION_NAMESPACE,
-        statistic: str = "Average",
-        period: Duration | None = None,
-        unit: cloudwatch.Unit | None = None,
-        label: str | None = None,
-    ) -> cloudwatch.Metric:
-        """Any metric of this variant. Default: namespace ``AWS/SageMaker``, ``Average`` over 1
-        minute (the resolution SageMaker publishes at)."""
-        return cloudwatch.Metric(
-            namespace=namespace,
-            metric_name=metric_name,
-            dimensions_map={"EndpointName": self.metric_endpoint_name, "VariantName": self.variant_name},
-            statistic=statistic,
-            period=period or Duration.minutes(1),
-            unit=unit,
-            label=label,
-        )
-
-    # AWS/SageMaker (invocation metrics)
-
-    def metric_invocations(self, *, statistic: str = "Sum", period: Duration | None = None) -> cloudwatch.Metric:
-        """Requests sent to the variant (``Invocations``). Default: ``Sum``."""
-        return self.metric("Invocations", statistic=statistic, period=period)
-
-    def metric_invocations_per_instance(
-        self, *, statistic: str = "Sum", period: Duration | None = None
-    ) -> cloudwatch.Metric:
-        """Requests per instance (``InvocationsPerInstance``). Default: ``Sum``."""
-        return self.metric("InvocationsPerInstance", statistic=statistic, period=period)
-
-    def metric_invocation_4xx_errors(
-        self, *, statistic: str = "Sum", period: Duration | None = None
-    ) -> cloudwatch.Metric:
-        """Requests answered 4xx (``Invocation4XXErrors``). Default: ``Sum``."""
-        return self.metric("Invocation4XXErrors", statistic=statistic, period=period)
-
-    def metric_invocation_5xx_errors(
-        self, *, statistic: str = "Sum", period: Duration | None = None
-    ) -> cloudwatch.Metric:
-        """Requests answered 5xx (``Invocation5XXErrors``). Default: ``Sum``."""
-        return self.metric("Invocation5XXErrors", statistic=statistic, period=period)
-
-    def metric_model_latency(
-        self, *, statistic: str = "Average", period: Duration | None = None
-    ) -> cloudwatch.Metric:
-        """Time the container took to answer, in microseconds (``ModelLatency``)."""
-        return self.metric("ModelLatency", statistic=statistic, period=period)
-
-    def metric_overhead_latency(
-        self, *, statistic: str = "Average", period: Duration | None = None
-    ) -> cloudwatch.Metric:
-        """SageMaker's own overhead per request, in microseconds (``OverheadLatency``)."""
-        return self.metric("OverheadLatency", statistic=statistic, period=period)
-
-    def metric_model_loading_wait_time(
-        self, *, statistic: str = "Average", period: Duration | None = None
-    ) -> cloudwatch.Metric:
-        """Time a request waited for its model to be downloaded and loaded, in microseconds
-        (``ModelLoadingWaitTime``)."""
-        return self.metric("ModelLoadingWaitTime", statistic=statistic, period=period)
-
-    def metric_model_unloading_time(
-        self, *, statistic: str = "Average", period: Duration | None = None
-    ) -> cloudwatch.Metric:
-        """Time to unload a model, in microseconds (``ModelUnloadingTime``)."""
-        return self.metric("ModelUnloadingTime", statistic=statistic, period=period)
-
-    def metric_model_downloading_time(
-        self, *, statistic: str = "Average", period: Duration | None = None
-    ) -> cloudwatch.Metric:
-        """Time to download a model from S3, in microseconds (``ModelDownloadingTime``)."""
-        return self.metric("ModelDownloadingTime", statistic=statistic, period=period)
-
-    def metric_model_loading_time(
-        self, *, statistic: str = "Average", period: Duration | None = None
-    ) -> cloudwatch.Metric:
-        """Time to load a model into Triton, in microseconds (``ModelLoadingTime``)."""
-        return self.metric("ModelLoadingTime", statistic=statistic, period=period)
-
-    def metric_model_cache_hit(
-        self, *, statistic: str = "Average", period: Duration | None = None
-    ) -> cloudwatch.Metric:
-        """Requests whose model was already loaded (``ModelCacheHit``); ``Average`` is the hit
-        ratio."""
-        return self.metric("ModelCacheHit", statistic=statistic, period=period)
-
-    # /aws/sagemaker/Endpoints (instance metrics)
-
-    def metric_loaded_model_count(
-        self, *, statistic: str = "Average", period: Duration | None = None
-    ) -> cloudwatch.Metric:
-        """Models loaded in the containers (``LoadedModelCount``)."""
-        return self.metric(
-            "LoadedModelCount", namespace=INSTANCE_NAMESPACE, statistic=statistic, period=period
-        )
-
-    def metric_cpu_utilization(
-        self, *, statistic: str = "Average", period: Duration | None = None
-    ) -> cloudwatch.Metric:
-        """CPU use, 0 to 100 x cores (``CPUUtilization``)."""
-        return self.metric(
-            "CPUUtilization", namespace=INSTANCE_NAMESPACE, statistic=statistic, period=period
-        )
-
-    def metric_memory_utilization(
-        self, *, statistic: str = "Average", period: Duration | None = None
-    ) -> cloudwatch.Metric:
-        """Memory use in percent (``MemoryUtilization``)."""
-        return self.metric(
-            "MemoryUtilization", namespace=INSTANCE_NAMESPACE, statistic=statistic, period=period
-        )
-
-    def metric_disk_utilization(
-        self, *, statistic: str = "Average", period: Duration | None = None
-    ) -> cloudwatch.Metric:
-        """Disk use in percent (``DiskUtilization``)."""
-        return self.metric(
-            "DiskUtilization", namespace=INSTANCE_NAMESPACE, statistic=statistic, period=period
-        )
-
-    def metric_gpu_utilization(
-        self,
-        *,
-        statistic: str = "Average",
-        period: Duration | None = None,
-        unit: cloudwatch.Unit | None = None,
-    ) -> cloudwatch.Metric:
-        """GPU use, 0 to 100 x GPUs (``GPUUtilization``)."""
-        return self.metric(
-            "GPUUtilization", namespace=INSTANCE_NAMESPACE, statistic=statistic, period=period, unit=unit
-        )
-
-    def metric_gpu_memory_utilization(
-        self, *, statistic: str = "Average", period: Duration | None = None
-    ) -> cloudwatch.Metric:
-        """GPU memory use, 0 to 100 x GPUs (``GPUMemoryUtilization``)."""
-        return self.metric(
-            "GPUMemoryUtilization", namespace=INSTANCE_NAMESPACE, statistic=statistic, period=period
         )

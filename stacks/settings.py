@@ -1,11 +1,22 @@
 """Typed, validated settings of the Triton multi-model endpoint app.
 
 ``app.py`` builds one :class:`MmeSettings` from the CDK context (``cdk.json`` and ``-c`` flags):
-every key is ``mme:<field>``, e.g. ``cdk synth -c mme:instance_type=ml.g5.2xlarge``. Values given
-with ``-c`` are strings and are coerced (``"2"`` -> 2, ``"true"`` -> True, ``""`` -> unset for
-optional fields, a JSON object for ``triton_environment``). An unknown ``mme:`` key, a value of the
-wrong type or out of range, or an inconsistent combination raises :class:`SettingsError` with one
-message that names the setting, the value given and what is allowed.
+every key is ``mme:<name>``, e.g. ``cdk synth -c mme:instance_type=ml.g5.2xlarge``.
+
+Most settings are a construct's props field: :data:`SETTINGS` maps each such context key onto its
+field (``mme:max_instance_count`` -> ``FleetSize.maximum``) with the conversion of a context value
+into the prop's value (seconds -> ``Duration``, ``retain`` -> ``RemovalPolicy.RETAIN``). The
+setting's type, bounds, default and description are the field's, converted; none is written
+here. The other settings (stack name, environment, which manifest or release, which VPC and topic,
+tags) are plain fields of :class:`AppSettings`.
+
+Values given with ``-c`` are strings and are coerced by the setting's type (``"2"`` -> 2,
+``"true"`` -> True, ``""`` -> unset for optional settings and empty for lists and objects, a JSON
+array or a comma-separated list for a list, a JSON object for ``triton_environment``). An unknown
+``mme:`` key, a value of the wrong type or out of range, or an inconsistent combination raises
+:class:`SettingsError` with one message that names the setting as ``mme:<name>``, the value given
+and what is allowed: the props' own rules between fields run on the settings' values, and their
+field names are mapped back to context keys through :data:`SETTINGS`.
 
 No AWS call is made: the app synthesizes without credentials.
 """
@@ -13,719 +24,396 @@ No AWS call is made: the app synthesizes without credentials.
 from __future__ import annotations
 
 import difflib
-import ipaddress
 import json
 import math
 import re
-from collections.abc import Mapping
-from typing import Any, Literal, cast
+import types
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Self, TypeVar, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-
-from constructs.alarm_topic import EMAIL_PATTERN
-from constructs.endpoint_alarms import ALARM_KEYS, DEFAULT_ROLLBACK_ALARMS
-from constructs.endpoint_dashboard import DASHBOARD_NAME_PATTERN
-from constructs.endpoint_network import DEFAULT_INTERFACE_ENDPOINTS, INTERFACE_ENDPOINT_SERVICES
-from constructs.model_bucket import PREFIX_MAX_LENGTH, PREFIX_PATTERN
-from constructs.sagemaker_limits import (
-    MAX_EXECUTION_TIMEOUT_MAX_SECONDS,
-    MAX_EXECUTION_TIMEOUT_MIN_SECONDS,
-    MME_GPU_INSTANCE_TYPES,
-    NAME_MAX_LENGTH,
-    NAME_PATTERN,
-    TERMINATION_WAIT_MAX_SECONDS,
-    TERMINATION_WAIT_MIN_SECONDS,
-    TIMEOUT_MAX_SECONDS,
-    TIMEOUT_MIN_SECONDS,
-    VOLUME_SIZE_MAX_GB,
-    VOLUME_SIZE_MIN_GB,
-    WAIT_INTERVAL_MAX_SECONDS,
-    WAIT_INTERVAL_MIN_SECONDS,
-    PropsError,
-    check_traffic_routing,
-    has_instance_storage,
+from aws_cdk import RemovalPolicy
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    create_model,
+    field_validator,
+    model_validator,
 )
-from constructs.triton_image import load_image_table
-from constructs.triton_mme_endpoint import check_triton_environment
+
+from constructs.alarm_topic import AlarmTopicProps
+from constructs.endpoint_alarms import AlarmThresholds, EndpointAlarmsProps
+from constructs.endpoint_autoscaling import EndpointAutoscalingProps
+from constructs.endpoint_dashboard import EndpointDashboardProps
+from constructs.endpoint_network import EndpointNetworkProps
+from constructs.model_bucket import ModelBucketProps
+from constructs.model_build_resource import ModelBuildResourceProps
+from constructs.props import (
+    DAYS,
+    MEBIBYTES,
+    MINUTES,
+    SECONDS,
+    Between,
+    Namer,
+    Props,
+    Unit,
+    clip,
+    format_errors,
+)
+from constructs.rollout_policy import RolloutPolicyProps
+from constructs.triton_image import TritonImageProps, load_image_table
+from constructs.triton_mme_endpoint import FleetSize, TritonMmeEndpointProps
 
 CONTEXT_PREFIX = "mme:"
+#: Longest context value read (characters, or JSON characters for a non-string from cdk.json).
+MAX_CONTEXT_VALUE_CHARS = 8192
 #: The release id format ``model_build.release.compute_release`` produces.
 RELEASE_ID_PATTERN = r"^r-[0-9a-f]{16}$"
-#: CloudFormation waits at most one hour for a custom resource (``ServiceTimeout`` <= 3600 s),
-#: and the CDK Provider documents the same maximum for its total timeout.
-MAX_BUILD_TOTAL_TIMEOUT_MINUTES = 60
-
-InstanceType = Literal[
-    "ml.g4dn.xlarge",
-    "ml.g4dn.2xlarge",
-    "ml.g4dn.4xlarge",
-    "ml.g4dn.8xlarge",
-    "ml.g4dn.16xlarge",
-    "ml.g5.xlarge",
-    "ml.g5.2xlarge",
-    "ml.g5.4xlarge",
-    "ml.g5.8xlarge",
-    "ml.g5.16xlarge",
-    "ml.p2.xlarge",
-    "ml.p3.2xlarge",
-]
-assert set(InstanceType.__args__) == set(MME_GPU_INSTANCE_TYPES)  # type: ignore[attr-defined]
-
-AlarmKey = Literal[
-    "invocation_5xx_errors",
-    "invocation_4xx_rate",
-    "model_latency_p99",
-    "model_loading_wait_p90",
-    "gpu_memory",
-    "disk",
-    "gpu_saturation",
-]
-assert AlarmKey.__args__ == ALARM_KEYS  # type: ignore[attr-defined]
-InterfaceEndpoint = Literal["ecr.api", "ecr.dkr", "logs", "monitoring", "sts", "cloudformation", "sagemaker.runtime"]
-assert set(InterfaceEndpoint.__args__) == set(INTERFACE_ENDPOINT_SERVICES)  # type: ignore[attr-defined]
 #: Tag values SageMaker, S3 and the other tagged services accept: letters, digits, spaces and
-#: ``_ . : / = + - @`` (the AWS tag value pattern), 1 to 256 characters here.
-TAG_VALUE_PATTERN = r"^[\w .:/=+\-@]{1,256}$"
-#: Fields whose value is a list; a ``-c`` string may be a JSON array or comma-separated.
-LIST_FIELDS = ("alarm_emails", "rollback_alarms", "vpc_interface_endpoints")
+#: ``_ . : / = + - @`` (the AWS tag value pattern), 1 to 256 characters here, not ``aws:...``.
+TAG_VALUE_PATTERN = r"^(?!(?i:aws:))[\w .:/=+\-@]{1,256}$"
+P = TypeVar("P", bound=Props)
 
 
 class SettingsError(ValueError):
     """Settings that cannot give a working deployment; the message says which and why."""
 
 
-class MmeSettings(BaseModel):
-    """Everything the app can be told, with the behaviour of each default.
+# ---------------------------------------------------------------------------------------------
+# The table: context key -> props field
+# ---------------------------------------------------------------------------------------------
 
-    Immutable; unknown fields are refused. Construct it with :meth:`from_context` to read the
-    ``mme:`` keys of a CDK context.
+
+@dataclass(frozen=True)
+class Choice:
+    """Context values that name prop values (``retain`` -> ``RemovalPolicy.RETAIN``)."""
+
+    values: Mapping[str, Any]
+
+    def name_of(self, value: Any) -> str:
+        return next(name for name, each in self.values.items() if each == value)
+
+
+REMOVAL_POLICY = Choice({"retain": RemovalPolicy.RETAIN, "destroy": RemovalPolicy.DESTROY})
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A context key's props field: ``props.field`` (and each of ``also``) gets its value.
+
+    ``convert`` turns the context value into the prop's value: ``None``, the value as is; a
+    :class:`~constructs.props.Unit`, a number of that unit (a ``Duration`` or ``Size`` prop); a
+    :class:`Choice`, a name of the prop's value.
+    """
+
+    props: type[Props]
+    field: str
+    convert: Unit | Choice | None = None
+    also: tuple[tuple[type[Props], str], ...] = ()
+
+    @property
+    def targets(self) -> tuple[tuple[type[Props], str], ...]:
+        return ((self.props, self.field), *self.also)
+
+    def prop_value(self, value: Any) -> Any:
+        if value is None or self.convert is None:
+            return value
+        if isinstance(self.convert, Choice):
+            return self.convert.values[value]
+        return self.convert.make(value)
+
+    def model_field(self) -> tuple[Any, Any]:
+        """The setting's type and ``Field``, from the props field's (converted)."""
+        field = self.props.model_fields[self.field]
+        description = field.description
+        if self.convert is None:
+            annotation = Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation
+            if field.default_factory is not None:
+                return annotation, Field(default_factory=field.default_factory, description=description)
+            return annotation, Field(default=field.default, description=description)
+        default = field.get_default(call_default_factory=True)
+        if isinstance(self.convert, Choice):
+            return Literal[tuple(self.convert.values)], Field(default=self.convert.name_of(default), description=description)
+        (between,) = [item for item in field.metadata if isinstance(item, Between)]
+        low = math.ceil(round(between.unit.convert(between.low, self.convert), 9))
+        high = math.floor(round(between.unit.convert(between.high, self.convert), 9))
+        number = int | None if _allows_none(field.annotation) else int
+        default = None if default is None else round(self.convert.read(default))
+        return Annotated[number, Field(ge=low, le=high)], Field(default=default, description=description)
+
+
+#: Every setting that is a props field, in the order the README lists them.
+SETTINGS: dict[str, Setting] = {
+    # Endpoint and autoscaling
+    "endpoint_name": Setting(TritonMmeEndpointProps, "endpoint_name"),
+    "instance_type": Setting(TritonMmeEndpointProps, "instance_type"),
+    "initial_instance_count": Setting(FleetSize, "initial"),
+    "min_instance_count": Setting(FleetSize, "minimum"),
+    "max_instance_count": Setting(FleetSize, "maximum"),
+    "invocations_per_instance_target": Setting(EndpointAutoscalingProps, "invocations_per_instance_target"),
+    "invocations_scale_in_cooldown_seconds": Setting(EndpointAutoscalingProps, "invocations_scale_in_cooldown", SECONDS),
+    "invocations_scale_out_cooldown_seconds": Setting(EndpointAutoscalingProps, "invocations_scale_out_cooldown", SECONDS),
+    "gpu_utilization_target": Setting(EndpointAutoscalingProps, "gpu_utilization_target"),
+    "gpu_scale_in_cooldown_seconds": Setting(EndpointAutoscalingProps, "gpu_scale_in_cooldown", SECONDS),
+    "gpu_scale_out_cooldown_seconds": Setting(EndpointAutoscalingProps, "gpu_scale_out_cooldown", SECONDS),
+    # Triton container
+    "triton_image_version": Setting(TritonImageProps, "version"),
+    "shm_default_byte_size": Setting(TritonMmeEndpointProps, "shm_default_byte_size"),
+    "shm_growth_byte_size": Setting(TritonMmeEndpointProps, "shm_growth_byte_size"),
+    "triton_log_verbose": Setting(TritonMmeEndpointProps, "log_verbose"),
+    "triton_environment": Setting(TritonMmeEndpointProps, "environment"),
+    "model_cache": Setting(TritonMmeEndpointProps, "model_cache_setting"),
+    "model_data_download_timeout_seconds": Setting(TritonMmeEndpointProps, "model_data_download_timeout", SECONDS),
+    "container_startup_health_check_timeout_seconds": Setting(
+        TritonMmeEndpointProps, "container_startup_health_check_timeout", SECONDS
+    ),
+    "volume_size_gb": Setting(TritonMmeEndpointProps, "volume_size_gb"),
+    # Model bucket
+    "model_prefix": Setting(ModelBuildResourceProps, "model_prefix"),
+    "noncurrent_version_expiration_days": Setting(ModelBucketProps, "noncurrent_version_expiration", DAYS),
+    "retired_release_expiration_days": Setting(ModelBucketProps, "retired_release_expiration", DAYS),
+    "access_log_expiration_days": Setting(ModelBucketProps, "access_log_expiration", DAYS),
+    "bucket_removal_policy": Setting(
+        ModelBucketProps,
+        "removal_policy",
+        REMOVAL_POLICY,
+        also=((AlarmTopicProps, "removal_policy"), (EndpointNetworkProps, "removal_policy")),
+    ),
+    # Model build
+    "build_memory_mb": Setting(ModelBuildResourceProps, "memory_size"),
+    "build_ephemeral_storage_mb": Setting(ModelBuildResourceProps, "ephemeral_storage_size", MEBIBYTES),
+    "build_timeout_minutes": Setting(ModelBuildResourceProps, "timeout", MINUTES),
+    "build_total_timeout_minutes": Setting(ModelBuildResourceProps, "total_timeout", MINUTES),
+    "build_query_interval_seconds": Setting(ModelBuildResourceProps, "query_interval", SECONDS),
+    "build_max_concurrency": Setting(ModelBuildResourceProps, "max_concurrency"),
+    "artifacts_on_delete": Setting(ModelBuildResourceProps, "on_delete"),
+    # Alarms and notifications
+    "alarm_5xx_errors_threshold": Setting(AlarmThresholds, "invocation_5xx_errors"),
+    "alarm_4xx_rate_percent": Setting(AlarmThresholds, "invocation_4xx_rate_percent"),
+    "alarm_latency_p99_ms": Setting(AlarmThresholds, "model_latency_p99_ms"),
+    "alarm_model_loading_wait_p90_ms": Setting(AlarmThresholds, "model_loading_wait_p90_ms"),
+    "alarm_gpu_memory_percent": Setting(AlarmThresholds, "gpu_memory_percent"),
+    "alarm_disk_percent": Setting(AlarmThresholds, "disk_percent"),
+    "alarm_gpu_saturation_percent": Setting(AlarmThresholds, "gpu_saturation_percent"),
+    "alarm_emails": Setting(AlarmTopicProps, "emails"),
+    "dashboard_name": Setting(EndpointDashboardProps, "dashboard_name"),
+    # Safe rollouts
+    "rollout_traffic": Setting(RolloutPolicyProps, "traffic"),
+    "rollout_size_type": Setting(RolloutPolicyProps, "size_type"),
+    "rollout_size": Setting(RolloutPolicyProps, "size"),
+    "rollout_wait_seconds": Setting(RolloutPolicyProps, "wait_interval", SECONDS),
+    "rollout_termination_wait_seconds": Setting(RolloutPolicyProps, "termination_wait", SECONDS),
+    "rollout_max_execution_timeout_seconds": Setting(RolloutPolicyProps, "maximum_execution_timeout", SECONDS),
+    "rollback_alarms": Setting(EndpointAlarmsProps, "rollback_alarms"),
+    # Network
+    "network_isolation": Setting(TritonMmeEndpointProps, "enable_network_isolation"),
+    "vpc_cidr": Setting(EndpointNetworkProps, "cidr"),
+    "vpc_interface_endpoints": Setting(EndpointNetworkProps, "interface_endpoints"),
+    "build_in_vpc": Setting(EndpointNetworkProps, "build_access"),
+}
+#: The props classes the table sets, in table order.
+PROPS: tuple[type[Props], ...] = tuple(
+    dict.fromkeys(props for setting in SETTINGS.values() for props, _ in setting.targets)
+)
+_KEYS: dict[tuple[type[Props], str], str] = {
+    target: key for key, setting in SETTINGS.items() for target in setting.targets
+}
+
+
+def _members(annotation: Any) -> tuple[Any, ...]:
+    """The types a field's annotation admits (the members of a union, or the type)."""
+    return get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else (annotation,)
+
+
+def _allows_none(annotation: Any) -> bool:
+    return type(None) in _members(annotation)
+
+
+def nested_props(annotation: Any) -> type[Props] | None:
+    """The props class a field holds a value of (``FleetSize``...), if any."""
+    found = [each for each in _members(annotation) if isinstance(each, type) and issubclass(each, Props)]
+    return found[0] if found else None
+
+
+def context_name(props: type[Props], path: str) -> str:
+    """The name a message shows for a field of ``props`` (``fleet.minimum`` for a nested one):
+    ``mme:<key>`` when a setting gives it, the path otherwise."""
+    *heads, last = path.split(".")
+    for head in heads:
+        props = nested_props(props.model_fields[head].annotation) or props
+    key = _KEYS.get((props, last))
+    return CONTEXT_PREFIX + key if key else path
+
+
+# ---------------------------------------------------------------------------------------------
+# Context values given as strings
+# ---------------------------------------------------------------------------------------------
+
+
+def _context_list(text: str) -> list[Any]:
+    if not text:
+        return []
+    if text.startswith("["):
+        try:
+            return list(json.loads(text))
+        except json.JSONDecodeError as error:
+            raise ValueError(f"got {text!r}; expected a JSON array ({error.msg})") from None
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def _context_object(value: Any) -> Any:
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            value = json.loads(text) if text else {}
+        except json.JSONDecodeError as error:
+            raise ValueError(f"got {text!r}; expected a JSON object ({error.msg})") from None
+    if not isinstance(value, dict):
+        return value
+    texts = {True: "true", False: "false"}
+    return {
+        key: texts[item] if isinstance(item, bool) else str(item) if isinstance(item, (int, float)) else item
+        for key, item in value.items()
+    }
+
+
+def from_context_value(value: Any, annotation: Any) -> Any:
+    """A context value as the setting's type reads it: ``-c`` gives strings (and ``cdk.json``
+    JSON values): ``""``/``none``/``null`` unset an optional setting; a list is a JSON array or
+    comma-separated; an object is JSON, its scalar values as strings."""
+    kinds = {get_origin(member) or member for member in _members(annotation)}
+    if dict in kinds:
+        return _context_object(value)
+    if not isinstance(value, str):
+        return value
+    if type(None) in kinds and value.strip().lower() in {"", "none", "null"}:
+        return None
+    return _context_list(value.strip()) if list in kinds else value
+
+
+# ---------------------------------------------------------------------------------------------
+# The settings
+# ---------------------------------------------------------------------------------------------
+
+
+def _matching(pattern: str, expected: str) -> Any:
+    """``Annotated`` metadata of a string setting that must match ``pattern`` (said in words)."""
+
+    def check(value: str) -> str:
+        if not re.fullmatch(pattern, value):
+            raise ValueError(f"got {value!r}; expected {expected}")
+        return value
+
+    return AfterValidator(check)
+
+
+ReleaseId = Annotated[str, _matching(RELEASE_ID_PATTERN, "a release id as `python -m model_build publish` prints "
+                                                       "it: 'r-' and 16 lowercase hex digits")]
+TopicArn = Annotated[str, _matching(r"arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[A-Za-z0-9_-]{1,256}",
+                                    "an SNS topic ARN such as arn:aws:sns:eu-west-1:123456789012:alarms")]
+VpcId = Annotated[str, _matching(r"vpc-[0-9a-f]{8}([0-9a-f]{9})?", "a VPC id such as vpc-0123456789abcdef0")]
+TagValue = Annotated[str, _matching(TAG_VALUE_PATTERN, "1 to 256 letters, digits, spaces and _ . : / = + - @, "
+                                                       "not starting with 'aws:'")]
+
+
+class AppSettings(BaseModel):
+    """The settings that are not a construct's props field, with the behaviour of each default.
+
+    :class:`MmeSettings` adds one field per row of :data:`SETTINGS`. Immutable; unknown fields
+    are refused. Construct it with :meth:`from_context` to read the ``mme:`` keys of a CDK context.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True, allow_inf_nan=False)
 
-    # -- Stack and endpoint -------------------------------------------------------------------
     stack_name: str = Field(
-        default="TritonMme",
-        pattern=r"^[A-Za-z][A-Za-z0-9-]*$",
-        max_length=128,
-        description="Name of the CloudFormation stack.",
+        default="TritonMme", pattern=r"^[A-Za-z][A-Za-z0-9-]*$", max_length=128, description="Name of the CloudFormation stack."
     )
-    endpoint_name: str = Field(
-        default="triton-mme",
-        description="Fixed name of the SageMaker endpoint (at most 63 letters, digits and "
-        "hyphens). The model and the endpoint config get names generated by CloudFormation, so "
-        "that a change can replace them while the endpoint keeps its name.",
-    )
-    instance_type: InstanceType = Field(
-        default="ml.g5.xlarge",
-        description="Instance type of the endpoint's variant: one of the GPU types documented for "
-        "multi-model endpoints (ml.g4dn.* and ml.g5.* xlarge to 16xlarge, ml.p2.xlarge, "
-        "ml.p3.2xlarge).",
-    )
-    initial_instance_count: int = Field(
-        default=1,
-        ge=1,
-        description="Instances the endpoint is created with; min <= initial <= max. Later "
-        "updates keep the count autoscaling set.",
-    )
-    min_instance_count: int = Field(
-        default=1, ge=1, description="Fewest instances autoscaling scales in to."
-    )
-    max_instance_count: int = Field(
-        default=4, ge=1, description="Most instances autoscaling scales out to."
-    )
-
-    # -- Autoscaling --------------------------------------------------------------------------
-    invocations_per_instance_target: float = Field(
-        default=70,
-        gt=0,
-        description="Target of the SageMakerVariantInvocationsPerInstance tracking policy "
-        "(requests per instance per minute).",
-    )
-    invocations_scale_in_cooldown_seconds: int = Field(
-        default=600, ge=0, le=86400, description="Scale-in cooldown of the invocations policy."
-    )
-    invocations_scale_out_cooldown_seconds: int = Field(
-        default=300, ge=0, le=86400, description="Scale-out cooldown of the invocations policy."
-    )
-    gpu_utilization_target: float = Field(
-        default=60,
-        gt=0,
-        le=100,
-        description="Target average GPUUtilization in percent (0 < target <= 100) of the GPU "
-        "tracking policy. The variant scales in only when both policies agree.",
-    )
-    gpu_scale_in_cooldown_seconds: int = Field(
-        default=600, ge=0, le=86400, description="Scale-in cooldown of the GPU policy."
-    )
-    gpu_scale_out_cooldown_seconds: int = Field(
-        default=200, ge=0, le=86400, description="Scale-out cooldown of the GPU policy."
-    )
-
-    # -- Triton container ---------------------------------------------------------------------
-    triton_image_version: str | None = Field(
-        default=None,
-        description="Version of the sagemaker-tritonserver image (e.g. 25.09), checked against "
-        "the sagemaker SDK's image table; unset: the newest version in that table.",
-    )
-    shm_default_byte_size: int = Field(
-        default=16 * 1024 * 1024,
-        ge=1,
-        description="SAGEMAKER_TRITON_SHM_DEFAULT_BYTE_SIZE: initial shared memory of each "
-        "python-backend model (no effect on pure ONNX models).",
-    )
-    shm_growth_byte_size: int = Field(
-        default=1024 * 1024,
-        ge=1,
-        description="SAGEMAKER_TRITON_SHM_GROWTH_BYTE_SIZE: growth step of that shared memory.",
-    )
-    triton_log_verbose: bool = Field(
-        default=False,
-        description="SAGEMAKER_TRITON_LOG_VERBOSE. Off by default: the container's own default "
-        "(verbose) is noisy and costly in production.",
-    )
-    triton_environment: dict[str, str] = Field(
-        default_factory=dict,
-        description="Extra container variables, from the documented SAGEMAKER_TRITON_* list only "
-        "(a JSON object with -c). SHM and LOG_VERBOSE keys go through their own settings; "
-        "SAGEMAKER_TRITON_DEFAULT_MODEL_NAME is refused (single-model only); values at most 1024 "
-        "characters.",
-    )
-    model_cache: Literal["Enabled", "Disabled"] = Field(
-        default="Enabled",
-        description="MultiModelConfig.ModelCacheSetting: Enabled keeps loaded models on the "
-        "instance; Disabled suits many models each invoked rarely.",
-    )
-    model_data_download_timeout_seconds: int = Field(
-        default=600,
-        ge=TIMEOUT_MIN_SECONDS,
-        le=TIMEOUT_MAX_SECONDS,
-        description="ModelDataDownloadTimeoutInSeconds of the variant (60 to 3600).",
-    )
-    container_startup_health_check_timeout_seconds: int = Field(
-        default=600,
-        ge=TIMEOUT_MIN_SECONDS,
-        le=TIMEOUT_MAX_SECONDS,
-        description="ContainerStartupHealthCheckTimeoutInSeconds of the variant (60 to 3600).",
-    )
-    volume_size_gb: int | None = Field(
-        default=None,
-        ge=VOLUME_SIZE_MIN_GB,
-        le=VOLUME_SIZE_MAX_GB,
-        description="ML storage volume in GB (1 to 512), for the EBS-backed ml.p2/ml.p3 types "
-        "only (whose volume is then also encrypted with the bucket key); refused on "
-        "instance-store g4dn/g5. Unset: SageMaker's default.",
-    )
-
-    # -- Model bucket -------------------------------------------------------------------------
-    model_prefix: str = Field(
-        default="models",
-        description="S3 key prefix of every release (<prefix>/<release_id>/<model>.tar.gz); "
-        "the execution role reads only this prefix.",
-    )
-    noncurrent_version_expiration_days: int = Field(
-        default=30,
-        ge=1,
-        le=36500,
-        description="Days an overwritten or deleted object version is kept.",
-    )
-    retired_release_expiration_days: int = Field(
-        default=30,
-        ge=1,
-        le=36500,
-        description="Days the objects of a superseded release (tagged "
-        "triton-mme:release-state=retired) are kept.",
-    )
-    access_log_expiration_days: int = Field(
-        default=365,
-        ge=1,
-        le=36500,
-        description="Days the model bucket's server access logs are kept.",
-    )
-    bucket_removal_policy: Literal["retain", "destroy"] = Field(
-        default="retain",
-        description="retain: the buckets and the KMS key stay when the stack is deleted; destroy: "
-        "they are emptied and deleted (adds CDK's auto-delete-objects custom resource).",
-    )
-
-    # -- Release and build --------------------------------------------------------------------
-    manifest_path: str = Field(
-        default="models.yaml",
-        description="Models manifest, relative to the project root; its models are built and "
-        "published by the stack. Empty: no build resource, the endpoint serves release_id.",
-    )
-    release_id: str | None = Field(
-        default=None,
-        description="Release to serve when manifest_path is empty (r- and 16 hex digits), "
-        "published out of band with `python -m model_build publish`. Refused with a manifest.",
-    )
-    build_memory_mb: int = Field(
-        default=6144, ge=128, le=10240, description="Memory of the build Lambda functions (MiB)."
-    )
-    build_ephemeral_storage_mb: int = Field(
-        default=10240,
-        ge=512,
-        le=10240,
-        description="/tmp storage of the build Lambda functions (MiB).",
-    )
-    build_timeout_minutes: int = Field(
-        default=15,
-        ge=1,
-        le=15,
-        description="Timeout of one run of a build Lambda function; the build continues over "
-        "several runs.",
-    )
-    build_total_timeout_minutes: int = Field(
-        default=60,
-        ge=1,
-        le=MAX_BUILD_TOTAL_TIMEOUT_MINUTES,
-        description="Provider total timeout: how long is_complete is polled "
-        "(total / query interval calls) before the resource fails. At most 60: CloudFormation "
-        "waits at most one hour for a custom resource.",
-    )
-    build_query_interval_seconds: int = Field(
-        default=60,
-        ge=5,
-        le=3600,
-        description="Time between is_complete calls; the total timeout must be a multiple of it.",
-    )
-    build_max_concurrency: int = Field(
-        default=50,
-        ge=1,
-        le=10000,
-        description="Most models built at once: the MaxConcurrency of the build state machine's "
-        "Distributed Map (one Lambda run per model; mind the account's Lambda concurrency).",
-    )
-    artifacts_on_delete: Literal["retain", "destroy"] = Field(
-        default="retain",
-        description="What the build does with the served release's objects when the stack is "
-        "deleted (retain or destroy). A release superseded by an update is tagged retired "
-        "either way.",
-    )
-
-    # -- Alarms and notifications -------------------------------------------------------------
-    alarm_5xx_errors_threshold: float = Field(
-        default=0,
-        ge=0,
-        description="Invocation5XXErrors per minute (Sum) above which a minute is bad; the alarm "
-        "fires on 3 bad minutes of 5. 0: any 5xx counts (a container or model failure), 3 of 5 "
-        "ignores a single blip.",
-    )
-    alarm_4xx_rate_percent: float = Field(
-        default=5,
-        gt=0,
-        le=100,
-        description="Share of requests answered 4xx (Average of Invocation4XXErrors, 1 per 4xx "
-        "and 0 otherwise) above which a minute is bad; 5 bad minutes in a row fire. A few 4xx are "
-        "normal client mistakes, a sustained 5% is not.",
-    )
-    alarm_latency_p99_ms: float = Field(
-        default=1000,
-        gt=0,
-        le=3_600_000,
-        description="Latency budget of ModelLatency p99 in milliseconds (the alarm threshold is "
-        "this x 1000 microseconds); 5 minutes in a row above it fire.",
-    )
-    alarm_model_loading_wait_p90_ms: float = Field(
-        default=10_000,
-        gt=0,
-        le=3_600_000,
-        description="ModelLoadingWaitTime p90 in milliseconds over 5-minute periods, 3 in a row: "
-        "models evicted and reloaded (too many for the instances) or slow downloads.",
-    )
-    alarm_gpu_memory_percent: float = Field(
-        default=90,
-        gt=0,
-        le=100,
-        description="GPUMemoryUtilization of the busiest instance (Maximum, 5-minute periods, 3 in "
-        "a row); above 90% loads risk out-of-memory (507) and evictions.",
-    )
-    alarm_disk_percent: float = Field(
-        default=85,
-        gt=0,
-        le=100,
-        description="DiskUtilization of the fullest instance (Maximum, 5-minute periods, 3 in a "
-        "row); the instance store caches the models.",
-    )
-    alarm_gpu_saturation_percent: float = Field(
-        default=90,
-        gt=0,
-        le=100,
-        description="Average GPUUtilization at or above which the fleet counts as pinned; the "
-        "saturation alarm fires when that holds for 15 minutes while the variant runs "
-        "max_instance_count instances (Invocations / InvocationsPerInstance): autoscaling can add "
-        "nothing more.",
-    )
-    alarm_topic_enabled: bool = Field(
-        default=False,
-        description="Create an SNS topic (its own KMS key, TLS-only policy) that every alarm "
-        "notifies on ALARM and OK. Implied by alarm_emails.",
-    )
-    alarm_emails: list[str] = Field(
-        default_factory=list,
-        description="E-mail addresses subscribed to the created alarm topic (each confirms by "
-        "mail); a JSON array or comma-separated with -c. Giving any creates the topic.",
-    )
-    alarm_topic_arn: str | None = Field(
-        default=None,
-        description="An existing SNS topic the alarms notify instead of a created one. Its policy "
-        "(and key, if encrypted) must let cloudwatch.amazonaws.com publish. Unset: none.",
-    )
-    dashboard_name: str | None = Field(
-        default=None,
-        description="Name of the CloudWatch dashboard (letters, digits, '-', '_'). Unset: "
-        "<endpoint_name>-<region>: stable, and unique per region (dashboards are global).",
-    )
-
-    # -- Safe rollouts ------------------------------------------------------------------------
-    rollout_traffic: Literal["ALL_AT_ONCE", "CANARY", "LINEAR"] = Field(
-        default="ALL_AT_ONCE",
-        description="Blue/green traffic shifting of endpoint updates. ALL_AT_ONCE (default) "
-        "works with any fleet size, including the default single instance, and still bakes "
-        "rollout_wait_seconds under the rollback alarms before the old fleet goes; CANARY and "
-        "LINEAR need rollout_size.",
-    )
-    rollout_size_type: Literal["INSTANCE_COUNT", "CAPACITY_PERCENT"] = Field(
-        default="CAPACITY_PERCENT",
-        description="Unit of rollout_size. An INSTANCE_COUNT step must fit every fleet size "
-        "autoscaling may have (at most half of min_instance_count).",
-    )
-    rollout_size: int | None = Field(
-        default=None,
-        description="CANARY: the canary (at most 50% of the instances); LINEAR: each step (10% to "
-        "50%). Refused with ALL_AT_ONCE.",
-    )
-    rollout_wait_seconds: int = Field(
-        default=600,
-        ge=WAIT_INTERVAL_MIN_SECONDS,
-        le=WAIT_INTERVAL_MAX_SECONDS,
-        description="WaitIntervalInSeconds (0 to 3600): baking time after each traffic shift "
-        "while the rollback alarms are watched. 600 covers the 5-minute windows of the default "
-        "rollback alarms.",
-    )
-    rollout_termination_wait_seconds: int = Field(
-        default=300,
-        ge=TERMINATION_WAIT_MIN_SECONDS,
-        le=TERMINATION_WAIT_MAX_SECONDS,
-        description="TerminationWaitInSeconds (0 to 3600): how long the old fleet is kept after "
-        "the update completes, for a fast manual roll back.",
-    )
-    rollout_max_execution_timeout_seconds: int | None = Field(
-        default=None,
-        ge=MAX_EXECUTION_TIMEOUT_MIN_SECONDS,
-        le=MAX_EXECUTION_TIMEOUT_MAX_SECONDS,
-        description="MaximumExecutionTimeoutInSeconds (600 to 28800), longer than all waits "
-        "together. Unset: SageMaker's default.",
-    )
-    rollback_alarms: list[AlarmKey] = Field(
-        default_factory=lambda: [cast(AlarmKey, key) for key in DEFAULT_ROLLBACK_ALARMS],
-        description="Alarms (by key) whose ALARM state rolls an update back: invocation_5xx_errors, "
-        "invocation_4xx_rate, model_latency_p99, model_loading_wait_p90, gpu_memory, disk, "
-        "gpu_saturation. The default leaves model loading out (a new fleet reloads every model). "
-        "Empty: no automatic rollback.",
-    )
-
-    # -- Network ------------------------------------------------------------------------------
-    network_isolation: bool = Field(
-        default=True,
-        description="EnableNetworkIsolation of the model: the Triton container can make no "
-        "network call and gets no AWS credentials; SageMaker still downloads the models from S3 "
-        "itself and hands Triton local files, so multi-model endpoints work with it.",
-    )
-    vpc_id: str | None = Field(
-        default=None,
-        description="Place the model in this existing VPC (looked up: needs account and region): "
-        "its isolated subnets, else its private ones; it must route S3 itself. Unset: no VPC "
-        "(the stack stays environment-agnostic).",
-    )
-    create_vpc: bool = Field(
-        default=False,
-        description="Place the model in a new VPC: 2 AZs, isolated subnets only, flow logs, the S3 "
-        "gateway endpoint and vpc_interface_endpoints. Exclusive with vpc_id.",
-    )
-    vpc_cidr: str = Field(
-        default="10.0.0.0/16",
-        description="IPv4 range of the created VPC (a private /16 to /24).",
-    )
-    vpc_interface_endpoints: list[InterfaceEndpoint] = Field(
-        default_factory=lambda: [cast(InterfaceEndpoint, name) for name in DEFAULT_INTERFACE_ENDPOINTS],
-        description="Interface endpoints of the created VPC (ecr.api, ecr.dkr, logs, monitoring, "
-        "sts, cloudformation, sagemaker.runtime). Only S3 (always created) is required by an "
-        "isolated model; these are for a non-isolated container and any SageMaker traffic "
-        "routed through the VPC. cloudformation is added with build_in_vpc.",
-    )
-    build_in_vpc: bool = Field(
-        default=False,
-        description="Run the model build functions in the VPC too (they need S3 and "
-        "CloudFormation: endpoints in a created VPC, NAT or endpoints in an existing one; "
-        "huggingface sources need the internet).",
-    )
-
-    # -- Cost allocation tags -----------------------------------------------------------------
-    tag_project: str = Field(
-        default="triton-mme",
-        description="Value of the Project tag on every taggable resource.",
-    )
-    tag_environment: str = Field(
-        default="dev",
-        description="Value of the Environment tag on every taggable resource.",
-    )
-    tag_owner: str = Field(
-        default="unassigned",
-        description="Value of the Owner tag on every taggable resource (a team or an address).",
-    )
-
-    # -- Environment --------------------------------------------------------------------------
     account: str | None = Field(
-        default=None,
-        pattern=r"^\d{12}$",
-        description="AWS account of the stack; unset: environment-agnostic. Never looked up.",
+        default=None, pattern=r"^\d{12}$", description="AWS account of the stack; unset: environment-agnostic. Never looked up."
     )
     region: str | None = Field(
         default=None,
         pattern=r"^[a-z]{2}(-[a-z]+)+-\d+$",
-        description="AWS region of the stack (must be in the image table); unset: "
-        "environment-agnostic (the image mapping covers every listed region).",
+        description="AWS region of the stack (must be in the image table); unset: environment-agnostic "
+        "(the image mapping covers every listed region).",
+    )
+    manifest_path: str = Field(
+        default="models.yaml",
+        description="Models manifest, relative to the project root; its models are built and published by "
+        "the stack. Empty: no build resource, the endpoint serves release_id.",
+    )
+    release_id: ReleaseId | None = Field(
+        default=None,
+        description="Release to serve when manifest_path is empty (r- and 16 hex digits), published out "
+        "of band with `python -m model_build publish`. Refused with a manifest.",
+    )
+    alarm_topic_enabled: bool = Field(
+        default=False,
+        description="Create an SNS topic (its own KMS key, TLS-only policy) that every alarm notifies on "
+        "ALARM and OK. Implied by alarm_emails.",
+    )
+    alarm_topic_arn: TopicArn | None = Field(
+        default=None,
+        description="An existing SNS topic the alarms notify instead of a created one. Its policy (and "
+        "key, if encrypted) must let cloudwatch.amazonaws.com publish. Unset: none.",
+    )
+    vpc_id: VpcId | None = Field(
+        default=None,
+        description="Place the model in this existing VPC (looked up: needs account and region): its "
+        "isolated subnets, else its private ones; it must route S3 itself. Unset: no VPC (the stack "
+        "stays environment-agnostic).",
+    )
+    create_vpc: bool = Field(
+        default=False,
+        description="Place the model in a new VPC: 2 AZs, isolated subnets only, flow logs, the S3 gateway "
+        "endpoint and vpc_interface_endpoints. Exclusive with vpc_id.",
+    )
+    tag_project: TagValue = Field(default="triton-mme", description="Value of the Project tag on every taggable resource.")
+    tag_environment: TagValue = Field(default="dev", description="Value of the Environment tag on every taggable resource.")
+    tag_owner: TagValue = Field(
+        default="unassigned", description="Value of the Owner tag on every taggable resource (a team or an address)."
     )
 
-    # -----------------------------------------------------------------------------------------
-    # Coercion of context strings
-    # -----------------------------------------------------------------------------------------
+    if TYPE_CHECKING:
+        # The fields MmeSettings derives from SETTINGS; typed by their props.
+        def __getattr__(self, name: str) -> Any: ...
 
-    @field_validator(
-        "triton_image_version",
-        "volume_size_gb",
-        "release_id",
-        "account",
-        "region",
-        "alarm_topic_arn",
-        "dashboard_name",
-        "rollout_size",
-        "rollout_max_execution_timeout_seconds",
-        "vpc_id",
-        mode="before",
-    )
+    @field_validator("*", mode="before")
     @classmethod
-    def _empty_is_unset(cls, value: Any) -> Any:
-        if isinstance(value, str) and value.strip().lower() in {"", "none", "null"}:
-            return None
-        return value
-
-    @field_validator(*LIST_FIELDS, mode="before")
-    @classmethod
-    def _list(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            text = value.strip()
-            if not text:
-                return []
-            if text.startswith("["):
-                try:
-                    return json.loads(text)
-                except json.JSONDecodeError as error:
-                    raise ValueError(f"got {text!r}; expected a JSON array ({error.msg})") from None
-            return [item.strip() for item in text.split(",") if item.strip()]
-        return value
-
-    @field_validator("triton_environment", mode="before")
-    @classmethod
-    def _environment_object(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            text = value.strip()
-            if not text:
-                return {}
-            try:
-                value = json.loads(text)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"got {text!r}; expected a JSON object ({error.msg})") from None
-        if isinstance(value, dict):
-            coerced: dict[Any, Any] = {}
-            for key, item in value.items():
-                if isinstance(item, bool):
-                    item = "true" if item else "false"
-                elif isinstance(item, (int, float)):
-                    item = str(item)
-                coerced[key] = item
-            return coerced
-        return value
-
-    # -----------------------------------------------------------------------------------------
-    # Field checks
-    # -----------------------------------------------------------------------------------------
-
-    @field_validator("endpoint_name")
-    @classmethod
-    def _endpoint_name(cls, value: str) -> str:
-        if len(value) > NAME_MAX_LENGTH or not re.fullmatch(NAME_PATTERN, value):
-            raise ValueError(
-                f"got {value!r}; expected 1 to {NAME_MAX_LENGTH} letters, digits and single "
-                "hyphens, starting and ending with a letter or digit"
-            )
-        return value
-
-    @field_validator("instance_type", mode="before")
-    @classmethod
-    def _instance_type(cls, value: Any) -> Any:
-        if value not in MME_GPU_INSTANCE_TYPES:
-            raise ValueError(
-                f"got {value!r}; a GPU multi-model endpoint runs on one of "
-                + ", ".join(MME_GPU_INSTANCE_TYPES)
-            )
-        return value
-
-    @field_validator("triton_image_version")
-    @classmethod
-    def _image_version(cls, value: str | None) -> str | None:
-        if value is not None:
-            table = load_image_table()
-            if value not in table.rows:
-                raise ValueError(
-                    f"got {value!r}; the sagemaker SDK's Triton image table has "
-                    + ", ".join(table.versions)
-                )
-        return value
-
-    @field_validator("triton_environment")
-    @classmethod
-    def _triton_environment(cls, value: dict[str, str]) -> dict[str, str]:
-        try:
-            check_triton_environment("triton_environment", value)
-        except PropsError as error:
-            raise ValueError(str(error).removeprefix("triton_environment: ")) from None
-        return dict(sorted(value.items()))
-
-    @field_validator("model_prefix")
-    @classmethod
-    def _model_prefix(cls, value: str) -> str:
-        if len(value) > PREFIX_MAX_LENGTH or not re.fullmatch(PREFIX_PATTERN, value):
-            raise ValueError(
-                f"got {value!r}; expected an S3 key prefix such as 'models' or 'team/models': "
-                "segments of letters, digits, '_', '.' and '-' separated by '/', without a "
-                "leading or trailing '/'"
-            )
-        return value
-
-    @field_validator("release_id")
-    @classmethod
-    def _release_id(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(RELEASE_ID_PATTERN, value):
-            raise ValueError(
-                f"got {value!r}; expected a release id as `python -m model_build publish` prints "
-                "it: 'r-' and 16 lowercase hex digits"
-            )
-        return value
-
-    @field_validator("alarm_emails")
-    @classmethod
-    def _emails(cls, value: list[str]) -> list[str]:
-        for email in value:
-            if not re.fullmatch(EMAIL_PATTERN, email):
-                raise ValueError(f"got {email!r}; expected e-mail addresses such as ops@example.com")
-        if len(set(value)) != len(value):
-            raise ValueError(f"got {value!r}; an address is given twice")
-        return value
-
-    @field_validator("alarm_topic_arn")
-    @classmethod
-    def _topic_arn(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(r"arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[A-Za-z0-9_-]{1,256}", value):
-            raise ValueError(
-                f"got {value!r}; expected an SNS topic ARN such as "
-                "arn:aws:sns:eu-west-1:123456789012:alarms"
-            )
-        return value
-
-    @field_validator("dashboard_name")
-    @classmethod
-    def _dashboard_name(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(DASHBOARD_NAME_PATTERN, value):
-            raise ValueError(f"got {value!r}; expected 1 to 255 letters, digits, '-' and '_'")
-        return value
-
-    @field_validator("rollback_alarms", "vpc_interface_endpoints")
-    @classmethod
-    def _unique(cls, value: list[str]) -> list[str]:
-        repeated = sorted({item for item in value if value.count(item) > 1})
-        if repeated:
-            raise ValueError(f"got {value!r}; {', '.join(repeated)} given twice")
-        return value
-
-    @field_validator("vpc_id")
-    @classmethod
-    def _vpc_id(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(r"vpc-[0-9a-f]{8}([0-9a-f]{9})?", value):
-            raise ValueError(f"got {value!r}; expected a VPC id such as vpc-0123456789abcdef0")
-        return value
-
-    @field_validator("vpc_cidr")
-    @classmethod
-    def _vpc_cidr(cls, value: str) -> str:
-        try:
-            network = ipaddress.IPv4Network(value, strict=True)
-        except ValueError as error:
-            raise ValueError(f"got {value!r}; expected an IPv4 CIDR block such as 10.0.0.0/16 ({error})") from None
-        if not network.is_private or not 16 <= network.prefixlen <= 24:
-            raise ValueError(f"got {value!r}; expected a private IPv4 range from /16 to /24")
-        return value
-
-    @field_validator("tag_project", "tag_environment", "tag_owner")
-    @classmethod
-    def _tag_value(cls, value: str) -> str:
-        if not re.fullmatch(TAG_VALUE_PATTERN, value) or value.lower().startswith("aws:"):
-            raise ValueError(
-                f"got {value!r}; expected 1 to 256 letters, digits, spaces and _ . : / = + - @, "
-                "not starting with 'aws:'"
-            )
-        return value
+    def _context_string(cls, value: Any, info: ValidationInfo) -> Any:
+        return from_context_value(value, cls.model_fields[info.field_name or ""].annotation)
 
     # -----------------------------------------------------------------------------------------
     # Combinations
     # -----------------------------------------------------------------------------------------
 
     @model_validator(mode="after")
-    def _consistent(self) -> MmeSettings:
-        if not self.min_instance_count <= self.initial_instance_count <= self.max_instance_count:
-            raise ValueError(
-                "mme:min_instance_count, mme:initial_instance_count, mme:max_instance_count: got "
-                f"{self.min_instance_count}, {self.initial_instance_count}, "
-                f"{self.max_instance_count}; expected min <= initial <= max"
-            )
-        if self.volume_size_gb is not None and has_instance_storage(self.instance_type):
-            raise ValueError(
-                f"mme:volume_size_gb: got {self.volume_size_gb} with mme:instance_type "
-                f"{self.instance_type}; g4dn and g5 instances serve from their local instance "
-                "store, which has a fixed size: leave volume_size_gb unset (only ml.p2.xlarge "
-                "and ml.p3.2xlarge accept it)"
-            )
+    def _consistent(self) -> Self:
+        for props in PROPS:
+            self._unchecked(props).check(self._namer(props))
         if self.region is not None:
-            row = load_image_table().row(self.triton_image_version)
-            if self.region not in row.registries:
-                raise ValueError(
-                    f"mme:region: got {self.region!r}; the Triton image {row.version} is published "
-                    "in " + ", ".join(row.registries)
-                )
+            load_image_table().row(self.triton_image_version).check_region(self.region, f"{CONTEXT_PREFIX}region")
+        self._check_release()
+        self._check_notifications()
+        self._check_network()
+        return self
+
+    def _check_release(self) -> None:
         if not self.manifest_path and self.release_id is None:
             raise ValueError(
-                "mme:release_id: missing with an empty mme:manifest_path; give the release to "
-                "serve (published out of band with `python -m model_build publish`), or a "
-                "manifest to build"
+                "mme:release_id: missing with an empty mme:manifest_path; give the release to serve "
+                "(published out of band with `python -m model_build publish`), or a manifest to build"
             )
         if self.manifest_path and self.release_id is not None:
             raise ValueError(
-                f"mme:release_id: got {self.release_id!r} with mme:manifest_path "
-                f"{self.manifest_path!r}; the release of a manifest is computed from it: set "
-                "mme:manifest_path to '' to serve an existing release"
+                f"mme:release_id: got {self.release_id!r} with mme:manifest_path {self.manifest_path!r}; "
+                "the release of a manifest is computed from it: set mme:manifest_path to '' to serve an "
+                "existing release"
             )
-        total = self.build_total_timeout_minutes * 60
-        if total % self.build_query_interval_seconds or total < self.build_query_interval_seconds:
-            raise ValueError(
-                f"mme:build_total_timeout_minutes: got {self.build_total_timeout_minutes} with "
-                f"mme:build_query_interval_seconds {self.build_query_interval_seconds}; the total "
-                "timeout must be a whole multiple of the query interval"
-            )
-        self._check_notifications()
-        self._check_rollout()
-        self._check_network()
-        return self
 
     def _check_notifications(self) -> None:
         if self.alarm_topic_arn is not None and (self.alarm_topic_enabled or self.alarm_emails):
@@ -735,39 +423,6 @@ class MmeSettings(BaseModel):
                 "either an existing topic or a created one: drop one of them"
             )
 
-    def _check_rollout(self) -> None:
-        try:
-            check_traffic_routing(
-                traffic=self.rollout_traffic,
-                size_type=self.rollout_size_type,
-                size=self.rollout_size,
-                min_instances=self.min_instance_count,
-                max_instances=self.max_instance_count,
-                prefix=CONTEXT_PREFIX,
-            )
-        except PropsError as error:
-            raise ValueError(str(error)) from None
-        timeout = self.rollout_max_execution_timeout_seconds
-        if timeout is not None:
-            steps = 1
-            if self.rollout_traffic == "LINEAR" and self.rollout_size:
-                percent = (
-                    self.rollout_size
-                    if self.rollout_size_type == "CAPACITY_PERCENT"
-                    else 100 * self.rollout_size / self.max_instance_count  # most steps
-                )
-                steps = math.ceil(100 / percent)
-            elif self.rollout_traffic == "CANARY":
-                steps = 2
-            waits = steps * self.rollout_wait_seconds + self.rollout_termination_wait_seconds
-            if timeout <= waits:
-                raise ValueError(
-                    f"mme:rollout_max_execution_timeout_seconds: got {timeout} with {steps} wait(s) of "
-                    f"mme:rollout_wait_seconds {self.rollout_wait_seconds} and "
-                    f"mme:rollout_termination_wait_seconds {self.rollout_termination_wait_seconds}; "
-                    f"expected more than the {waits} s of waiting (and time to start the new fleet)"
-                )
-
     def _check_network(self) -> None:
         if self.vpc_id is not None and self.create_vpc:
             raise ValueError(
@@ -775,41 +430,66 @@ class MmeSettings(BaseModel):
                 "existing VPC or in a created one, not both"
             )
         if self.vpc_id is not None and (self.account is None or self.region is None):
-            missing = " and ".join(
-                f"mme:{name}" for name in ("account", "region") if getattr(self, name) is None
-            )
+            missing = " and ".join(f"mme:{name}" for name in ("account", "region") if getattr(self, name) is None)
             raise ValueError(
                 f"mme:vpc_id: got {self.vpc_id!r} without {missing}; an existing VPC is looked up "
                 "(ec2.Vpc.from_lookup) in one account and region: set mme:account and mme:region"
             )
-        if "vpc_cidr" in self.model_fields_set and not self.create_vpc:
-            raise ValueError(
-                f"mme:vpc_cidr: got {self.vpc_cidr!r} without mme:create_vpc true; the range is for a "
-                "created VPC"
-            )
-        if "vpc_interface_endpoints" in self.model_fields_set and not self.create_vpc:
-            raise ValueError(
-                f"mme:vpc_interface_endpoints: got {self.vpc_interface_endpoints!r} without "
-                "mme:create_vpc true; endpoints are only added to a created VPC (an existing one "
-                "keeps its own)"
-            )
+        for key, what in (("vpc_cidr", "the range is for a created VPC"),
+                          ("vpc_interface_endpoints", "endpoints are only added to a created VPC (an "
+                                                      "existing one keeps its own)")):
+            if key in self.model_fields_set and not self.create_vpc:
+                raise ValueError(f"mme:{key}: got {getattr(self, key)!r} without mme:create_vpc true; {what}")
         if self.build_in_vpc and self.vpc_id is None and not self.create_vpc:
-            raise ValueError(
-                "mme:build_in_vpc: got true without a VPC; set mme:vpc_id or mme:create_vpc true"
-            )
+            raise ValueError("mme:build_in_vpc: got true without a VPC; set mme:vpc_id or mme:create_vpc true")
         if self.build_in_vpc and not self.manifest_path:
             raise ValueError(
-                "mme:build_in_vpc: got true with an empty mme:manifest_path; there is no build to "
-                "place in the VPC (the release is published out of band)"
+                "mme:build_in_vpc: got true with an empty mme:manifest_path; there is no build to place in "
+                "the VPC (the release is published out of band)"
             )
+
+    # -----------------------------------------------------------------------------------------
+    # The props values
+    # -----------------------------------------------------------------------------------------
+
+    def values(self, props: type[Props]) -> dict[str, Any]:
+        """The fields of ``props`` the settings give, as the props take them: each field a setting
+        maps onto (converted), and each field holding a props value that settings give whole
+        (``FleetSize``, ``AlarmThresholds``). The stack adds the resources."""
+        return self._values(props, self.build)
+
+    def build(self, props: type[P]) -> P:
+        """A props value the settings give whole (``FleetSize``, ``AlarmThresholds``)."""
+        return props(**self.values(props))
+
+    def _values(self, props: type[Props], nested: Callable[[type[Props]], Props]) -> dict[str, Any]:
+        given = {
+            field: setting.prop_value(getattr(self, key))
+            for key, setting in SETTINGS.items()
+            for target, field in setting.targets
+            if target is props
+        }
+        for field, info in props.model_fields.items():
+            held = nested_props(info.annotation)
+            if field not in given and held in PROPS:
+                given[field] = nested(held)
+        return given
+
+    def _unchecked(self, props: type[Props]) -> Props:
+        """A props value for checking the rules, before its own rules were checked."""
+        return props.model_construct(**self._values(props, self._unchecked))
+
+    @staticmethod
+    def _namer(props: type[Props]) -> Namer:
+        return lambda path: context_name(props, path)
 
     # -----------------------------------------------------------------------------------------
     # Construction from the CDK context
     # -----------------------------------------------------------------------------------------
 
     @classmethod
-    def from_context(cls, context: Mapping[str, Any]) -> MmeSettings:
-        """Read every ``mme:<field>`` key of a CDK context; other keys are ignored.
+    def from_context(cls, context: Mapping[str, Any]) -> Self:
+        """Read every ``mme:<name>`` key of a CDK context; other keys are ignored.
 
         A key that looks meant for this app but is not a known setting (``mme:instace_type``,
         ``MME:...``, ``mme.x``) is refused, never ignored: a typo would otherwise deploy the
@@ -818,63 +498,38 @@ class MmeSettings(BaseModel):
         """
         values: dict[str, Any] = {}
         known = list(cls.model_fields)
+        listing = ", ".join(CONTEXT_PREFIX + field for field in known)
         for key, value in context.items():
             key = str(key)
             if not key.startswith(CONTEXT_PREFIX):
                 if re.match(r"^mme\W", key, re.IGNORECASE) or key.lower().startswith(CONTEXT_PREFIX):
                     raise SettingsError(
-                        f"{_clip(key)}: looks like a setting of this app but does not start with "
-                        f"{CONTEXT_PREFIX!r}; known settings: "
-                        + ", ".join(CONTEXT_PREFIX + field for field in known)
+                        f"{clip(key)}: looks like a setting of this app but does not start with "
+                        f"{CONTEXT_PREFIX!r}; known settings: {listing}"
                     )
                 continue
             name = key[len(CONTEXT_PREFIX):]
             size = len(value) if isinstance(value, str) else len(json.dumps(value, default=str))
             if size > MAX_CONTEXT_VALUE_CHARS:
-                raise SettingsError(
-                    f"{_clip(key)}: got a value of {size} characters; at most {MAX_CONTEXT_VALUE_CHARS}"
-                )
+                raise SettingsError(f"{clip(key)}: got a value of {size} characters; at most {MAX_CONTEXT_VALUE_CHARS}")
             if name not in cls.model_fields:
                 close = difflib.get_close_matches(name, known, n=1)
                 hint = f"did you mean {CONTEXT_PREFIX}{close[0]}? " if close else ""
-                raise SettingsError(
-                    f"{_clip(key)}: unknown setting; {hint}known settings: "
-                    + ", ".join(CONTEXT_PREFIX + field for field in known)
-                )
+                raise SettingsError(f"{clip(key)}: unknown setting; {hint}known settings: {listing}")
             values[name] = value
         try:
             return cls.model_validate(values)
         except ValidationError as error:
-            raise SettingsError(format_settings_error(error)) from None
+            raise SettingsError(format_errors(error, CONTEXT_PREFIX)) from None
 
 
-#: Longest context value read (characters, or JSON characters for a non-string from cdk.json).
-MAX_CONTEXT_VALUE_CHARS = 8192
-
-
-def _clip(text: str, limit: int = 100) -> str:
-    """A value as echoed in a message: a huge one must not become a huge error."""
-    return text if len(text) <= limit else text[: limit - 3] + f"... ({len(text)} characters)"
-
-
-def format_settings_error(error: ValidationError) -> str:
-    """One line per problem: ``mme:<field>: got <value>; <what is allowed>``."""
-    lines: list[str] = []
-    for item in error.errors():
-        loc = item["loc"]
-        message = item["msg"]
-        if message.startswith("Value error, "):
-            message = message[len("Value error, "):]
-        if not loc:  # a combination: the message names its settings
-            lines.append(message)
-            continue
-        field = CONTEXT_PREFIX + ".".join(str(part) for part in loc)
-        if item["type"] == "extra_forbidden":
-            lines.append(f"{field}: unknown setting")
-        elif item["type"] == "value_error":
-            lines.append(f"{field}: {_clip(message, 600)}")
-        else:
-            value = item.get("input")
-            shown = json.dumps(value) if isinstance(value, (str, int, float, bool)) else repr(value)
-            lines.append(f"{field}: got {_clip(shown)}; {message[0].lower() + message[1:]}")
-    return "\n".join(lines)
+if TYPE_CHECKING:
+    MmeSettings = AppSettings
+else:
+    #: The settings model: :class:`AppSettings` and one field per row of :data:`SETTINGS`.
+    MmeSettings = create_model(
+        "MmeSettings",
+        __base__=AppSettings,
+        __module__=__name__,
+        **{key: setting.model_field() for key, setting in SETTINGS.items()},
+    )

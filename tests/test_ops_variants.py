@@ -28,15 +28,16 @@ from cdk_helpers import (
     write_manifest,
 )
 
-from constructs.alarm_topic import AlarmTopic
-from constructs.endpoint_alarms import AlarmThresholds, EndpointAlarms
-from constructs.endpoint_dashboard import EndpointDashboard
-from constructs.endpoint_network import PLACEHOLDER_ID_RULES, EndpointNetwork
+from constructs.alarm_topic import AlarmTopicProps
+from constructs.endpoint_alarms import AlarmThresholds, EndpointAlarms, EndpointAlarmsProps
+from constructs.endpoint_dashboard import EndpointDashboardProps
+from constructs.endpoint_network import PLACEHOLDER_ID_RULES, EndpointNetwork, EndpointNetworkProps
 from constructs.model_bucket import ModelBucket
-from constructs.model_build_resource import LAMBDA_VPC_ACTIONS, ModelBuildResource
+from constructs.model_build_resource import LAMBDA_VPC_ACTIONS, ModelBuildResourceProps
+from constructs.rollout_policy import RolloutPolicy, RolloutPolicyProps
 from constructs.sagemaker_limits import PropsError
 from constructs.triton_image import TritonImage
-from constructs.triton_mme_endpoint import SAGEMAKER_VPC_ACTIONS, TritonMmeEndpoint
+from constructs.triton_mme_endpoint import SAGEMAKER_VPC_ACTIONS, TritonMmeEndpoint, TritonMmeEndpointProps
 from model_build.manifest import load_manifest
 from model_build.release import PACKAGE_DIR
 
@@ -405,25 +406,31 @@ def _endpoint(stack: cdk.Stack, **overrides: Any) -> TritonMmeEndpoint:
         instance_type="ml.g5.xlarge",
     )
     props.update(overrides)
-    return TritonMmeEndpoint(stack, "Endpoint", **props)
+    return TritonMmeEndpoint(stack, "Endpoint", props=TritonMmeEndpointProps(**props))
 
 
 @pytest.mark.parametrize(
     ("kwargs", "expected"),
     [
-        ({"traffic": "BLUE"}, "rollout_traffic: got 'BLUE'; expected one of ALL_AT_ONCE, CANARY, LINEAR"),
-        ({"traffic": "CANARY"}, "rollout_size: missing with rollout_traffic CANARY"),
+        ({"traffic": "BLUE"}, "traffic: got \"BLUE\"; input should be 'ALL_AT_ONCE', 'CANARY' or 'LINEAR'"),
+        ({"traffic": "CANARY"}, "size: missing with traffic CANARY; give the canary size (with size_type"),
         ({"traffic": "ALL_AT_ONCE", "size_type": "INSTANCE_COUNT", "size": 1},
-         "rollout_size: got 1 with rollout_traffic ALL_AT_ONCE"),
+         "size: got 1 with traffic ALL_AT_ONCE; a size is for CANARY or LINEAR only"),
         ({"traffic": "CANARY", "size_type": "INSTANCE_COUNT", "size": 1},
-         "rollout_size: got 1 instances with rollout_traffic CANARY and min_instance_count 1"),
+         "size: got 1 instances with traffic CANARY and fleet.minimum 1; a canary step may be at most 50%"),
         ({"traffic": "CANARY", "size_type": "CAPACITY_PERCENT", "size": 60},
-         "rollout_size: got 60 percent with rollout_traffic CANARY; expected 1 to 50 percent"),
+         "size: got 60 percent with traffic CANARY; expected 1 to 50 percent"),
         ({"traffic": "LINEAR", "size_type": "CAPACITY_PERCENT", "size": 5},
-         "rollout_size: got 5 percent with rollout_traffic LINEAR; expected 10 to 50 percent"),
-        ({"traffic": "LINEAR", "size_type": "INSTANCE_COUNT", "size": 1, "min_instances": 2, "max_instances": 20},
-         "a linear step must be at least 10% of the variant's instances, so at least 2 here"),
-        ({"traffic": "CANARY", "size_type": "INSTANCES", "size": 1}, "rollout_size_type: got 'INSTANCES'"),
+         "size: got 5 percent with traffic LINEAR; expected 10 to 50 percent"),
+        ({"traffic": "LINEAR", "size_type": "INSTANCE_COUNT", "size": 1,
+          "fleet": {"minimum": 2, "initial": 2, "maximum": 20}},
+         "size: got 1 instances with traffic LINEAR and fleet.maximum 20; a linear step must be at least 10% of "
+         "the variant's instances, so at least 2 here"),
+        ({"traffic": "CANARY", "size_type": "INSTANCES", "size": 1}, "size_type: got \"INSTANCES\""),
+        ({"traffic": "CANARY", "size": 0}, "size: got 0; expected at least 1"),
+        ({"maximum_execution_timeout": Duration.seconds(900)},
+         "maximum_execution_timeout: got 900 with 1 wait(s) of wait_interval 600 and termination_wait 300; "
+         "expected more than the 900 s of waiting"),
         ({"wait_interval": Duration.seconds(3601)}, "wait_interval: got 3601 s; expected 0 to 3600 s"),
         ({"termination_wait": Duration.hours(2)}, "termination_wait: got 7200 s; expected 0 to 3600 s"),
         ({"maximum_execution_timeout": Duration.seconds(300)},
@@ -431,9 +438,24 @@ def _endpoint(stack: cdk.Stack, **overrides: Any) -> TritonMmeEndpoint:
     ],
 )
 def test_deployment_props(kwargs: dict[str, Any], expected: str) -> None:
+    endpoint = _endpoint(_stack())
     with pytest.raises(PropsError) as caught:
-        _endpoint(_stack()).configure_deployment(**kwargs)
+        RolloutPolicyProps(endpoint=endpoint, **kwargs)
     assert expected in str(caught.value)
+
+
+def test_rollout_policy_defaults_to_the_endpoints_fleet_and_accepts_tokens() -> None:
+    stack = _stack()
+    endpoint = _endpoint(stack)
+    props = RolloutPolicyProps(endpoint=endpoint, traffic="CANARY", size=cdk.Token.as_number({"Ref": "Canary"}),
+                               wait_interval=Duration.seconds(cdk.Token.as_number({"Ref": "Wait"})))
+    assert props.fleet == endpoint.fleet
+    RolloutPolicy(props=props)
+    config = Template.from_stack(stack).to_json()
+    (endpoint_props,) = [r["Properties"] for r in config["Resources"].values() if r["Type"] == "AWS::SageMaker::Endpoint"]
+    routing = endpoint_props["DeploymentConfig"]["BlueGreenUpdatePolicy"]["TrafficRoutingConfiguration"]
+    assert routing == {"Type": "CANARY", "WaitIntervalInSeconds": {"Ref": "Wait"},
+                       "CanarySize": {"Type": "CAPACITY_PERCENT", "Value": {"Ref": "Canary"}}}
 
 
 def test_rollback_alarms_are_1_to_10_metric_alarms() -> None:
@@ -442,11 +464,11 @@ def test_rollback_alarms_are_1_to_10_metric_alarms() -> None:
     metric = endpoint.metric_invocation_5xx_errors()
     many = [cloudwatch.Alarm(stack, f"A{i}", metric=metric, threshold=1, evaluation_periods=1) for i in range(11)]
     with pytest.raises(PropsError, match="rollback_alarms: got 11 alarms; expected 1 to 10 alarms"):
-        endpoint.configure_deployment(rollback_alarms=many)
+        RolloutPolicyProps(endpoint=endpoint, rollback_alarms=many)
     composite = cloudwatch.CompositeAlarm(stack, "Composite", alarm_rule=cloudwatch.AlarmRule.any_of(many[0]))
     with pytest.raises(PropsError, match="is a composite alarm"):
-        endpoint.configure_deployment(rollback_alarms=[many[0], composite])
-    endpoint.configure_deployment(rollback_alarms=many[:10])
+        RolloutPolicyProps(endpoint=endpoint, rollback_alarms=[many[0], composite])
+    RolloutPolicy(props=RolloutPolicyProps(endpoint=endpoint, rollback_alarms=many[:10]))
     config = Template.from_stack(stack).find_resources("AWS::SageMaker::Endpoint")
     (props,) = [r["Properties"] for r in config.values()]
     assert len(props["DeploymentConfig"]["AutoRollbackConfiguration"]["Alarms"]) == 10
@@ -455,7 +477,7 @@ def test_rollback_alarms_are_1_to_10_metric_alarms() -> None:
 def test_no_rollback_alarms_no_rollback_config_and_no_describe_grant() -> None:
     stack = _stack()
     endpoint = _endpoint(stack)
-    endpoint.configure_deployment(rollback_alarms=[])
+    RolloutPolicy(props=RolloutPolicyProps(endpoint=endpoint, rollback_alarms=[]))
     template = Template.from_stack(stack).to_json()
     (props,) = [r["Properties"] for r in template["Resources"].values() if r["Type"] == "AWS::SageMaker::Endpoint"]
     assert "AutoRollbackConfiguration" not in props["DeploymentConfig"]
@@ -474,40 +496,48 @@ def test_endpoint_network_props() -> None:
 
 
 def test_network_refuses_unknown_endpoints_and_public_only_vpcs() -> None:
-    with pytest.raises(PropsError, match=r"interface_endpoints: unknown 'ecr'; expected some of ecr\.api"):
-        EndpointNetwork(_stack(), "Net", interface_endpoints=["ecr"])
+    with pytest.raises(PropsError, match=r"interface_endpoints\.0: got \"ecr\"; input should be 'ecr\.api'"):
+        EndpointNetworkProps(interface_endpoints=["ecr"])
+    with pytest.raises(PropsError, match=r"interface_endpoints: got \['logs', 'logs'\]; logs given twice"):
+        EndpointNetworkProps(interface_endpoints=["logs", "logs"])
+    with pytest.raises(PropsError, match=r"cidr: got '10\.0\.0\.0/8'; expected a private IPv4 range from /16 to /24"):
+        EndpointNetworkProps(cidr="10.0.0.0/8")
     stack = _stack(account=ACCOUNT, region=REGION)
     stack.node.set_context(*next(iter(vpc_lookup_context(ACCOUNT, REGION, VPC_ID, isolated=False,
                                                          private=False).items())))
     public_only = ec2.Vpc.from_lookup(stack, "Public", vpc_id=VPC_ID)
     with pytest.raises(PropsError, match="has no isolated or private subnets in two Availability Zones"):
-        EndpointNetwork(stack, "Net", vpc=public_only)
+        EndpointNetwork(stack, "Net", props=EndpointNetworkProps(vpc=public_only))
 
 
 def test_network_in_a_vpc_without_isolated_subnets_uses_the_private_ones() -> None:
     stack = _stack(account=ACCOUNT, region=REGION)
     stack.node.set_context(*next(iter(vpc_lookup_context(ACCOUNT, REGION, VPC_ID, isolated=False).items())))
-    network = EndpointNetwork(stack, "Net", vpc=ec2.Vpc.from_lookup(stack, "Vpc", vpc_id=VPC_ID), build_access=True)
+    network = EndpointNetwork(stack, "Net", props=EndpointNetworkProps(
+        vpc=ec2.Vpc.from_lookup(stack, "Vpc", vpc_id=VPC_ID), build_access=True))
     assert [s.subnet_id for s in network.model_subnets] == ["subnet-02000000000000000", "subnet-02000000000000001"]
     assert network.build_has_internet is True and network.interface_endpoints == {}
 
 
 def test_alarm_topic_dashboard_and_threshold_props() -> None:
-    with pytest.raises(PropsError, match="emails: got 'ops'; expected an e-mail address"):
-        AlarmTopic(_stack(), "Topic", emails=["ops"])
+    with pytest.raises(PropsError, match=r"emails: got 'ops'; expected e-mail addresses such as ops@example\.com"):
+        AlarmTopicProps(emails=["ops"])
+    with pytest.raises(PropsError, match=r"emails: got \['a@example\.com', 'a@example\.com'\]; an address is given twice"):
+        AlarmTopicProps(emails=["a@example.com", "a@example.com"])
     stack = _stack()
     endpoint = _endpoint(stack)
-    with pytest.raises(PropsError, match="dashboard_name: got 'my dashboard'"):
-        EndpointDashboard(stack, "D", endpoint=endpoint, dashboard_name="my dashboard", max_instance_count=2)
-    with pytest.raises(PropsError, match="gpu_memory_percent: got 120; expected a percentage"):
-        EndpointAlarms(stack, "A1", endpoint=endpoint, max_instance_count=2,
-                       thresholds=AlarmThresholds(gpu_memory_percent=120))
-    with pytest.raises(PropsError, match="model_latency_p99_ms: got 0 ms"):
-        EndpointAlarms(stack, "A2", endpoint=endpoint, max_instance_count=2,
-                       thresholds=AlarmThresholds(model_latency_p99_ms=0))
-    alarms = EndpointAlarms(stack, "A3", endpoint=endpoint, max_instance_count=2)
-    with pytest.raises(PropsError, match="rollback_alarms: unknown 'latency'; expected some of"):
-        alarms.select(["latency"])
+    with pytest.raises(PropsError, match="dashboard_name: got 'my dashboard'; expected 1 to 255 letters"):
+        EndpointDashboardProps(endpoint=endpoint, dashboard_name="my dashboard")
+    with pytest.raises(PropsError, match="gpu_memory_percent: got 120; input should be less than or equal to 100"):
+        AlarmThresholds(gpu_memory_percent=120)
+    with pytest.raises(PropsError, match="model_latency_p99_ms: got 0; input should be greater than 0"):
+        AlarmThresholds(model_latency_p99_ms=0)
+    with pytest.raises(PropsError, match=r"rollback_alarms\.0: got \"latency\"; input should be 'invocation_5xx_errors'"):
+        EndpointAlarmsProps(endpoint=endpoint, rollback_alarms=["latency"])
+    with pytest.raises(PropsError, match="name_prefix: got 'my alarms'; expected letters, digits"):
+        EndpointAlarmsProps(endpoint=endpoint, name_prefix="my alarms")
+    alarms = EndpointAlarms(stack, "A3", props=EndpointAlarmsProps(endpoint=endpoint, rollback_alarms=["disk"]))
+    assert alarms.rollback_alarms == [alarms.alarms["disk"]]
 
 
 def test_build_resource_vpc_props(tmp_path: Path) -> None:
@@ -515,8 +545,8 @@ def test_build_resource_vpc_props(tmp_path: Path) -> None:
     stack = _stack()
     vpc = ec2.Vpc(stack, "Vpc", max_azs=2, nat_gateways=0)
     with pytest.raises(PropsError, match="vpc, vpc_subnets, security_groups: give all three"):
-        ModelBuildResource(
-            stack, "Build", manifest=load_manifest(manifest_path), manifest_path=manifest_path,
+        ModelBuildResourceProps(
+            manifest=load_manifest(manifest_path), manifest_path=manifest_path,
             model_bucket=ModelBucket(stack, "Bucket").bucket, model_prefix="models",
             build_context=PACKAGE_DIR, vpc=vpc,
         )

@@ -7,7 +7,7 @@ import pytest
 from aws_cdk.assertions import Template
 from cdk_helpers import ROOT  # noqa: F401  (puts the project root on sys.path)
 
-from constructs.triton_image import TritonImage, image_table_path, load_image_table
+from constructs.triton_image import TritonImage, TritonImageProps, image_table_path, load_image_table
 
 #: Regions of several partitions and registries (commercial, opt-in, China where listed).
 SAMPLE_REGIONS = ("us-east-1", "eu-west-1", "ap-southeast-2", "af-south-1", "il-central-1",
@@ -36,7 +36,7 @@ def test_mapping_matches_sdk_image_uris(image_uris, version: str) -> None:  # ty
     chosen = table.newest if version == "newest" else version
     row = table.row(chosen)
     stack = cdk.Stack(cdk.App(), "Image")
-    image = TritonImage(stack, "Triton", version=None if version == "newest" else version)
+    image = TritonImage(stack, "Triton", props=TritonImageProps(version=None if version == "newest" else version))
     mapping = Template.from_stack(stack).to_json()["Mappings"]
     (rendered,) = mapping.values()
     assert sorted(rendered) == sorted(row.registries) == list(image.regions)

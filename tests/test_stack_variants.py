@@ -15,12 +15,17 @@ from aws_cdk import aws_kms as kms
 from aws_cdk.assertions import Match
 from cdk_helpers import ROOT, VENV_BIN, Synth, as_list, mask, policy_of_role, synth, untagged, write_manifest
 
-from constructs.endpoint_autoscaling import EndpointAutoscaling
-from constructs.model_bucket import ModelBucket
-from constructs.model_build_resource import ModelBuildResource, refuse_local_sources, s3_source_keys
+from constructs.endpoint_autoscaling import EndpointAutoscalingProps
+from constructs.model_bucket import ModelBucket, ModelBucketProps
+from constructs.model_build_resource import (
+    ModelBuildResource,
+    ModelBuildResourceProps,
+    refuse_local_sources,
+    s3_source_keys,
+)
 from constructs.sagemaker_limits import PropsError
-from constructs.triton_image import TritonImage
-from constructs.triton_mme_endpoint import TritonMmeEndpoint
+from constructs.triton_image import TritonImage, TritonImageProps
+from constructs.triton_mme_endpoint import FleetSize, TritonMmeEndpoint, TritonMmeEndpointProps
 from model_build.errors import ManifestError
 from model_build.manifest import parse_manifest
 from model_build.release import PACKAGE_DIR
@@ -228,23 +233,27 @@ def _endpoint(stack: cdk.Stack, **overrides: object) -> TritonMmeEndpoint:
         instance_type="ml.g5.xlarge",
     )
     props.update(overrides)
-    return TritonMmeEndpoint(stack, "Endpoint", **props)  # type: ignore[arg-type]
+    return TritonMmeEndpoint(stack, "Endpoint", props=TritonMmeEndpointProps(**props))
 
 
 @pytest.mark.parametrize(
     ("overrides", "expected"),
     [
         ({"instance_type": "ml.c5.xlarge"}, "instance_type: got 'ml.c5.xlarge'; a GPU multi-model endpoint runs on one of"),
-        ({"volume_size_gb": 50}, "volume_size_gb: got 50 with instance type ml.g5.xlarge"),
-        ({"volume_size_gb": 0, "instance_type": "ml.p3.2xlarge"}, "volume_size_gb: got 0 GB; expected 1 to 512 GB"),
+        ({"volume_size_gb": 50}, "volume_size_gb: got 50 with instance_type ml.g5.xlarge"),
+        ({"volume_size_gb": 0, "instance_type": "ml.p3.2xlarge"}, "volume_size_gb: got 0; input should be greater than or equal to 1"),
         ({"model_data_url": "s3://bucket/models/file.tar.gz"}, "model_data_url: got 's3://bucket/models/file.tar.gz'; a multi-model endpoint needs an S3 prefix"),
         ({"endpoint_name": "-bad"}, "endpoint_name: got '-bad'"),
-        ({"model_cache_setting": "enabled"}, "model_cache_setting: got 'enabled'; expected one of Enabled, Disabled"),
+        ({"model_cache_setting": "enabled"}, "model_cache_setting: got \"enabled\"; input should be 'Enabled' or 'Disabled'"),
         ({"model_data_download_timeout": Duration.seconds(30)}, "model_data_download_timeout: got 30 s; expected 60 to 3600 s"),
         ({"container_startup_health_check_timeout": Duration.hours(2)}, "container_startup_health_check_timeout: got 7200 s"),
         ({"environment": {"SAGEMAKER_TRITON_BATCH_SIZE": "8"}}, "environment: unknown key 'SAGEMAKER_TRITON_BATCH_SIZE'"),
         ({"environment": {"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "a"}}, "is for single-model endpoints"),
-        ({"initial_instance_count": 0}, "initial_instance_count: got 0; expected 1 to 1000"),
+        ({"fleet": {"initial": 0}}, "fleet.initial: got 0; input should be greater than or equal to 1"),
+        ({"fleet": {"initial": 1001, "maximum": 2000}}, "fleet.initial: got 1001; input should be less than or equal to 1000"),
+        ({"fleet": {"minimum": 2}}, "minimum, initial, maximum: got 2, 1, 4; expected min <= initial <= max"),
+        ({"image": "25.09"}, "image: got \"25.09\"; input should be an instance of TritonImage"),
+        ({"execution_role": "arn:aws:iam::123456789012:role/x"}, "execution_role: got str; expected IRole"),
     ],
 )
 def test_endpoint_props(overrides: dict[str, object], expected: str) -> None:
@@ -256,7 +265,7 @@ def test_endpoint_props(overrides: dict[str, object], expected: str) -> None:
 def test_endpoint_refuses_a_volume_key_on_instance_store() -> None:
     stack = _scope()
     key = kms.Key(stack, "Key")
-    with pytest.raises(PropsError, match=r"volume_kms_key: given with instance type ml\.g4dn\.xlarge"):
+    with pytest.raises(PropsError, match=r"volume_kms_key: given with instance_type ml\.g4dn\.xlarge"):
         _endpoint(stack, instance_type="ml.g4dn.xlarge", volume_kms_key=key)
 
 
@@ -303,17 +312,19 @@ def test_endpoint_grant_and_metrics() -> None:
 def test_autoscaling_props() -> None:
     stack = _scope()
     endpoint = _endpoint(stack)
-    with pytest.raises(PropsError, match="min_capacity: got 5 with max_capacity 2"):
-        EndpointAutoscaling(stack, "A1", endpoint=endpoint, min_capacity=5, max_capacity=2)
-    with pytest.raises(PropsError, match="gpu_utilization_target: got 0"):
-        EndpointAutoscaling(stack, "A2", endpoint=endpoint, gpu_utilization_target=0)
-    with pytest.raises(PropsError, match="invocations_per_instance_target: got -3"):
-        EndpointAutoscaling(stack, "A3", endpoint=endpoint, invocations_per_instance_target=-3)
+    with pytest.raises(PropsError, match="minimum, initial, maximum: got 5, 1, 2; expected min <= initial <= max"):
+        FleetSize(minimum=5, maximum=2)
+    with pytest.raises(PropsError, match="gpu_utilization_target: got 0; input should be greater than 0"):
+        EndpointAutoscalingProps(endpoint=endpoint, gpu_utilization_target=0)
+    with pytest.raises(PropsError, match="invocations_per_instance_target: got -3; input should be greater than 0"):
+        EndpointAutoscalingProps(endpoint=endpoint, invocations_per_instance_target=-3)
+    with pytest.raises(PropsError, match="gpu_scale_in_cooldown: got 86401 s; expected 0 to 86400 s"):
+        EndpointAutoscalingProps(endpoint=endpoint, gpu_scale_in_cooldown=Duration.seconds(86401))
 
 
 def test_image_props() -> None:
     with pytest.raises(PropsError, match=r"version: got '19\.01'; the sagemaker SDK's sagemaker-tritonserver table has"):
-        TritonImage(_scope(), "Image", version="19.01")
+        TritonImageProps(version="19.01")
     stack = cdk.Stack(cdk.App(), "Gov", env=cdk.Environment(region="us-gov-west-1"))
     with pytest.raises(PropsError, match="region: got 'us-gov-west-1'"):
         TritonImage(stack, "Image")
@@ -328,8 +339,8 @@ def test_model_bucket_grants_are_prefix_scoped() -> None:
         assert isinstance(grant, iam.Grant) and grant.success
     with pytest.raises(PropsError, match="prefix: got '/abs/'"):
         bucket.grant_read(role, "/abs/")
-    with pytest.raises(PropsError, match="noncurrent_version_expiration: got 0 days"):
-        ModelBucket(stack, "Bad", noncurrent_version_expiration=Duration.days(0))
+    with pytest.raises(PropsError, match="noncurrent_version_expiration: got 0 days; expected 1 to 36500 days"):
+        ModelBucketProps(noncurrent_version_expiration=Duration.days(0))
     assert bucket.bucket_name and bucket.key
 
 
@@ -389,10 +400,10 @@ def test_s3_source_policy(tmp_path: Path) -> None:
     from model_build.manifest import load_manifest
 
     stack = _scope()
-    build = ModelBuildResource(
-        stack, "Build", manifest=load_manifest(manifest_path), manifest_path=manifest_path,
+    build = ModelBuildResource(stack, "Build", props=ModelBuildResourceProps(
+        manifest=load_manifest(manifest_path), manifest_path=manifest_path,
         model_bucket=ModelBucket(stack, "Bucket").bucket, model_prefix="models", build_context=PACKAGE_DIR,
-    )
+    ))
     document = stack.resolve(build.role.node.find_child("DefaultPolicy").document.to_json())
     text = json.dumps(document)
     assert ':s3:::src-bucket/models/a/*"' in text and ':s3:::other/b.onnx"' in text
@@ -413,19 +424,19 @@ def test_build_resource_props(tmp_path: Path) -> None:
             build_context=PACKAGE_DIR,
         )
         props.update(overrides)
-        ModelBuildResource(stack, "Build", **props)  # type: ignore[arg-type]
+        ModelBuildResource(stack, "Build", props=ModelBuildResourceProps(**props))
 
     with pytest.raises(PropsError, match=r"build_context: got .*; it has no Dockerfile"):
         build(build_context=tmp_path)
     with pytest.raises(PropsError, match="total_timeout: got 7200 s; expected 1 to 3600 s"):
         build(total_timeout=Duration.hours(2))
-    with pytest.raises(PropsError, match="total_timeout: got 600 s with query_interval 45 s"):
+    with pytest.raises(PropsError, match="total_timeout: got 10 minutes with query_interval 45 seconds; the total"):
         build(total_timeout=Duration.minutes(10), query_interval=Duration.seconds(45))
     with pytest.raises(PropsError, match="timeout: got 960 s; expected 1 to 900 s"):
         build(timeout=Duration.minutes(16))
-    with pytest.raises(PropsError, match="memory_size: got 64 MiB"):
+    with pytest.raises(PropsError, match="memory_size: got 64; input should be greater than or equal to 128"):
         build(memory_size=64)
-    with pytest.raises(PropsError, match="on_delete: got 'keep'"):
+    with pytest.raises(PropsError, match="on_delete: got \"keep\"; input should be 'retain' or 'destroy'"):
         build(on_delete="keep")
     with pytest.raises(PropsError, match="model_prefix: got 'models/'"):
         build(model_prefix="models/")

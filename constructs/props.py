@@ -1,0 +1,207 @@
+"""The base of every construct's props: one typed, frozen object that validates itself once.
+
+Each construct takes one props object (keyword-only ``props=``), a :class:`Props` subclass defined
+in the construct's own module. A props class owns, for each field, its type, its bounds, its
+default (documented as a behaviour) and its description; nothing else restates them: the app's
+settings (``stacks/settings.py``) derive their context keys' types, bounds, defaults and
+descriptions from these fields.
+
+Validation happens once, when the props object is built, and is token-aware: a value that is an
+unresolved token (``Token.is_unresolved``: known only at deploy time) skips the value checks. A
+refused value raises :class:`~constructs.sagemaker_limits.PropsError` with one lowercase line per
+problem naming the field, the value given and what is allowed.
+
+- Field checks are pydantic constraints (``Field(ge=...)``, ``Literal``) or validators in the
+  field's ``Annotated`` metadata (so that a settings model built from the field runs them too);
+  bounds of a ``Duration`` or ``Size`` are :class:`Between` metadata.
+- Rules between value fields are :meth:`Props.check`, which names each field through the ``name``
+  function it is given: the field itself here, the context key (``mme:...``) in the settings.
+  ``check`` reads value fields only (never a resource), so that the settings can run it before
+  any construct exists, on ``Props.model_construct(**values)``.
+- Rules that involve resources (subnets, keys, alarms...) are ordinary ``model_validator``\\ s.
+
+This module lives in the ``constructs`` namespace package; its name must never collide with a
+module of the ``constructs`` library.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, Self, TypeVar
+
+from aws_cdk import Duration, Size, SizeRoundingBehavior, Token
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    GetCoreSchemaHandler,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import CoreSchema, core_schema
+
+from constructs.sagemaker_limits import PropsError
+
+#: Turns a field's name (``size``, or ``fleet.minimum`` for a field of a nested props value) into
+#: the name a message shows.
+Namer = Callable[[str], str]
+
+
+def same_name(field: str) -> str:
+    """The :data:`Namer` of a props object: a field is shown by its own name."""
+    return field
+
+
+def is_unresolved(value: object) -> bool:
+    """Whether ``value`` is a token (a string or number CloudFormation resolves at deploy time)."""
+    return isinstance(value, (str, int, float)) and not isinstance(value, bool) and Token.is_unresolved(value)
+
+
+def known(*values: object) -> bool:
+    """Whether every value is given and resolved, so that a rule between them can be checked."""
+    return all(value is not None and not is_unresolved(value) for value in values)
+
+
+def clip(text: str, limit: int = 100) -> str:
+    """A value as echoed in a message: a huge one must not become a huge error."""
+    return text if len(text) <= limit else text[: limit - 3] + f"... ({len(text)} characters)"
+
+
+def format_errors(error: ValidationError, prefix: str = "") -> str:
+    """One line per problem: ``<prefix><field>: got <value>; <what is allowed>``.
+
+    A rule between fields (an error without a location) already names its fields.
+    """
+    lines: list[str] = []
+    for item in error.errors():
+        message = item["msg"].removeprefix("Value error, ")
+        if not item["loc"]:
+            lines.append(message)
+            continue
+        field = prefix + ".".join(str(part) for part in item["loc"])
+        if item["type"] == "extra_forbidden":
+            lines.append(f"{field}: unknown field")
+        elif item["type"] == "missing":
+            lines.append(f"{field}: missing")
+        elif item["type"] == "value_error":
+            lines.append(f"{field}: {clip(message, 600)}")
+        else:
+            value = item.get("input")
+            shown = json.dumps(value) if isinstance(value, (str, int, float, bool)) else repr(value)
+            lines.append(f"{field}: got {clip(shown)}; {message[0].lower() + message[1:]}")
+    return "\n".join(lines)
+
+
+class Props(BaseModel):
+    """Frozen, no unknown field, resources as objects (``IBucket``, ``IRole``...); see the module
+    documentation. Build it with keyword arguments; a refused value raises ``PropsError``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True, allow_inf_nan=False)
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as error:
+            raise PropsError(format_errors(error)) from None
+
+    # Only reports errors differently: a props value given as a dict inside other props is still
+    # validated by pydantic itself, so that its errors keep their location (``fleet.initial``).
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
+
+    @field_validator("*", mode="wrap")
+    @classmethod
+    def _tokens_pass(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        return value if is_unresolved(value) else handler(value)
+
+    @model_validator(mode="after")
+    def _rules(self) -> Self:
+        self.check(same_name)
+        return self
+
+    def check(self, name: Namer) -> None:
+        """Rules between value fields (none here): raise ``PropsError`` naming the fields with
+        ``name``. Reads value fields only; a value that is a token is not checked."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Bounds of Duration and Size fields
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A unit of ``Duration`` or ``Size``: how to make one from a number, and read one as a number."""
+
+    symbol: str
+    make: Callable[[float], Any]
+    read: Callable[[Any], float]
+
+    def convert(self, amount: float, into: Unit) -> float:
+        """``amount`` of this unit, in ``into``."""
+        return into.read(self.make(amount))
+
+
+SECONDS = Unit("s", Duration.seconds, lambda value: value.to_seconds(integral=False))
+MINUTES = Unit("minutes", Duration.minutes, lambda value: value.to_minutes(integral=False))
+DAYS = Unit("days", Duration.days, lambda value: value.to_days(integral=False))
+MEBIBYTES = Unit("MiB", Size.mebibytes, lambda value: value.to_mebibytes(rounding=SizeRoundingBehavior.NONE))
+
+
+@dataclass(frozen=True)
+class Between:
+    """``Annotated`` metadata of a ``Duration`` or ``Size`` field: ``low`` to ``high`` ``unit``
+    inclusive. ``None`` and an unresolved amount pass."""
+
+    low: float
+    high: float
+    unit: Unit
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return core_schema.no_info_after_validator_function(self.check, handler(source))
+
+    def check(self, value: Any) -> Any:
+        if value is None:
+            return value
+        amount = self.unit.read(value)
+        if not is_unresolved(amount) and not self.low <= amount <= self.high:
+            symbol = self.unit.symbol
+            raise ValueError(f"got {amount:g} {symbol}; expected {self.low:g} to {self.high:g} {symbol}")
+        return value
+
+
+def unique(value: list[Any]) -> list[Any]:
+    """A list field without repeats (``AfterValidator``)."""
+    repeated = sorted({str(item) for item in value if value.count(item) > 1})
+    if repeated:
+        raise ValueError(f"got {value!r}; {', '.join(repeated)} given twice")
+    return value
+
+
+@dataclass(frozen=True)
+class _Implements:
+    """``Annotated`` metadata of a field typed with a jsii interface (``IBucket``, ``IRole``...):
+    jsii interfaces are protocols ``isinstance`` cannot check, so the value's class must have
+    every member of the interface."""
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        members = [name for name in dir(source) if not name.startswith("_")]
+
+        def check(value: Any) -> Any:
+            # An object jsii hands back may be a dynamic proxy of several interface classes.
+            classes = [type(item) for item in getattr(value, "__dict__", {}).get("_delegates") or [value]]
+            missing = [name for name in members if not any(hasattr(cls, name) for cls in classes)]
+            if missing:
+                raise ValueError(
+                    f"got {type(value).__name__}; expected {source.__name__} (no {', '.join(missing[:3])})"
+                )
+            return value
+
+        return core_schema.no_info_plain_validator_function(check)
+
+
+_T = TypeVar("_T")
+#: A field typed with a jsii interface: ``Resource[iam.IRole]``.
+Resource = Annotated[_T, _Implements()]
