@@ -27,6 +27,7 @@ from constructs.triton_image import TritonImage, TritonImageProps
 from constructs.triton_mme_endpoint import TritonMmeEndpoint, TritonMmeEndpointProps
 from model_build.manifest import Manifest
 from model_build.release import PACKAGE_DIR
+from model_build.text_ensemble.container import namespacing_problem
 from model_build.text_ensemble.shm import shm_problem
 from stacks.settings import MmeSettings
 
@@ -129,10 +130,12 @@ class TritonMmeStack(Stack):
         settings = self._settings
         if manifest_path is None:
             raise PropsError("manifest_path: missing; the manifest file is uploaded as an asset")
-        # Raw-text targets: the tokenizer's largest request must fit the python backend's pool.
-        shm = shm_problem(manifest, settings.shm_default_byte_size)
-        if shm is not None:
-            raise PropsError(shm)
+        # Raw-text targets: the tokenizer's largest request must fit the python backend's pool,
+        # and the ensembles' shared member names need Triton's model namespacing.
+        for problem in (shm_problem(manifest, settings.shm_default_byte_size),
+                        namespacing_problem(manifest, settings.triton_environment)):
+            if problem is not None:
+                raise PropsError(problem)
         network = self.network if settings.build_in_vpc else None
         online = internet_sources(manifest)
         if network is not None and not network.build_has_internet and online:

@@ -612,6 +612,20 @@ def test_synth_refuses_shm_setting_too_small_for_an_ensemble(tmp_path):
     assert "at least 1441920" in message
 
 
+def test_synth_refuses_disabled_namespacing_for_an_ensemble(tmp_path):
+    from cdk_helpers import synth
+
+    from constructs.sagemaker_limits import PropsError
+
+    manifest = _text_manifest(tmp_path / "models.yaml", batch=8, length=128)
+    environment = '{"SAGEMAKER_TRITON_DISABLE_MODEL_NAMESPACING": "false"}'
+    with pytest.raises(PropsError) as caught:
+        synth(tmp_path / "out", nag=False, manifest_path=manifest, triton_environment=environment)
+    message = str(caught.value)
+    assert "mme:triton_environment" in message and "--model-namespacing=false" in message
+    assert "'minilm-text'" in message
+
+
 # --------------------------------------------------------------------------------------------
 # Built, published and served: boto3 sends strings to the local endpoint (copies: 2)
 # --------------------------------------------------------------------------------------------
