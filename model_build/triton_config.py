@@ -12,9 +12,9 @@ a build error that names the field, the value and what is allowed.
 
 A few checks are stricter than Triton on purpose, each noted where it is made: Triton ignores
 unknown ``parameters`` keys and graph levels other than -1/1/2 (a typo then silently changes
-nothing), it accepts ``dynamic_batching`` on a model that cannot batch, and it loads a config that
-lists one tensor twice under the same name (checked on tritonserver 2.51 with the local
-onnxruntime stand-in: tests/test_config_rules_on_triton.py).
+nothing), and it accepts ``dynamic_batching`` on a model that cannot batch. A config that lists
+one tensor twice under the same name is refused by Triton's onnxruntime backend too (its input
+count differs from the graph's: tests/test_config_rules_on_triton.py); here the message says why.
 """
 
 from __future__ import annotations
