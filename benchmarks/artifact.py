@@ -5,7 +5,7 @@ same entry with ``fp16: true``). Each is unpacked once to get the exact ``model.
 ``config.pbtxt`` it holds, then packed again with :func:`model_build.package.package_model` at
 gzip levels 1, 6 and 9 (the levels' runs interleaved), and each of those tarballs is unpacked
 with :func:`model_build.tarball.safe_extract` (what the build's verify step does). "Load" adds the
-ONNX Runtime session creation from the config (:func:`model_build.verify.open_model`).
+ONNX Runtime session creation from the config (:func:`model_build.gate.open_model`).
 
 The result chooses the default level: the fastest to pack among the levels whose tarball is
 within 1% of the smallest, since a release is packed once per build but its size costs on every
@@ -49,8 +49,8 @@ def _current_default() -> int:
 
 def _contents(tarball: Path, dest: Path) -> tuple[Path, str, str]:
     """The model file, config text and model directory name inside a built tarball."""
+    from model_build.gate import locate_model
     from model_build.tarball import safe_extract
-    from model_build.verify import locate_model
 
     safe_extract(tarball, dest)
     model_dir, name = locate_model(dest)
@@ -59,10 +59,10 @@ def _contents(tarball: Path, dest: Path) -> tuple[Path, str, str]:
 
 
 def _measure_variant(tarball: Path, repeats: int, scratch: Path, threads: int) -> dict[str, Any]:
+    from model_build.gate import open_model
     from model_build.package import package_model
     from model_build.tarball import safe_extract
     from model_build.triton_config import check_config
-    from model_build.verify import open_model
 
     model_file, config_text, name = _contents(tarball, scratch / "source")
     samples: dict[int, dict[str, list[float]]] = {lvl: {"pack_s": [], "unpack_s": []} for lvl in LEVELS}
@@ -150,7 +150,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
         "size_tolerance": SIZE_TOLERANCE,
         "pack": "model_build.package.package_model (reproducible tar, gzip)",
         "unpack": "model_build.tarball.safe_extract (Python tarfile + gzip)",
-        "load": "model_build.verify.open_model, ONNX Runtime CPU provider",
+        "load": "model_build.gate.open_model, ONNX Runtime CPU provider",
     })
     variants: dict[str, Any] = {}
     for key, spec in specs.items():

@@ -2,7 +2,7 @@
 
 The ONNX side is the tarball ``model_build`` produces for ``minilm-l6-embedding`` (models.yaml),
 unpacked and opened exactly as the project's container-like check opens it
-(:func:`model_build.verify.open_model`: the session options its generated ``config.pbtxt`` asks
+(:func:`model_build.gate.open_model`: the session options its generated ``config.pbtxt`` asks
 for). The PyTorch side is the same weights as an eager module (:func:`model_build.sources.load_module`,
 the module the export traced). Fairness:
 
@@ -64,9 +64,9 @@ Call = Callable[[], Any]
 
 def _unpack(tarball: Path, dest: Path) -> tuple[Path, Any]:
     """Unpack as the container does; returns the model file and the parsed config."""
+    from model_build.gate import locate_model
     from model_build.tarball import safe_extract
     from model_build.triton_config import check_config, default_filename
-    from model_build.verify import locate_model
 
     safe_extract(tarball, dest)
     model_dir, name = locate_model(dest)
@@ -89,7 +89,7 @@ def _with_threads(config: Any, threads: int, *, cpu: bool) -> Any:
 
 
 def _open_tuned(model_path: Path, config: Any, name: str) -> Any:
-    from model_build.verify import open_model
+    from model_build.gate import open_model
 
     return open_model(model_path, config, model=name)
 
@@ -325,7 +325,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
         "cold_start_repeats": cold_repeats,
         "latency_budget_s_per_run": latency_budget,
         "throughput_budget_s_per_run": throughput_budget,
-        "onnx": "the built tarball, opened by model_build.verify.open_model from its config.pbtxt "
+        "onnx": "the built tarball, opened by model_build.gate.open_model from its config.pbtxt "
                 "(intra_op_thread_count set to the thread count; instance_group KIND_CPU for the CPU runs)",
         "pytorch": "model_build.sources.load_module (the eager module the export traced), torch.inference_mode",
     })

@@ -2,7 +2,7 @@
 
 Variants, each built by the project's own build (``build_model``: export, optimize, gates,
 package) from the ``minilm-l6-embedding`` entry of models.yaml, unpacked and opened as the
-Triton container would (:func:`model_build.verify.open_model`, the session options of its own
+Triton container would (:func:`model_build.gate.open_model`, the session options of its own
 ``config.pbtxt``, KIND_CPU and ``n`` intra-op threads for the CPU runs):
 
 - ``exported``: ``optimize: false``, FP32: the graph as exported before this work;
@@ -177,9 +177,9 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
 def run(ctx: RunContext) -> dict[str, Any]:
     import torch
 
+    from model_build.gate import open_model
     from model_build.sources import load_module, resolve_source
     from model_build.validate import onnx_providers
-    from model_build.verify import open_model
 
     started = time.perf_counter()
     threads = ctx.threads or usable_cores()
@@ -359,7 +359,7 @@ def _gpu(ctx: RunContext, entries: dict[str, dict[str, Any]], module: Any, vocab
          budget: float) -> dict[str, Any]:
     """Fused FP32 and fused FP16 (CUDA provider, the configs as built: KIND_GPU) against PyTorch
     FP32 eager on CUDA, batch 1 and 8."""
-    from model_build.verify import open_model
+    from model_build.gate import open_model
 
     fp16_entry = copy.deepcopy(entries["fused"])
     fp16_entry.update(name=fp16_entry["name"].replace("-fused", "-fp16"), precision="fp16")

@@ -184,7 +184,7 @@ def build_model(
             compresslevel=compresslevel,
         )
     # The pre-publish gate, on every tarball the build writes: layout, version folder, configs,
-    # each config against its graph, ensemble rules (model_build.verify.check_repository).
+    # each config against its graph, ensemble rules (model_build.gate.check_repository).
     if step:
         step("pre-publish gate")
     gate_tarball(tarball, model=spec.name)

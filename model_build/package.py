@@ -199,13 +199,13 @@ def package_model(
 
 
 def gate_tarball(out_path: Path, *, model: str) -> None:
-    """Run the pre-publish gate (:func:`model_build.verify.check_repository`) on a written tarball.
+    """Run the pre-publish gate (:func:`model_build.gate.check_repository`) on a written tarball.
 
     The build calls it on every tarball it writes (``model_build.build.build_model``), before
     anything is stored or published. A tarball the gate refuses is removed, so nothing Triton would
     refuse is left to publish.
     """
-    from model_build.verify import check_repository  # lazy: verify imports tritonclient
+    from model_build.gate import check_repository  # lazy: the gate imports onnx
 
     try:
         check_repository(out_path, model=model)

@@ -76,7 +76,7 @@ def _append(path: Path, text: str = "\n# edited\n") -> None:
 def test_the_runtime_is_what_the_build_and_the_handler_import() -> None:
     names = {path.relative_to(PACKAGE_DIR).as_posix() for path in runtime_files()}
     assert {"build.py", "export.py", "validate.py", "package.py", "handler.py", "publish.py",
-            "release.py", "Dockerfile", "requirements-lambda.txt"} <= names
+            "release.py", "gate.py", "Dockerfile", "requirements-lambda.txt"} <= names
     tools = {"__main__.py", "smoke.py", "verify.py"}
     assert not names & tools, names & tools
     assert not any(name.startswith("tools/") for name in names)

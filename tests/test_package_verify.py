@@ -23,12 +23,13 @@ import pytest
 import torch
 
 from model_build.errors import PackageError, VerifyError
+from model_build.gate import open_model
 from model_build.manifest import ModelSpec, Tolerance
 from model_build.package import package_model
 from model_build.tarball import inspect_tarball, tarball_members
 from model_build.triton_config import check_config, render_config
 from model_build.types import ExportedModel, TensorSpec
-from model_build.verify import build_request, open_model
+from model_build.verify import build_request
 
 TOLERANCE = Tolerance(atol=1e-4, rtol=1e-3)
 
@@ -380,7 +381,7 @@ def test_gate_reads_the_graph_without_an_onnx_runtime_session(onnx_model: Built,
 
     out = tmp_path / "model.tar.gz"
     _package(onnx_model, out)
-    code = ("import sys; from pathlib import Path; from model_build.verify import check_repository; "
+    code = ("import sys; from pathlib import Path; from model_build.gate import check_repository; "
             f"print(check_repository(Path({str(out)!r}), model='tiny-onnx'), 'onnxruntime' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                             cwd=Path(__file__).resolve().parents[1])
