@@ -106,10 +106,11 @@ def _largest_fitting_batch(onnx: dict[str, Any], image: int, rng: np.random.Gene
 def run(ctx: RunContext) -> dict[str, Any]:
     from botocore.exceptions import ClientError
 
-    from model_build.local_s3 import local_s3, make_s3_client
+    from model_build.aws_clients import make_s3_client
     from model_build.publish import publish_release
     from model_build.smoke import make_runtime_client
     from model_build.tools.endpoint import MAX_BODY_BYTES, local_endpoint
+    from model_build.tools.local_s3 import local_s3
 
     started = time.perf_counter()
     budget = 1.0 if ctx.tiny else 8.0

@@ -104,7 +104,7 @@ def _as_key(artifact: Any, name: str, targets: tuple[str, ...]) -> Any:
 
 
 def run(ctx: RunContext) -> dict[str, Any]:
-    from model_build.local_s3 import make_s3_client
+    from model_build.aws_clients import make_s3_client
     from model_build.manifest import parse_manifest
     from model_build.publish import (
         delete_release,

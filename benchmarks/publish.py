@@ -207,7 +207,7 @@ def _one_latency(
 
 
 def run(ctx: RunContext) -> dict[str, Any]:
-    from model_build.local_s3 import make_s3_client
+    from model_build.aws_clients import make_s3_client
 
     started = time.perf_counter()
     copies = 5 if ctx.tiny else 200

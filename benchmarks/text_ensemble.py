@@ -69,10 +69,11 @@ def run(ctx: RunContext) -> dict[str, Any]:
     from botocore.config import Config
     from transformers import AutoTokenizer
 
-    from model_build.local_s3 import local_s3, make_s3_client
+    from model_build.aws_clients import make_s3_client
     from model_build.publish import publish_release
     from model_build.sources import resolve_source
     from model_build.tools.endpoint import local_endpoint
+    from model_build.tools.local_s3 import local_s3
 
     started = time.perf_counter()
     budget = 1.0 if ctx.tiny else 8.0

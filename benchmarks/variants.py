@@ -323,10 +323,11 @@ def _through_triton(ctx: RunContext, built: dict[str, Any], specs: dict[str, Any
                     budget: float) -> dict[str, Any]:
     """Each variant's tarball published to a local S3 and served by the local endpoint (the real
     tritonserver, python-based ONNX Runtime 1.19 backend on CPU): batch latency through boto3."""
-    from model_build.local_s3 import local_s3, make_s3_client
+    from model_build.aws_clients import make_s3_client
     from model_build.publish import publish_release
     from model_build.smoke import make_runtime_client
     from model_build.tools.endpoint import local_endpoint
+    from model_build.tools.local_s3 import local_s3
     from model_build.triton_config import parse_config
     from model_build.verify import SAGEMAKER_BINARY_CONTENT_TYPE, build_request
 

@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -101,18 +101,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def _build(args: argparse.Namespace, s3_client: Any = None) -> tuple[Any, Path, Release]:
     from functools import partial
 
-    from model_build.build import build_release
-    from model_build.local_s3 import make_s3_client
+    from model_build.aws_clients import make_s3_client
+    from model_build.build import build_release, read_unit
+    from model_build.release import BUILDS_DIR
 
     manifest, release, base_dir = _load(args)
     jobs = getattr(args, "jobs", 1)
+    keys = dict(release.model_keys)
+    store_dir = Path(args.out) / BUILDS_DIR
     with _progress() as progress:
-        task = progress.add_task("build", total=len(manifest.models) * 3)
-
-        def on_model(spec: Any, step: str) -> None:
-            progress.update(task, description=f"{spec.name}: {step}")
-            progress.advance(task)
-
+        on_model = _build_task(progress, [spec for spec in manifest.models
+                                          if read_unit(store_dir, keys[spec.name]) is None], jobs)
         record, release_dir = build_release(
             manifest,
             release,
@@ -127,6 +126,21 @@ def _build(args: argparse.Namespace, s3_client: Any = None) -> tuple[Any, Path, 
                                region=getattr(args, "region", None)),
         )
     return record, release_dir, release
+
+
+def _build_task(progress: Any, specs: list[Any], jobs: int) -> Callable[[Any, str], None]:
+    """A progress task for building ``specs``, and the ``on_model`` callback that advances it:
+    one tick per pipeline step in this process, one per unit from worker processes."""
+    from model_build.pipeline import steps_for
+
+    in_process = jobs == 1 or len(specs) <= 1
+    task = progress.add_task("build", total=sum(len(steps_for(s)) for s in specs) if in_process else len(specs))
+
+    def on_model(spec: Any, step: str) -> None:
+        progress.update(task, description=f"{spec.name}: {step}")
+        progress.advance(task)
+
+    return on_model
 
 
 def _build_table(record: Any) -> Table:
@@ -177,7 +191,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def _s3(args: argparse.Namespace) -> Any:
-    from model_build.local_s3 import make_s3_client
+    from model_build.aws_clients import make_s3_client
 
     return make_s3_client(endpoint_url=args.endpoint_url, region=args.region)
 
@@ -201,8 +215,8 @@ def _build_missing_and_publish(args: argparse.Namespace, s3_client: Any, manifes
     models' keys the bucket already held."""
     from functools import partial
 
-    from model_build.build import _build_missing_in_processes, build_unit, read_unit
-    from model_build.local_s3 import make_s3_client
+    from model_build.aws_clients import make_s3_client
+    from model_build.build import build_missing, read_unit
     from model_build.publish import StoredModel, publish_from_store, stored_keys
     from model_build.release import BUILDS_DIR
 
@@ -210,26 +224,14 @@ def _build_missing_and_publish(args: argparse.Namespace, s3_client: Any, manifes
     store_dir = Path(args.out) / BUILDS_DIR
     present = stored_keys(s3_client, args.bucket, args.prefix)
     missing = [spec for spec in manifest.models if keys[spec.name] not in present]
-    to_build = list({keys[spec.name]: spec for spec in reversed(missing)
-                     if read_unit(store_dir, keys[spec.name]) is None}.items())[::-1]
+    to_build = [spec for spec in missing if read_unit(store_dir, keys[spec.name]) is None]
     with _progress() as progress:
-        task = progress.add_task("build", total=len(to_build) * 3)
-
-        def on_model(spec: Any, name: str) -> None:
-            progress.update(task, description=f"{spec.name}: {name}")
-            progress.advance(task)
-
-        if args.jobs > 1 and len(to_build) > 1:
-            _build_missing_in_processes(
-                [(spec, key) for key, spec in to_build], jobs=args.jobs, base_dir=base_dir, store_dir=store_dir,
-                compresslevel=args.compresslevel, on_built=lambda spec: on_model(spec, "built"),
-                s3_factory=partial(make_s3_client, endpoint_url=args.endpoint_url, region=args.region),
-            )
-        else:
-            for key, spec in to_build:
-                build_unit(spec, key, base_dir=base_dir, store_dir=store_dir, s3_client=s3_client,
-                           compresslevel=args.compresslevel, step=partial(on_model, spec))
-    built = [spec.name for _, spec in to_build]
+        built = build_missing(
+            [(spec, keys[spec.name]) for spec in missing], store_dir=store_dir, base_dir=base_dir, jobs=args.jobs,
+            s3_client=s3_client, compresslevel=args.compresslevel,
+            on_model=_build_task(progress, to_build, args.jobs),
+            s3_factory=partial(make_s3_client, endpoint_url=args.endpoint_url, region=args.region),
+        )
     artifacts: dict[str, Any] = {}
     for spec in missing:
         result = read_unit(store_dir, keys[spec.name])
@@ -365,7 +367,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     published to a local S3 endpoint first (moto's server, for the run).
     """
     from model_build.build import BuildRecord
-    from model_build.local_s3 import local_s3
+    from model_build.tools.local_s3 import local_s3
 
     _, release, _ = _load(args)
     if args.bucket:
@@ -393,7 +395,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Build, publish to S3 (local unless --bucket), serve on the real tritonserver, invoke every target."""
-    from model_build.local_s3 import local_s3
+    from model_build.tools.local_s3 import local_s3
 
     started = time.perf_counter()
     local = args.bucket is None

@@ -17,18 +17,21 @@ import multiprocessing
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from model_build.errors import ModelBuildError
-from model_build.manifest import Manifest, ModelSpec, S3Source
+from model_build.manifest import Manifest, ModelSpec
 from model_build.release import BUILDS_DIR, DEFAULT_COMPRESSLEVEL, Release
 from model_build.types import Artifact
 
-__all__ = ["DEFAULT_COMPRESSLEVEL", "BuildRecord", "ModelBuildResult", "build_model", "build_release", "build_unit"]
+__all__ = [
+    "DEFAULT_COMPRESSLEVEL", "BuildRecord", "ModelBuildResult", "build_missing", "build_model", "build_release",
+    "build_unit",
+]
 
 BUILD_RECORD = "build.json"
 #: The record of one stored unit, written last: a unit folder without it is not a build.
@@ -51,6 +54,8 @@ class ModelBuildResult:
     reference_check: str | None = None
     reference_max_abs_diff: float | None = None
     seconds: float = 0.0
+    #: Seconds per pipeline step (``model_build.pipeline``), in the order they ran.
+    step_seconds: dict[str, float] = field(default_factory=dict)
     #: The precision served and the accuracy gates it met against PyTorch FP32 (min_cosine,
     #: min_cosine_gate, top_k_agreement, top_k_gate), and the ops fused offline (optimize).
     precision: str = "fp32"
@@ -121,84 +126,32 @@ def build_model(
     compresslevel: int = DEFAULT_COMPRESSLEVEL,
     step: Callable[[str], None] | None = None,
 ) -> ModelBuildResult:
-    """Build one manifest entry into ``release_dir/<name>.tar.gz`` (+ its reference ``.npz``)."""
-    # Heavy imports (torch, onnx, onnxruntime) only when something is built.
-    from model_build.package import gate_tarball, package_model
-    from model_build.triton_config import check_config, render_config
-    from model_build.validate import export_and_validate
+    """Run the pipeline (``model_build.pipeline``) for one manifest entry into
+    ``release_dir/<name>.tar.gz``, and record its reference ``.npz``, its config and what it measured."""
+    from model_build.pipeline import BuildInputs, run_pipeline
 
     started = time.perf_counter()
     model_work = work_dir / spec.name
     if model_work.exists():
         shutil.rmtree(model_work)
     model_work.mkdir(parents=True)
-    text_source: Path | None = None
-    if spec.inputs == "text":
-        # Tokenizer files are checked right after the source is resolved, before the slow export,
-        # for every source kind (an S3 source: its two tokenizer files only, not the weights).
-        text_source = _text_source(spec, base_dir, model_work, s3_client)
-    if step:
-        step("export + optimize + validate")
-    exported, report, reference = export_and_validate(
-        spec, base_dir=base_dir, work_dir=model_work, s3_client=s3_client
+    done = run_pipeline(
+        BuildInputs(spec=spec, base_dir=base_dir, work_dir=model_work, out_dir=release_dir, s3_client=s3_client,
+                    compresslevel=compresslevel),
+        on_step=step,
     )
-    if step:
-        step("config")
-    config_text = render_config(spec, exported)
-    check_config(config_text, model=spec.name)
-    tarball = release_dir / f"{spec.name}.tar.gz"
-    if spec.inputs == "text":
-        from model_build.text_ensemble.check import check_text_ensemble
-        from model_build.text_ensemble.ensemble import package_text_ensemble, render_ensemble_configs
-        from model_build.validate import write_reference
-
-        if isinstance(spec.source, S3Source):  # the export downloaded the whole folder: its files are packaged
-            from model_build.text_ensemble.ensemble import check_tokenizer_dir
-
-            text_source = check_tokenizer_dir(spec, model_work / "_sources" / spec.name)
-        assert text_source is not None
-        if step:
-            step("strings -> ensemble vs sentence-transformers")
-        text_report = check_text_ensemble(spec, exported, text_source)
-        report.reference_check = (f"{report.reference_check}; " if report.reference_check else "") + (
-            f"raw-text ensemble: {text_report.texts} texts, token ids identical"
-            + ("" if text_report.max_abs_diff is None else f", max |diff| {text_report.max_abs_diff:.2e}"))
-        if step:
-            step("package")
-        sha256, size = package_text_ensemble(spec=spec, exported=exported, tokenizer_dir=text_source,
-                                             out_path=tarball, truncation=spec.text_inputs.truncation,
-                                             compresslevel=compresslevel)
-        # What a client of the target sends and gets: strings in, the ensemble's outputs out.
-        reference = model_work / "text.reference.npz"
-        write_reference(reference, text_report.reference_inputs, text_report.reference_outputs)
-        config_text = render_ensemble_configs(spec, exported, truncation=spec.text_inputs.truncation).ensemble
-    else:
-        if step:
-            step("package")
-        sha256, size = package_model(
-            model_name=spec.name,
-            config_text=config_text,
-            model_file=exported.path,
-            format=spec.format,
-            out_path=tarball,
-            compresslevel=compresslevel,
-        )
-    # The pre-publish gate, on every tarball the build writes: layout, version folder, configs,
-    # each config against its graph, ensemble rules (model_build.gate.check_repository).
-    if step:
-        step("pre-publish gate")
-    gate_tarball(tarball, model=spec.name)
+    tarball, report = done.need("tarball", "record"), done.need("report", "record")
     reference_out = release_dir / f"{spec.name}.reference.npz"
-    shutil.copyfile(reference, reference_out)
+    shutil.copyfile(done.need("reference", "record"), reference_out)
     config_out = release_dir / f"{spec.name}.config.pbtxt"
-    config_out.write_text(config_text)
+    config_out.write_text(done.need("config_text", "record"))
     shutil.rmtree(model_work, ignore_errors=True)
     return ModelBuildResult(
         name=spec.name,
         format=spec.format,
         tarball=tarball.name,
-        sha256=sha256,
-        size=size,
+        sha256=done.sha256,
+        size=done.size,
         targets=spec.target_names(),
         reference=reference_out.name,
         config=config_out.name,
@@ -206,6 +159,7 @@ def build_model(
         reference_check=report.reference_check,
         reference_max_abs_diff=report.reference_max_abs_diff,
         seconds=round(time.perf_counter() - started, 3),
+        step_seconds=dict(done.seconds),
         precision=report.precision,
         accuracy={k: v for k, v in (("min_cosine", report.min_cosine),
                                     ("min_cosine_gate", report.min_cosine_gate),
@@ -217,51 +171,6 @@ def build_model(
         quantized_matmuls=report.quantized_matmuls,
         fp32_matmuls=list(report.fp32_matmuls),
     )
-
-
-def _text_source(spec: ModelSpec, base_dir: Path, work_dir: Path, s3_client: Any) -> Path:
-    """The source folder with the tokenizer files a raw-text ensemble carries (checked).
-
-    Local, package and hub sources are resolved as the export resolves them (the hub's download
-    lands where the export looks, so it is not repeated). An S3 source's tokenizer files alone are
-    fetched into a folder of their own: a prefix without them is refused before the weights are
-    downloaded; the export then downloads the folder once.
-    """
-    from model_build.sources import resolve_source
-    from model_build.text_ensemble.ensemble import check_tokenizer_dir
-
-    if isinstance(spec.source, S3Source):
-        return check_tokenizer_dir(spec, _s3_tokenizer_files(spec, spec.source, work_dir / "_tokenizer", s3_client))
-    folder = resolve_source(spec, base_dir=base_dir, work_dir=work_dir / "_sources" / spec.name,
-                            s3_client=s3_client)
-    return check_tokenizer_dir(spec, folder)
-
-
-def _s3_tokenizer_files(spec: ModelSpec, source: S3Source, folder: Path, s3_client: Any) -> Path:
-    """Download ``vocab.txt`` and ``tokenizer_config.json`` of an S3 source (those present) into ``folder``."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    from model_build.errors import SourceError
-    from model_build.text_ensemble.ensemble import TOKENIZER_FILES
-
-    if s3_client is None:
-        import boto3
-
-        s3_client = boto3.client("s3")
-    bucket, _, prefix = source.uri[len("s3://"):].partition("/")
-    prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
-    folder.mkdir(parents=True, exist_ok=True)
-    for name in TOKENIZER_FILES:
-        try:
-            s3_client.download_file(bucket, prefix + name, str(folder / name))
-        except ClientError as error:
-            if error.response.get("Error", {}).get("Code") not in {"404", "NoSuchKey", "NotFound"}:
-                raise SourceError(f"source.uri: cannot read s3://{bucket}/{prefix}{name}: {error}",
-                                  model=spec.name) from None
-        except BotoCoreError as error:
-            raise SourceError(f"source.uri: cannot read s3://{bucket}/{prefix}{name}: {error}",
-                              model=spec.name) from None
-    return folder
 
 
 def _unit_files(spec: ModelSpec) -> tuple[str, str, str]:
@@ -401,6 +310,44 @@ def _link(source: Path, target: Path) -> None:
         shutil.copyfile(source, target)
 
 
+def build_missing(
+    units: Sequence[tuple[ModelSpec, str]],
+    *,
+    store_dir: Path,
+    base_dir: Path,
+    jobs: int = 1,
+    s3_client: Any = None,
+    s3_factory: Callable[[], Any] | None = None,
+    compresslevel: int = DEFAULT_COMPRESSLEVEL,
+    on_model: Callable[[ModelSpec, str], None] | None = None,
+) -> list[str]:
+    """Build every ``(spec, key)`` whose key ``store_dir`` does not hold yet; the names built.
+
+    The one runner of many units, for ``build_release`` and the CLI's build against a bucket:
+    in this process when ``jobs`` is 1 or one unit is missing (``on_model`` hears each pipeline
+    step), else in ``jobs`` spawned processes, each with its own S3 client from ``s3_factory``
+    (``on_model`` hears ``"built"`` per unit). A key listed twice is built once.
+    """
+    if jobs < 1:
+        raise ValueError(f"jobs: got {jobs}; expected >= 1")
+    missing = list({key: (spec, key) for spec, key in reversed(units)
+                    if read_unit(store_dir, key) is None}.values())[::-1]
+    if jobs == 1 or len(missing) <= 1:
+        for spec, key in missing:
+            def step(name: str, spec: ModelSpec = spec) -> None:
+                if on_model:
+                    on_model(spec, name)
+
+            build_unit(spec, key, base_dir=base_dir, store_dir=store_dir, s3_client=s3_client,
+                       compresslevel=compresslevel, step=step)
+    else:
+        _build_missing_in_processes(
+            missing, jobs=jobs, base_dir=base_dir, store_dir=store_dir, compresslevel=compresslevel,
+            s3_factory=s3_factory, on_built=lambda spec: on_model(spec, "built") if on_model else None,
+        )
+    return [spec.name for spec, _ in missing]
+
+
 def build_release(
     manifest: Manifest,
     release: Release,
@@ -430,21 +377,10 @@ def build_release(
     # Created lazily (build_unit makes it when it stores a unit): an input refused before any
     # build, such as a source that does not resolve, leaves the build folder as it was.
     store_dir = out_dir / BUILDS_DIR
-    missing = [(spec, keys[spec.name]) for spec in manifest.models if read_unit(store_dir, keys[spec.name]) is None]
-    built = [spec.name for spec, _ in missing]
-    if jobs == 1 or len(missing) <= 1:
-        for spec, key in missing:
-            def step(name: str, spec: ModelSpec = spec) -> None:
-                if on_model:
-                    on_model(spec, name)
-
-            build_unit(spec, key, base_dir=base_dir, store_dir=store_dir, s3_client=s3_client,
-                       compresslevel=compresslevel, step=step)
-    else:
-        _build_missing_in_processes(
-            missing, jobs=jobs, base_dir=base_dir, store_dir=store_dir, compresslevel=compresslevel,
-            s3_factory=s3_factory, on_built=lambda spec: on_model(spec, "built") if on_model else None,
-        )
+    built = build_missing(
+        [(spec, keys[spec.name]) for spec in manifest.models], store_dir=store_dir, base_dir=base_dir, jobs=jobs,
+        s3_client=s3_client, s3_factory=s3_factory, compresslevel=compresslevel, on_model=on_model,
+    )
     release_dir = out_dir / release.release_id
     release_dir.mkdir(parents=True, exist_ok=True)
     results: list[ModelBuildResult] = []

@@ -161,16 +161,13 @@ def check_repository(path: Path, *, model: str) -> str:
     """
     path = Path(path)
     if path.is_file():
-        import tarfile
         import tempfile
 
+        from model_build.tarball import safe_extract
+
         with tempfile.TemporaryDirectory(prefix=".gate-", dir=path.parent) as tmp:
-            try:
-                with tarfile.open(path) as tar:
-                    tar.extractall(tmp, filter="data")
-            except (tarfile.TarError, OSError, EOFError) as error:
-                raise VerifyError(f"model {model!r}: tarball {path.name!r}: cannot be unpacked: {error}",
-                                  model=model) from None
+            # The one reader of tarballs: the same limits and member checks as every other unpack.
+            safe_extract(path, Path(tmp), model=model)
             return check_repository(Path(tmp), model=model)
     if not path.is_dir():
         raise VerifyError(f"model {model!r}: {str(path)!r} is neither a tarball nor a folder", model=model)

@@ -151,7 +151,7 @@ class Request:
 
 
 def _s3() -> Any:
-    from model_build.local_s3 import make_s3_client
+    from model_build.aws_clients import make_s3_client
 
     return make_s3_client(endpoint_url=os.environ.get("MODEL_BUILD_S3_ENDPOINT_URL"))
 

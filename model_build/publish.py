@@ -18,7 +18,7 @@ Why it is shaped this way:
   leaves no index, and running it again uploads only what is missing (objects already present
   with the same ``sha256`` and size are skipped, so an unchanged release costs a listing and a
   few HEAD requests).
-- Retries belong to botocore (see :func:`model_build.local_s3.make_s3_client`): nothing here
+- Retries belong to botocore (see :func:`model_build.aws_clients.make_s3_client`): nothing here
   loops around an S3 call.
 """
 

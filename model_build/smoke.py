@@ -166,27 +166,16 @@ def make_client(
     """A boto3 client for ``sagemaker``, ``sagemaker-runtime`` or ``s3`` with explicit timeouts.
 
     For a loopback ``endpoint_url`` (tests, local fakes) and no configured credentials, this client
-    alone gets dummy credentials, as :func:`model_build.local_s3.make_s3_client` does.
+    alone gets dummy credentials, by :func:`model_build.aws_clients.client_session`'s rule.
     """
-    import boto3
-    import botocore.session
     from botocore.config import Config
     from botocore.exceptions import NoRegionError
 
-    from model_build.local_s3 import LOCAL_REGION, is_local_endpoint, make_s3_client
+    from model_build.aws_clients import client_session, make_s3_client
 
     if service == "s3":
         return make_s3_client(endpoint_url=endpoint_url, region=region)
-    local = is_local_endpoint(endpoint_url)
-    core = botocore.session.get_session()
-    credentials: dict[str, str] = {}
-    if local:
-        resolver = core.get_component("credential_provider")
-        for provider in ("container-role", "iam-role"):
-            resolver.remove(provider)
-        if core.get_credentials() is None:
-            credentials = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
-    session = boto3.session.Session(botocore_session=core)
+    session, credentials, region_name = client_session(endpoint_url, region)
     config = Config(
         retries={"mode": "standard", "total_max_attempts": max_attempts},
         connect_timeout=connect_timeout,
@@ -196,7 +185,7 @@ def make_client(
         return session.client(
             service,
             endpoint_url=endpoint_url,
-            region_name=region or session.region_name or (LOCAL_REGION if local else None),
+            region_name=region_name,
             config=config,
             **credentials,
         )

@@ -343,6 +343,33 @@ def _download_prefix(client: Any, bucket: str, prefix: str, work_dir: Path, spec
         )
 
 
+def s3_tokenizer_files(spec: ModelSpec, source: S3Source, folder: Path, s3_client: Any) -> Path:
+    """Download the tokenizer files of an S3 source (those present) into ``folder``, alone.
+
+    A raw-text target checks them before the export downloads the weights, so a prefix without
+    them is refused in a few requests. A missing file is left to the caller's check; any other
+    S3 error is a :class:`SourceError` naming the object.
+    """
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from model_build.text_ensemble.ensemble import TOKENIZER_FILES
+
+    bucket, prefix = _split_s3(source.uri)
+    prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        try:
+            _s3(s3_client).download_file(bucket, prefix + name, str(folder / name))
+        except ClientError as error:
+            if error.response.get("Error", {}).get("Code") not in {"404", "NoSuchKey", "NotFound"}:
+                raise SourceError(f"source.uri: cannot read s3://{bucket}/{prefix}{name}: {error}",
+                                  model=spec.name) from None
+        except BotoCoreError as error:
+            raise SourceError(f"source.uri: cannot read s3://{bucket}/{prefix}{name}: {error}",
+                              model=spec.name) from None
+    return folder
+
+
 def _onnx_file(
     source: OnnxFileSource, spec: ModelSpec, *, base_dir: Path, work_dir: Path, s3_client: Any
 ) -> Path:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 from s3_faults import FaultProxy  # tests/ is on sys.path; a site-packages "tests" shadows tests.
 
-from model_build.local_s3 import local_s3
+from model_build.tools.local_s3 import local_s3
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 from hostile_helpers import assert_refused, run_bounded
 
-from model_build.local_s3 import local_s3, make_s3_client
+from model_build.aws_clients import make_s3_client
 from model_build.manifest import MAX_MANIFEST_BYTES
+from model_build.tools.local_s3 import local_s3
 
 ASSETS = "hostile-assets"
 MODELS = "hostile-models"

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from hostile_helpers import SYNTH_MEMORY_LIMIT_BYTES, SYNTH_TIME_LIMIT_S, assert_refused, run_bounded
 
-from model_build.local_s3 import local_s3, make_s3_client
+from model_build.aws_clients import make_s3_client
 from model_build.manifest import MAX_MANIFEST_BYTES, MAX_MANIFEST_DEPTH, MAX_SCALAR_CHARS
+from model_build.tools.local_s3 import local_s3
 
 VALID = (
     "version: 1\n"

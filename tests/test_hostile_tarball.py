@@ -219,9 +219,9 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path,
     import yaml
 
     from model_build.build import build_release
-    from model_build.local_s3 import local_s3
     from model_build.manifest import load_manifest
     from model_build.release import compute_release
+    from model_build.tools.local_s3 import local_s3
 
     folder = tmp_path_factory.mktemp("verify")
     manifest = folder / "models.yaml"
@@ -244,7 +244,7 @@ def test_verify_refuses_a_published_hostile_tarball(name: str, tmp_path: Path, b
     import re
     from dataclasses import replace
 
-    from model_build.local_s3 import make_s3_client
+    from model_build.aws_clients import make_s3_client
     from model_build.publish import publish_incremental
 
     endpoint, manifest, release, artifact = built

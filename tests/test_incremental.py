@@ -29,9 +29,9 @@ import yaml
 from s3_faults import FaultProxy  # tests/ is on sys.path
 
 from model_build import handler
+from model_build.aws_clients import make_s3_client
 from model_build.build import build_release
 from model_build.errors import PublishError
-from model_build.local_s3 import make_s3_client
 from model_build.manifest import load_manifest, parse_manifest
 from model_build.publish import (
     StoredModel,
@@ -634,7 +634,7 @@ def test_every_s3_call_of_a_create_and_an_update_is_granted_by_the_default_stack
 ) -> None:
     """moto checks no IAM: record each S3 call the handler makes (a botocore hook on the real
     clients, before each call) and check it against the build role's grants in the template."""
-    import model_build.local_s3 as local_s3_module
+    import model_build.aws_clients as aws_clients_module
 
     monkeypatch.setenv("MODEL_BUILD_CLOUDFORMATION_ENDPOINT_URL", endpoint)  # no such stack: a supersede
     calls: list[tuple[str, dict[str, Any]]] = []
@@ -642,14 +642,14 @@ def test_every_s3_call_of_a_create_and_an_update_is_granted_by_the_default_stack
     def record(params: dict[str, Any], model: Any, **_: Any) -> None:
         calls.append((model.name, dict(params)))
 
-    real_make = local_s3_module.make_s3_client
+    real_make = aws_clients_module.make_s3_client
 
     def recording_client(**kwargs: Any) -> Any:
         client = real_make(**kwargs)
         client.meta.events.register("provide-client-params.s3.*", record)
         return client
 
-    monkeypatch.setattr(local_s3_module, "make_s3_client", recording_client)
+    monkeypatch.setattr(aws_clients_module, "make_s3_client", recording_client)
     s3 = lambda_env
     model_bucket = f"iam-{uuid.uuid4().hex[:12]}"
     asset_bucket = f"cdk-assets-{uuid.uuid4().hex[:12]}"

@@ -32,13 +32,14 @@ import tritonclient.http as httpclient
 from botocore.exceptions import ClientError
 from triton_helpers import requires_triton  # tests/ is on sys.path
 
+from model_build.aws_clients import make_s3_client
 from model_build.build import build_release
-from model_build.local_s3 import local_s3, make_s3_client
 from model_build.manifest import parse_manifest
 from model_build.publish import publish_release
 from model_build.release import INDEX_NAME, compute_release
 from model_build.smoke import make_client, make_runtime_client, run_smoke
 from model_build.tools.endpoint import LocalEndpoint, local_endpoint
+from model_build.tools.local_s3 import local_s3
 from model_build.validate import read_reference
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -38,8 +38,8 @@ from boto3.s3.transfer import TransferConfig
 from s3_faults import FaultProxy, Rule  # tests/ is on sys.path; a site-packages "tests" shadows tests.
 
 from model_build import publish
+from model_build.aws_clients import make_s3_client
 from model_build.errors import PublishError
-from model_build.local_s3 import local_s3, make_s3_client
 from model_build.publish import (
     PublishReport,
     delete_release,
@@ -50,6 +50,7 @@ from model_build.publish import (
     read_index,
     retire_release,
 )
+from model_build.tools.local_s3 import local_s3
 from model_build.types import Artifact
 
 MIB = 1024**2

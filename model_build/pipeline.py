@@ -1,0 +1,223 @@
+"""One model's build as a pipeline of typed steps, and the one runner that runs it.
+
+Each step is a small adapter over the module that does the work (``sources``, ``validate``
+(export, optimize, check), ``triton_config``, ``text_ensemble``, ``package``, ``gate``): it reads
+what earlier steps produced from a frozen :class:`Artifacts` and returns a new one with what it
+adds. :func:`run_pipeline` is the only place that sequences them, times them and reports
+progress; ``model_build.build`` drives it for a plain build (:func:`~model_build.build.build_model`)
+and for a stored unit (:func:`~model_build.build.build_unit`), which the CLI, the demo, the Lambda
+handler and the benchmarks all call. A step that reads an artifact no earlier step produced is a
+bug in :data:`PIPELINE`, not an input error, and says which step and which artifact.
+
+In the style of NVIDIA model navigator's pipelines: the steps are data (:data:`PIPELINE`), so
+which steps a model runs is one line per step (``applies``) rather than branches in the runner.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from model_build.manifest import ModelSpec, S3Source
+
+if TYPE_CHECKING:  # the heavy modules are imported by the steps that use them
+    from model_build.types import ExportedModel, ValidationReport
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class BuildInputs:
+    """What every step may read: the entry, where its sources resolve and where it writes."""
+
+    spec: ModelSpec
+    #: Folder that local source paths are relative to.
+    base_dir: Path
+    #: Scratch folder of this model (removed by the caller once the build is recorded).
+    work_dir: Path
+    #: Folder the tarball is written to.
+    out_dir: Path
+    s3_client: Any = None
+    compresslevel: int = 1
+
+
+@dataclass(frozen=True)
+class Artifacts:
+    """What the steps have produced so far; each step returns a copy with its own fields set."""
+
+    #: Raw-text targets: the checked folder holding the tokenizer files the ensemble carries.
+    tokenizer_dir: Path | None = None
+    exported: ExportedModel | None = None
+    report: ValidationReport | None = None
+    #: The ``.npz`` a client of the target sends and expects back (inputs, outputs).
+    reference: Path | None = None
+    #: The config of the model the endpoint loads (the ensemble's, for raw-text targets).
+    config_text: str | None = None
+    #: Raw-text targets: the model config of the ONNX member (the config step's output).
+    member_config_text: str | None = None
+    tarball: Path | None = None
+    sha256: str = ""
+    size: int = 0
+    #: Seconds per step, in the order they ran.
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def need(self, name: str, step: str) -> Any:
+        value = getattr(self, name)
+        if value is None:
+            raise RuntimeError(f"pipeline step {step!r} needs {name!r}, which no earlier step produced")
+        return value
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step: its progress name, what it does, and which entries it applies to."""
+
+    name: str
+    run: Callable[[BuildInputs, Artifacts], Artifacts]
+    applies: Callable[[ModelSpec], bool] = lambda spec: True
+
+
+def _is_text(spec: ModelSpec) -> bool:
+    return spec.inputs == "text"
+
+
+def _not_text(spec: ModelSpec) -> bool:
+    return spec.inputs != "text"
+
+
+# --------------------------------------------------------------------------------------------
+# The steps
+# --------------------------------------------------------------------------------------------
+
+
+def check_tokenizer(inputs: BuildInputs, done: Artifacts) -> Artifacts:
+    """Raw-text targets: the tokenizer files, checked before the slow export for every source
+    kind (an S3 source: its tokenizer files alone, before the weights are downloaded)."""
+    from model_build.sources import resolve_source, s3_tokenizer_files
+    from model_build.text_ensemble.ensemble import check_tokenizer_dir
+
+    spec = inputs.spec
+    folder: Path | None
+    if isinstance(spec.source, S3Source):
+        folder = s3_tokenizer_files(spec, spec.source, inputs.work_dir / "_tokenizer", inputs.s3_client)
+    else:
+        # Resolved where the export looks, so a hub download is not repeated.
+        folder = resolve_source(spec, base_dir=inputs.base_dir, work_dir=inputs.work_dir / "_sources" / spec.name,
+                                s3_client=inputs.s3_client)
+    return replace(done, tokenizer_dir=check_tokenizer_dir(spec, folder))
+
+
+def export_optimize_validate(inputs: BuildInputs, done: Artifacts) -> Artifacts:
+    """Resolve the source, export, optimize and validate against PyTorch; write the reference."""
+    from model_build.validate import export_and_validate
+
+    exported, report, reference = export_and_validate(
+        inputs.spec, base_dir=inputs.base_dir, work_dir=inputs.work_dir, s3_client=inputs.s3_client
+    )
+    return replace(done, exported=exported, report=report, reference=reference)
+
+
+def render_model_config(inputs: BuildInputs, done: Artifacts) -> Artifacts:
+    """The exported model's ``config.pbtxt``, checked as Triton would."""
+    from model_build.triton_config import check_config, render_config
+
+    text = render_config(inputs.spec, done.need("exported", "config"))
+    check_config(text, model=inputs.spec.name)
+    return replace(done, config_text=text, member_config_text=text)
+
+
+TEXT_CHECK = "strings -> ensemble vs sentence-transformers"
+
+
+def check_text_ensemble(inputs: BuildInputs, done: Artifacts) -> Artifacts:
+    """Raw-text targets: strings through the ensemble's tokenizer and model against
+    sentence-transformers; the reference becomes strings in, the ensemble's outputs out."""
+    from model_build.text_ensemble.check import check_text_ensemble as check
+    from model_build.text_ensemble.ensemble import check_tokenizer_dir, render_ensemble_configs
+    from model_build.validate import write_reference
+
+    spec, exported = inputs.spec, done.need("exported", TEXT_CHECK)
+    tokenizer_dir = done.need("tokenizer_dir", TEXT_CHECK)
+    if isinstance(spec.source, S3Source):  # the export downloaded the whole folder: its files are packaged
+        tokenizer_dir = check_tokenizer_dir(spec, inputs.work_dir / "_sources" / spec.name)
+    text = check(spec, exported, tokenizer_dir)
+    report = done.need("report", TEXT_CHECK)
+    report.reference_check = (f"{report.reference_check}; " if report.reference_check else "") + (
+        f"raw-text ensemble: {text.texts} texts, token ids identical"
+        + ("" if text.max_abs_diff is None else f", max |diff| {text.max_abs_diff:.2e}"))
+    reference = inputs.work_dir / "text.reference.npz"
+    write_reference(reference, text.reference_inputs, text.reference_outputs)
+    ensemble = render_ensemble_configs(spec, exported, truncation=spec.text_inputs.truncation).ensemble
+    return replace(done, tokenizer_dir=tokenizer_dir, reference=reference, config_text=ensemble)
+
+
+def package(inputs: BuildInputs, done: Artifacts) -> Artifacts:
+    """``<out>/<name>.tar.gz``, written reproducibly: one model folder, or the raw-text ensemble
+    (tokenizer, ONNX member and ensemble folders)."""
+    spec = inputs.spec
+    tarball = inputs.out_dir / f"{spec.name}.tar.gz"
+    exported = done.need("exported", "package")
+    if _is_text(spec):
+        from model_build.text_ensemble.ensemble import package_text_ensemble
+
+        sha256, size = package_text_ensemble(
+            spec=spec, exported=exported, tokenizer_dir=done.need("tokenizer_dir", "package"), out_path=tarball,
+            truncation=spec.text_inputs.truncation, compresslevel=inputs.compresslevel,
+        )
+    else:
+        from model_build.package import package_model
+
+        sha256, size = package_model(
+            model_name=spec.name, config_text=done.need("member_config_text", "package"),
+            model_file=exported.path, format=spec.format, out_path=tarball, compresslevel=inputs.compresslevel,
+        )
+    return replace(done, tarball=tarball, sha256=sha256, size=size)
+
+
+def pre_publish_gate(inputs: BuildInputs, done: Artifacts) -> Artifacts:
+    """Everything Triton checks when it loads the tarball (``model_build.gate.check_repository``);
+    a tarball the gate refuses is removed."""
+    from model_build.package import gate_tarball
+
+    gate_tarball(done.need("tarball", "pre-publish gate"), model=inputs.spec.name)
+    return done
+
+
+#: Every step, in order; ``applies`` picks those an entry runs.
+PIPELINE: tuple[Step, ...] = (
+    Step("tokenizer files", check_tokenizer, applies=_is_text),
+    Step("export + optimize + validate", export_optimize_validate),
+    Step("config", render_model_config),
+    Step(TEXT_CHECK, check_text_ensemble, applies=_is_text),
+    Step("package", package),
+    Step("pre-publish gate", pre_publish_gate),
+)
+
+
+def steps_for(spec: ModelSpec, pipeline: tuple[Step, ...] = PIPELINE) -> list[Step]:
+    """The steps ``spec`` runs, in order (what a progress bar counts)."""
+    return [step for step in pipeline if step.applies(spec)]
+
+
+def run_pipeline(
+    inputs: BuildInputs,
+    *,
+    pipeline: tuple[Step, ...] = PIPELINE,
+    on_step: Callable[[str], None] | None = None,
+) -> Artifacts:
+    """Run the steps ``inputs.spec`` applies to, in order; ``on_step`` hears each name as it starts.
+
+    A step's error propagates unchanged (each raises a ``ModelBuildError`` naming the model and
+    what is wrong); the caller owns the folders and cleans up.
+    """
+    done = Artifacts()
+    for step in steps_for(inputs.spec, pipeline):
+        if on_step:
+            on_step(step.name)
+        started = time.perf_counter()
+        done = step.run(inputs, done)
+        done = replace(done, seconds={**done.seconds, step.name: round(time.perf_counter() - started, 3)})
+    return done
