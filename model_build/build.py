@@ -368,8 +368,6 @@ def build_release(
     byte-identical tarballs (a property of the build, tested), so reuse is sound. ``jobs`` > 1
     builds in that many processes (each with its own S3 client from ``s3_factory``).
     """
-    if jobs < 1:
-        raise ValueError(f"jobs: got {jobs}; expected >= 1")
     keys = dict(release.model_keys)
     unkeyed = [spec.name for spec in manifest.models if spec.name not in keys]
     if unkeyed:
