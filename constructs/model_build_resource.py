@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Annotated, Literal, Self
 
 import jsii
-from aws_cdk import Aws, CustomResource, Duration, Fn, RemovalPolicy, Size, Stack
+from aws_cdk import Aws, CustomResource, Duration, Fn, IgnoreMode, RemovalPolicy, Size, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_iam as iam
@@ -33,14 +33,15 @@ from constructs.props import MEBIBYTES, SECONDS, Between, Namer, Props, Resource
 from constructs.sagemaker_limits import PropsError
 from model_build.errors import ManifestError
 from model_build.manifest import LocalSource, Manifest, OnnxFileSource, S3Source
-from model_build.release import PACKAGE_DIR, Release, build_code_sha256, compute_release
+from model_build.release import PACKAGE_DIR, Release, build_code_sha256, compute_release, runtime_files
 
 RESOURCE_TYPE = "Custom::TritonModelRelease"
 ON_EVENT_HANDLER = "model_build.handler.on_event"
 IS_COMPLETE_HANDLER = "model_build.handler.is_complete"
 BUILD_STEP_HANDLER = "model_build.handler.build_step"
 #: Files of the build directory that are not part of the image.
-IMAGE_EXCLUDE = ["__pycache__", "**/__pycache__", "tests", ".pytest_cache", "**/*.pyc"]
+#: Left out of the build image whatever the context holds: caches and byte code.
+IMAGE_EXCLUDE = ["__pycache__", "**/__pycache__", ".pytest_cache", "**/*.pyc"]
 #: CloudFormation waits at most this long for a custom resource (ServiceTimeout: 1 to 3600 s).
 CLOUDFORMATION_MAX_WAIT = Duration.hours(1)
 #: With more distinct source prefixes than this in one bucket, the build may read the bucket.
@@ -104,6 +105,27 @@ def s3_source_keys(manifest: Manifest) -> dict[str, list[str]]:
         )
         result[bucket] = ["*"] if "*" in kept or len(kept) > _MAX_PREFIXES_PER_SOURCE_BUCKET else kept
     return result
+
+
+def runtime_only_exclude(build_context: Path) -> list[str]:
+    """Docker-ignore patterns (root-anchored) that leave only the runtime in the build image.
+
+    The runtime is :func:`model_build.release.runtime_files` of the context, the same files the
+    model keys and the release id hash: a tool (the CLI front, smoke, the local endpoint) is
+    neither in the image nor in any identity, so editing one changes no asset, key or release.
+    Each folder without a runtime file is left out whole; elsewhere each other file is named.
+    """
+    keep = {path.relative_to(build_context) for path in runtime_files(build_context)}
+    keep_dirs = {folder for path in keep for folder in path.parents}
+    excluded = [
+        relative.as_posix()
+        for relative in sorted(path.relative_to(build_context) for path in build_context.rglob("*"))
+        if "__pycache__" not in relative.parts
+        and relative.parent in keep_dirs
+        and relative not in keep
+        and relative not in keep_dirs
+    ]
+    return [*IMAGE_EXCLUDE, *excluded]
 
 
 def _manifest_file(path: Path) -> Path:
@@ -409,7 +431,8 @@ class ModelBuildResource(Construct):
         return lambda_.DockerImageCode.from_image_asset(
             str(build_context),
             cmd=[handler],
-            exclude=IMAGE_EXCLUDE,
+            exclude=runtime_only_exclude(build_context),
+            ignore_mode=IgnoreMode.DOCKER,
             platform=ecr_assets.Platform.LINUX_AMD64,
         )
 

@@ -98,7 +98,9 @@ def _imported_modules(path: Path) -> set[str]:
 
 def runtime_files(package_dir: Path = PACKAGE_DIR, entries: Iterable[str] = RELEASE_ENTRY_MODULES) -> list[Path]:
     """The files of the runtime reached from ``entries``: their ``model_build`` imports, followed
-    transitively, plus the image's toolchain files. Tool modules are never included."""
+    transitively, the ``__init__.py`` of their packages, plus the image's toolchain files. Tool
+    modules are never included. The build image holds exactly these files (see
+    ``constructs.model_build_resource.runtime_only_exclude``), so what the keys hash is what runs."""
     seen: set[str] = set()
     todo = list(entries)
     files: set[Path] = set()
@@ -112,6 +114,13 @@ def runtime_files(package_dir: Path = PACKAGE_DIR, entries: Iterable[str] = RELE
             continue
         files.add(path)
         todo.extend(_imported_modules(path))
+    # Importing a module runs its packages' __init__.py first: they are runtime code too.
+    files.update(
+        init
+        for path in list(files)
+        for folder in path.relative_to(package_dir).parents
+        if (init := package_dir / folder / "__init__.py").is_file()
+    )
     files.update(package_dir / name for name in RUNTIME_DATA_FILES if (package_dir / name).is_file())
     return sorted(files)
 

@@ -12,9 +12,12 @@ import copy
 import hashlib
 import io
 import json
+import os
 import random
 import re
 import shutil
+import subprocess
+import sys
 import tarfile
 import uuid
 from collections.abc import Mapping
@@ -30,7 +33,7 @@ from s3_faults import FaultProxy  # tests/ is on sys.path
 
 from model_build import handler
 from model_build.aws_clients import make_s3_client
-from model_build.build import build_release
+from model_build.build import build_release, build_unit
 from model_build.errors import PublishError
 from model_build.manifest import load_manifest, parse_manifest
 from model_build.publish import (
@@ -290,6 +293,42 @@ def _tiny_manifest(count: int, *, broken: str | None = None) -> dict[str, Any]:
         models.append({"name": broken, "source": {"kind": "s3", "uri": "s3://no-such-source-bucket/x/"},
                        "task": "feature-extraction", "max_batch_size": 2})
     return {"version": 1, "models": models}
+
+
+#: Run in a folder that holds only the runtime files, as the build image does.
+RUNTIME_ONLY_BUILD = """
+import json, sys
+from pathlib import Path
+import model_build
+import model_build.handler  # the module of every entry point the image's CMD names
+from model_build.build import build_unit
+from model_build.manifest import parse_manifest
+spec = parse_manifest(json.loads(sys.argv[1])).models[0]
+result, built = build_unit(spec, "k-runtime", base_dir=Path.cwd(), store_dir=Path.cwd() / "store")
+print(json.dumps({"package": model_build.__file__, "built": built, "sha256": result.sha256}))
+"""
+
+
+def test_the_runtime_files_alone_build_a_model(tmp_path: Path) -> None:
+    """The build image holds ``runtime_files()`` and no tool: that set imports every handler and
+    builds a model, byte for byte as the whole package does (a runtime module importing a tool,
+    or reading a file that is not runtime, fails here)."""
+    image = tmp_path / "image"
+    for path in runtime_files():
+        target = image / "model_build" / path.relative_to(PACKAGE_DIR)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+    assert not (image / "model_build" / "tools").exists()
+    data = _tiny_manifest(1)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run([sys.executable, "-c", RUNTIME_ONLY_BUILD, json.dumps(data)], cwd=image, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.splitlines()[-1])
+    assert Path(out["package"]).parent == image / "model_build"
+    assert out["built"] is True
+    whole, _ = build_unit(parse_manifest(data).models[0], "k-whole", base_dir=tmp_path, store_dir=tmp_path / "store")
+    assert out["sha256"] == whole.sha256
 
 
 @pytest.fixture

@@ -83,6 +83,21 @@ def test_snapshot(two_synths) -> None:  # type: ignore[no-untyped-def]
     )
 
 
+def test_the_build_image_context_holds_the_runtime_and_no_tool(two_synths) -> None:  # type: ignore[no-untyped-def]
+    """The Docker context CDK stages for the build image is ``runtime_files()``: what the keys
+    hash is what the image runs, and a tool edit changes no image asset (issue 9)."""
+    from model_build.release import PACKAGE_DIR, runtime_files
+
+    (result, outdir), _ = two_synths
+    assert result.returncode == 0, result.stderr
+    (context,) = [folder for folder in outdir.glob("asset.*") if (folder / "Dockerfile").is_file()]
+    staged = {path.relative_to(context).as_posix() for path in context.rglob("*") if path.is_file()}
+    runtime = {path.relative_to(PACKAGE_DIR).as_posix() for path in runtime_files()}
+    assert staged - {".dockerignore"} == runtime
+    assert not {"__main__.py", "smoke.py", "verify.py"} & staged
+    assert not any(name.startswith("tools/") for name in staged)
+
+
 # ---------------------------------------------------------------------------------------------
 # Bad input: one message, exit status 1, no traceback
 # ---------------------------------------------------------------------------------------------
