@@ -107,6 +107,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
     from model_build.aws_clients import make_s3_client
     from model_build.manifest import parse_manifest
     from model_build.publish import (
+        ReleaseTarget,
         delete_release,
         publish_incremental,
         publish_release,
@@ -179,8 +180,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
             s3_side.reset()
             seconds, report = timed(lambda: publish_incremental(
                 [(_as_key(artifact, s.name, (s.name,)), keys_2[s.name]) for s in second.models],
-                s3_client=client, bucket=bucket, model_prefix=PREFIX, release_prefix=release_2.prefix(PREFIX),
-                index_extra={"release_id": release_2.release_id},
+                ReleaseTarget.of(release_2, client, bucket, PREFIX),
             ))
             wire = s3_side.stats()
             wire["report"] = {"uploaded": report.uploaded, "copied": report.copied, "bytes_sent": report.bytes_sent}

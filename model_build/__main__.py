@@ -217,7 +217,7 @@ def _build_missing_and_publish(args: argparse.Namespace, s3_client: Any, manifes
 
     from model_build.aws_clients import make_s3_client
     from model_build.build import build_missing, read_unit
-    from model_build.publish import StoredModel, publish_from_store, stored_keys
+    from model_build.publish import ReleaseTarget, publish_from_store, stored_keys, stored_models
     from model_build.release import BUILDS_DIR
 
     keys = dict(release.model_keys)
@@ -245,33 +245,18 @@ def _build_missing_and_publish(args: argparse.Namespace, s3_client: Any, manifes
             progress.advance(task)
 
         report = publish_from_store(
-            [StoredModel(spec.name, keys[spec.name], tuple(spec.target_names()), spec.format)
-             for spec in manifest.models],
+            stored_models(manifest, keys),
             artifacts,
-            s3_client=s3_client,
-            bucket=args.bucket,
-            model_prefix=args.prefix,
-            release_prefix=release.prefix(args.prefix),
-            index_extra=_index_extra(release),
-            concurrency=args.concurrency,
-            progress=on_progress,
+            ReleaseTarget.of(release, s3_client, args.bucket, args.prefix, concurrency=args.concurrency,
+                             progress=on_progress),
             present=present,
         )
     return report, built, len(manifest.models) - len(missing)
 
 
-def _index_extra(release: Release) -> dict[str, Any]:
-    return {
-        "release_id": release.release_id,
-        "manifest_sha256": release.manifest_sha256,
-        "code_sha256": release.code_sha256,
-        "model_keys": dict(release.model_keys),
-    }
-
-
 def _publish(args: argparse.Namespace, s3_client: Any, record: Any, release_dir: Path,
              release: Release) -> Any:
-    from model_build.publish import publish_incremental
+    from model_build.publish import ReleaseTarget, publish_incremental
 
     targets = sum(len(m.targets) for m in record.models)
     with _progress() as progress:
@@ -283,18 +268,8 @@ def _publish(args: argparse.Namespace, s3_client: Any, record: Any, release_dir:
         # The same store + assembly as the Lambda's: models whose key is stored are copied.
         report = publish_incremental(
             [(model.artifact(release_dir), model.key) for model in record.models],
-            s3_client=s3_client,
-            bucket=args.bucket,
-            model_prefix=args.prefix,
-            release_prefix=release.prefix(args.prefix),
-            index_extra={
-                "release_id": release.release_id,
-                "manifest_sha256": release.manifest_sha256,
-                "code_sha256": release.code_sha256,
-                "model_keys": dict(release.model_keys),
-            },
-            concurrency=args.concurrency,
-            progress=on_progress,
+            ReleaseTarget.of(release, s3_client, args.bucket, args.prefix, concurrency=args.concurrency,
+                             progress=on_progress),
         )
     return report
 

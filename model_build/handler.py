@@ -34,6 +34,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -317,21 +318,10 @@ def _build_and_store(s3: Any, request: Request, spec: ModelSpec, key: str) -> No
 
 def _write_index(s3: Any, request: Request, manifest: Manifest, keys: Mapping[str, str]) -> None:
     """The final step: assemble the release from the store (server-side copies, index last)."""
-    from model_build.publish import StoredModel, assemble_release
+    from model_build.publish import ReleaseTarget, assemble_release, stored_models
 
-    assemble_release(
-        [StoredModel(spec.name, keys[spec.name], tuple(spec.target_names()), spec.format) for spec in manifest.models],
-        s3_client=s3,
-        bucket=request.model_bucket,
-        model_prefix=request.model_prefix,
-        release_prefix=request.release_prefix,
-        index_extra={
-            "release_id": request.release_id,
-            "manifest_sha256": request.manifest_sha256,
-            "code_sha256": request.code_sha256,
-            "model_keys": dict(keys),
-        },
-    )
+    release = replace(request.release, model_keys=dict(keys))
+    assemble_release(stored_models(manifest, keys), ReleaseTarget.of(release, s3, request.model_bucket, request.model_prefix))
 
 
 def _remaining_seconds(context: Any) -> float:

@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 from s3transfer.manager import TransferManager
 
 from model_build.errors import PublishError
-from model_build.release import BUILDS_DIR, INDEX_NAME, REFERENCE_DIR, store_prefix
+from model_build.manifest import Manifest
+from model_build.release import BUILDS_DIR, INDEX_NAME, REFERENCE_DIR, Release, store_prefix
 from model_build.types import Artifact
 
 #: Version of the index layout; a reader refuses an index of a schema it does not know.
@@ -104,12 +105,8 @@ def publish_release(
     concurrency: int = 16,
     progress: Progress | None = None,
     transfer_config: TransferConfig | None = None,
-    write_index: bool = True,
 ) -> PublishReport:
     """Publish ``artifacts`` under ``s3://<bucket>/<release_prefix>/`` and write its index last.
-
-    ``write_index=False`` publishes part of a release (the build Lambda publishes model by model
-    across several runs, then writes the index with :func:`write_index_from_bucket`).
 
     Each artifact's tarball is uploaded once, to the key of its first target; its other targets
     are server-side copies of that object. References go to ``_reference/<model>.npz``. Objects
@@ -189,10 +186,9 @@ def publish_release(
         raise PublishError(f"{first}{more}; no index written, re-run to finish", model=first.model)
 
     index_key = f"{prefix}/{INDEX_NAME}"
-    if write_index:
-        body = index_body(artifacts, prefix, index_extra, references=_reference_entries(primaries, worker))
-        outcome, sent = _put_index(worker, index_key, body, bucket)
-        done(_index_object(index_key, body), outcome, sent)
+    body = index_body(artifacts, prefix, index_extra, references=_reference_entries(primaries, worker))
+    outcome, sent = _put_index(worker, index_key, body, bucket)
+    done(_index_object(index_key, body), outcome, sent)
     return PublishReport(
         uploaded=counts["uploaded"],
         copied=counts["copied"],
@@ -216,55 +212,6 @@ def _put_index(worker: _Worker, index_key: str, body: bytes, bucket: str) -> tup
         raise PublishError(f"{_publish_error(error, index, bucket)}; re-run to finish") from None
 
 
-def write_index_from_bucket(
-    s3_client: Any,
-    *,
-    bucket: str,
-    release_prefix: str,
-    models: Sequence[tuple[str, str, Sequence[str]]],
-    index_extra: Mapping[str, Any],
-) -> str:
-    """Write the index of a release whose objects were published in several runs.
-
-    ``models`` is ``(source model, format, targets)`` per manifest entry. The digest and size of
-    each artifact are read back from its first target (the ``sha256`` metadata the publish wrote),
-    and every other target must hold the same; a missing object raises :class:`PublishError`
-    and no index is written. Returns the index key.
-    """
-    prefix = _normalise_prefix(release_prefix)
-    existing = _list_sizes(s3_client, bucket, prefix)
-
-    def described(key: str, model: str) -> tuple[str, int]:
-        if key not in existing:
-            raise PublishError(f"s3://{bucket}/{key} is missing; the release is incomplete", model=model)
-        head = s3_client.head_object(Bucket=bucket, Key=key)
-        digest = head.get("Metadata", {}).get(SHA256_METADATA)
-        if not digest:
-            raise PublishError(f"s3://{bucket}/{key} has no sha256 metadata; publish it again", model=model)
-        return digest, int(head["ContentLength"])
-
-    artifacts: list[Artifact] = []
-    references: list[dict[str, Any]] = []
-    for name, fmt, targets in models:
-        digest, size = described(f"{prefix}/{targets[0]}.tar.gz", name)
-        for target in targets[1:]:
-            if existing.get(f"{prefix}/{target}.tar.gz") != size:
-                raise PublishError(f"copy {target!r} is missing or differs; the release is incomplete", model=name)
-        artifacts.append(
-            Artifact(name=name, format=fmt, path=Path(), sha256=digest, size=size, targets=tuple(targets))
-        )
-        for suffix in (".npz", ".config.pbtxt"):
-            key = f"{prefix}/{REFERENCE_DIR}/{name}{suffix}"
-            if key in existing:
-                ref_digest, ref_size = described(key, name)
-                references.append({"source_model": name, "key": key, "sha256": ref_digest, "size": ref_size})
-    body = index_body(artifacts, prefix, index_extra, references=references)
-    index_key = f"{prefix}/{INDEX_NAME}"
-    worker = _Worker(s3_client, bucket, None, TransferConfig(), existing, threading.Event())
-    _put_index(worker, index_key, body, bucket)
-    return index_key
-
-
 # ---------------------------------------------------------------------------------------------
 # The content-addressed store and releases assembled from it
 # ---------------------------------------------------------------------------------------------
@@ -281,6 +228,33 @@ class StoredModel:
     key: str
     targets: tuple[str, ...]
     format: str = ""
+
+
+def stored_models(manifest: Manifest, keys: Mapping[str, str]) -> list[StoredModel]:
+    """The models of a release, in manifest order, each by its key (``keys``: name -> key)."""
+    return [StoredModel(spec.name, keys[spec.name], tuple(spec.target_names()), spec.format) for spec in manifest.models]
+
+
+@dataclass(frozen=True)
+class ReleaseTarget:
+    """Where a release is assembled, shared by the CLI, the Lambda and the benchmarks.
+
+    ``model_prefix`` holds the store (``<prefix>/_builds/``), ``release_prefix`` the release
+    itself; ``index_extra`` is what its index records beside the models; ``concurrency`` bounds
+    the server-side copies (stored uploads use at most 4) and ``progress`` hears each object."""
+
+    s3_client: Any
+    bucket: str
+    model_prefix: str
+    release_prefix: str
+    index_extra: Mapping[str, Any] = field(default_factory=dict)
+    concurrency: int = 16
+    progress: Progress | None = None
+
+    @classmethod
+    def of(cls, release: Release, s3_client: Any, bucket: str, model_prefix: str, **options: Any) -> ReleaseTarget:
+        """The target of ``release`` under ``model_prefix``: its prefix, and its ids in the index."""
+        return cls(s3_client, bucket, model_prefix, release.prefix(model_prefix), release.index_fields(), **options)
 
 
 def stored_keys(s3_client: Any, bucket: str, model_prefix: str) -> set[str]:
@@ -326,17 +300,7 @@ def publish_unit(
     )
 
 
-def assemble_release(
-    models: Sequence[StoredModel],
-    *,
-    s3_client: Any,
-    bucket: str,
-    model_prefix: str,
-    release_prefix: str,
-    index_extra: Mapping[str, Any],
-    concurrency: int = 16,
-    progress: Progress | None = None,
-) -> PublishReport:
+def assemble_release(models: Sequence[StoredModel], target: ReleaseTarget) -> PublishReport:
     """Write a release from stored builds: every object a server-side copy, the index last.
 
     Each model's store index is read first; a model whose key is not stored fails the release
@@ -346,7 +310,8 @@ def assemble_release(
     """
     if not models:
         raise ValueError("models: empty; a release without models would serve nothing")
-    prefix = _normalise_prefix(release_prefix)
+    s3_client, bucket, model_prefix, concurrency = target.s3_client, target.bucket, target.model_prefix, target.concurrency
+    prefix = _normalise_prefix(target.release_prefix)
     started = time.monotonic()
 
     def read_store(model: StoredModel) -> dict[str, Any]:
@@ -394,11 +359,11 @@ def assemble_release(
                 counts[outcome] += 1
 
         _run_all(copy, objects, concurrency, what="copy", bucket=bucket, key=lambda obj: obj.key)
-    if progress is not None:
+    if target.progress is not None:
         for obj in objects:
-            progress(obj.key, 0)
+            target.progress(obj.key, 0)
     index_key = f"{prefix}/{INDEX_NAME}"
-    body = index_body(artifacts, prefix, index_extra, references=references)
+    body = index_body(artifacts, prefix, target.index_extra, references=references)
     outcome, sent = _put_index(worker, index_key, body, bucket)
     return PublishReport(
         uploaded=1 if outcome == "uploaded" else 0,
@@ -411,17 +376,7 @@ def assemble_release(
     )
 
 
-def publish_incremental(
-    units: Sequence[tuple[Artifact, str]],
-    *,
-    s3_client: Any,
-    bucket: str,
-    model_prefix: str,
-    release_prefix: str,
-    index_extra: Mapping[str, Any],
-    concurrency: int = 16,
-    progress: Progress | None = None,
-) -> PublishReport:
+def publish_incremental(units: Sequence[tuple[Artifact, str]], target: ReleaseTarget) -> PublishReport:
     """Publish a locally built release the way the Lambda does: store each ``(artifact, key)``
     whose key is not stored yet (:func:`publish_unit`), then :func:`assemble_release`.
 
@@ -431,22 +386,15 @@ def publish_incremental(
     return publish_from_store(
         [StoredModel(a.name, key, tuple(a.targets), a.format) for a, key in units],
         {key: artifact for artifact, key in units},
-        s3_client=s3_client, bucket=bucket, model_prefix=model_prefix, release_prefix=release_prefix,
-        index_extra=index_extra, concurrency=concurrency, progress=progress,
+        target,
     )
 
 
 def publish_from_store(
     models: Sequence[StoredModel],
     artifacts: Mapping[str, Artifact],
+    target: ReleaseTarget,
     *,
-    s3_client: Any,
-    bucket: str,
-    model_prefix: str,
-    release_prefix: str,
-    index_extra: Mapping[str, Any],
-    concurrency: int = 16,
-    progress: Progress | None = None,
     present: set[str] | None = None,
 ) -> PublishReport:
     """Store the built ``artifacts`` (by key) whose key the bucket's store lacks, then assemble
@@ -454,18 +402,16 @@ def publish_from_store(
     ``artifacts`` fails the assembly, naming it. ``present``: the stored keys, if already listed."""
     started = time.monotonic()
     if present is None:
-        present = stored_keys(s3_client, bucket, model_prefix)
+        present = stored_keys(target.s3_client, target.bucket, target.model_prefix)
     uploaded = skipped = sent = 0
     for key in dict.fromkeys(model.key for model in models):
         if key in present or key not in artifacts:
             continue
-        report = publish_unit(artifacts[key], key, s3_client=s3_client, bucket=bucket, model_prefix=model_prefix,
-                              concurrency=min(4, concurrency), progress=progress)
+        report = publish_unit(artifacts[key], key, s3_client=target.s3_client, bucket=target.bucket,
+                              model_prefix=target.model_prefix, concurrency=min(4, target.concurrency),
+                              progress=target.progress)
         uploaded, skipped, sent = uploaded + report.uploaded, skipped + report.skipped, sent + report.bytes_sent
-    release = assemble_release(
-        models, s3_client=s3_client, bucket=bucket, model_prefix=model_prefix, release_prefix=release_prefix,
-        index_extra=index_extra, concurrency=concurrency, progress=progress,
-    )
+    release = assemble_release(models, target)
     return PublishReport(
         uploaded=uploaded + release.uploaded,
         copied=release.copied,

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from model_build.manifest import LocalSource, Manifest, ModelSpec, OnnxFileSource
 
@@ -234,6 +235,15 @@ class Release:
 
     def index_key(self, model_prefix: str) -> str:
         return f"{self.prefix(model_prefix)}/{INDEX_NAME}"
+
+    def index_fields(self) -> dict[str, Any]:
+        """What a release's index records of where it came from, beside its models."""
+        return {
+            "release_id": self.release_id,
+            "manifest_sha256": self.manifest_sha256,
+            "code_sha256": self.code_sha256,
+            "model_keys": dict(self.model_keys),
+        }
 
 
 def store_prefix(model_prefix: str, key: str) -> str:

@@ -245,7 +245,7 @@ def test_verify_refuses_a_published_hostile_tarball(name: str, tmp_path: Path, b
     from dataclasses import replace
 
     from model_build.aws_clients import make_s3_client
-    from model_build.publish import publish_incremental
+    from model_build.publish import ReleaseTarget, publish_incremental
 
     endpoint, manifest, release, artifact = built
     writer = _not_onnx(artifact.path) if name == "onnx-not-onnx" else CORPUS[name][0]
@@ -259,10 +259,7 @@ def test_verify_refuses_a_published_hostile_tarball(name: str, tmp_path: Path, b
     s3 = make_s3_client(endpoint_url=endpoint)
     bucket = f"verify-{name}"
     s3.create_bucket(Bucket=bucket)
-    publish_incremental([(hostile, release.model_keys["tiny"])], s3_client=s3, bucket=bucket, model_prefix="models",
-                        release_prefix=release.prefix("models"),
-                        index_extra={"release_id": release.release_id, "manifest_sha256": release.manifest_sha256,
-                                     "code_sha256": release.code_sha256, "model_keys": dict(release.model_keys)})
+    publish_incremental([(hostile, release.model_keys["tiny"])], ReleaseTarget.of(release, s3, bucket, "models"))
     outcome = run_bounded(["-m", "model_build", "verify", "--manifest", str(manifest), "--bucket", bucket,
                            "--endpoint-url", endpoint, "--out", str(tmp_path / "out")],
                           env={"AWS_DEFAULT_REGION": "us-east-1"}, memory_limit=VERIFY_MEMORY_LIMIT,

@@ -37,6 +37,7 @@ from model_build.build import build_release, build_unit
 from model_build.errors import PublishError
 from model_build.manifest import load_manifest, parse_manifest
 from model_build.publish import (
+    ReleaseTarget,
     StoredModel,
     assemble_release,
     download_release,
@@ -196,8 +197,7 @@ def test_one_changed_model_is_built_once_and_the_rest_are_server_side_copies(
 ) -> None:
     models = [_artifact(tmp_path / "a", f"m{i}", size=40_000 + i, copies=1 + i % 3) for i in range(8)]
     first = publish_incremental(
-        [(a, _key(a)) for a in models], s3_client=client, bucket=bucket, model_prefix=PREFIX,
-        release_prefix=f"{PREFIX}/r-1", index_extra={"release_id": "r-1"},
+        [(a, _key(a)) for a in models], ReleaseTarget(client, bucket, PREFIX, f"{PREFIX}/r-1", {"release_id": "r-1"}),
     )
     assert stored_keys(client, bucket, PREFIX) == {_key(a) for a in models}
     assert first.targets == sum(len(a.targets) for a in models)
@@ -206,8 +206,7 @@ def test_one_changed_model_is_built_once_and_the_rest_are_server_side_copies(
     second_models = [*models[:5], changed, *models[6:]]
     proxy.reset_records()
     report = publish_incremental(
-        [(a, _key(a)) for a in second_models], s3_client=client, bucket=bucket, model_prefix=PREFIX,
-        release_prefix=f"{PREFIX}/r-2", index_extra={"release_id": "r-2"},
+        [(a, _key(a)) for a in second_models], ReleaseTarget(client, bucket, PREFIX, f"{PREFIX}/r-2", {"release_id": "r-2"}),
     )
     uploads = proxy.forwarded("PUT", is_copy=False)
     copies = proxy.forwarded("PUT", is_copy=True)
@@ -235,8 +234,7 @@ def test_one_changed_model_is_built_once_and_the_rest_are_server_side_copies(
     # Publishing the same release again sends nothing.
     proxy.reset_records()
     again = publish_incremental(
-        [(a, _key(a)) for a in second_models], s3_client=client, bucket=bucket, model_prefix=PREFIX,
-        release_prefix=f"{PREFIX}/r-2", index_extra={"release_id": "r-2"},
+        [(a, _key(a)) for a in second_models], ReleaseTarget(client, bucket, PREFIX, f"{PREFIX}/r-2", {"release_id": "r-2"}),
     )
     assert proxy.bytes_uploaded() == 0 and again.bytes_sent == 0 and again.copied == 0
     assert proxy.forwarded("PUT") == []
@@ -251,16 +249,14 @@ def test_a_model_missing_from_the_store_fails_the_release_by_name_and_a_rerun_fi
     planned = [StoredModel(a.name, _key(a), a.targets, a.format) for a in models]
     release = f"{PREFIX}/r-3"
     with pytest.raises(PublishError) as caught:
-        assemble_release(planned, s3_client=client, bucket=bucket, model_prefix=PREFIX,
-                         release_prefix=release, index_extra={})
+        assemble_release(planned, ReleaseTarget(client, bucket, PREFIX, release))
     assert caught.value.model == "n2"
     assert _key(models[2]) in str(caught.value)
     assert _release_objects(client, bucket, release) == {}, "nothing copied, no index"
 
     publish_unit(models[2], _key(models[2]), s3_client=client, bucket=bucket, model_prefix=PREFIX)
     proxy.reset_records()
-    report = assemble_release(planned, s3_client=client, bucket=bucket, model_prefix=PREFIX,
-                              release_prefix=release, index_extra={})
+    report = assemble_release(planned, ReleaseTarget(client, bucket, PREFIX, release))
     assert report.copied == 3 * (2 + 2) and proxy.bytes_uploaded() == report.bytes_sent > 0
     assert read_index(client, bucket, f"{release}/_index.json") is not None
 
@@ -373,10 +369,7 @@ def test_per_model_units_and_the_final_step_equal_the_cli_release_byte_for_byte(
     record, release_dir = build_release(manifest, release, base_dir=tmp_path, out_dir=tmp_path / "build", jobs=2)
     assert sorted(record.built) == ["tiny-0", "tiny-1", "tiny-2"]
     publish_incremental(
-        [(m.artifact(release_dir), m.key) for m in record.models], s3_client=s3, bucket=cli_bucket,
-        model_prefix=PREFIX, release_prefix=release.prefix(PREFIX),
-        index_extra={"release_id": release.release_id, "manifest_sha256": release.manifest_sha256,
-                     "code_sha256": release.code_sha256, "model_keys": dict(release.model_keys)},
+        [(m.artifact(release_dir), m.key) for m in record.models], ReleaseTarget.of(release, s3, cli_bucket, PREFIX)
     )
     again, _ = build_release(manifest, release, base_dir=tmp_path, out_dir=tmp_path / "build", jobs=2)
     assert again.built == [], "every key is stored: a re-run builds nothing"
