@@ -314,12 +314,12 @@ class RunContext:
         (the MiniLM tarball for inference and artifact) share one build."""
         key = spec.model_dump_json()
         if key not in self._builds:
-            from model_build.build import build_model
+            from model_build.build import BuildOptions, build_model
 
             release_dir = self.scratch(f"release-{len(self._builds)}")
             seconds, result = timed(
                 lambda: build_model(
-                    spec, base_dir=ROOT, release_dir=release_dir, work_dir=self.scratch("build-work")
+                    spec, BuildOptions(base_dir=ROOT), release_dir=release_dir, work_dir=self.scratch("build-work")
                 )
             )
             log(f"built {spec.name}{' (fp16)' if spec.fp16 else ''}: {result.size / 1e6:.1f} MB in {seconds:.1f} s")

@@ -70,10 +70,10 @@ def _minilm_build_seconds(ctx: RunContext) -> dict[str, Any]:
                     return {"model": MINILM_MODEL, "seconds": float(model["seconds"]),
                             "source": f"build record {record.relative_to(ROOT)}"}
         return {"model": MINILM_MODEL, "seconds": None, "source": "not measured (--tiny, no build record)"}
-    from model_build.build import build_model
+    from model_build.build import BuildOptions, build_model
 
     spec = next(m for m in load_manifest(ROOT / "models.yaml").models if m.name == MINILM_MODEL)
-    seconds, _ = timed(lambda: build_model(spec, base_dir=ROOT, release_dir=ctx.scratch("incremental-minilm"),
+    seconds, _ = timed(lambda: build_model(spec, BuildOptions(base_dir=ROOT), release_dir=ctx.scratch("incremental-minilm"),
                                            work_dir=ctx.scratch("incremental-minilm-work")))
     log(f"{NAME}: {MINILM_MODEL} builds in {seconds:.1f} s")
     return {"model": MINILM_MODEL, "seconds": round(seconds, 2), "source": "measured: one build, imports paid"}
@@ -140,17 +140,17 @@ def run(ctx: RunContext) -> dict[str, Any]:
     })
 
     # The one real build, timed: the per-model time of the projection.
-    from model_build.build import build_model
+    from model_build.build import BuildOptions, build_model
 
     spec = second.models[changed_index]
     build_times: list[float] = []
     built = None
     if not ctx.tiny:  # a first build pays the imports of torch and ONNX: not a per-model cost
-        build_model(spec, base_dir=ROOT, release_dir=ctx.scratch("incremental-warmup"),
+        build_model(spec, BuildOptions(base_dir=ROOT), release_dir=ctx.scratch("incremental-warmup"),
                     work_dir=ctx.scratch("incremental-work"))
     for run_index in range(ctx.repeats):
         out = ctx.scratch(f"incremental-build-{run_index}")
-        seconds, built = timed(lambda out=out: build_model(spec, base_dir=ROOT, release_dir=out,
+        seconds, built = timed(lambda out=out: build_model(spec, BuildOptions(base_dir=ROOT), release_dir=out,
                                                            work_dir=ctx.scratch("incremental-work")))
         build_times.append(seconds)
     assert built is not None

@@ -98,10 +98,25 @@ def cmd_validate(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------------------------
 
 
-def _build(args: argparse.Namespace, s3_client: Any = None) -> tuple[Any, Path, Release]:
+def _build_options(args: argparse.Namespace, base_dir: Path, s3_client: Any) -> Any:
+    """The ``BuildOptions`` of a command's flags (``--jobs``, ``--compresslevel``, the S3 endpoint)."""
     from functools import partial
 
     from model_build.aws_clients import make_s3_client
+    from model_build.build import BuildOptions
+
+    return BuildOptions(
+        base_dir=base_dir,
+        s3_client=s3_client,
+        # Each build process makes its own client (a client does not cross processes).
+        s3_factory=partial(make_s3_client, endpoint_url=getattr(args, "endpoint_url", None),
+                           region=getattr(args, "region", None)),
+        compresslevel=args.compresslevel,
+        jobs=getattr(args, "jobs", 1),
+    )
+
+
+def _build(args: argparse.Namespace, s3_client: Any = None) -> tuple[Any, Path, Release]:
     from model_build.build import build_release, read_unit
     from model_build.release import BUILDS_DIR
 
@@ -112,19 +127,8 @@ def _build(args: argparse.Namespace, s3_client: Any = None) -> tuple[Any, Path, 
     with _progress() as progress:
         on_model = _build_task(progress, [spec for spec in manifest.models
                                           if read_unit(store_dir, keys[spec.name]) is None], jobs)
-        record, release_dir = build_release(
-            manifest,
-            release,
-            base_dir=base_dir,
-            out_dir=Path(args.out),
-            s3_client=s3_client,
-            compresslevel=args.compresslevel,
-            on_model=on_model,
-            jobs=jobs,
-            # Each build process makes its own client (a client does not cross processes).
-            s3_factory=partial(make_s3_client, endpoint_url=getattr(args, "endpoint_url", None),
-                               region=getattr(args, "region", None)),
-        )
+        record, release_dir = build_release(manifest, release, _build_options(args, base_dir, s3_client),
+                                            out_dir=Path(args.out), on_model=on_model)
     return record, release_dir, release
 
 
@@ -213,9 +217,7 @@ def _build_missing_and_publish(args: argparse.Namespace, s3_client: Any, manifes
     neither the bucket nor the local store (``<out>/_builds/``) holds, store those, and assemble
     the release by server-side copies. Returns the report, the models built here and how many
     models' keys the bucket already held."""
-    from functools import partial
 
-    from model_build.aws_clients import make_s3_client
     from model_build.build import build_missing, read_unit
     from model_build.publish import ReleaseTarget, publish_from_store, stored_keys, stored_models
     from model_build.release import BUILDS_DIR
@@ -227,10 +229,8 @@ def _build_missing_and_publish(args: argparse.Namespace, s3_client: Any, manifes
     to_build = [spec for spec in missing if read_unit(store_dir, keys[spec.name]) is None]
     with _progress() as progress:
         built = build_missing(
-            [(spec, keys[spec.name]) for spec in missing], store_dir=store_dir, base_dir=base_dir, jobs=args.jobs,
-            s3_client=s3_client, compresslevel=args.compresslevel,
-            on_model=_build_task(progress, to_build, args.jobs),
-            s3_factory=partial(make_s3_client, endpoint_url=args.endpoint_url, region=args.region),
+            [(spec, keys[spec.name]) for spec in missing], _build_options(args, base_dir, s3_client),
+            store_dir=store_dir, on_model=_build_task(progress, to_build, args.jobs),
         )
     artifacts: dict[str, Any] = {}
     for spec in missing:

@@ -19,7 +19,7 @@ import shutil
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +29,35 @@ from model_build.release import BUILDS_DIR, DEFAULT_COMPRESSLEVEL, Release
 from model_build.types import Artifact
 
 __all__ = [
-    "DEFAULT_COMPRESSLEVEL", "BuildRecord", "ModelBuildResult", "build_missing", "build_model", "build_release",
+    "DEFAULT_COMPRESSLEVEL", "BuildOptions", "BuildRecord", "ModelBuildResult", "build_missing", "build_model", "build_release",
     "build_unit",
 ]
 
 BUILD_RECORD = "build.json"
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """What every model of one build shares, passed whole to each runner below.
+
+    ``base_dir``: where relative sources resolve. ``s3_client``: reads ``s3`` sources in this
+    process; ``s3_factory``: makes one per worker process (a client does not pickle). ``jobs``:
+    how many models build at once (1: in this process). ``compresslevel``: gzip level of the
+    tarballs, part of every model key (``model_build.release``)."""
+
+    base_dir: Path
+    s3_client: Any = None
+    s3_factory: Callable[[], Any] | None = None
+    compresslevel: int = DEFAULT_COMPRESSLEVEL
+    jobs: int = 1
+
+    def __post_init__(self) -> None:
+        if self.jobs < 1:
+            raise ValueError(f"jobs: got {self.jobs}; expected >= 1")
+
+    def for_worker(self) -> BuildOptions:
+        """These options as a spawned worker process gets them: a client of its own, one job."""
+        return replace(self, s3_client=self.s3_factory() if self.s3_factory else None, jobs=1)
 #: The record of one stored unit, written last: a unit folder without it is not a build.
 UNIT_RECORD = "result.json"
 
@@ -118,12 +142,10 @@ class BuildRecord:
 
 def build_model(
     spec: ModelSpec,
+    options: BuildOptions,
     *,
-    base_dir: Path,
     release_dir: Path,
     work_dir: Path,
-    s3_client: Any = None,
-    compresslevel: int = DEFAULT_COMPRESSLEVEL,
     step: Callable[[str], None] | None = None,
 ) -> ModelBuildResult:
     """Run the pipeline (``model_build.pipeline``) for one manifest entry into
@@ -136,8 +158,8 @@ def build_model(
         shutil.rmtree(model_work)
     model_work.mkdir(parents=True)
     done = run_pipeline(
-        BuildInputs(spec=spec, base_dir=base_dir, work_dir=model_work, out_dir=release_dir, s3_client=s3_client,
-                    compresslevel=compresslevel),
+        BuildInputs(spec=spec, base_dir=options.base_dir, work_dir=model_work, out_dir=release_dir,
+                    s3_client=options.s3_client, compresslevel=options.compresslevel),
         on_step=step,
     )
     tarball, report = done.need("tarball", "record"), done.need("report", "record")
@@ -190,11 +212,9 @@ def read_unit(store_dir: Path, key: str) -> ModelBuildResult | None:
 def build_unit(
     spec: ModelSpec,
     key: str,
+    options: BuildOptions,
     *,
-    base_dir: Path,
     store_dir: Path,
-    s3_client: Any = None,
-    compresslevel: int = DEFAULT_COMPRESSLEVEL,
     step: Callable[[str], None] | None = None,
 ) -> tuple[ModelBuildResult, bool]:
     """Build one manifest entry into ``store_dir/<key>/`` unless that key is already built.
@@ -215,15 +235,7 @@ def build_unit(
     scratch.mkdir(parents=True)
     stored = False
     try:
-        result = build_model(
-            spec,
-            base_dir=base_dir,
-            release_dir=scratch,
-            work_dir=scratch / ".work",
-            s3_client=s3_client,
-            compresslevel=compresslevel,
-            step=step,
-        )
+        result = build_model(spec, options, release_dir=scratch, work_dir=scratch / ".work", step=step)
         result.key = key
         (scratch / UNIT_RECORD).write_text(json.dumps(asdict(result), indent=2, sort_keys=True) + "\n")
         shutil.rmtree(store_dir / key, ignore_errors=True)
@@ -245,17 +257,13 @@ def build_unit(
 
 
 def _unit_in_process(
-    spec_json: str, key: str, base_dir: str, store_dir: str, compresslevel: int,
-    s3_factory: Callable[[], Any] | None,
+    spec_json: str, key: str, options: BuildOptions, store_dir: Path
 ) -> tuple[dict[str, Any] | None, tuple[str, str | None, str] | None]:
     """:func:`build_unit` in a worker process; an expected error comes back as plain data
     (message, model, step) because exception classes with keyword-only fields do not pickle."""
     spec = ModelSpec.model_validate_json(spec_json)
     try:
-        result, _ = build_unit(
-            spec, key, base_dir=Path(base_dir), store_dir=Path(store_dir),
-            s3_client=s3_factory() if s3_factory else None, compresslevel=compresslevel,
-        )
+        result, _ = build_unit(spec, key, options.for_worker(), store_dir=store_dir)
     except ModelBuildError as error:
         return None, (str(error), error.model or spec.name, error.step)
     return asdict(result), None
@@ -263,25 +271,20 @@ def _unit_in_process(
 
 def _build_missing_in_processes(
     missing: list[tuple[ModelSpec, str]],
+    options: BuildOptions,
     *,
-    jobs: int,
-    base_dir: Path,
     store_dir: Path,
-    compresslevel: int,
-    s3_factory: Callable[[], Any] | None,
     on_built: Callable[[ModelSpec], None],
 ) -> None:
-    """Build ``missing`` in ``jobs`` fresh processes (spawned: torch does not survive a fork).
+    """Build ``missing`` in ``options.jobs`` fresh processes (spawned: torch does not survive a fork).
 
     On the first failure nothing new starts; builds already running finish and stay in the
     store, so a re-run builds only what is still missing. The failure names its model."""
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+    shipped = replace(options, s3_client=None)  # each worker makes its own from s3_factory
+    with ProcessPoolExecutor(max_workers=options.jobs, mp_context=context) as pool:
         futures: dict[Future[Any], ModelSpec] = {
-            pool.submit(
-                _unit_in_process, spec.model_dump_json(), key, str(base_dir), str(store_dir),
-                compresslevel, s3_factory,
-            ): spec
+            pool.submit(_unit_in_process, spec.model_dump_json(), key, shipped, store_dir): spec
             for spec, key in missing
         }
         pending = set(futures)
@@ -312,38 +315,32 @@ def _link(source: Path, target: Path) -> None:
 
 def build_missing(
     units: Sequence[tuple[ModelSpec, str]],
+    options: BuildOptions,
     *,
     store_dir: Path,
-    base_dir: Path,
-    jobs: int = 1,
-    s3_client: Any = None,
-    s3_factory: Callable[[], Any] | None = None,
-    compresslevel: int = DEFAULT_COMPRESSLEVEL,
     on_model: Callable[[ModelSpec, str], None] | None = None,
 ) -> list[str]:
     """Build every ``(spec, key)`` whose key ``store_dir`` does not hold yet; the names built.
 
     The one runner of many units, for ``build_release`` and the CLI's build against a bucket:
-    in this process when ``jobs`` is 1 or one unit is missing (``on_model`` hears each pipeline
-    step), else in ``jobs`` spawned processes, each with its own S3 client from ``s3_factory``
-    (``on_model`` hears ``"built"`` per unit). A key listed twice is built once.
+    in this process when ``options.jobs`` is 1 or one unit is missing (``on_model`` hears each
+    pipeline step), else in that many spawned processes, each with its own S3 client from
+    ``options.s3_factory`` (``on_model`` hears ``"built"`` per unit). A key listed twice is
+    built once.
     """
-    if jobs < 1:
-        raise ValueError(f"jobs: got {jobs}; expected >= 1")
     missing = list({key: (spec, key) for spec, key in reversed(units)
                     if read_unit(store_dir, key) is None}.values())[::-1]
-    if jobs == 1 or len(missing) <= 1:
+    if options.jobs == 1 or len(missing) <= 1:
         for spec, key in missing:
             def step(name: str, spec: ModelSpec = spec) -> None:
                 if on_model:
                     on_model(spec, name)
 
-            build_unit(spec, key, base_dir=base_dir, store_dir=store_dir, s3_client=s3_client,
-                       compresslevel=compresslevel, step=step)
+            build_unit(spec, key, options, store_dir=store_dir, step=step)
     else:
         _build_missing_in_processes(
-            missing, jobs=jobs, base_dir=base_dir, store_dir=store_dir, compresslevel=compresslevel,
-            s3_factory=s3_factory, on_built=lambda spec: on_model(spec, "built") if on_model else None,
+            missing, options, store_dir=store_dir,
+            on_built=lambda spec: on_model(spec, "built") if on_model else None,
         )
     return [spec.name for spec, _ in missing]
 
@@ -351,22 +348,18 @@ def build_missing(
 def build_release(
     manifest: Manifest,
     release: Release,
+    options: BuildOptions,
     *,
-    base_dir: Path,
     out_dir: Path,
-    s3_client: Any = None,
-    compresslevel: int = DEFAULT_COMPRESSLEVEL,
     on_model: Callable[[ModelSpec, str], None] | None = None,
-    jobs: int = 1,
-    s3_factory: Callable[[], Any] | None = None,
 ) -> tuple[BuildRecord, Path]:
     """Build the manifest's missing model keys into ``out_dir/_builds/`` and assemble
     ``out_dir/<release_id>/`` (files linked from the store, and ``build.json``).
 
     A model whose key is already stored is not built again: its key covers everything that
     can change its bytes (``model_build.release``), and two builds of one key give
-    byte-identical tarballs (a property of the build, tested), so reuse is sound. ``jobs`` > 1
-    builds in that many processes (each with its own S3 client from ``s3_factory``).
+    byte-identical tarballs (a property of the build, tested), so reuse is sound. With
+    ``options.jobs`` > 1 the missing keys build in that many processes.
     """
     keys = dict(release.model_keys)
     unkeyed = [spec.name for spec in manifest.models if spec.name not in keys]
@@ -375,10 +368,8 @@ def build_release(
     # Created lazily (build_unit makes it when it stores a unit): an input refused before any
     # build, such as a source that does not resolve, leaves the build folder as it was.
     store_dir = out_dir / BUILDS_DIR
-    built = build_missing(
-        [(spec, keys[spec.name]) for spec in manifest.models], store_dir=store_dir, base_dir=base_dir, jobs=jobs,
-        s3_client=s3_client, s3_factory=s3_factory, compresslevel=compresslevel, on_model=on_model,
-    )
+    built = build_missing([(spec, keys[spec.name]) for spec in manifest.models], options, store_dir=store_dir,
+                          on_model=on_model)
     release_dir = out_dir / release.release_id
     release_dir.mkdir(parents=True, exist_ok=True)
     results: list[ModelBuildResult] = []

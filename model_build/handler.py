@@ -299,12 +299,12 @@ def _model_keys(manifest: Manifest) -> dict[str, str]:
 
 def _build_and_store(s3: Any, request: Request, spec: ModelSpec, key: str) -> None:
     """The per-model unit: build one entry and store it under ``<prefix>/_builds/<key>/``."""
-    from model_build.build import build_unit
+    from model_build.build import BuildOptions, build_unit
     from model_build.publish import publish_unit
 
     work = Path(tempfile.mkdtemp(prefix=f"build-{spec.name}-", dir=os.environ.get("TMPDIR")))
     try:
-        result, _ = build_unit(spec, key, base_dir=work, store_dir=work / "store", s3_client=s3)
+        result, _ = build_unit(spec, key, BuildOptions(base_dir=work, s3_client=s3), store_dir=work / "store")
         publish_unit(
             result.artifact(work / "store" / key),
             key,

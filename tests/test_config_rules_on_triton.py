@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from triton_helpers import requires_triton  # tests/ is on sys.path
 
-from model_build.build import build_model
+from model_build.build import BuildOptions, build_model
 from model_build.errors import ModelBuildError
 from model_build.gate import check_repository
 from model_build.manifest import parse_manifest
@@ -138,7 +138,7 @@ def good(tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("rules")
     spec = parse_manifest({"version": 1, "models": [SPEC]}).models[0]
     steps: list[str] = []
-    result = build_model(spec, base_dir=work, release_dir=work, work_dir=work / "work", step=steps.append)
+    result = build_model(spec, BuildOptions(base_dir=work), release_dir=work, work_dir=work / "work", step=steps.append)
     assert steps[-1] == "pre-publish gate"  # the build ran this very gate on the tarball it wrote
     root = work / "good"
     with tarfile.open(work / result.tarball) as tar:

@@ -218,7 +218,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path,
     published next to each hostile tarball, so verify gets as far as unpacking it)."""
     import yaml
 
-    from model_build.build import build_release
+    from model_build.build import BuildOptions, build_release
     from model_build.manifest import load_manifest
     from model_build.release import compute_release
     from model_build.tools.local_s3 import local_s3
@@ -232,7 +232,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path,
                    "config": {"embedding_size": 8, "hidden_sizes": [8, 8], "depths": [1, 1], "num_labels": 4}},
     }]}))
     release = compute_release(load_manifest(manifest), base_dir=folder)
-    record, release_dir = build_release(load_manifest(manifest), release, base_dir=folder, out_dir=folder / "build")
+    record, release_dir = build_release(load_manifest(manifest), release, BuildOptions(base_dir=folder), out_dir=folder / "build")
     with local_s3() as endpoint:
         yield endpoint, manifest, release, record.models[0].artifact(release_dir)
 

@@ -33,7 +33,7 @@ from s3_faults import FaultProxy  # tests/ is on sys.path
 
 from model_build import handler
 from model_build.aws_clients import make_s3_client
-from model_build.build import build_release, build_unit
+from model_build.build import BuildOptions, build_release, build_unit
 from model_build.errors import PublishError
 from model_build.manifest import load_manifest, parse_manifest
 from model_build.publish import (
@@ -297,10 +297,10 @@ import json, sys
 from pathlib import Path
 import model_build
 import model_build.handler  # the module of every entry point the image's CMD names
-from model_build.build import build_unit
+from model_build.build import BuildOptions, build_unit
 from model_build.manifest import parse_manifest
 spec = parse_manifest(json.loads(sys.argv[1])).models[0]
-result, built = build_unit(spec, "k-runtime", base_dir=Path.cwd(), store_dir=Path.cwd() / "store")
+result, built = build_unit(spec, "k-runtime", BuildOptions(base_dir=Path.cwd()), store_dir=Path.cwd() / "store")
 print(json.dumps({"package": model_build.__file__, "built": built, "sha256": result.sha256}))
 """
 
@@ -323,7 +323,8 @@ def test_the_runtime_files_alone_build_a_model(tmp_path: Path) -> None:
     out = json.loads(result.stdout.splitlines()[-1])
     assert Path(out["package"]).parent == image / "model_build"
     assert out["built"] is True
-    whole, _ = build_unit(parse_manifest(data).models[0], "k-whole", base_dir=tmp_path, store_dir=tmp_path / "store")
+    whole, _ = build_unit(parse_manifest(data).models[0], "k-whole", BuildOptions(base_dir=tmp_path),
+                          store_dir=tmp_path / "store")
     assert out["sha256"] == whole.sha256
 
 
@@ -366,12 +367,12 @@ def test_per_model_units_and_the_final_step_equal_the_cli_release_byte_for_byte(
     # The CLI: `build --jobs 2`, then the incremental publish, into one bucket.
     cli_bucket = f"cli-{uuid.uuid4().hex[:12]}"
     s3.create_bucket(Bucket=cli_bucket)
-    record, release_dir = build_release(manifest, release, base_dir=tmp_path, out_dir=tmp_path / "build", jobs=2)
+    record, release_dir = build_release(manifest, release, BuildOptions(base_dir=tmp_path, jobs=2), out_dir=tmp_path / "build")
     assert sorted(record.built) == ["tiny-0", "tiny-1", "tiny-2"]
     publish_incremental(
         [(m.artifact(release_dir), m.key) for m in record.models], ReleaseTarget.of(release, s3, cli_bucket, PREFIX)
     )
-    again, _ = build_release(manifest, release, base_dir=tmp_path, out_dir=tmp_path / "build", jobs=2)
+    again, _ = build_release(manifest, release, BuildOptions(base_dir=tmp_path, jobs=2), out_dir=tmp_path / "build")
     assert again.built == [], "every key is stored: a re-run builds nothing"
 
     # The Lambda: the Map's per-model unit for each item, then the final step, into another.
@@ -552,8 +553,7 @@ def test_build_jobs_must_be_a_whole_number_of_processes(tmp_path: Path) -> None:
     assert "argument --jobs: got '0'; expected a whole number >= 1" in done.stderr
     assert "Traceback" not in done.stderr and not any(tmp_path.iterdir()), "nothing built"
     with pytest.raises(ValueError, match="jobs: got 0; expected >= 1"):
-        build_release(load_manifest(ROOT / "models.yaml"), compute_release(load_manifest(ROOT / "models.yaml")),
-                      base_dir=ROOT, out_dir=tmp_path, jobs=0)
+        BuildOptions(base_dir=ROOT, jobs=0)
 
 
 @pytest.mark.slow
@@ -568,15 +568,15 @@ def test_build_jobs_a_failing_model_names_it_and_a_rerun_builds_only_what_is_mis
     release = compute_release(broken, base_dir=tmp_path)
     factory = partial(make_s3_client, endpoint_url=endpoint)
     with pytest.raises(ModelBuildError) as caught:
-        build_release(broken, release, base_dir=tmp_path, out_dir=tmp_path / "b", jobs=2, s3_factory=factory)
+        build_release(broken, release, BuildOptions(base_dir=tmp_path, jobs=2, s3_factory=factory), out_dir=tmp_path / "b")
     assert caught.value.model == "gone"
     assert not (tmp_path / "b" / release.release_id / "build.json").exists(), "no release folder record"
     stored = {p.name for p in (tmp_path / "b" / "_builds").iterdir() if not p.name.startswith(".")}
     assert stored == {release.model_keys["tiny-0"]}, "the model that built is kept"
 
     fixed = parse_manifest(_tiny_manifest(2))
-    record, _ = build_release(fixed, compute_release(fixed, base_dir=tmp_path), base_dir=tmp_path,
-                              out_dir=tmp_path / "b", jobs=2, s3_factory=factory)
+    record, _ = build_release(fixed, compute_release(fixed, base_dir=tmp_path),
+                              BuildOptions(base_dir=tmp_path, jobs=2, s3_factory=factory), out_dir=tmp_path / "b")
     assert record.built == ["tiny-1"]
 
 

@@ -33,7 +33,7 @@ from botocore.exceptions import ClientError
 from triton_helpers import requires_triton  # tests/ is on sys.path
 
 from model_build.aws_clients import make_s3_client
-from model_build.build import build_release
+from model_build.build import BuildOptions, build_release
 from model_build.manifest import parse_manifest
 from model_build.publish import publish_release
 from model_build.release import INDEX_NAME, compute_release
@@ -142,7 +142,7 @@ def release(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     work = tmp_path_factory.mktemp("endpoint")
     manifest = parse_manifest(MANIFEST)
     rel = compute_release(manifest, base_dir=work)
-    record, release_dir = build_release(manifest, rel, base_dir=work, out_dir=work / "build")
+    record, release_dir = build_release(manifest, rel, BuildOptions(base_dir=work), out_dir=work / "build")
     with local_s3() as url:
         s3 = make_s3_client(endpoint_url=url)
         s3.create_bucket(Bucket=BUCKET)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from model_build.build import build_model
+from model_build.build import BuildOptions, build_model
 from model_build.manifest import parse_manifest
 from model_build.pipeline import PIPELINE, TEXT_CHECK, Artifacts, BuildInputs, Step, run_pipeline, steps_for
 
@@ -73,7 +73,7 @@ def test_the_runner_announces_and_times_each_step_in_order(tmp_path: Path) -> No
 def test_a_real_build_runs_every_step_of_its_entry_and_records_their_times(tmp_path: Path) -> None:
     spec = _spec(IMAGE)
     heard: list[str] = []
-    result = build_model(spec, base_dir=tmp_path, release_dir=tmp_path / "out", work_dir=tmp_path / "work",
+    result = build_model(spec, BuildOptions(base_dir=tmp_path), release_dir=tmp_path / "out", work_dir=tmp_path / "work",
                          step=heard.append)
     assert heard == [s.name for s in steps_for(spec)]
     assert list(result.step_seconds) == heard

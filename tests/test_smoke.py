@@ -27,7 +27,7 @@ import pytest
 from triton_helpers import requires_triton  # tests/ is on sys.path
 
 from model_build.aws_clients import make_s3_client
-from model_build.build import build_model
+from model_build.build import BuildOptions, build_model
 from model_build.errors import ModelBuildError
 from model_build.manifest import parse_manifest
 from model_build.publish import publish_release
@@ -187,7 +187,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     release_dir = base / "release"
     release_dir.mkdir()
     spec = parse_manifest({"version": 1, "models": [TINY]}).models[0]
-    result = build_model(spec, base_dir=base, release_dir=release_dir, work_dir=base / "work")
+    result = build_model(spec, BuildOptions(base_dir=base), release_dir=release_dir, work_dir=base / "work")
     artifact = result.artifact(release_dir)
     with tarfile.open(artifact.path) as tar:
         member = tar.extractfile("tiny/config.pbtxt")
@@ -198,7 +198,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         **TINY["source"], "config": {**TINY["source"]["config"], "num_labels": 9}}}]}).models[0]  # type: ignore[dict-item]
     nine_dir = base / "nine"
     nine_dir.mkdir()
-    nine = build_model(nine_spec, base_dir=base, release_dir=nine_dir, work_dir=base / "work")
+    nine = build_model(nine_spec, BuildOptions(base_dir=base), release_dir=nine_dir, work_dir=base / "work")
 
     # Release D: the same tarball, with a reference whose outputs are off by 1.0.
     shifted = base / "shifted" / "tiny.reference.npz"

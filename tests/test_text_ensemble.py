@@ -308,11 +308,11 @@ def exported_minilm(tmp_path_factory) -> ExportedModel:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """The project's build of an ``inputs: text`` entry (export, checks, ensemble tarball)."""
-    from model_build.build import build_model
+    from model_build.build import BuildOptions, build_model
 
     release = tmp_path_factory.mktemp("release")
     steps: list[str] = []
-    result = build_model(spec_for(inputs="text"), base_dir=ROOT, release_dir=release,
+    result = build_model(spec_for(inputs="text"), BuildOptions(base_dir=ROOT), release_dir=release,
                          work_dir=tmp_path_factory.mktemp("work"), step=steps.append)
     return result, release / result.tarball, steps
 
@@ -423,14 +423,14 @@ def test_manifest_refuses_inputs_text_where_it_cannot_work(overrides, message):
 
 
 def test_build_refuses_a_source_without_tokenizer_files_before_export(tmp_path):
-    from model_build.build import build_model
+    from model_build.build import BuildOptions, build_model
 
     source = tmp_path / "model"
     shutil.copytree(MINILM_DIR, source, ignore=shutil.ignore_patterns("vocab.txt", "*.safetensors"))
     (source / "model.safetensors").symlink_to(MINILM_DIR / "model.safetensors")
     spec = spec_for(inputs="text", source={"kind": "local", "path": "model"})
     with pytest.raises(PackageError, match=r"vocab\.txt missing"):
-        build_model(spec, base_dir=tmp_path, release_dir=tmp_path / "release", work_dir=tmp_path / "work")
+        build_model(spec, BuildOptions(base_dir=tmp_path), release_dir=tmp_path / "release", work_dir=tmp_path / "work")
     assert not list((tmp_path / "work").rglob("model.onnx"))  # refused before the export
     assert not (tmp_path / "release").exists() or not list((tmp_path / "release").iterdir())
 
@@ -438,7 +438,7 @@ def test_build_refuses_a_source_without_tokenizer_files_before_export(tmp_path):
 def test_build_refuses_an_s3_source_without_tokenizer_files_before_download_and_export(tmp_path, endpoint):
     """An S3 prefix without vocab.txt: refused after fetching the tokenizer files, before the weights."""
     from model_build.aws_clients import make_s3_client
-    from model_build.build import build_model
+    from model_build.build import BuildOptions, build_model
 
     s3 = make_s3_client(endpoint_url=endpoint)
     s3.create_bucket(Bucket="no-vocab")
@@ -447,8 +447,8 @@ def test_build_refuses_an_s3_source_without_tokenizer_files_before_download_and_
             s3.upload_file(str(path), "no-vocab", f"minilm/{path.relative_to(MINILM_DIR).as_posix()}")
     spec = spec_for(inputs="text", source={"kind": "s3", "uri": "s3://no-vocab/minilm"})
     with pytest.raises(PackageError) as caught:
-        build_model(spec, base_dir=tmp_path, release_dir=tmp_path / "release", work_dir=tmp_path / "work",
-                    s3_client=s3)
+        build_model(spec, BuildOptions(base_dir=tmp_path, s3_client=s3), release_dir=tmp_path / "release",
+                    work_dir=tmp_path / "work")
     assert "vocab.txt missing" in str(caught.value) and caught.value.model == "minilm-text"
     assert not list((tmp_path / "work").rglob("*.onnx"))  # refused before the export
     assert not list((tmp_path / "work").rglob("model.safetensors"))  # ... and before the weights' download
@@ -478,11 +478,11 @@ def test_truncating_copy_embeds_long_text_like_sentence_transformers(server, sen
 @pytest.fixture(scope="module")
 def feature_extraction_key(server, tmp_path_factory) -> str:
     """The project's build of a raw-text ``feature-extraction`` target, loaded beside the others."""
-    from model_build.build import build_model
+    from model_build.build import BuildOptions, build_model
 
     release = tmp_path_factory.mktemp("fe-release")
-    result = build_model(spec_for(name="minilm-tokens-out", task="feature-extraction", inputs="text"), base_dir=ROOT,
-                         release_dir=release, work_dir=tmp_path_factory.mktemp("fe-work"))
+    result = build_model(spec_for(name="minilm-tokens-out", task="feature-extraction", inputs="text"),
+                         BuildOptions(base_dir=ROOT), release_dir=release, work_dir=tmp_path_factory.mktemp("fe-work"))
     folder = tmp_path_factory.mktemp("fe-model") / "model"
     with tarfile.open(release / result.tarball) as tar:
         tar.extractall(folder, filter="data")
@@ -637,7 +637,7 @@ def test_published_text_target_answers_boto3_strings_on_the_local_endpoint(tmp_p
     from botocore.exceptions import ClientError
 
     from model_build.aws_clients import make_s3_client
-    from model_build.build import build_release
+    from model_build.build import BuildOptions, build_release
     from model_build.publish import publish_release
     from model_build.release import compute_release
     from model_build.tools.endpoint import local_endpoint
@@ -648,7 +648,7 @@ def test_published_text_target_answers_boto3_strings_on_the_local_endpoint(tmp_p
              "instance_group": {"kind": "KIND_CPU", "count": 1}, "text": {"max_sequence_length": MAX_LEN}}
     manifest = parse_manifest({"version": 1, "models": [entry]})
     release = compute_release(manifest, base_dir=tmp_path)
-    record, release_dir = build_release(manifest, release, base_dir=tmp_path, out_dir=tmp_path / "build")
+    record, release_dir = build_release(manifest, release, BuildOptions(base_dir=tmp_path), out_dir=tmp_path / "build")
     texts = ["A man is playing a guitar.", "東京は日本の首都です。"]
     expected = sentence_transformer.encode(texts, convert_to_numpy=True)
     with local_s3() as url:
