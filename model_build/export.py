@@ -41,6 +41,7 @@ import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import onnx
@@ -60,6 +61,7 @@ EXTERNAL_DATA_SUFFIX = ".data"
 #: Both exporters keep process-wide state (torch.onnx's export globals, the TorchScript
 #: compilation unit swapped below), so exports from parallel build threads take turns.
 _EXPORT_LOCK = threading.Lock()
+T = TypeVar("T")
 
 
 def _fail(spec: ModelSpec, what: str, error: BaseException) -> ExportError:
@@ -79,6 +81,27 @@ def _dynamic_axes(spec: ModelSpec) -> dict[str, dict[int, str]]:
         per_token = spec.task == "feature-extraction"
         axes[name] = {**batch, **({1: "sequence"} if per_token else {})}
     return {name: value for name, value in axes.items() if value}
+
+
+def _tensors(spec: ModelSpec, sample: dict[str, np.ndarray]) -> tuple[torch.Tensor, ...]:
+    """``sample`` as the module's positional inputs, in the manifest's input order."""
+    return tuple(torch.from_numpy(np.ascontiguousarray(sample[name])) for name in input_names(spec))
+
+
+@contextlib.contextmanager
+def _scratch_beside(out_path: Path) -> Iterator[Path]:
+    """A scratch folder next to ``out_path``: same file system, so the result is renamed into place."""
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out_path.parent, prefix=".export-") as scratch:
+        yield Path(scratch)
+
+
+@contextlib.contextmanager
+def _tracing(inner: contextlib.AbstractContextManager[T]) -> Iterator[T]:
+    """One trace: its turn of the export lock, no gradients, the known warnings silenced, and
+    ``inner`` (an exporter's own setting) around it."""
+    with _EXPORT_LOCK, _quiet_tracing(), torch.no_grad(), inner as value:
+        yield value
 
 
 @contextlib.contextmanager
@@ -105,26 +128,18 @@ def export_onnx(
     """Trace ``module`` on ``sample`` into ``out_path`` (opset :data:`OPSET`), FP16 if asked."""
     from model_build.optimize import should_fuse
 
-    names = input_names(spec)
-    args = tuple(torch.from_numpy(np.ascontiguousarray(sample[name])) for name in names)
     fusing = should_fuse(spec, module)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out_path.parent, prefix=".export-") as scratch:
-        raw = Path(scratch) / "model.onnx"
+    with _scratch_beside(out_path) as scratch:
+        raw = scratch / "model.onnx"
         try:
-            with (
-                _EXPORT_LOCK,
-                _quiet_tracing(),
-                torch.no_grad(),
-                _eager_attention(module) if fusing else contextlib.nullcontext(),
-            ):
+            with _tracing(_eager_attention(module) if fusing else contextlib.nullcontext()):
                 torch.onnx.export(
                     module,
-                    args,
+                    _tensors(spec, sample),
                     str(raw),
                     dynamo=False,
                     opset_version=OPSET,
-                    input_names=list(names),
+                    input_names=list(input_names(spec)),
                     output_names=list(output_names(spec)),
                     dynamic_axes=_dynamic_axes(spec),
                     do_constant_folding=True,
@@ -353,23 +368,15 @@ def export_torchscript(
     spec: ModelSpec, module: torch.nn.Module, sample: dict[str, np.ndarray], out_path: Path
 ) -> ExportedModel:
     """``torch.jit.trace`` into ``out_path``; the trace is checked on a second shape."""
-    names = input_names(spec)
-    args = tuple(torch.from_numpy(np.ascontiguousarray(sample[name])) for name in names)
     other = _other_shape(spec, sample)
-    check = [tuple(torch.from_numpy(other[name]) for name in names)] if other else None
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=out_path.parent, prefix=".export-") as scratch:
-        raw = Path(scratch) / "traced.pt"
+    check = [_tensors(spec, other)] if other else None
+    with _scratch_beside(out_path) as scratch:
+        raw = scratch / "traced.pt"
         try:
-            with (
-                _EXPORT_LOCK,
-                _quiet_tracing(),
-                torch.no_grad(),
-                _fresh_torchscript_namespace() as unit,
-            ):
+            with _tracing(_fresh_torchscript_namespace()) as unit:
                 traced = torch.jit.trace(
                     module,
-                    args,
+                    _tensors(spec, sample),
                     check_trace=True,
                     check_inputs=check,
                     _store_inputs=False,
@@ -387,7 +394,7 @@ def export_torchscript(
         except Exception as error:  # any other tracer failure
             raise _fail(spec, "torchscript trace", error) from error
         # The archive's top folder is the file's stem: always "model", whatever out_path is.
-        stripped = Path(scratch) / "model.pt"
+        stripped = scratch / "model.pt"
         _strip_debug_records(raw, stripped)
         os.replace(stripped, out_path)
     inputs, outputs = torchscript_signature(spec, out_path, sample)
@@ -414,7 +421,7 @@ def torchscript_signature(
     axes = _dynamic_axes(spec)
     loaded = load_torchscript(path)
     with torch.no_grad():
-        result = loaded(*(torch.from_numpy(np.ascontiguousarray(sample[n])) for n in input_names(spec)))
+        result = loaded(*_tensors(spec, sample))
     tensors = list(result) if isinstance(result, (tuple, list)) else [result]
     if len(tensors) != len(output_names(spec)):
         raise ExportError(
