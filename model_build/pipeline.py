@@ -135,9 +135,9 @@ TEXT_CHECK = "strings -> ensemble vs sentence-transformers"
 def check_text_ensemble(inputs: BuildInputs, done: Artifacts) -> Artifacts:
     """Raw-text targets: strings through the ensemble's tokenizer and model against
     sentence-transformers; the reference becomes strings in, the ensemble's outputs out."""
+    from model_build.reference import write_reference
     from model_build.text_ensemble.check import check_text_ensemble as check
     from model_build.text_ensemble.ensemble import check_tokenizer_dir, render_ensemble_configs
-    from model_build.validate import write_reference
 
     spec, exported = inputs.spec, done.need("exported", TEXT_CHECK)
     tokenizer_dir = done.need("tokenizer_dir", TEXT_CHECK)

@@ -31,7 +31,6 @@ import re
 import sys
 import tempfile
 import time
-import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +45,7 @@ from model_build.compare import (
     served_tolerance,
 )
 from model_build.errors import ModelBuildError, TritonConfigError, VerifyError
+from model_build.reference import read_reference
 from model_build.release import INDEX_NAME, REFERENCE_DIR
 
 #: Where the served precision is not recorded: loose, as TF32 convolutions and matmuls on Ampere
@@ -391,19 +391,19 @@ def _prepare_reference(
     npz_path = work_dir / f"{source_model}.npz"
     npz_path.write_bytes(raw)
     try:
-        inputs, outputs = _read_npz(npz_path)
+        inputs, outputs = read_reference(npz_path)
     except VerifyError as error:
         return _Reference(error=str(error))
 
+    for kind, ios, arrays in (("input", config.input, inputs), ("output", config.output, outputs)):
+        absent = [io_.name for io_ in ios if io_.name not in arrays]
+        if absent:
+            return _Reference(error=f"reference of {source_model!r}: no '{kind}:{absent[0]}' array; "
+                              f"it holds {', '.join(sorted(arrays))}")
     mbs = config.max_batch_size
     batch = None
     sent: dict[str, np.ndarray] = {}
     for io_ in config.input:
-        if io_.name not in inputs:
-            return _Reference(
-                error=f"reference of {source_model!r}: no 'input:{io_.name}' array; it holds "
-                + ", ".join(sorted(inputs))
-            )
         array = inputs[io_.name]
         if mbs >= 1:
             array = array[:mbs]  # the reference may hold more rows than one request may carry
@@ -413,15 +413,8 @@ def _prepare_reference(
         elif io_.HasField("reshape"):
             array = array.reshape(list(io_.dims))
         sent[io_.name] = array
-    expected_out: dict[str, np.ndarray] = {}
-    for io_ in config.output:
-        if io_.name not in outputs:
-            return _Reference(
-                error=f"reference of {source_model!r}: no 'output:{io_.name}' array; it holds "
-                + ", ".join(sorted(outputs))
-            )
-        array = outputs[io_.name]
-        expected_out[io_.name] = array[:batch] if batch is not None else array
+    expected_out = {io_.name: outputs[io_.name][:batch] if batch is not None else outputs[io_.name]
+                    for io_ in config.output}
     try:
         body, header_length = build_request(config, sent)
     except VerifyError as error:
@@ -433,24 +426,6 @@ def _prepare_reference(
         batch=batch,
         outputs=expected_out,
     )
-
-
-def _read_npz(path: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Inputs and outputs of a reference ``.npz`` (``input:<name>``, ``output:<name>``).
-
-    Read with numpy here rather than ``validate.read_reference``: that module imports torch and
-    onnx, which a smoke test run from a laptop or CI job should not need.
-    """
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {key: data[key] for key in data.files}
-    except (OSError, ValueError, zipfile.BadZipFile) as error:
-        raise VerifyError(f"reference {str(path)!r}: not a readable .npz: {error}") from None
-    inputs = {k[len("input:"):]: v for k, v in arrays.items() if k.startswith("input:")}
-    outputs = {k[len("output:"):]: v for k, v in arrays.items() if k.startswith("output:")}
-    if not inputs or not outputs:
-        raise VerifyError(f"reference {str(path)!r}: needs at least one 'input:' and one 'output:' array")
-    return inputs, outputs
 
 
 # --------------------------------------------------------------------------------------------

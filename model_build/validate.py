@@ -11,8 +11,6 @@ packaged tarball, loaded the way the Triton container loads it.
 
 from __future__ import annotations
 
-import io
-import zipfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -22,10 +20,11 @@ import onnxruntime as ort
 import torch
 
 from model_build.compare import compare_arrays
-from model_build.errors import AccuracyGateError, ExportError, ValidationMismatchError, VerifyError
+from model_build.errors import AccuracyGateError, ExportError, ValidationMismatchError
 from model_build.export import export_onnx, export_torchscript, import_onnx, load_torchscript
 from model_build.manifest import ModelSpec, OnnxFileSource, SyntheticSource, Tolerance
 from model_build.optimize import fmt_below, optimize_export, row_cosines
+from model_build.reference import write_reference
 from model_build.sources import (
     calibration_inputs,
     input_names,
@@ -46,7 +45,6 @@ REFERENCE_NAME = "reference.npz"
 TOP_K = 3
 #: Zip entries get this timestamp: ``np.savez`` stamps the current time, which made two
 #: references of identical arrays differ byte for byte.
-_ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -355,56 +353,6 @@ def _check_sentence_transformers(
         f"sentence-transformers {sentence_transformers.__version__} encode, "
         f"{len(sentences)} sentences"
     )
-
-
-# --------------------------------------------------------------------------------------------
-# Reference file
-# --------------------------------------------------------------------------------------------
-
-
-def _npy_bytes(array: np.ndarray) -> bytes:
-    buffer = io.BytesIO()
-    np.lib.format.write_array(buffer, np.ascontiguousarray(array), allow_pickle=False)
-    return buffer.getvalue()
-
-
-def write_reference(path: Path, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> None:
-    """An ``.npz`` (``input:<name>``, ``output:<name>``) with byte-identical output for equal arrays.
-
-    ``np.savez`` stamps each zip entry with the current time; here entries are sorted, stored
-    uncompressed (no dependence on the zlib build) and dated 1980-01-01, and ``np.load`` reads the
-    file like any ``.npz``.
-    """
-    entries = {f"input:{k}": v for k, v in inputs.items()}
-    entries.update({f"output:{k}": v for k, v in outputs.items()})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED) as archive:
-        for key in sorted(entries):
-            info = zipfile.ZipInfo(f"{key}.npy", date_time=_ZIP_EPOCH)
-            info.create_system = 3  # Unix, whatever the building machine
-            info.external_attr = 0o644 << 16
-            archive.writestr(info, _npy_bytes(entries[key]))
-
-
-def read_reference(path: Path) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Inputs and outputs from a file written by :func:`write_reference`."""
-    inputs: dict[str, np.ndarray] = {}
-    outputs: dict[str, np.ndarray] = {}
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            for key in data.files:
-                kind, _, name = key.partition(":")
-                if kind not in ("input", "output") or not name:
-                    raise VerifyError(
-                        f"reference {str(path)!r}: unexpected entry {key!r}; entries are "
-                        "'input:<name>' or 'output:<name>'"
-                    )
-                (inputs if kind == "input" else outputs)[name] = data[key]
-    except (OSError, ValueError, zipfile.BadZipFile) as error:
-        raise VerifyError(f"reference {str(path)!r}: not a readable .npz: {error}") from None
-    if not inputs or not outputs:
-        raise VerifyError(f"reference {str(path)!r}: needs at least one input and one output")
-    return inputs, outputs
 
 
 # --------------------------------------------------------------------------------------------

@@ -36,11 +36,11 @@ from model_build.aws_clients import make_s3_client
 from model_build.build import BuildOptions, build_release
 from model_build.manifest import parse_manifest
 from model_build.publish import publish_release
+from model_build.reference import read_reference
 from model_build.release import INDEX_NAME, compute_release
 from model_build.smoke import make_client, make_runtime_client, run_smoke
 from model_build.tools.endpoint import LocalEndpoint, local_endpoint
 from model_build.tools.local_s3 import local_s3
-from model_build.validate import read_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 BUCKET = "local-endpoint"

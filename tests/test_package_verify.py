@@ -26,6 +26,7 @@ from model_build.errors import PackageError, VerifyError
 from model_build.gate import open_model
 from model_build.manifest import ModelSpec, Tolerance
 from model_build.package import package_model
+from model_build.reference import read_reference, write_reference
 from model_build.tarball import inspect_tarball, tarball_members
 from model_build.triton_config import check_config, render_config
 from model_build.types import ExportedModel, TensorSpec
@@ -54,11 +55,6 @@ class Built:
     exported: ExportedModel
     config_text: str
     reference: Path
-
-
-def _write_reference(path: Path, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> None:
-    arrays = {f"input:{k}": v for k, v in inputs.items()} | {f"output:{k}": v for k, v in outputs.items()}
-    np.savez(path, **arrays)
 
 
 def _onnx_signature(path: Path) -> tuple[tuple[TensorSpec, ...], tuple[TensorSpec, ...]]:
@@ -123,7 +119,7 @@ def onnx_model(tmp_path_factory: pytest.TempPathFactory, tiny_torch: Any) -> Bui
     ins, outs = _onnx_signature(path)
     exported = ExportedModel(name=spec.name, format="onnx", path=path, inputs=ins, outputs=outs)
     reference = folder / "reference.npz"
-    _write_reference(reference, inputs, {"y": y, "score": score})
+    write_reference(reference, inputs, {"y": y, "score": score})
     return Built(spec, exported, render_config(spec, exported), reference)
 
 
@@ -154,7 +150,7 @@ def torchscript_model(tmp_path_factory: pytest.TempPathFactory, tiny_torch: Any)
         outputs=(TensorSpec("y__0", "float32", (-1, 3)), TensorSpec("score__1", "float32", (-1,))),
     )
     reference = folder / "reference.npz"
-    _write_reference(
+    write_reference(
         reference,
         {"x__0": inputs["x"], "mask__1": inputs["mask"]},
         {"y__0": y, "score__1": score},
@@ -249,7 +245,6 @@ def test_package_includes_onnx_external_data(onnx_model: Built, tmp_path: Path) 
     ]
     # The tarball alone is enough to run the model: the weights came along.
     from model_build.tarball import safe_extract
-    from model_build.validate import read_reference
 
     safe_extract(out, tmp_path / "unpacked")
     runner = open_model(tmp_path / "unpacked" / "tiny-onnx" / "1" / "model.onnx",

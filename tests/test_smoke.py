@@ -31,6 +31,7 @@ from model_build.build import BuildOptions, build_model
 from model_build.errors import ModelBuildError
 from model_build.manifest import parse_manifest
 from model_build.publish import publish_release
+from model_build.reference import read_reference, write_reference
 from model_build.release import INDEX_NAME
 from model_build.smoke import (
     add_smoke_parser,
@@ -44,7 +45,6 @@ from model_build.smoke import (
 from model_build.tools.endpoint import LocalEndpoint, local_endpoint
 from model_build.tools.local_s3 import local_s3
 from model_build.types import Artifact
-from model_build.validate import read_reference, write_reference
 
 pytestmark = requires_triton
 
