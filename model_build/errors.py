@@ -37,10 +37,16 @@ class ManifestError(ModelBuildError):
 
 
 class SourceError(ModelBuildError):
+    """A model source cannot be resolved or read (a path, S3 object or package that is missing,
+    or a file that is not a model); raised before any export."""
+
     step = "source"
 
 
 class ExportError(ModelBuildError):
+    """The ONNX export or TorchScript trace failed, or gave a graph unlike the manifest's
+    declaration (its inputs, outputs or a shape-dependent trace)."""
+
     step = "export"
 
 
@@ -71,14 +77,22 @@ class TritonConfigError(ModelBuildError):
 
 
 class PackageError(ModelBuildError):
+    """The model repository cannot become a tarball Triton loads (its layout, a file type, a size)."""
+
     step = "package"
 
 
 class PublishError(ModelBuildError):
+    """An S3 write, copy or listing of a release failed, or a release would be incomplete; no
+    index is written then, so a re-run finishes what is missing."""
+
     step = "publish"
 
 
 class VerifyError(ModelBuildError):
+    """A published target does not answer as its reference recorded, or the reference itself
+    cannot be read (verify, smoke, the local endpoint)."""
+
     step = "verify"
 
 

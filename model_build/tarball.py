@@ -72,6 +72,12 @@ class TarMember:
     gname: str
     mtime: int
 
+    @classmethod
+    def of(cls, info: tarfile.TarInfo) -> TarMember:
+        """The entry as stored: its tar header fields, the type named, the mtime in whole seconds."""
+        kept = ("name", "size", "mode", "uid", "gid", "uname", "gname")
+        return cls(type=_member_type(info), mtime=int(info.mtime), **{f: getattr(info, f) for f in kept})
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -338,20 +344,7 @@ def inspect_tarball(path: Path, *, limits: Limits | None = None) -> list[TarMemb
     Links and special files are listed (this is for looking), but the size, ratio and member
     limits hold as for unpacking, so inspecting a bomb is as bounded as refusing it.
     """
-    return [
-        TarMember(
-            name=info.name,
-            type=_member_type(info),
-            size=info.size,
-            mode=info.mode,
-            uid=info.uid,
-            gid=info.gid,
-            uname=info.uname,
-            gname=info.gname,
-            mtime=int(info.mtime),
-        )
-        for info in _read_members(Path(path), limits or Limits(), None)
-    ]
+    return [TarMember.of(info) for info in _read_members(Path(path), limits or Limits(), None)]
 
 
 def tarball_members(path: Path) -> list[str]:

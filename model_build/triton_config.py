@@ -376,35 +376,21 @@ def _check_io(config: ModelConfig, problems: _Problems) -> None:
                 problems.add(
                     f"{where}.data_type", "TYPE_BF16", "the onnxruntime backend has no bf16 tensors"
                 )
-            dims = list(io.dims)
-            if not dims:
-                problems.add(
-                    f"{where}.dims",
-                    "[]",
-                    "dims may not be empty; use dims [1] with an empty reshape for a per-batch scalar",
-                )
-            for dim in dims:
-                if dim != -1 and dim < 1:
-                    problems.add(
-                        f"{where}.dims", dims, "each dimension must be -1 (variable) or >= 1"
-                    )
-                    break
+            _check_dims(problems, f"{where}.dims", list(io.dims),
+                        "dims may not be empty; use dims [1] with an empty reshape for a per-batch scalar")
             if io.HasField("reshape"):
-                shape = list(io.reshape.shape)
-                if not shape and mbs == 0:
-                    problems.add(
-                        f"{where}.reshape.shape",
-                        "[]",
-                        "an empty reshape needs max_batch_size >= 1 (the tensor would hold no data)",
-                    )
-                for dim in shape:
-                    if dim != -1 and dim < 1:
-                        problems.add(
-                            f"{where}.reshape.shape",
-                            shape,
-                            "each dimension must be -1 (variable) or >= 1",
-                        )
-                        break
+                _check_dims(problems, f"{where}.reshape.shape", list(io.reshape.shape),
+                            "an empty reshape needs max_batch_size >= 1 (the tensor would hold no data)"
+                            if mbs == 0 else None)
+
+
+def _check_dims(problems: _Problems, field: str, dims: list[int], if_empty: str | None) -> None:
+    """One shape: each dimension -1 (variable) or >= 1; ``if_empty`` says why an empty shape
+    would not load (None: empty is allowed here)."""
+    if not dims and if_empty:
+        problems.add(field, "[]", if_empty)
+    if any(dim != -1 and dim < 1 for dim in dims):
+        problems.add(field, dims, "each dimension must be -1 (variable) or >= 1")
 
 
 def _check_batching(config: ModelConfig, problems: _Problems) -> None:
