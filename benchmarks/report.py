@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -161,23 +162,38 @@ def render_markdown(
     return "\n".join(lines).rstrip() + "\n"
 
 
-def load_results(results_dir: Path) -> dict[str, dict[str, Any]]:
-    """Every well-formed ``<name>.json`` of a known benchmark in ``results_dir``."""
+def load_results(results_dir: Path, *, skipped: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """Every well-formed ``<name>.json`` of a known benchmark in ``results_dir``.
+
+    A file that is not JSON or does not match the result schema (one written by an older
+    version) is left out and named in ``skipped`` (path and why), so a ``--only`` run still
+    writes the page; the page then lists that benchmark as missing."""
     found: dict[str, dict[str, Any]] = {}
     for name in BENCHMARK_NAMES:
         path = results_dir / f"{name}.json"
         if not path.is_file():
             continue
-        data = json.loads(path.read_text(encoding="utf-8"))
-        problems = validate_result(data, name)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            problems = [f"not JSON: {error}"]
+        else:
+            problems = validate_result(data, name)
         if problems:
-            raise ValueError(f"{path}: " + "; ".join(problems))
+            if skipped is not None:
+                skipped.append(f"{path}: " + "; ".join(problems))
+            continue
         found[name] = data
     return found
 
 
 def write_docs(results_dir: Path, docs_path: Path) -> Path:
-    text = render_markdown(load_results(results_dir), docs_dir=docs_path.parent, results_dir=results_dir)
+    """Write the page from the results in ``results_dir``; a result left out is said on stderr."""
+    skipped: list[str] = []
+    results = load_results(results_dir, skipped=skipped)
+    for line in skipped:
+        print(f"benchmarks: left out of {docs_path.name} (re-run that benchmark): {line}", file=sys.stderr)
+    text = render_markdown(results, docs_dir=docs_path.parent, results_dir=results_dir)
     docs_path.parent.mkdir(parents=True, exist_ok=True)
     docs_path.write_text(text, encoding="utf-8")
     return docs_path

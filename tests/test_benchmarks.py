@@ -137,6 +137,30 @@ def test_tiny_docs_render_from_the_results(tiny_run: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+def test_an_outdated_result_is_left_out_of_the_page_and_named(tiny_run: Path, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """A result file of an older schema (or not JSON) must not stop ``--only`` runs at the docs
+    step: the page is written without it, lists it as missing, and stderr says why."""
+    import shutil
+
+    from benchmarks.report import write_docs
+
+    for name in BENCHMARK_NAMES:
+        shutil.copy(tiny_run / f"{name}.json", tmp_path / f"{name}.json")
+    outdated = _result(tiny_run, "publish")
+    del outdated["goals"]
+    (tmp_path / "publish.json").write_text(json.dumps(outdated))
+    (tmp_path / "inference.json").write_text("{not json")
+    skipped: list[str] = []
+    results = load_results(tmp_path, skipped=skipped)
+    assert set(results) == set(BENCHMARK_NAMES) - {"publish", "inference"}
+    assert len(skipped) == 2 and any("publish.json" in line and "goals" in line for line in skipped)
+    page = write_docs(tmp_path, tmp_path / "benchmarks.md").read_text(encoding="utf-8")
+    assert "Missing results: publish, inference (run `make bench`)." in page
+    err = capsys.readouterr().err
+    assert "publish.json" in err and "inference.json" in err and "Traceback" not in err
+
+
 def test_stats_reports_median_and_spread() -> None:
     s = stats([3.0, 1.0, 2.0, 10.0])
     assert s["median"] == 2.5 and s["min"] == 1.0 and s["max"] == 10.0 and s["n"] == 4
