@@ -117,34 +117,29 @@ def _build_options(args: argparse.Namespace, base_dir: Path, s3_client: Any) -> 
 
 
 def _build(args: argparse.Namespace, s3_client: Any = None) -> tuple[Any, Path, Release]:
-    from model_build.build import build_release, read_unit
-    from model_build.release import BUILDS_DIR
+    from model_build.build import build_release
 
     manifest, release, base_dir = _load(args)
-    jobs = getattr(args, "jobs", 1)
-    keys = dict(release.model_keys)
-    store_dir = Path(args.out) / BUILDS_DIR
     with _progress() as progress:
-        on_model = _build_task(progress, [spec for spec in manifest.models
-                                          if read_unit(store_dir, keys[spec.name]) is None], jobs)
+        on_plan, on_model = _build_task(progress)
         record, release_dir = build_release(manifest, release, _build_options(args, base_dir, s3_client),
-                                            out_dir=Path(args.out), on_model=on_model)
+                                            out_dir=Path(args.out), on_model=on_model, on_plan=on_plan)
     return record, release_dir, release
 
 
-def _build_task(progress: Any, specs: list[Any], jobs: int) -> Callable[[Any, str], None]:
-    """A progress task for building ``specs``, and the ``on_model`` callback that advances it:
-    one tick per pipeline step in this process, one per unit from worker processes."""
-    from model_build.pipeline import steps_for
+def _build_task(progress: Any) -> tuple[Callable[[int], None], Callable[[Any, str], None]]:
+    """A progress task for a build and its two callbacks: ``on_plan`` sets its total (the runner
+    knows what is missing and how it will report), ``on_model`` advances it."""
+    task = progress.add_task("build", total=None)
 
-    in_process = jobs == 1 or len(specs) <= 1
-    task = progress.add_task("build", total=sum(len(steps_for(s)) for s in specs) if in_process else len(specs))
+    def on_plan(ticks: int) -> None:
+        progress.update(task, total=ticks)
 
     def on_model(spec: Any, step: str) -> None:
         progress.update(task, description=f"{spec.name}: {step}")
         progress.advance(task)
 
-    return on_model
+    return on_plan, on_model
 
 
 def _build_table(record: Any) -> Table:
@@ -226,11 +221,11 @@ def _build_missing_and_publish(args: argparse.Namespace, s3_client: Any, manifes
     store_dir = Path(args.out) / BUILDS_DIR
     present = stored_keys(s3_client, args.bucket, args.prefix)
     missing = [spec for spec in manifest.models if keys[spec.name] not in present]
-    to_build = [spec for spec in missing if read_unit(store_dir, keys[spec.name]) is None]
     with _progress() as progress:
+        on_plan, on_model = _build_task(progress)
         built = build_missing(
             [(spec, keys[spec.name]) for spec in missing], _build_options(args, base_dir, s3_client),
-            store_dir=store_dir, on_model=_build_task(progress, to_build, args.jobs),
+            store_dir=store_dir, on_model=on_model, on_plan=on_plan,
         )
     artifacts: dict[str, Any] = {}
     for spec in missing:

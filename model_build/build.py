@@ -319,6 +319,7 @@ def build_missing(
     *,
     store_dir: Path,
     on_model: Callable[[ModelSpec, str], None] | None = None,
+    on_plan: Callable[[int], None] | None = None,
 ) -> list[str]:
     """Build every ``(spec, key)`` whose key ``store_dir`` does not hold yet; the names built.
 
@@ -326,11 +327,16 @@ def build_missing(
     in this process when ``options.jobs`` is 1 or one unit is missing (``on_model`` hears each
     pipeline step), else in that many spawned processes, each with its own S3 client from
     ``options.s3_factory`` (``on_model`` hears ``"built"`` per unit). A key listed twice is
-    built once.
+    built once. ``on_plan`` hears, before any build, how many ``on_model`` calls will follow.
     """
     missing = list({key: (spec, key) for spec, key in reversed(units)
                     if read_unit(store_dir, key) is None}.values())[::-1]
-    if options.jobs == 1 or len(missing) <= 1:
+    in_process = options.jobs == 1 or len(missing) <= 1
+    if on_plan is not None:
+        from model_build.pipeline import steps_for
+
+        on_plan(sum(len(steps_for(spec)) for spec, _ in missing) if in_process else len(missing))
+    if in_process:
         for spec, key in missing:
             def step(name: str, spec: ModelSpec = spec) -> None:
                 if on_model:
@@ -352,6 +358,7 @@ def build_release(
     *,
     out_dir: Path,
     on_model: Callable[[ModelSpec, str], None] | None = None,
+    on_plan: Callable[[int], None] | None = None,
 ) -> tuple[BuildRecord, Path]:
     """Build the manifest's missing model keys into ``out_dir/_builds/`` and assemble
     ``out_dir/<release_id>/`` (files linked from the store, and ``build.json``).
@@ -369,7 +376,7 @@ def build_release(
     # build, such as a source that does not resolve, leaves the build folder as it was.
     store_dir = out_dir / BUILDS_DIR
     built = build_missing([(spec, keys[spec.name]) for spec in manifest.models], options, store_dir=store_dir,
-                          on_model=on_model)
+                          on_model=on_model, on_plan=on_plan)
     release_dir = out_dir / release.release_id
     release_dir.mkdir(parents=True, exist_ok=True)
     results: list[ModelBuildResult] = []

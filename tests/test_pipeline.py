@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from model_build.build import BuildOptions, build_model
+from model_build.build import BuildOptions, build_missing, build_model
 from model_build.manifest import parse_manifest
 from model_build.pipeline import PIPELINE, TEXT_CHECK, Artifacts, BuildInputs, Step, run_pipeline, steps_for
 
@@ -79,3 +79,18 @@ def test_a_real_build_runs_every_step_of_its_entry_and_records_their_times(tmp_p
     assert list(result.step_seconds) == heard
     assert (tmp_path / "out" / result.tarball).is_file() and result.size > 0
     assert not (tmp_path / "work" / spec.name).exists()  # the scratch folder is removed
+
+
+def test_the_runner_announces_how_many_progress_calls_follow(tmp_path: Path) -> None:
+    """``on_plan`` gives the CLI its progress total from the runner itself: one call per
+    pipeline step of each missing unit in this process; nothing once every key is stored."""
+    spec = _spec(IMAGE)
+    plans: list[int] = []
+    calls: list[tuple[str, str]] = []
+    options = BuildOptions(base_dir=tmp_path)
+    built = build_missing([(spec, "k-plan")], options, store_dir=tmp_path / "store",
+                          on_model=lambda s, step: calls.append((s.name, step)), on_plan=plans.append)
+    assert built == [spec.name]
+    assert plans == [len(steps_for(spec))] == [len(calls)]
+    again = build_missing([(spec, "k-plan")], options, store_dir=tmp_path / "store", on_plan=plans.append)
+    assert again == [] and plans[-1] == 0
