@@ -26,7 +26,6 @@ module of the ``constructs`` library.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Self, TypeVar
@@ -44,6 +43,7 @@ from pydantic import (
 from pydantic_core import CoreSchema, core_schema
 
 from constructs.sagemaker_limits import PropsError
+from model_build.validation_messages import problem_line
 
 #: Turns a field's name (``size``, or ``fleet.minimum`` for a field of a nested props value) into
 #: the name a message shows.
@@ -65,34 +65,16 @@ def known(*values: object) -> bool:
     return all(value is not None and not is_unresolved(value) for value in values)
 
 
-def clip(text: str, limit: int = 100) -> str:
-    """A value as echoed in a message: a huge one must not become a huge error."""
-    return text if len(text) <= limit else text[: limit - 3] + f"... ({len(text)} characters)"
-
-
 def format_errors(error: ValidationError, prefix: str = "") -> str:
     """One line per problem: ``<prefix><field>: got <value>; <what is allowed>``.
 
     A rule between fields (an error without a location) already names its fields.
     """
-    lines: list[str] = []
-    for item in error.errors():
-        message = item["msg"].removeprefix("Value error, ")
-        if not item["loc"]:
-            lines.append(message)
-            continue
-        field = prefix + ".".join(str(part) for part in item["loc"])
-        if item["type"] == "extra_forbidden":
-            lines.append(f"{field}: unknown field")
-        elif item["type"] == "missing":
-            lines.append(f"{field}: missing")
-        elif item["type"] == "value_error":
-            lines.append(f"{field}: {clip(message, 600)}")
-        else:
-            value = item.get("input")
-            shown = json.dumps(value) if isinstance(value, (str, int, float, bool)) else repr(value)
-            lines.append(f"{field}: got {clip(shown)}; {message[0].lower() + message[1:]}")
-    return "\n".join(lines)
+    return "\n".join(
+        problem_line(prefix + ".".join(str(part) for part in item["loc"]), item)
+        if item["loc"] else item["msg"].removeprefix("Value error, ")
+        for item in error.errors()
+    )
 
 
 class Props(BaseModel):

@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from model_build.errors import ManifestError
+from model_build.validation_messages import problem_line
 
 #: A model name becomes the Triton model directory and, with ``copies``, the stem of each
 #: ``TargetModel`` (``<name>-<i>.tar.gz``). Lowercase letters, digits, ``-`` and ``_`` are safe
@@ -573,11 +574,7 @@ def format_validation_error(error: ValidationError, data: Any, *, prefix: str = 
             lines.append(f"{field}.{msg}" if loc else msg)
             continue
         value = item.get("input")
-        if item["type"] == "missing":
-            lines.append(f"{field}: missing; this field is required")
-        elif item["type"] == "extra_forbidden":
-            lines.append(f"{field}: unknown key; remove it or check its spelling")
-        elif item["type"] == "union_tag_invalid":
+        if item["type"] == "union_tag_invalid":
             lines.append(
                 f"{field}.kind: got {value.get('kind')!r}; expected one of "
                 "huggingface, local, s3, package, onnx, synthetic"
@@ -585,10 +582,7 @@ def format_validation_error(error: ValidationError, data: Any, *, prefix: str = 
                 else f"{field}: {msg}"
             )
         else:
-            shown = json.dumps(value) if isinstance(value, (str, int, float, bool)) else repr(value)
-            if len(shown) > 120:  # a hostile value must not become a megabyte-long message
-                shown = shown[:100] + f"... ({len(shown)} characters)"
-            lines.append(f"{field}: got {shown}; {msg[0].lower() + msg[1:]}")
+            lines.append(problem_line(field, item))
     return "\n".join(lines)
 
 

@@ -61,12 +61,12 @@ from constructs.props import (
     Namer,
     Props,
     Unit,
-    clip,
     format_errors,
 )
 from constructs.rollout_policy import RolloutPolicyProps
 from constructs.triton_image import TritonImageProps, load_image_table
 from constructs.triton_mme_endpoint import FleetSize, TritonMmeEndpointProps
+from model_build.validation_messages import clip
 
 CONTEXT_PREFIX = "mme:"
 #: Longest context value read (characters, or JSON characters for a non-string from cdk.json).
