@@ -39,7 +39,6 @@ RESOURCE_TYPE = "Custom::TritonModelRelease"
 ON_EVENT_HANDLER = "model_build.handler.on_event"
 IS_COMPLETE_HANDLER = "model_build.handler.is_complete"
 BUILD_STEP_HANDLER = "model_build.handler.build_step"
-#: Files of the build directory that are not part of the image.
 #: Left out of the build image whatever the context holds: caches and byte code.
 IMAGE_EXCLUDE = ["__pycache__", "**/__pycache__", ".pytest_cache", "**/*.pyc"]
 #: CloudFormation waits at most this long for a custom resource (ServiceTimeout: 1 to 3600 s).
@@ -263,6 +262,8 @@ class ModelBuildResource(Construct):
             code_sha256=build_code_sha256(props.build_context),
             package_dir=props.build_context,
         )
+        #: Docker-ignore patterns of the build image's context (one walk of the runtime, shared by the handlers).
+        self._image_exclude = runtime_only_exclude(props.build_context)
         self.manifest_asset = s3_assets.Asset(self, "Manifest", path=str(props.manifest_path))
         self.role = self._role()
         #: The policy that lets Lambda attach the handlers to the VPC (None without a VPC).
@@ -425,13 +426,12 @@ class ModelBuildResource(Construct):
             Fn.select(6, Fn.split(":", machine.state_machine_arn)), suffix,
         ])
 
-    @staticmethod
-    def _image_code(build_context: Path, handler: str) -> lambda_.DockerImageCode:
+    def _image_code(self, handler: str) -> lambda_.DockerImageCode:
         """The build image (one asset: same directory and build options) with ``handler``."""
         return lambda_.DockerImageCode.from_image_asset(
-            str(build_context),
+            str(self.props.build_context),
             cmd=[handler],
-            exclude=runtime_only_exclude(build_context),
+            exclude=self._image_exclude,
             ignore_mode=IgnoreMode.DOCKER,
             platform=ecr_assets.Platform.LINUX_AMD64,
         )
@@ -444,7 +444,7 @@ class ModelBuildResource(Construct):
         function = lambda_.DockerImageFunction(
             self,
             id,
-            code=self._image_code(props.build_context, handler),
+            code=self._image_code(handler),
             description=description,
             architecture=lambda_.Architecture.X86_64,
             memory_size=props.memory_size,

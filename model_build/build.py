@@ -20,11 +20,13 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from model_build.errors import ModelBuildError
 from model_build.manifest import Manifest, ModelSpec
+from model_build.pipeline import BuildOptions
 from model_build.release import BUILDS_DIR, DEFAULT_COMPRESSLEVEL, Release
 from model_build.types import Artifact
 
@@ -34,30 +36,6 @@ __all__ = [
 ]
 
 BUILD_RECORD = "build.json"
-
-
-@dataclass(frozen=True)
-class BuildOptions:
-    """What every model of one build shares, passed whole to each runner below.
-
-    ``base_dir``: where relative sources resolve. ``s3_client``: reads ``s3`` sources in this
-    process; ``s3_factory``: makes one per worker process (a client does not pickle). ``jobs``:
-    how many models build at once (1: in this process). ``compresslevel``: gzip level of the
-    tarballs, part of every model key (``model_build.release``)."""
-
-    base_dir: Path
-    s3_client: Any = None
-    s3_factory: Callable[[], Any] | None = None
-    compresslevel: int = DEFAULT_COMPRESSLEVEL
-    jobs: int = 1
-
-    def __post_init__(self) -> None:
-        if self.jobs < 1:
-            raise ValueError(f"jobs: got {self.jobs}; expected >= 1")
-
-    def for_worker(self) -> BuildOptions:
-        """These options as a spawned worker process gets them: a client of its own, one job."""
-        return replace(self, s3_client=self.s3_factory() if self.s3_factory else None, jobs=1)
 #: The record of one stored unit, written last: a unit folder without it is not a build.
 UNIT_RECORD = "result.json"
 
@@ -158,8 +136,7 @@ def build_model(
         shutil.rmtree(model_work)
     model_work.mkdir(parents=True)
     done = run_pipeline(
-        BuildInputs(spec=spec, base_dir=options.base_dir, work_dir=model_work, out_dir=release_dir,
-                    s3_client=options.s3_client, compresslevel=options.compresslevel),
+        BuildInputs(spec=spec, options=options, work_dir=model_work, out_dir=release_dir),
         on_step=step,
     )
     tarball, report = done.need("tarball", "record"), done.need("report", "record")
@@ -338,11 +315,7 @@ def build_missing(
         on_plan(sum(len(steps_for(spec)) for spec, _ in missing) if in_process else len(missing))
     if in_process:
         for spec, key in missing:
-            def step(name: str, spec: ModelSpec = spec) -> None:
-                if on_model:
-                    on_model(spec, name)
-
-            build_unit(spec, key, options, store_dir=store_dir, step=step)
+            build_unit(spec, key, options, store_dir=store_dir, step=partial(on_model, spec) if on_model else None)
     else:
         _build_missing_in_processes(
             missing, options, store_dir=store_dir,

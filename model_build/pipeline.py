@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from model_build.manifest import ModelSpec, S3Source
+from model_build.release import DEFAULT_COMPRESSLEVEL
 
 if TYPE_CHECKING:  # the heavy modules are imported by the steps that use them
     from model_build.types import ExportedModel, ValidationReport
@@ -30,18 +31,39 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True)
+class BuildOptions:
+    """What every model of one build shares, passed whole to each runner of ``model_build.build``.
+
+    ``base_dir``: where relative sources resolve. ``s3_client``: reads ``s3`` sources in this
+    process; ``s3_factory``: makes one per worker process (a client does not pickle). ``jobs``:
+    how many models build at once (1: in this process). ``compresslevel``: gzip level of the
+    tarballs, part of every model key (``model_build.release``)."""
+
+    base_dir: Path
+    s3_client: Any = None
+    s3_factory: Callable[[], Any] | None = None
+    compresslevel: int = DEFAULT_COMPRESSLEVEL
+    jobs: int = 1
+
+    def __post_init__(self) -> None:
+        if self.jobs < 1:
+            raise ValueError(f"jobs: got {self.jobs}; expected >= 1")
+
+    def for_worker(self) -> BuildOptions:
+        """These options as a spawned worker process gets them: a client of its own, one job."""
+        return replace(self, s3_client=self.s3_factory() if self.s3_factory else None, jobs=1)
+
+
+@dataclass(frozen=True)
 class BuildInputs:
-    """What every step may read: the entry, where its sources resolve and where it writes."""
+    """What every step may read: the entry, the build's options and where this model writes."""
 
     spec: ModelSpec
-    #: Folder that local source paths are relative to.
-    base_dir: Path
+    options: BuildOptions
     #: Scratch folder of this model (removed by the caller once the build is recorded).
     work_dir: Path
     #: Folder the tarball is written to.
     out_dir: Path
-    s3_client: Any = None
-    compresslevel: int = 1
 
 
 @dataclass(frozen=True)
@@ -84,10 +106,6 @@ def _is_text(spec: ModelSpec) -> bool:
     return spec.inputs == "text"
 
 
-def _not_text(spec: ModelSpec) -> bool:
-    return spec.inputs != "text"
-
-
 # --------------------------------------------------------------------------------------------
 # The steps
 # --------------------------------------------------------------------------------------------
@@ -99,14 +117,14 @@ def check_tokenizer(inputs: BuildInputs, done: Artifacts) -> Artifacts:
     from model_build.sources import resolve_source, s3_tokenizer_files
     from model_build.text_ensemble.ensemble import check_tokenizer_dir
 
-    spec = inputs.spec
+    spec, options = inputs.spec, inputs.options
     folder: Path | None
     if isinstance(spec.source, S3Source):
-        folder = s3_tokenizer_files(spec, spec.source, inputs.work_dir / "_tokenizer", inputs.s3_client)
+        folder = s3_tokenizer_files(spec, spec.source, inputs.work_dir / "_tokenizer", options.s3_client)
     else:
         # Resolved where the export looks, so a hub download is not repeated.
-        folder = resolve_source(spec, base_dir=inputs.base_dir, work_dir=inputs.work_dir / "_sources" / spec.name,
-                                s3_client=inputs.s3_client)
+        folder = resolve_source(spec, base_dir=options.base_dir, work_dir=inputs.work_dir / "_sources" / spec.name,
+                                s3_client=options.s3_client)
     return replace(done, tokenizer_dir=check_tokenizer_dir(spec, folder))
 
 
@@ -115,7 +133,7 @@ def export_optimize_validate(inputs: BuildInputs, done: Artifacts) -> Artifacts:
     from model_build.validate import export_and_validate
 
     exported, report, reference = export_and_validate(
-        inputs.spec, base_dir=inputs.base_dir, work_dir=inputs.work_dir, s3_client=inputs.s3_client
+        inputs.spec, base_dir=inputs.options.base_dir, work_dir=inputs.work_dir, s3_client=inputs.options.s3_client
     )
     return replace(done, exported=exported, report=report, reference=reference)
 
@@ -144,13 +162,13 @@ def check_text_ensemble(inputs: BuildInputs, done: Artifacts) -> Artifacts:
         tokenizer_dir = check_tokenizer_dir(spec, inputs.work_dir / "_sources" / spec.name)
     text = check(spec, exported, tokenizer_dir)
     report = done.need("report", TEXT_CHECK)
-    report.reference_check = (f"{report.reference_check}; " if report.reference_check else "") + (
+    report = replace(report, reference_check=(f"{report.reference_check}; " if report.reference_check else "") + (
         f"raw-text ensemble: {text.texts} texts, token ids identical"
-        + ("" if text.max_abs_diff is None else f", max |diff| {text.max_abs_diff:.2e}"))
+        + ("" if text.max_abs_diff is None else f", max |diff| {text.max_abs_diff:.2e}")))
     reference = inputs.work_dir / "text.reference.npz"
     write_reference(reference, text.reference_inputs, text.reference_outputs)
     ensemble = render_ensemble_configs(spec, exported, truncation=spec.text_inputs.truncation).ensemble
-    return replace(done, tokenizer_dir=tokenizer_dir, reference=reference, config_text=ensemble)
+    return replace(done, tokenizer_dir=tokenizer_dir, report=report, reference=reference, config_text=ensemble)
 
 
 def package(inputs: BuildInputs, done: Artifacts) -> Artifacts:
@@ -164,14 +182,14 @@ def package(inputs: BuildInputs, done: Artifacts) -> Artifacts:
 
         sha256, size = package_text_ensemble(
             spec=spec, exported=exported, tokenizer_dir=done.need("tokenizer_dir", "package"), out_path=tarball,
-            truncation=spec.text_inputs.truncation, compresslevel=inputs.compresslevel,
+            truncation=spec.text_inputs.truncation, compresslevel=inputs.options.compresslevel,
         )
     else:
         from model_build.package import package_model
 
         sha256, size = package_model(
             model_name=spec.name, config_text=done.need("member_config_text", "package"),
-            model_file=exported.path, format=spec.format, out_path=tarball, compresslevel=inputs.compresslevel,
+            model_file=exported.path, format=spec.format, out_path=tarball, compresslevel=inputs.options.compresslevel,
         )
     return replace(done, tarball=tarball, sha256=sha256, size=size)
 

@@ -413,8 +413,7 @@ def _prepare_reference(
         elif io_.HasField("reshape"):
             array = array.reshape(list(io_.dims))
         sent[io_.name] = array
-    expected_out = {io_.name: outputs[io_.name][:batch] if batch is not None else outputs[io_.name]
-                    for io_ in config.output}
+    expected_out = {io_.name: outputs[io_.name][:batch] for io_ in config.output}  # batch None: all rows
     try:
         body, header_length = build_request(config, sent)
     except VerifyError as error:

@@ -357,9 +357,10 @@ def s3_tokenizer_files(spec: ModelSpec, source: S3Source, folder: Path, s3_clien
     bucket, prefix = _split_s3(source.uri)
     prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
     folder.mkdir(parents=True, exist_ok=True)
+    client = _s3(s3_client)
     for name in TOKENIZER_FILES:
         try:
-            _s3(s3_client).download_file(bucket, prefix + name, str(folder / name))
+            client.download_file(bucket, prefix + name, str(folder / name))
         except ClientError as error:
             if error.response.get("Error", {}).get("Code") not in {"404", "NoSuchKey", "NotFound"}:
                 raise SourceError(f"source.uri: cannot read s3://{bucket}/{prefix}{name}: {error}",

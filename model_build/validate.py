@@ -43,8 +43,6 @@ Runner = Callable[[Batch], list[np.ndarray]]
 REFERENCE_NAME = "reference.npz"
 #: Neighbours compared by the retrieval gate (fewer when there are fewer sample sentences).
 TOP_K = 3
-#: Zip entries get this timestamp: ``np.savez`` stamps the current time, which made two
-#: references of identical arrays differ byte for byte.
 
 
 # --------------------------------------------------------------------------------------------

@@ -48,7 +48,7 @@ def test_a_raw_text_target_checks_tokenizer_files_first_and_its_ensemble_before_
 def test_a_step_reading_what_no_earlier_step_produced_names_both(tmp_path: Path) -> None:
     """Reordering PIPELINE so the gate runs before packaging is a bug the runner names."""
     gate = next(step for step in PIPELINE if step.name == "pre-publish gate")
-    inputs = BuildInputs(spec=_spec(IMAGE), base_dir=tmp_path, work_dir=tmp_path, out_dir=tmp_path)
+    inputs = BuildInputs(spec=_spec(IMAGE), options=BuildOptions(base_dir=tmp_path), work_dir=tmp_path, out_dir=tmp_path)
     with pytest.raises(RuntimeError, match="'pre-publish gate' needs 'tarball'"):
         run_pipeline(inputs, pipeline=(gate,))
 
@@ -64,7 +64,7 @@ def test_the_runner_announces_and_times_each_step_in_order(tmp_path: Path) -> No
     heard: list[str] = []
     pipeline = (Step("add", add_config), Step("never", add_config, applies=lambda spec: False),
                 Step("check", check_config))
-    done = run_pipeline(BuildInputs(spec=_spec(IMAGE), base_dir=tmp_path, work_dir=tmp_path, out_dir=tmp_path),
+    done = run_pipeline(BuildInputs(spec=_spec(IMAGE), options=BuildOptions(base_dir=tmp_path), work_dir=tmp_path, out_dir=tmp_path),
                         pipeline=pipeline, on_step=heard.append)
     assert heard == ["add", "check"]
     assert list(done.seconds) == ["add", "check"] and all(v >= 0 for v in done.seconds.values())
