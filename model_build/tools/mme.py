@@ -375,9 +375,12 @@ class ModelCache:
             if self._evict_one(exclude=target):
                 continue
             with self._state:
-                busy = self._reserved > 0 or any(item.in_flight for item in self._loaded.values())
+                # Another load may finish, and any other loaded model goes once it is idle and its
+                # lock is free (a first invocation holds it for a moment even with nothing in
+                # flight): only with neither is there nothing to wait for.
+                may_free = self._reserved > 0 or any(name != target for name in self._loaded)
                 remaining = deadline - time.monotonic()
-                if not busy or remaining <= 0:
+                if not may_free or remaining <= 0:
                     raise model_error(
                         target, 507, f"model needs {size} bytes unpacked; {used} of the memory budget of "
                         f"{self.budget} bytes are held by models in use or loading", what="while loading")
