@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Literal, Self
+from typing import Annotated, Any, Literal, Self
 
 import jsii
 from aws_cdk import Aws, CustomResource, Duration, Fn, IgnoreMode, RemovalPolicy, Size, Stack
@@ -188,6 +189,19 @@ class ModelBuildResourceProps(Props):
         description="What the build does with the served release's objects when the stack is deleted "
         "(retain or destroy). A release superseded by an update is tagged retired either way.",
     )
+    unrouted_retention_days: int = Field(
+        default=7,
+        ge=0,
+        le=36500,
+        description="Days a served model object is kept after no route uses it (a model removed from "
+        "the manifest, or the old build of an updated one), so that a rollback routes to it again "
+        "without an upload; then the build deletes it at its next run.",
+    )
+    fleet: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The settings that reach the SageMaker Model and EndpointConfig, recorded in the "
+        "routes so that `python -m model_build plan` can tell whether a change replaces the fleet.",
+    )
     log_retention: logs.RetentionDays = Field(
         default=logs.RetentionDays.ONE_MONTH, description="Retention of the handler, provider and waiter logs."
     )
@@ -224,7 +238,9 @@ class ModelBuildResourceProps(Props):
 
 @jsii.implements(iam.IGrantable)
 class ModelBuildResource(Construct):
-    """Builds the models of a manifest and publishes them under ``<model_prefix>/<release_id>/``.
+    """Builds the models of a manifest, places them in the fixed served prefix under immutable
+    content-named keys (``<model_prefix>/served/<model>-<sha12>.tar.gz``) and routes the release
+    (``<model_prefix>/_routes/routes.json``).
 
     A ``Custom::TritonModelRelease`` resource served by container-image Lambda functions
     (``model_build.handler.on_event`` and ``model_build.handler.is_complete``, all from the
@@ -240,9 +256,8 @@ class ModelBuildResource(Construct):
     The manifest is passed as an S3 asset (its size does not grow the template). The release id
     and each model's key are derived from the manifest and the build runtime
     (``model_build.release``): an unchanged manifest gives the same properties (no update), a
-    changed one a new release id (an update that builds the changed models only and publishes to
-    a new prefix). ``model_data_url`` (``Fn::GetAtt ModelDataUrl``) makes whatever uses it wait
-    for the build.
+    changed one a new release id (an update that builds the changed models only, places them under
+    new names and switches the routes; the physical id, the served prefix, stays the same).
 
     The three functions share one role: it may read the manifest asset and the manifest's ``s3``
     sources, describe this stack (to tell a stack deletion from an update's cleanup), start
@@ -294,10 +309,11 @@ class ModelBuildResource(Construct):
         self.provider = self._provider()
         self.resource = self._custom_resource()
 
-        #: ``s3://<bucket>/<prefix>/<release>/`` (``Fn::GetAtt``: available once published).
+        #: ``s3://<bucket>/<prefix>/served/`` (``Fn::GetAtt``; the same for every release: the
+        #: endpoint takes its ModelDataUrl from the settings, not from here).
         self.model_data_url: str = self.resource.get_att_string("ModelDataUrl")
-        #: ``<prefix>/<release>``.
-        self.release_prefix: str = self.resource.get_att_string("ReleasePrefix")
+        #: Key of the routes document.
+        self.routes_key: str = self.resource.get_att_string("RoutesKey")
         #: Key of the release index.
         self.index_key: str = self.resource.get_att_string("IndexKey")
         #: Number of published target models.
@@ -407,6 +423,8 @@ class ModelBuildResource(Construct):
                 "BuildStateMachineArn": self.build_state_machine.state_machine.state_machine_arn,
                 "OnDelete": props.on_delete,
                 "RetiredTagKey": RETIRED_TAG_KEY,
+                "RetentionDays": str(props.unrouted_retention_days),
+                "Fleet": json.dumps(props.fleet, sort_keys=True, separators=(",", ":")),
             },
         )
         resource.node.add_dependency(self.start_builds_policy)

@@ -6,18 +6,21 @@ key; a built model is stored once under ``<prefix>/_builds/<key>/``; a release i
 the store by server-side copies, its index written last. A release prefix stays immutable.
 
 - ``on_event`` checks the request and the manifest in seconds and names the physical resource
-  after the release (``s3://<bucket>/<prefix>/<release>/``): a changed manifest gives a new
-  release, hence a new physical id, hence CloudFormation replaces the resource and later sends a
-  Delete for the superseded release during update clean-up. With a ``BuildStateMachineArn``
-  property it starts the build state machine (unless the release index already exists).
+  after the fixed served prefix (``s3://<bucket>/<prefix>/served/``, the endpoint's
+  ``ModelDataUrl``): a new release is an Update of the same resource, never a replacement, so
+  CloudFormation sends no clean-up Delete that could remove what the live fleet serves. With a
+  ``BuildStateMachineArn`` property it starts the build state machine (unless the release index
+  already exists: a rollback, or an unchanged release, builds nothing).
 - ``build_step`` is the state machine's one function: ``plan`` writes the Map's item source
   (the models whose key is not stored), ``build`` builds and stores one model (one Lambda run
   each, in parallel), ``finish`` assembles the release and writes its index. A failing model
   records its name and reason under ``<prefix>/_plans/`` and fails its Map item; ``plan``
   resets that record to a "no failure" marker (a put, not a delete: the build role may not
   delete unless ``OnDelete`` is ``destroy``).
-- ``is_complete`` polls: the release index exists -> done; the execution runs -> not yet; the
-  execution failed -> the failing model's reason, which CloudFormation shows. Without a state
+- ``is_complete`` polls: the release index exists -> route it (:func:`model_build.serving.
+  activate_release`: check the newly routed objects, delete the expired unrouted ones, write the
+  routes document last) -> done; the execution runs -> not yet; the execution failed -> the
+  failing model's reason, which CloudFormation shows (the previous routes keep serving). Without a state
   machine it builds as many models per run as fit, across several calls (the same per-model
   unit and final step). Nothing is kept in ``/tmp`` between calls.
 
@@ -40,7 +43,7 @@ from typing import Any
 
 from model_build.errors import ManifestError, ModelBuildError
 from model_build.manifest import MAX_MANIFEST_BYTES, Manifest, ModelSpec, load_manifest_bytes
-from model_build.release import INDEX_NAME, Release, compute_release
+from model_build.release import Release, compute_release, routes_key, served_prefix
 
 LOG = logging.getLogger("model_build.handler")
 LOG.setLevel(logging.INFO)
@@ -127,6 +130,21 @@ class Request:
         if self.on_delete not in ON_DELETE:
             raise HandlerError(f"property OnDelete: got {_shown(self.on_delete)}; expected one of {', '.join(ON_DELETE)}")
         self.retired_tag_key = optional("RetiredTagKey", "triton-mme:release-state")
+        retention = optional("RetentionDays", "7")
+        try:
+            self.retention_days = float(retention)
+            if not 0 <= self.retention_days <= 36500:
+                raise ValueError
+        except ValueError:
+            raise HandlerError(f"property RetentionDays: got {_shown(retention)}; expected a number of days, 0 to 36500") from None
+        fleet = optional("Fleet", "{}")
+        try:
+            self.fleet: dict[str, Any] = json.loads(fleet)
+            if not isinstance(self.fleet, dict):
+                raise ValueError
+        except ValueError:
+            raise HandlerError(f"property Fleet: got {_shown(fleet)}; expected a JSON object of settings") from None
+        self.stack_id = str(event.get("StackId") or "")
 
     @property
     def release(self) -> Release:
@@ -138,17 +156,33 @@ class Request:
 
     @property
     def physical_id(self) -> str:
-        return f"s3://{self.model_bucket}/{self.release_prefix}/"
+        """The fixed served prefix: the same for every release of this bucket and prefix."""
+        return f"s3://{self.model_bucket}/{served_prefix(self.model_prefix)}/"
 
     def data(self, model_count: int) -> dict[str, str]:
-        """The response attributes: a handful of short strings, whatever the number of models."""
+        """The response attributes: a handful of short strings, whatever the number of models.
+        No SageMaker resource reads them (the endpoint's ModelDataUrl comes from the settings)."""
         return {
             "ModelDataUrl": self.physical_id,
-            "ReleasePrefix": self.release_prefix + "/",
-            "IndexKey": f"{self.release_prefix}/{INDEX_NAME}",
+            "RoutesKey": routes_key(self.model_prefix),
+            "IndexKey": self.release.index_key(self.model_prefix),
             "ModelCount": str(model_count),
             "ReleaseId": self.release_id,
         }
+
+    def activate(self, s3: Any) -> Any:
+        """Route this request's release (its index exists)."""
+        from model_build.serving import activate_release
+
+        report = activate_release(
+            s3, self.model_bucket, self.model_prefix, self.release_id, stack=self.stack_id, fleet=self.fleet,
+            retention_days=self.retention_days,
+        )
+        LOG.info("routed %s (was %s): %d routes, %d verified, %d copied back, %d unrouted now, %d deleted "
+                 "after the retention window, routes written: %s", report.release_id, report.previous_release,
+                 report.routed, report.verified, report.copied, len(report.unrouted_now), len(report.deleted),
+                 report.wrote)
+        return report
 
 
 def _s3() -> Any:
@@ -320,8 +354,11 @@ def _write_index(s3: Any, request: Request, manifest: Manifest, keys: Mapping[st
     """The final step: assemble the release from the store (server-side copies, index last)."""
     from model_build.publish import ReleaseTarget, assemble_release, stored_models
 
-    release = replace(request.release, model_keys=dict(keys))
-    assemble_release(stored_models(manifest, keys), ReleaseTarget.of(release, s3, request.model_bucket, request.model_prefix))
+    from model_build.release import model_code_sha256
+
+    release = replace(request.release, model_keys=dict(keys), model_code_sha256=model_code_sha256())
+    assemble_release(stored_models(manifest, keys, Path(tempfile.gettempdir())),
+                     ReleaseTarget.of(release, s3, request.model_bucket, request.model_prefix))
 
 
 def _remaining_seconds(context: Any) -> float:
@@ -344,7 +381,15 @@ def _stack_status(stack_id: str) -> str | None:
 
 
 def _delete(event: dict[str, Any]) -> dict[str, Any]:
-    from model_build.publish import delete_release, retire_release
+    """A Delete never removes what a route of the live stack uses.
+
+    - the stack is being deleted and ``OnDelete`` is ``destroy``: the served objects, the release
+      indexes and the routes document go (the store of builds stays);
+    - any other Delete (the stack keeps running: the resource was replaced because its bucket or
+      prefix changed, an update's rollback, or the per-release resource of an earlier version of
+      this stack, superseded by the fixed prefix): nothing is deleted. Old per-release prefixes
+      are listed and deleted on request with ``python -m model_build releases``."""
+    from model_build.serving import destroy_served
 
     physical = event.get("PhysicalResourceId", "")
     try:
@@ -353,23 +398,16 @@ def _delete(event: dict[str, Any]) -> dict[str, Any]:
         LOG.warning("delete of %s with unusable properties (%s): nothing to do", physical, error)
         return {"IsComplete": True}
     if physical != request.physical_id:
-        # The Create never got as far as naming a release: nothing was published under this id.
-        LOG.info("delete of %s: not a release of this resource, nothing to do", physical)
+        LOG.info("delete of %s: not this resource's served prefix (an earlier layout, or a Create that "
+                 "never named it); nothing is deleted", physical)
         return {"IsComplete": True}
-    s3 = _s3()
     status = _stack_status(event.get("StackId", ""))
-    if status in STACK_DELETING:
-        if request.on_delete == "destroy":
-            count = delete_release(s3, request.model_bucket, request.release_prefix)
-            LOG.info("stack deleted: removed %d objects of %s", count, physical)
-        else:
-            LOG.info("stack deleted: keeping %s (OnDelete=retain)", physical)
+    if status in STACK_DELETING and request.on_delete == "destroy":
+        count = destroy_served(_s3(), request.model_bucket, request.model_prefix)
+        LOG.info("stack deleted: removed %d objects of %s", count, physical)
     else:
-        # Superseded by a newer release (update clean-up) or abandoned (rollback): tag it, and
-        # the bucket's lifecycle rule expires it once running instances no longer need it.
-        count = retire_release(s3, request.model_bucket, request.release_prefix,
-                               tag_key=request.retired_tag_key)
-        LOG.info("release %s superseded: tagged %d objects as retired", physical, count)
+        LOG.info("delete of %s while the stack is %s (OnDelete=%s): nothing is deleted", physical, status,
+                 request.on_delete)
     return {"IsComplete": True}
 
 
@@ -392,6 +430,7 @@ def _build_step(event: dict[str, Any], context: Any) -> dict[str, Any]:
     index_key = request.release.index_key(request.model_prefix)
     manifest = _load_manifest(s3, request)
     if read_index(s3, request.model_bucket, index_key) is not None:
+        request.activate(s3)
         return {"IsComplete": True, "Data": request.data(manifest.target_count)}
     execution = (event.get("Data") or {}).get("BuildExecutionArn")
     if execution:
@@ -417,6 +456,7 @@ def _build_step(event: dict[str, Any], context: Any) -> dict[str, Any]:
         built_here += 1
         LOG.info("built and stored %s (%s) in %.1f s", spec.name, keys[spec.name], elapsed)
     _write_index(s3, request, manifest, keys)
+    request.activate(s3)
     return {"IsComplete": True, "Data": request.data(manifest.target_count)}
 
 

@@ -42,7 +42,7 @@ from s3transfer.manager import TransferManager
 
 from model_build.errors import PublishError
 from model_build.manifest import Manifest
-from model_build.release import BUILDS_DIR, INDEX_NAME, REFERENCE_DIR, Release, store_prefix
+from model_build.release import BUILDS_DIR, INDEX_NAME, REFERENCE_DIR, Release, entry_sha256, served_name, served_prefix, store_prefix
 from model_build.types import Artifact
 
 #: Version of the index layout; a reader refuses an index of a schema it does not know.
@@ -228,11 +228,15 @@ class StoredModel:
     key: str
     targets: tuple[str, ...]
     format: str = ""
+    #: :func:`model_build.release.entry_sha256` of the manifest entry ("" when unknown).
+    entry_sha256: str = ""
 
 
-def stored_models(manifest: Manifest, keys: Mapping[str, str]) -> list[StoredModel]:
+def stored_models(manifest: Manifest, keys: Mapping[str, str], base_dir: Path | None = None) -> list[StoredModel]:
     """The models of a release, in manifest order, each by its key (``keys``: name -> key)."""
-    return [StoredModel(spec.name, keys[spec.name], tuple(spec.target_names()), spec.format) for spec in manifest.models]
+    base = base_dir or Path.cwd()
+    return [StoredModel(spec.name, keys[spec.name], tuple(spec.target_names()), spec.format,
+                        entry_sha256(spec, base)) for spec in manifest.models]
 
 
 @dataclass(frozen=True)
@@ -301,17 +305,25 @@ def publish_unit(
 
 
 def assemble_release(models: Sequence[StoredModel], target: ReleaseTarget) -> PublishReport:
-    """Write a release from stored builds: every object a server-side copy, the index last.
+    """Put a release's models where the endpoint serves them, then write the release's index.
+
+    Every logical target gets the immutable served name ``<target>-<sha12>.tar.gz`` under the
+    served prefix (:func:`model_build.release.served_name`): one already there with the same
+    digest is skipped (an unchanged model costs nothing), a missing one is a server-side copy of
+    the stored build. An object already under a served name with other bytes is never
+    overwritten: the release fails naming the model and the key. References stay in the store
+    (the index points at them), so a release copies nothing for an unchanged model.
 
     Each model's store index is read first; a model whose key is not stored fails the release
-    (naming the model) before anything is copied, and no index is written. Objects already in
-    the release with the same digest are skipped, so a re-run finishes a release and a re-run
-    of a finished one sends nothing.
+    (naming the model) before anything is copied, and no index is written. The index goes to the
+    release's bookkeeping folder (``<prefix>/_releases/<id>/``), outside the served prefix, and
+    switches nothing: :func:`model_build.serving.activate_release` routes the release.
     """
     if not models:
         raise ValueError("models: empty; a release without models would serve nothing")
     s3_client, bucket, model_prefix, concurrency = target.s3_client, target.bucket, target.model_prefix, target.concurrency
     prefix = _normalise_prefix(target.release_prefix)
+    served = served_prefix(model_prefix)
     started = time.monotonic()
 
     def read_store(model: StoredModel) -> dict[str, Any]:
@@ -327,43 +339,29 @@ def assemble_release(models: Sequence[StoredModel], target: ReleaseTarget) -> Pu
 
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="store-index") as pool:
         stores = list(pool.map(read_store, models))
-    artifacts: list[Artifact] = []
+    entries: list[dict[str, Any]] = []
     objects: list[_Object] = []
     references: list[dict[str, Any]] = []
     for model, store in zip(models, stores, strict=True):
         entry = store["models"][0]
-        artifacts.append(
-            Artifact(name=model.name, format=model.format or entry["format"], path=Path(),
-                     sha256=entry["sha256"], size=entry["size"], targets=model.targets)
-        )
-        objects += [
-            _Object(key=f"{prefix}/{target}.tar.gz", label=target, model=model.name, size=entry["size"],
-                    sha256=entry["sha256"], source_key=entry["key"])
-            for target in model.targets
-        ]
-        for ref in store.get("references", []):
-            name = ref["key"].rsplit("/", 1)[-1]
-            key = f"{prefix}/{REFERENCE_DIR}/{model.name}{name[len(model.name):]}"
-            objects.append(_Object(key=key, label=f"{REFERENCE_DIR}/{name}", model=model.name,
-                                   size=ref["size"], sha256=ref["sha256"], source_key=ref["key"]))
-            references.append({"source_model": model.name, "key": key, "sha256": ref["sha256"], "size": ref["size"]})
-    existing = _list_sizes(s3_client, bucket, prefix)
-    counts = {"copied": 0, "skipped": 0}
-    config = _transfer_config(None, concurrency)
-    with TransferManager(s3_client, config) as transfer:
-        worker = _Worker(s3_client, bucket, transfer, config, existing, threading.Event())
-
-        def copy(obj: _Object) -> None:
-            outcome, _, _ = worker.copy(obj)
-            with worker._lock:
-                counts[outcome] += 1
-
-        _run_all(copy, objects, concurrency, what="copy", bucket=bucket, key=lambda obj: obj.key)
+        for logical in model.targets:
+            name = served_name(logical, entry["sha256"])
+            key = f"{served}/{name}"
+            objects.append(_Object(key=key, label=logical, model=model.name, size=entry["size"],
+                                   sha256=entry["sha256"], source_key=entry["key"]))
+            entries.append({
+                "target_model": name, "key": key, "logical_name": logical, "sha256": entry["sha256"],
+                "size": entry["size"], "format": model.format or entry["format"], "source_model": model.name,
+                "model_key": model.key, "entry_sha256": model.entry_sha256,
+            })
+        references += [{"source_model": model.name, "key": ref["key"], "sha256": ref["sha256"], "size": ref["size"]}
+                       for ref in store.get("references", [])]
+    counts, worker = copy_served(s3_client, bucket, objects, _list_sizes(s3_client, bucket, served), concurrency)
     if target.progress is not None:
         for obj in objects:
             target.progress(obj.key, 0)
     index_key = f"{prefix}/{INDEX_NAME}"
-    body = index_body(artifacts, prefix, target.index_extra, references=references)
+    body = served_index_body(entries, target.index_extra, served, references)
     outcome, sent = _put_index(worker, index_key, body, bucket)
     return PublishReport(
         uploaded=1 if outcome == "uploaded" else 0,
@@ -372,8 +370,50 @@ def assemble_release(models: Sequence[StoredModel], target: ReleaseTarget) -> Pu
         bytes_sent=sent,
         seconds=time.monotonic() - started,
         index_key=index_key,
-        targets=sum(len(a.targets) for a in artifacts),
+        targets=len(entries),
     )
+
+
+def copy_served(s3_client: Any, bucket: str, objects: Sequence[_Object], existing: Mapping[str, int],
+                concurrency: int) -> tuple[dict[str, int], _Worker]:
+    """Server-side copies into the served prefix: an object already there with the same digest is
+    skipped; one there with other bytes fails the whole call naming the model and the key (never
+    overwritten). Returns the counts (``copied``, ``skipped``) and the worker (for its refusals)."""
+    counts = {"copied": 0, "skipped": 0}
+    config = _transfer_config(None, concurrency)
+    with TransferManager(s3_client, config) as transfer:
+        worker = _Worker(s3_client, bucket, transfer, config, existing, threading.Event(), immutable=True)
+
+        def copy(obj: _Object) -> None:
+            outcome, _, _ = worker.copy(obj)
+            with worker._lock:
+                counts[outcome] += 1
+
+        try:
+            _run_all(copy, objects, concurrency, what="copy", bucket=bucket, key=lambda obj: obj.key)
+        except PublishError as error:
+            mismatch = next((obj for obj in objects if obj.key in worker.refused), None)
+            raise PublishError(str(error), model=mismatch.model if mismatch else None) from None
+    return counts, worker
+
+
+def served_object(key: str, label: str, model: str, size: int, sha256: str, source_key: str) -> _Object:
+    """One object to copy into the served prefix (for :func:`copy_served`)."""
+    return _Object(key=key, label=label, model=model, size=size, sha256=sha256, source_key=source_key)
+
+
+def served_index_body(entries: Sequence[Mapping[str, Any]], index_extra: Mapping[str, Any], served: str,
+                      references: Sequence[Mapping[str, Any]]) -> bytes:
+    """A release's index: each logical target with its served name, digest and where it came
+    from; deterministic JSON (sorted, no timestamps), so an unchanged release writes the same bytes."""
+    document = {
+        **index_extra,
+        "schema": INDEX_SCHEMA,
+        "served_prefix": served,
+        "models": sorted((dict(e) for e in entries), key=lambda e: e["logical_name"]),
+        "references": sorted((dict(ref) for ref in references), key=lambda ref: (ref["source_model"], ref["key"])),
+    }
+    return (json.dumps(document, sort_keys=True, indent=2) + "\n").encode()
 
 
 def publish_incremental(units: Sequence[tuple[Artifact, str]], target: ReleaseTarget) -> PublishReport:
@@ -534,8 +574,14 @@ class _Worker:
         config: TransferConfig,
         existing: Mapping[str, int],
         stop: threading.Event,
+        *,
+        immutable: bool = False,
     ) -> None:
         self.client = client
+        #: Served objects: one present with other bytes is refused, never overwritten.
+        self.immutable = immutable
+        #: Keys refused for that reason.
+        self.refused: set[str] = set()
         self.bucket = bucket
         self.transfer = transfer
         self.config = config
@@ -606,6 +652,13 @@ class _Worker:
         digest = bytes.fromhex(obj.sha256)
         if self._already_there(obj.key, obj.size, digest):
             return "skipped", 0, obj
+        if self.immutable and self._present(obj.key):
+            with self._lock:
+                self.refused.add(obj.key)
+            raise _LocalMismatch(
+                f"model {obj.model!r}: served object already holds other bytes than sha256 "
+                f"{obj.sha256[:16]}... (a served name never gets new bytes); nothing was overwritten"
+            )
         source = {"Bucket": self.bucket, "Key": obj.source_key}
         if obj.size <= COPY_OBJECT_MAX:
             response = self.client.copy_object(
@@ -627,6 +680,18 @@ class _Worker:
                 future = self.transfer.copy(source, self.bucket, obj.key, extra_args={"ChecksumAlgorithm": "SHA256"})
             future.result()
         return "copied", 0, obj
+
+    def _present(self, key: str) -> bool:
+        """Whether any object is under ``key`` now (listed, or found by a HEAD)."""
+        if key in self.existing:
+            return True
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=key)
+        except ClientError as error:
+            if _error_code(error) in {"404", "NoSuchKey", "NotFound"}:
+                return False
+            raise
+        return True
 
     def _already_there(self, key: str, size: int, digest: bytes) -> bool:
         """The skip rule: present, same size, same ``sha256`` metadata (and, when S3 holds a full-

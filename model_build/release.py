@@ -61,11 +61,23 @@ BYTE_LIBRARIES = (
     "safetensors",
     "numpy",
 )
-#: Index of a release, next to its tarballs; references are for ``verify`` and smoke tests.
+#: Index of a release (in its bookkeeping folder, never among the served tarballs); references
+#: are for ``verify`` and smoke tests.
 INDEX_NAME = "_index.json"
 REFERENCE_DIR = "_reference"
 #: Folder (under the model prefix) of the content-addressed store of built models.
 BUILDS_DIR = "_builds"
+#: Folder (under the model prefix) the endpoint serves: its ``ModelDataUrl``, fixed for the life
+#: of the stack. It holds model tarballs only, each under an immutable content-named key (see
+#: :func:`served_name`), so no ``TargetModel`` can name a bookkeeping document.
+SERVED_DIR = "served"
+#: Folder (under the model prefix) of each release's index: ``_releases/<release_id>/_index.json``.
+RELEASES_DIR = "_releases"
+#: The routes document (logical model name -> current ``TargetModel``), at a fixed key.
+ROUTES_KEY_NAME = "_routes/routes.json"
+#: Hex digits of a tarball's sha256 in its served name (48 bits: a collision between two builds
+#: of one logical name is refused by the publish, which never overwrites a served object).
+SERVED_HASH_CHARS = 12
 #: gzip level of the tarballs. ONNX weights barely compress: level 1 gave a MiniLM tarball 0.4%
 #: larger than level 9 but packed faster, and unpacking (what an instance pays on a cold load)
 #: takes the same time at every level (docs/benchmarks.md, "Artifact size and load"). Another
@@ -228,10 +240,8 @@ class Release:
     model_code_sha256: str = field(default="", compare=False)
 
     def prefix(self, model_prefix: str) -> str:
-        return f"{model_prefix.strip('/')}/{self.release_id}" if model_prefix.strip("/") else self.release_id
-
-    def key(self, model_prefix: str, target: str) -> str:
-        return f"{self.prefix(model_prefix)}/{target}.tar.gz"
+        """``<prefix>/_releases/<release_id>``: the release's bookkeeping folder (its index)."""
+        return _under(model_prefix, f"{RELEASES_DIR}/{self.release_id}")
 
     def index_key(self, model_prefix: str) -> str:
         return f"{self.prefix(model_prefix)}/{INDEX_NAME}"
@@ -243,7 +253,47 @@ class Release:
             "manifest_sha256": self.manifest_sha256,
             "code_sha256": self.code_sha256,
             "model_keys": dict(self.model_keys),
+            "model_code_sha256": self.model_code_sha256,
         }
+
+
+def _under(model_prefix: str, path: str) -> str:
+    base = model_prefix.strip("/")
+    return f"{base}/{path}" if base else path
+
+
+def served_prefix(model_prefix: str) -> str:
+    """``<prefix>/served``: what the endpoint's ``ModelDataUrl`` names (tarballs only)."""
+    return _under(model_prefix, SERVED_DIR)
+
+
+def routes_key(model_prefix: str) -> str:
+    """``<prefix>/_routes/routes.json``: the routes document's fixed key (outside the served prefix)."""
+    return _under(model_prefix, ROUTES_KEY_NAME)
+
+
+def served_name(target: str, sha256: str) -> str:
+    """The ``TargetModel`` of one logical target built into a tarball with digest ``sha256``:
+    ``<target>-<first 12 hex digits>.tar.gz``.
+
+    Why a content hash in the name: an MME instance that has loaded (or cached on its volume) a
+    ``TargetModel`` keeps serving those bytes, so a name must never get other bytes. A changed
+    model therefore gets a new name, and an unchanged one keeps its name and its object (nothing
+    is uploaded or copied for it). The logical name stays readable in front of the hash."""
+    if len(sha256) < SERVED_HASH_CHARS:
+        raise ValueError(f"sha256: got {sha256!r}; expected 64 hex digits")
+    return f"{target}-{sha256[:SERVED_HASH_CHARS]}.tar.gz"
+
+
+def entry_sha256(spec: ModelSpec, base_dir: Path) -> str:
+    """Hash of what a manifest entry says (copies aside) and of its local source's content: what
+    ``plan`` compares with the live routes. Unlike the model key it leaves out the builder's
+    Python and library versions, so a laptop (Python 3.11) and the build Lambda (3.12) agree on
+    whether an entry changed."""
+    entry = {k: v for k, v in spec.model_dump(mode="json").items() if k not in KEY_EXCLUDED_FIELDS}
+    text = json.dumps({"entry": entry, "source_sha256": local_source_sha256(spec, base_dir)},
+                      sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def store_prefix(model_prefix: str, key: str) -> str:

@@ -269,6 +269,34 @@ def find_model_data_url(sagemaker_client: Any, endpoint_name: str) -> tuple[str,
     return str(url), status
 
 
+def _index_location(s3_client: Any, model_data_url: str, release: str | None) -> tuple[str, str, str]:
+    """``(bucket, served prefix, index key)`` of what the endpoint serves.
+
+    The fixed served prefix of a stack (``<prefix>/served/``): the routes document
+    (``<prefix>/_routes/routes.json``) names the release routed now, whose index is in
+    ``<prefix>/_releases/<id>/``; ``release`` picks another release's index there. A release
+    prefix of the earlier layout holds its own index."""
+    from model_build.release import SERVED_DIR, Release, routes_key
+    from model_build.serving import read_routes
+
+    bucket, prefix = split_model_data_url(model_data_url)
+    parent, _, last = prefix.rpartition("/")
+    if last != SERVED_DIR:
+        bucket, prefix = split_model_data_url(model_data_url, release=release)
+        return bucket, prefix, f"{prefix}/{INDEX_NAME}" if prefix else INDEX_NAME
+    if release is not None:
+        split_model_data_url(model_data_url, release=release)  # the same check of the id
+        return bucket, prefix, Release(release, "", "").index_key(parent)
+    try:
+        routes = read_routes(s3_client, bucket, parent)
+    except ModelBuildError as error:
+        raise _fail(str(error)) from None
+    if routes is None:
+        raise _fail(f"model data url {model_data_url}: no routes at s3://{bucket}/{routes_key(parent)}; "
+                    "nothing has been published and routed there yet")
+    return bucket, prefix, routes.index_key
+
+
 def split_model_data_url(url: str, *, release: str | None = None) -> tuple[str, str]:
     """``(bucket, release prefix)`` of ``s3://bucket/prefix/release/``; ``release`` replaces the last part."""
     match = re.fullmatch(r"s3://([^/]+)/?(.*)", url)
@@ -356,8 +384,10 @@ def _prepare_reference(
     from model_build.triton_config import check_config, parse_config
     from model_build.verify import SAGEMAKER_BINARY_CONTENT_TYPE, build_request
 
-    npz_key = f"{prefix}/{REFERENCE_DIR}/{source_model}.npz"
-    config_key = f"{prefix}/{REFERENCE_DIR}/{source_model}.config.pbtxt"
+    listed = [key for key in digests if key.rpartition("/")[2].startswith(f"{source_model}.")]
+    npz_key = next((k for k in listed if k.endswith(".npz")), f"{prefix}/{REFERENCE_DIR}/{source_model}.npz")
+    config_key = next((k for k in listed if k.endswith(".config.pbtxt")),
+                      f"{prefix}/{REFERENCE_DIR}/{source_model}.config.pbtxt")
     try:
         raw = _get_bytes(s3_client, bucket, npz_key)
         if raw is None:
@@ -645,9 +675,8 @@ def run_smoke(
         raise _fail(f"timeout: got {timeout_seconds:g} s; expected more than 0")
     started = time.perf_counter()
     model_data_url, status = find_model_data_url(sagemaker_client, endpoint_name)
-    bucket, prefix = split_model_data_url(model_data_url, release=release)
+    bucket, prefix, index_key = _index_location(s3_client, model_data_url, release)
     release_url = f"s3://{bucket}/{prefix}/" if prefix else f"s3://{bucket}/"
-    index_key = f"{prefix}/{INDEX_NAME}" if prefix else INDEX_NAME
     index = read_index(s3_client, bucket, index_key)
     if index is None:
         chosen = f"release {release!r}" if release else f"its model data url {model_data_url}"

@@ -191,6 +191,7 @@ SETTINGS: dict[str, Setting] = {
     "build_query_interval_seconds": Setting(ModelBuildResourceProps, "query_interval", SECONDS),
     "build_max_concurrency": Setting(ModelBuildResourceProps, "max_concurrency"),
     "artifacts_on_delete": Setting(ModelBuildResourceProps, "on_delete"),
+    "unrouted_retention_days": Setting(ModelBuildResourceProps, "unrouted_retention_days"),
     # Alarms and notifications
     "alarm_5xx_errors_threshold": Setting(AlarmThresholds, "invocation_5xx_errors"),
     "alarm_4xx_rate_percent": Setting(AlarmThresholds, "invocation_4xx_rate_percent"),
@@ -318,6 +319,17 @@ TopicArn = Annotated[str, _matching(r"arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[A-Za
 VpcId = Annotated[str, _matching(r"vpc-[0-9a-f]{8}([0-9a-f]{9})?", "a VPC id such as vpc-0123456789abcdef0")]
 TagValue = Annotated[str, _matching(TAG_VALUE_PATTERN, "1 to 256 letters, digits, spaces and _ . : / = + - @, "
                                                        "not starting with 'aws:'")]
+
+
+#: The settings whose change replaces the SageMaker Model or EndpointConfig, hence the fleet (a
+#: blue/green rollout of every instance): recorded in the routes at each deploy, compared by
+#: ``python -m model_build plan``. Nothing that changes with the model set is among them.
+FLEET_SETTINGS: tuple[str, ...] = (
+    "endpoint_name", "instance_type", "initial_instance_count", "triton_image_version", "shm_default_byte_size",
+    "shm_growth_byte_size", "triton_log_verbose", "triton_environment", "model_cache",
+    "model_data_download_timeout_seconds", "container_startup_health_check_timeout_seconds", "volume_size_gb",
+    "network_isolation", "vpc_id", "create_vpc", "vpc_cidr", "model_prefix", "region",
+)
 
 
 class AppSettings(BaseModel):
@@ -451,6 +463,10 @@ class AppSettings(BaseModel):
     # -----------------------------------------------------------------------------------------
     # The props values
     # -----------------------------------------------------------------------------------------
+
+    def fleet(self) -> dict[str, Any]:
+        """The values of :data:`FLEET_SETTINGS`, as JSON values (what ``plan`` compares)."""
+        return {key: json.loads(json.dumps(getattr(self, key), default=str)) for key in FLEET_SETTINGS}
 
     def values(self, props: type[Props]) -> dict[str, Any]:
         """The fields of ``props`` the settings give, as the props take them: each field a setting

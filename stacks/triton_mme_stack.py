@@ -26,7 +26,7 @@ from constructs.sagemaker_limits import PropsError, has_instance_storage
 from constructs.triton_image import TritonImage, TritonImageProps
 from constructs.triton_mme_endpoint import TritonMmeEndpoint, TritonMmeEndpointProps
 from model_build.manifest import Manifest
-from model_build.release import PACKAGE_DIR
+from model_build.release import PACKAGE_DIR, routes_key, served_prefix
 from model_build.text_ensemble.container import namespacing_problem
 from model_build.text_ensemble.shm import shm_problem
 from stacks.settings import MmeSettings
@@ -42,10 +42,13 @@ class TritonMmeStack(Stack):
     them.
 
     - ``ModelBucket``: the artifacts bucket (KMS, versioning, access logs, lifecycle).
-    - ``ModelBuild`` (when a manifest is given): builds the manifest's models and publishes them
-      as an immutable release ``<model_prefix>/<release_id>/``; the SageMaker model points at it
-      through ``Fn::GetAtt``, so a new release is in S3 before the endpoint switches to it.
-      Without a manifest, the model points at ``settings.release_id``, published out of band.
+    - ``ModelBuild`` (when a manifest is given): builds the manifest's models, places each under
+      an immutable content-named key in the fixed served prefix ``<model_prefix>/served/`` and
+      routes the release (``<model_prefix>/_routes/routes.json``). The SageMaker Model's
+      ``ModelDataUrl`` is that fixed prefix, from the settings: no SageMaker or autoscaling
+      resource reads anything that changes with the model set, so adding, changing or removing a
+      model never replaces the fleet. The endpoint depends on the build only so that it waits for
+      the first one at creation. Without a manifest, the routes are published out of band.
     - ``ExecutionRole``, ``TritonImage``, ``Endpoint`` and ``Autoscaling``.
     - ``Network`` (when a VPC is asked for): the model's subnets and security group (and the
       build's), in an existing VPC or a created isolated one.
@@ -83,17 +86,25 @@ class TritonMmeStack(Stack):
         self.execution_role = SageMakerExecutionRole(
             self, "ExecutionRole", props=SageMakerExecutionRoleProps(endpoint_name=settings.endpoint_name)
         )
+        served = served_prefix(settings.model_prefix)
         role_grants = [
-            self.model_bucket.grant_read(self.execution_role, settings.model_prefix),
+            self.model_bucket.grant_read(self.execution_role, served),
             self.triton_image.grant_pull(self.execution_role),
         ]
+        #: The endpoint's fixed ``ModelDataUrl`` (the served prefix) and the routes document's URL.
+        self.model_data_url = self.model_bucket.s3_url(f"{served}/")
+        self.routes_url = self.model_bucket.s3_url(routes_key(settings.model_prefix))
+        build: ModelBuildResource | None = None
         if manifest is not None:
             build = self._build(manifest, manifest_path, build_context or DEFAULT_BUILD_CONTEXT)
-            model_data_url, release_id = build.model_data_url, build.release_id
+            release_id = build.release_id
         else:
             release_id = self._release_id()
-            model_data_url = self.model_bucket.s3_url(f"{settings.model_prefix}/{release_id}/")
-        self.endpoint = self._endpoint(model_data_url)
+        self.endpoint = self._endpoint(self.model_data_url)
+        if build is not None:
+            # The first build finishes before the endpoint is created; later releases only change
+            # the routes (a dependency orders the resources, it passes no value).
+            self.endpoint.node.add_dependency(build)
         # SageMaker checks the role's access when it creates the model and the endpoint.
         for grant in role_grants:
             grant.apply_before(self.endpoint)
@@ -106,7 +117,7 @@ class TritonMmeStack(Stack):
         apply_cost_tags(
             self, {"Project": settings.tag_project, "Environment": settings.tag_environment, "Owner": settings.tag_owner}
         )
-        self._outputs(model_data_url, release_id)
+        self._outputs(self.model_data_url, release_id)
 
     # -----------------------------------------------------------------------------------------
     # Network, release, endpoint
@@ -151,14 +162,15 @@ class TritonMmeStack(Stack):
                       "security_groups": [network.build_security_group]}
         build = ModelBuildResource(self, "ModelBuild", props=ModelBuildResourceProps(
             **settings.values(ModelBuildResourceProps), manifest=manifest, manifest_path=manifest_path,
+            fleet=settings.fleet(),
             model_bucket=self.model_bucket.bucket, build_context=build_context, **in_vpc,
         ))
         prefix = settings.model_prefix
         self.model_bucket.grant_read(build, prefix)
         self.model_bucket.grant_write(build, prefix)
         self.model_bucket.grant_tag(build, prefix)
-        if settings.artifacts_on_delete == "destroy":
-            self.model_bucket.grant_delete(build, prefix)
+        # Unrouted served objects are deleted after the retention window; destroy removes more.
+        self.model_bucket.grant_delete(build, prefix if settings.artifacts_on_delete == "destroy" else served_prefix(prefix))
         return build
 
     def _endpoint(self, model_data_url: str) -> TritonMmeEndpoint:
@@ -214,8 +226,10 @@ class TritonMmeStack(Stack):
             ("ModelBucketName", self.model_bucket.bucket_name,
              "S3 bucket of the model artifacts (KMS-encrypted, versioned)"),
             ("ModelDataUrl", model_data_url,
-             "S3 prefix of the release the endpoint serves (the model's ModelDataUrl)"),
-            ("ReleaseId", release_id, "Release served by the endpoint (derived from the manifest and build code)"),
+             "S3 prefix the endpoint serves (the model's ModelDataUrl; fixed for the life of the stack)"),
+            ("RoutesUrl", self.routes_url,
+             "Routes document: each logical model name to its current TargetModel, with the release id"),
+            ("ReleaseId", release_id, "Release routed by this deploy (derived from the manifest and build code)"),
             ("ExecutionRoleArn", self.execution_role.role_arn,
              "Role SageMaker assumes to host the endpoint (reads the model prefix only)"),
             ("DashboardName", self.dashboard.dashboard_name,

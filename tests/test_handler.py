@@ -177,98 +177,157 @@ def keys(s3: Any, prefix: str) -> set[str]:
     return {obj["Key"] for page in pages for obj in page.get("Contents", [])}
 
 
+def tiny(name: str, seed: int, **extra: Any) -> dict[str, Any]:
+    """One tiny synthetic ResNet entry (seconds to build)."""
+    entry = json.loads(json.dumps(MANIFEST["models"][0]))  # a deep copy: no YAML anchors
+    entry["source"]["seed"] = seed
+    return {**entry, "name": name, "copies": 1, **extra}
+
+
+def served(s3: Any) -> dict[str, str]:
+    """The served prefix: object name -> its sha256 metadata."""
+    return {key.rsplit("/", 1)[1]: s3.head_object(Bucket=BUCKET, Key=key)["Metadata"]["sha256"]
+            for key in keys(s3, "models/served/")}
+
+
+def routes_of(s3: Any) -> dict[str, Any]:
+    return json.loads(s3.get_object(Bucket=BUCKET, Key="models/_routes/routes.json")["Body"].read())
+
+
+@pytest.fixture()
+def counted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The models the handler builds (the real build, counted)."""
+    built: list[str] = []
+    real = handler._build_and_store
+
+    def build_and_count(s3: Any, request: Any, spec: Any, key: str) -> None:
+        built.append(spec.name)
+        real(s3, request, spec, key)
+
+    monkeypatch.setattr(handler, "_build_and_store", build_and_count)
+    return built
+
+
+def deploy(kind: str, props: dict[str, str], old: dict[str, str] | None = None) -> dict[str, Any]:
+    """on_event then is_complete, as the Provider runs them for one request."""
+    extra: dict[str, Any] = {"PhysicalResourceId": f"s3://{BUCKET}/models/served/"} if kind != "Create" else {}
+    if old is not None:
+        extra["OldResourceProperties"] = old
+    started = handler.on_event(event(kind, props, **extra))
+    assert started == {"PhysicalResourceId": f"s3://{BUCKET}/models/served/"}, "one physical id for every release"
+    extra["PhysicalResourceId"] = started["PhysicalResourceId"]
+    done = handler.is_complete(event(kind, props, **extra), Context(seconds=900))
+    assert done["IsComplete"] is True
+    return done
+
+
 @pytest.mark.slow
-def test_create_builds_in_several_runs_then_update_and_delete(env: Any) -> None:
+def test_create_update_rollback_delete_keep_one_fleet_prefix(env: Any, counted: list[str]) -> None:
+    """Create -> Update (one model added, one changed, one removed) -> rollback -> Delete, with
+    the builds, the served objects and the routes counted at each step."""
+    s3 = env
+    base = {"version": 1, "models": [tiny("keep", 0, copies=2), tiny("change", 1), tiny("drop", 2)]}
+    props = put_manifest(s3, base, key="lifecycle-1.yaml")
+    created = deploy("Create", props)
+    assert created["Data"] == {
+        "ModelDataUrl": f"s3://{BUCKET}/models/served/",
+        "RoutesKey": "models/_routes/routes.json",
+        "IndexKey": f"models/_releases/{props['ReleaseId']}/_index.json",
+        "ModelCount": "4",
+        "ReleaseId": props["ReleaseId"],
+    }
+    assert len(json.dumps(created)) < 4096
+    assert sorted(counted) == ["change", "drop", "keep"]
+    first = served(s3)
+    routes = routes_of(s3)
+    assert routes["release_id"] == props["ReleaseId"] and routes["stack"] == STACK_ID
+    assert sorted(routes["routes"]) == ["change", "drop", "keep-0", "keep-1"]
+    for logical, route in routes["routes"].items():
+        assert route["target_model"] == f"{logical}-{route['sha256'][:12]}.tar.gz"
+        assert first[route["target_model"]] == route["sha256"]
+    assert set(first) == {route["target_model"] for route in routes["routes"].values()}, "tarballs only"
+
+    # One added, one changed, one removed: two builds, two new served objects, nothing else touched.
+    counted.clear()
+    update = {"version": 1, "models": [tiny("keep", 0, copies=2), tiny("change", 5), tiny("add", 3)]}
+    new_props = put_manifest(s3, update, key="lifecycle-2.yaml")
+    deploy("Update", new_props, old=props)
+    assert sorted(counted) == ["add", "change"]
+    second = served(s3)
+    new_routes = routes_of(s3)
+    assert new_routes["release_id"] == new_props["ReleaseId"]
+    assert sorted(new_routes["routes"]) == ["add", "change", "keep-0", "keep-1"]
+    for name in ("keep-0", "keep-1"):
+        assert new_routes["routes"][name] == routes["routes"][name], "an unchanged model keeps its name"
+    assert new_routes["routes"]["change"]["target_model"] != routes["routes"]["change"]["target_model"]
+    assert set(second) - set(first) == {new_routes["routes"][n]["target_model"] for n in ("add", "change")}
+    assert {k: v for k, v in second.items() if k in first} == first, "no served name got other bytes"
+    # Unrouted at once, kept for the retention window so that a rollback needs no upload.
+    assert set(new_routes["unrouted"]) == {routes["routes"][n]["target_model"] for n in ("change", "drop")}
+
+    # Rollback: CloudFormation sends an Update with the old properties: zero builds, zero copies.
+    counted.clear()
+    before = {key: s3.head_object(Bucket=BUCKET, Key=key)["LastModified"] for key in keys(s3, "models/served/")}
+    deploy("Update", props, old=new_props)
+    assert counted == []
+    after = {key: s3.head_object(Bucket=BUCKET, Key=key)["LastModified"] for key in keys(s3, "models/served/")}
+    assert after == before, "nothing uploaded or copied"
+    rolled = routes_of(s3)
+    assert rolled["release_id"] == props["ReleaseId"] and rolled["routes"] == routes["routes"]
+    assert set(rolled["unrouted"]) == {new_routes["routes"][n]["target_model"] for n in ("add", "change")}
+
+    # A Delete while the stack lives (a replaced resource, an update's rollback) deletes nothing.
+    _CloudFormation.status = "UPDATE_ROLLBACK_COMPLETE_CLEANUP_IN_PROGRESS"
+    physical = f"s3://{BUCKET}/models/served/"
+    assert handler.is_complete(event("Delete", props, PhysicalResourceId=physical)) == {"IsComplete": True}
+    assert served(s3) == second
+    # The per-release resource of an earlier version of the stack: its prefix is left for rollback.
+    s3.put_object(Bucket=BUCKET, Key="models/r-0123456789abcdef/old.tar.gz", Body=b"old")
+    handler.is_complete(event("Delete", props, PhysicalResourceId=f"s3://{BUCKET}/models/r-0123456789abcdef/"))
+    assert keys(s3, "models/r-0123456789abcdef/") == {"models/r-0123456789abcdef/old.tar.gz"}
+    # Stack deletion with OnDelete=retain keeps everything; destroy removes the served objects.
+    _CloudFormation.status = "DELETE_IN_PROGRESS"
+    assert handler.is_complete(event("Delete", props, PhysicalResourceId=physical)) == {"IsComplete": True}
+    assert served(s3) == second
+    handler.is_complete(event("Delete", dict(props, OnDelete="destroy"), PhysicalResourceId=physical))
+    assert keys(s3, "models/served/") == set() and keys(s3, "models/_routes/") == set()
+    assert keys(s3, "models/_builds/"), "the store of builds stays"
+    _CloudFormation.status = "UPDATE_COMPLETE_CLEANUP_IN_PROGRESS"
+
+
+@pytest.mark.slow
+def test_create_builds_in_several_runs(env: Any) -> None:
     s3 = env
     props = put_manifest(s3, MANIFEST)
-    prefix = f"models/{props['ReleaseId']}"
-
     created = handler.on_event(event("Create", props))
-    assert created == {"PhysicalResourceId": f"s3://{BUCKET}/{prefix}/"}
-
     # A run with no time left beyond its safety margin builds one model (a run always makes
     # progress), then hands over to the next call.
     first = handler.is_complete(event("Create", props, PhysicalResourceId=created["PhysicalResourceId"]),
                                 Context(seconds=handler.SAFETY_MARGIN_SECONDS))
     assert first == {"IsComplete": False}
-    assert read_index(s3, BUCKET, f"{prefix}/_index.json") is None, "no index before every model is in"
-    # The model built so far is in the content-addressed store, not yet in the release.
+    index_key = f"models/_releases/{props['ReleaseId']}/_index.json"
+    assert read_index(s3, BUCKET, index_key) is None, "no index before every model is in"
     model_keys = compute_release(parse_manifest(MANIFEST)).model_keys
     stored = keys(s3, "models/_builds/")
     assert f"models/_builds/{model_keys['tiny-resnet']}/_index.json" in stored
     assert not any(key.startswith(f"models/_builds/{model_keys['tiny-resnet-ts']}/") for key in stored)
-    assert keys(s3, f"{prefix}/") == set()
-
     second = handler.is_complete(event("Create", props, PhysicalResourceId=created["PhysicalResourceId"]),
                                  Context(seconds=900))
-    assert second["IsComplete"] is True
-    data = second["Data"]
-    assert data == {
-        "ModelDataUrl": f"s3://{BUCKET}/{prefix}/",
-        "ReleasePrefix": f"{prefix}/",
-        "IndexKey": f"{prefix}/_index.json",
-        "ModelCount": "4",
-        "ReleaseId": props["ReleaseId"],
-    }
-    assert len(json.dumps(second)) < 4096
-    index = read_index(s3, BUCKET, f"{prefix}/_index.json")
+    assert second["IsComplete"] is True and second["Data"]["ModelCount"] == "4"
+    index = read_index(s3, BUCKET, index_key)
     assert index is not None
-    assert [m["target_model"] for m in index["models"]] == [
-        "tiny-resnet-0.tar.gz", "tiny-resnet-1.tar.gz", "tiny-resnet-2.tar.gz", "tiny-resnet-ts.tar.gz"
-    ]
+    assert [m["logical_name"] for m in index["models"]] == ["tiny-resnet-0", "tiny-resnet-1", "tiny-resnet-2",
+                                                            "tiny-resnet-ts"]
     assert {m["format"] for m in index["models"]} == {"onnx", "torchscript"}
-    assert index["release_id"] == props["ReleaseId"]
-    copies = {m["sha256"] for m in index["models"] if m["source_model"] == "tiny-resnet"}
-    assert len(copies) == 1, "copies share one artifact"
+    assert len({m["sha256"] for m in index["models"] if m["source_model"] == "tiny-resnet"}) == 1
     ref_keys = {r["key"] for r in index["references"]}
-    assert f"{prefix}/_reference/tiny-resnet.npz" in ref_keys
-    assert f"{prefix}/_reference/tiny-resnet-ts.config.pbtxt" in ref_keys
-
-    # The same request again (an Update with nothing changed) does no work.
+    assert f"models/_builds/{model_keys['tiny-resnet']}/_reference/tiny-resnet.npz" in ref_keys, "not copied"
+    # The same request again (an Update with nothing changed) does no work and writes nothing.
+    before = s3.head_object(Bucket=BUCKET, Key="models/_routes/routes.json")["LastModified"]
     again = handler.is_complete(event("Update", props, PhysicalResourceId=created["PhysicalResourceId"],
                                       OldResourceProperties=props), Context(seconds=900))
-    assert again["IsComplete"] is True and again["Data"] == data
-
-    # A changed manifest is a new release: a new physical id, a new immutable prefix.
-    changed = json.loads(json.dumps(MANIFEST))
-    changed["models"] = changed["models"][:1]
-    changed["models"][0]["copies"] = 2
-    new_props = put_manifest(s3, changed, key="manifest-2.yaml")
-    assert new_props["ReleaseId"] != props["ReleaseId"]
-    updated = handler.on_event(event("Update", new_props, PhysicalResourceId=created["PhysicalResourceId"],
-                                     OldResourceProperties=props))
-    assert updated["PhysicalResourceId"] == f"s3://{BUCKET}/models/{new_props['ReleaseId']}/"
-    done = handler.is_complete(event("Update", new_props, PhysicalResourceId=updated["PhysicalResourceId"],
-                                     OldResourceProperties=props), Context(seconds=900))
-    assert done["IsComplete"] is True and done["Data"]["ModelCount"] == "2"
-    # Only the number of copies changed: the model's key is the same, so nothing was built and
-    # the new release is made of server-side copies of the stored build.
-    assert {key.split("/")[2] for key in keys(s3, "models/_builds/")} == set(model_keys.values())
-    new_index = read_index(s3, BUCKET, f"models/{new_props['ReleaseId']}/_index.json")
-    assert new_index is not None and new_index["model_keys"] == {"tiny-resnet": model_keys["tiny-resnet"]}
-    assert f"{prefix}/tiny-resnet-0.tar.gz" in keys(s3, prefix), "the old release stays until clean-up"
-
-    # Update clean-up: CloudFormation deletes the superseded resource; its objects are tagged
-    # so the bucket's lifecycle rule expires them, not deleted under running instances.
-    _CloudFormation.status = "UPDATE_COMPLETE_CLEANUP_IN_PROGRESS"
-    cleanup = handler.is_complete(event("Delete", props, PhysicalResourceId=created["PhysicalResourceId"]))
-    assert cleanup == {"IsComplete": True}
-    for key in keys(s3, prefix):
-        tags = s3.get_object_tagging(Bucket=BUCKET, Key=key)["TagSet"]
-        assert {"Key": "triton-mme:release-state", "Value": "retired"} in tags, key
-    new_prefix = f"models/{new_props['ReleaseId']}"
-    for key in keys(s3, new_prefix):
-        assert s3.get_object_tagging(Bucket=BUCKET, Key=key)["TagSet"] == [], "the live release is untouched"
-
-    # Stack deletion with OnDelete=retain keeps the live release as it is.
-    _CloudFormation.status = "DELETE_IN_PROGRESS"
-    kept = handler.is_complete(event("Delete", new_props, PhysicalResourceId=updated["PhysicalResourceId"]))
-    assert kept == {"IsComplete": True}
-    assert len(keys(s3, new_prefix)) > 0
-    # ... and with OnDelete=destroy removes it.
-    destroy = dict(new_props, OnDelete="destroy")
-    handler.is_complete(event("Delete", destroy, PhysicalResourceId=updated["PhysicalResourceId"]))
-    assert keys(s3, new_prefix) == set()
+    assert again == second
+    assert s3.head_object(Bucket=BUCKET, Key="models/_routes/routes.json")["LastModified"] == before
 
 
 def test_manifest_that_does_not_match_the_template_fails_on_event(env: Any) -> None:
@@ -321,7 +380,7 @@ def test_a_model_that_fails_validation_reaches_cloudformation_as_a_short_reason(
     reason = str(caught.value)
     assert reason.startswith("validation of model 'strict-fp16' failed:")
     assert "logits" in reason and len(reason) <= 400
-    assert read_index(env, BUCKET, f"models/{props['ReleaseId']}/_index.json") is None
+    assert read_index(env, BUCKET, f"models/_releases/{props['ReleaseId']}/_index.json") is None
 
 
 def test_delete_of_a_create_that_never_named_a_release_does_nothing(env: Any) -> None:

@@ -6,8 +6,12 @@ asks the container to load it (``POST /models``), routes invocations to ``/model
 and unloads least-recently-used models when memory runs short (a load answered 507 unloads one
 and retries). This module plays that part against a published release:
 
-- a target must be listed in the release index; its download is checked against the index's
-  sha256 before anything is unpacked, and unpacked with the project's safe extraction;
+- a target is the object ``<served prefix>/<TargetModel>``, looked up when it is first invoked,
+  as SageMaker does: a model published while the endpoint runs is invocable at once, with no
+  restart, and a missing object answers as SageMaker answers (400, "failed to download model
+  data"). Where the routes document (or, for a release of the earlier per-release layout, its
+  index) names the target's sha256, the download is checked against it before anything is
+  unpacked; it is unpacked with the project's safe extraction;
 - ``KIND_GPU`` instance groups become ``KIND_CPU`` in the local copy of each ``config.pbtxt``
   (the only change to the published bytes: this machine has no GPU);
 - concurrent first calls for one target load it once; a failure answers that call and the ones
@@ -80,12 +84,12 @@ def model_error(target: str, status: int, message: str, *, what: str = "from pri
 
 @dataclass
 class Entry:
-    """One target of the release index."""
+    """One target: its key, and the sha256 and size that the routes (or index) record, if any."""
 
     target: str
     key: str
-    sha256: str
-    size: int
+    sha256: str | None
+    size: int | None
 
 
 @dataclass
@@ -98,32 +102,76 @@ class Loaded:
 
 @dataclass
 class Release:
-    """Where a release lives and what its index lists."""
+    """What the endpoint serves: a prefix (its ``ModelDataUrl``) and the digests it knows.
+
+    ``routes_key`` set: the fixed served prefix of a stack, with the routes document whose
+    routed and retained objects give the digests; it is re-read when a target it does not know
+    is invoked (a model published a moment ago). Unset: a release prefix of the earlier layout,
+    whose index lists every target."""
 
     bucket: str
     prefix: str
     release_id: str
     entries: dict[str, Entry] = field(default_factory=dict)
+    routes_key: str | None = None
+    #: The logical names the routes map to targets (empty for a release of the earlier layout).
+    routes: dict[str, str] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
         return f"s3://{self.bucket}/{self.prefix}/" if self.prefix else f"s3://{self.bucket}/"
 
+    def entry(self, s3_client: Any, target: str) -> Entry | None:
+        """The target's entry: known, or (served prefix) looked up anew in the routes, else an
+        entry with no digest for whatever object is under its key. None: not servable."""
+        if target in self.entries:
+            return self.entries[target]
+        if self.routes_key is None:
+            return None
+        if "/" in target or target in {".", ".."} or not target:
+            return None
+        refreshed = read_served(s3_client, self.bucket, self.prefix, self.routes_key)
+        self.entries, self.routes, self.release_id = refreshed.entries, refreshed.routes, refreshed.release_id
+        return self.entries.get(target) or Entry(target, f"{self.prefix}/{target}", None, None)
 
-def read_release(s3_client: Any, bucket: str, model_prefix: str, release_id: str) -> Release:
-    """The release index as entries by target; a missing index is an error naming where it looked."""
-    from model_build.publish import read_index
-    from model_build.release import INDEX_NAME
 
-    prefix = "/".join(part for part in (model_prefix.strip("/"), release_id) if part)
-    index_key = f"{prefix}/{INDEX_NAME}"
-    index = read_index(s3_client, bucket, index_key)
-    if index is None:
+def read_served(s3_client: Any, bucket: str, served: str, routes_key: str) -> Release:
+    """The fixed served prefix and what its routes document says (routed and retained objects)."""
+    from model_build.routes import MAX_ROUTES_BYTES, parse_routes
+
+    where = f"s3://{bucket}/{routes_key}"
+    try:
+        body = s3_client.get_object(Bucket=bucket, Key=routes_key)["Body"].read(MAX_ROUTES_BYTES + 1)
+    except Exception as error:  # noqa: BLE001 - one message naming the key, whatever the S3 error
+        code = getattr(error, "response", {}).get("Error", {}).get("Code", type(error).__name__)
         raise ModelBuildError(
-            f"release {release_id}: no index at s3://{bucket}/{index_key}; "
-            "publish it first (python -m model_build publish) or check --bucket/--prefix/--release"
-        )
-    release = Release(bucket=bucket, prefix=prefix, release_id=release_id)
+            f"routes {where}: cannot be read ({code}); publish first (python -m model_build publish) "
+            "or check --bucket/--prefix"
+        ) from None
+    routes = parse_routes(body, where=where)
+    release = Release(bucket=bucket, prefix=served, release_id=routes.release_id, routes_key=routes_key)
+    for route in routes.routes.values():
+        release.entries[route.target_model] = Entry(route.target_model, f"{served}/{route.target_model}",
+                                                    route.sha256, route.size)
+        release.routes[route.logical_name] = route.target_model
+    for name, item in routes.unrouted.items():
+        release.entries[name] = Entry(name, f"{served}/{name}", item.sha256, item.size)
+    return release
+
+
+def read_release(s3_client: Any, bucket: str, model_prefix: str, release_id: str | None = None) -> Release:
+    """What to serve: the stack's fixed served prefix with its routes, or (``release_id`` of the
+    earlier per-release layout, whose index is in its prefix) that release; an error naming where
+    it looked when neither exists."""
+    from model_build.publish import read_index
+    from model_build.release import INDEX_NAME, routes_key, served_prefix
+
+    prefix = "/".join(part for part in (model_prefix.strip("/"), release_id or "") if part)
+    index_key = f"{prefix}/{INDEX_NAME}"
+    index = read_index(s3_client, bucket, index_key) if release_id else None
+    if index is None:
+        return read_served(s3_client, bucket, served_prefix(model_prefix), routes_key(model_prefix))
+    release = Release(bucket=bucket, prefix=prefix, release_id=str(release_id))
     models = index.get("models") or []
     if not isinstance(models, list):
         raise ModelBuildError(f"release {release_id}: index s3://{bucket}/{index_key}: 'models' is not a list")
@@ -269,7 +317,7 @@ class ModelCache:
             return self._target_locks.setdefault(target, threading.Lock())
 
     def _acquire(self, target: str) -> Loaded:
-        entry = self.release.entries.get(target)
+        entry = self.release.entry(self.s3, target)
         if entry is None:
             raise validation_error(
                 f"TargetModel {target!r}: not in release {self.release.release_id} "
@@ -336,10 +384,11 @@ class ModelCache:
                 f"TargetModel {entry.target!r}: failed to download model data "
                 f"(bucket: {self.release.bucket}, key: {entry.key}): {code}"
             ) from None
-        if digest.hexdigest() != entry.sha256:
+        if entry.sha256 is not None and digest.hexdigest() != entry.sha256:
+            said = "the routes say" if self.release.routes_key else "the release index says"
             raise validation_error(
                 f"TargetModel {entry.target!r}: model data s3://{self.release.bucket}/{entry.key} has sha256 "
-                f"{digest.hexdigest()[:16]}..., the release index says {entry.sha256[:16]}...; refusing to load it"
+                f"{digest.hexdigest()[:16]}..., {said} {entry.sha256[:16]}...; refusing to load it"
             )
         try:
             safe_extract(tarball, directory, model=entry.target)

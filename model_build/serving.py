@@ -1,0 +1,247 @@
+"""Route a release on the live fleet: the S3 side of :mod:`model_build.routes`.
+
+A release is served in two steps. :func:`model_build.publish.assemble_release` places its
+tarballs under their immutable names in the served prefix (the endpoint's fixed
+``ModelDataUrl``) and writes the release's index; :func:`activate_release` then makes it the one
+clients reach: it checks that every newly routed object holds the bytes its route says, copies
+back from the store any object the retention window has already removed (a rollback to an old
+release), deletes the served objects that have been unrouted for longer than the retention
+window and that no route uses, and writes the routes document last, in one PUT. A failure at any
+point leaves the previous routes document, hence the previous routes, serving.
+
+Why deletion happens here and not in an S3 lifecycle rule: a lifecycle expiration counts days
+from an object's creation, not from the day it stopped being routed. A model routed for a year
+and then unrouted would be deleted the next day, leaving no window for a rollback. The routes
+document knows when each object was unrouted, so the activation deletes it once that is older
+than the window (and the bucket's noncurrent-version rule then expires the bytes).
+
+Also here: the clean-up of a stack's objects on stack deletion, and the listing and deletion of
+the per-release prefixes that stacks of earlier versions served (``<prefix>/r-<16 hex>/``).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from botocore.exceptions import BotoCoreError, ClientError
+
+from model_build.errors import PublishError
+from model_build.publish import (
+    SHA256_METADATA,
+    STORE_TARGET,
+    _error_code,
+    _list_sizes,
+    copy_served,
+    delete_release,
+    read_index,
+    served_object,
+)
+from model_build.release import (
+    RELEASES_DIR,
+    Release,
+    routes_key,
+    served_prefix,
+    store_prefix,
+)
+from model_build.routes import (
+    DEFAULT_RETENTION_DAYS,
+    MAX_ROUTES_BYTES,
+    Routes,
+    RoutesError,
+    Unrouted,
+    expired,
+    now_iso,
+    parse_routes,
+    routes_from_index,
+)
+
+#: A release prefix of the layout before the fixed served prefix (``<prefix>/r-<16 hex>/``).
+LEGACY_RELEASE = re.compile(r"^r-[0-9a-f]{16}$")
+
+
+@dataclass
+class ActivationReport:
+    """What one activation did; the counts are what tests and the handler's log assert on."""
+
+    release_id: str
+    routes_key: str
+    previous_release: str | None
+    routed: int
+    #: Newly routed objects whose digest was checked (HEAD), and ones copied back from the store.
+    verified: int = 0
+    copied: int = 0
+    #: Served objects deleted because they were unrouted for longer than the retention window.
+    deleted: list[str] = field(default_factory=list)
+    #: Objects unrouted by this activation (kept for the retention window).
+    unrouted_now: list[str] = field(default_factory=list)
+    #: Whether the routes document was written (False: it already said exactly this).
+    wrote: bool = False
+    seconds: float = 0.0
+
+
+def read_routes(s3_client: Any, bucket: str, model_prefix: str, *, stack: str = "") -> Routes | None:
+    """The live routes document, or None when there is none yet (the first deploy).
+
+    Raises :class:`RoutesError` for one that is truncated, malformed, of another schema or written
+    by another stack, or that cannot be read."""
+    key = routes_key(model_prefix)
+    where = f"s3://{bucket}/{key}"
+    try:
+        response = s3_client.get_object(Bucket=bucket, Key=key)
+        body = response["Body"].read(MAX_ROUTES_BYTES + 1)
+    except ClientError as error:
+        if _error_code(error) in {"NoSuchKey", "404", "NotFound"}:
+            return None
+        raise RoutesError(f"routes {where}: cannot be read ({_error_code(error)})") from None
+    except BotoCoreError as error:
+        raise RoutesError(f"routes {where}: cannot be read ({error})") from None
+    return parse_routes(body, where=where, stack=stack)
+
+
+def activate_release(
+    s3_client: Any,
+    bucket: str,
+    model_prefix: str,
+    release_id: str,
+    *,
+    stack: str = "",
+    fleet: Mapping[str, Any] | None = None,
+    retention_days: float = DEFAULT_RETENTION_DAYS,
+    model_code_sha256: str = "",
+    clock: Callable[[], float] = time.time,
+    concurrency: int = 16,
+) -> ActivationReport:
+    """Route the release ``release_id`` (its index must exist): see the module docstring.
+
+    ``stack`` names the writer (the CloudFormation stack id, or "" for the CLI); a routes
+    document written by another stack is refused. ``fleet`` is recorded for ``plan``."""
+    started = time.monotonic()
+    release = Release(release_id, "", "")
+    index_key = release.index_key(model_prefix)
+    key = routes_key(model_prefix)
+    index = read_index(s3_client, bucket, index_key)
+    if index is None:
+        raise RoutesError(f"release {release_id}: no index at s3://{bucket}/{index_key}; publish it before routing it")
+    wanted = routes_from_index(index)
+    if not wanted:
+        raise RoutesError(f"release {release_id}: index s3://{bucket}/{index_key} routes no model")
+    live = read_routes(s3_client, bucket, model_prefix, stack=stack)
+    served = served_prefix(model_prefix)
+    now = now_iso(clock)
+    report = ActivationReport(release_id, key, live.release_id if live else None, len(wanted))
+
+    # 1. Every newly routed object holds its route's bytes (copied back from the store if gone).
+    listing = _list_sizes(s3_client, bucket, served)
+    already = live.routed_targets() if live else set()
+    to_copy = []
+    for route in wanted.values():
+        object_key = f"{served}/{route.target_model}"
+        if route.target_model in already and object_key in listing:
+            continue
+        if object_key in listing:
+            _check_digest(s3_client, bucket, object_key, route.sha256, route.size, route.logical_name)
+            report.verified += 1
+        else:
+            source = f"{store_prefix(model_prefix, route.model_key)}/{STORE_TARGET}.tar.gz"
+            to_copy.append(served_object(object_key, route.logical_name, route.source_model, route.size,
+                                         route.sha256, source))
+    if to_copy:
+        counts, _ = copy_served(s3_client, bucket, to_copy, listing, concurrency)
+        report.copied = counts["copied"]
+
+    # 2. Bookkeeping of unrouted objects; the expired ones are deleted before the routes change.
+    targets = {route.target_model for route in wanted.values()}
+    unrouted = {name: item for name, item in (live.unrouted if live else {}).items() if name not in targets}
+    for route in (live.routes.values() if live else ()):
+        if route.target_model not in targets and route.target_model not in unrouted:
+            unrouted[route.target_model] = Unrouted(route.target_model, route.logical_name, route.sha256,
+                                                    route.size, route.model_key, now)
+            report.unrouted_now.append(route.target_model)
+    gone = sorted(name for name, item in unrouted.items()
+                  if expired(item, retention_days=retention_days, now=now) and name not in targets)
+    if gone:
+        _delete_keys(s3_client, bucket, [f"{served}/{name}" for name in gone])
+        report.deleted = gone
+        unrouted = {name: item for name, item in unrouted.items() if name not in gone}
+
+    # 3. The routes document, last and in one PUT.
+    document = Routes(
+        release_id=release_id, model_data_url=f"s3://{bucket}/{served}/", index_key=index_key, routes=wanted,
+        stack=stack or (live.stack if live else ""), updated_at=now,
+        model_code_sha256=model_code_sha256 or str(index.get("model_code_sha256") or ""),
+        fleet=dict(fleet) if fleet is not None else dict(live.fleet if live else {}), unrouted=unrouted,
+    )
+    if not document.same_serving(live):
+        s3_client.put_object(Bucket=bucket, Key=key, Body=document.body(), ContentType="application/json")
+        report.wrote = True
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _check_digest(s3_client: Any, bucket: str, key: str, sha256: str, size: int, model: str) -> None:
+    """A served object must hold the bytes its route names (the ``sha256`` metadata the publish
+    stored, and S3's own full-object checksum where it has one)."""
+    from model_build.publish import _b64, _full_object_sha256
+
+    head = s3_client.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+    stored = head.get("Metadata", {}).get(SHA256_METADATA)
+    checksum = _full_object_sha256(head)
+    if head.get("ContentLength") != size or stored != sha256 or (
+            checksum is not None and checksum != _b64(bytes.fromhex(sha256))):
+        raise RoutesError(
+            f"model {model!r}: served object s3://{bucket}/{key} has sha256 {str(stored)[:16]}... and "
+            f"{head.get('ContentLength')} bytes; its route says {sha256[:16]}... and {size} bytes; nothing "
+            "was routed, the previous routes keep serving", model=model,
+        )
+
+
+def _delete_keys(s3_client: Any, bucket: str, keys: list[str]) -> None:
+    for start in range(0, len(keys), 1000):
+        response = s3_client.delete_objects(
+            Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys[start:start + 1000]], "Quiet": True})
+        errors = response.get("Errors", [])
+        if errors:
+            raise PublishError(f"deleting s3://{bucket}/{errors[0]['Key']} failed: {errors[0].get('Code', '?')}")
+
+
+def destroy_served(s3_client: Any, bucket: str, model_prefix: str) -> int:
+    """Stack deletion with ``OnDelete: destroy``: every served object, release index and the
+    routes document (every version). The store of builds is left (another stack may share it)."""
+    base = model_prefix.strip("/")
+    count = 0
+    for folder in (served_prefix(model_prefix), f"{base}/{RELEASES_DIR}" if base else RELEASES_DIR,
+                   routes_key(model_prefix).rsplit("/", 1)[0]):
+        count += delete_release(s3_client, bucket, folder)
+    return count
+
+
+def legacy_releases(s3_client: Any, bucket: str, model_prefix: str) -> dict[str, tuple[int, int]]:
+    """Per-release prefixes of the earlier layout under ``model_prefix``: ``{release_id:
+    (objects, bytes)}``. Stacks of earlier versions served ``<prefix>/<release_id>/``; after the
+    move to the fixed served prefix they are left for rollback until deleted on request."""
+    base = model_prefix.strip("/")
+    found: dict[str, tuple[int, int]] = {}
+    paginator = s3_client.get_paginator("list_objects_v2")
+    for page in paginator.paginate(Bucket=bucket, Prefix=f"{base}/" if base else "", Delimiter="/"):
+        for common in page.get("CommonPrefixes", []):
+            name = common["Prefix"].rstrip("/").rpartition("/")[2]
+            if LEGACY_RELEASE.match(name):
+                sizes = _list_sizes(s3_client, bucket, common["Prefix"].rstrip("/"))
+                found[name] = (len(sizes), sum(sizes.values()))
+    return dict(sorted(found.items()))
+
+
+def delete_legacy_release(s3_client: Any, bucket: str, model_prefix: str, release_id: str) -> int:
+    """Delete one release prefix of the earlier layout (every version); returns objects deleted."""
+    if not LEGACY_RELEASE.match(release_id):
+        raise RoutesError(f"release: got {release_id!r}; expected r- and 16 hex digits")
+    base = model_prefix.strip("/")
+    return delete_release(s3_client, bucket, f"{base}/{release_id}" if base else release_id)
+
+
+def with_fleet(routes: Routes, fleet: Mapping[str, Any]) -> Routes:
+    return replace(routes, fleet=dict(fleet))
