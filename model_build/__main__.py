@@ -22,7 +22,9 @@ from rich.table import Table
 
 from model_build.errors import ModelBuildError, PublishError
 from model_build.manifest import Manifest, load_manifest
-from model_build.release import DEFAULT_COMPRESSLEVEL, Release, compute_release
+from model_build.plan_cli import add_plan_parsers, cmd_plan, cmd_releases
+from model_build.release import DEFAULT_COMPRESSLEVEL, Release, compute_release, served_prefix
+from model_build.routes import DEFAULT_RETENTION_DAYS
 from model_build.smoke import add_smoke_parser, cmd_smoke
 from model_build.tools.endpoint import add_endpoint_parser, cmd_endpoint
 
@@ -277,6 +279,23 @@ def _publish_line(report: Any, bucket: str, prefix: str) -> str:
     )
 
 
+def _route(args: argparse.Namespace, s3_client: Any, release: Release) -> Any:
+    """Route the published release (the routes document, written last) and say what changed."""
+    from model_build.serving import activate_release
+
+    report = activate_release(s3_client, args.bucket, args.prefix, release.release_id,
+                              retention_days=getattr(args, "retention_days", DEFAULT_RETENTION_DAYS),
+                              concurrency=args.concurrency)
+    was = f" (was {report.previous_release})" if report.previous_release else ""
+    out.print(
+        f"routed {report.release_id}{was}: {report.routed} routes in s3://{args.bucket}/{report.routes_key}; "
+        f"{len(report.unrouted_now)} unrouted now, {len(report.deleted)} deleted after the retention window"
+        + ("" if report.wrote else "; routes unchanged")
+    )
+    out.print(f"ModelDataUrl: s3://{args.bucket}/{served_prefix(args.prefix)}/")
+    return report
+
+
 def cmd_publish(args: argparse.Namespace) -> int:
     s3_client = _s3(args)
     manifest, release, base_dir = _load(args)
@@ -291,7 +310,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
                   + (f" ({', '.join(built)})" if built else "")
                   + f"; {in_bucket} already stored in s3://{args.bucket}/{args.prefix}/_builds/")
     out.print(_publish_line(report, args.bucket, release.prefix(args.prefix)))
-    out.print(f"ModelDataUrl: s3://{args.bucket}/{release.prefix(args.prefix)}/")
+    _route(args, s3_client, release)
     return 0
 
 
@@ -355,6 +374,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         s3_client = _s3(args)
         s3_client.create_bucket(Bucket=args.bucket)
         _publish(args, s3_client, record, local_dir, release)
+        _route(args, s3_client, release)
         return _serve_and_check(args, s3_client, release)
 
 
@@ -387,6 +407,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             again, args.bucket, release.prefix(args.prefix)))
         if again.bytes_sent != 0:
             raise PublishError(f"re-publishing an unchanged release sent {again.bytes_sent} bytes; expected 0")
+        _route(args, s3_client, release)
         status = _serve_and_check(args, s3_client, release)
     out.print(f"demo finished in {time.perf_counter() - started:.0f} s")
     return status
@@ -436,8 +457,13 @@ def _parser() -> argparse.ArgumentParser:
     common(verify, s3=True)
     demo = sub.add_parser("demo", help="build, publish (local S3 unless --bucket), serve on tritonserver, invoke")
     common(demo, s3=True)
+    for p in (publish, demo):
+        p.add_argument("--retention-days", type=float, default=DEFAULT_RETENTION_DAYS, metavar="DAYS",
+                       help="keep a served object this long after no route uses it, for a rollback "
+                            f"(default: {DEFAULT_RETENTION_DAYS:g}; the stack's mme:unrouted_retention_days)")
     add_smoke_parser(sub)
     add_endpoint_parser(sub)
+    add_plan_parsers(sub, DEFAULT_PREFIX)
     return parser
 
 
@@ -449,6 +475,8 @@ COMMANDS = {
     "demo": cmd_demo,
     "smoke": cmd_smoke,
     "endpoint": cmd_endpoint,
+    "plan": cmd_plan,
+    "releases": cmd_releases,
 }
 
 

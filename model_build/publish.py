@@ -254,11 +254,14 @@ class ReleaseTarget:
     index_extra: Mapping[str, Any] = field(default_factory=dict)
     concurrency: int = 16
     progress: Progress | None = None
+    #: ``model name -> entry_sha256`` for models that do not carry their own.
+    entry_hashes: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, release: Release, s3_client: Any, bucket: str, model_prefix: str, **options: Any) -> ReleaseTarget:
         """The target of ``release`` under ``model_prefix``: its prefix, and its ids in the index."""
-        return cls(s3_client, bucket, model_prefix, release.prefix(model_prefix), release.index_fields(), **options)
+        return cls(s3_client, bucket, model_prefix, release.prefix(model_prefix), release.index_fields(),
+                   entry_hashes=release.entry_hashes, **options)
 
 
 def stored_keys(s3_client: Any, bucket: str, model_prefix: str) -> set[str]:
@@ -352,7 +355,7 @@ def assemble_release(models: Sequence[StoredModel], target: ReleaseTarget) -> Pu
             entries.append({
                 "target_model": name, "key": key, "logical_name": logical, "sha256": entry["sha256"],
                 "size": entry["size"], "format": model.format or entry["format"], "source_model": model.name,
-                "model_key": model.key, "entry_sha256": model.entry_sha256,
+                "model_key": model.key, "entry_sha256": model.entry_sha256 or target.entry_hashes.get(model.name, ""),
             })
         references += [{"source_model": model.name, "key": ref["key"], "sha256": ref["sha256"], "size": ref["size"]}
                        for ref in store.get("references", [])]
@@ -362,6 +365,7 @@ def assemble_release(models: Sequence[StoredModel], target: ReleaseTarget) -> Pu
             target.progress(obj.key, 0)
     index_key = f"{prefix}/{INDEX_NAME}"
     body = served_index_body(entries, target.index_extra, served, references)
+    worker.existing = {**worker.existing, **_list_sizes(s3_client, bucket, prefix)}  # an unchanged index is skipped
     outcome, sent = _put_index(worker, index_key, body, bucket)
     return PublishReport(
         uploaded=1 if outcome == "uploaded" else 0,

@@ -238,6 +238,8 @@ class Release:
     model_keys: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
     #: Hash of the code that builds a model's bytes (part of every key); "" when not known.
     model_code_sha256: str = field(default="", compare=False)
+    #: ``model name -> entry_sha256`` (what ``plan`` compares), in manifest order.
+    entry_hashes: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
 
     def prefix(self, model_prefix: str) -> str:
         """``<prefix>/_releases/<release_id>``: the release's bookkeeping folder (its index)."""
@@ -338,4 +340,5 @@ def compute_release(
         code_sha256=code,
         model_keys=keys,
         model_code_sha256=model_code,
+        entry_hashes={spec.name: entry_sha256(spec, base) for spec in manifest.models},
     )

@@ -48,6 +48,8 @@ from model_build.publish import (
 )
 from model_build.release import (
     PACKAGE_DIR,
+    served_name,
+    served_prefix,
     build_code_sha256,
     compute_release,
     model_code_sha256,
@@ -219,15 +221,19 @@ def test_one_changed_model_is_built_once_and_the_rest_are_server_side_copies(
     ])
     sent = proxy.bytes_uploaded()
     assert changed.size <= sent < changed.size + 20_000, sent
-    # Copied server-side: every target of every model and each model's reference and config.
-    expected_copies = sum(len(a.targets) + 2 for a in second_models)
-    assert len(copies) == expected_copies == report.copied
+    # Copied server-side: the changed model's targets into the served prefix under their new
+    # names, and nothing else (unchanged models keep their served objects; references stay in
+    # the store and the index points at them).
+    assert len(copies) == len(changed.targets) == report.copied
+    assert {unquote(r.target.split("?")[0]).rsplit("/", 1)[1] for r in copies} == {
+        served_name(t, changed.sha256) for t in changed.targets}
     assert report.bytes_sent == sent
 
     # The release reads back like any other: every file matches the index's digest.
     paths = download_release(client, bucket, f"{PREFIX}/r-2", tmp_path / "down")
-    assert {p.name for p in paths if p.suffix == ".gz"} == {f"{t}.tar.gz" for a in second_models for t in a.targets}
-    assert (tmp_path / "down" / f"{changed.targets[0]}.tar.gz").read_bytes() == changed.path.read_bytes()
+    assert {p.name for p in paths if p.suffix == ".gz"} == {
+        served_name(t, a.sha256) for a in second_models for t in a.targets}
+    assert (tmp_path / "down" / served_name(changed.targets[0], changed.sha256)).read_bytes() == changed.path.read_bytes()
     index = read_index(client, bucket, f"{PREFIX}/r-2/_index.json")
     assert index is not None and index["release_id"] == "r-2"
 
@@ -252,12 +258,14 @@ def test_a_model_missing_from_the_store_fails_the_release_by_name_and_a_rerun_fi
         assemble_release(planned, ReleaseTarget(client, bucket, PREFIX, release))
     assert caught.value.model == "n2"
     assert _key(models[2]) in str(caught.value)
-    assert _release_objects(client, bucket, release) == {}, "nothing copied, no index"
+    assert _release_objects(client, bucket, release) == {}, "no index"
+    assert _release_objects(client, bucket, f"{PREFIX}/served") == {}, "nothing copied"
 
     publish_unit(models[2], _key(models[2]), s3_client=client, bucket=bucket, model_prefix=PREFIX)
     proxy.reset_records()
     report = assemble_release(planned, ReleaseTarget(client, bucket, PREFIX, release))
-    assert report.copied == 3 * (2 + 2) and proxy.bytes_uploaded() == report.bytes_sent > 0
+    # Each target copied once into the served prefix; the references stay in the store.
+    assert report.copied == 3 * 2 and proxy.bytes_uploaded() == report.bytes_sent > 0
     assert read_index(client, bucket, f"{release}/_index.json") is not None
 
 
@@ -386,12 +394,13 @@ def test_per_model_units_and_the_final_step_equal_the_cli_release_byte_for_byte(
     finished = handler.finish_release({"Request": props})
     assert finished["ModelCount"] == "4"
 
-    prefix = release.prefix(PREFIX)
-    cli_objects = _release_objects(s3, cli_bucket, prefix)
-    map_objects = _release_objects(s3, map_bucket, prefix)
-    assert set(cli_objects) == set(map_objects)
-    assert {"tiny-0-0.tar.gz", "tiny-0-1.tar.gz", "tiny-1.tar.gz", "tiny-2.tar.gz", "_index.json"} <= set(cli_objects)
-    assert cli_objects == map_objects, "the two ways of building give the same release, byte for byte"
+    for prefix in (release.prefix(PREFIX), served_prefix(PREFIX)):
+        cli_objects = _release_objects(s3, cli_bucket, prefix)
+        map_objects = _release_objects(s3, map_bucket, prefix)
+        assert set(cli_objects) == set(map_objects)
+        assert cli_objects == map_objects, "the two ways of building give the same release, byte for byte"
+    served = {name.rsplit("-", 1)[0] for name in cli_objects}
+    assert served == {"tiny-0-0", "tiny-0-1", "tiny-1", "tiny-2"}
 
     # Change one entry: the plan holds that model alone; the others are copied.
     changed = copy.deepcopy(data)
@@ -400,7 +409,7 @@ def test_per_model_units_and_the_final_step_equal_the_cli_release_byte_for_byte(
     rebuilt = _run_map(new_props, s3)
     assert [r["Model"] for r in rebuilt] == ["tiny-2"]
     handler.finish_release({"Request": new_props})
-    new_index = read_index(s3, map_bucket, f"{PREFIX}/{new_props['ReleaseId']}/_index.json")
+    new_index = read_index(s3, map_bucket, f"{PREFIX}/_releases/{new_props['ReleaseId']}/_index.json")
     assert new_index is not None and len(new_index["models"]) == 4
 
 
@@ -423,7 +432,7 @@ def test_a_failing_model_fails_the_release_naming_it_and_a_rerun_builds_only_wha
     with pytest.raises(handler.HandlerError) as final:
         handler.finish_release({"Request": props})
     assert "model 'gone'" in str(final.value)
-    assert read_index(s3, bucket, f"{PREFIX}/{props['ReleaseId']}/_index.json") is None
+    assert read_index(s3, bucket, f"{PREFIX}/_releases/{props['ReleaseId']}/_index.json") is None
 
     # A re-run (say after the source appeared, here after dropping the entry) plans only what
     # is missing; the model built before the failure is not built again.
@@ -433,7 +442,7 @@ def test_a_failing_model_fails_the_release_naming_it_and_a_rerun_builds_only_wha
     assert rerun["Count"] == 1
     assert [r["Model"] for r in _run_map(fixed_props, s3)] == ["tiny-1"]
     handler.finish_release({"Request": fixed_props})
-    assert read_index(s3, bucket, f"{PREFIX}/{fixed_props['ReleaseId']}/_index.json") is not None
+    assert read_index(s3, bucket, f"{PREFIX}/_releases/{fixed_props['ReleaseId']}/_index.json") is not None
 
 
 def test_a_map_item_whose_key_this_runtime_does_not_compute_is_refused(tmp_path: Path, lambda_env: Any) -> None:
@@ -527,7 +536,7 @@ def test_a_failed_build_execution_fails_the_resource_naming_the_model(
         handler.is_complete(polled)
     reason = str(caught.value)
     assert "model 'gone'" in reason and len(reason) <= 400 and "Traceback" not in reason
-    assert read_index(s3, bucket, f"{PREFIX}/{props['ReleaseId']}/_index.json") is None
+    assert read_index(s3, bucket, f"{PREFIX}/_releases/{props['ReleaseId']}/_index.json") is None
     # A new attempt's plan resets the record (a put: the build role may not delete), so an
     # attempt that fails without a model's record reports its own error, not the stale model.
     handler.build_step({"Step": "plan", "Request": props})
@@ -631,7 +640,9 @@ def build_role_grants(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[st
                 for resource in as_list(statement["Resource"]):
                     grants.append((action, _glob(_render(resource, model_bucket)), prefixes))
     assert {g[0] for g in grants} >= {"s3:GetObject", "s3:PutObject", "s3:ListBucket"}
-    assert "s3:DeleteObject" not in {g[0] for g in grants}, "the default (retain) grants no delete"
+    deletable = {pattern.pattern for action, pattern, _ in grants if action == "s3:DeleteObject"}
+    assert deletable and all("/models/served/" in p for p in deletable), (
+        "the default (retain) deletes only unrouted served objects", deletable)
     return grants
 
 
@@ -657,6 +668,8 @@ def _needs(operation: str, params: Mapping[str, Any], arn: Any) -> list[tuple[st
                 ("s3:PutObject", obj, None), ("s3:PutObjectTagging", obj, None)]
     if operation in ("ListObjectsV2", "ListObjects"):
         return [("s3:ListBucket", arn(bucket), str(params.get("Prefix", "")))]
+    if operation == "DeleteObjects":
+        return [("s3:DeleteObject", f"{arn(bucket)}/{item['Key']}", None) for item in params["Delete"]["Objects"]]
     raise AssertionError(f"S3 operation {operation} is not mapped to IAM actions: add it to _needs")
 
 
@@ -715,9 +728,10 @@ def test_every_s3_call_of_a_create_and_an_update_is_granted_by_the_default_stack
     created = deploy("Create", props)
     changed = copy.deepcopy(data)
     changed["models"][1]["max_batch_size"] = 4
-    new_props = properties(changed)
+    # No retention window: the changed model's old served object is deleted at once.
+    new_props = dict(properties(changed), RetentionDays="0")
     deploy("Update", new_props, PhysicalResourceId=created["PhysicalResourceId"], OldResourceProperties=props)
-    # The update's clean-up: CloudFormation deletes the superseded release (retain: tags it).
+    # A Delete while the stack lives deletes nothing.
     handler.is_complete(dict(_cfn_event(props), RequestType="Delete", PhysicalResourceId=created["PhysicalResourceId"]))
     # A failing model records its reason (a Map item of a release whose source is missing).
     broken = properties(_tiny_manifest(0, broken="gone"))
@@ -731,7 +745,7 @@ def test_every_s3_call_of_a_create_and_an_update_is_granted_by_the_default_stack
         return f"arn:aws:s3:::{names.get(bucket, bucket)}"
 
     operations = {name for name, _ in calls}
-    assert {"GetObject", "PutObject", "CopyObject", "ListObjectsV2", "PutObjectTagging"} <= operations, operations
+    assert {"GetObject", "PutObject", "CopyObject", "ListObjectsV2", "DeleteObjects"} <= operations, operations
     # A model's s3 source is granted per manifest (the default manifest has none): the broken
     # entry's listing of its source bucket is that grant's business, not the model prefix's.
     sources = {params.get("Bucket") for _, params in calls} - {model_bucket, asset_bucket}
@@ -785,20 +799,18 @@ def test_cli_publish_from_a_fresh_checkout_builds_only_the_changed_entry_and_cop
     second = _cli("publish", *common)
     assert second.returncode == 0, second.stderr
     assert "built 1 of 3 models (tiny-2); 2 already stored" in second.stdout, second.stdout
-    # At the server: bytes went up for the changed model's store and the release index only;
-    # every target of the two unchanged models (and their reference and config) is a copy.
+    # At the server: bytes went up for the changed model's store, the release index and the
+    # routes only; the changed model's one target is copied into the served prefix under its new
+    # name, and nothing of the two unchanged models is copied (they keep their served objects).
     uploads = sorted(unquote(r.target.split("?")[0]).split(f"/{bucket}/", 1)[-1]
                      for r in proxy.forwarded("PUT", is_copy=False))
     store = store_prefix(PREFIX, release.model_keys["tiny-2"])
     assert uploads == sorted([f"{store}/model.tar.gz", f"{store}/_reference/tiny-2.npz",
                               f"{store}/_reference/tiny-2.config.pbtxt", f"{store}/_index.json",
-                              f"{release.prefix(PREFIX)}/_index.json"]), uploads
+                              f"{release.prefix(PREFIX)}/_index.json", f"{PREFIX}/_routes/routes.json"]), uploads
     copied = [unquote(r.target.split("?")[0]).split(f"/{bucket}/", 1)[-1]
               for r in proxy.forwarded("PUT", is_copy=True)]
-    release_dir = release.prefix(PREFIX)
-    for target in ("tiny-0-0", "tiny-0-1", "tiny-1"):
-        assert f"{release_dir}/{target}.tar.gz" in copied, (target, copied)
-    assert len(copied) == (2 + 2) + (1 + 2) + (1 + 2), copied
+    assert len(copied) == 1 and copied[0].startswith(f"{served_prefix(PREFIX)}/tiny-2-"), copied
     assert {p.name for p in (out / "_builds").iterdir()} == {release.model_keys["tiny-2"]}
 
 
@@ -863,7 +875,7 @@ def test_the_same_release_retried_after_a_source_appears_builds_only_the_missing
     assert isinstance(first["late"], handler.HandlerError) and "model 'late'" in str(first["late"])
     with pytest.raises(handler.HandlerError, match="model 'late'"):
         handler.finish_release({"Request": props})
-    assert read_index(s3, bucket, f"{PREFIX}/{props['ReleaseId']}/_index.json") is None
+    assert read_index(s3, bucket, f"{PREFIX}/_releases/{props['ReleaseId']}/_index.json") is None
 
     # The upload lands (a real ONNX model: tiny-0's, taken from its stored build).
     keys = compute_release(parse_manifest(data), base_dir=tmp_path).model_keys
@@ -879,7 +891,7 @@ def test_the_same_release_retried_after_a_source_appears_builds_only_the_missing
     assert retry == {"late": True}, retry
     finished = handler.finish_release({"Request": props})
     assert finished["ModelCount"] == "4"
-    index = read_index(s3, bucket, f"{PREFIX}/{props['ReleaseId']}/_index.json")
+    index = read_index(s3, bucket, f"{PREFIX}/_releases/{props['ReleaseId']}/_index.json")
     assert index is not None and set(index["model_keys"]) == {"tiny-0", "tiny-1", "late"}
     assert stored_keys(s3, bucket, PREFIX) == set(keys.values())
 
