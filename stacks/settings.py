@@ -465,8 +465,11 @@ class AppSettings(BaseModel):
     # -----------------------------------------------------------------------------------------
 
     def fleet(self) -> dict[str, Any]:
-        """The values of :data:`FLEET_SETTINGS`, as JSON values (what ``plan`` compares)."""
-        return {key: json.loads(json.dumps(getattr(self, key), default=str)) for key in FLEET_SETTINGS}
+        """The values of :data:`FLEET_SETTINGS`, as JSON values (what ``plan`` compares); the image
+        version as deployed (unset means the newest of the table this synth reads)."""
+        values = {key: json.loads(json.dumps(getattr(self, key), default=str)) for key in FLEET_SETTINGS}
+        values["triton_image_version"] = load_image_table().row(self.triton_image_version).version
+        return values
 
     def values(self, props: type[Props]) -> dict[str, Any]:
         """The fields of ``props`` the settings give, as the props take them: each field a setting

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -59,14 +61,16 @@ def test_demo_builds_publishes_to_local_s3_and_verifies(small_manifest: Path, tm
     out = result.stdout
     assert "small-resnet x4" in out
     # The build is stored once (tarball, reference, config, store index) and the release index
-    # is written; the 4 targets and the reference and config are server-side copies of the store.
-    assert "4 target models; objects (tarballs, references, index): 5 uploaded, 6 copied server-side" in out
+    # is written; the 4 targets are server-side copies of the store into the served prefix.
+    assert "4 target models; objects (tarballs, references, index): 5 uploaded, 4 copied server-side" in out
     assert "second publish of the unchanged release" in out and "0 B sent" in out
+    assert re.search(r"routed r-[0-9a-f]{16}: 4 routes in s3://triton-mme-demo/models/_routes/routes.json", out)
+    assert "ModelDataUrl: s3://triton-mme-demo/models/served/" in out
     # Served by the real tritonserver the demo started, every target invoked through boto3.
     assert "endpoint local ready at http://127.0.0.1:" in out and "tritonserver 2.51.0" in out
     assert "cold ms" in out and "warm ms" in out
     for i in range(4):
-        assert f"small-resnet-{i}.tar.gz" in out
+        assert re.search(rf"small-resnet-{i}-[0-9a-f]{{12}}\.tar\.gz", out), i
     assert out.count(" ok ") == 4 and "FAILED" not in out
     assert "Traceback" not in result.stderr
 
@@ -79,21 +83,27 @@ def test_publish_then_verify_against_an_s3_endpoint(small_manifest: Path, tmp_pa
         published = cli("publish", "--manifest", str(small_manifest), "--out", str(tmp_path / "b"),
                         "--bucket", "models", "--endpoint-url", url)
         assert published.returncode == 0, published.stderr
-        assert f"ModelDataUrl: s3://models/models/{release}/" in published.stdout
+        assert f"routed {release}: 4 routes" in published.stdout
+        assert "ModelDataUrl: s3://models/models/served/" in published.stdout
         verified = cli("verify", "--manifest", str(small_manifest), "--out", str(tmp_path / "b"),
                        "--bucket", "models", "--endpoint-url", url)
         assert verified.returncode == 0, verified.stderr
         assert verified.stdout.count(" ok ") == 4
         # Tamper with one published copy: verify must refuse it, naming the object.
         s3 = make_s3_client(endpoint_url=url)
-        key = f"models/{release}/small-resnet-2.tar.gz"
+        routes = json.loads(s3_routes(url))
+        key = f"models/served/{routes['routes']['small-resnet-2']['target_model']}"
         s3.put_object(Bucket="models", Key=key, Body=b"not a tarball",
                       Metadata=s3.head_object(Bucket="models", Key=key)["Metadata"])
         tampered = cli("verify", "--manifest", str(small_manifest), "--out", str(tmp_path / "b"),
                        "--bucket", "models", "--endpoint-url", url)
         assert tampered.returncode == 1
-        assert "FAILED" in tampered.stdout and "small-resnet-2.tar.gz" in tampered.stdout
+        assert "FAILED" in tampered.stdout and "small-resnet-2-" in tampered.stdout
         assert "sha256" in tampered.stdout and "Traceback" not in tampered.stderr
+
+
+def s3_routes(url: str) -> bytes:
+    return make_s3_client(endpoint_url=url).get_object(Bucket="models", Key="models/_routes/routes.json")["Body"].read()
 
 
 def test_publish_without_bucket_is_a_usage_error(small_manifest: Path) -> None:

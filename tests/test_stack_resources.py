@@ -79,8 +79,8 @@ def test_no_wildcard_action_and_no_managed_policy(default: Synth) -> None:
 def test_outputs(default: Synth) -> None:
     outputs = default.data["Outputs"]
     assert set(outputs) == {
-        "EndpointName", "EndpointArn", "ModelBucketName", "ModelDataUrl", "ReleaseId", "ExecutionRoleArn",
-        "DashboardName", "DashboardUrl",
+        "EndpointName", "EndpointArn", "ModelBucketName", "ModelDataUrl", "RoutesUrl", "ReleaseId",
+        "ExecutionRoleArn", "DashboardName", "DashboardUrl",
     }
     for name, output in outputs.items():
         assert len(output.get("Description", "")) > 10, name
@@ -88,7 +88,10 @@ def test_outputs(default: Synth) -> None:
     build = logical_id(default, "ModelBuild/Resource/Default")
     assert outputs["EndpointName"]["Value"] == {"Fn::GetAtt": [endpoint, "EndpointName"]}
     assert outputs["EndpointArn"]["Value"] == {"Fn::GetAtt": [endpoint, "EndpointArn"]}
-    assert outputs["ModelDataUrl"]["Value"] == {"Fn::GetAtt": [build, "ModelDataUrl"]}
+    # The fixed served prefix, from the settings: the same whatever the model set.
+    assert build not in json.dumps(outputs["ModelDataUrl"]["Value"])
+    assert outputs["ModelDataUrl"]["Value"] == {"Fn::Join": ["", ["s3://", {"Ref": logical_id(default, "ModelBucket/Resource/Resource")}, "/models/served/"]]}
+    assert outputs["RoutesUrl"]["Value"] == {"Fn::Join": ["", ["s3://", {"Ref": logical_id(default, "ModelBucket/Resource/Resource")}, "/models/_routes/routes.json"]]}
     assert outputs["ModelBucketName"]["Value"] == {"Ref": logical_id(default, "ModelBucket/Resource/Resource")}
     release_id = default.only("Custom::TritonModelRelease")[1]["Properties"]["ReleaseId"]
     assert outputs["ReleaseId"]["Value"] == release_id
@@ -240,11 +243,12 @@ def test_execution_role(default: Synth) -> None:
     described = sorted(r["Fn::GetAtt"][0] for r in by_action["cloudwatch:DescribeAlarms"]["Resource"])
     assert described == sorted(rollback) and len(rollback) == 3
     assert all(r["Fn::GetAtt"][1] == "Arn" for r in by_action["cloudwatch:DescribeAlarms"]["Resource"])
+    # SageMaker reads the served prefix only: no routes, index, store or plan document.
     assert by_action["s3:GetObject"]["Resource"] == {
-        "Fn::Join": ["", [{"Fn::GetAtt": [bucket, "Arn"]}, "/models/*"]]
+        "Fn::Join": ["", [{"Fn::GetAtt": [bucket, "Arn"]}, "/models/served/*"]]
     }
     assert by_action["s3:ListBucket"]["Resource"] == {"Fn::GetAtt": [bucket, "Arn"]}
-    assert by_action["s3:ListBucket"]["Condition"] == {"StringLike": {"s3:prefix": ["models", "models/*"]}}
+    assert by_action["s3:ListBucket"]["Condition"] == {"StringLike": {"s3:prefix": ["models/served", "models/served/*"]}}
     assert by_action["kms:Decrypt"]["Resource"] == {"Fn::GetAtt": [key, "Arn"]}
     assert by_action["ecr:GetAuthorizationToken"]["Resource"] == "*"
     layers = json.dumps(by_action["ecr:BatchGetImage"]["Resource"])
@@ -297,7 +301,7 @@ def test_model(default: Synth) -> None:
             "PrimaryContainer": {
                 "Mode": "MultiModel",
                 "Image": {"Fn::FindInMap": [logical_id(default, "TritonImage/Resource"), {"Ref": "AWS::Region"}, "ImageUri"]},
-                "ModelDataUrl": {"Fn::GetAtt": [build, "ModelDataUrl"]},
+                "ModelDataUrl": {"Fn::Join": ["", ["s3://", {"Ref": logical_id(default, "ModelBucket/Resource/Resource")}, "/models/served/"]]},
                 "MultiModelConfig": {"ModelCacheSetting": "Enabled"},
                 "Environment": {
                     "SAGEMAKER_TRITON_SHM_DEFAULT_BYTE_SIZE": "16777216",
@@ -427,8 +431,10 @@ def test_build_custom_resource(default: Synth) -> None:
     assert set(props) == {
         "ServiceToken", "ServiceTimeout", "ManifestBucket", "ManifestKey", "ManifestSha256",
         "ModelBucket", "ModelPrefix", "ReleaseId", "CodeSha256", "OnDelete", "RetiredTagKey",
-        "BuildStateMachineArn",
+        "BuildStateMachineArn", "RetentionDays", "Fleet",
     }
+    assert props["RetentionDays"] == "7"
+    assert json.loads(props["Fleet"])["instance_type"] == "ml.g5.xlarge"
     assert props["BuildStateMachineArn"] == {"Ref": logical_id(default, "ModelBuild/BuildStateMachine/Resource/Resource")}
     assert props["ServiceTimeout"] == "3600"
     assert re.fullmatch(r"[0-9a-f]{64}\.yaml", props["ManifestKey"])
@@ -566,6 +572,7 @@ def test_build_role_is_scoped(default: Synth) -> None:
     assert set(by_action) == {
         "s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload", "s3:GetObjectTagging",
         "s3:PutObjectTagging", "s3:ListBucket", "kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey",
+        "s3:DeleteObject", "s3:DeleteObjectVersion", "s3:ListBucketVersions", "s3:GetBucketVersioning",
         "cloudformation:DescribeStacks", "logs:CreateLogStream", "logs:PutLogEvents",
         "states:StartExecution", "states:DescribeExecution",
     }
@@ -575,18 +582,22 @@ def test_build_role_is_scoped(default: Synth) -> None:
     prefix_objects = {"Fn::Join": ["", [{"Fn::GetAtt": [bucket, "Arn"]}, "/models/*"]]}
     for action in ("s3:PutObject", "s3:AbortMultipartUpload", "s3:PutObjectTagging"):
         assert by_action[action]["Resource"] == prefix_objects, action
+    # It deletes only served objects that no route has used for the retention window.
+    assert by_action["s3:DeleteObject"]["Resource"] == {
+        "Fn::Join": ["", [{"Fn::GetAtt": [bucket, "Arn"]}, "/models/served/*"]]}
     assert by_action["cloudformation:DescribeStacks"]["Resource"] == {"Ref": "AWS::StackId"}
     manifest_reads = [s for s in found if s.get("Sid") == "ReadManifest"]
     assert len(manifest_reads) == 1
     assert json.dumps(manifest_reads[0]["Resource"]).endswith('.yaml"]]}')
 
 
-def test_model_waits_for_the_build_through_getatt(default: Synth) -> None:
+def test_the_endpoint_waits_for_the_first_build_by_a_dependency_not_a_value(default: Synth) -> None:
     model = default.only("AWS::SageMaker::Model")[1]
+    endpoint = default.only("AWS::SageMaker::Endpoint")[1]
     build = logical_id(default, "ModelBuild/Resource/Default")
-    assert model["Properties"]["PrimaryContainer"]["ModelDataUrl"] == {"Fn::GetAtt": [build, "ModelDataUrl"]}
-    # No obsolete DependsOn next to the GetAtt (cfn-lint W3005).
-    assert build not in model.get("DependsOn", [])
+    for resource in (model, endpoint, default.only("AWS::SageMaker::EndpointConfig")[1]):
+        assert build not in json.dumps(resource.get("Properties")), "no value of the build reaches the fleet"
+    assert build in endpoint.get("DependsOn", [])
 
 
 def test_template_has_no_local_paths(default: Synth) -> None:

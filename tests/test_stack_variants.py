@@ -190,7 +190,7 @@ def test_release_mode_has_no_build(published: Synth) -> None:
     assert published.resources("AWS::Lambda::Function") == {}
     assert published.resources("AWS::StepFunctions::StateMachine") == {}
     bucket = published.stack.resolve(published.stack.get_logical_id(published.stack.model_bucket.bucket.node.default_child))
-    expected = {"Fn::Join": ["", ["s3://", {"Ref": bucket}, f"/models/{RELEASE}/"]]}
+    expected = {"Fn::Join": ["", ["s3://", {"Ref": bucket}, "/models/served/"]]}
     published.template.has_resource_properties(
         "AWS::SageMaker::Model", {"PrimaryContainer": Match.object_like({"ModelDataUrl": expected})}
     )

@@ -1,0 +1,299 @@
+"""Models come and go on a live fleet: what changes with the model set never reaches the fleet.
+
+- Synth (the real CDK): the same stack for a base manifest and for it with one model added, one
+  changed and one removed gives byte-identical SageMaker and autoscaling resources; changing the
+  instance type changes them.
+- The served layout against moto's S3 server: immutable names, the routes document and its bad
+  input (missing, truncated, another stack's, a served object with other bytes), the retention
+  window, the plan with its exit codes, the per-release prefixes of the earlier layout.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from cdk_helpers import subprocess_env, synth
+from model_build.aws_clients import make_s3_client
+from model_build.publish import ReleaseTarget, assemble_release, publish_unit, read_index
+from model_build.release import Release, routes_key, served_name
+from model_build.routes import RouteResolver, RoutesError, parse_routes
+from model_build.serving import activate_release, delete_legacy_release, legacy_releases, read_routes
+from model_build.tools.local_s3 import local_s3
+from model_build.types import Artifact
+
+ROOT = Path(__file__).resolve().parents[1]
+FLEET_TYPES = {"AWS::SageMaker::Model", "AWS::SageMaker::EndpointConfig", "AWS::SageMaker::Endpoint",
+               "AWS::ApplicationAutoScaling::ScalableTarget", "AWS::ApplicationAutoScaling::ScalingPolicy"}
+
+
+def _entry(name: str, seed: int, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "task": "image-classification", "max_batch_size": 2, "image": {"image_size": 32},
+            "source": {"kind": "synthetic", "architecture": "resnet", "seed": seed,
+                       "config": {"embedding_size": 8, "hidden_sizes": [8, 8, 8, 8], "depths": [1, 1, 1, 1],
+                                  "layer_type": "basic", "num_labels": 4}}, **extra}
+
+
+def _fleet(tmp: Path, models: list[dict[str, Any]], **settings: Any) -> dict[str, Any]:
+    path = tmp / f"m-{uuid.uuid4().hex[:8]}.yaml"
+    path.write_text(yaml.safe_dump({"version": 1, "models": copy.deepcopy(models)}))
+    data = synth(tmp / uuid.uuid4().hex[:8], nag=False, manifest_path=path, **settings).data
+    return {name: resource for name, resource in data["Resources"].items() if resource["Type"] in FLEET_TYPES}
+
+
+@pytest.mark.slow
+def test_model_set_changes_leave_the_fleet_resources_byte_identical(tmp_path: Path) -> None:
+    base = [_entry("a", 0), _entry("b", 1), _entry("c", 2)]
+    changed = [_entry("a", 0), _entry("b", 7), _entry("d", 3)]  # b changed, c removed, d added
+    first, second = _fleet(tmp_path, base), _fleet(tmp_path, changed)
+    assert {r["Type"] for r in first.values()} == FLEET_TYPES
+    assert json.dumps(first, sort_keys=True) == json.dumps(second, sort_keys=True)
+    model = next(r for r in first.values() if r["Type"] == "AWS::SageMaker::Model")
+    url = json.dumps(model["Properties"]["PrimaryContainer"]["ModelDataUrl"])
+    assert "served/" in url and "GetAtt" not in url and "ModelBuild" not in url, url
+    endpoint = next(r for r in first.values() if r["Type"] == "AWS::SageMaker::Endpoint")
+    assert any(dep.startswith("ModelBuild") for dep in endpoint.get("DependsOn", [])), "waits for the first build"
+    # A fleet setting does change them: a blue/green rollout, as before.
+    bigger = _fleet(tmp_path, base, instance_type="ml.g5.2xlarge")
+    assert json.dumps(first, sort_keys=True) != json.dumps(bigger, sort_keys=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The served layout on S3
+# ---------------------------------------------------------------------------------------------
+
+PREFIX = "models"
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[Any]:
+    with local_s3() as url:
+        client = make_s3_client(endpoint_url=url)
+        client.endpoint_url_for_tests = url  # type: ignore[attr-defined]
+        yield client
+
+
+@pytest.fixture()
+def bucket(s3: Any) -> str:
+    name = f"live-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(Bucket=name)
+    return name
+
+
+def _artifact(tmp: Path, name: str, payload: bytes) -> Artifact:
+    import hashlib
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    path = tmp / f"{name}-{hashlib.sha256(payload).hexdigest()[:8]}.tar.gz"
+    path.write_bytes(payload)
+    return Artifact(name=name, format="onnx", path=path, sha256=hashlib.sha256(payload).hexdigest(),
+                    size=len(payload), targets=(name,))
+
+
+def _release(s3: Any, bucket: str, tmp: Path, models: dict[str, bytes], release_id: str) -> Release:
+    """Store each model, place the release in the served prefix and write its index (no routing)."""
+    from model_build.publish import StoredModel
+
+    stored = []
+    for name, payload in models.items():
+        artifact = _artifact(tmp, name, payload)
+        key = "k-" + artifact.sha256[:32]
+        publish_unit(artifact, key, s3_client=s3, bucket=bucket, model_prefix=PREFIX)
+        stored.append(StoredModel(name, key, (name,), "onnx", entry_sha256=f"e-{name}-{artifact.sha256[:8]}"))
+    release = Release(release_id, "0" * 64, "c" * 64)
+    assemble_release(stored, ReleaseTarget.of(release, s3, bucket, PREFIX))
+    return release
+
+
+def _served(s3: Any, bucket: str) -> set[str]:
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{PREFIX}/served/")
+    return {item["Key"].rsplit("/", 1)[1] for page in pages for item in page.get("Contents", [])}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def days(self, n: float) -> None:
+        self.now += n * 86400
+
+
+def test_retention_window_deletes_only_unrouted_objects_and_rollback_copies_back(
+        s3: Any, bucket: str, tmp_path: Path) -> None:
+    clock = Clock()
+    _release(s3, bucket, tmp_path, {"a": b"A1", "b": b"B1"}, "r-000000000000000a")
+    first = activate_release(s3, bucket, PREFIX, "r-000000000000000a", clock=clock, retention_days=7)
+    assert first.routed == 2 and first.verified == 2 and first.wrote
+    a1, b1 = served_name("a", _sha(b"A1")), served_name("b", _sha(b"B1"))
+    assert _served(s3, bucket) == {a1, b1}
+
+    _release(s3, bucket, tmp_path, {"a": b"A1", "b": b"B2"}, "r-000000000000000b")
+    clock.days(1)
+    second = activate_release(s3, bucket, PREFIX, "r-000000000000000b", clock=clock, retention_days=7)
+    b2 = served_name("b", _sha(b"B2"))
+    assert second.unrouted_now == [b1] and second.deleted == []
+    assert _served(s3, bucket) == {a1, b1, b2}, "the old build stays for the window"
+
+    clock.days(6.9)
+    assert activate_release(s3, bucket, PREFIX, "r-000000000000000b", clock=clock).deleted == []
+    clock.days(0.2)
+    third = activate_release(s3, bucket, PREFIX, "r-000000000000000b", clock=clock, retention_days=7)
+    assert third.deleted == [b1] and _served(s3, bucket) == {a1, b2}, "only the unrouted object went"
+    assert read_routes(s3, bucket, PREFIX).unrouted == {}
+
+    # A rollback past the window: the object is copied back from the store, nothing is built.
+    back = activate_release(s3, bucket, PREFIX, "r-000000000000000a", clock=clock)
+    assert back.copied == 1 and _served(s3, bucket) == {a1, b1, b2}
+    assert read_routes(s3, bucket, PREFIX).routes["b"].target_model == b1
+
+
+def _sha(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_a_served_object_with_other_bytes_is_refused_and_the_previous_routes_keep_serving(
+        s3: Any, bucket: str, tmp_path: Path) -> None:
+    _release(s3, bucket, tmp_path, {"a": b"A1"}, "r-000000000000000a")
+    activate_release(s3, bucket, PREFIX, "r-000000000000000a")
+    before = s3.get_object(Bucket=bucket, Key=routes_key(PREFIX))["Body"].read()
+    # Someone overwrote the next release's served object (same name, other bytes).
+    _release(s3, bucket, tmp_path, {"a": b"A1", "n": b"N1"}, "r-000000000000000b")
+    key = f"{PREFIX}/served/{served_name('n', _sha(b'N1'))}"
+    s3.put_object(Bucket=bucket, Key=key, Body=b"tampered", Metadata={"sha256": _sha(b"tampered")})
+    with pytest.raises(RoutesError) as caught:
+        activate_release(s3, bucket, PREFIX, "r-000000000000000b")
+    message = str(caught.value)
+    assert caught.value.model == "n" and key in message and "previous routes keep serving" in message
+    assert s3.get_object(Bucket=bucket, Key=routes_key(PREFIX))["Body"].read() == before
+    # The publish itself never overwrites it either.
+    from model_build.errors import PublishError
+
+    with pytest.raises(PublishError) as refused:
+        _release(s3, bucket, tmp_path, {"n": b"N1"}, "r-000000000000000c")
+    assert "never gets new bytes" in str(refused.value) and refused.value.model == "n"
+    assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == b"tampered", "not overwritten"
+
+
+@pytest.mark.parametrize(("body", "expected"), [
+    (b'{"schema": "triton-mme/routes/1", "release_id": "r-1", "rou', "truncated"),
+    (b"[]", "schema 'list'"),
+    (b'{"schema": "triton-mme/routes/9"}', "schema 'triton-mme/routes/9'"),
+    (b'{"schema": "triton-mme/routes/1", "release_id": "r"}', "malformed"),
+    (b'{"schema": "triton-mme/routes/1", "stack": "arn:other", "release_id": "r", "model_data_url": "", '
+     b'"index_key": "", "routes": {}}', "written by stack 'arn:other'"),
+])
+def test_a_bad_routes_document_is_one_error_naming_the_key(
+        s3: Any, bucket: str, tmp_path: Path, body: bytes, expected: str) -> None:
+    _release(s3, bucket, tmp_path, {"a": b"A1"}, "r-000000000000000a")
+    s3.put_object(Bucket=bucket, Key=routes_key(PREFIX), Body=body)
+    with pytest.raises(RoutesError) as caught:
+        activate_release(s3, bucket, PREFIX, "r-000000000000000a", stack="arn:this")
+    assert expected in str(caught.value) and f"s3://{bucket}/{routes_key(PREFIX)}" in str(caught.value)
+    assert s3.get_object(Bucket=bucket, Key=routes_key(PREFIX))["Body"].read() == body, "nothing overwritten"
+
+
+def test_the_resolver_caches_and_sees_a_new_model_at_once(s3: Any, bucket: str, tmp_path: Path) -> None:
+    resolver = RouteResolver(s3, bucket, routes_key(PREFIX), refresh_seconds=3600)
+    with pytest.raises(RoutesError, match="missing"):
+        resolver.target_model("a")
+    _release(s3, bucket, tmp_path, {"a": b"A1"}, "r-000000000000000a")
+    activate_release(s3, bucket, PREFIX, "r-000000000000000a")
+    assert resolver.target_model("a") == served_name("a", _sha(b"A1"))
+    assert resolver.target_model("a") == served_name("a", _sha(b"A1")) and resolver.reads == 1, "cached"
+    _release(s3, bucket, tmp_path, {"a": b"A1", "new": b"X"}, "r-000000000000000b")
+    activate_release(s3, bucket, PREFIX, "r-000000000000000b")
+    assert resolver.target_model("new") == served_name("new", _sha(b"X")), "an unknown name refreshes once"
+    with pytest.raises(RoutesError, match="'gone': not routed"):
+        resolver.target_model("gone")
+
+
+def test_legacy_release_prefixes_are_listed_and_deleted_on_request(s3: Any, bucket: str) -> None:
+    for release in ("r-00000000000000aa", "r-00000000000000bb"):
+        s3.put_object(Bucket=bucket, Key=f"{PREFIX}/{release}/m.tar.gz", Body=b"x" * 10)
+    s3.put_object(Bucket=bucket, Key=f"{PREFIX}/served/m-0123456789ab.tar.gz", Body=b"y")
+    assert legacy_releases(s3, bucket, PREFIX) == {"r-00000000000000aa": (1, 10), "r-00000000000000bb": (1, 10)}
+    assert delete_legacy_release(s3, bucket, PREFIX, "r-00000000000000aa") >= 1
+    assert list(legacy_releases(s3, bucket, PREFIX)) == ["r-00000000000000bb"]
+    assert _served(s3, bucket) == {"m-0123456789ab.tar.gz"}
+
+
+# ---------------------------------------------------------------------------------------------
+# plan: the pull-request view, with exit codes a pipeline can gate on
+# ---------------------------------------------------------------------------------------------
+
+
+def _plan(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "model_build", "plan", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env=subprocess_env())
+
+
+@pytest.mark.slow
+def test_plan_lists_the_model_changes_and_the_fleet_verdict_with_exit_codes(tmp_path: Path) -> None:
+    from model_build.manifest import parse_manifest
+    from model_build.release import compute_release, entry_sha256, model_code_sha256
+    from model_build.routes import Route, Routes
+
+    base = {"version": 1, "models": [_entry("a", 0), _entry("b", 1, copies=2), _entry("c", 2)]}
+    manifest = parse_manifest(copy.deepcopy(base))
+    release = compute_release(manifest, base_dir=tmp_path)
+    from app import cdk_json_context, load_settings
+
+    fleet = load_settings(cdk_json_context()).fleet()
+    routes = {target: Route(target, f"{target}-000000000000.tar.gz", "0" * 64, 1, release.model_keys[spec.name],
+                            spec.name, entry_sha256(spec, tmp_path))
+              for spec in manifest.models for target in spec.target_names()}
+    live = Routes(release.release_id, "s3://b/models/served/", "k", routes, model_code_sha256=model_code_sha256(),
+                  fleet=fleet)
+    routes_file = tmp_path / "routes.json"
+    routes_file.write_bytes(live.body())
+
+    def run(models: list[dict[str, Any]], *extra: str) -> subprocess.CompletedProcess[str]:
+        path = tmp_path / f"{uuid.uuid4().hex[:8]}.yaml"
+        path.write_text(yaml.safe_dump({"version": 1, "models": copy.deepcopy(models)}))
+        return _plan("--manifest", str(path), "--routes-file", str(routes_file), "--detailed-exitcode", *extra)
+
+    same = run(base["models"])
+    assert same.returncode == 0, same.stderr
+    assert "models: 0 added, 0 updated, 0 removed, 4 unchanged; fleet unchanged" in same.stdout
+    change = run([_entry("a", 0), _entry("b", 9, copies=2), _entry("d", 4)])
+    assert change.returncode == 3, change.stderr
+    assert "+ d  (added)" in change.stdout and "- c  c-000000000000.tar.gz" in change.stdout
+    assert "~ b-0  b-0-000000000000.tar.gz -> new build (manifest entry changed)" in change.stdout
+    assert "models: 1 added, 2 updated, 1 removed, 1 unchanged; fleet unchanged" in change.stdout
+    fleet_change = run(base["models"], "-c", "mme:instance_type=ml.g5.2xlarge")
+    assert fleet_change.returncode == 4, fleet_change.stderr
+    assert "fleet replaced because instance_type: ml.g5.xlarge -> ml.g5.2xlarge" in fleet_change.stdout
+    # Without the flag a plan that ran exits 0; a broken routes file is one error line.
+    assert _plan("--manifest", "models.yaml", "--routes-file", str(routes_file)).returncode == 0
+    routes_file.write_bytes(live.body()[:40])
+    broken = _plan("--manifest", "models.yaml", "--routes-file", str(routes_file))
+    assert broken.returncode == 1 and "truncated" in broken.stdout + broken.stderr
+    assert "Traceback" not in broken.stdout + broken.stderr
+
+
+def test_routes_document_round_trips_and_names_no_bookkeeping_in_the_served_prefix(
+        s3: Any, bucket: str, tmp_path: Path) -> None:
+    _release(s3, bucket, tmp_path, {"a": b"A1"}, "r-000000000000000a")
+    activate_release(s3, bucket, PREFIX, "r-000000000000000a", stack="arn:stack", fleet={"instance_type": "x"})
+    body = s3.get_object(Bucket=bucket, Key=routes_key(PREFIX))["Body"].read()
+    routes = parse_routes(body, where="test", stack="arn:stack")
+    assert routes.body() == body and routes.fleet == {"instance_type": "x"}
+    assert routes.model_data_url == f"s3://{bucket}/{PREFIX}/served/"
+    index = read_index(s3, bucket, routes.index_key)
+    assert index is not None and index["release_id"] == "r-000000000000000a"
+    assert all(name.endswith(".tar.gz") for name in _served(s3, bucket)), "tarballs only under ModelDataUrl"
+    assert not routes_key(PREFIX).startswith(f"{PREFIX}/served/") and not routes.index_key.startswith(f"{PREFIX}/served/")
