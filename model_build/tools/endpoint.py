@@ -197,14 +197,16 @@ def local_endpoint(
     *,
     s3_client: Any,
     bucket: str,
-    release_id: str,
+    release_id: str | None = None,
     model_prefix: str = "models",
     port: int = 0,
     memory_budget_bytes: int | None = None,
     shm_default_byte_size: int | None = None,
     shm_growth_byte_size: int | None = None,
 ) -> Iterator[LocalEndpoint]:
-    """Serve a published release for the block; on exit nothing is left running or on disk.
+    """Serve the stack's fixed served prefix (``<model_prefix>/served/``, with its routes) for the
+    block, or, with ``release_id`` of the earlier per-release layout, that release's prefix; on
+    exit nothing is left running or on disk.
 
     Shared-memory sizes left out are the stack's (:func:`~model_build.tools.triton_server.stack_shm_settings`).
     """
@@ -239,13 +241,15 @@ def local_endpoint(
 def add_endpoint_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "endpoint",
-        help="serve a published release as a SageMaker multi-model endpoint on the real tritonserver",
-        description="Serve s3://BUCKET/PREFIX/RELEASE/ the way a SageMaker GPU multi-model endpoint does, on "
+        help="serve the published models as a SageMaker multi-model endpoint on the real tritonserver",
+        description="Serve s3://BUCKET/PREFIX/served/ the way a SageMaker GPU multi-model endpoint does, on "
                     "127.0.0.1: the SageMaker runtime API (endpoint name 'local'), models loaded on first use "
                     "into the real tritonserver. Stops on SIGINT/SIGTERM.",
     )
     parser.add_argument("--bucket", required=True, help="bucket the release was published to")
-    parser.add_argument("--release", required=True, help="release id (r-...)")
+    parser.add_argument("--release", default=None,
+                        help="serve this release prefix of the earlier per-release layout (r-...) instead of "
+                             "the fixed served prefix <prefix>/served/")
     parser.add_argument("--prefix", default="models", help="model prefix in the bucket (default: models)")
     parser.add_argument("--endpoint-url", default=None, help="S3 endpoint URL (default: AWS)")
     parser.add_argument("--region", default=None, help="AWS region of the bucket (default: from the environment)")

@@ -1,0 +1,156 @@
+"""The local endpoint serves the fixed prefix as SageMaker does, while models come and go.
+
+Real everything: tiny models built with torch, published to moto's S3 server through the same
+store, served-prefix copy and routing the CLI and the Lambda use, served by the real
+``tritonserver``. While clients keep invoking two loaded models, a model is added and then
+another is updated: the new model answers at once (no restart), the updated model answers under
+its new name with its new outputs, the old name keeps its old bytes, a removed-and-deleted one
+answers as SageMaker does for a missing ``TargetModel``, and the running models never fail and
+are never reloaded.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from botocore.exceptions import ClientError
+from triton_helpers import requires_triton  # tests/ is on sys.path
+
+from model_build.aws_clients import make_s3_client
+from model_build.build import BuildOptions, build_release
+from model_build.manifest import parse_manifest
+from model_build.publish import ReleaseTarget, publish_incremental
+from model_build.reference import read_reference
+from model_build.release import compute_release
+from model_build.serving import activate_release, read_routes
+from model_build.smoke import make_runtime_client
+from model_build.tools.endpoint import local_endpoint
+from model_build.tools.local_s3 import local_s3
+
+pytestmark = [pytest.mark.slow, requires_triton]
+BUCKET = "live-endpoint"
+RESNET = {"embedding_size": 8, "hidden_sizes": [8, 8, 16, 16], "depths": [1, 1, 1, 1], "layer_type": "basic",
+          "num_labels": 4}
+BINARY = "application/vnd.sagemaker-triton.binary+json;json-header-size={}"
+
+
+def _entry(name: str, seed: int) -> dict[str, Any]:
+    return {"name": name, "source": {"kind": "synthetic", "architecture": "resnet", "seed": seed,
+                                     "config": copy.deepcopy(RESNET)},
+            "task": "image-classification", "max_batch_size": 4, "image": {"image_size": 32},
+            "instance_group": {"kind": "KIND_CPU", "count": 1}}
+
+
+class Fleet:
+    """Publish and route manifests the way ``python -m model_build publish`` does."""
+
+    def __init__(self, s3: Any, work: Path) -> None:
+        self.s3, self.work = s3, work
+        self.references: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    def deploy(self, entries: list[dict[str, Any]]) -> dict[str, str]:
+        manifest = parse_manifest({"version": 1, "models": entries})
+        release = compute_release(manifest, base_dir=self.work)
+        record, release_dir = build_release(manifest, release, BuildOptions(base_dir=self.work),
+                                            out_dir=self.work / "build")
+        for model in record.models:
+            inputs, outputs = read_reference(release_dir / f"{model.name}.reference.npz")
+            self.references[model.key] = next(iter(inputs.values())), next(iter(outputs.values()))
+        publish_incremental([(m.artifact(release_dir), m.key) for m in record.models],
+                            ReleaseTarget.of(release, self.s3, BUCKET, "models"))
+        activate_release(self.s3, BUCKET, "models", release.release_id)
+        routes = read_routes(self.s3, BUCKET, "models")
+        assert routes is not None
+        self.keys = {name: route.model_key for name, route in routes.routes.items()}
+        return {name: route.target_model for name, route in routes.routes.items()}
+
+
+def _invoke(runtime: Any, target: str, inputs: np.ndarray) -> np.ndarray:
+    tensor = httpclient.InferInput("pixel_values", list(inputs.shape), "FP32")
+    tensor.set_data_from_numpy(inputs, binary_data=True)
+    output = httpclient.InferRequestedOutput("logits", binary_data=True)
+    body, header = httpclient.InferenceServerClient.generate_request_body([tensor], outputs=[output])
+    response = runtime.invoke_endpoint(EndpointName="local", TargetModel=target, Body=body,
+                                       ContentType=BINARY.format(header))
+    content_type = response["ContentType"]
+    length = int(content_type.rpartition("=")[2]) if "json-header-size" in content_type else None
+    result = httpclient.InferenceServerClient.parse_response_body(response["Body"].read(), header_length=length)
+    return result.as_numpy("logits")
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[Any]:
+    with local_s3() as url:
+        client = make_s3_client(endpoint_url=url)
+        client.create_bucket(Bucket=BUCKET)
+        yield client
+
+
+def test_models_added_and_updated_while_others_serve_under_load(s3: Any, tmp_path: Path) -> None:
+    fleet = Fleet(s3, tmp_path)
+    first = fleet.deploy([_entry("steady-a", 1), _entry("steady-b", 2)])
+    with local_endpoint(s3_client=s3, bucket=BUCKET, model_prefix="models") as endpoint:
+        runtime = make_runtime_client(endpoint_url=endpoint.url, timeout_seconds=120)
+        for name in ("steady-a", "steady-b"):
+            inputs, expected = fleet.references[fleet.keys[name]]
+            np.testing.assert_allclose(_invoke(runtime, first[name], inputs), expected, atol=1e-4, rtol=1e-3)
+        loads_before = endpoint.cache.loads
+
+        stop, failures, calls = threading.Event(), [], [0]
+
+        def steady(name: str) -> None:
+            client = make_runtime_client(endpoint_url=endpoint.url, timeout_seconds=120)
+            inputs, expected = fleet.references[fleet.keys[name]]
+            deadline = time.monotonic() + 300  # bounded whatever happens
+            while not stop.is_set() and time.monotonic() < deadline:
+                try:
+                    np.testing.assert_allclose(_invoke(client, first[name], inputs), expected, atol=1e-4, rtol=1e-3)
+                    calls[0] += 1
+                except Exception as error:  # noqa: BLE001 - every failure is recorded and asserted on
+                    failures.append(f"{name}: {error}")
+
+        threads = [threading.Thread(target=steady, args=(name,)) for name in ("steady-a", "steady-a", "steady-b")]
+        for thread in threads:
+            thread.start()
+        try:
+            # Added while the endpoint runs: invocable at once under its served name.
+            second = fleet.deploy([_entry("steady-a", 1), _entry("steady-b", 2), _entry("added", 3)])
+            assert second["steady-a"] == first["steady-a"] and second["steady-b"] == first["steady-b"]
+            inputs, expected = fleet.references[fleet.keys["added"]]
+            np.testing.assert_allclose(_invoke(runtime, second["added"], inputs), expected, atol=1e-4, rtol=1e-3)
+
+            # Updated: a new name with the new outputs; the old name still holds the old bytes.
+            third = fleet.deploy([_entry("steady-a", 1), _entry("steady-b", 2), _entry("added", 7)])
+            assert third["added"] != second["added"]
+            new_inputs, new_expected = fleet.references[fleet.keys["added"]]
+            np.testing.assert_allclose(_invoke(runtime, third["added"], new_inputs), new_expected, atol=1e-4, rtol=1e-3)
+            old_answer = _invoke(runtime, second["added"], new_inputs)
+            assert not np.allclose(old_answer, new_expected, atol=1e-4), "the old name kept its old model"
+            time.sleep(1.0)  # a moment more of steady load after the changes
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(timeout=120)
+        assert failures == [] and calls[0] > 0
+        # The steady models were never reloaded: only the added model's two builds were loaded.
+        assert endpoint.cache.loads == loads_before + 2
+        assert endpoint.cache.unloads == 0
+        assert {first["steady-a"], first["steady-b"]} <= set(endpoint.cache.loaded_targets())
+
+        # A removed object (deleted from S3) answers as SageMaker answers for a missing TargetModel.
+        s3.delete_object(Bucket=BUCKET, Key="models/served/nothing-here.tar.gz")
+        with pytest.raises(ClientError) as caught:
+            _invoke(runtime, "nothing-here.tar.gz", new_inputs)
+        error = caught.value.response
+        assert error["Error"]["Code"] == "ValidationError"
+        assert error["ResponseMetadata"]["HTTPStatusCode"] == 400
+        assert "failed to download model data" in error["Error"]["Message"]
+        assert "models/served/nothing-here.tar.gz" in error["Error"]["Message"]
