@@ -31,6 +31,7 @@ SCHEMA_VERSION = 1
 MAKE_COMMAND = "make bench  # = .venv/bin/python -m benchmarks"
 BENCHMARK_NAMES: tuple[str, ...] = (
     "synth_scale", "publish", "inference", "artifact", "endpoint", "variants", "incremental", "text_ensemble",
+    "live_fleet",
 )
 #: Fields every result file has (checked by :func:`validate_result`).
 REQUIRED_FIELDS: tuple[str, ...] = (

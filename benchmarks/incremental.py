@@ -3,7 +3,8 @@
 A manifest of 1000 distinct models (``model-0000`` ... , synthetic ResNets that differ by seed)
 is published once; then one entry changes (its ``max_batch_size``) and the new release is
 published the way the stack's state machine and the CLI do it: build what has no stored key,
-store it, assemble the release by server-side copies, index last. Measured at moto's S3 server
+store it, copy the changed model into the served prefix under its new name (the unchanged ones
+keep theirs), index last. Measured at moto's S3 server
 on loopback, behind the counting proxy of ``tests/s3_faults.py``:
 
 - models built (keys not in the store, computed as the plan step computes them);
@@ -241,9 +242,11 @@ def run(ctx: RunContext) -> dict[str, Any]:
     ]
     copies = wire["requests"].get("COPY", 0)
     result["goals"] = [
-        goal("one_built", "changing 1 of N entries builds 1 model and copies the other N-1",
-             target="1 built, >= N-1 copied", measured=f"{len(planned)} built, {copies} copied",
-             met=len(planned) == 1 and copies >= count - 1),
+        goal("one_built", "changing 1 of N entries builds 1 model, and copies only its own target into the "
+             "served prefix (the N-1 unchanged models keep their served objects)",
+             target="1 built, <= 1 copied", measured=f"{len(planned)} built, {copies} copied",
+             met=len(planned) == 1 and copies <= 1,
+             limit="" if len(planned) == 1 and copies <= 1 else "see the requests: more than the changed model moved"),
         goal("full_build_in_the_hour", "a full build of N distinct models fits CloudFormation's hour "
              "at concurrency 50 (projected)", target="< 3600 s", measured=f"{projection['50']['seconds']:.0f} s",
              met=projection["50"]["seconds"] < 3600,
