@@ -23,12 +23,13 @@ from cdk_nag import AwsSolutionsChecks
 from constructs.sagemaker_limits import PropsError
 from model_build.errors import ManifestError
 from model_build.manifest import Manifest, load_manifest
+from model_build.routes import RoutesError
 from stacks.settings import MmeSettings, SettingsError
 from stacks.triton_mme_stack import TritonMmeStack
 
 ROOT = Path(__file__).resolve().parent
 #: Errors a user causes with a setting or the manifest; anything else is a bug (traceback).
-EXPECTED_ERRORS = (ManifestError, SettingsError, PropsError)
+EXPECTED_ERRORS = (ManifestError, SettingsError, PropsError, RoutesError)
 
 
 def load_settings(context: Mapping[str, Any]) -> MmeSettings:
@@ -50,10 +51,13 @@ def load_models(settings: MmeSettings, root: Path = ROOT) -> tuple[Manifest | No
     return load_manifest(path), path
 
 
-def build_app(app: cdk.App) -> TritonMmeStack:
-    """Compose the app from its context; raises one of ``EXPECTED_ERRORS`` on bad input."""
+def build_app(app: cdk.App, *, report: bool = False) -> TritonMmeStack:
+    """Compose the app from its context; raises one of ``EXPECTED_ERRORS`` on bad input.
+    ``report``: print the plan line (:func:`plan_line`) on stderr."""
     settings = load_settings(app.node.get_all_context())
     manifest, manifest_path = load_models(settings)
+    if report:
+        print(plan_line(settings, manifest, manifest_path), file=sys.stderr)
     env = None
     if settings.account or settings.region:
         env = cdk.Environment(account=settings.account, region=settings.region)
@@ -68,6 +72,30 @@ def build_app(app: cdk.App) -> TritonMmeStack:
     )
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
     return stack
+
+
+def plan_line(settings: MmeSettings, manifest: Manifest | None, manifest_path: Path | None, root: Path = ROOT) -> str:
+    """One line for the synth output: what this change does to the live fleet.
+
+    With ``mme:plan_routes_file`` (a copy of the live routes), the plan against it; otherwise the
+    model count and the command that compares with the live routes. No AWS call either way."""
+    if manifest is None or manifest_path is None:
+        return "models: served from routes published out of band (python -m model_build publish)"
+    if not settings.plan_routes_file:
+        return (f"models: {len(manifest.models)} entries, {manifest.target_count} targets; a model change never "
+                "replaces the fleet; compare with the live routes: python -m model_build plan --bucket <ModelBucketName>")
+    from model_build.release import entry_sha256, model_code_sha256
+    from model_build.routes import Planned, parse_routes, plan
+
+    path = Path(settings.plan_routes_file)
+    path = path if path.is_absolute() else root / path
+    if not path.is_file():
+        raise SettingsError(f"mme:plan_routes_file: got {settings.plan_routes_file!r}; no such file")
+    live = parse_routes(path.read_bytes(), where=str(path))
+    wanted = [Planned(target, entry_sha256(spec, manifest_path.parent))
+              for spec in manifest.models for target in spec.target_names()]
+    result = plan(wanted, live, model_code_sha256=model_code_sha256(), fleet=settings.fleet())
+    return f"plan against release {live.release_id}: {result.summary()}"
 
 
 def cdk_json_context(root: Path = ROOT) -> dict[str, Any]:
@@ -92,7 +120,7 @@ def cdk_json_context(root: Path = ROOT) -> dict[str, Any]:
 def main() -> int:
     try:
         app = cdk.App(context=cdk_json_context())
-        build_app(app)
+        build_app(app, report=True)
     except EXPECTED_ERRORS as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

@@ -363,6 +363,12 @@ class AppSettings(BaseModel):
         description="Release to serve when manifest_path is empty (r- and 16 hex digits), published out "
         "of band with `python -m model_build publish`. Refused with a manifest.",
     )
+    plan_routes_file: str = Field(
+        default="",
+        description="A copy of the live routes document (the RoutesUrl output): synth then prints the plan "
+        "of this change against it (models added, updated, removed; fleet verdict). Empty: synth prints "
+        "the model count and how to run the plan.",
+    )
     alarm_topic_enabled: bool = Field(
         default=False,
         description="Create an SNS topic (its own KMS key, TLS-only policy) that every alarm notifies on "

@@ -297,3 +297,33 @@ def test_routes_document_round_trips_and_names_no_bookkeeping_in_the_served_pref
     assert index is not None and index["release_id"] == "r-000000000000000a"
     assert all(name.endswith(".tar.gz") for name in _served(s3, bucket)), "tarballs only under ModelDataUrl"
     assert not routes_key(PREFIX).startswith(f"{PREFIX}/served/") and not routes.index_key.startswith(f"{PREFIX}/served/")
+
+
+@pytest.mark.slow
+def test_synth_prints_the_plan_against_a_routes_file(tmp_path: Path) -> None:
+    from cdk_helpers import run_app
+
+    from app import cdk_json_context, load_settings
+    from model_build.manifest import load_manifest
+    from model_build.release import compute_release, entry_sha256, model_code_sha256
+    from model_build.routes import Route, Routes
+
+    manifest = load_manifest(ROOT / "models.yaml")
+    release = compute_release(manifest, base_dir=ROOT)
+    routes = {target: Route(target, f"{target}-000000000000.tar.gz", "0" * 64, 1, release.model_keys[spec.name],
+                            spec.name, entry_sha256(spec, ROOT))
+              for spec in manifest.models for target in spec.target_names()}
+    live = Routes(release.release_id, "s3://b/models/served/", "k", routes, model_code_sha256=model_code_sha256(),
+                  fleet=load_settings(cdk_json_context()).fleet())
+    path = tmp_path / "routes.json"
+    path.write_bytes(live.body())
+    same = run_app(tmp_path / "a", {"plan_routes_file": str(path)})
+    assert same.returncode == 0, same.stderr
+    assert (f"plan against release {release.release_id}: models: 0 added, 0 updated, 0 removed, "
+            f"{manifest.target_count} unchanged; fleet unchanged") in same.stderr
+    bigger = run_app(tmp_path / "b", {"plan_routes_file": str(path), "instance_type": "ml.g5.2xlarge"})
+    assert bigger.returncode == 0, bigger.stderr
+    assert "fleet replaced because instance_type: ml.g5.xlarge -> ml.g5.2xlarge" in bigger.stderr
+    path.write_bytes(b"{")
+    broken = run_app(tmp_path / "c", {"plan_routes_file": str(path)})
+    assert broken.returncode == 1 and "error: routes" in broken.stderr and "Traceback" not in broken.stderr
