@@ -32,7 +32,16 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks._common import RunContext, finish_result, goal, log, manifest_entry, new_result, percentile, spec_from
+from benchmarks._common import (
+    RunContext,
+    finish_result,
+    goal,
+    log,
+    manifest_entry,
+    new_result,
+    percentile,
+    spec_from,
+)
 
 NAME = "live_fleet"
 TITLE = "Models on a live fleet: one model added under load, and a one-model change at scale"
@@ -85,7 +94,7 @@ class Load:
                 runtime.invoke_endpoint(EndpointName="local", TargetModel=target, ContentType=self.content_type,
                                         Body=self.body)["Body"].read()
                 ok = True
-            except Exception:  # noqa: BLE001 - a failed request is what is counted
+            except Exception:
                 ok = False
                 time.sleep(0.05)  # a refused connection returns at once: do not spin
             self.samples.append((started, time.monotonic() - started, ok))
@@ -117,7 +126,7 @@ def _wait_answer(invoke: Callable[[], Any], limit_s: float = 300.0) -> float:
         try:
             invoke()
             return time.monotonic() - started
-        except Exception:  # noqa: BLE001 - not up yet
+        except Exception:
             if time.monotonic() - started > limit_s:
                 raise
             time.sleep(0.05)

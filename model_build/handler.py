@@ -353,7 +353,6 @@ def _build_and_store(s3: Any, request: Request, spec: ModelSpec, key: str) -> No
 def _write_index(s3: Any, request: Request, manifest: Manifest, keys: Mapping[str, str]) -> None:
     """The final step: assemble the release from the store (server-side copies, index last)."""
     from model_build.publish import ReleaseTarget, assemble_release, stored_models
-
     from model_build.release import model_code_sha256
 
     release = replace(request.release, model_keys=dict(keys), model_code_sha256=model_code_sha256())

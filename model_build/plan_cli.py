@@ -58,12 +58,13 @@ def plan_report(args: argparse.Namespace) -> tuple[Any, Any]:
     """The plan of ``args`` and the settings it used."""
     from model_build.manifest import load_manifest
     from model_build.release import entry_sha256, model_code_sha256
-    from model_build.routes import Planned, parse_routes, plan
+    from model_build.routes import Planned, Routes, parse_routes, plan
     from model_build.serving import read_routes
 
     manifest_path = Path(args.manifest)
     manifest = load_manifest(manifest_path)
     settings = _settings(args.context or [])
+    live: Routes | None
     prefix = args.prefix or settings.model_prefix
     if args.routes_file:
         path = Path(args.routes_file)

@@ -42,7 +42,16 @@ from s3transfer.manager import TransferManager
 
 from model_build.errors import PublishError
 from model_build.manifest import Manifest
-from model_build.release import BUILDS_DIR, INDEX_NAME, REFERENCE_DIR, Release, entry_sha256, served_name, served_prefix, store_prefix
+from model_build.release import (
+    BUILDS_DIR,
+    INDEX_NAME,
+    REFERENCE_DIR,
+    Release,
+    entry_sha256,
+    served_name,
+    served_prefix,
+    store_prefix,
+)
 from model_build.types import Artifact
 
 #: Version of the index layout; a reader refuses an index of a schema it does not know.

@@ -48,12 +48,12 @@ from model_build.publish import (
 )
 from model_build.release import (
     PACKAGE_DIR,
-    served_name,
-    served_prefix,
     build_code_sha256,
     compute_release,
     model_code_sha256,
     runtime_files,
+    served_name,
+    served_prefix,
     store_prefix,
 )
 from model_build.types import Artifact

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 import yaml
-
 from cdk_helpers import subprocess_env, synth
+
 from model_build.aws_clients import make_s3_client
 from model_build.publish import ReleaseTarget, assemble_release, publish_unit, read_index
 from model_build.release import Release, routes_key, served_name
@@ -327,3 +327,17 @@ def test_synth_prints_the_plan_against_a_routes_file(tmp_path: Path) -> None:
     path.write_bytes(b"{")
     broken = run_app(tmp_path / "c", {"plan_routes_file": str(path)})
     assert broken.returncode == 1 and "error: routes" in broken.stderr and "Traceback" not in broken.stderr
+
+
+@pytest.mark.parametrize(("names", "refused"), [(["bert", "Bert"], "Bert"), (["_routes"], "_routes"),
+                                                (["served", "served"], "served")])
+def test_names_that_could_collide_are_refused_before_any_build(names: list[str], refused: str) -> None:
+    """Logical names are lowercase and start with a letter or digit (``MODEL_NAME_PATTERN``): two
+    names that differ only in case, or a bookkeeping name (``_routes``, ``_releases``), cannot be
+    written; a name twice is refused; each names the entry."""
+    from model_build.errors import ManifestError
+    from model_build.manifest import parse_manifest
+
+    with pytest.raises(ManifestError) as caught:
+        parse_manifest({"version": 1, "models": [_entry(name, i) for i, name in enumerate(names)]})
+    assert repr(refused) in str(caught.value) or refused in str(caught.value)

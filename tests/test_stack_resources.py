@@ -292,7 +292,6 @@ def test_image_mapping_covers_every_region_of_the_sdk_table(default: Synth) -> N
 
 
 def test_model(default: Synth) -> None:
-    build = logical_id(default, "ModelBuild/Resource/Default")
     default.template.resource_count_is("AWS::SageMaker::Model", 1)
     default.template.has_resource_properties(
         "AWS::SageMaker::Model",

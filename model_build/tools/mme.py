@@ -142,7 +142,7 @@ def read_served(s3_client: Any, bucket: str, served: str, routes_key: str) -> Re
     where = f"s3://{bucket}/{routes_key}"
     try:
         body = s3_client.get_object(Bucket=bucket, Key=routes_key)["Body"].read(MAX_ROUTES_BYTES + 1)
-    except Exception as error:  # noqa: BLE001 - one message naming the key, whatever the S3 error
+    except Exception as error:
         code = getattr(error, "response", {}).get("Error", {}).get("Code", type(error).__name__)
         raise ModelBuildError(
             f"routes {where}: cannot be read ({code}); publish first (python -m model_build publish) "
