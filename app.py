@@ -56,8 +56,6 @@ def build_app(app: cdk.App, *, report: bool = False) -> TritonMmeStack:
     ``report``: print the plan line (:func:`plan_line`) on stderr."""
     settings = load_settings(app.node.get_all_context())
     manifest, manifest_path = load_models(settings)
-    if report:
-        print(plan_line(settings, manifest, manifest_path), file=sys.stderr)
     env = None
     if settings.account or settings.region:
         env = cdk.Environment(account=settings.account, region=settings.region)
@@ -71,6 +69,8 @@ def build_app(app: cdk.App, *, report: bool = False) -> TritonMmeStack:
         description="NVIDIA Triton models on an Amazon SageMaker multi-model GPU endpoint",
     )
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+    if report:  # once the stack is composed: a refused input prints its one error line only
+        print(plan_line(settings, manifest, manifest_path), file=sys.stderr)
     return stack
 
 
