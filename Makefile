@@ -64,12 +64,14 @@ test: setup
 
 # checkov fails on any finding that is neither fixed nor skipped with a reason in the template
 # (Metadata.checkov.skip); the tests scan every settings variant (tests/test_stack_checkov.py).
+# A team's own policies: make lint CHECKOV_ARGS="--external-checks-dir policies/" (see README).
+CHECKOV_ARGS ?=
 lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 	$(CDK) synth --quiet
 	$(CHECKOV_VENV)/bin/checkov --file cdk.out/*.template.json --framework cloudformation \
-		--skip-download --compact --quiet
+		--skip-download --compact --quiet $(CHECKOV_ARGS)
 
 bench: setup
 	$(PY) -m benchmarks
