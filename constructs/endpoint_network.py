@@ -27,12 +27,14 @@ from typing import Annotated, Literal
 
 from aws_cdk import RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from pydantic import AfterValidator, Field
 
 from constructs import Construct
 from constructs.cfn_hygiene import drop_provider_role_dependency
-from constructs.nag_acknowledgments import acknowledge
+from constructs.customer_key import logs_key
+from constructs.nag_acknowledgments import acknowledge, skip_cdk_provider_checks, skip_checkov
 from constructs.props import Props, Resource, unique
 from constructs.sagemaker_limits import PropsError
 
@@ -102,6 +104,11 @@ class EndpointNetworkProps(Props):
     removal_policy: RemovalPolicy = Field(
         default=RemovalPolicy.RETAIN,
         description="Of the created VPC's flow log group: RETAIN keeps it when the stack is deleted.",
+    )
+    log_key: Resource[kms.IKey] | None = Field(
+        default=None,
+        description="Customer key that encrypts the created VPC's flow log group (its policy gets a "
+        "statement for CloudWatch Logs). Unset: CloudWatch Logs' default encryption at rest.",
     )
 
 
@@ -221,15 +228,31 @@ class EndpointNetwork(Construct):
             ],
             gateway_endpoints={"S3": ec2.GatewayVpcEndpointOptions(service=ec2.GatewayVpcEndpointAwsService.S3)},
         )
+        key = logs_key(props.log_key)
         flow_logs = logs.LogGroup(
-            self, "FlowLogs", retention=props.flow_log_retention, removal_policy=props.removal_policy
+            self, "FlowLogs", retention=props.flow_log_retention, removal_policy=props.removal_policy,
+            encryption_key=key,
         )
+        if key is None:
+            skip_checkov(
+                flow_logs,
+                ["CKV_AWS_158"],
+                "No customer key given (the log_key prop): the flow log group keeps CloudWatch Logs' "
+                "default encryption at rest (AWS-owned keys); its records are connection metadata "
+                "(addresses, ports, bytes), no payload.",
+            )
         vpc.add_flow_log(
             "FlowLog",
             destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_logs),
             traffic_type=ec2.FlowLogTrafficType.ALL,
         )
         drop_provider_role_dependency(self, RESTRICT_DEFAULT_SG_PROVIDER_ID)
+        skip_cdk_provider_checks(
+            self,
+            RESTRICT_DEFAULT_SG_PROVIDER_ID,
+            "removes the rules of the created VPC's default security group",
+            "the EC2 API (revoke the default security group's rules)",
+        )
         return vpc
 
     def _security_group(self, id: str, description: str) -> ec2.SecurityGroup:

@@ -13,7 +13,11 @@ from pydantic import AfterValidator, Field
 from constructs import Construct
 from constructs.cfn_hygiene import drop_provider_role_dependency
 from constructs.customer_key import customer_key
-from constructs.nag_acknowledgments import acknowledge, acknowledge_wildcard_resource
+from constructs.nag_acknowledgments import (
+    acknowledge,
+    acknowledge_wildcard_resource,
+    skip_cdk_provider_checks,
+)
 from constructs.props import DAYS, Between, Props, is_unresolved
 from constructs.sagemaker_limits import PropsError
 
@@ -49,7 +53,8 @@ class ModelBucketProps(Props):
     """Props of :class:`ModelBucket`."""
 
     noncurrent_version_expiration: Expiration = Field(
-        default_factory=lambda: Duration.days(30), description="Days an overwritten or deleted object version is kept."
+        default_factory=lambda: Duration.days(30),
+        description="Days an overwritten or deleted object version is kept (model bucket and access logs).",
     )
     retired_release_expiration: Expiration = Field(
         default_factory=lambda: Duration.days(30),
@@ -75,7 +80,9 @@ class ModelBucket(Construct):
       objects tagged ``triton-mme:release-state=retired`` (a superseded release) expire after
       ``retired_release_expiration``; incomplete multipart uploads are aborted after 7 days.
     - Server access logs go to a second bucket (SSE-S3, as S3 server access logging requires;
-      TLS enforced; public access blocked), whose objects expire after ``access_log_expiration``.
+      TLS enforced; public access blocked; versioned), whose objects expire after
+      ``access_log_expiration`` (a deleted or overwritten log object after
+      ``noncurrent_version_expiration``).
     - ``RemovalPolicy.DESTROY`` deletes both buckets, emptying them first (CDK's
       auto-delete-objects custom resource), and the key enters its 7-day deletion window.
 
@@ -93,20 +100,30 @@ class ModelBucket(Construct):
         self.key = customer_key(
             self,
             "Key",
-            description="Encrypts the model artifacts of the Triton multi-model endpoint",
+            description="Encrypts the model artifacts of the Triton multi-model endpoint and its stack's log groups",
             removal_policy=props.removal_policy,
         )
         self.access_log_bucket = self._bucket(
             "AccessLogs",
             # S3 server access logging can only deliver to a bucket with SSE-S3.
             encryption=s3.BucketEncryption.S3_MANAGED,
-            lifecycle_rules=[s3.LifecycleRule(id="ExpireAccessLogs", expiration=props.access_log_expiration)],
+            # A deleted or overwritten log object stays recoverable for noncurrent_version_expiration.
+            versioned=True,
+            lifecycle_rules=[
+                s3.LifecycleRule(
+                    id="ExpireAccessLogs",
+                    expiration=props.access_log_expiration,
+                    noncurrent_version_expiration=props.noncurrent_version_expiration,
+                    abort_incomplete_multipart_upload_after=Duration.days(7),
+                )
+            ],
         )
         acknowledge(
             self.access_log_bucket,
             "AwsSolutions-S1",
             "This bucket is the destination of the model bucket's server access logs; logging "
             "its own accesses would need a third bucket and recurse.",
+            checkov=["CKV_AWS_18"],
         )
         self.bucket = self._bucket(
             "Resource",
@@ -120,6 +137,12 @@ class ModelBucket(Construct):
         )
         if props.removal_policy == RemovalPolicy.DESTROY:
             drop_provider_role_dependency(self, AUTO_DELETE_PROVIDER_ID)
+            skip_cdk_provider_checks(
+                self,
+                AUTO_DELETE_PROVIDER_ID,
+                "empties a bucket before CloudFormation deletes it",
+                "the S3 API (list and delete the object versions of the buckets it is given)",
+            )
         #: Name of the model bucket.
         self.bucket_name: str = self.bucket.bucket_name
         #: ARN of the model bucket.

@@ -21,15 +21,21 @@ from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import custom_resources as cr
 from pydantic import AfterValidator, Field, model_validator
 
-from constructs import Construct
+from constructs import Construct, IConstruct
 from constructs.cfn_hygiene import drop_referenced_dependencies
+from constructs.customer_key import logs_key
 from constructs.model_bucket import RETIRED_TAG_KEY, KeyPrefix
 from constructs.model_build_state_machine import (
     MaxConcurrency,
     ModelBuildStateMachine,
     ModelBuildStateMachineProps,
 )
-from constructs.nag_acknowledgments import acknowledge, acknowledge_wildcard_resource, wildcard_policy
+from constructs.nag_acknowledgments import (
+    acknowledge,
+    acknowledge_wildcard_resource,
+    skip_checkov,
+    wildcard_policy,
+)
 from constructs.props import MEBIBYTES, SECONDS, Between, Namer, Props, Resource, known
 from constructs.sagemaker_limits import PropsError
 from model_build.errors import ManifestError
@@ -55,6 +61,60 @@ LAMBDA_VPC_ACTIONS: tuple[str, ...] = (
     "ec2:DescribeNetworkInterfaces",
     "ec2:DescribeSubnets",
     "ec2:UnassignPrivateIpAddresses",
+)
+
+#: Why checkov's findings on the build's functions do not apply (see ``_explain_scanner_findings``).
+NO_KEY_REASON = (
+    "No customer key: the model bucket has no KMS key whose policy this app manages, so {what} keeps "
+    "the service's default encryption at rest (AWS-owned or AWS-managed keys); give the construct a "
+    "bucket encrypted with a key of this app to encrypt {what} with that key."
+)
+HANDLER_CONCURRENCY_REASON = (
+    "Called only by the CDK provider framework's functions, once per stack operation (on_event) or "
+    "once per query interval (is_complete), so one or two run at once; a reserved concurrency would "
+    "withhold that capacity from the account's other functions at all times and protect nothing."
+)
+BUILD_CONCURRENCY_REASON = (
+    "Its concurrency is bounded by its only caller, the build state machine's Distributed Map "
+    "(MaxConcurrency, mme:build_max_concurrency); builds run only during a deployment, so reserving "
+    "that many would withhold them from the account's other functions at all times, and fail the "
+    "deployment where the account's quota leaves fewer than 100 unreserved."
+)
+HANDLER_INVOCATION_REASON = (
+    "Invoked synchronously (RequestResponse) by the CDK provider framework, which fails the custom "
+    "resource with the error returned; there is no asynchronous event that a dead-letter queue could keep."
+)
+BUILD_INVOCATION_REASON = (
+    "Invoked synchronously by the build state machine's tasks (retried on throttling and service "
+    "errors); an error fails the execution, which the custom resource reports with the model's name; "
+    "there is no asynchronous event that a dead-letter queue could keep."
+)
+OUTSIDE_VPC_REASON = (
+    "Outside a VPC unless the vpc prop (mme:build_in_vpc) is given: it serves no network endpoint "
+    "and calls only AWS APIs (S3, Step Functions, CloudFormation) and, for huggingface sources, the "
+    "Hugging Face hub, over TLS with signed requests."
+)
+FRAMEWORK_CONCURRENCY_REASON = (
+    "CDK provider framework function: runs once per stack operation (onEvent, onTimeout) or once "
+    "per query interval (isComplete), never for a client; a reserved concurrency would withhold "
+    "capacity from the account's other functions at all times and protect nothing."
+)
+FRAMEWORK_ASYNC_REASON = (
+    "CDK provider framework entry point: CloudFormation invokes it asynchronously with a pre-signed "
+    "response URL and waits for the answer; if it fails past Lambda's two retries, CloudFormation "
+    "fails the resource at its service timeout (one hour) and rolls the stack back, visibly in the "
+    "stack events, and the deployment is retried as a whole: no work or data is lost."
+)
+FRAMEWORK_SYNC_REASON = (
+    "CDK provider framework function invoked synchronously by the provider's waiter state machine, "
+    "which calls onTimeout when the build does not finish; there is no asynchronous event that a "
+    "dead-letter queue could keep."
+)
+FRAMEWORK_VPC_REASON = (
+    "CDK provider framework function: it calls only the Lambda API (to invoke the build's handlers) "
+    "and CloudFormation's pre-signed S3 response URL, over TLS with signed requests, and serves no "
+    "network endpoint; it is kept out of any VPC (only the handlers follow the vpc prop) because a "
+    "VPC this app creates has no Lambda endpoint to call through."
 )
 
 
@@ -152,7 +212,10 @@ class ModelBuildResourceProps(Props):
     manifest_path: Annotated[Path, AfterValidator(_manifest_file)] = Field(
         description="The manifest file (uploaded as an asset; its folder is the base of relative paths)."
     )
-    model_bucket: Resource[s3.IBucket] = Field(description="Bucket the release is published to.")
+    model_bucket: Resource[s3.IBucket] = Field(
+        description="Bucket the release is published to. Its KMS key, when this app manages its policy, also "
+        "encrypts the build's log groups and the provider functions' environment variables."
+    )
     model_prefix: KeyPrefix = Field(
         default="models",
         description="S3 key prefix of every release (<prefix>/<release_id>/<model>.tar.gz); the "
@@ -280,6 +343,9 @@ class ModelBuildResource(Construct):
         #: Docker-ignore patterns of the build image's context (one walk of the runtime, shared by the handlers).
         self._image_exclude = runtime_only_exclude(props.build_context)
         self.manifest_asset = s3_assets.Asset(self, "Manifest", path=str(props.manifest_path))
+        #: The model bucket's key, which encrypts the log groups and the framework functions'
+        #: environment (None when the bucket has no key whose policy this app manages).
+        self.encryption_key = logs_key(props.model_bucket.encryption_key)
         self.role = self._role()
         #: The policy that lets Lambda attach the handlers to the VPC (None without a VPC).
         self.vpc_access_policy: iam.Policy | None = None if props.vpc is None else wildcard_policy(
@@ -289,6 +355,7 @@ class ModelBuildResource(Construct):
             LAMBDA_VPC_ACTIONS,
             "Lambda creates, describes and deletes the network interfaces of a function in a VPC; "
             "these EC2 actions have no resource-level permissions that Lambda's calls match.",
+            checkov=["CKV_AWS_111"],
         )
         self.on_event_function = self._handler(
             "OnEvent", ON_EVENT_HANDLER, "Model release: validates a request and starts the build"
@@ -382,9 +449,8 @@ class ModelBuildResource(Construct):
     def _provider(self) -> cr.Provider:
         """The Provider framework's asynchronous pattern: ``on_event``, then ``is_complete`` every
         ``query_interval`` until done or ``total_timeout``."""
-        retention = self.props.log_retention
-        provider_logs = logs.LogGroup(self, "ProviderLogs", retention=retention)
-        waiter_logs = logs.LogGroup(self, "WaiterLogs", retention=retention)
+        provider_logs = self._log_group("ProviderLogs")
+        waiter_logs = self._log_group("WaiterLogs")
         self._on_event_framework_role = self._framework_role("FrameworkOnEventRole", provider_logs)
         self._complete_framework_role = self._framework_role("FrameworkCompleteRole", provider_logs)
         return cr.Provider(
@@ -397,6 +463,7 @@ class ModelBuildResource(Construct):
             log_group=provider_logs,
             framework_on_event_role=self._on_event_framework_role,
             framework_complete_and_timeout_role=self._complete_framework_role,
+            provider_function_env_encryption=self.encryption_key,
             disable_waiter_state_machine_logging=False,
             waiter_state_machine_log_options=cr.LogOptions(
                 destination=waiter_logs, level=sfn.LogLevel.ALL, include_execution_data=False
@@ -457,7 +524,7 @@ class ModelBuildResource(Construct):
     def _handler(self, id: str, handler: str, description: str) -> lambda_.DockerImageFunction:
         """One of the functions: the build image with ``handler``, its own log group, the shared role."""
         props = self.props
-        log_group = logs.LogGroup(self, f"{id}Logs", retention=props.log_retention)
+        log_group = self._log_group(f"{id}Logs")
         log_group.grant_write(self.role)
         function = lambda_.DockerImageFunction(
             self,
@@ -478,6 +545,13 @@ class ModelBuildResource(Construct):
             # Lambda checks the network-interface permissions when it creates the function.
             function.node.add_dependency(self.vpc_access_policy)
         return function
+
+    def _log_group(self, id: str) -> logs.LogGroup:
+        """A log group with the props' retention, encrypted with the model bucket's key when there is one."""
+        log_group = logs.LogGroup(self, id, retention=self.props.log_retention, encryption_key=self.encryption_key)
+        if self.encryption_key is None:
+            skip_checkov(log_group, ["CKV_AWS_158"], NO_KEY_REASON.format(what="this log group"))
+        return log_group
 
     def _framework_role(self, id: str, log_group: logs.ILogGroup) -> iam.Role:
         role = iam.Role(
@@ -538,6 +612,8 @@ class ModelBuildResource(Construct):
             "*",
             "Step Functions delivers execution logs through the CloudWatch Logs vended-log APIs "
             "(logs:CreateLogDelivery...), which support no resource-level permissions.",
+            checkov=["CKV_AWS_111"],
+            resource_type="AWS::IAM::Policy",
         )
         acknowledge(
             waiter,
@@ -555,3 +631,24 @@ class ModelBuildResource(Construct):
             )
         waiter_role = waiter.node.find_child("Role")
         drop_referenced_dependencies(waiter, [waiter_role.node.default_child])
+        self._explain_scanner_findings(framework)
+
+    def _explain_scanner_findings(self, framework: dict[str, IConstruct]) -> None:
+        """Skip, with the reason, the IaC scanner's (checkov's) function checks that do not apply:
+        reserved concurrency, dead-letter queue, VPC placement, and (without a key) environment
+        encryption. The functions' log groups and environments are otherwise encrypted with the
+        model bucket's key (see :meth:`_log_group`)."""
+        for function in (self.on_event_function, self.is_complete_function, self.build_function):
+            build = function is self.build_function
+            skip_checkov(function, ["CKV_AWS_115"], BUILD_CONCURRENCY_REASON if build else HANDLER_CONCURRENCY_REASON)
+            skip_checkov(function, ["CKV_AWS_116"], BUILD_INVOCATION_REASON if build else HANDLER_INVOCATION_REASON)
+            if self.props.vpc is None:
+                skip_checkov(function, ["CKV_AWS_117"], OUTSIDE_VPC_REASON)
+        for name, framework_function in framework.items():
+            invoked = FRAMEWORK_ASYNC_REASON if name == "onEvent" else FRAMEWORK_SYNC_REASON
+            skip_checkov(framework_function, ["CKV_AWS_115"], FRAMEWORK_CONCURRENCY_REASON)
+            skip_checkov(framework_function, ["CKV_AWS_116"], invoked)
+            skip_checkov(framework_function, ["CKV_AWS_117"], FRAMEWORK_VPC_REASON)
+            if self.encryption_key is None:
+                environment = NO_KEY_REASON.format(what="its environment (function ARNs, no secret)")
+                skip_checkov(framework_function, ["CKV_AWS_173"], environment)

@@ -32,7 +32,8 @@ from pydantic import Field
 
 from constructs import Construct
 from constructs.cfn_hygiene import drop_referenced_dependencies
-from constructs.nag_acknowledgments import acknowledge_wildcard_resource
+from constructs.customer_key import logs_key
+from constructs.nag_acknowledgments import acknowledge_wildcard_resource, skip_checkov
 from constructs.props import Props, Resource
 
 #: Lambda errors worth retrying: throttling and the service's own transient failures. A build
@@ -62,7 +63,7 @@ class ModelBuildStateMachineProps(Props):
     )
     model_bucket: Resource[s3.IBucket] = Field(
         description="Bucket of the releases, where the plan (the Map's item source) lives, under "
-        "<prefix>/_plans/."
+        "<prefix>/_plans/. Its KMS key, when this app manages its policy, also encrypts the execution log."
     )
     max_concurrency: MaxConcurrency = Field(description="Most models built at once (the Map's MaxConcurrency).")
     timeout: Duration = Field(description="The execution's timeout (the custom resource's total timeout).")
@@ -99,7 +100,15 @@ class ModelBuildStateMachine(Construct):
         build_models.item_processor(self._invoke("BuildModel", None))
         finish = self._invoke("Finish", {"Step": "finish", "Request.$": "$.Request"})
 
-        self.log_group = logs.LogGroup(self, "Logs", retention=props.log_retention)
+        key = logs_key(model_bucket.encryption_key)
+        self.log_group = logs.LogGroup(self, "Logs", retention=props.log_retention, encryption_key=key)
+        if key is None:
+            skip_checkov(
+                self.log_group,
+                ["CKV_AWS_158"],
+                "No customer key: the model bucket has no KMS key whose policy this app manages, so the "
+                "execution log keeps CloudWatch Logs' default encryption at rest (AWS-owned keys).",
+            )
         self.state_machine = sfn.StateMachine(
             self,
             "Resource",

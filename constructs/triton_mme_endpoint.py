@@ -15,7 +15,7 @@ from pydantic import AfterValidator, Field, model_validator
 
 from constructs import Construct
 from constructs.endpoint_metrics import EndpointMetrics
-from constructs.nag_acknowledgments import wildcard_policy
+from constructs.nag_acknowledgments import skip_checkov, wildcard_policy
 from constructs.props import SECONDS, Between, Namer, Props, Resource, is_unresolved, known
 from constructs.sagemaker_limits import (
     ENVIRONMENT_KEY_PATTERN,
@@ -345,7 +345,7 @@ class TritonMmeEndpoint(EndpointMetrics, Construct):
     def _model(self) -> sagemaker.CfnModel:
         props = self.props
         subnets, groups = props.subnets, props.security_groups
-        return sagemaker.CfnModel(
+        model = sagemaker.CfnModel(
             self,
             "Model",
             execution_role_arn=props.execution_role.role_arn,
@@ -368,6 +368,20 @@ class TritonMmeEndpoint(EndpointMetrics, Construct):
                 else None
             ),
         )
+        if not props.enable_network_isolation:
+            where = (
+                "its network interfaces are in the given subnets, behind their security groups"
+                if subnets and groups
+                else "it is not placed in a VPC"
+            )
+            skip_checkov(
+                model,
+                ["CKV_AWS_370"],
+                "Network isolation turned off on purpose (enable_network_isolation=false, "
+                "mme:network_isolation): the deployer lets the Triton container make network calls "
+                f"and get the execution role's credentials; {where}.",
+            )
+        return model
 
     def _vpc_access(self) -> iam.Policy | None:
         if not self.props.subnets:
@@ -380,6 +394,7 @@ class TritonMmeEndpoint(EndpointMetrics, Construct):
             "SageMaker creates and deletes the network interfaces of a model placed in a VPC; the EC2 "
             "describe actions have no resource-level permissions and the interfaces do not exist "
             "before SageMaker creates them (developer guide, host-vpc).",
+            checkov=["CKV_AWS_109", "CKV_AWS_111"],
         )
         # SageMaker checks the permissions when it creates the model.
         self.model.node.add_dependency(policy)

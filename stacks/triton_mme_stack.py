@@ -80,8 +80,8 @@ class TritonMmeStack(Stack):
         super().__init__(scope, id, **kwargs)
         self._settings = settings
         #: The constructs, for tests and extensions.
-        self.network = self._network()
         self.model_bucket = ModelBucket(self, "ModelBucket", props=ModelBucketProps(**settings.values(ModelBucketProps)))
+        self.network = self._network()
         self.triton_image = TritonImage(self, "TritonImage", props=TritonImageProps(**settings.values(TritonImageProps)))
         self.execution_role = SageMakerExecutionRole(
             self, "ExecutionRole", props=SageMakerExecutionRoleProps(endpoint_name=settings.endpoint_name)
@@ -128,9 +128,10 @@ class TritonMmeStack(Stack):
         if settings.vpc_id is None and not settings.create_vpc:
             return None
         vpc = ec2.Vpc.from_lookup(self, "ExistingVpc", vpc_id=settings.vpc_id) if settings.vpc_id is not None else None
-        return EndpointNetwork(
-            self, "Network", props=EndpointNetworkProps(**settings.values(EndpointNetworkProps), vpc=vpc)
-        )
+        # The created VPC's flow logs are encrypted with the stack's customer key (the bucket's).
+        return EndpointNetwork(self, "Network", props=EndpointNetworkProps(
+            **settings.values(EndpointNetworkProps), vpc=vpc, log_key=self.model_bucket.key
+        ))
 
     def _release_id(self) -> str:
         if self._settings.release_id is None:

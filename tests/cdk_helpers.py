@@ -271,3 +271,80 @@ def flatten_join(value: Any) -> str:
         delimiter, parts = value["Fn::Join"]
         return delimiter.join(flatten_join(part) for part in parts)
     return "<ref>"
+
+
+# ---------------------------------------------------------------------------------------------
+# The settings variants the tests synthesize (one fixture each; the IaC scanner test scans them all)
+# ---------------------------------------------------------------------------------------------
+
+#: Account, region and VPC of the variants with an explicit environment.
+ACCOUNT, REGION, VPC_ID = "123456789012", "eu-west-1", "vpc-0123456789abcdef0"
+#: An existing topic the ``existing`` variant notifies.
+TOPIC_ARN = f"arn:aws:sns:{REGION}:{ACCOUNT}:platform-alarms"
+#: The release the ``published`` variant serves.
+RELEASE = "r-0123456789abcdef"
+
+#: Keyword arguments of :func:`synth` per variant (besides the output folder and ``nag``).
+VARIANTS: dict[str, dict[str, Any]] = {
+    # The defaults: models.yaml, cdk.json.
+    "default": {},
+    # An EBS-backed instance type, destroy policies, build and container settings, an environment.
+    "ebs": dict(
+        instance_type="ml.p3.2xlarge",
+        volume_size_gb="100",
+        bucket_removal_policy="destroy",
+        artifacts_on_delete="destroy",
+        triton_log_verbose="true",
+        triton_environment='{"SAGEMAKER_TRITON_THREAD_COUNT": "16", "SAGEMAKER_TRITON_PING_MODE": "ready"}',
+        model_cache="Disabled",
+        model_data_download_timeout_seconds="900",
+        container_startup_health_check_timeout_seconds="1200",
+        min_instance_count="2",
+        initial_instance_count="2",
+        max_instance_count="6",
+        gpu_utilization_target="80",
+        invocations_per_instance_target="150",
+        build_total_timeout_minutes="30",
+        build_query_interval_seconds="30",
+        build_memory_mb="4096",
+        build_timeout_minutes="10",
+        triton_image_version="25.04",
+        account=ACCOUNT,
+        region=REGION,
+    ),
+    # No build: serve a release published out of band.
+    "published": dict(manifest_path=None, release_id=RELEASE),
+    # A created isolated VPC with the build inside it, a created topic with e-mails, canary rollouts.
+    "isolated": dict(
+        create_vpc="true",
+        vpc_cidr="10.42.0.0/16",
+        build_in_vpc="true",
+        alarm_emails="ops@example.com,ml-oncall@example.com",
+        rollout_traffic="CANARY",
+        rollout_size="20",
+        rollout_wait_seconds="900",
+        rollout_termination_wait_seconds="0",
+        tag_project="search",
+        tag_environment="prod",
+        tag_owner="ml-platform@example.com",
+    ),
+    # An existing VPC (a cached lookup), an existing topic, linear rollouts, no network isolation.
+    "existing": dict(
+        extra_context=vpc_lookup_context(ACCOUNT, REGION, VPC_ID),
+        account=ACCOUNT,
+        region=REGION,
+        vpc_id=VPC_ID,
+        build_in_vpc="true",
+        alarm_topic_arn=TOPIC_ARN,
+        network_isolation="false",
+        min_instance_count="4",
+        initial_instance_count="4",
+        max_instance_count="8",
+        rollout_traffic="LINEAR",
+        rollout_size_type="INSTANCE_COUNT",
+        rollout_size="2",
+        rollout_max_execution_timeout_seconds="7200",
+        rollback_alarms='["invocation_5xx_errors", "model_loading_wait_p90"]',
+        alarm_latency_p99_ms="250",
+    ),
+}

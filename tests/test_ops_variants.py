@@ -17,7 +17,12 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk.assertions import Template
 from cdk_helpers import (
+    ACCOUNT,
+    REGION,
+    TOPIC_ARN,
+    VARIANTS,
     VENV_BIN,
+    VPC_ID,
     Synth,
     as_list,
     policy_of_role,
@@ -41,8 +46,6 @@ from constructs.triton_mme_endpoint import SAGEMAKER_VPC_ACTIONS, TritonMmeEndpo
 from model_build.manifest import load_manifest
 from model_build.release import PACKAGE_DIR
 
-ACCOUNT, REGION, VPC_ID = "123456789012", "eu-west-1", "vpc-0123456789abcdef0"
-TOPIC_ARN = f"arn:aws:sns:{REGION}:{ACCOUNT}:platform-alarms"
 SG = "AWS::EC2::SecurityGroup"
 
 
@@ -105,21 +108,7 @@ def https_egress_only(s: Synth, group_id: str) -> None:
 
 @pytest.fixture(scope="module")
 def isolated(tmp_path_factory: pytest.TempPathFactory) -> Synth:
-    return synth(
-        tmp_path_factory.mktemp("ops-isolated"),
-        nag=True,
-        create_vpc="true",
-        vpc_cidr="10.42.0.0/16",
-        build_in_vpc="true",
-        alarm_emails="ops@example.com,ml-oncall@example.com",
-        rollout_traffic="CANARY",
-        rollout_size="20",
-        rollout_wait_seconds="900",
-        rollout_termination_wait_seconds="0",
-        tag_project="search",
-        tag_environment="prod",
-        tag_owner="ml-platform@example.com",
-    )
+    return synth(tmp_path_factory.mktemp("ops-isolated"), nag=True, **VARIANTS["isolated"])
 
 
 def test_isolated_variant_is_clean(isolated: Synth) -> None:
@@ -288,26 +277,7 @@ def test_isolated_outputs(isolated: Synth) -> None:
 
 @pytest.fixture(scope="module")
 def existing(tmp_path_factory: pytest.TempPathFactory) -> Synth:
-    return synth(
-        tmp_path_factory.mktemp("ops-existing"),
-        nag=True,
-        extra_context=vpc_lookup_context(ACCOUNT, REGION, VPC_ID),
-        account=ACCOUNT,
-        region=REGION,
-        vpc_id=VPC_ID,
-        build_in_vpc="true",
-        alarm_topic_arn=TOPIC_ARN,
-        network_isolation="false",
-        min_instance_count="4",
-        initial_instance_count="4",
-        max_instance_count="8",
-        rollout_traffic="LINEAR",
-        rollout_size_type="INSTANCE_COUNT",
-        rollout_size="2",
-        rollout_max_execution_timeout_seconds="7200",
-        rollback_alarms='["invocation_5xx_errors", "model_loading_wait_p90"]',
-        alarm_latency_p99_ms="250",
-    )
+    return synth(tmp_path_factory.mktemp("ops-existing"), nag=True, **VARIANTS["existing"])
 
 
 def test_existing_variant_is_clean(existing: Synth) -> None:

@@ -13,7 +13,19 @@ from aws_cdk import Duration
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk.assertions import Match
-from cdk_helpers import ROOT, VENV_BIN, Synth, as_list, mask, policy_of_role, synth, untagged, write_manifest
+from cdk_helpers import (
+    RELEASE,
+    ROOT,
+    VARIANTS,
+    VENV_BIN,
+    Synth,
+    as_list,
+    mask,
+    policy_of_role,
+    synth,
+    untagged,
+    write_manifest,
+)
 
 from constructs.endpoint_autoscaling import EndpointAutoscalingProps
 from constructs.model_bucket import ModelBucket, ModelBucketProps
@@ -29,8 +41,6 @@ from constructs.triton_mme_endpoint import FleetSize, TritonMmeEndpoint, TritonM
 from model_build.errors import ManifestError
 from model_build.manifest import parse_manifest
 from model_build.release import PACKAGE_DIR
-
-RELEASE = "r-0123456789abcdef"
 
 
 def lint(s: Synth) -> None:
@@ -48,31 +58,7 @@ def lint(s: Synth) -> None:
 
 @pytest.fixture(scope="module")
 def ebs(tmp_path_factory: pytest.TempPathFactory) -> Synth:
-    return synth(
-        tmp_path_factory.mktemp("ebs"),
-        nag=True,
-        instance_type="ml.p3.2xlarge",
-        volume_size_gb="100",
-        bucket_removal_policy="destroy",
-        artifacts_on_delete="destroy",
-        triton_log_verbose="true",
-        triton_environment='{"SAGEMAKER_TRITON_THREAD_COUNT": "16", "SAGEMAKER_TRITON_PING_MODE": "ready"}',
-        model_cache="Disabled",
-        model_data_download_timeout_seconds="900",
-        container_startup_health_check_timeout_seconds="1200",
-        min_instance_count="2",
-        initial_instance_count="2",
-        max_instance_count="6",
-        gpu_utilization_target="80",
-        invocations_per_instance_target="150",
-        build_total_timeout_minutes="30",
-        build_query_interval_seconds="30",
-        build_memory_mb="4096",
-        build_timeout_minutes="10",
-        triton_image_version="25.04",
-        account="123456789012",
-        region="eu-west-1",
-    )
+    return synth(tmp_path_factory.mktemp("ebs"), nag=True, **VARIANTS["ebs"])
 
 
 def test_ebs_variant_has_volume_and_kms_key(ebs: Synth) -> None:
@@ -182,7 +168,7 @@ def test_ebs_template_is_clean(ebs: Synth) -> None:
 
 @pytest.fixture(scope="module")
 def published(tmp_path_factory: pytest.TempPathFactory) -> Synth:
-    return synth(tmp_path_factory.mktemp("published"), nag=True, manifest_path=None, release_id=RELEASE)
+    return synth(tmp_path_factory.mktemp("published"), nag=True, **VARIANTS["published"])
 
 
 def test_release_mode_has_no_build(published: Synth) -> None:
