@@ -249,10 +249,13 @@ def test_create_update_rollback_delete_keep_one_fleet_prefix(env: Any, counted: 
 
     # One added, one changed, one removed: two builds, two new served objects, nothing else touched.
     counted.clear()
+    stored_before = keys(s3, "models/_builds/")
     update = {"version": 1, "models": [tiny("keep", 0, copies=2), tiny("change", 5), tiny("add", 3)]}
     new_props = put_manifest(s3, update, key="lifecycle-2.yaml")
     deploy("Update", new_props, old=props)
     assert sorted(counted) == ["add", "change"]
+    uploaded = {key.split("/")[2] for key in keys(s3, "models/_builds/") - stored_before}
+    assert len(uploaded) == 2, "two builds uploaded to the store, nothing else"
     second = served(s3)
     new_routes = routes_of(s3)
     assert new_routes["release_id"] == new_props["ReleaseId"]
@@ -275,6 +278,16 @@ def test_create_update_rollback_delete_keep_one_fleet_prefix(env: Any, counted: 
     rolled = routes_of(s3)
     assert rolled["release_id"] == props["ReleaseId"] and rolled["routes"] == routes["routes"]
     assert set(rolled["unrouted"]) == {new_routes["routes"][n]["target_model"] for n in ("add", "change")}
+
+    # A failed update (a model that fails its validation) leaves the previous routes serving.
+    broken = {"version": 1, "models": [tiny("keep", 0, copies=2),
+                                       tiny("strict", 9, fp16=True, tolerance={"atol": 0.0, "rtol": 0.0})]}
+    broken_props = put_manifest(s3, broken, key="lifecycle-3.yaml")
+    routes_body = s3.get_object(Bucket=BUCKET, Key="models/_routes/routes.json")["Body"].read()
+    with pytest.raises(handler.HandlerError, match="validation of model 'strict' failed"):
+        deploy("Update", broken_props, old=props)
+    assert s3.get_object(Bucket=BUCKET, Key="models/_routes/routes.json")["Body"].read() == routes_body
+    assert served(s3) == second, "nothing served changed"
 
     # A Delete while the stack lives (a replaced resource, an update's rollback) deletes nothing.
     _CloudFormation.status = "UPDATE_ROLLBACK_COMPLETE_CLEANUP_IN_PROGRESS"
