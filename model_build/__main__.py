@@ -343,6 +343,7 @@ def _serve_and_check(args: argparse.Namespace, s3_client: Any, release: Release)
                 runtime_client=make_runtime_client(endpoint_url=endpoint.url, timeout_seconds=CHECK_TIMEOUT_SECONDS),
                 s3_client=s3_client,
                 timeout_seconds=CHECK_TIMEOUT_SECONDS,
+                release=release.release_id,
                 progress=lambda row: progress.advance(task),
             )
     out.print(smoke_table(report))

@@ -146,7 +146,7 @@ def release(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
     with local_s3() as url:
         s3 = make_s3_client(endpoint_url=url)
         s3.create_bucket(Bucket=BUCKET)
-        prefix = rel.prefix("models")
+        prefix = f"models/{rel.release_id}"  # the earlier per-release layout: a prefix with its own index
         publish_release(record.artifacts(release_dir), s3_client=s3, bucket=BUCKET, release_prefix=prefix,
                         index_extra={"release_id": rel.release_id})
         good = (release_dir / "tiny-onnx.tar.gz").read_bytes()
@@ -693,7 +693,8 @@ def test_the_command_refuses_with_one_error_line(release: dict[str, Any], case: 
             process = subprocess.Popen(
                 [sys.executable, "-m", "model_build", "endpoint", "--bucket", BUCKET, "--release", "r-0000000000000000",
                  "--endpoint-url", release["url"]], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            expected = "no index at s3://local-endpoint/models/r-0000000000000000/_index.json"
+            expected = ("no index at s3://local-endpoint/models/_releases/r-0000000000000000/_index.json nor at "
+                        "s3://local-endpoint/models/r-0000000000000000/_index.json")
         _, stderr = process.communicate(timeout=60)
     assert process.returncode == 1
     assert stderr.startswith("error:") and expected in stderr, stderr

@@ -245,8 +245,9 @@ def test_settings_write_no_bound_or_default_of_a_prop() -> None:
     source = (ROOT / "stacks" / "settings.py").read_text(encoding="utf-8")
     assert not re.findall(r"\b(?:ge|gt|le|lt)=\d", source)
     plain = set(MmeSettings.model_fields) - set(SETTINGS)
-    assert plain == {"stack_name", "account", "region", "manifest_path", "release_id", "alarm_topic_enabled",
-                     "alarm_topic_arn", "vpc_id", "create_vpc", "tag_project", "tag_environment", "tag_owner"}
+    assert plain == {"stack_name", "account", "region", "manifest_path", "release_id", "plan_routes_file",
+                     "alarm_topic_enabled", "alarm_topic_arn", "vpc_id", "create_vpc", "tag_project",
+                     "tag_environment", "tag_owner"}
 
 
 def test_every_props_rule_names_settings_by_their_context_key() -> None:

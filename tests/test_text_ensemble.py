@@ -655,7 +655,7 @@ def test_published_text_target_answers_boto3_strings_on_the_local_endpoint(tmp_p
         s3 = make_s3_client(endpoint_url=url)
         s3.create_bucket(Bucket="text")
         publish_release(record.artifacts(release_dir), s3_client=s3, bucket="text",
-                        release_prefix=release.prefix("models"), index_extra={"release_id": release.release_id})
+                        release_prefix=f"models/{release.release_id}", index_extra={"release_id": release.release_id})
         with local_endpoint(s3_client=s3, bucket="text", release_id=release.release_id) as endpoint:
             runtime = boto3.client("sagemaker-runtime", endpoint_url=endpoint.url, region_name="us-east-1",
                                    aws_access_key_id="test", aws_secret_access_key="test",

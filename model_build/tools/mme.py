@@ -130,26 +130,31 @@ class Release:
             return None
         if "/" in target or target in {".", ".."} or not target:
             return None
-        refreshed = read_served(s3_client, self.bucket, self.prefix, self.routes_key)
-        self.entries, self.routes, self.release_id = refreshed.entries, refreshed.routes, refreshed.release_id
+        refreshed = read_served(s3_client, self.bucket, self.prefix, self.routes_key, required=False)
+        self.entries = {**self.entries, **refreshed.entries}
+        self.routes = refreshed.routes or self.routes
         return self.entries.get(target) or Entry(target, f"{self.prefix}/{target}", None, None)
 
 
-def read_served(s3_client: Any, bucket: str, served: str, routes_key: str) -> Release:
-    """The fixed served prefix and what its routes document says (routed and retained objects)."""
+def read_served(s3_client: Any, bucket: str, served: str, routes_key: str, *, required: bool = True) -> Release:
+    """The fixed served prefix and what its routes document says (routed and retained objects).
+    A missing document is an error when ``required``, else nothing is known yet."""
     from model_build.routes import MAX_ROUTES_BYTES, parse_routes
 
     where = f"s3://{bucket}/{routes_key}"
+    release = Release(bucket=bucket, prefix=served, release_id="(none routed)", routes_key=routes_key)
     try:
         body = s3_client.get_object(Bucket=bucket, Key=routes_key)["Body"].read(MAX_ROUTES_BYTES + 1)
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - one message naming the key, whatever the S3 error
         code = getattr(error, "response", {}).get("Error", {}).get("Code", type(error).__name__)
+        if not required and code in ("NoSuchKey", "404"):
+            return release
         raise ModelBuildError(
             f"routes {where}: cannot be read ({code}); publish first (python -m model_build publish) "
             "or check --bucket/--prefix"
         ) from None
     routes = parse_routes(body, where=where)
-    release = Release(bucket=bucket, prefix=served, release_id=routes.release_id, routes_key=routes_key)
+    release.release_id = routes.release_id
     for route in routes.routes.values():
         release.entries[route.target_model] = Entry(route.target_model, f"{served}/{route.target_model}",
                                                     route.sha256, route.size)
@@ -160,17 +165,38 @@ def read_served(s3_client: Any, bucket: str, served: str, routes_key: str) -> Re
 
 
 def read_release(s3_client: Any, bucket: str, model_prefix: str, release_id: str | None = None) -> Release:
-    """What to serve: the stack's fixed served prefix with its routes, or (``release_id`` of the
-    earlier per-release layout, whose index is in its prefix) that release; an error naming where
-    it looked when neither exists."""
+    """What to serve, with the digests to check downloads against:
+
+    - no ``release_id``: the stack's fixed served prefix, with its routes document;
+    - ``release_id`` of a release published to the served prefix (its index in
+      ``<prefix>/_releases/<id>/``): the served prefix, with that release's digests (routed or not);
+    - ``release_id`` of the earlier per-release layout (its index in ``<prefix>/<id>/``): that prefix.
+
+    A release with neither index is an error naming both places looked at."""
     from model_build.publish import read_index
     from model_build.release import INDEX_NAME, routes_key, served_prefix
+    from model_build.release import Release as ReleaseId
 
-    prefix = "/".join(part for part in (model_prefix.strip("/"), release_id or "") if part)
+    served, routes = served_prefix(model_prefix), routes_key(model_prefix)
+    if not release_id:
+        return read_served(s3_client, bucket, served, routes)
+    new_index_key = ReleaseId(release_id, "", "").index_key(model_prefix)
+    new_index = read_index(s3_client, bucket, new_index_key)
+    if new_index is not None:
+        release = read_served(s3_client, bucket, served, routes, required=False)
+        release.release_id = release_id
+        for number, item in enumerate(new_index.get("models") or []):
+            entry = _entry(item, number, f"release {release_id}: index s3://{bucket}/{new_index_key}", served)
+            release.entries[entry.target] = entry
+        return release
+    prefix = "/".join(part for part in (model_prefix.strip("/"), release_id) if part)
     index_key = f"{prefix}/{INDEX_NAME}"
-    index = read_index(s3_client, bucket, index_key) if release_id else None
+    index = read_index(s3_client, bucket, index_key)
     if index is None:
-        return read_served(s3_client, bucket, served_prefix(model_prefix), routes_key(model_prefix))
+        raise ModelBuildError(
+            f"release {release_id}: no index at s3://{bucket}/{new_index_key} nor at s3://{bucket}/{index_key}; "
+            "publish it first (python -m model_build publish) or check --bucket/--prefix/--release"
+        )
     release = Release(bucket=bucket, prefix=prefix, release_id=str(release_id))
     models = index.get("models") or []
     if not isinstance(models, list):
