@@ -351,7 +351,7 @@ def assemble_release(models: Sequence[StoredModel], target: ReleaseTarget) -> Pu
 
     # The routed release's index already says what the store holds for its keys: one GET in place
     # of one per unchanged model (a one-model change at 3000 models reads 1 store index, not 3000).
-    known = _routed_stores(s3_client, bucket, model_prefix)
+    known, routed = _routed_stores(s3_client, bucket, model_prefix)
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="store-index") as pool:
         stores = list(pool.map(lambda m: known.get(m.key) or read_store(m), models))
     entries: list[dict[str, Any]] = []
@@ -371,7 +371,12 @@ def assemble_release(models: Sequence[StoredModel], target: ReleaseTarget) -> Pu
             })
         references += [{"source_model": model.name, "key": ref["key"], "sha256": ref["sha256"], "size": ref["size"]}
                        for ref in store.get("references", [])]
-    counts, worker = copy_served(s3_client, bucket, objects, _list_sizes(s3_client, bucket, served), concurrency)
+    listing = _list_sizes(s3_client, bucket, served)
+    # What the routed release serves was checked when it was routed: an object it routes under the
+    # same name, listed with the same size, is skipped without a HEAD (the others are checked).
+    pending = [obj for obj in objects if not (routed.get(obj.key) == obj.sha256 and listing.get(obj.key) == obj.size)]
+    counts, worker = copy_served(s3_client, bucket, pending, listing, concurrency)
+    counts["skipped"] += len(objects) - len(pending)
     if target.progress is not None:
         for obj in objects:
             target.progress(obj.key, 0)
@@ -390,10 +395,11 @@ def assemble_release(models: Sequence[StoredModel], target: ReleaseTarget) -> Pu
     )
 
 
-def _routed_stores(s3_client: Any, bucket: str, model_prefix: str) -> dict[str, dict[str, Any]]:
+def _routed_stores(s3_client: Any, bucket: str, model_prefix: str) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """``model key -> store document`` for the models of the release routed now, rebuilt from its
-    index (the store is immutable per key, so its index says the same). Empty when nothing is
-    routed or the routes cannot be read (the activation reports a bad routes document)."""
+    index (the store is immutable per key, so its index says the same), and ``served key ->
+    sha256`` of what it routes. Empty when nothing is routed or the routes cannot be read (the
+    activation reports a bad routes document)."""
     from model_build.release import routes_key
     from model_build.routes import MAX_ROUTES_BYTES, RoutesError, parse_routes
 
@@ -402,8 +408,12 @@ def _routed_stores(s3_client: Any, bucket: str, model_prefix: str) -> dict[str, 
         body = s3_client.get_object(Bucket=bucket, Key=key)["Body"].read(MAX_ROUTES_BYTES + 1)
         index = read_index(s3_client, bucket, parse_routes(body, where=key).index_key)
     except (ClientError, BotoCoreError, RoutesError, PublishError):
-        return {}
+        return {}, {}
     known: dict[str, dict[str, Any]] = {}
+    routed = {str(entry["key"]): str(entry["sha256"]) for entry in (index or {}).get("models") or []}
+    references: dict[str, list[dict[str, Any]]] = {}
+    for ref in (index or {}).get("references") or []:
+        references.setdefault(str(ref["key"]).partition(f"/{REFERENCE_DIR}/")[0], []).append(ref)
     for entry in (index or {}).get("models") or []:
         model_key = entry.get("model_key")
         if not model_key or model_key in known:
@@ -412,9 +422,9 @@ def _routed_stores(s3_client: Any, bucket: str, model_prefix: str) -> dict[str, 
         known[model_key] = {
             "models": [{"key": f"{store}/{STORE_TARGET}.tar.gz", "sha256": entry["sha256"], "size": entry["size"],
                         "format": entry.get("format", "")}],
-            "references": [ref for ref in (index or {}).get("references") or [] if ref["key"].startswith(f"{store}/")],
+            "references": references.get(store, []),
         }
-    return known
+    return known, routed
 
 
 def copy_served(s3_client: Any, bucket: str, objects: Sequence[_Object], existing: Mapping[str, int],
