@@ -84,17 +84,14 @@ def plan_line(settings: MmeSettings, manifest: Manifest | None, manifest_path: P
     if not settings.plan_routes_file:
         return (f"models: {len(manifest.models)} entries, {manifest.target_count} targets; a model change never "
                 "replaces the fleet; compare with the live routes: python -m model_build plan --bucket <ModelBucketName>")
-    from model_build.release import entry_sha256, model_code_sha256
-    from model_build.routes import Planned, parse_routes, plan
+    from model_build.routes import parse_routes, plan_manifest
 
     path = Path(settings.plan_routes_file)
     path = path if path.is_absolute() else root / path
     if not path.is_file():
         raise SettingsError(f"mme:plan_routes_file: got {settings.plan_routes_file!r}; no such file")
     live = parse_routes(path.read_bytes(), where=str(path))
-    wanted = [Planned(target, entry_sha256(spec, manifest_path.parent))
-              for spec in manifest.models for target in spec.target_names()]
-    result = plan(wanted, live, model_code_sha256=model_code_sha256(), fleet=settings.fleet())
+    result = plan_manifest(manifest, live, base_dir=manifest_path.parent, fleet=settings.fleet())
     return f"plan against release {live.release_id}: {result.summary()}"
 
 

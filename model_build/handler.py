@@ -325,10 +325,15 @@ def _execution_outcome(s3: Any, request: Request, execution_arn: str) -> dict[st
 # ----------------------------------------------------------------------------------------------
 
 
+def _computed(manifest: Manifest) -> Release:
+    """This runtime's release of the manifest: each model's key (its own code and library
+    versions; the Lambda has no local sources), the model code's hash and each entry's hash.
+    The CDK app computed the same keys at synth from the same files."""
+    return compute_release(manifest, base_dir=Path(tempfile.gettempdir()))
+
+
 def _model_keys(manifest: Manifest) -> dict[str, str]:
-    """This runtime's key of each model (its own code and library versions; the Lambda has no
-    local sources). The CDK app computed the same keys at synth from the same files."""
-    return dict(compute_release(manifest, base_dir=Path(tempfile.gettempdir())).model_keys)
+    return dict(_computed(manifest).model_keys)
 
 
 def _build_and_store(s3: Any, request: Request, spec: ModelSpec, key: str) -> None:
@@ -350,13 +355,13 @@ def _build_and_store(s3: Any, request: Request, spec: ModelSpec, key: str) -> No
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _write_index(s3: Any, request: Request, manifest: Manifest, keys: Mapping[str, str]) -> None:
+def _write_index(s3: Any, request: Request, manifest: Manifest, computed: Release) -> None:
     """The final step: assemble the release from the store (server-side copies, index last)."""
     from model_build.publish import ReleaseTarget, assemble_release, stored_models
-    from model_build.release import model_code_sha256
 
-    release = replace(request.release, model_keys=dict(keys), model_code_sha256=model_code_sha256())
-    assemble_release(stored_models(manifest, keys, Path(tempfile.gettempdir())),
+    release = replace(request.release, model_keys=dict(computed.model_keys),
+                      model_code_sha256=computed.model_code_sha256, entry_hashes=computed.entry_hashes)
+    assemble_release(stored_models(manifest, computed.model_keys),
                      ReleaseTarget.of(release, s3, request.model_bucket, request.model_prefix))
 
 
@@ -437,7 +442,8 @@ def _build_step(event: dict[str, Any], context: Any) -> dict[str, Any]:
         return _execution_outcome(s3, request, str(execution))
 
     # No state machine: build here, as many models per run as fit, across several calls.
-    keys = _model_keys(manifest)
+    computed = _computed(manifest)
+    keys = computed.model_keys
     stored = stored_keys(s3, request.model_bucket, request.model_prefix)
     slowest = FIRST_MODEL_ESTIMATE_SECONDS
     built_here = 0
@@ -454,7 +460,7 @@ def _build_step(event: dict[str, Any], context: Any) -> dict[str, Any]:
         slowest = max(slowest if built_here else 0.0, elapsed)
         built_here += 1
         LOG.info("built and stored %s (%s) in %.1f s", spec.name, keys[spec.name], elapsed)
-    _write_index(s3, request, manifest, keys)
+    _write_index(s3, request, manifest, computed)
     request.activate(s3)
     return {"IsComplete": True, "Data": request.data(manifest.target_count)}
 
@@ -540,7 +546,7 @@ def finish_release(event: dict[str, Any], context: Any = None) -> dict[str, Any]
         request = _item_request(event)
         s3 = _s3()
         manifest = _load_manifest(s3, request)
-        _write_index(s3, request, manifest, _model_keys(manifest))
+        _write_index(s3, request, manifest, _computed(manifest))
         return request.data(manifest.target_count)
     except (HandlerError, ModelBuildError) as error:
         raise _short(error) from None

@@ -20,8 +20,6 @@ versions served, and deletes them when asked (``--delete r-... | --delete-all``)
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -34,31 +32,21 @@ EXIT_NO_CHANGE, EXIT_MODELS_CHANGE, EXIT_FLEET_REPLACED = 0, 3, 4
 def _settings(overrides: list[str]) -> Any:
     """The app's settings: ``cdk.json``'s context with ``-c mme:key=value`` overrides (the one
     definition of each setting, its default and its checks)."""
-    from model_build.tools.triton_server import REPO_ROOT
+    from model_build.tools.triton_server import app_settings
 
-    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
-    from app import cdk_json_context, load_settings
-    from stacks.settings import SettingsError
-
-    context = cdk_json_context()
+    context = {}
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep:
             raise ModelBuildError(f"-c: got {item!r}; expected mme:<setting>=<value>")
         context[key] = value
-    try:
-        return load_settings(context)
-    except SettingsError as error:
-        raise ModelBuildError(str(error)) from None
+    return app_settings(context)
 
 
 def plan_report(args: argparse.Namespace) -> tuple[Any, Any]:
     """The plan of ``args`` and the settings it used."""
     from model_build.manifest import load_manifest
-    from model_build.release import entry_sha256, model_code_sha256
-    from model_build.routes import Planned, Routes, parse_routes, plan
+    from model_build.routes import Routes, parse_routes, plan_manifest
     from model_build.serving import read_routes
 
     manifest_path = Path(args.manifest)
@@ -77,9 +65,7 @@ def plan_report(args: argparse.Namespace) -> tuple[Any, Any]:
         live = read_routes(make_s3_client(endpoint_url=args.endpoint_url, region=args.region), args.bucket, prefix)
     else:
         raise ModelBuildError("plan: give --routes-file FILE (a copy of the live routes) or --bucket BUCKET")
-    base = manifest_path.parent
-    wanted = [Planned(target, entry_sha256(spec, base)) for spec in manifest.models for target in spec.target_names()]
-    return plan(wanted, live, model_code_sha256=model_code_sha256(), fleet=settings.fleet()), settings
+    return plan_manifest(manifest, live, base_dir=manifest_path.parent, fleet=settings.fleet()), settings
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

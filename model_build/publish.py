@@ -47,7 +47,6 @@ from model_build.release import (
     INDEX_NAME,
     REFERENCE_DIR,
     Release,
-    entry_sha256,
     served_name,
     served_prefix,
     store_prefix,
@@ -241,11 +240,10 @@ class StoredModel:
     entry_sha256: str = ""
 
 
-def stored_models(manifest: Manifest, keys: Mapping[str, str], base_dir: Path | None = None) -> list[StoredModel]:
-    """The models of a release, in manifest order, each by its key (``keys``: name -> key)."""
-    base = base_dir or Path.cwd()
-    return [StoredModel(spec.name, keys[spec.name], tuple(spec.target_names()), spec.format,
-                        entry_sha256(spec, base)) for spec in manifest.models]
+def stored_models(manifest: Manifest, keys: Mapping[str, str]) -> list[StoredModel]:
+    """The models of a release, in manifest order, each by its key (``keys``: name -> key); their
+    entry hashes come with the release (``ReleaseTarget.entry_hashes``)."""
+    return [StoredModel(spec.name, keys[spec.name], tuple(spec.target_names()), spec.format) for spec in manifest.models]
 
 
 @dataclass(frozen=True)
@@ -400,14 +398,13 @@ def _routed_stores(s3_client: Any, bucket: str, model_prefix: str) -> tuple[dict
     index (the store is immutable per key, so its index says the same), and ``served key ->
     sha256`` of what it routes. Empty when nothing is routed or the routes cannot be read (the
     activation reports a bad routes document)."""
-    from model_build.release import routes_key
-    from model_build.routes import MAX_ROUTES_BYTES, RoutesError, parse_routes
+    from model_build.routes import RoutesError
+    from model_build.serving import read_routes
 
-    key = routes_key(model_prefix)
     try:
-        body = s3_client.get_object(Bucket=bucket, Key=key)["Body"].read(MAX_ROUTES_BYTES + 1)
-        index = read_index(s3_client, bucket, parse_routes(body, where=key).index_key)
-    except (ClientError, BotoCoreError, RoutesError, PublishError):
+        live = read_routes(s3_client, bucket, model_prefix)
+        index = read_index(s3_client, bucket, live.index_key) if live is not None else None
+    except (RoutesError, PublishError):
         return {}, {}
     known: dict[str, dict[str, Any]] = {}
     routed = {str(entry["key"]): str(entry["sha256"]) for entry in (index or {}).get("models") or []}
@@ -751,16 +748,23 @@ class _Worker:
         object SHA-256 checksum, the same checksum: that one S3 computed from the bytes)."""
         if self.existing.get(key) != size:
             return False
-        try:
-            head = self.client.head_object(Bucket=self.bucket, Key=key, ChecksumMode="ENABLED")
-        except ClientError as error:
-            if _error_code(error) in {"404", "NoSuchKey", "NotFound"}:
-                return False
-            raise
-        if head.get("ContentLength") != size or head.get("Metadata", {}).get(SHA256_METADATA) != digest.hex():
-            return False
-        stored = _full_object_sha256(head)
-        return stored is None or stored == _b64(digest)
+        return head_matches(self.client, self.bucket, key, size, digest.hex())[0]
+
+
+def head_matches(client: Any, bucket: str, key: str, size: int, sha256: str) -> tuple[bool, dict[str, Any] | None]:
+    """Whether the object under ``key`` has ``size`` bytes, the ``sha256`` metadata and (when S3
+    holds a full-object SHA-256 checksum, the one S3 computed from the bytes) that checksum;
+    with its HEAD answer (None when there is no object)."""
+    try:
+        head = client.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+    except ClientError as error:
+        if _error_code(error) in {"404", "NoSuchKey", "NotFound"}:
+            return False, None
+        raise
+    if head.get("ContentLength") != size or head.get("Metadata", {}).get(SHA256_METADATA) != sha256:
+        return False, head
+    stored = _full_object_sha256(head)
+    return stored is None or stored == _b64(bytes.fromhex(sha256)), head
 
 
 class _LocalMismatch(Exception):

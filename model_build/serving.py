@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
@@ -37,6 +37,7 @@ from model_build.publish import (
     _list_sizes,
     copy_served,
     delete_release,
+    head_matches,
     read_index,
     served_object,
 )
@@ -111,7 +112,6 @@ def activate_release(
     stack: str = "",
     fleet: Mapping[str, Any] | None = None,
     retention_days: float = DEFAULT_RETENTION_DAYS,
-    model_code_sha256: str = "",
     clock: Callable[[], float] = time.time,
     concurrency: int = 16,
 ) -> ActivationReport:
@@ -172,7 +172,7 @@ def activate_release(
     document = Routes(
         release_id=release_id, model_data_url=f"s3://{bucket}/{served}/", index_key=index_key, routes=wanted,
         stack=stack or (live.stack if live else ""), updated_at=now,
-        model_code_sha256=model_code_sha256 or str(index.get("model_code_sha256") or ""),
+        model_code_sha256=str(index.get("model_code_sha256") or ""),
         fleet=dict(fleet) if fleet is not None else dict(live.fleet if live else {}), unrouted=unrouted,
     )
     if not document.same_serving(live):
@@ -185,13 +185,10 @@ def activate_release(
 def _check_digest(s3_client: Any, bucket: str, key: str, sha256: str, size: int, model: str) -> None:
     """A served object must hold the bytes its route names (the ``sha256`` metadata the publish
     stored, and S3's own full-object checksum where it has one)."""
-    from model_build.publish import _b64, _full_object_sha256
-
-    head = s3_client.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
-    stored = head.get("Metadata", {}).get(SHA256_METADATA)
-    checksum = _full_object_sha256(head)
-    if head.get("ContentLength") != size or stored != sha256 or (
-            checksum is not None and checksum != _b64(bytes.fromhex(sha256))):
+    matches, head = head_matches(s3_client, bucket, key, size, sha256)
+    if not matches:
+        head = head or {}
+        stored = head.get("Metadata", {}).get(SHA256_METADATA)
         raise RoutesError(
             f"model {model!r}: served object s3://{bucket}/{key} has sha256 {str(stored)[:16]}... and "
             f"{head.get('ContentLength')} bytes; its route says {sha256[:16]}... and {size} bytes; nothing "
@@ -242,6 +239,3 @@ def delete_legacy_release(s3_client: Any, bucket: str, model_prefix: str, releas
     base = model_prefix.strip("/")
     return delete_release(s3_client, bucket, f"{base}/{release_id}" if base else release_id)
 
-
-def with_fleet(routes: Routes, fleet: Mapping[str, Any]) -> Routes:
-    return replace(routes, fleet=dict(fleet))

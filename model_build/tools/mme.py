@@ -104,7 +104,7 @@ class Loaded:
 class Release:
     """What the endpoint serves: a prefix (its ``ModelDataUrl``) and the digests it knows.
 
-    ``routes_key`` set: the fixed served prefix of a stack, with the routes document whose
+    ``model_prefix`` set: the fixed served prefix of a stack, with the routes document whose
     routed and retained objects give the digests; it is re-read when a target it does not know
     is invoked (a model published a moment ago). Unset: a release prefix of the earlier layout,
     whose index lists every target."""
@@ -113,7 +113,8 @@ class Release:
     prefix: str
     release_id: str
     entries: dict[str, Entry] = field(default_factory=dict)
-    routes_key: str | None = None
+    #: The stack's model prefix (its routes beside the served prefix); None: the earlier layout.
+    model_prefix: str | None = None
     #: The logical names the routes map to targets (empty for a release of the earlier layout).
     routes: dict[str, str] = field(default_factory=dict)
 
@@ -126,34 +127,32 @@ class Release:
         entry with no digest for whatever object is under its key. None: not servable."""
         if target in self.entries:
             return self.entries[target]
-        if self.routes_key is None:
+        if self.model_prefix is None:
             return None
         if "/" in target or target in {".", ".."} or not target:
             return None
-        refreshed = read_served(s3_client, self.bucket, self.prefix, self.routes_key, required=False)
+        refreshed = read_served(s3_client, self.bucket, self.model_prefix, required=False)
         self.entries = {**self.entries, **refreshed.entries}
         self.routes = refreshed.routes or self.routes
         return self.entries.get(target) or Entry(target, f"{self.prefix}/{target}", None, None)
 
 
-def read_served(s3_client: Any, bucket: str, served: str, routes_key: str, *, required: bool = True) -> Release:
+def read_served(s3_client: Any, bucket: str, model_prefix: str, *, required: bool = True) -> Release:
     """The fixed served prefix and what its routes document says (routed and retained objects).
     A missing document is an error when ``required``, else nothing is known yet."""
-    from model_build.routes import MAX_ROUTES_BYTES, parse_routes
+    from model_build.release import routes_key, served_prefix
+    from model_build.serving import read_routes
 
-    where = f"s3://{bucket}/{routes_key}"
-    release = Release(bucket=bucket, prefix=served, release_id="(none routed)", routes_key=routes_key)
-    try:
-        body = s3_client.get_object(Bucket=bucket, Key=routes_key)["Body"].read(MAX_ROUTES_BYTES + 1)
-    except Exception as error:
-        code = getattr(error, "response", {}).get("Error", {}).get("Code", type(error).__name__)
-        if not required and code in ("NoSuchKey", "404"):
+    served = served_prefix(model_prefix)
+    release = Release(bucket=bucket, prefix=served, release_id="(none routed)", model_prefix=model_prefix)
+    routes = read_routes(s3_client, bucket, model_prefix)
+    if routes is None:
+        if not required:
             return release
         raise ModelBuildError(
-            f"routes {where}: cannot be read ({code}); publish first (python -m model_build publish) "
-            "or check --bucket/--prefix"
-        ) from None
-    routes = parse_routes(body, where=where)
+            f"routes s3://{bucket}/{routes_key(model_prefix)}: missing; publish first (python -m model_build "
+            "publish) or check --bucket/--prefix"
+        )
     release.release_id = routes.release_id
     for route in routes.routes.values():
         release.entries[route.target_model] = Entry(route.target_model, f"{served}/{route.target_model}",
@@ -174,16 +173,16 @@ def read_release(s3_client: Any, bucket: str, model_prefix: str, release_id: str
 
     A release with neither index is an error naming both places looked at."""
     from model_build.publish import read_index
-    from model_build.release import INDEX_NAME, routes_key, served_prefix
+    from model_build.release import INDEX_NAME, served_prefix
     from model_build.release import Release as ReleaseId
 
-    served, routes = served_prefix(model_prefix), routes_key(model_prefix)
+    served = served_prefix(model_prefix)
     if not release_id:
-        return read_served(s3_client, bucket, served, routes)
+        return read_served(s3_client, bucket, model_prefix)
     new_index_key = ReleaseId(release_id, "", "").index_key(model_prefix)
     new_index = read_index(s3_client, bucket, new_index_key)
     if new_index is not None:
-        release = read_served(s3_client, bucket, served, routes, required=False)
+        release = read_served(s3_client, bucket, model_prefix, required=False)
         release.release_id = release_id
         for number, item in enumerate(new_index.get("models") or []):
             entry = _entry(item, number, f"release {release_id}: index s3://{bucket}/{new_index_key}", served)
@@ -411,7 +410,7 @@ class ModelCache:
                 f"(bucket: {self.release.bucket}, key: {entry.key}): {code}"
             ) from None
         if entry.sha256 is not None and digest.hexdigest() != entry.sha256:
-            said = "the routes say" if self.release.routes_key else "the release index says"
+            said = "the routes say" if self.release.model_prefix is not None else "the release index says"
             raise validation_error(
                 f"TargetModel {entry.target!r}: model data s3://{self.release.bucket}/{entry.key} has sha256 "
                 f"{digest.hexdigest()[:16]}..., {said} {entry.sha256[:16]}...; refusing to load it"

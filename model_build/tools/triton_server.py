@@ -32,7 +32,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -291,21 +291,32 @@ def triton_server(
         stop_process(process)
 
 
+def app_settings(overrides: Mapping[str, Any] | None = None) -> Any:
+    """The app's own settings (``stacks.settings.MmeSettings``): ``cdk.json``'s context, with
+    ``overrides`` on top as ``-c`` gives them. That import loads the CDK (a few seconds, and jsii
+    starts Node.js), with the virtualenv's Node.js first on ``PATH`` as ``make`` sets it. A
+    refused value is a :class:`ModelBuildError` with the settings' own message."""
+    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    if str(REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(REPO_ROOT))
+    from app import cdk_json_context, load_settings
+    from stacks.settings import SettingsError
+
+    try:
+        return load_settings({**cdk_json_context(), **(overrides or {})})
+    except SettingsError as error:
+        raise ModelBuildError(str(error)) from None
+
+
 @functools.lru_cache(maxsize=1)
 def stack_shm_settings() -> tuple[int, int]:
     """The python backend's SHM sizes the stack gives the container, read once.
 
     ``cdk.json``'s context through the app's own settings (``mme:shm_default_byte_size``,
-    ``mme:shm_growth_byte_size``): the one definition of the setting and its default. That import
-    loads the CDK (a few seconds, and jsii starts Node.js), so it runs only when a server starts,
-    with the virtualenv's Node.js first on ``PATH`` as ``make`` sets it.
+    ``mme:shm_growth_byte_size``): the one definition of the setting and its default, read with
+    :func:`app_settings` only when a server starts.
     """
-    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
-    from app import cdk_json_context, load_settings
-
-    settings = load_settings(cdk_json_context())
+    settings = app_settings()
     return settings.shm_default_byte_size, settings.shm_growth_byte_size
 
 
