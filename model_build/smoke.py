@@ -31,7 +31,7 @@ import re
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -375,6 +375,7 @@ def _prepare_reference(
     first_entry: dict[str, Any],
     digests: dict[str, str],
     work_dir: Path,
+    reference_keys: Mapping[str, str],
 ) -> _Reference:
     """Read one source model's reference and config and build the request body its targets get.
 
@@ -384,10 +385,11 @@ def _prepare_reference(
     from model_build.triton_config import check_config, parse_config
     from model_build.verify import SAGEMAKER_BINARY_CONTENT_TYPE, build_request
 
-    listed = [key for key in digests if key.rpartition("/")[2].startswith(f"{source_model}.")]
-    npz_key = next((k for k in listed if k.endswith(".npz")), f"{prefix}/{REFERENCE_DIR}/{source_model}.npz")
-    config_key = next((k for k in listed if k.endswith(".config.pbtxt")),
-                      f"{prefix}/{REFERENCE_DIR}/{source_model}.config.pbtxt")
+    # The index names where each reference is (the store); an index of the earlier layout had them
+    # in the release's own _reference/ folder.
+    npz_key = reference_keys.get(f"{source_model}.npz", f"{prefix}/{REFERENCE_DIR}/{source_model}.npz")
+    config_key = reference_keys.get(f"{source_model}.config.pbtxt",
+                                    f"{prefix}/{REFERENCE_DIR}/{source_model}.config.pbtxt")
     try:
         raw = _get_bytes(s3_client, bucket, npz_key)
         if raw is None:
@@ -695,6 +697,8 @@ def run_smoke(
         for ref in index.get("references") or []
         if isinstance(ref, dict) and ref.get("key") and ref.get("sha256")
     }
+    #: Reference file name -> its key, from the index (read once, not per model).
+    reference_keys = {key.rpartition("/")[2]: key for key in digests}
     chosen_targets = select_targets(list(entries), sample, seed)
     report = SmokeReport(
         endpoint_name=endpoint_name,
@@ -712,7 +716,7 @@ def run_smoke(
             if source_model not in references:
                 references[source_model] = _prepare_reference(
                     s3_client, bucket, prefix, source_model, entry,
-                    digests, Path(tmp),
+                    digests, Path(tmp), reference_keys,
                 )
             row = _smoke_target(
                 runtime_client, endpoint_name, target, source_model, references[source_model],
