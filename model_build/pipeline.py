@@ -25,6 +25,7 @@ from model_build.manifest import ModelSpec, S3Source
 from model_build.release import DEFAULT_COMPRESSLEVEL
 
 if TYPE_CHECKING:  # the heavy modules are imported by the steps that use them
+    from model_build.text_ensemble.served_tokenizer import ServedTokenizer
     from model_build.types import ExportedModel, ValidationReport
 
 T = TypeVar("T")
@@ -70,8 +71,8 @@ class BuildInputs:
 class Artifacts:
     """What the steps have produced so far; each step returns a copy with its own fields set."""
 
-    #: Raw-text targets: the checked folder holding the tokenizer files the ensemble carries.
-    tokenizer_dir: Path | None = None
+    #: Raw-text targets: the checked tokenizer the ensemble serves (and the folder it came from).
+    tokenizer: ServedTokenizer | None = None
     exported: ExportedModel | None = None
     report: ValidationReport | None = None
     #: The ``.npz`` a client of the target sends and expects back (inputs, outputs).
@@ -112,10 +113,10 @@ def _is_text(spec: ModelSpec) -> bool:
 
 
 def check_tokenizer(inputs: BuildInputs, done: Artifacts) -> Artifacts:
-    """Raw-text targets: the tokenizer files, checked before the slow export for every source
-    kind (an S3 source: its tokenizer files alone, before the weights are downloaded)."""
+    """Raw-text targets: the tokenizer, loaded, checked and serialized before the slow export for
+    every source kind (an S3 source: its tokenizer files alone, before the weights are downloaded)."""
     from model_build.sources import resolve_source, s3_tokenizer_files
-    from model_build.text_ensemble.ensemble import check_tokenizer_dir
+    from model_build.text_ensemble.served_tokenizer import prepare_tokenizer
 
     spec, options = inputs.spec, inputs.options
     folder: Path | None
@@ -125,7 +126,7 @@ def check_tokenizer(inputs: BuildInputs, done: Artifacts) -> Artifacts:
         # Resolved where the export looks, so a hub download is not repeated.
         folder = resolve_source(spec, base_dir=options.base_dir, work_dir=inputs.work_dir / "_sources" / spec.name,
                                 s3_client=options.s3_client)
-    return replace(done, tokenizer_dir=check_tokenizer_dir(spec, folder))
+    return replace(done, tokenizer=prepare_tokenizer(spec, folder))
 
 
 def export_optimize_validate(inputs: BuildInputs, done: Artifacts) -> Artifacts:
@@ -154,21 +155,22 @@ def check_text_ensemble(inputs: BuildInputs, done: Artifacts) -> Artifacts:
     sentence-transformers; the reference becomes strings in, the ensemble's outputs out."""
     from model_build.reference import write_reference
     from model_build.text_ensemble.check import check_text_ensemble as check
-    from model_build.text_ensemble.ensemble import check_tokenizer_dir, render_ensemble_configs
+    from model_build.text_ensemble.ensemble import render_ensemble_configs
+    from model_build.text_ensemble.served_tokenizer import prepare_tokenizer
 
     spec, exported = inputs.spec, done.need("exported", TEXT_CHECK)
-    tokenizer_dir = done.need("tokenizer_dir", TEXT_CHECK)
-    if isinstance(spec.source, S3Source):  # the export downloaded the whole folder: its files are packaged
-        tokenizer_dir = check_tokenizer_dir(spec, inputs.work_dir / "_sources" / spec.name)
-    text = check(spec, exported, tokenizer_dir)
+    tokenizer = done.need("tokenizer", TEXT_CHECK)
+    if isinstance(spec.source, S3Source):  # the export downloaded the whole folder: its files are the reference
+        tokenizer = prepare_tokenizer(spec, inputs.work_dir / "_sources" / spec.name)
+    text = check(spec, exported, tokenizer)
     report = done.need("report", TEXT_CHECK)
     report = replace(report, reference_check=(f"{report.reference_check}; " if report.reference_check else "") + (
         f"raw-text ensemble: {text.texts} texts, token ids identical"
         + ("" if text.max_abs_diff is None else f", max |diff| {text.max_abs_diff:.2e}")))
     reference = inputs.work_dir / "text.reference.npz"
     write_reference(reference, text.reference_inputs, text.reference_outputs)
-    ensemble = render_ensemble_configs(spec, exported, truncation=spec.text_inputs.truncation).ensemble
-    return replace(done, tokenizer_dir=tokenizer_dir, report=report, reference=reference, config_text=ensemble)
+    ensemble = render_ensemble_configs(spec, exported, tokenizer, truncation=spec.text_inputs.truncation).ensemble
+    return replace(done, tokenizer=tokenizer, report=report, reference=reference, config_text=ensemble)
 
 
 def package(inputs: BuildInputs, done: Artifacts) -> Artifacts:
@@ -181,7 +183,7 @@ def package(inputs: BuildInputs, done: Artifacts) -> Artifacts:
         from model_build.text_ensemble.ensemble import package_text_ensemble
 
         sha256, size = package_text_ensemble(
-            spec=spec, exported=exported, tokenizer_dir=done.need("tokenizer_dir", "package"), out_path=tarball,
+            spec=spec, exported=exported, tokenizer=done.need("tokenizer", "package"), out_path=tarball,
             truncation=spec.text_inputs.truncation, compresslevel=inputs.options.compresslevel,
         )
     else:

@@ -48,7 +48,7 @@ RELEASE_ENTRY_MODULES = ("build", "handler", "publish", "release")
 #: Never runtime, even if something imported them by mistake: what users run on their machine.
 TOOL_MODULES = ("__main__", "tools")
 #: Non-Python files that define the build image's toolchain (pins of torch and friends).
-RUNTIME_DATA_FILES = ("Dockerfile", "requirements-lambda.txt")
+RUNTIME_DATA_FILES = ("Dockerfile", "requirements-lambda.txt", "text_ensemble/serving-wheels.txt")
 #: Distributions whose version can change the bytes of an export, a validation or a tarball.
 BYTE_LIBRARIES = (
     "torch",

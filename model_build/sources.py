@@ -352,13 +352,13 @@ def s3_tokenizer_files(spec: ModelSpec, source: S3Source, folder: Path, s3_clien
     """
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from model_build.text_ensemble.ensemble import TOKENIZER_FILES
+    from model_build.text_ensemble.served_tokenizer import TOKENIZER_SOURCE_FILES
 
     bucket, prefix = _split_s3(source.uri)
     prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
     folder.mkdir(parents=True, exist_ok=True)
     client = _s3(s3_client)
-    for name in TOKENIZER_FILES:
+    for name in TOKENIZER_SOURCE_FILES:
         try:
             client.download_file(bucket, prefix + name, str(folder / name))
         except ClientError as error:
@@ -423,28 +423,9 @@ def _check_onnx_file(path: Path, given: str, spec: ModelSpec) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-class SentenceEmbedding(nn.Module):
-    """Encoder + attention-mask mean pooling + L2 normalisation, all inside one graph.
-
-    With pooling in the graph Triton returns the embedding itself; clients need no post-processing
-    and cannot get it subtly wrong (padding tokens must not count in the mean). Keyword calls:
-    transformers 5 no longer takes ``attention_mask`` positionally.
-    """
-
-    def __init__(self, encoder: nn.Module) -> None:
-        super().__init__()
-        self.encoder = encoder
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-        summed = (hidden * mask).sum(dim=1)
-        counts = mask.sum(dim=1).clamp(min=1e-9)
-        return nn.functional.normalize(summed / counts, p=2.0, dim=1)
-
-
 class TokenFeatures(nn.Module):
-    """The encoder's ``last_hidden_state`` ``[batch, sequence, hidden]`` (keyword calls, see above)."""
+    """The encoder's ``last_hidden_state`` ``[batch, sequence, hidden]`` (keyword calls: transformers 5
+    no longer takes ``attention_mask`` positionally)."""
 
     def __init__(self, encoder: nn.Module) -> None:
         super().__init__()
@@ -478,7 +459,7 @@ def load_module(spec: ModelSpec, source_dir: Path | None) -> nn.Module:
             raise SourceError("source: no folder was resolved for this source", model=spec.name)
         inner = _pretrained(spec, source_dir)
     _check_positions(spec, inner)
-    module = _wrap(spec, inner)
+    module = _wrap(spec, inner, source_dir)
     module.eval()
     module.requires_grad_(False)
     return module
@@ -498,9 +479,11 @@ def _check_positions(spec: ModelSpec, inner: nn.Module) -> None:
         )
 
 
-def _wrap(spec: ModelSpec, inner: nn.Module) -> nn.Module:
+def _wrap(spec: ModelSpec, inner: nn.Module, source_dir: Path | None) -> nn.Module:
     if spec.task == "sentence-embedding":
-        return SentenceEmbedding(inner)
+        from model_build.pooling import SentenceEmbedding, pooling_config
+
+        return SentenceEmbedding(inner, pooling_config(source_dir, spec.name))
     if spec.task == "feature-extraction":
         return TokenFeatures(inner)
     return ImageLogits(inner)
@@ -673,7 +656,9 @@ def _long_text(spec: ModelSpec, source_dir: Path | None) -> str:
 def _tokenizer(spec: ModelSpec, source_dir: Path | None) -> Any:
     if source_dir is None or not source_dir.is_dir():
         return None
-    names = ("tokenizer.json", "tokenizer_config.json", "vocab.txt")
+    from model_build.text_ensemble.served_tokenizer import TOKENIZER_FILES
+
+    names = TOKENIZER_FILES
     if not any((source_dir / name).is_file() for name in names):
         return None
     try:

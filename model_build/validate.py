@@ -326,6 +326,16 @@ def _has_sentence_transformers_reference(spec: ModelSpec, source_dir: Path | Non
     )
 
 
+def reference_normalizes(spec: ModelSpec, source_dir: Path) -> bool:
+    """``normalize_embeddings`` for ``SentenceTransformer.encode`` to mean what the graph computes:
+    a folder with ``modules.json`` normalises (or not) in its own pipeline; without one,
+    sentence-transformers mean-pools unnormalised and the graph's default pooling normalises."""
+    from model_build.pooling import pooling_config
+
+    pooling = pooling_config(source_dir, spec.name)
+    return pooling.normalize and not pooling.from_modules
+
+
 def _check_sentence_transformers(
     spec: ModelSpec, exported: ExportedModel, run: Runner, source_dir: Path, report: ValidationReport
 ) -> None:
@@ -338,8 +348,8 @@ def _check_sentence_transformers(
     # Both sides must truncate alike, or a long sentence differs for a reason that is no bug.
     limit = spec.text_inputs.max_sequence_length
     reference.max_seq_length = min(reference.max_seq_length or limit, limit)
-    expected = reference.encode(sentences, convert_to_numpy=True, normalize_embeddings=True,
-                                show_progress_bar=False)
+    expected = reference.encode(sentences, convert_to_numpy=True, show_progress_bar=False,
+                                normalize_embeddings=reference_normalizes(spec, source_dir))
     chunk = 1 if spec.max_batch_size == 0 else min(8, spec.max_batch_size)
     parts = [run(text_batch(spec, source_dir, sentences[i:i + chunk]))[0]
              for i in range(0, len(sentences), chunk)]

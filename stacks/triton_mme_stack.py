@@ -23,11 +23,12 @@ from constructs.model_build_resource import ModelBuildResource, ModelBuildResour
 from constructs.rollout_policy import RolloutPolicy, RolloutPolicyProps
 from constructs.sagemaker_execution_role import SageMakerExecutionRole, SageMakerExecutionRoleProps
 from constructs.sagemaker_limits import PropsError, has_instance_storage
-from constructs.triton_image import TritonImage, TritonImageProps
+from constructs.triton_image import TritonImage, TritonImageProps, load_image_table
 from constructs.triton_mme_endpoint import TritonMmeEndpoint, TritonMmeEndpointProps
 from model_build.manifest import Manifest
 from model_build.release import PACKAGE_DIR, routes_key, served_prefix
 from model_build.text_ensemble.container import namespacing_problem
+from model_build.text_ensemble.serving_wheel import serving_python_problem
 from model_build.text_ensemble.shm import shm_problem
 from stacks.settings import MmeSettings
 
@@ -143,9 +144,13 @@ class TritonMmeStack(Stack):
         if manifest_path is None:
             raise PropsError("manifest_path: missing; the manifest file is uploaded as an asset")
         # Raw-text targets: the tokenizer's largest request must fit the python backend's pool,
-        # and the ensembles' shared member names need Triton's model namespacing.
+        # the ensembles' shared member names need Triton's model namespacing, and the tarball's
+        # tokenizers wheel must load on the image's Python.
+        image_version = load_image_table().row(settings.triton_image_version).version
+        has_text = any(spec.inputs == "text" for spec in manifest.models)
         for problem in (shm_problem(manifest, settings.shm_default_byte_size),
-                        namespacing_problem(manifest, settings.triton_environment)):
+                        namespacing_problem(manifest, settings.triton_environment),
+                        serving_python_problem(image_version) if has_text else None):
             if problem is not None:
                 raise PropsError(problem)
         network = self.network if settings.build_in_vpc else None

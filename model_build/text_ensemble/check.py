@@ -1,13 +1,14 @@
 """Verify a raw-text ensemble before it is packaged: strings -> the ensemble's path -> outputs.
 
 The ensemble's path is replayed in-process exactly as the server runs it: the tarball's own
-tokenizer (:mod:`model_build.text_ensemble.tokenizer_model`, the same file) then the exported file
-through the serving runtime (:func:`model_build.validate.exported_runner`). Two checks, on the
-manifest's sample texts and on texts in other scripts (Japanese, Chinese, Korean, accented Latin,
-Cyrillic, emoji), where a hand-written tokenizer is most likely to drift:
+tokenizer step (:class:`~model_build.text_ensemble.tokenizer_model.TextEncoder` of the same file,
+on the served ``tokenizer.json``) then the exported file through the serving runtime
+(:func:`model_build.validate.exported_runner`). Two checks, on the manifest's sample texts and on
+texts in other scripts (Japanese, Chinese, Korean, Arabic, accented Latin, Cyrillic, emoji,
+combining marks, a very long word, whitespace runs), where tokenizers differ most:
 
-1. token ids equal those of the source's own Hugging Face tokenizer, exactly (a different id is a
-   silently different embedding, so no tolerance applies);
+1. token ids, attention mask and token type ids equal those of ``transformers.AutoTokenizer`` for
+   the source, exactly (a different id is a silently different embedding: no tolerance applies);
 2. for ``sentence-embedding`` sources that sentence-transformers loads, the outputs equal
    ``SentenceTransformer.encode`` within the model's tolerance.
 
@@ -17,14 +18,14 @@ A failure raises :class:`~model_build.errors.ValidationMismatchError` naming the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from model_build.errors import ValidationMismatchError
 from model_build.manifest import ModelSpec, Tolerance
 from model_build.text_ensemble.ensemble import MASK_TASKS
-from model_build.text_ensemble.tokenizer_model import TEXT_INPUT, WordPieceTokenizer
+from model_build.text_ensemble.served_tokenizer import ServedTokenizer, encoder_for
+from model_build.text_ensemble.tokenizer_model import TEXT_INPUT
 from model_build.types import ExportedModel
 
 #: Texts in other scripts checked for every raw-text target, besides the manifest's samples.
@@ -35,6 +36,10 @@ OTHER_SCRIPTS: tuple[str, ...] = (
     "Crème brûlée à la façon d'Ångström; naïve café, ÉCOLE, İstanbul, straße.",
     "Съешь же ещё этих мягких французских булок, да выпей чаю.",
     "Great job 👍🏽 see you soon 😀 🇯🇵 ❤️",
+    "مرحبا بالعالم، هذه جملة باللغة العربية.",
+    "Combining marks: e\u0301 a\u0308 n\u0303 \u1e9b\u0323 and Zalgo t\u0336e\u0337x\u0338t",
+    "Pneumonoultramicroscopicsilicovolcanoconiosis" * 3,
+    "  spaces   and\ttabs\n\nand newlines  between   words  ",
 )
 
 
@@ -52,7 +57,7 @@ class TextEnsembleReport:
     reference_outputs: dict[str, np.ndarray]
 
 
-def check_text_ensemble(spec: ModelSpec, exported: ExportedModel, source_dir: Path) -> TextEnsembleReport:
+def check_text_ensemble(spec: ModelSpec, exported: ExportedModel, tokenizer: ServedTokenizer) -> TextEnsembleReport:
     """Run both checks of the module docstring; raise on the first text that differs."""
     from transformers import AutoTokenizer
 
@@ -62,21 +67,28 @@ def check_text_ensemble(spec: ModelSpec, exported: ExportedModel, source_dir: Pa
         compare_outputs,
         elementwise_tolerance_applies,
         exported_runner,
+        reference_normalizes,
     )
 
+    source_dir = tokenizer.source_dir
     max_len = spec.text_inputs.max_sequence_length
     texts = [*reference_sentences(spec), *OTHER_SCRIPTS]
-    ours = WordPieceTokenizer.from_dir(str(source_dir))
-    ids, mask = ours.encode_batch(texts, max_len, truncate=True)
+    ours = encoder_for(tokenizer, spec, truncate=True).encode_batch(texts)
+    ids, mask = ours["input_ids"], ours["attention_mask"]
     reference = AutoTokenizer.from_pretrained(str(source_dir), local_files_only=True)
-    expected = reference(texts, truncation=True, max_length=max_len, padding="max_length", return_tensors="np")
-    for row, text in enumerate(texts):
-        if not np.array_equal(ids[row], expected["input_ids"][row]):
-            raise ValidationMismatchError(
-                f"model {spec.name!r}: inputs: text: the ensemble's tokenizer gives other token ids than the "
-                f"source's tokenizer for text {row} {text[:60]!r}: "
-                f"{_unpadded(ids[row], mask[row])} vs {_unpadded(expected['input_ids'][row], expected['attention_mask'][row])}",
-                model=spec.name, output="input_ids", max_abs_diff=float("inf"), tolerance=0.0)
+    lowered = [text.lower() for text in texts] if tokenizer.parameters.get("lowercase") == "true" else texts
+    expected = reference(lowered, truncation=True, max_length=max_len, padding="max_length", return_tensors="np")
+    for name in ("input_ids", "attention_mask", "token_type_ids"):
+        if name not in expected:
+            continue
+        for row, text in enumerate(texts):
+            if not np.array_equal(ours[name][row], expected[name][row]):
+                raise ValidationMismatchError(
+                    f"model {spec.name!r}: inputs: text: the ensemble's tokenizer gives other {name} than "
+                    f"transformers.AutoTokenizer for text {row} {text[:60]!r}: "
+                    f"{_unpadded(ours[name][row], mask[row])} vs "
+                    f"{_unpadded(expected[name][row], expected['attention_mask'][row])}",
+                    model=spec.name, output=name, max_abs_diff=float("inf"), tolerance=0.0)
 
     run = exported_runner(exported)
     chunk = max(1, min(8, spec.max_batch_size))
@@ -95,7 +107,8 @@ def check_text_ensemble(spec: ModelSpec, exported: ExportedModel, source_dir: Pa
 
     model = SentenceTransformer(str(source_dir), device="cpu", local_files_only=True)
     model.max_seq_length = min(model.max_seq_length or max_len, max_len)
-    wanted = model.encode(texts, convert_to_numpy=True, normalize_embeddings=True, show_progress_bar=False)
+    wanted = model.encode(texts, convert_to_numpy=True, show_progress_bar=False,
+                          normalize_embeddings=reference_normalizes(spec, source_dir))
     actual = np.concatenate([run({"input_ids": ids[i:i + chunk], "attention_mask": mask[i:i + chunk]})[0]
                              for i in range(0, len(texts), chunk)])
     tolerance = spec.tolerance if elementwise_tolerance_applies(spec) else Tolerance(atol=np.inf, rtol=0)
@@ -106,5 +119,5 @@ def check_text_ensemble(spec: ModelSpec, exported: ExportedModel, source_dir: Pa
 
 
 def _unpadded(ids: np.ndarray, mask: np.ndarray) -> list[int]:
-    """The unpadded ids of one row (for the error message)."""
-    return [int(i) for i in ids[: int(mask.sum())]]
+    """The ids of one row where the mask is set (for the error message)."""
+    return [int(i) for i, kept in zip(ids, mask, strict=True) if kept]

@@ -7,9 +7,9 @@ model and loads the others as its members, under their own names)::
     ensemble/config.pbtxt          platform "ensemble": TEXT -> tokenizer -> model -> outputs
     ensemble/1/                    empty (an ensemble has no files, but needs a version folder)
     tokenizer/config.pbtxt         backend "python", KIND_CPU
-    tokenizer/1/model.py           tokenizer_model.py, unchanged (pure Python + numpy)
-    tokenizer/1/vocab.txt          the source's own tokenizer files
-    tokenizer/1/tokenizer_config.json
+    tokenizer/1/model.py           tokenizer_model.py, unchanged (numpy + tokenizers)
+    tokenizer/1/tokenizer.json     the source's tokenizer as AutoTokenizer runs it (served_tokenizer)
+    tokenizer/1/site-packages/tokenizers/...   the pinned tokenizers wheel, unpacked (serving_wheel)
     model/config.pbtxt             the exported model's config (render_config), renamed "model"
     model/1/model.onnx             the exported file, unchanged
 
@@ -18,8 +18,9 @@ The member names are fixed (``tokenizer``, ``model``): the server runs with
 tarballs, or two copies of one tarball under two keys, each resolve their own members
 (tests/test_text_ensemble.py loads two side by side and checks each answers with its own model).
 
-Only the python backend and the model's own backend are needed: nothing outside the image's
-Python (numpy) is imported by the tokenizer, so the tarball is the same for every image version.
+Only the python backend and the model's own backend are needed: the tokenizer imports numpy (the
+image's) and the tarball's own ``tokenizers``, a ``cp310-abi3`` wheel that loads on the Python of
+every image version the stack accepts, so the tarball is the same for every image version.
 """
 
 from __future__ import annotations
@@ -35,14 +36,14 @@ from model_build.errors import PackageError
 from model_build.manifest import ModelSpec
 from model_build.package import onnx_external_data_files, write_tarball
 from model_build.text_ensemble import tokenizer_model
+from model_build.text_ensemble.served_tokenizer import ServedTokenizer
+from model_build.text_ensemble.serving_wheel import vendored_files
 from model_build.text_ensemble.tokenizer_model import (
-    CONFIG_FILE,
     KNOWN_OUTPUTS,
     TEXT_INPUT,
+    TOKENIZER_FILE,
     TRUNCATION_MODES,
-    VOCAB_FILE,
-    TokenizerError,
-    WordPieceTokenizer,
+    VENDOR_DIR,
 )
 from model_build.triton_config import check_config, default_filename, render_config
 from model_build.types import ExportedModel
@@ -54,7 +55,6 @@ MODEL = "model"
 #: outputs need it to tell padding from text; pooled ones do not).
 MASK_TASKS = frozenset({"feature-extraction"})
 TEXT_TASKS = frozenset({"sentence-embedding", "feature-extraction"})
-TOKENIZER_FILES = (VOCAB_FILE, CONFIG_FILE)
 
 
 @dataclass(frozen=True)
@@ -67,26 +67,6 @@ class EnsembleConfigs:
 
     def by_folder(self) -> dict[str, str]:
         return {ENSEMBLE: self.ensemble, TOKENIZER: self.tokenizer, MODEL: self.model}
-
-
-def check_tokenizer_dir(spec: ModelSpec, source_dir: Path | None) -> Path:
-    """The folder holding the source's ``vocab.txt`` + ``tokenizer_config.json``, both readable.
-
-    Refused before any export: a source without them cannot tokenize on the server.
-    """
-    if source_dir is None or not Path(source_dir).is_dir():
-        raise PackageError(f"inputs: text needs the source's tokenizer files ({', '.join(TOKENIZER_FILES)}); "
-                           f"source {spec.source!r} has no folder of files", model=spec.name)
-    missing = [name for name in TOKENIZER_FILES if not (Path(source_dir) / name).is_file()]
-    if missing:
-        raise PackageError(f"inputs: text needs the source's tokenizer files; {', '.join(missing)} missing in "
-                           f"{str(source_dir)!r} (a WordPiece/BERT tokenizer is what the server-side tokenizer runs)",
-                           model=spec.name)
-    try:
-        WordPieceTokenizer.from_dir(str(source_dir))
-    except TokenizerError as error:
-        raise PackageError(f"inputs: text: {error}", model=spec.name) from None
-    return Path(source_dir)
 
 
 def served_precision(spec: ModelSpec) -> str:
@@ -104,13 +84,14 @@ def _dims(tensor_shape: tuple[int, ...]) -> list[int]:
     return list(tensor_shape[1:])  # the batch dimension is max_batch_size's
 
 
-def render_ensemble_configs(spec: ModelSpec, exported: ExportedModel, *,
+def render_ensemble_configs(spec: ModelSpec, exported: ExportedModel, tokenizer: ServedTokenizer, *,
                             truncation: str | None = None) -> EnsembleConfigs:
     """The ensemble, tokenizer and model configs for ``spec`` and its exported model.
 
     The model config is :func:`render_config`'s, renamed to its folder; the ensemble's outputs are
-    the model's (plus ``attention_mask`` for token-level tasks), its only input ``TEXT``.
-    ``truncation`` defaults to the manifest's ``text.truncation``.
+    the model's (plus ``attention_mask`` for token-level tasks), its only input ``TEXT``. The
+    tokenizer's parameters are ``tokenizer``'s (pad token, sides, lower-casing) and the entry's
+    (``max_sequence_length``; ``truncation``, which defaults to the manifest's ``text.truncation``).
     """
     truncation = spec.text_inputs.truncation if truncation is None else truncation
     if spec.task not in TEXT_TASKS:
@@ -132,15 +113,17 @@ def render_ensemble_configs(spec: ModelSpec, exported: ExportedModel, *,
     text_format.Parse(render_config(spec, exported), model_config)
     model_config.name = MODEL
 
-    tokenizer = mc.ModelConfig(name=TOKENIZER, backend="python", max_batch_size=spec.max_batch_size)
-    tokenizer.input.add(name=TEXT_INPUT, data_type=mc.TYPE_STRING, dims=[1])
+    member = mc.ModelConfig(name=TOKENIZER, backend="python", max_batch_size=spec.max_batch_size)
+    member.input.add(name=TEXT_INPUT, data_type=mc.TYPE_STRING, dims=[1])
     for name in model_inputs:
-        tokenizer.output.add(name=name, data_type=mc.TYPE_INT64, dims=[max_len])
+        member.output.add(name=name, data_type=mc.TYPE_INT64, dims=[max_len])
     if "attention_mask" not in model_inputs and spec.task in MASK_TASKS:
-        tokenizer.output.add(name="attention_mask", data_type=mc.TYPE_INT64, dims=[max_len])
-    tokenizer.instance_group.add(kind=mc.ModelInstanceGroup.KIND_CPU, count=1)
-    tokenizer.parameters["max_sequence_length"].string_value = str(max_len)
-    tokenizer.parameters["truncation"].string_value = truncation
+        member.output.add(name="attention_mask", data_type=mc.TYPE_INT64, dims=[max_len])
+    member.instance_group.add(kind=mc.ModelInstanceGroup.KIND_CPU, count=1)
+    member.parameters["max_sequence_length"].string_value = str(max_len)
+    member.parameters["truncation"].string_value = truncation
+    for key, value in sorted(tokenizer.parameters.items()):
+        member.parameters[key].string_value = value
 
     ensemble = mc.ModelConfig(name=ENSEMBLE, platform="ensemble", max_batch_size=spec.max_batch_size)
     # What smoke and verify compare the answers with: the tolerance rule of the precision served.
@@ -153,7 +136,7 @@ def render_ensemble_configs(spec: ModelSpec, exported: ExportedModel, *,
         ensemble.output.add(name="attention_mask", data_type=mc.TYPE_INT64, dims=[max_len])
     step = ensemble.ensemble_scheduling.step.add(model_name=TOKENIZER, model_version=-1)
     step.input_map[TEXT_INPUT] = TEXT_INPUT
-    for out in tokenizer.output:
+    for out in member.output:
         step.output_map[out.name] = out.name
     step = ensemble.ensemble_scheduling.step.add(model_name=MODEL, model_version=-1)
     for name in model_inputs:
@@ -163,7 +146,7 @@ def render_ensemble_configs(spec: ModelSpec, exported: ExportedModel, *,
 
     return EnsembleConfigs(
         ensemble=text_format.MessageToString(ensemble),
-        tokenizer=text_format.MessageToString(tokenizer),
+        tokenizer=text_format.MessageToString(member),
         model=text_format.MessageToString(model_config),
     )
 
@@ -172,7 +155,7 @@ def package_text_ensemble(
     *,
     spec: ModelSpec,
     exported: ExportedModel,
-    tokenizer_dir: Path,
+    tokenizer: ServedTokenizer,
     out_path: Path,
     truncation: str | None = None,
     compresslevel: int = 1,
@@ -181,16 +164,16 @@ def package_text_ensemble(
 
     Reproducible like :func:`model_build.package.package_model`: same inputs, same bytes.
     """
-    tokenizer_dir = check_tokenizer_dir(spec, tokenizer_dir)
-    configs = render_ensemble_configs(spec, exported, truncation=truncation)
+    configs = render_ensemble_configs(spec, exported, tokenizer, truncation=truncation)
     model_config = check_config(configs.model, model=spec.name)
     filename = default_filename(model_config)
     files: dict[str, Path | bytes] = {
         f"{folder}/config.pbtxt": text.encode("utf-8") for folder, text in configs.by_folder().items()
     }
     files[f"{TOKENIZER}/1/model.py"] = Path(tokenizer_model.__file__)
-    for name in TOKENIZER_FILES:
-        files[f"{TOKENIZER}/1/{name}"] = tokenizer_dir / name
+    files[f"{TOKENIZER}/1/{TOKENIZER_FILE}"] = tokenizer.tokenizer_json.encode("utf-8")
+    for name, data in vendored_files(spec.name).items():
+        files[f"{TOKENIZER}/1/{VENDOR_DIR}/{name}"] = data
     files[f"{MODEL}/1/{filename}"] = exported.path
     if exported.format == "onnx":
         for location in onnx_external_data_files(exported.path):

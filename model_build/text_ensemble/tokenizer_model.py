@@ -1,270 +1,173 @@
-"""The tokenizer of a raw-text ensemble: a Triton python-backend ``model.py``, pure Python + numpy.
+"""The tokenizer of a raw-text ensemble: a Triton python-backend ``model.py`` running ``tokenizers``.
 
-This file is copied unchanged into the tarball as ``tokenizer/1/model.py``. It runs inside the
-SageMaker Triton image, whose Python has numpy and nothing else (no ``transformers``, no
-``tokenizers``), and whose Python version differs between the image versions the stack accepts
-(3.8 to 3.12): so it uses the standard library and numpy only, and Python 3.8 syntax only
-(``from __future__ import annotations`` keeps the annotations unevaluated).
+This file is copied unchanged into the tarball as ``tokenizer/1/model.py``. Beside it the build
+puts:
 
-It reproduces the BERT WordPiece tokenizer of Hugging Face (``BertTokenizerFast``: the
-``BertNormalizer``, ``BertPreTokenizer`` and ``WordPiece`` model of ``tokenizers``) from the
-source's own ``vocab.txt`` and ``tokenizer_config.json``, which the build copies next to this file:
+- ``tokenizer.json``: the tokenizer ``transformers.AutoTokenizer`` runs for the source, serialized
+  by ``tokenizers`` (the library behind every Hugging Face fast tokenizer). WordPiece (BERT),
+  byte-level BPE (RoBERTa, GPT-2) and Unigram/SentencePiece (XLM-R, T5, DeBERTa-v3) are all one
+  format to it, so nothing here is specific to a tokenizer kind, and nothing is re-implemented:
+  the ids come from the same Rust code the reference runs;
+- ``site-packages/tokenizers/``: the manylinux wheel of ``tokenizers`` pinned in
+  ``serving-wheels.txt``, unpacked. The SageMaker Triton image's Python has numpy but no
+  ``tokenizers``; the tarball brings its own, so a stock image loads it offline. It goes first
+  on ``sys.path`` so the tarball's copy is the one imported, on the endpoint and locally.
 
-1. clean: drop NUL, U+FFFD and control characters (tab, newline and carriage return are
-   whitespace), every whitespace character becomes a space;
-2. put spaces around CJK ideographs (``tokenize_chinese_chars``), so each one is a word;
-3. strip accents (NFD, drop combining marks) when ``strip_accents`` is true, or when it is unset
-   and ``do_lower_case`` is true; lower-case when ``do_lower_case`` is true;
-4. split on whitespace, and on every punctuation character (which becomes its own word);
-5. greedy longest-match WordPiece per word (``##`` continuations); a word with no match, or
-   longer than 100 characters, is ``[UNK]``;
-6. ``[CLS] ... [SEP]``, padded with ``[PAD]`` to ``max_sequence_length``.
+Settings come from the config's ``parameters`` (written by ``model_build.text_ensemble.ensemble``
+from the reference tokenizer): ``max_sequence_length``, ``truncation`` (``refuse`` or
+``truncate``), ``truncation_side``, ``padding_side``, ``pad_token``/``pad_id``/``pad_type_id`` and
+``lowercase`` (sentence-transformers' ``do_lower_case``: the text is lower-cased before it is
+tokenized, as ``SentenceTransformer.encode`` does).
 
-The output is always ``max_sequence_length`` wide: every request has the same shape, so the
-dynamic batcher of the model behind the ensemble can put requests from different clients into one
-batch (it only batches equal shapes). Masked positions do not change a mean-pooled embedding.
+Every row is padded to ``max_sequence_length``: every request has the same shape, so the dynamic
+batcher of the model behind the ensemble can put requests of different clients into one batch (it
+only batches equal shapes). Masked positions change no pooled embedding.
 
-A text whose tokens do not fit is refused by default (parameter ``truncation: "refuse"``): the
-issue asks for an error rather than an embedding of part of the text. With ``truncation:
-"truncate"`` it is cut like the reference tokenizer (``truncation=True``) does.
+A text whose tokens do not fit is refused by default (``truncation: "refuse"``): an embedding of
+part of a text is an error a client does not see. With ``"truncate"`` it is cut as the reference
+tokenizer does with ``truncation=True``. An empty text (or one the normalizer reduces to nothing)
+is refused: its embedding would be that of the special tokens alone.
 
-Bad input is answered per request with an ``INVALID_ARG`` error naming the input (Triton's
-SageMaker endpoint turns it into HTTP 400), and the model stays loaded for the next request.
+Pairs (cross-encoders): when the config declares the optional input ``TEXT_PAIR``, a request may
+send it with one string per ``TEXT`` row; its rows are encoded as pairs, with the token type ids of
+the second segment, exactly as ``tokenizer(texts, pairs)`` does. A request whose ``TEXT_PAIR`` row
+count differs from ``TEXT``'s is refused (a batch cannot mix pairs and single texts).
+
+Bad input is answered per request with an ``INVALID_ARG`` error naming the input and the row
+(Triton's SageMaker endpoint turns it into HTTP 400), and the model stays loaded for the next one.
+Python 3.8 syntax and the standard library + numpy only, besides the vendored ``tokenizers``.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import unicodedata
+import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
-try:  # only inside Triton; the tokenizer itself is importable (and tested) anywhere
+try:  # only inside Triton; the encoder itself is importable (and tested) anywhere
     import triton_python_backend_utils as pb_utils
 except ImportError:  # pragma: no cover - exercised on the real server
     pb_utils = None
 
-#: The files the build copies next to this model.py (from the source's folder).
-VOCAB_FILE = "vocab.txt"
-CONFIG_FILE = "tokenizer_config.json"
-#: The name of the ensemble's (and the tokenizer's) input tensor.
+#: The serialized tokenizer the build writes next to this model.py.
+TOKENIZER_FILE = "tokenizer.json"
+#: The folder (next to this model.py) holding the unpacked ``tokenizers`` wheel.
+VENDOR_DIR = "site-packages"
+#: The names of the ensemble's (and the tokenizer's) input tensors.
 TEXT_INPUT = "TEXT"
+PAIR_INPUT = "TEXT_PAIR"
 #: Outputs this model can produce; its config names the ones the model behind it takes.
 KNOWN_OUTPUTS = ("input_ids", "attention_mask", "token_type_ids")
 TRUNCATION_MODES = ("refuse", "truncate")
-#: Hugging Face's WordPiece limit: a longer word is one [UNK].
-MAX_INPUT_CHARS_PER_WORD = 100
-#: The tokenizer classes whose files this module reproduces.
-WORDPIECE_CLASSES = ("BertTokenizer", "BertTokenizerFast", "DistilBertTokenizer", "DistilBertTokenizerFast")
+SIDES = ("right", "left")
 
 
 class TokenizerError(ValueError):
     """A text this tokenizer cannot encode (the message names the input and what is allowed)."""
 
 
-# --------------------------------------------------------------------------------------------
-# Character classes (those of tokenizers' BertNormalizer / BertPreTokenizer)
-# --------------------------------------------------------------------------------------------
+def import_tokenizers(folder: str) -> Any:
+    """``tokenizers``, from ``folder/site-packages`` when the tarball carries it.
 
-_CJK_RANGES = (
-    (0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
-    (0x2B740, 0x2B81F), (0x2B920, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F),
-)
-
-
-def _is_control(char: str) -> bool:
-    if char in "\t\n\r":
-        return False
-    return unicodedata.category(char).startswith("C")
-
-
-def _is_whitespace(char: str) -> bool:
-    return char in " \t\n\r" or char.isspace() or unicodedata.category(char) == "Zs"
-
-
-def _is_punctuation(char: str) -> bool:
-    code = ord(char)
-    if 33 <= code <= 47 or 58 <= code <= 64 or 91 <= code <= 96 or 123 <= code <= 126:
-        return True
-    return unicodedata.category(char).startswith("P")
+    The vendored copy goes first on ``sys.path``: a ``tokenizers`` the image happens to have is
+    not the version the build verified the ids with.
+    """
+    vendor = os.path.join(folder, VENDOR_DIR)
+    if os.path.isdir(vendor) and vendor not in sys.path:
+        sys.path.insert(0, vendor)
+    try:
+        import tokenizers
+    except ImportError as error:
+        raise TokenizerError(
+            f"cannot import tokenizers from {vendor} on Python {sys.version_info.major}.{sys.version_info.minor} "
+            f"({error}); the tarball carries the wheel for the Python of the configured Triton image "
+            "(mme:triton_image_version): rebuild the model for this image") from None
+    return tokenizers
 
 
-def _is_cjk(code: int) -> bool:
-    return any(low <= code <= high for low, high in _CJK_RANGES)
+class TextEncoder:
+    """Texts (or pairs) -> fixed-width ``input_ids``/``attention_mask``/``token_type_ids``."""
 
-
-class WordPieceTokenizer:
-    """BERT's tokenizer from ``vocab.txt`` + ``tokenizer_config.json``; see the module docstring."""
-
-    def __init__(self, vocab: dict[str, int], *, lowercase: bool = True, strip_accents: bool | None = None,
-                 tokenize_chinese_chars: bool = True, unk_token: str = "[UNK]", cls_token: str = "[CLS]",
-                 sep_token: str = "[SEP]", pad_token: str = "[PAD]") -> None:
-        for role, token in (("unk_token", unk_token), ("cls_token", cls_token), ("sep_token", sep_token),
-                            ("pad_token", pad_token)):
-            if token not in vocab:
-                raise TokenizerError(f"{CONFIG_FILE}: {role} {token!r} is not in {VOCAB_FILE}")
-        self.vocab = vocab
+    def __init__(self, tokenizer: Any, *, max_length: int, pad_id: int, pad_token: str, pad_type_id: int = 0,
+                 padding_side: str = "right", truncation_side: str = "right", truncate: bool = False,
+                 lowercase: bool = False) -> None:
+        if max_length < 2:
+            raise TokenizerError(f"max_sequence_length: got {max_length}; it must be at least 2")
+        for name, side in (("padding_side", padding_side), ("truncation_side", truncation_side)):
+            if side not in SIDES:
+                raise TokenizerError(f"{name}: got {side!r}; allowed: {', '.join(SIDES)}")
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.truncate = truncate
         self.lowercase = lowercase
-        # tokenizers: strip_accents unset follows lowercase.
-        self.strip_accents = lowercase if strip_accents is None else strip_accents
-        self.tokenize_chinese_chars = tokenize_chinese_chars
-        self.unk_id = vocab[unk_token]
-        self.cls_id = vocab[cls_token]
-        self.sep_id = vocab[sep_token]
-        self.pad_id = vocab[pad_token]
-        self._word_cache: dict[str, tuple[int, ...]] = {}
+        # The reference's settings (PreTrainedTokenizerFast with truncation=True, padding="max_length").
+        tokenizer.enable_truncation(max_length, strategy="longest_first", direction=truncation_side)
+        tokenizer.enable_padding(direction=padding_side, pad_id=pad_id, pad_type_id=pad_type_id,
+                                 pad_token=pad_token, length=max_length)
 
     @classmethod
-    def from_dir(cls, folder: str) -> WordPieceTokenizer:
-        """Read the two files from ``folder`` (the model's version folder inside the tarball)."""
-        config_path = os.path.join(folder, CONFIG_FILE)
+    def from_json(cls, tokenizer_json: str, parameters: dict[str, str], tokenizers: Any) -> TextEncoder:
+        """The encoder of a served ``tokenizer.json`` with the config's string ``parameters``."""
+        truncation = parameters.get("truncation", "refuse")
+        if truncation not in TRUNCATION_MODES:
+            raise TokenizerError(f"config parameter truncation: got {truncation!r}; allowed: "
+                                 + ", ".join(TRUNCATION_MODES))
         try:
-            with open(config_path, encoding="utf-8") as handle:
-                config = json.load(handle)
-        except (OSError, ValueError) as error:
-            raise TokenizerError(f"{config_path}: cannot read it as JSON ({error})") from None
-        if not isinstance(config, dict):
-            raise TokenizerError(f"{config_path}: expected a JSON object, got {type(config).__name__}")
-        klass = config.get("tokenizer_class")
-        if klass is not None and klass not in WORDPIECE_CLASSES:
-            raise TokenizerError(f"{config_path}: tokenizer_class {klass!r} is not a WordPiece tokenizer; "
-                                 f"supported: {', '.join(WORDPIECE_CLASSES)}")
-        vocab = read_vocab(os.path.join(folder, VOCAB_FILE))
-        strip = config.get("strip_accents")
-        return cls(
-            vocab,
-            lowercase=bool(config.get("do_lower_case", True)),
-            strip_accents=None if strip is None else bool(strip),
-            tokenize_chinese_chars=bool(config.get("tokenize_chinese_chars", True)),
-            unk_token=str(config.get("unk_token", "[UNK]")),
-            cls_token=str(config.get("cls_token", "[CLS]")),
-            sep_token=str(config.get("sep_token", "[SEP]")),
-            pad_token=str(config.get("pad_token", "[PAD]")),
-        )
+            tokenizer = tokenizers.Tokenizer.from_str(tokenizer_json)
+        except Exception as error:  # the Rust side raises plain Exception
+            raise TokenizerError(f"{TOKENIZER_FILE}: cannot load it with tokenizers ({error})") from None
+        try:
+            return cls(
+                tokenizer,
+                max_length=int(parameters.get("max_sequence_length", "0")),
+                pad_id=int(parameters.get("pad_id", "0")),
+                pad_token=parameters.get("pad_token", "[PAD]"),
+                pad_type_id=int(parameters.get("pad_type_id", "0")),
+                padding_side=parameters.get("padding_side", "right"),
+                truncation_side=parameters.get("truncation_side", "right"),
+                truncate=truncation == "truncate",
+                lowercase=parameters.get("lowercase", "false") == "true",
+            )
+        except ValueError as error:
+            raise TokenizerError(f"config parameters: {error}") from None
 
-    # ---- text -> words ---------------------------------------------------------------------
+    def encode_batch(self, texts: Sequence[str], pairs: Sequence[str] | None = None, *,
+                     input_name: str = TEXT_INPUT) -> dict[str, np.ndarray]:
+        """``input_ids``, ``attention_mask``, ``token_type_ids`` (int64 ``[len(texts), max_length]``).
 
-    def normalize(self, text: str) -> str:
-        """Steps 1-3 of the module docstring, in tokenizers' order."""
-        chars: list[str] = []
-        for char in text:
-            code = ord(char)
-            if code == 0 or code == 0xFFFD or _is_control(char):
-                continue
-            if _is_whitespace(char):
-                chars.append(" ")
-            elif self.tokenize_chinese_chars and _is_cjk(code):
-                chars.extend((" ", char, " "))
-            else:
-                chars.append(char)
-        out = "".join(chars)
-        if self.strip_accents:
-            out = "".join(c for c in unicodedata.normalize("NFD", out) if unicodedata.category(c) != "Mn")
-        if self.lowercase:
-            out = out.lower()
-        return out
-
-    def words(self, text: str) -> list[str]:
-        """Step 4: whitespace split, then every punctuation character on its own."""
-        words: list[str] = []
-        for chunk in self.normalize(text).split():
-            start = 0
-            for index, char in enumerate(chunk):
-                if _is_punctuation(char):
-                    if index > start:
-                        words.append(chunk[start:index])
-                    words.append(char)
-                    start = index + 1
-            if start < len(chunk):
-                words.append(chunk[start:])
-        return words
-
-    # ---- words -> ids ----------------------------------------------------------------------
-
-    def _word_ids(self, word: str) -> tuple[int, ...]:
-        cached = self._word_cache.get(word)
-        if cached is not None:
-            return cached
-        if len(word) > MAX_INPUT_CHARS_PER_WORD:
-            ids: tuple[int, ...] = (self.unk_id,)
-        else:
-            pieces: list[int] = []
-            start = 0
-            while start < len(word):
-                end = len(word)
-                found = None
-                while start < end:
-                    piece = word[start:end] if start == 0 else "##" + word[start:end]
-                    found = self.vocab.get(piece)
-                    if found is not None:
-                        break
-                    end -= 1
-                if found is None:
-                    pieces = [self.unk_id]
-                    break
-                pieces.append(found)
-                start = end
-            ids = tuple(pieces)
-        if len(self._word_cache) < 100_000:  # bounded: a hostile stream cannot grow it without end
-            self._word_cache[word] = ids
-        return ids
-
-    def token_ids(self, text: str) -> list[int]:
-        """The WordPiece ids of ``text`` without special tokens."""
-        ids: list[int] = []
-        for word in self.words(text):
-            ids.extend(self._word_ids(word))
-        return ids
-
-    def encode_batch(self, texts: Sequence[str], max_length: int, *, truncate: bool = False,
-                     input_name: str = TEXT_INPUT) -> tuple[np.ndarray, np.ndarray]:
-        """``input_ids`` and ``attention_mask`` (int64, ``[len(texts), max_length]``).
-
-        Raises :class:`TokenizerError` naming ``input_name`` and the index for a text that is empty
-        (or only whitespace/control characters) or, unless ``truncate``, longer than ``max_length``
-        tokens with ``[CLS]`` and ``[SEP]``.
+        Raises :class:`TokenizerError` naming the input and row for a text with no token but the
+        special ones, or (unless ``truncate``) one longer than ``max_length`` with them.
         """
-        if max_length < 2:
-            raise TokenizerError(f"max_sequence_length: got {max_length}; it must be at least 2 ([CLS] and [SEP])")
-        ids = np.full((len(texts), max_length), self.pad_id, dtype=np.int64)
-        mask = np.zeros((len(texts), max_length), dtype=np.int64)
-        room = max_length - 2
-        for row, text in enumerate(texts):
-            tokens = self.token_ids(text)
-            if not tokens:
-                raise TokenizerError(f"input {input_name!r}[{row}]: the text is empty (or only whitespace/control "
-                                     "characters); send at least one word")
-            if len(tokens) > room:
-                if not truncate:
-                    raise TokenizerError(
-                        f"input {input_name!r}[{row}]: {len(tokens) + 2} tokens with [CLS]/[SEP], the model takes at "
-                        f"most max_sequence_length={max_length}; shorten the text or split it")
-                tokens = tokens[:room]
-            length = len(tokens) + 2
-            ids[row, 0] = self.cls_id
-            ids[row, 1:length - 1] = tokens
-            ids[row, length - 1] = self.sep_id
-            mask[row, :length] = 1
-        return ids, mask
-
-
-def read_vocab(path: str) -> dict[str, int]:
-    """``vocab.txt``: one token per line, its id the line number (as Hugging Face reads it)."""
-    vocab: dict[str, int] = {}
-    try:
-        with open(path, encoding="utf-8") as handle:
-            for index, line in enumerate(handle):
-                token = line.rstrip("\n")
-                if token and token not in vocab:
-                    vocab[token] = index
-    except (OSError, UnicodeDecodeError) as error:
-        raise TokenizerError(f"{path}: cannot read the vocabulary ({error})") from None
-    if not vocab:
-        raise TokenizerError(f"{path}: the vocabulary is empty")
-    return vocab
+        if pairs is not None and len(pairs) != len(texts):
+            raise TokenizerError(f"input {PAIR_INPUT!r}: {len(pairs)} rows for {len(texts)} rows of {input_name!r}; "
+                                 "send one second text per text (a batch cannot mix pairs and single texts)")
+        if self.lowercase:
+            texts = [text.lower() for text in texts]
+            pairs = None if pairs is None else [text.lower() for text in pairs]
+        batch: list[Any] = list(texts) if pairs is None else list(zip(texts, pairs))
+        encodings = self.tokenizer.encode_batch(batch)
+        segments = ((0, input_name),) if pairs is None else ((0, input_name), (1, PAIR_INPUT))
+        for row, encoding in enumerate(encodings):
+            present = set(encoding.sequence_ids)
+            for segment, name in segments:
+                if segment not in present:
+                    raise TokenizerError(f"input {name!r}[{row}]: the text is empty (or only whitespace/control "
+                                         "characters); send at least one word")
+            if encoding.overflowing and not self.truncate:
+                raise TokenizerError(
+                    f"input {input_name!r}[{row}]: more than max_sequence_length={self.max_length} tokens with the "
+                    "special tokens; shorten the text or split it (or build the model with text.truncation: truncate)")
+        return {
+            "input_ids": np.array([e.ids for e in encodings], dtype=np.int64).reshape(len(batch), self.max_length),
+            "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64).reshape(
+                len(batch), self.max_length),
+            "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64).reshape(
+                len(batch), self.max_length),
+        }
 
 
 def decode_texts(values: Iterable[Any], input_name: str = TEXT_INPUT) -> list[str]:
@@ -288,9 +191,9 @@ def decode_texts(values: Iterable[Any], input_name: str = TEXT_INPUT) -> list[st
 # The Triton model
 # --------------------------------------------------------------------------------------------
 
-def _parameter(config: dict[str, Any], key: str, default: str) -> str:
-    value = config.get("parameters", {}).get(key, {}).get("string_value")
-    return default if value is None else str(value)
+def config_parameters(config: dict[str, Any]) -> dict[str, str]:
+    """The config's ``parameters`` as plain strings."""
+    return {key: str(value.get("string_value", "")) for key, value in config.get("parameters", {}).items()}
 
 
 class TritonPythonModel:
@@ -299,41 +202,48 @@ class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
         folder = os.path.join(args["model_repository"], args["model_version"])
-        self.tokenizer = WordPieceTokenizer.from_dir(folder)
-        self.max_length = int(_parameter(config, "max_sequence_length", "0"))
-        truncation = _parameter(config, "truncation", "refuse")
-        if truncation not in TRUNCATION_MODES:
-            raise TokenizerError(f"config parameter truncation: got {truncation!r}; allowed: "
-                                 + ", ".join(TRUNCATION_MODES))
-        self.truncate = truncation == "truncate"
+        tokenizers = import_tokenizers(folder)
+        path = os.path.join(folder, TOKENIZER_FILE)
+        try:
+            with open(path, encoding="utf-8") as handle:
+                text = handle.read()
+        except (OSError, UnicodeDecodeError) as error:
+            raise TokenizerError(f"{path}: cannot read it ({error})") from None
+        self.encoder = TextEncoder.from_json(text, config_parameters(config), tokenizers)
         self.outputs = [output["name"] for output in config["output"]]
         unknown = [name for name in self.outputs if name not in KNOWN_OUTPUTS]
         if unknown:
             raise TokenizerError(f"config outputs {unknown}: this tokenizer produces {', '.join(KNOWN_OUTPUTS)}")
-        # Encoding a text cannot fail the next one: a word cache is the only state.
-        self.tokenizer.encode_batch(["warm up"], self.max_length)
+        self.takes_pairs = any(item["name"] == PAIR_INPUT for item in config["input"])
+        self.encoder.encode_batch(["warm up"])
 
     def _error(self, message: str) -> Any:
         code = getattr(pb_utils.TritonError, "INVALID_ARG", None)
         error = pb_utils.TritonError(message) if code is None else pb_utils.TritonError(message, code)
         return pb_utils.InferenceResponse(output_tensors=[], error=error)
 
-    def _answer(self, request: Any) -> Any:
-        tensor = pb_utils.get_input_tensor_by_name(request, TEXT_INPUT)
+    def _strings(self, request: Any, name: str) -> list[str] | None:
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
         if tensor is None:
-            return self._error(f"input {TEXT_INPUT!r} is missing; send a BYTES tensor of UTF-8 strings, shape [batch, 1]")
+            return None
         values = tensor.as_numpy()
         if values.dtype != np.object_:
-            return self._error(f"input {TEXT_INPUT!r}: datatype must be BYTES (UTF-8 strings), got {values.dtype}")
+            raise TokenizerError(f"input {name!r}: datatype must be BYTES (UTF-8 strings), got {values.dtype}")
         if values.size == 0:
-            return self._error(f"input {TEXT_INPUT!r}: the batch is empty (shape {list(values.shape)}); "
-                               "send at least one string")
+            raise TokenizerError(f"input {name!r}: the batch is empty (shape {list(values.shape)}); "
+                                 "send at least one string")
+        return decode_texts(values.reshape(-1), name)
+
+    def _answer(self, request: Any) -> Any:
         try:
-            texts = decode_texts(values.reshape(-1), TEXT_INPUT)
-            ids, mask = self.tokenizer.encode_batch(texts, self.max_length, truncate=self.truncate)
+            texts = self._strings(request, TEXT_INPUT)
+            if texts is None:
+                return self._error(f"input {TEXT_INPUT!r} is missing; send a BYTES tensor of UTF-8 strings, "
+                                   "shape [batch, 1]")
+            pairs = self._strings(request, PAIR_INPUT) if self.takes_pairs else None
+            arrays = self.encoder.encode_batch(texts, pairs)
         except TokenizerError as error:
             return self._error(str(error))
-        arrays = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
         return pb_utils.InferenceResponse(
             output_tensors=[pb_utils.Tensor(name, arrays[name]) for name in self.outputs])
 
