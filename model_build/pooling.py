@@ -80,7 +80,7 @@ def pooling_config(source_dir: Path | None, model: str) -> PoolingConfig:
     if kinds[:2] != ["Transformer", "Pooling"] or kinds[2:] not in ([], ["Normalize"]):
         raise _fail(model, path, f"modules {kinds}; supported: Transformer, Pooling, then Normalize or nothing")
     _check_prompt(source_dir, model)
-    from sentence_transformers.models import Pooling
+    from sentence_transformers.sentence_transformer.modules import Pooling
 
     pooling_path = source_dir / str(modules[1].get("path", ""))
     try:

