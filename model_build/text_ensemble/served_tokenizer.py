@@ -88,7 +88,9 @@ def prepare_tokenizer(spec: ModelSpec, source_dir: Path | None) -> ServedTokeniz
     try:
         reference = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except Exception as error:  # transformers raises many types here (ValueError, OSError, ImportError...)
-        converted = "" if own.is_file() else f" (it has no {TOKENIZER_FILE}; converting the slow files failed)"
+        slow = [name for name in SLOW_FILES if (folder / name).is_file()]
+        converted = "" if own.is_file() else (f" (it has no {TOKENIZER_FILE}; converting {', '.join(slow)} to one "
+                                              "failed: save the fast tokenizer with it, tokenizer.save_pretrained)")
         raise _fail(spec, f"transformers cannot load the tokenizer of {str(folder)!r}{converted}: "
                     f"{_first_line(error)}") from None
     if not getattr(reference, "is_fast", False):

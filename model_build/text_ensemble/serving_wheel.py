@@ -139,14 +139,14 @@ def wheelhouse() -> Path:
     return CHECKOUT_WHEELHOUSE if CHECKOUT_WHEELHOUSE.is_dir() else IMAGE_WHEELHOUSE
 
 
-def vendored_files(model: str) -> dict[str, bytes]:
+def vendored_files(model: str, pin_file: Path = PIN_FILE) -> dict[str, bytes]:
     """The wheel's package files, keyed ``tokenizers/...``, after three checks.
 
     The file is the pinned one (sha256), it loads on every image of :data:`IMAGE_PYTHON`, and its
     version is the builder's own ``tokenizers`` (which serialized ``tokenizer.json`` and checked
     the ids): each failure is a :class:`PackageError` naming the file and what to run.
     """
-    wheel = pinned_wheel()
+    wheel = pinned_wheel(pin_file)
     builder = metadata.version(PACKAGE)
     if builder != wheel.version:
         raise PackageError(f"inputs: text: the builder has {PACKAGE} {builder} but {PIN_FILE.name} pins "

@@ -25,8 +25,9 @@ only batches equal shapes). Masked positions change no pooled embedding.
 
 A text whose tokens do not fit is refused by default (``truncation: "refuse"``): an embedding of
 part of a text is an error a client does not see. With ``"truncate"`` it is cut as the reference
-tokenizer does with ``truncation=True``. An empty text (or one the normalizer reduces to nothing)
-is refused: its embedding would be that of the special tokens alone.
+tokenizer does with ``truncation=True``. An empty or whitespace-only text, or one the normalizer
+reduces to nothing (control characters), is refused for every tokenizer kind: its embedding would
+be that of the special tokens (or of spaces) alone.
 
 Pairs (cross-encoders): when the config declares the optional input ``TEXT_PAIR``, a request may
 send it with one string per ``TEXT`` row; its rows are encoded as pairs, with the token type ids of
@@ -145,6 +146,11 @@ class TextEncoder:
         if pairs is not None and len(pairs) != len(texts):
             raise TokenizerError(f"input {PAIR_INPUT!r}: {len(pairs)} rows for {len(texts)} rows of {input_name!r}; "
                                  "send one second text per text (a batch cannot mix pairs and single texts)")
+        for name, values in ((input_name, texts), (PAIR_INPUT, pairs or ())):
+            for row, text in enumerate(values):
+                if not text.strip():  # a byte-level BPE would encode the spaces: refused alike for every kind
+                    raise TokenizerError(f"input {name!r}[{row}]: the text is empty (or only whitespace); "
+                                         "send at least one word")
         if self.lowercase:
             texts = [text.lower() for text in texts]
             pairs = None if pairs is None else [text.lower() for text in pairs]

