@@ -113,7 +113,7 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, modes: tuple[str, .
     """``[batch, sequence, hidden]`` -> ``[batch, hidden * len(modes)]``, as sentence-transformers'
     ``Pooling`` computes each mode on a padded batch."""
     outputs: list[torch.Tensor] = []
-    batch, length, width = hidden.shape
+    _, length, width = hidden.shape
     mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
     for mode in modes:
         if mode == "cls":

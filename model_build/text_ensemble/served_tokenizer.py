@@ -28,6 +28,7 @@ from model_build.errors import PackageError
 from model_build.manifest import SLOW_TOKENIZER_FILES as SLOW_FILES
 from model_build.manifest import ModelSpec
 from model_build.text_ensemble.tokenizer_model import TOKENIZER_FILE
+
 #: The files whose presence means a folder has a tokenizer.
 TOKENIZER_FILES = (TOKENIZER_FILE, "tokenizer_config.json", *SLOW_FILES)
 #: Every file a tokenizer may read, downloaded alone for an S3 source before its weights.

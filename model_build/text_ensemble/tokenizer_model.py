@@ -154,7 +154,7 @@ class TextEncoder:
         if self.lowercase:
             texts = [text.lower() for text in texts]
             pairs = None if pairs is None else [text.lower() for text in pairs]
-        batch: list[Any] = list(texts) if pairs is None else list(zip(texts, pairs))
+        batch: list[Any] = list(texts) if pairs is None else list(zip(texts, pairs))  # noqa: B905 - lengths checked above; strict= is 3.10+
         encodings = self.tokenizer.encode_batch(batch)
         segments = ((0, input_name),) if pairs is None else ((0, input_name), (1, PAIR_INPUT))
         for row, encoding in enumerate(encodings):

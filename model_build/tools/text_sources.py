@@ -101,28 +101,30 @@ def _train(kind: str, texts: Sequence[str], vocab_size: int) -> Any:
 
 
 def _wrap(kind: str, tokenizer: Any, max_length: int) -> Any:
-    from transformers import BertTokenizerFast, RobertaTokenizerFast, XLMRobertaTokenizerFast
+    import transformers
 
-    wrapper = {"wordpiece": BertTokenizerFast, "bpe": RobertaTokenizerFast, "unigram": XLMRobertaTokenizerFast}[kind]
-    return wrapper(tokenizer_object=tokenizer, model_max_length=max_length)
+    # Aliases of transformers 5's tokenizer classes (its stubs do not list them).
+    name = {"wordpiece": "BertTokenizerFast", "bpe": "RobertaTokenizerFast", "unigram": "XLMRobertaTokenizerFast"}[kind]
+    return getattr(transformers, name)(tokenizer_object=tokenizer, model_max_length=max_length)
 
 
 def _model(kind: str, vocab_size: int, *, hidden: int, layers: int, heads: int, positions: int, seed: int) -> Any:
     import torch
-    from transformers import BertConfig, BertModel, RobertaConfig, RobertaModel, XLMRobertaConfig, XLMRobertaModel
+    import transformers
 
-    shape = {"vocab_size": vocab_size, "hidden_size": hidden, "num_hidden_layers": layers,
-             "num_attention_heads": heads, "intermediate_size": 4 * hidden}
+    shape: dict[str, Any] = {"vocab_size": vocab_size, "hidden_size": hidden, "num_hidden_layers": layers,
+                             "num_attention_heads": heads, "intermediate_size": 4 * hidden}
+    if kind == "wordpiece":
+        names, extra = ("BertConfig", "BertModel"), {"max_position_embeddings": positions}
+    else:
+        # RoBERTa-style position ids start after the padding index: two more positions.
+        names = ("RobertaConfig", "RobertaModel") if kind == "bpe" else ("XLMRobertaConfig", "XLMRobertaModel")
+        extra = {"max_position_embeddings": positions + 2, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2,
+                 "type_vocab_size": 1}
+    config_class, model_class = (getattr(transformers, name) for name in names)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        if kind == "wordpiece":
-            return BertModel(BertConfig(**shape, max_position_embeddings=positions))
-        # RoBERTa-style position ids start after the padding index: two more positions.
-        config_class, model_class = (RobertaConfig, RobertaModel) if kind == "bpe" else (XLMRobertaConfig,
-                                                                                         XLMRobertaModel)
-        config = config_class(**shape, max_position_embeddings=positions + 2, pad_token_id=1, bos_token_id=0,
-                              eos_token_id=2, type_vocab_size=1)
-        return model_class(config)
+        return model_class(config_class(**shape, **extra))
 
 
 def make_text_source(
