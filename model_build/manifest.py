@@ -269,6 +269,11 @@ class TextInputs(_Strict):
     #: ``max_sequence_length`` tokens. ``refuse`` (default): a 400 naming the input and the string's
     #: index; ``truncate``: cut to ``max_sequence_length`` tokens, as sentence-transformers does.
     truncation: Literal["refuse", "truncate"] = "refuse"
+    #: ``inputs: text`` only: how the server-side tokenizer pads a request. ``bucket`` (default): to
+    #: its longest row rounded up to a multiple of 16 (at most ``max_sequence_length``), so a short
+    #: text costs few positions and similar lengths still batch together; ``max_length``: every row
+    #: to ``max_sequence_length`` (one shape for every request).
+    padding: Literal["bucket", "max_length"] = "bucket"
 
 
 class ImageInputs(_Strict):
@@ -376,6 +381,9 @@ class ModelSpec(_Strict):
         elif self.text is not None and self.text.truncation != "refuse":
             raise ValueError(f"text.truncation: got {self.text.truncation!r} with inputs 'tokens'; truncation is "
                              "done by the server-side tokenizer of inputs: text (token clients cut their own ids)")
+        elif self.text is not None and "padding" in self.text.model_fields_set:
+            raise ValueError(f"text.padding: got {self.text.padding!r} with inputs 'tokens'; padding is done by the "
+                             "server-side tokenizer of inputs: text (token clients pad their own ids)")
         if self.task == "sentence-embedding" and isinstance(self.source, SyntheticSource) and (
             self.source.architecture != "bert"
         ):

@@ -92,7 +92,7 @@ def served() -> ServedTokenizer:
 
 @pytest.fixture(scope="module")
 def ours(served) -> TextEncoder:
-    return encoder_for(served, spec_for(), truncate=True)
+    return encoder_for(served, spec_for(), truncate=True, padding="max_length")
 
 
 @pytest.mark.parametrize("text", [*TEXTS.values(), LONG], ids=[*TEXTS, "long (truncated)"])
@@ -114,7 +114,7 @@ def test_tokenizer_batch_pads_every_row_to_max_length(hf_tokenizer, ours):
 
 
 def test_tokenizer_refuses_too_long_text_by_default_naming_input_and_index(served, hf_tokenizer):
-    refusing = encoder_for(served, spec_for(), truncate=False)
+    refusing = encoder_for(served, spec_for(), truncate=False, padding="max_length")
     with pytest.raises(TokenizerError) as caught:
         refusing.encode_batch(["short", LONG])
     message = str(caught.value)
@@ -172,7 +172,8 @@ def test_tarball_tokenizer_runs_with_its_own_tokenizers_on_a_python_without_it(s
         (folder / module.VENDOR_DIR / name).write_bytes(data)
     shutil.copy(module.__file__, folder / "model.py")
     (folder / "tokenizer.json").write_text(served.tokenizer_json, encoding="utf-8")
-    parameters = {**served.parameters, "max_sequence_length": str(MAX_LEN), "truncation": "truncate"}
+    parameters = {**served.parameters, "max_sequence_length": str(MAX_LEN), "truncation": "truncate",
+                  "padding": "max_length"}
     code = ("import importlib.util, json, sys\n"
             "spec = importlib.util.spec_from_file_location('model', sys.argv[1] + '/model.py')\n"
             "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
@@ -496,10 +497,14 @@ def test_feature_extraction_strings_in_hidden_states_and_mask_out_match_transfor
     outputs = {out["name"]: np.asarray(out["data"]).reshape(out["shape"]) for out in answer.json()["outputs"]}
     assert sorted(outputs) == ["attention_mask", "last_hidden_state"]
     hidden, mask = outputs["last_hidden_state"].astype(np.float32), outputs["attention_mask"]
-    assert hidden.shape == (len(texts), MAX_LEN, 384) and mask.shape == (len(texts), MAX_LEN)
+    # Bucket padding (the default): the request's longest row, rounded up to a multiple of 16.
+    width = mask.shape[1]
+    assert hidden.shape == (len(texts), width, 384) and mask.shape == (len(texts), width)
+    assert width % 16 == 0 and width < MAX_LEN
 
     tokenizer = AutoTokenizer.from_pretrained(str(MINILM_DIR))
-    encoded = tokenizer(texts, padding="max_length", max_length=MAX_LEN, truncation=True, return_tensors="pt")
+    encoded = tokenizer(texts, padding="longest", pad_to_multiple_of=16, max_length=MAX_LEN, truncation=True,
+                        return_tensors="pt")
     model = AutoModel.from_pretrained(str(MINILM_DIR)).eval()
     with torch.inference_mode():
         expected = model(**encoded).last_hidden_state.numpy()
@@ -712,3 +717,19 @@ def test_synth_check_refuses_disabled_namespacing_with_raw_text_targets():
     assert "'minilm-l6-text'" in problem
     tokens_only = manifest.model_copy(update={"models": [s for s in manifest.models if s.inputs != "text"]})
     assert namespacing_problem(tokens_only, {NAMESPACING_KEY: "false"}) is None
+
+
+def test_padding_is_a_manifest_choice_in_the_configs_and_refused_for_token_inputs(served):
+    from model_build.errors import ManifestError
+
+    bucket = render_ensemble_configs(spec_for(inputs="text", task="feature-extraction"), replace(
+        FAKE_SIGNATURE, outputs=(TensorSpec("last_hidden_state", "float32", (-1, -1, 384)),)), served)
+    assert 'string_value: "bucket"' in bucket.tokenizer and f"dims: {MAX_LEN}" not in bucket.tokenizer
+    assert "dims: -1" in bucket.tokenizer and "dims: -1" in bucket.ensemble.split("ensemble_scheduling")[0]
+    fixed = render_ensemble_configs(spec_for(inputs="text", text={"max_sequence_length": MAX_LEN,
+                                                                  "padding": "max_length"}), FAKE_SIGNATURE, served)
+    assert 'string_value: "max_length"' in fixed.tokenizer and f"dims: {MAX_LEN}" in fixed.tokenizer
+    with pytest.raises(ManifestError, match=r"text\.padding: got 'max_length' with inputs 'tokens'"):
+        spec_for(text={"padding": "max_length"})
+    with pytest.raises(ManifestError, match="padding"):
+        spec_for(inputs="text", text={"padding": "longest"})

@@ -67,7 +67,7 @@ def test_each_kind_is_saved_as_a_hub_folder_with_its_tokenizer_class(source, ref
 def test_served_ids_and_masks_equal_autotokenizer_on_a_multilingual_corpus(source, reference):
     served = prepare_tokenizer(spec_for(), source.path)
     texts = [*CORPUS, LONG, "x" * 500]
-    ours = encoder_for(served, spec_for(), truncate=True).encode_batch(texts)
+    ours = encoder_for(served, spec_for(), truncate=True, padding="max_length").encode_batch(texts)
     expected = reference(texts, truncation=True, max_length=MAX_LEN, padding="max_length", return_tensors="np")
     for name in ("input_ids", "attention_mask", *(["token_type_ids"] if "token_type_ids" in expected else [])):
         np.testing.assert_array_equal(ours[name], expected[name], err_msg=f"{source.kind}: {name}")
@@ -77,10 +77,34 @@ def test_served_ids_and_masks_equal_autotokenizer_on_a_multilingual_corpus(sourc
 def test_pairs_are_encoded_as_autotokenizer_encodes_them(source, reference):
     served = prepare_tokenizer(spec_for(), source.path)
     first, second = list(CORPUS[:6]), [LONG, *CORPUS[6:11]]
-    ours = encoder_for(served, spec_for(), truncate=True).encode_batch(first, second)
+    ours = encoder_for(served, spec_for(), truncate=True, padding="max_length").encode_batch(first, second)
     expected = reference(first, second, truncation=True, max_length=MAX_LEN, padding="max_length", return_tensors="np")
     for name in ("input_ids", "attention_mask", *(["token_type_ids"] if "token_type_ids" in expected else [])):
         np.testing.assert_array_equal(ours[name], expected[name], err_msg=f"{source.kind}: {name}")
+
+
+@pytest.mark.parametrize("rows", [[0], [0, 3], [13], list(range(len(CORPUS)))], ids=["one", "two", "long word", "all"])
+def test_bucket_padding_pads_to_the_longest_row_rounded_to_16_like_pad_to_multiple_of(source, reference, rows):
+    """The default padding: a request's width is its longest row rounded up to 16 (at most the
+    maximum), what AutoTokenizer gives with padding="longest", pad_to_multiple_of=16."""
+    from model_build.text_ensemble.tokenizer_model import PAD_MULTIPLE
+
+    served = prepare_tokenizer(spec_for(), source.path)
+    texts = [CORPUS[i] for i in rows]
+    ours = encoder_for(served, spec_for(), truncate=True).encode_batch(texts)
+    expected = reference(texts, truncation=True, max_length=MAX_LEN, padding="longest",
+                         pad_to_multiple_of=PAD_MULTIPLE, return_tensors="np")
+    np.testing.assert_array_equal(ours["input_ids"], expected["input_ids"])
+    np.testing.assert_array_equal(ours["attention_mask"], expected["attention_mask"])
+    width = ours["input_ids"].shape[1]
+    assert width % PAD_MULTIPLE == 0 and width <= MAX_LEN
+
+
+def test_bucket_width_never_exceeds_a_maximum_that_is_no_multiple_of_16(source):
+    served = prepare_tokenizer(spec_for(), source.path)
+    spec = spec_for(text={"max_sequence_length": 40, "truncation": "truncate"})
+    arrays = encoder_for(served, spec, truncate=True).encode_batch([LONG, "short"])
+    assert arrays["input_ids"].shape == (2, 40) and int(arrays["attention_mask"][0].sum()) == 40
 
 
 def test_a_vocab_txt_only_bert_source_is_converted_and_matches(tmp_path):
@@ -94,7 +118,7 @@ def test_a_vocab_txt_only_bert_source_is_converted_and_matches(tmp_path):
     for name in ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "config.json"):
         shutil.copy(minilm / name, folder / name)
     served = prepare_tokenizer(spec_for(), folder)
-    ours = encoder_for(served, spec_for(), truncate=True).encode_batch(list(CORPUS))
+    ours = encoder_for(served, spec_for(), truncate=True, padding="max_length").encode_batch(list(CORPUS))
     expected = AutoTokenizer.from_pretrained(str(minilm))(list(CORPUS), truncation=True, max_length=MAX_LEN,
                                                           padding="max_length", return_tensors="np")
     np.testing.assert_array_equal(ours["input_ids"], expected["input_ids"])
@@ -233,7 +257,7 @@ def test_far_too_long_text_is_truncated_or_refused_never_a_crash(bpe_encoders):
     truncating, refusing = bpe_encoders
     huge = "word " * 200_000  # 1 MB
     arrays = truncating.encode_batch([huge, "short"])
-    assert arrays["input_ids"].shape == (2, MAX_LEN) and int(arrays["attention_mask"][0].sum()) == MAX_LEN
+    assert arrays["input_ids"].shape == (2, MAX_LEN)  # bucket padding: the longest row is the maximum and int(arrays["attention_mask"][0].sum()) == MAX_LEN
     with pytest.raises(TokenizerError, match=rf"'TEXT'\[0\]: more than max_sequence_length={MAX_LEN} tokens"):
         refusing.encode_batch([huge])
 

@@ -73,8 +73,16 @@ def check_text_ensemble(spec: ModelSpec, exported: ExportedModel, tokenizer: Ser
     source_dir = tokenizer.source_dir
     max_len = spec.text_inputs.max_sequence_length
     texts = [*reference_sentences(spec), *OTHER_SCRIPTS]
-    ours = encoder_for(tokenizer, spec, truncate=True).encode_batch(texts)
-    ids, mask = ours["input_ids"], ours["attention_mask"]
+    # Ids against the reference at one width (max_length), then the model on the request shapes
+    # the server makes (the entry's padding), so both the ids and the served padding are checked.
+    ours = encoder_for(tokenizer, spec, truncate=True, padding="max_length").encode_batch(texts)
+    mask = ours["attention_mask"]
+    served = encoder_for(tokenizer, spec, truncate=True)
+
+    def encode(part: list[str]) -> dict[str, np.ndarray]:
+        arrays = served.encode_batch(part)
+        return {"input_ids": arrays["input_ids"], "attention_mask": arrays["attention_mask"]}
+
     reference = AutoTokenizer.from_pretrained(str(source_dir), local_files_only=True)
     lowered = [text.lower() for text in texts] if tokenizer.parameters.get("lowercase") == "true" else texts
     expected = reference(lowered, truncation=True, max_length=max_len, padding="max_length", return_tensors="np")
@@ -93,10 +101,11 @@ def check_text_ensemble(spec: ModelSpec, exported: ExportedModel, tokenizer: Ser
     run = exported_runner(exported)
     chunk = max(1, min(8, spec.max_batch_size))
     rows = min(chunk, len(texts))
-    answers = run({"input_ids": ids[:rows], "attention_mask": mask[:rows]})
+    first = encode(texts[:rows])
+    answers = run(first)
     outputs = {tensor.name: np.asarray(value) for tensor, value in zip(exported.outputs, answers, strict=True)}
     if spec.task in MASK_TASKS and "attention_mask" not in outputs:
-        outputs["attention_mask"] = mask[:rows]
+        outputs["attention_mask"] = first["attention_mask"]
     # Fixed-width UTF-8 bytes: the .npz stays pickle-free; tritonclient sends them as BYTES.
     request = {TEXT_INPUT: np.array([[text.encode("utf-8")] for text in texts[:rows]], dtype=np.bytes_)}
     if not _has_sentence_transformers_reference(spec, source_dir):
@@ -109,8 +118,7 @@ def check_text_ensemble(spec: ModelSpec, exported: ExportedModel, tokenizer: Ser
     model.max_seq_length = min(model.max_seq_length or max_len, max_len)
     wanted = model.encode(texts, convert_to_numpy=True, show_progress_bar=False,
                           normalize_embeddings=reference_normalizes(spec, source_dir))
-    actual = np.concatenate([run({"input_ids": ids[i:i + chunk], "attention_mask": mask[i:i + chunk]})[0]
-                             for i in range(0, len(texts), chunk)])
+    actual = np.concatenate([run(encode(texts[i:i + chunk]))[0] for i in range(0, len(texts), chunk)])
     tolerance = spec.tolerance if elementwise_tolerance_applies(spec) else Tolerance(atol=np.inf, rtol=0)
     diff = compare_outputs(spec.name, f"{exported.outputs[0].name} (strings vs sentence-transformers)",
                            actual, wanted, tolerance)

@@ -108,6 +108,8 @@ def render_ensemble_configs(spec: ModelSpec, exported: ExportedModel, tokenizer:
         raise PackageError(f"inputs: text: the exported model takes {unknown}; the tokenizer produces "
                            + ", ".join(KNOWN_OUTPUTS), model=spec.name)
     max_len = spec.text_inputs.max_sequence_length
+    # ``bucket`` padding: each request's own width (at most max_len); ``max_length``: always max_len.
+    width = -1 if spec.text_inputs.padding == "bucket" else max_len
 
     model_config = mc.ModelConfig()
     text_format.Parse(render_config(spec, exported), model_config)
@@ -116,12 +118,13 @@ def render_ensemble_configs(spec: ModelSpec, exported: ExportedModel, tokenizer:
     member = mc.ModelConfig(name=TOKENIZER, backend="python", max_batch_size=spec.max_batch_size)
     member.input.add(name=TEXT_INPUT, data_type=mc.TYPE_STRING, dims=[1])
     for name in model_inputs:
-        member.output.add(name=name, data_type=mc.TYPE_INT64, dims=[max_len])
+        member.output.add(name=name, data_type=mc.TYPE_INT64, dims=[width])
     if "attention_mask" not in model_inputs and spec.task in MASK_TASKS:
-        member.output.add(name="attention_mask", data_type=mc.TYPE_INT64, dims=[max_len])
+        member.output.add(name="attention_mask", data_type=mc.TYPE_INT64, dims=[width])
     member.instance_group.add(kind=mc.ModelInstanceGroup.KIND_CPU, count=1)
     member.parameters["max_sequence_length"].string_value = str(max_len)
     member.parameters["truncation"].string_value = truncation
+    member.parameters["padding"].string_value = spec.text_inputs.padding
     for key, value in sorted(tokenizer.parameters.items()):
         member.parameters[key].string_value = value
 
@@ -133,7 +136,7 @@ def render_ensemble_configs(spec: ModelSpec, exported: ExportedModel, tokenizer:
     for out in model_config.output:
         ensemble.output.add(name=out.name, data_type=out.data_type, dims=list(out.dims))
     if spec.task in MASK_TASKS and "attention_mask" not in outputs:
-        ensemble.output.add(name="attention_mask", data_type=mc.TYPE_INT64, dims=[max_len])
+        ensemble.output.add(name="attention_mask", data_type=mc.TYPE_INT64, dims=[width])
     step = ensemble.ensemble_scheduling.step.add(model_name=TOKENIZER, model_version=-1)
     step.input_map[TEXT_INPUT] = TEXT_INPUT
     for out in member.output:

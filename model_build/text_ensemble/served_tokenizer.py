@@ -137,13 +137,15 @@ def _check_vocabulary(spec: ModelSpec, folder: Path, size: int) -> None:
                     "tokenizer is not the model's")
 
 
-def encoder_for(served: ServedTokenizer, spec: ModelSpec, *, truncate: bool | None = None) -> Any:
-    """The served ``model.py``'s :class:`TextEncoder` for ``served``, in this process (for checks)."""
+def encoder_for(served: ServedTokenizer, spec: ModelSpec, *, truncate: bool | None = None,
+                padding: str | None = None) -> Any:
+    """The served ``model.py``'s :class:`TextEncoder` for ``served``, in this process (for checks);
+    ``truncate`` and ``padding`` default to the entry's ``text`` settings."""
     import tokenizers
 
     from model_build.text_ensemble.tokenizer_model import TextEncoder
 
     truncation = spec.text_inputs.truncation if truncate is None else ("truncate" if truncate else "refuse")
     parameters = {**served.parameters, "max_sequence_length": str(spec.text_inputs.max_sequence_length),
-                  "truncation": truncation}
+                  "truncation": truncation, "padding": padding or spec.text_inputs.padding}
     return TextEncoder.from_json(served.tokenizer_json, parameters, tokenizers)

@@ -19,9 +19,12 @@ from the reference tokenizer): ``max_sequence_length``, ``truncation`` (``refuse
 ``lowercase`` (sentence-transformers' ``do_lower_case``: the text is lower-cased before it is
 tokenized, as ``SentenceTransformer.encode`` does).
 
-Every row is padded to ``max_sequence_length``: every request has the same shape, so the dynamic
-batcher of the model behind the ensemble can put requests of different clients into one batch (it
-only batches equal shapes). Masked positions change no pooled embedding.
+Padding (``padding``): ``bucket`` (the default) pads a request's rows to its longest row, rounded
+up to a multiple of 16 (at most ``max_sequence_length``): a 12-token sentence costs the model 16
+positions, not 128, and requests of similar length still share a shape, which is what the dynamic
+batcher of the model behind the ensemble needs to join them (it only batches equal shapes).
+``max_length`` pads every row to ``max_sequence_length``: one shape for every request, at the cost
+of computing every position. Masked positions change no pooled embedding.
 
 A text whose tokens do not fit is refused by default (``truncation: "refuse"``): an embedding of
 part of a text is an error a client does not see. With ``"truncate"`` it is cut as the reference
@@ -64,6 +67,9 @@ PAIR_INPUT = "TEXT_PAIR"
 #: Outputs this model can produce; its config names the ones the model behind it takes.
 KNOWN_OUTPUTS = ("input_ids", "attention_mask", "token_type_ids")
 TRUNCATION_MODES = ("refuse", "truncate")
+PADDING_MODES = ("bucket", "max_length")
+#: ``bucket`` padding rounds a request's longest row up to a multiple of this.
+PAD_MULTIPLE = 16
 SIDES = ("right", "left")
 
 
@@ -95,20 +101,24 @@ class TextEncoder:
 
     def __init__(self, tokenizer: Any, *, max_length: int, pad_id: int, pad_token: str, pad_type_id: int = 0,
                  padding_side: str = "right", truncation_side: str = "right", truncate: bool = False,
-                 lowercase: bool = False) -> None:
+                 lowercase: bool = False, padding: str = "bucket") -> None:
         if max_length < 2:
             raise TokenizerError(f"max_sequence_length: got {max_length}; it must be at least 2")
         for name, side in (("padding_side", padding_side), ("truncation_side", truncation_side)):
             if side not in SIDES:
                 raise TokenizerError(f"{name}: got {side!r}; allowed: {', '.join(SIDES)}")
+        if padding not in PADDING_MODES:
+            raise TokenizerError(f"padding: got {padding!r}; allowed: {', '.join(PADDING_MODES)}")
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.truncate = truncate
         self.lowercase = lowercase
-        # The reference's settings (PreTrainedTokenizerFast with truncation=True, padding="max_length").
+        self.padding = padding
+        # The reference's truncation (PreTrainedTokenizerFast with truncation=True); padding is done
+        # per request (:meth:`width`), with the reference's pad token and side.
         tokenizer.enable_truncation(max_length, strategy="longest_first", direction=truncation_side)
-        tokenizer.enable_padding(direction=padding_side, pad_id=pad_id, pad_type_id=pad_type_id,
-                                 pad_token=pad_token, length=max_length)
+        tokenizer.no_padding()
+        self.pad = {"direction": padding_side, "pad_id": pad_id, "pad_type_id": pad_type_id, "pad_token": pad_token}
 
     @classmethod
     def from_json(cls, tokenizer_json: str, parameters: dict[str, str], tokenizers: Any) -> TextEncoder:
@@ -132,13 +142,20 @@ class TextEncoder:
                 truncation_side=parameters.get("truncation_side", "right"),
                 truncate=truncation == "truncate",
                 lowercase=parameters.get("lowercase", "false") == "true",
+                padding=parameters.get("padding", "bucket"),
             )
         except ValueError as error:
             raise TokenizerError(f"config parameters: {error}") from None
 
+    def width(self, longest: int) -> int:
+        """The padded width of a request whose longest row has ``longest`` tokens."""
+        if self.padding == "max_length":
+            return self.max_length
+        return min(self.max_length, -(-longest // PAD_MULTIPLE) * PAD_MULTIPLE)
+
     def encode_batch(self, texts: Sequence[str], pairs: Sequence[str] | None = None, *,
                      input_name: str = TEXT_INPUT) -> dict[str, np.ndarray]:
-        """``input_ids``, ``attention_mask``, ``token_type_ids`` (int64 ``[len(texts), max_length]``).
+        """``input_ids``, ``attention_mask``, ``token_type_ids`` (int64 ``[len(texts), width]``).
 
         Raises :class:`TokenizerError` naming the input and row for a text with no token but the
         special ones, or (unless ``truncate``) one longer than ``max_length`` with them.
@@ -167,12 +184,14 @@ class TextEncoder:
                 raise TokenizerError(
                     f"input {input_name!r}[{row}]: more than max_sequence_length={self.max_length} tokens with the "
                     "special tokens; shorten the text or split it (or build the model with text.truncation: truncate)")
+        width = self.width(max(len(encoding.ids) for encoding in encodings))
+        for encoding in encodings:
+            encoding.pad(width, **self.pad)
+        shape = (len(batch), width)
         return {
-            "input_ids": np.array([e.ids for e in encodings], dtype=np.int64).reshape(len(batch), self.max_length),
-            "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64).reshape(
-                len(batch), self.max_length),
-            "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64).reshape(
-                len(batch), self.max_length),
+            "input_ids": np.array([e.ids for e in encodings], dtype=np.int64).reshape(shape),
+            "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64).reshape(shape),
+            "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64).reshape(shape),
         }
 
 
@@ -203,7 +222,7 @@ def config_parameters(config: dict[str, Any]) -> dict[str, str]:
 
 
 class TritonPythonModel:
-    """Strings in (``TEXT``, BYTES ``[batch, 1]``), token ids out (INT64 ``[batch, max_len]``)."""
+    """Strings in (``TEXT``, BYTES ``[batch, 1]``), token ids out (INT64 ``[batch, width]``)."""
 
     def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
