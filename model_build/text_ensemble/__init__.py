@@ -1,6 +1,9 @@
-"""Raw-text targets: a pure-Python tokenizer and the exported model behind one Triton ensemble.
+"""Raw-text targets: the source's fast tokenizer and the exported model behind one Triton ensemble.
 
-``tokenizer_model`` is the python-backend ``model.py`` copied into the tarball (standard library
-and numpy only, so it runs on the SageMaker Triton image's Python); ``ensemble`` renders the
-three configs and writes the one tarball. Nothing heavy is imported here: synth stays light.
+``tokenizer_model`` is the python-backend ``model.py`` copied into the tarball (numpy and the
+vendored ``tokenizers``); ``served_tokenizer`` loads, checks and serializes the source's tokenizer
+as ``AutoTokenizer`` runs it; ``serving_wheel`` pins the ``tokenizers`` wheel the tarball carries
+and knows the Python of each Triton image; ``ensemble`` renders the three configs and writes the
+one tarball; ``check`` replays strings through it before packaging. ``container``, ``shm`` and
+``serving_wheel`` are what synth imports: nothing heavy is imported here.
 """
