@@ -38,6 +38,7 @@ from benchmarks._common import (
     spec_from,
     stats,
 )
+from model_build.text_ensemble.tokenizer_model import PAD_MULTIPLE
 
 NAME = "text_ensemble"
 TITLE = "Raw text in: the ensemble on the local endpoint vs sentence-transformers encode in-process, per tokenizer kind"
@@ -124,7 +125,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
                    "bpe": "RoBERTa, MiniLM's shape, random weights, tokenizer trained offline",
                    "unigram": "XLM-R, MiniLM's shape, random weights, tokenizer trained offline"},
         "max_sequence_length": max_len, "batches": [1, 8], "seconds_per_measurement": budget,
-        "repeats": ctx.repeats, "padding": "ensemble: bucket (longest row rounded up to 16); "
+        "repeats": ctx.repeats, "padding": f"ensemble: bucket (longest row rounded up to a multiple of {PAD_MULTIPLE}); "
         "sentence-transformers: longest row", "torch_threads": torch.get_num_threads(),
         "path": "boto3 sagemaker-runtime (JSON bodies of strings) -> local endpoint -> tritonserver 2.51 (CPU) "
                 "-> tokenizer (python backend, vendored tokenizers) -> model (ONNX Runtime)",
@@ -208,7 +209,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
         detail=f"{statistics_median(cold):.2f} s now; cold = download + sha256 + unpack + load + first answer",
     ))
     result["notes"].append("sentence-transformers pads each batch to its longest row; the ensemble to the longest "
-                           "row rounded up to 16: both compute few padding positions")
+                           f"row rounded up to a multiple of {PAD_MULTIPLE}: both compute few padding positions")
     result["notes"].append(f"the 'before' cold start ({COLD_BEFORE_S} s) is the endpoint benchmark's median for "
                            "minilm-text at commit 900335b on this machine, the same day")
     return finish_result(result, started)

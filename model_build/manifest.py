@@ -270,7 +270,7 @@ class TextInputs(_Strict):
     #: index; ``truncate``: cut to ``max_sequence_length`` tokens, as sentence-transformers does.
     truncation: Literal["refuse", "truncate"] = "refuse"
     #: ``inputs: text`` only: how the server-side tokenizer pads a request. ``bucket`` (default): to
-    #: its longest row rounded up to a multiple of 16 (at most ``max_sequence_length``), so a short
+    #: its longest row rounded up to a multiple of 8 (at most ``max_sequence_length``), so a short
     #: text costs few positions and similar lengths still batch together; ``max_length``: every row
     #: to ``max_sequence_length`` (one shape for every request).
     padding: Literal["bucket", "max_length"] = "bucket"

@@ -32,6 +32,7 @@ from model_build.text_ensemble.ensemble import (
 )
 from model_build.text_ensemble.served_tokenizer import ServedTokenizer, encoder_for, prepare_tokenizer
 from model_build.text_ensemble.tokenizer_model import (
+    PAD_MULTIPLE,
     TextEncoder,
     TokenizerError,
     decode_texts,
@@ -497,13 +498,13 @@ def test_feature_extraction_strings_in_hidden_states_and_mask_out_match_transfor
     outputs = {out["name"]: np.asarray(out["data"]).reshape(out["shape"]) for out in answer.json()["outputs"]}
     assert sorted(outputs) == ["attention_mask", "last_hidden_state"]
     hidden, mask = outputs["last_hidden_state"].astype(np.float32), outputs["attention_mask"]
-    # Bucket padding (the default): the request's longest row, rounded up to a multiple of 16.
+    # Bucket padding (the default): the request's longest row, rounded up to a multiple of PAD_MULTIPLE.
     width = mask.shape[1]
     assert hidden.shape == (len(texts), width, 384) and mask.shape == (len(texts), width)
-    assert width % 16 == 0 and width < MAX_LEN
+    assert width % PAD_MULTIPLE == 0 and width < MAX_LEN
 
     tokenizer = AutoTokenizer.from_pretrained(str(MINILM_DIR))
-    encoded = tokenizer(texts, padding="longest", pad_to_multiple_of=16, max_length=MAX_LEN, truncation=True,
+    encoded = tokenizer(texts, padding="longest", pad_to_multiple_of=PAD_MULTIPLE, max_length=MAX_LEN, truncation=True,
                         return_tensors="pt")
     model = AutoModel.from_pretrained(str(MINILM_DIR)).eval()
     with torch.inference_mode():
