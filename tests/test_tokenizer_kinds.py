@@ -84,9 +84,9 @@ def test_pairs_are_encoded_as_autotokenizer_encodes_them(source, reference):
 
 
 @pytest.mark.parametrize("rows", [[0], [0, 3], [13], list(range(len(CORPUS)))], ids=["one", "two", "long word", "all"])
-def test_bucket_padding_pads_to_the_longest_row_rounded_to_16_like_pad_to_multiple_of(source, reference, rows):
-    """The default padding: a request's width is its longest row rounded up to 16 (at most the
-    maximum), what AutoTokenizer gives with padding="longest", pad_to_multiple_of=16."""
+def test_bucket_padding_pads_to_the_longest_row_rounded_up_like_pad_to_multiple_of(source, reference, rows):
+    """The default padding: a request's width is its longest row rounded up to PAD_MULTIPLE (at most
+    the maximum), what AutoTokenizer gives with padding="longest", pad_to_multiple_of=PAD_MULTIPLE."""
     from model_build.text_ensemble.tokenizer_model import PAD_MULTIPLE
 
     served = prepare_tokenizer(spec_for(), source.path)
@@ -100,9 +100,9 @@ def test_bucket_padding_pads_to_the_longest_row_rounded_to_16_like_pad_to_multip
     assert width % PAD_MULTIPLE == 0 and width <= MAX_LEN
 
 
-def test_bucket_width_never_exceeds_a_maximum_that_is_no_multiple_of_16(source):
+def test_bucket_width_never_exceeds_a_maximum_that_is_no_multiple_of_the_bucket(source):
     served = prepare_tokenizer(spec_for(), source.path)
-    spec = spec_for(text={"max_sequence_length": 40, "truncation": "truncate"})
+    spec = spec_for(text={"max_sequence_length": 42, "truncation": "truncate"})
     arrays = encoder_for(served, spec, truncate=True).encode_batch([LONG, "short"])
     assert arrays["input_ids"].shape == (2, 42) and int(arrays["attention_mask"][0].sum()) == 42
 
