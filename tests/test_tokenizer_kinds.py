@@ -280,17 +280,9 @@ SERVED_KINDS = {"wordpiece": ("cls", True), "bpe": ("mean", True), "unigram": ((
 
 @pytest.mark.slow
 def test_each_kind_serves_strings_like_sentence_transformers_on_the_local_endpoint(tmp_path, capsys):
-    import boto3
-    from botocore.config import Config
     from botocore.exceptions import ClientError
     from sentence_transformers import SentenceTransformer
-
-    from model_build.aws_clients import make_s3_client
-    from model_build.build import BuildOptions, build_release
-    from model_build.publish import publish_release
-    from model_build.release import compute_release
-    from model_build.tools.endpoint import local_endpoint
-    from model_build.tools.local_s3 import local_s3
+    from triton_helpers import served_manifest
 
     entries = []
     for kind, (modes, normalize) in SERVED_KINDS.items():
@@ -299,36 +291,26 @@ def test_each_kind_serves_strings_like_sentence_transformers_on_the_local_endpoi
                         "inputs": "text", "max_batch_size": 8, "instance_group": {"kind": "KIND_CPU", "count": 1},
                         "text": {"max_sequence_length": MAX_LEN, "truncation": "truncate"}})
     manifest = parse_manifest({"version": 1, "models": entries})
-    release = compute_release(manifest, base_dir=tmp_path)
-    record, release_dir = build_release(manifest, release, BuildOptions(base_dir=tmp_path), out_dir=tmp_path / "build")
     texts = [*CORPUS[:7], LONG]
     report: dict[str, float] = {}
-    with local_s3() as url:
-        s3 = make_s3_client(endpoint_url=url)
-        s3.create_bucket(Bucket="kinds")
-        publish_release(record.artifacts(release_dir), s3_client=s3, bucket="kinds",
-                        release_prefix=f"models/{release.release_id}", index_extra={"release_id": release.release_id})
-        with local_endpoint(s3_client=s3, bucket="kinds", release_id=release.release_id) as endpoint:
-            runtime = boto3.client("sagemaker-runtime", endpoint_url=endpoint.url, region_name="us-east-1",
-                                   aws_access_key_id="test", aws_secret_access_key="test",
-                                   config=Config(retries={"max_attempts": 1}, read_timeout=120))
-            for kind in SERVED_KINDS:
-                reference = SentenceTransformer(str(tmp_path / kind), device="cpu")
-                reference.max_seq_length = MAX_LEN
-                expected = reference.encode(texts, convert_to_numpy=True)
-                body = {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [len(texts), 1], "data": texts}]}
-                answer = runtime.invoke_endpoint(EndpointName="local", TargetModel=f"tiny-{kind}.tar.gz",
-                                                 ContentType="application/json", Body=json.dumps(body))
-                out = json.loads(answer["Body"].read())["outputs"][0]
-                actual = np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
-                assert actual.shape == expected.shape, (kind, actual.shape, expected.shape)
-                report[kind] = float(np.abs(actual - expected).max())
-                assert report[kind] < 1e-4, (kind, report[kind])
-            bad = {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [2, 1], "data": ["fine", " "]}]}
-            with pytest.raises(ClientError) as caught:
-                runtime.invoke_endpoint(EndpointName="local", TargetModel="tiny-bpe.tar.gz",
-                                        ContentType="application/json", Body=json.dumps(bad))
-            assert "'TEXT'[1]: the text is empty" in str(caught.value)
+    with served_manifest(manifest, tmp_path, tmp_path / "build", "kinds") as (_, runtime, _):
+        for kind in SERVED_KINDS:
+            reference = SentenceTransformer(str(tmp_path / kind), device="cpu")
+            reference.max_seq_length = MAX_LEN
+            expected = reference.encode(texts, convert_to_numpy=True)
+            body = {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [len(texts), 1], "data": texts}]}
+            answer = runtime.invoke_endpoint(EndpointName="local", TargetModel=f"tiny-{kind}.tar.gz",
+                                             ContentType="application/json", Body=json.dumps(body))
+            out = json.loads(answer["Body"].read())["outputs"][0]
+            actual = np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
+            assert actual.shape == expected.shape, (kind, actual.shape, expected.shape)
+            report[kind] = float(np.abs(actual - expected).max())
+            assert report[kind] < 1e-4, (kind, report[kind])
+        bad = {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [2, 1], "data": ["fine", " "]}]}
+        with pytest.raises(ClientError) as caught:
+            runtime.invoke_endpoint(EndpointName="local", TargetModel="tiny-bpe.tar.gz",
+                                    ContentType="application/json", Body=json.dumps(bad))
+        assert "'TEXT'[1]: the text is empty" in str(caught.value)
     with capsys.disabled():
         print("\nmax |ensemble - SentenceTransformer.encode| per kind: "
               + ", ".join(f"{kind} {diff:.1e}" for kind, diff in report.items()))

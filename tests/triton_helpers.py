@@ -7,6 +7,11 @@ the reason and what to run (``make setup``), so no test passes by being skipped.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from model_build.tools.triton_server import TritonEnvironment, TritonEnvironmentError
@@ -27,3 +32,31 @@ if MISSING:
 
 #: Kept for the modules that mark themselves with it: never skips (the check above ran at import).
 requires_triton = pytest.mark.skipif(False, reason="the Triton environment is installed (checked at import)")
+
+
+@contextlib.contextmanager
+def served_manifest(manifest: Any, base_dir: Path, work_dir: Path, bucket: str) -> Iterator[tuple[Any, Any, Any]]:
+    """Build ``manifest`` with the project's build, publish it to a local S3 and serve it on the
+    local endpoint: yields ``(endpoint, sagemaker-runtime client, s3 client)``."""
+    import boto3
+    from botocore.config import Config
+
+    from model_build.aws_clients import make_s3_client
+    from model_build.build import BuildOptions, build_release
+    from model_build.publish import publish_release
+    from model_build.release import compute_release
+    from model_build.tools.endpoint import local_endpoint
+    from model_build.tools.local_s3 import local_s3
+
+    release = compute_release(manifest, base_dir=base_dir)
+    record, release_dir = build_release(manifest, release, BuildOptions(base_dir=base_dir), out_dir=work_dir)
+    with local_s3() as url:
+        s3 = make_s3_client(endpoint_url=url)
+        s3.create_bucket(Bucket=bucket)
+        publish_release(record.artifacts(release_dir), s3_client=s3, bucket=bucket,
+                        release_prefix=f"models/{release.release_id}", index_extra={"release_id": release.release_id})
+        with local_endpoint(s3_client=s3, bucket=bucket, release_id=release.release_id) as endpoint:
+            runtime = boto3.client("sagemaker-runtime", endpoint_url=endpoint.url, region_name="us-east-1",
+                                   aws_access_key_id="test", aws_secret_access_key="test",
+                                   config=Config(retries={"max_attempts": 1}, read_timeout=120))
+            yield endpoint, runtime, s3
