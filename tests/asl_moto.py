@@ -5,8 +5,8 @@ moto (5.2) executes state machines with the interpreter it took from LocalStack
 of this project, which runs the synthesized definitions as they are (Task states on a Lambda
 ARN, Retry with backoff and full jitter, Catch, a Distributed Map with an S3 ``ItemReader`` and
 an ``ItemSelector`` over ``$$.Map.Item.Value``, ``MaxConcurrency``, ``ToleratedFailureCount``).
-Three of its behaviours differ from AWS's in what the stack relies on; :func:`aws_semantics`
-changes exactly those, each for a documented reason (and a fourth change is for speed only):
+Four of its behaviours differ from AWS's in what the stack relies on; :func:`aws_semantics`
+changes exactly those, each for a documented reason (and a fifth change is for speed only):
 
 1. **Lambda API errors of a Task on a function ARN.** AWS reports an Invoke API error as
    ``Lambda.<exception>`` (e.g. ``Lambda.TooManyRequestsException``: Step Functions developer
@@ -18,11 +18,18 @@ changes exactly those, each for a documented reason (and a fourth change is for 
    ``States.DataLimitExceeded`` when that array exceeds 256 KiB, whatever ``ResultPath`` or
    ``OutputPath`` say (aws/aws-cdk#24799; the ResultWriter page: export "if your output payload
    size exceeds 256 KiB"). moto checks a state's size only after ``ResultPath`` has discarded it.
-3. **Retry waits take real time.** moto sleeps each retry's interval. Here each wait is recorded
+3. **A failed child does not fail the Distributed Map.** moto 5.2 records the failure and lets
+   the Map succeed ("TODO: add support for failure toleration fields" in its ``MapRunRecord``),
+   so the next state runs. AWS fails the Map Run with ``States.ExceedToleratedFailureThreshold``
+   once more items fail than ``ToleratedFailureCount`` / ``ToleratedFailurePercentage`` allow
+   (both 0 by default: any failure). Here the Map fails so once its children have ended; AWS
+   stops starting children at the threshold, so a test may see more units run than AWS would
+   (never fewer). A definition setting both thresholds is refused: its rule is not modelled.
+4. **Retry waits take real time.** moto sleeps each retry's interval. Here each wait is recorded
    (:class:`Waits`: what the definition asked for) and slept ``time_scale`` times as long, so a
    schedule of minutes runs in seconds; the counts, the order and the outcomes stay the
    interpreter's.
-4. **One client per service.** The interpreter builds a boto3 client for every Lambda task and
+5. **One client per service.** The interpreter builds a boto3 client for every Lambda task and
    every item read (about 10 ms each, most of a Distributed Map's time over thousands of items);
    here one client per service and region serves the block. Speed only: the calls are the same.
 """
@@ -90,14 +97,16 @@ def aws_semantics(time_scale: float = 1.0) -> Iterator[Waits]:
         StatesErrorNameType,
     )
     from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
-    from moto.stepfunctions.parser.asl.component.state.exec.state_map.iteration import (
-        distributed_iteration_component as distributed,
-    )
     from moto.stepfunctions.parser.asl.component.state.exec.state_map.item_reader.eval import (
         resource_eval_s3 as item_reader_s3,
     )
+    from moto.stepfunctions.parser.asl.component.state.exec.state_map.iteration import (
+        distributed_iteration_component as distributed,
+    )
     from moto.stepfunctions.parser.asl.component.state.exec.state_task import lambda_eval_utils
-    from moto.stepfunctions.parser.asl.component.state.exec.state_task.state_task_lambda import StateTaskLambda
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.state_task_lambda import (
+        StateTaskLambda,
+    )
     from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
 
     waits = Waits()
@@ -124,20 +133,29 @@ def aws_semantics(time_scale: float = 1.0) -> Iterator[Waits]:
                                 event_type=event.event_type, event_details=event.event_details)
         return event
 
+    def fail(env: Any, error: Any, cause: str) -> FailureEventException:
+        return FailureEventException(FailureEvent(
+            env=env, error_name=StatesErrorName(typ=error), event_type=HistoryEventType.ExecutionFailed,
+            event_details=EventDetails(executionFailedEventDetails=ExecutionFailedEventDetails(
+                error=error.to_name(), cause=cause)),
+        ))
+
     def map_run(self: Any, env: Any, eval_input: Any) -> None:
         original_map_run(self, env, eval_input)
+        record = eval_input.map_run_record
+        count, percentage = record.tolerated_failure_count, record.tolerated_failure_percentage
+        if count and percentage:
+            raise NotImplementedError("a Map with both ToleratedFailureCount and ToleratedFailurePercentage")
+        failed, total = record.item_counter.failed.get(), record.item_counter.total.get()
+        if failed > count and (not total or 100.0 * failed / total > percentage):
+            raise fail(env, StatesErrorNameType.StatesExceedToleratedFailureThreshold,
+                       f"The specified tolerated failure threshold was exceeded ({failed} of {total} items failed)")
         outputs = env.stack[-1]
         size = payload_bytes(outputs)
         if size > STATE_PAYLOAD_LIMIT:
-            error = StatesErrorNameType.StatesStatesDataLimitExceeded
-            raise FailureEventException(FailureEvent(
-                env=env, error_name=StatesErrorName(typ=error), event_type=HistoryEventType.ExecutionFailed,
-                event_details=EventDetails(executionFailedEventDetails=ExecutionFailedEventDetails(
-                    error=error.to_name(),
-                    cause=f"The state/task '{eval_input.state_name}' returned a result with a size exceeding "
-                          f"the maximum number of bytes service limit ({size} bytes of child outputs).",
-                )),
-            ))
+            raise fail(env, StatesErrorNameType.StatesStatesDataLimitExceeded,
+                       f"The state/task '{eval_input.state_name}' returned a result with a size exceeding "
+                       f"the maximum number of bytes service limit ({size} bytes of child outputs).")
 
     StateTaskLambda._from_error = from_error  # type: ignore[method-assign]
     distributed.DistributedIterationComponent._map_run = map_run  # type: ignore[method-assign]
