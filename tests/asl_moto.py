@@ -5,8 +5,8 @@ moto (5.2) executes state machines with the interpreter it took from LocalStack
 of this project, which runs the synthesized definitions as they are (Task states on a Lambda
 ARN, Retry with backoff and full jitter, Catch, a Distributed Map with an S3 ``ItemReader`` and
 an ``ItemSelector`` over ``$$.Map.Item.Value``, ``MaxConcurrency``, ``ToleratedFailureCount``).
-Four of its behaviours differ from AWS's in what the stack relies on; :func:`aws_semantics`
-changes exactly those, each for a documented reason (and a fifth change is for speed only):
+Five of its behaviours differ from AWS's in what the stack relies on; :func:`aws_semantics`
+changes exactly those, each for a documented reason (and a sixth change is for speed only):
 
 1. **Lambda API errors of a Task on a function ARN.** AWS reports an Invoke API error as
    ``Lambda.<exception>`` (e.g. ``Lambda.TooManyRequestsException``: Step Functions developer
@@ -25,11 +25,15 @@ changes exactly those, each for a documented reason (and a fifth change is for s
    (both 0 by default: any failure). Here the Map fails so once its children have ended; AWS
    stops starting children at the threshold, so a test may see more units run than AWS would
    (never fewer). A definition setting both thresholds is refused: its rule is not modelled.
-4. **Retry waits take real time.** moto sleeps each retry's interval. Here each wait is recorded
+4. **An execution started without a name.** AWS names it with a UUID (StartExecution's
+   ``name`` is optional); moto 5.2 keeps ``None`` and takes a second unnamed start for a
+   duplicate of the first (``ExecutionAlreadyExists``): the provider framework starts its waiter
+   without a name, so a stack's second request failed. Here an unnamed start gets a UUID.
+5. **Retry waits take real time.** moto sleeps each retry's interval. Here each wait is recorded
    (:class:`Waits`: what the definition asked for) and slept ``time_scale`` times as long, so a
    schedule of minutes runs in seconds; the counts, the order and the outcomes stay the
    interpreter's.
-5. **One client per service.** The interpreter builds a boto3 client for every Lambda task and
+6. **One client per service.** The interpreter builds a boto3 client for every Lambda task and
    every item read (about 10 ms each, most of a Distributed Map's time over thousands of items);
    here one client per service and region serves the block. Speed only: the calls are the same.
 """
@@ -38,6 +42,7 @@ from __future__ import annotations
 
 import threading
 import time as real_time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -109,7 +114,13 @@ def aws_semantics(time_scale: float = 1.0) -> Iterator[Waits]:
     )
     from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
 
+    from moto.stepfunctions.parser.models import StepFunctionsParserBackend
+
     waits = Waits()
+    original_start = StepFunctionsParserBackend.start_execution
+
+    def start_execution(self: Any, state_machine_arn: str, name: Any = None, *args: Any, **kwargs: Any) -> Any:
+        return original_start(self, state_machine_arn, name or str(uuid.uuid4()), *args, **kwargs)
     original_from_error = StateTaskLambda._from_error
     original_map_run = distributed.DistributedIterationComponent._map_run
     original_time = retrier_decl.time
@@ -157,6 +168,7 @@ def aws_semantics(time_scale: float = 1.0) -> Iterator[Waits]:
                        f"The state/task '{eval_input.state_name}' returned a result with a size exceeding "
                        f"the maximum number of bytes service limit ({size} bytes of child outputs).")
 
+    StepFunctionsParserBackend.start_execution = start_execution  # type: ignore[method-assign]
     StateTaskLambda._from_error = from_error  # type: ignore[method-assign]
     distributed.DistributedIterationComponent._map_run = map_run  # type: ignore[method-assign]
     retrier_decl.time = _ScaledTime(waits, time_scale)  # type: ignore[assignment]
@@ -165,6 +177,7 @@ def aws_semantics(time_scale: float = 1.0) -> Iterator[Waits]:
     try:
         yield waits
     finally:
+        StepFunctionsParserBackend.start_execution = original_start  # type: ignore[method-assign]
         StateTaskLambda._from_error = original_from_error  # type: ignore[method-assign]
         distributed.DistributedIterationComponent._map_run = original_map_run  # type: ignore[method-assign]
         retrier_decl.time = original_time

