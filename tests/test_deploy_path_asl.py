@@ -90,7 +90,7 @@ def test_the_definitions_differ_only_in_the_settings_they_carry(templates: Templ
         resolved[name] = json.loads(Resolver(template).resolve(
             template.resources[logical_id]["Properties"]["DefinitionString"]))
     carried = {name: (d["States"]["BuildModels"]["MaxConcurrency"], d["TimeoutSeconds"]) for name, d in resolved.items()}
-    assert carried == {"default": (50, 3600), "ebs-timeout": (50, 1800), "small-map": (3, 300)}
+    assert carried == {"default": (50, 3000), "ebs-timeout": (50, 1800), "small-map": (3, 300)}
     for definition in resolved.values():
         definition.pop("TimeoutSeconds")
         definition["States"]["BuildModels"].pop("MaxConcurrency")
