@@ -113,7 +113,6 @@ def aws_semantics(time_scale: float = 1.0) -> Iterator[Waits]:
         StateTaskLambda,
     )
     from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
-
     from moto.stepfunctions.parser.models import StepFunctionsParserBackend
 
     waits = Waits()
@@ -138,17 +137,20 @@ def aws_semantics(time_scale: float = 1.0) -> Iterator[Waits]:
         event = original_from_error(self, env, ex)
         if isinstance(ex, ClientError):
             code = ex.response["Error"]["Code"]
-            details = event.event_details["lambdaFunctionFailedEventDetails"]
-            details["error"] = f"Lambda.{code}"
+            details: Any = event.event_details
+            details["lambdaFunctionFailedEventDetails"]["error"] = f"Lambda.{code}"
             return FailureEvent(env=env, error_name=CustomErrorName(f"Lambda.{code}"),
                                 event_type=event.event_type, event_details=event.event_details)
         return event
 
+    def details_of(failed: Any) -> Any:
+        make: Any = EventDetails  # a TypedDict of every kind of detail; one is given
+        return make(executionFailedEventDetails=failed)
+
     def fail(env: Any, error: Any, cause: str) -> FailureEventException:
         return FailureEventException(FailureEvent(
             env=env, error_name=StatesErrorName(typ=error), event_type=HistoryEventType.ExecutionFailed,
-            event_details=EventDetails(executionFailedEventDetails=ExecutionFailedEventDetails(
-                error=error.to_name(), cause=cause)),
+            event_details=details_of(ExecutionFailedEventDetails(error=error.to_name(), cause=cause)),
         ))
 
     def map_run(self: Any, env: Any, eval_input: Any) -> None:

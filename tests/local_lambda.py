@@ -167,7 +167,7 @@ class LocalLambda:
             response_headers["Content-Length"] = str(len(payload))
             return payload
 
-        models.LambdaBackend.invoke = invoke  # type: ignore[method-assign]
+        models.LambdaBackend.invoke = invoke  # type: ignore[method-assign, assignment]
         try:
             yield self
         finally:
