@@ -22,8 +22,12 @@ ENDPOINT_URL ?=
 
 .PHONY: setup demo test lint synth bench smoke lock clean
 
+# What Lambda's Node.js runtime gives the CDK provider framework (the AWS SDK v3), for the
+# custom-resource protocol tests (tests/test_custom_resource_protocol.py runs the framework's code).
+PROVIDER_SDK := tests/provider_framework
+
 setup: $(VENV)/.installed node_modules/.installed $(TRITON_VENV)/.installed $(CHECKOV_VENV)/.installed \
-	$(WHEELHOUSE)/.installed
+	$(WHEELHOUSE)/.installed $(PROVIDER_SDK)/node_modules/.installed
 
 $(VENV)/.installed: requirements.txt constraints.txt
 	python3 -m venv $(VENV)
@@ -58,6 +62,10 @@ $(CHECKOV_VENV)/.installed: requirements-checkov.txt
 
 node_modules/.installed: package.json package-lock.json $(VENV)/.installed
 	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+$(PROVIDER_SDK)/node_modules/.installed: $(PROVIDER_SDK)/package.json $(PROVIDER_SDK)/package-lock.json $(VENV)/.installed
+	npm ci --prefix $(PROVIDER_SDK) --no-audit --no-fund --loglevel=error
 	touch $@
 
 demo: setup

@@ -50,6 +50,30 @@ BUILD_STEP_HANDLER = "model_build.handler.build_step"
 IMAGE_EXCLUDE = ["__pycache__", "**/__pycache__", ".pytest_cache", "**/*.pyc"]
 #: CloudFormation waits at most this long for a custom resource (ServiceTimeout: 1 to 3600 s).
 CLOUDFORMATION_MAX_WAIT = Duration.hours(1)
+#: What one attempt of the provider's waiter may take on Lambda (the framework's isComplete and
+#: ``is_complete``, a cold start of the build image included): its attempts follow each other by
+#: the query interval plus their own run time, so the last one starts later than the total timeout.
+WAITER_ATTEMPT_ALLOWANCE_SECONDS = 10
+#: The final answer after the last attempt (the framework's onTimeout and its PUT to CloudFormation).
+FINAL_ANSWER_ALLOWANCE_SECONDS = 60
+#: The default build budget: its last answer (50 polls a minute apart) reaches CloudFormation
+#: before its one-hour wait ends (tests/test_custom_resource_protocol.py).
+DEFAULT_TOTAL_TIMEOUT = Duration.minutes(50)
+
+
+def last_answer_seconds(total_seconds: float, interval_seconds: float) -> float:
+    """Seconds from CloudFormation's request to the provider's last possible answer: the waiter's
+    first attempt, ``total / interval`` retries ``interval`` apart, each attempt's own run, onTimeout."""
+    attempts = total_seconds // interval_seconds + 1
+    return total_seconds + attempts * WAITER_ATTEMPT_ALLOWANCE_SECONDS + FINAL_ANSWER_ALLOWANCE_SECONDS
+
+
+def longest_total_seconds(interval_seconds: float, wait_seconds: float) -> int:
+    """The longest total timeout, a whole multiple of the interval, whose last answer comes in time."""
+    total = int(interval_seconds)
+    while last_answer_seconds(total + interval_seconds, interval_seconds) <= wait_seconds:
+        total += int(interval_seconds)
+    return total
 #: With more distinct source prefixes than this in one bucket, the build may read the bucket.
 _MAX_PREFIXES_PER_SOURCE_BUCKET = 10
 #: What Lambda needs to run a function in a VPC (the actions of the AWS managed policy
@@ -233,10 +257,12 @@ class ModelBuildResourceProps(Props):
         description="Timeout of one run of a build Lambda function; the build continues over several runs.",
     )
     total_timeout: Annotated[Duration, Between(1, CLOUDFORMATION_MAX_WAIT.to_seconds(), SECONDS)] = Field(
-        default_factory=lambda: CLOUDFORMATION_MAX_WAIT,
+        default_factory=lambda: DEFAULT_TOTAL_TIMEOUT,
         description="Provider total timeout: how long is_complete is polled (total / query interval calls) "
-        "before the resource fails. At most 60 minutes: CloudFormation waits at most one hour for a "
-        "custom resource.",
+        "before the resource fails. CloudFormation waits at most one hour for a custom resource, and "
+        "the provider's last answer comes after the total timeout plus each poll's own run (allowed "
+        f"{WAITER_ATTEMPT_ALLOWANCE_SECONDS} s) and the final answer ({FINAL_ANSWER_ALLOWANCE_SECONDS} s): "
+        "at most 50 minutes with a 60 s interval, less with a shorter one.",
     )
     query_interval: Annotated[Duration, Between(5, CLOUDFORMATION_MAX_WAIT.to_seconds(), SECONDS)] = Field(
         default_factory=lambda: Duration.seconds(60),
@@ -286,6 +312,16 @@ class ModelBuildResourceProps(Props):
             raise PropsError(
                 f"{name('total_timeout')}: got {total.to_human_string()} with {name('query_interval')} "
                 f"{every.to_human_string()}; the total timeout must be a whole multiple of the query interval"
+            )
+        wait = CLOUDFORMATION_MAX_WAIT.to_seconds()
+        if known(*seconds) and last_answer_seconds(*seconds) > wait:
+            longest = longest_total_seconds(seconds[1], wait)
+            raise PropsError(
+                f"{name('total_timeout')}: got {total.to_human_string()} with {name('query_interval')} "
+                f"{every.to_human_string()}; the provider's last answer would come "
+                f"{last_answer_seconds(*seconds):.0f} s after CloudFormation's request, past its {wait:.0f} s wait "
+                f"(each of the {seconds[0] // seconds[1]:.0f} polls takes up to {WAITER_ATTEMPT_ALLOWANCE_SECONDS} s "
+                f"besides the interval): at most {longest} s ({longest / 60:g} minutes) with this interval"
             )
 
     @model_validator(mode="after")

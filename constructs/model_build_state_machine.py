@@ -10,7 +10,12 @@ does not grow with the manifest.
 - ``Plan`` writes ``<prefix>/_plans/<release>.json``: the models whose key is not stored yet.
 - ``BuildModels`` (Distributed Map, ``ToleratedFailureCount`` 0) runs ``build_item`` for each;
   one failure fails the Map and the execution (the build function records the model's name
-  and reason where the custom resource reads them).
+  and reason where the custom resource reads them). Each child execution's output is discarded
+  (``OutputPath: null``, so ``{}``): without a ``ResultWriter`` the Map collects every child's
+  output into one array, which Step Functions limits to 256 KiB whatever the Map's own
+  ``ResultPath`` says; at about 100 bytes a result, some 2,600 models would fail the Map after
+  every one of them was built (``tests/test_deploy_path_asl.py``). ``{}`` takes 3 bytes: the
+  limit is then past 80,000 models, more than a 2 MiB manifest can name.
 - ``Finish`` assembles the release from the store (server-side copies) and writes its index.
 
 Every task invokes the one build function (``model_build.handler.build_step``) and retries on
@@ -97,7 +102,7 @@ class ModelBuildStateMachine(Construct):
             tolerated_failure_count=0,
             result_path=sfn.JsonPath.DISCARD,
         )
-        build_models.item_processor(self._invoke("BuildModel", None))
+        build_models.item_processor(self._invoke("BuildModel", None, output_path=sfn.JsonPath.DISCARD))
         finish = self._invoke("Finish", {"Step": "finish", "Request.$": "$.Request"})
 
         key = logs_key(model_bucket.encryption_key)
@@ -127,7 +132,9 @@ class ModelBuildStateMachine(Construct):
         role = self.state_machine.role.node.default_child
         drop_referenced_dependencies(self.state_machine, [role])
 
-    def _invoke(self, id: str, payload: dict[str, str] | None, *, result_path: str | None = None) -> tasks.LambdaInvoke:
+    def _invoke(
+        self, id: str, payload: dict[str, str] | None, *, result_path: str | None = None, output_path: str | None = None
+    ) -> tasks.LambdaInvoke:
         task = tasks.LambdaInvoke(
             self,
             id,
@@ -136,6 +143,7 @@ class ModelBuildStateMachine(Construct):
             payload_response_only=True,
             retry_on_service_exceptions=False,
             result_path=result_path,
+            output_path=output_path,
         )
         task.add_retry(
             errors=list(TRANSIENT_LAMBDA_ERRORS),

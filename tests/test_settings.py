@@ -46,7 +46,7 @@ def test_defaults() -> None:
     assert s.manifest_path == "models.yaml"
     assert s.release_id is None
     assert (s.build_memory_mb, s.build_ephemeral_storage_mb, s.build_timeout_minutes) == (6144, 10240, 15)
-    assert (s.build_total_timeout_minutes, s.build_query_interval_seconds) == (60, 60)
+    assert (s.build_total_timeout_minutes, s.build_query_interval_seconds) == (50, 60)
     assert s.artifacts_on_delete == "retain"
     assert (s.account, s.region) == (None, None)
     # Operations
@@ -159,6 +159,8 @@ def test_newest_image_version_is_the_default_and_versions_are_checked() -> None:
         ({"build_timeout_minutes": "16"}, "mme:build_timeout_minutes: got \"16\"; input should be less than or equal to 15"),
         ({"build_total_timeout_minutes": "120"}, "mme:build_total_timeout_minutes: got \"120\"; input should be less than or equal to 60"),
         ({"build_total_timeout_minutes": "10", "build_query_interval_seconds": "45"}, "the total timeout must be a whole multiple of the query interval"),
+        # CloudFormation waits one hour: 60 polls a minute apart answer too late (tests/test_custom_resource_protocol.py).
+        ({"build_total_timeout_minutes": "60"}, "mme:build_total_timeout_minutes: got 1 hour with mme:build_query_interval_seconds 1 minute; the provider's last answer would come 4270 s after CloudFormation's request, past its 3600 s wait (each of the 60 polls takes up to 10 s besides the interval): at most 3000 s (50 minutes) with this interval"),
         ({"account": "12345"}, "mme:account: got \"12345\""),
         ({"region": "moon-1"}, "mme:region: got \"moon-1\""),
         ({"region": "us-gov-west-1"}, "mme:region: got 'us-gov-west-1'; the Triton image"),
