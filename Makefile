@@ -20,7 +20,7 @@ BUILD_DIR ?= build
 BUCKET ?=
 ENDPOINT_URL ?=
 
-.PHONY: setup demo test lint synth bench smoke lock clean
+.PHONY: setup demo test test-fast lint synth bench smoke lock clean
 
 # What Lambda's Node.js runtime gives the CDK provider framework (the AWS SDK v3), for the
 # custom-resource protocol tests (tests/test_custom_resource_protocol.py runs the framework's code).
@@ -78,8 +78,18 @@ demo: setup
 synth: setup
 	$(CDK) synth --quiet
 
+# Parallel workers (pytest-xdist), one per core by default. --dist loadfile keeps a test file on one
+# worker, so its module-scoped fixtures (an export, a tritonserver, a synth) are built once.
+PYTEST_WORKERS ?= auto
+PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist loadfile
+
 test: setup
-	$(PY) -m pytest
+	$(PY) -m pytest $(PYTEST_PARALLEL)
+
+# The inner loop before each commit: everything but the tests marked slow (real exports, the real
+# tritonserver, the tiny benchmark run, the executed deploy path).
+test-fast: setup
+	$(PY) -m pytest -m "not slow" $(PYTEST_PARALLEL)
 
 # checkov fails on any finding that is neither fixed nor skipped with a reason in the template
 # (Metadata.checkov.skip); the tests scan every settings variant (tests/test_stack_checkov.py).

@@ -137,6 +137,7 @@ def test_tiny_docs_render_from_the_results(tiny_run: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # it reads the tiny run's results: the tiny run is slow, whatever the check
 def test_an_outdated_result_is_left_out_of_the_page_and_named(tiny_run: Path, tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
     """A result file of an older schema (or not JSON) must not stop ``--only`` runs at the docs
