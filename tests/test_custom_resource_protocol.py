@@ -38,10 +38,11 @@ FINAL_ANSWER_S = 60.0
 #: attempts are checked by arithmetic below, with the per-attempt time measured here.
 SHORT = {"build_total_timeout_minutes": "5"}
 
-pytestmark = pytest.mark.skipif(
+#: Slow: real builds behind the provider framework's own handlers (make test-fast leaves it out).
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     not (PROVIDER_SDK / "@aws-sdk" / "client-lambda").is_dir(),
     reason="the provider framework's AWS SDK is not installed: run `make setup` (npm ci in tests/provider_framework)",
-)
+)]
 
 
 @pytest.fixture(scope="module")

@@ -32,6 +32,9 @@ from deploy_harness import (
 from model_build import handler
 from model_build.publish import read_index, stored_keys
 
+#: Slow: real builds through the executed state machine (make test runs it; make test-fast leaves it out).
+pytestmark = pytest.mark.slow
+
 #: Settings whose build state machine definitions differ from the default's (MaxConcurrency and
 #: TimeoutSeconds are the only settings in it): the ebs variant (30 minutes) and a small Map.
 VARIANTS: dict[str, dict[str, str]] = {

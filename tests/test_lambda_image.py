@@ -24,6 +24,9 @@ from lambda_image import (
     torch_line,
 )
 
+#: Slow: pip resolves the image's requirements against the index (make test runs it; make test-fast leaves it out).
+pytestmark = pytest.mark.slow
+
 #: Lambda's limit on a container image (uncompressed, all layers).
 IMAGE_LIMIT = 10 * 1024**3
 #: What the test allows for Lambda's python3.12 base image, which it cannot measure without a

@@ -46,7 +46,8 @@ from model_build.tools.endpoint import LocalEndpoint, local_endpoint
 from model_build.tools.local_s3 import local_s3
 from model_build.types import Artifact
 
-pytestmark = requires_triton
+#: Slow: the real tritonserver behind the local endpoint (make test-fast leaves it out).
+pytestmark = [requires_triton, pytest.mark.slow]
 
 BUCKET = "smoke-test-releases"
 RELEASE_A = "r-aaaaaaaaaaaaaaaa"
