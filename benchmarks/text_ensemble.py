@@ -19,6 +19,7 @@ tokenizer step changed.
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -159,7 +160,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
                 t0 = time.perf_counter()
                 invoke(f"{specs['wordpiece'].name}.tar.gz", list(SENTENCES[:1]))
                 cold.append(time.perf_counter() - t0)
-            log(f"text_ensemble: cold start of {specs['wordpiece'].name}: {statistics_median(cold):.2f} s")
+            log(f"text_ensemble: cold start of {specs['wordpiece'].name}: {statistics.median(cold):.2f} s")
             for kind, spec in specs.items():
                 target = f"{spec.name}.tar.gz"
                 model = SentenceTransformer(str(_source_folder(spec, ctx)), device="cpu", local_files_only=True)
@@ -178,7 +179,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
                         for _ in range(ctx.repeats):
                             samples.extend(run_for(func, budget / ctx.repeats, min_calls=5))
                         row[label] = {**stats(samples), "p50": percentile(samples, 50), "p99": percentile(samples, 99),
-                                      "texts_per_s": round(batch / statistics_median(samples), 2)}
+                                      "texts_per_s": round(batch / statistics.median(samples), 2)}
                     rows[f"{kind}/batch{batch}"] = row
                     log(f"text_ensemble: {kind} batch {batch}: sentence-transformers "
                         f"{row['sentence_transformers']['p50'] * 1000:.1f} ms, ensemble {row['ensemble']['p50'] * 1000:.1f} ms"
@@ -203,24 +204,18 @@ def run(ctx: RunContext) -> dict[str, Any]:
         "alignment and cross-request batching) and the endpoint path adds about 5 ms (HTTP, JSON of 8x384 floats, "
         "two python-backend hops) that an in-process call does not pay",
     ))
-    cold_ratio = statistics_median(cold) / COLD_BEFORE_S
+    cold_ratio = statistics.median(cold) / COLD_BEFORE_S
     result["goals"].append(goal(
         "text_cold_start", "the first invocation of a text ensemble stays close to before the tokenizers wheel",
         target=f"cold start <= {COLD_GOAL:g}x the hand-written WordPiece's ({COLD_BEFORE_S:g} s)",
         measured=round(cold_ratio, 2), met=cold_ratio <= COLD_GOAL,
-        detail=f"{statistics_median(cold):.2f} s now; cold = download + sha256 + unpack + load + first answer",
+        detail=f"{statistics.median(cold):.2f} s now; cold = download + sha256 + unpack + load + first answer",
     ))
     result["notes"].append("sentence-transformers pads each batch to its longest row; the ensemble to the longest "
                            f"row rounded up to a multiple of {PAD_MULTIPLE}: both compute few padding positions")
     result["notes"].append(f"the 'before' cold start ({COLD_BEFORE_S} s) is the endpoint benchmark's median for "
                            "minilm-text at commit 900335b on this machine, the same day")
     return finish_result(result, started)
-
-
-def statistics_median(values: list[float]) -> float:
-    import statistics
-
-    return float(statistics.median(values))
 
 
 def chart(result: dict[str, Any], path: Path) -> None:

@@ -107,9 +107,9 @@ def prepare_tokenizer(spec: ModelSpec, source_dir: Path | None) -> ServedTokeniz
     sentence_config = folder / SENTENCE_BERT_CONFIG
     lowercase = bool(_read_json(spec, sentence_config).get("do_lower_case", False)) if sentence_config.is_file() \
         else False
-    kind = json.loads(backend.to_str())["model"]["type"]
+    tokenizer_json = backend.to_str()
     return ServedTokenizer(
-        tokenizer_json=backend.to_str(),
+        tokenizer_json=tokenizer_json,
         parameters={
             "pad_token": str(reference.pad_token),
             "pad_id": str(int(reference.pad_token_id)),
@@ -119,7 +119,7 @@ def prepare_tokenizer(spec: ModelSpec, source_dir: Path | None) -> ServedTokeniz
             "lowercase": "true" if lowercase else "false",
         },
         tokenizer_class=type(reference).__name__,
-        kind=str(kind),
+        kind=str(json.loads(tokenizer_json)["model"]["type"]),
         source_dir=folder,
     )
 
