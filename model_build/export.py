@@ -70,12 +70,12 @@ def _fail(spec: ModelSpec, what: str, error: BaseException) -> ExportError:
     return ExportError(f"{what} failed: {detail[:300]}", model=spec.name)
 
 
-def _dynamic_axes(spec: ModelSpec) -> dict[str, dict[int, str]]:
+def _dynamic_axes(spec: ModelSpec, sample: dict[str, np.ndarray]) -> dict[str, dict[int, str]]:
     """Axis 0 is the batch (unless batching is off), axis 1 the sequence for text tensors."""
     batch = {0: "batch"} if spec.max_batch_size > 0 else {}
     axes: dict[str, dict[int, str]] = {}
     text = spec.task in TEXT_TASKS
-    for name in input_names(spec):
+    for name in input_names(spec, sample):
         axes[name] = {**batch, **({1: "sequence"} if text else {})}
     for name in output_names(spec):
         per_token = spec.task == "feature-extraction"
@@ -85,7 +85,7 @@ def _dynamic_axes(spec: ModelSpec) -> dict[str, dict[int, str]]:
 
 def _tensors(spec: ModelSpec, sample: dict[str, np.ndarray]) -> tuple[torch.Tensor, ...]:
     """``sample`` as the module's positional inputs, in the manifest's input order."""
-    return tuple(torch.from_numpy(np.ascontiguousarray(sample[name])) for name in input_names(spec))
+    return tuple(torch.from_numpy(np.ascontiguousarray(sample[name])) for name in input_names(spec, sample))
 
 
 @contextlib.contextmanager
@@ -139,9 +139,9 @@ def export_onnx(
                     str(raw),
                     dynamo=False,
                     opset_version=OPSET,
-                    input_names=list(input_names(spec)),
+                    input_names=list(input_names(spec, sample)),
                     output_names=list(output_names(spec)),
-                    dynamic_axes=_dynamic_axes(spec),
+                    dynamic_axes=_dynamic_axes(spec, sample),
                     do_constant_folding=True,
                 )
         except Exception as error:  # any exporter failure is an export error of this model
@@ -418,7 +418,7 @@ def torchscript_signature(
     The batch axis (when batching) and the sequence axis (text) are the variable ones, as in the
     ONNX export's dynamic axes.
     """
-    axes = _dynamic_axes(spec)
+    axes = _dynamic_axes(spec, sample)
     loaded = load_torchscript(path)
     with torch.no_grad():
         result = loaded(*_tensors(spec, sample))
@@ -436,7 +436,7 @@ def torchscript_signature(
 
     inputs = tuple(
         TensorSpec(torchscript_name(n, i), sample[n].dtype.name, shape(n, sample[n].shape))
-        for i, n in enumerate(input_names(spec))
+        for i, n in enumerate(input_names(spec, sample))
     )
     outputs = tuple(
         TensorSpec(torchscript_name(n, i), str(t.numpy().dtype), shape(n, tuple(t.shape)))

@@ -287,15 +287,20 @@ class ImageInputs(_Strict):
 # Models and the manifest
 # --------------------------------------------------------------------------------------------
 
-Task = Literal["sentence-embedding", "feature-extraction", "image-classification"]
-TEXT_TASKS: frozenset[str] = frozenset({"sentence-embedding", "feature-extraction"})
+Task = Literal["sentence-embedding", "feature-extraction", "text-classification", "image-classification"]
+TEXT_TASKS: frozenset[str] = frozenset({"sentence-embedding", "feature-extraction", "text-classification"})
+#: Tasks whose model scores a text or a pair of texts (cross-encoders, rerankers): the graph takes
+#: ``token_type_ids`` where the source's tokenizer gives them, and a raw-text target takes pairs.
+PAIR_TASKS: frozenset[str] = frozenset({"text-classification"})
 
 
 class ModelSpec(_Strict):
     name: str = Field(pattern=MODEL_NAME_PATTERN, max_length=MODEL_NAME_MAX)
     source: Source
-    #: What the exported graph computes. ``sentence-embedding`` puts mean pooling and L2
-    #: normalisation inside the graph, so its single output is the sentence embedding.
+    #: What the exported graph computes. ``sentence-embedding`` puts the pooling (and the L2
+    #: normalisation) inside the graph, so its single output is the sentence embedding;
+    #: ``text-classification`` is a sequence-classification head (a cross-encoder or reranker
+    #: scoring a text or a pair of texts): its output is the raw ``logits`` ``[batch, num_labels]``.
     task: Task
     #: ``onnx`` for Triton's ``onnxruntime`` backend, ``torchscript`` for ``pytorch_libtorch``.
     format: Literal["onnx", "torchscript"] = "onnx"
@@ -371,7 +376,7 @@ class ModelSpec(_Strict):
         if self.inputs == "text":
             if not is_text:
                 raise ValueError(f"inputs: got 'text' for task {self.task!r}; raw-text inputs are for "
-                                 "sentence-embedding and feature-extraction (image tasks take tensors)")
+                                 + ", ".join(sorted(TEXT_TASKS)) + " (image tasks take tensors)")
             if isinstance(self.source, (SyntheticSource, OnnxFileSource)):
                 raise ValueError(f"inputs: got 'text' with a {self.source.kind!r} source, which has no tokenizer "
                                  "files; use a source folder with its tokenizer (tokenizer.json)")
@@ -384,10 +389,8 @@ class ModelSpec(_Strict):
         elif self.text is not None and "padding" in self.text.model_fields_set:
             raise ValueError(f"text.padding: got {self.text.padding!r} with inputs 'tokens'; padding is done by the "
                              "server-side tokenizer of inputs: text (token clients pad their own ids)")
-        if self.task == "sentence-embedding" and isinstance(self.source, SyntheticSource) and (
-            self.source.architecture != "bert"
-        ):
-            raise ValueError("task: sentence-embedding needs a text architecture (bert)")
+        if is_text and isinstance(self.source, SyntheticSource) and self.source.architecture != "bert":
+            raise ValueError(f"task: {self.task} needs a text architecture (bert)")
         if self.task == "image-classification" and isinstance(self.source, SyntheticSource) and (
             self.source.architecture != "resnet"
         ):
@@ -419,7 +422,7 @@ class ModelSpec(_Strict):
         if self.optimize and self.task not in TEXT_TASKS:
             raise ValueError(
                 f"optimize: true for task {self.task!r}; the offline fusions are verified for "
-                "transformer text models (sentence-embedding, feature-extraction) only"
+                "transformer text models (" + ", ".join(sorted(TEXT_TASKS)) + ") only"
             )
         level = self.onnxruntime.graph_optimization_level if self.onnxruntime else None
         if self.optimize and level in ("basic", "disable_all"):
@@ -447,6 +450,13 @@ class ModelSpec(_Strict):
                     "(MatMulInteger) has CPU kernels only: set instance_group.kind KIND_CPU, or "
                     "use fp16 on the GPU"
                 )
+        if precision != "fp32" and self.task in PAIR_TASKS and "tolerance" not in self.model_fields_set:
+            # The gates compare directions (cosine) and neighbour rankings of embeddings; a score's
+            # row of 1 or 2 logits has no meaningful direction, so only a tolerance can judge it.
+            raise ValueError(
+                f"precision: got {precision!r} for task {self.task!r} without a tolerance; the accuracy gates "
+                "judge embeddings, not scores: set tolerance (atol, rtol) for the logits, or use fp32"
+            )
         if self.accuracy is not None:
             cosine, agreement = DEFAULT_GATES[precision]
             for field, given, default in (

@@ -18,9 +18,9 @@ import json
 import os
 import socket
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlparse
 
 import numpy as np
@@ -29,6 +29,7 @@ from torch import nn
 
 from model_build.errors import SourceError
 from model_build.manifest import (
+    PAIR_TASKS,
     TEXT_TASKS,
     HuggingFaceSource,
     LocalSource,
@@ -88,14 +89,23 @@ _FALLBACK_VOCAB = 1000
 _OUTPUT_NAMES: dict[str, tuple[str, ...]] = {
     "sentence-embedding": ("sentence_embedding",),
     "feature-extraction": ("last_hidden_state",),
+    "text-classification": ("logits",),
     "image-classification": ("logits",),
 }
+#: A text graph's inputs in the order the wrapper modules take them.
+TEXT_INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 
 
-def input_names(spec: ModelSpec) -> tuple[str, ...]:
-    """Graph input names in call order (the order the wrapper modules take them)."""
+def input_names(spec: ModelSpec, sample: Batch | None = None) -> tuple[str, ...]:
+    """Graph input names in call order (the order the wrapper modules take them).
+
+    Text graphs take ``input_ids`` and ``attention_mask``; a ``text-classification`` graph takes
+    ``token_type_ids`` too when its samples carry them, that is when the source's tokenizer gives
+    them (BERT-style, not RoBERTa-style), as ``CrossEncoder`` passes whatever the tokenizer gives.
+    """
     if spec.task in TEXT_TASKS:
-        return ("input_ids", "attention_mask")
+        takes_types = spec.task in PAIR_TASKS and sample is not None and "token_type_ids" in sample
+        return TEXT_INPUT_NAMES if takes_types else TEXT_INPUT_NAMES[:2]
     return ("pixel_values",)
 
 
@@ -435,6 +445,20 @@ class TokenFeatures(nn.Module):
         return self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
 
+class SequenceLogits(nn.Module):
+    """A sequence-classification head's ``logits`` ``[batch, num_labels]`` (cross-encoders score a
+    text or a pair; ``token_type_ids`` is passed only to a graph that takes it)."""
+
+    def __init__(self, classifier: nn.Module) -> None:
+        super().__init__()
+        self.classifier = classifier
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        types = {} if token_type_ids is None else {"token_type_ids": token_type_ids}
+        return self.classifier(input_ids=input_ids, attention_mask=attention_mask, **types).logits
+
+
 class ImageLogits(nn.Module):
     """The classifier's ``logits`` as a plain tensor: exporters trace tensors, not ModelOutput."""
 
@@ -486,6 +510,8 @@ def _wrap(spec: ModelSpec, inner: nn.Module, source_dir: Path | None) -> nn.Modu
         return SentenceEmbedding(inner, pooling_config(source_dir, spec.name))
     if spec.task == "feature-extraction":
         return TokenFeatures(inner)
+    if spec.task == "text-classification":
+        return SequenceLogits(inner)
     return ImageLogits(inner)
 
 
@@ -496,7 +522,7 @@ def _config_class(architecture: str) -> Any:
 
 
 def _synthetic(spec: ModelSpec, source: SyntheticSource) -> nn.Module:
-    from transformers import BertModel, ResNetForImageClassification
+    from transformers import BertForSequenceClassification, BertModel, ResNetForImageClassification
 
     config_class = _config_class(source.architecture)
     # transformers configs accept any keyword silently; a typo would give a different model.
@@ -514,7 +540,8 @@ def _synthetic(spec: ModelSpec, source: SyntheticSource) -> nn.Module:
         config = config_class(**source.config)
     except (TypeError, ValueError) as error:
         raise SourceError(f"source.config: {error}", model=spec.name) from None
-    model_class = ResNetForImageClassification if source.architecture == "resnet" else BertModel
+    model_class: Any = ResNetForImageClassification if source.architecture == "resnet" else (
+        BertForSequenceClassification if spec.task == "text-classification" else BertModel)
     # Weights come from torch's global RNG: a forked, seeded RNG makes them a function of the
     # seed alone and leaves the caller's random state untouched.
     with torch.random.fork_rng(devices=[]):
@@ -523,14 +550,15 @@ def _synthetic(spec: ModelSpec, source: SyntheticSource) -> nn.Module:
 
 
 def _pretrained(spec: ModelSpec, source_dir: Path) -> nn.Module:
-    from transformers import AutoModel, AutoModelForImageClassification
+    from transformers import AutoModel, AutoModelForImageClassification, AutoModelForSequenceClassification
 
-    model_class = AutoModelForImageClassification if spec.task == "image-classification" else AutoModel
+    model_class: Any = {"image-classification": AutoModelForImageClassification,
+                        "text-classification": AutoModelForSequenceClassification}.get(spec.task, AutoModel)
     try:
         # float32 explicitly: transformers 5 loads a checkpoint in its stored dtype by default,
         # and the FP16 conversion (when asked for) is done on the ONNX graph instead.
-        return model_class.from_pretrained(
-            str(source_dir), local_files_only=True, dtype=torch.float32
+        model, loading = model_class.from_pretrained(
+            str(source_dir), local_files_only=True, dtype=torch.float32, output_loading_info=True
         )
     except (OSError, ValueError, KeyError) as error:
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
@@ -538,6 +566,17 @@ def _pretrained(spec: ModelSpec, source_dir: Path) -> nn.Module:
             f"source: cannot load a {spec.task} model from {str(source_dir)!r}: {first}",
             model=spec.name,
         ) from None
+    missing = sorted(loading.get("missing_keys") or ())
+    if spec.task == "text-classification" and missing:
+        # transformers initialises a missing head at random (and only logs it): the scores would
+        # mean nothing. An encoder-only checkpoint is a feature-extraction or embedding source.
+        raise SourceError(
+            f"source: {str(source_dir)!r} has no trained classification head for task text-classification "
+            f"(weights {', '.join(missing[:4])} are missing from the checkpoint); use a sequence-classification "
+            "checkpoint (a cross-encoder or reranker), or task sentence-embedding/feature-extraction",
+            model=spec.name,
+        )
+    return model
 
 
 # --------------------------------------------------------------------------------------------
@@ -566,7 +605,16 @@ def sample_inputs(spec: ModelSpec, source_dir: Path | None, *, seed: int = 0) ->
     if len(padded) == 1:  # fixed batch: a second length instead of a padded batch
         padded = [texts[1 % len(texts)]]
     longest = [texts[(2 + i) % len(texts)] for i in range(sizes[2] - 1)] + [long_text]
+    if spec.task in PAIR_TASKS:
+        # A scorer takes a text or a pair: the single text alone, the other batches as pairs
+        # (the second segment's token type ids, truncation of the longest member of a pair).
+        return [encode(short), encode(padded, _partners(texts, padded)), encode(longest, _partners(texts, longest))]
     return [encode(short), encode(padded), encode(longest)]
+
+
+def _partners(texts: Sequence[str], firsts: Sequence[str]) -> list[str]:
+    """A second text for each of ``firsts`` (the next sample text), making pairs of two texts."""
+    return [texts[(texts.index(text) + 1) % len(texts)] if text in texts else texts[0] for text in firsts]
 
 
 def reference_inputs(spec: ModelSpec, source_dir: Path | None, *, seed: int = 1) -> Batch:
@@ -576,7 +624,8 @@ def reference_inputs(spec: ModelSpec, source_dir: Path | None, *, seed: int = 1)
         return _image_batch(spec, size, np.random.default_rng(seed))
     encode = _text_encoder(spec, source_dir, seed)
     texts = list(spec.text_inputs.sample_texts or DEFAULT_SENTENCES)
-    return encode([texts[i % len(texts)] for i in range(size)])
+    firsts = [texts[i % len(texts)] for i in range(size)]
+    return encode(firsts, _partners(texts, firsts) if spec.task in PAIR_TASKS else None)
 
 
 def reference_sentences(spec: ModelSpec) -> list[str]:
@@ -598,7 +647,9 @@ def calibration_inputs(spec: ModelSpec, source_dir: Path | None) -> list[Batch]:
     texts = [text for text in CALIBRATION_SENTENCES if text not in validated]
     encode = _text_encoder(spec, source_dir, CALIBRATION_SEED)
     chunk = sizes[2]
-    return [encode(texts[i:i + chunk]) for i in range(0, len(texts), chunk)]
+    pairs = spec.task in PAIR_TASKS
+    return [encode(part, _partners(texts, part) if pairs else None)
+            for part in (texts[i:i + chunk] for i in range(0, len(texts), chunk))]
 
 
 def _batch_sizes(spec: ModelSpec) -> tuple[int, int, int]:
@@ -614,25 +665,32 @@ def _image_batch(spec: ModelSpec, size: int, rng: np.random.Generator) -> Batch:
     return {"pixel_values": rng.standard_normal(shape, dtype=np.float32)}
 
 
-def text_batch(spec: ModelSpec, source_dir: Path | None, texts: Sequence[str], *, seed: int = 0) -> Batch:
-    """``input_ids``/``attention_mask`` for ``texts``, padded to the longest, as a client sends them."""
-    return _text_encoder(spec, source_dir, seed)(texts)
+def text_batch(spec: ModelSpec, source_dir: Path | None, texts: Sequence[str], *, seed: int = 0,
+               pairs: Sequence[str] | None = None) -> Batch:
+    """The graph's text inputs for ``texts`` (and ``pairs``), padded to the longest, as a client
+    sends them."""
+    return _text_encoder(spec, source_dir, seed)(texts, pairs)
 
 
-def _text_encoder(spec: ModelSpec, source_dir: Path | None, seed: int) -> Callable[[Sequence[str]], Batch]:
-    """A function texts -> ``input_ids``/``attention_mask`` (int64, padded to the longest)."""
+class TextEncode(Protocol):
+    """Texts (and, for pairs, the second texts) -> the graph's text inputs."""
+
+    def __call__(self, texts: Sequence[str], pairs: Sequence[str] | None = None, /) -> Batch: ...
+
+
+def _text_encoder(spec: ModelSpec, source_dir: Path | None, seed: int) -> TextEncode:
+    """A function (texts, pairs or None) -> ``input_ids``/``attention_mask`` (int64, padded to the
+    longest), and ``token_type_ids`` for a ``text-classification`` source whose tokenizer gives them."""
     max_len = spec.text_inputs.max_sequence_length
     tokenizer = _tokenizer(spec, source_dir)
     if tokenizer is None:
         return _random_ids_encoder(spec, source_dir, seed)
+    names = TEXT_INPUT_NAMES if spec.task in PAIR_TASKS else TEXT_INPUT_NAMES[:2]
 
-    def encode(texts: Sequence[str]) -> Batch:
-        encoded = tokenizer(list(texts), padding="longest", truncation=True, max_length=max_len,
-                            return_tensors="np")
-        return {
-            "input_ids": np.ascontiguousarray(encoded["input_ids"], dtype=np.int64),
-            "attention_mask": np.ascontiguousarray(encoded["attention_mask"], dtype=np.int64),
-        }
+    def encode(texts: Sequence[str], pairs: Sequence[str] | None = None) -> Batch:
+        encoded = tokenizer(list(texts), None if pairs is None else list(pairs), padding="longest",
+                            truncation=True, max_length=max_len, return_tensors="np")
+        return {name: np.ascontiguousarray(encoded[name], dtype=np.int64) for name in names if name in encoded}
 
     return encode
 
@@ -692,22 +750,29 @@ def _vocab_size(spec: ModelSpec, source_dir: Path | None) -> int:
     return _FALLBACK_VOCAB
 
 
-def _random_ids_encoder(
-    spec: ModelSpec, source_dir: Path | None, seed: int
-) -> Callable[[Sequence[str]], Batch]:
+def _random_ids_encoder(spec: ModelSpec, source_dir: Path | None, seed: int) -> TextEncode:
     """Seeded random ids for models without a tokenizer; a text's word count sets its length.
 
-    Padding positions get id 0 and mask 0, as a tokenizer would give them.
+    Padding positions get id 0 and mask 0, as a tokenizer would give them. A synthetic (BERT)
+    ``text-classification`` model also gets ``token_type_ids``: 1 over a pair's second text. An
+    ``onnx`` source gets none: its graph, if it takes them, is fed zeros (one segment).
     """
     vocab = _vocab_size(spec, source_dir)
     max_len = spec.text_inputs.max_sequence_length
     rng = np.random.default_rng(seed)
+    types = spec.task in PAIR_TASKS and isinstance(spec.source, SyntheticSource)
 
-    def encode(texts: Sequence[str]) -> Batch:
-        lengths = [min(max_len, len(text.split()) + 2) for text in texts]
+    def encode(texts: Sequence[str], pairs: Sequence[str] | None = None) -> Batch:
+        firsts = [len(text.split()) + 2 for text in texts]
+        seconds = [0] * len(texts) if pairs is None else [len(text.split()) + 1 for text in pairs]
+        lengths = [min(max_len, a + b) for a, b in zip(firsts, seconds, strict=True)]
         width = max(lengths)
         ids = rng.integers(1, vocab, size=(len(texts), width), dtype=np.int64)
-        mask = (np.arange(width)[None, :] < np.array(lengths)[:, None]).astype(np.int64)
-        return {"input_ids": ids * mask, "attention_mask": mask}
+        positions = np.arange(width)[None, :]
+        mask = (positions < np.array(lengths)[:, None]).astype(np.int64)
+        batch = {"input_ids": ids * mask, "attention_mask": mask}
+        if types:
+            batch["token_type_ids"] = (positions >= np.array(firsts)[:, None]).astype(np.int64) * mask
+        return batch
 
     return encode

@@ -178,7 +178,7 @@ def eager_runner(spec: ModelSpec, module: torch.nn.Module) -> Runner:
     def run(sample: Batch) -> list[np.ndarray]:
         with torch.inference_mode():
             result = module(**{n: torch.from_numpy(np.ascontiguousarray(sample[n]))
-                               for n in input_names(spec)})
+                               for n in input_names(spec, sample)})
         return _as_arrays(result)
 
     return run

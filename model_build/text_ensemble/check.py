@@ -10,22 +10,31 @@ combining marks, a very long word, whitespace runs), where tokenizers differ mos
 1. token ids, attention mask and token type ids equal those of ``transformers.AutoTokenizer`` for
    the source, exactly (a different id is a silently different embedding: no tolerance applies);
 2. for ``sentence-embedding`` sources that sentence-transformers loads, the outputs equal
-   ``SentenceTransformer.encode`` within the model's tolerance.
+   ``SentenceTransformer.encode`` within the model's tolerance; for ``text-classification``
+   sources (cross-encoders, rerankers), the logits of pairs equal ``CrossEncoder.predict``'s
+   (without its activation), within the tolerance.
+
+Tasks that score pairs are checked on pairs too (each text with the next one): ids and token type
+ids of both segments, truncation of the longest member, and the reference request carries
+``TEXT_PAIR`` so that ``verify``, ``smoke`` and the demo send pairs.
 
 A failure raises :class:`~model_build.errors.ValidationMismatchError` naming the text.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from model_build.errors import ValidationMismatchError
-from model_build.manifest import ModelSpec, Tolerance
+from model_build.manifest import PAIR_TASKS, ModelSpec, Tolerance
 from model_build.text_ensemble.ensemble import MASK_TASKS
 from model_build.text_ensemble.served_tokenizer import ServedTokenizer, encoder_for
-from model_build.text_ensemble.tokenizer_model import TEXT_INPUT
+from model_build.text_ensemble.tokenizer_model import PAIR_INPUT, TEXT_INPUT
 from model_build.types import ExportedModel
 
 #: Texts in other scripts checked for every raw-text target, besides the manifest's samples.
@@ -73,41 +82,47 @@ def check_text_ensemble(spec: ModelSpec, exported: ExportedModel, tokenizer: Ser
     source_dir = tokenizer.source_dir
     max_len = spec.text_inputs.max_sequence_length
     texts = [*reference_sentences(spec), *OTHER_SCRIPTS]
+    # Pairs: each text with the next one (pair tasks only).
+    pairs = [texts[(i + 1) % len(texts)] for i in range(len(texts))] if spec.task in PAIR_TASKS else None
     # Ids against the reference at one width (max_length), then the model on the request shapes
     # the server makes (the entry's padding), so both the ids and the served padding are checked.
-    ours = encoder_for(tokenizer, spec, truncate=True, padding="max_length").encode_batch(texts)
-    mask = ours["attention_mask"]
+    full_width = encoder_for(tokenizer, spec, truncate=True, padding="max_length")
     served = encoder_for(tokenizer, spec, truncate=True)
+    graph_inputs = {_logical(tensor.name) for tensor in exported.inputs}
 
-    def encode(part: list[str]) -> dict[str, np.ndarray]:
-        arrays = served.encode_batch(part)
-        return {"input_ids": arrays["input_ids"], "attention_mask": arrays["attention_mask"]}
+    def encode(part: list[str], second: list[str] | None = None) -> dict[str, np.ndarray]:
+        arrays = served.encode_batch(part, second)
+        return {name: value for name, value in arrays.items() if name in graph_inputs}
 
     reference = AutoTokenizer.from_pretrained(str(source_dir), local_files_only=True)
-    lowered = [text.lower() for text in texts] if tokenizer.parameters.get("lowercase") == "true" else texts
-    expected = reference(lowered, truncation=True, max_length=max_len, padding="max_length", return_tensors="np")
-    for name in ("input_ids", "attention_mask", "token_type_ids"):
-        if name not in expected:
-            continue
-        for row, text in enumerate(texts):
-            if not np.array_equal(ours[name][row], expected[name][row]):
-                raise ValidationMismatchError(
-                    f"model {spec.name!r}: inputs: text: the ensemble's tokenizer gives other {name} than "
-                    f"transformers.AutoTokenizer for text {row} {text[:60]!r}: "
-                    f"{_unpadded(ours[name][row], mask[row])} vs "
-                    f"{_unpadded(expected[name][row], expected['attention_mask'][row])}",
-                    model=spec.name, output=name, max_abs_diff=float("inf"), tolerance=0.0)
+
+    def lowered(values: list[str]) -> list[str]:
+        return [text.lower() for text in values] if tokenizer.parameters.get("lowercase") == "true" else values
+
+    for second in (None, pairs) if pairs is not None else (None,):
+        ours = full_width.encode_batch(texts, second)
+        expected = reference(lowered(texts), None if second is None else lowered(second), truncation=True,
+                             max_length=max_len, padding="max_length", return_tensors="np")
+        _check_ids(spec, texts, second, ours, expected)
 
     run = exported_runner(exported)
     chunk = max(1, min(8, spec.max_batch_size))
     rows = min(chunk, len(texts))
-    first = encode(texts[:rows])
+    first = encode(texts[:rows], None if pairs is None else pairs[:rows])
     answers = run(first)
     outputs = {tensor.name: np.asarray(value) for tensor, value in zip(exported.outputs, answers, strict=True)}
     if spec.task in MASK_TASKS and "attention_mask" not in outputs:
         outputs["attention_mask"] = first["attention_mask"]
     # Fixed-width UTF-8 bytes: the .npz stays pickle-free; tritonclient sends them as BYTES.
-    request = {TEXT_INPUT: np.array([[text.encode("utf-8")] for text in texts[:rows]], dtype=np.bytes_)}
+    request = {TEXT_INPUT: _strings(texts[:rows])}
+    if pairs is not None:
+        request[PAIR_INPUT] = _strings(pairs[:rows])
+    tolerance = spec.tolerance if elementwise_tolerance_applies(spec) else Tolerance(atol=np.inf, rtol=0)
+    if pairs is not None and _has_local_folder(spec, source_dir):
+        assert source_dir is not None
+        diff = _check_cross_encoder(spec, exported, source_dir, texts, pairs, encode, run, tolerance, chunk)
+        return TextEnsembleReport(texts=len(texts), tokens_identical=True, max_abs_diff=diff,
+                                  reference_inputs=request, reference_outputs=outputs)
     if not _has_sentence_transformers_reference(spec, source_dir):
         return TextEnsembleReport(texts=len(texts), tokens_identical=True, max_abs_diff=None,
                                   reference_inputs=request, reference_outputs=outputs)
@@ -119,11 +134,65 @@ def check_text_ensemble(spec: ModelSpec, exported: ExportedModel, tokenizer: Ser
     wanted = model.encode(texts, convert_to_numpy=True, show_progress_bar=False,
                           normalize_embeddings=reference_normalizes(spec, source_dir))
     actual = np.concatenate([run(encode(texts[i:i + chunk]))[0] for i in range(0, len(texts), chunk)])
-    tolerance = spec.tolerance if elementwise_tolerance_applies(spec) else Tolerance(atol=np.inf, rtol=0)
     diff = compare_outputs(spec.name, f"{exported.outputs[0].name} (strings vs sentence-transformers)",
                            actual, wanted, tolerance)
     return TextEnsembleReport(texts=len(texts), tokens_identical=True, max_abs_diff=diff,
                               reference_inputs=request, reference_outputs=outputs)
+
+
+def _strings(texts: list[str]) -> np.ndarray:
+    return np.array([[text.encode("utf-8")] for text in texts], dtype=np.bytes_)
+
+
+def _logical(name: str) -> str:
+    """A graph input's tokenizer name (TorchScript inputs are ``<name>__<index>``)."""
+    return name.rsplit("__", 1)[0]
+
+
+def _has_local_folder(spec: ModelSpec, source_dir: object) -> bool:
+    from model_build.manifest import OnnxFileSource, SyntheticSource
+
+    return not isinstance(spec.source, (SyntheticSource, OnnxFileSource)) and source_dir is not None
+
+
+def _check_ids(spec: ModelSpec, texts: list[str], pairs: list[str] | None, ours: dict[str, np.ndarray],
+               expected: Any) -> None:
+    """Every row's ids, mask and token type ids equal the reference tokenizer's, exactly."""
+    mask = ours["attention_mask"]
+    for name in ("input_ids", "attention_mask", "token_type_ids"):
+        if name not in expected:
+            continue
+        for row, text in enumerate(texts):
+            if not np.array_equal(ours[name][row], expected[name][row]):
+                what = f"text {row} {text[:60]!r}" if pairs is None else f"pair {row} ({text[:40]!r}, {pairs[row][:40]!r})"
+                raise ValidationMismatchError(
+                    f"model {spec.name!r}: inputs: text: the ensemble's tokenizer gives other {name} than "
+                    f"transformers.AutoTokenizer for {what}: "
+                    f"{_unpadded(ours[name][row], mask[row])} vs "
+                    f"{_unpadded(expected[name][row], expected['attention_mask'][row])}",
+                    model=spec.name, output=name, max_abs_diff=float("inf"), tolerance=0.0)
+
+
+def _check_cross_encoder(spec: ModelSpec, exported: ExportedModel, source_dir: Path, texts: list[str], pairs: list[str],
+                         encode: Callable[[list[str], list[str] | None], dict[str, np.ndarray]],
+                         run: Callable[[dict[str, np.ndarray]], list[np.ndarray]], tolerance: Tolerance,
+                         chunk: int) -> float:
+    """The served path's logits of ``pairs`` against ``CrossEncoder.predict`` (no activation: the
+    graph returns logits; a client applies the sigmoid or softmax it wants)."""
+    import torch
+    from sentence_transformers import CrossEncoder
+
+    from model_build.validate import compare_outputs
+
+    model = CrossEncoder(str(source_dir), device="cpu", local_files_only=True,
+                         max_length=spec.text_inputs.max_sequence_length)
+    wanted = model.predict(list(zip(texts, pairs, strict=True)), activation_fn=torch.nn.Identity(),
+                           convert_to_numpy=True, show_progress_bar=False)
+    actual = np.concatenate([run(encode(texts[i:i + chunk], pairs[i:i + chunk]))[0]
+                             for i in range(0, len(texts), chunk)])
+    wanted = np.asarray(wanted, dtype=np.float32).reshape(actual.shape)
+    return compare_outputs(spec.name, f"{exported.outputs[0].name} (pairs vs CrossEncoder.predict)",
+                           actual, wanted, tolerance)
 
 
 def _unpadded(ids: np.ndarray, mask: np.ndarray) -> list[int]:

@@ -33,13 +33,14 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from model_build.compare import SERVED_PRECISION_KEY
 from model_build.errors import PackageError
-from model_build.manifest import ModelSpec
+from model_build.manifest import PAIR_TASKS, TEXT_TASKS, ModelSpec
 from model_build.package import onnx_external_data_files, write_tarball
 from model_build.text_ensemble import tokenizer_model
 from model_build.text_ensemble.served_tokenizer import ServedTokenizer
 from model_build.text_ensemble.serving_wheel import vendored_files
 from model_build.text_ensemble.tokenizer_model import (
     KNOWN_OUTPUTS,
+    PAIR_INPUT,
     TEXT_INPUT,
     TOKENIZER_FILE,
     TRUNCATION_MODES,
@@ -54,7 +55,6 @@ MODEL = "model"
 #: Tasks whose outputs the ensemble returns with the tokenizer's attention mask (token-level
 #: outputs need it to tell padding from text; pooled ones do not).
 MASK_TASKS = frozenset({"feature-extraction"})
-TEXT_TASKS = frozenset({"sentence-embedding", "feature-extraction"})
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,8 @@ def render_ensemble_configs(spec: ModelSpec, exported: ExportedModel, tokenizer:
     """The ensemble, tokenizer and model configs for ``spec`` and its exported model.
 
     The model config is :func:`render_config`'s, renamed to its folder; the ensemble's outputs are
-    the model's (plus ``attention_mask`` for token-level tasks), its only input ``TEXT``. The
+    the model's (plus ``attention_mask`` for token-level tasks), its input ``TEXT`` (and, for tasks
+    that score pairs, the optional ``TEXT_PAIR``: a request without it scores single texts). The
     tokenizer's parameters are ``tokenizer``'s (pad token, sides, lower-casing) and the entry's
     (``max_sequence_length``; ``truncation``, which defaults to the manifest's ``text.truncation``).
     """
@@ -117,6 +118,9 @@ def render_ensemble_configs(spec: ModelSpec, exported: ExportedModel, tokenizer:
 
     member = mc.ModelConfig(name=TOKENIZER, backend="python", max_batch_size=spec.max_batch_size)
     member.input.add(name=TEXT_INPUT, data_type=mc.TYPE_STRING, dims=[1])
+    pairs = spec.task in PAIR_TASKS
+    if pairs:
+        member.input.add(name=PAIR_INPUT, data_type=mc.TYPE_STRING, dims=[1], optional=True)
     for name in model_inputs:
         member.output.add(name=name, data_type=mc.TYPE_INT64, dims=[width])
     if "attention_mask" not in model_inputs and spec.task in MASK_TASKS:
@@ -132,6 +136,8 @@ def render_ensemble_configs(spec: ModelSpec, exported: ExportedModel, tokenizer:
     # What smoke and verify compare the answers with: the tolerance rule of the precision served.
     ensemble.parameters[SERVED_PRECISION_KEY].string_value = served_precision(spec)
     ensemble.input.add(name=TEXT_INPUT, data_type=mc.TYPE_STRING, dims=[1])
+    if pairs:
+        ensemble.input.add(name=PAIR_INPUT, data_type=mc.TYPE_STRING, dims=[1], optional=True)
     outputs = {out.name: out for out in model_config.output}
     for out in model_config.output:
         ensemble.output.add(name=out.name, data_type=out.data_type, dims=list(out.dims))
@@ -139,6 +145,8 @@ def render_ensemble_configs(spec: ModelSpec, exported: ExportedModel, tokenizer:
         ensemble.output.add(name="attention_mask", data_type=mc.TYPE_INT64, dims=[width])
     step = ensemble.ensemble_scheduling.step.add(model_name=TOKENIZER, model_version=-1)
     step.input_map[TEXT_INPUT] = TEXT_INPUT
+    if pairs:
+        step.input_map[PAIR_INPUT] = PAIR_INPUT
     for out in member.output:
         step.output_map[out.name] = out.name
     step = ensemble.ensemble_scheduling.step.add(model_name=MODEL, model_version=-1)

@@ -16,6 +16,10 @@ kind                    tokenizer (transformers)      model
 ``unigram``             XLMRobertaTokenizerFast       XLMRobertaModel
 ======================  ============================  ============================
 
+:func:`make_cross_encoder_source` saves the same tokenizers beside the sequence-classification
+model of the architecture (``BertForSequenceClassification``...): a cross-encoder or reranker as
+``CrossEncoder`` loads it. BERT's tokenizer gives ``token_type_ids``; RoBERTa's and XLM-R's do not.
+
 A tool, not runtime: nothing here is part of a model's key or the build image.
 """
 
@@ -108,7 +112,8 @@ def _wrap(kind: str, tokenizer: Any, max_length: int) -> Any:
     return getattr(transformers, name)(tokenizer_object=tokenizer, model_max_length=max_length)
 
 
-def _model(kind: str, vocab_size: int, *, hidden: int, layers: int, heads: int, positions: int, seed: int) -> Any:
+def _model(kind: str, vocab_size: int, *, hidden: int, layers: int, heads: int, positions: int, seed: int,
+           num_labels: int | None = None) -> Any:
     import torch
     import transformers
 
@@ -121,10 +126,20 @@ def _model(kind: str, vocab_size: int, *, hidden: int, layers: int, heads: int, 
         names = ("RobertaConfig", "RobertaModel") if kind == "bpe" else ("XLMRobertaConfig", "XLMRobertaModel")
         extra = {"max_position_embeddings": positions + 2, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2,
                  "type_vocab_size": 1}
+    if num_labels is not None:  # a sequence-classification head on the same encoder
+        names = (names[0], names[1].replace("Model", "ForSequenceClassification"))
+        extra = {**extra, "num_labels": num_labels}
     config_class, model_class = (getattr(transformers, name) for name in names)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return model_class(config_class(**shape, **extra))
+        model = model_class(config_class(**shape, **extra))
+        if num_labels is not None:
+            # A trained head's scores spread; the initialiser's std of 0.02 puts every score near 0,
+            # where a wrong token type or mask would hardly show.
+            for parameter in model.parameters():
+                if parameter.dim() > 1:
+                    torch.nn.init.normal_(parameter, std=0.2)
+        return model
 
 
 def make_text_source(
@@ -162,4 +177,30 @@ def make_text_source(
         if normalize:
             modules.append(Normalize())
         SentenceTransformer(modules=modules, device="cpu").save(str(folder))
+    return TextSource(kind=kind, path=folder, hidden_size=hidden, tokenizer_class=type(tokenizer).__name__)
+
+
+def make_cross_encoder_source(
+    kind: str,
+    folder: Path,
+    *,
+    num_labels: int = 1,
+    hidden: int = 32,
+    layers: int = 2,
+    heads: int = 4,
+    vocab_size: int = 600,
+    max_length: int = 128,
+    seed: int = 0,
+    texts: Sequence[str] = CORPUS,
+) -> TextSource:
+    """Write a cross-encoder folder of ``kind`` to ``folder``: the tokenizer and a
+    sequence-classification model with ``num_labels`` outputs (1: a relevance score), saved with
+    ``save_pretrained`` as ``CrossEncoder`` and transformers load it."""
+    tokenizer = _wrap(kind, _train(kind, [*texts] * 4, vocab_size), max_length)
+    model = _model(kind, len(tokenizer), hidden=hidden, layers=layers, heads=heads, positions=max_length, seed=seed,
+                   num_labels=num_labels)
+    model.eval()
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
     return TextSource(kind=kind, path=folder, hidden_size=hidden, tokenizer_class=type(tokenizer).__name__)
