@@ -93,7 +93,7 @@ test-fast: setup
 
 # checkov fails on any finding that is neither fixed nor skipped with a reason in the template
 # (Metadata.checkov.skip); the tests scan every settings variant (tests/test_stack_checkov.py).
-# A team's own policies: make lint CHECKOV_ARGS="--external-checks-dir policies/" (see README).
+# A team's own policies: make lint CHECKOV_ARGS="--external-checks-dir policies/" (see docs/security.md).
 CHECKOV_ARGS ?=
 lint: setup
 	$(PY) -m ruff check .

@@ -13,7 +13,7 @@ body is sent once to record its refusal.
 Everything goes through boto3's ``sagemaker-runtime`` client to the local endpoint
 (:mod:`model_build.tools.endpoint`), which downloads the published tarball from a local S3
 endpoint (moto's server), unpacks it and loads it on the server: the path a SageMaker MME takes,
-on CPU with the python-based ONNX Runtime / PyTorch backends (see the README's deviations).
+on CPU with the python-based ONNX Runtime / PyTorch backends (see the deviations in docs/local-endpoint.md).
 """
 
 from __future__ import annotations

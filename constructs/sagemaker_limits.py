@@ -5,7 +5,7 @@ SageMaker developer guide for multi-model endpoints, the Triton server's ``docke
 script) so that it can be re-checked. The constructs' props (``constructs/props.py``) are typed with
 these values and refuse anything else with :class:`PropsError`, when they are built.
 
-This module lives in the ``constructs`` namespace package (no ``__init__.py``: see the README);
+This module lives in the ``constructs`` namespace package (no ``__init__.py``: see docs/architecture.md, "Layout");
 its name must never collide with a module of the ``constructs`` library.
 """
 

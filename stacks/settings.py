@@ -146,7 +146,7 @@ class Setting:
         return Annotated[number, Field(ge=low, le=high)], Field(default=default, description=description)
 
 
-#: Every setting that is a props field, in the order the README lists them.
+#: Every setting that is a props field, in the order docs/settings.md lists them.
 SETTINGS: dict[str, Setting] = {
     # Endpoint and autoscaling
     "endpoint_name": Setting(TritonMmeEndpointProps, "endpoint_name"),

@@ -7,7 +7,7 @@ invocation. Here every case of a corpus is given to both: our gate must refuse i
 server's load (``POST /models``, the SageMaker MME route) must refuse it too; each case names a
 reason keyword that must appear in our error and another in the server's answer (a refusal for
 another reason fails the test). The few rules that are stricter than Triton on purpose (a typo Triton would silently
-ignore) are listed apart, and the test shows that the server does load them: the README says so.
+ignore) are listed apart, and the test shows that the server does load them: docs/build.md says so.
 
 Rules of Triton's core (batching, dims, names, layout) are the server's own. Rules of the ONNX
 Runtime backend's ``parameters`` and accelerators are applied, on this CPU machine, by our

@@ -3,7 +3,7 @@ CDK app and by the custom-resource Lambda with one error naming the file and wha
 in bounded memory, and with nothing written to S3 (moto's real server) or the build folder.
 
 The limits (``MAX_MANIFEST_BYTES``, ``MAX_MANIFEST_DEPTH``, ``MAX_SCALAR_CHARS``) and the alias
-policy (anchors and aliases refused outright) are documented in the README.
+policy (anchors and aliases refused outright) are documented in docs/manifest.md.
 """
 
 from __future__ import annotations

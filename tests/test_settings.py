@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
-from cdk_helpers import ROOT  # noqa: F401  (puts the project root on sys.path)
+from cdk_helpers import ROOT  # (also puts the project root on sys.path)
 from pydantic import ValidationError
 
 from constructs.sagemaker_limits import MME_GPU_INSTANCE_TYPES, TRITON_EXTRA_KEYS
@@ -65,9 +67,25 @@ def test_defaults() -> None:
 
 
 def test_every_field_is_documented() -> None:
-    """The README table is generated from these: every field says what it does."""
+    """Every field says what it does (its props field's description)."""
     undocumented = [name for name, field in MmeSettings.model_fields.items() if not field.description]
     assert undocumented == []
+
+
+def test_the_settings_reference_lists_every_setting() -> None:
+    """docs/settings.md's table has a row for every setting, and every row names a setting
+    (a row may name several: `min_instance_count` / `max_instance_count`)."""
+    text = (ROOT / "docs" / "settings.md").read_text(encoding="utf-8")
+    section = text[text.index("\n## Settings\n"):]
+    section = section[:section.index("\n## ", 1)]
+    listed: set[str] = set()
+    for line in section.splitlines():
+        first = re.match(r"^\| (.*?) \|", line)
+        if first and not first.group(1).startswith(("setting", "**", "-")):
+            listed |= set(re.findall(r"`([a-z0-9_]+)`", first.group(1)))
+    fields = set(MmeSettings.model_fields)
+    assert sorted(fields - listed) == [], "settings without a row in docs/settings.md"
+    assert sorted(listed - fields) == [], "rows of docs/settings.md that are no setting"
 
 
 def test_context_strings_are_coerced() -> None:

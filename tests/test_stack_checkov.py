@@ -31,7 +31,8 @@ from model_build.manifest import load_manifest
 CHECKOV = ROOT / ".venv-checkov" / "bin" / "checkov"
 #: The build construct on its own, with a bucket that has no customer key (not a settings variant).
 NO_KEY = "no-key"
-README = ROOT / "README.md"
+#: The page with the scanner tables (its "IaC scanner (checkov)" section).
+SECURITY_DOC = ROOT / "docs" / "security.md"
 
 
 @dataclass
@@ -138,21 +139,22 @@ def test_every_skip_answers_a_finding(scan: Scan) -> None:
         assert sorted(scan.unexplained.get(name, [])) == skipped, name
 
 
-def test_the_readme_table_is_the_scan(scan: Scan) -> None:
-    """The README's scanner table gives each variant's counts and names every skipped check."""
-    text = README.read_text(encoding="utf-8")
-    section = text[text.index("### IaC scanner (checkov)"):]
-    section = section[:section.index("\n## ")]
+def test_the_docs_table_is_the_scan(scan: Scan) -> None:
+    """docs/security.md's scanner table gives each variant's counts and names every skipped check."""
+    text = SECURITY_DOC.read_text(encoding="utf-8")
+    section = text[text.index("\n## IaC scanner (checkov)\n"):]
+    end = section.find("\n## ", 1)
+    section = section if end == -1 else section[:end]
     for name in VARIANTS:
         passed, skipped = len(scan.passed.get(name, [])), len(scan.skipped.get(name, []))
         row = re.search(rf"^\| {re.escape(name)} \| (\d+) \| \d+ \| (\d+) \| 0 \|$", section, re.M)
-        assert row is not None, f"README: no row for the {name} template"
-        assert (int(row[1]), int(row[2])) == (passed, skipped), f"README: {name} has {passed} passed, {skipped} skipped"
+        assert row is not None, f"{SECURITY_DOC.name}: no row for the {name} template"
+        assert (int(row[1]), int(row[2])) == (passed, skipped), f"{SECURITY_DOC.name}: {name} has {passed} passed, {skipped} skipped"
     default = (len(scan.passed["default"]), len(scan.skipped["default"]))
     assert f"{default[0]} passed, 0 failed, {default[1]} skipped" in section
     for name, skipped_checks in scan.skipped.items():
         for check_id in {c["check_id"] for c in skipped_checks}:
-            assert f"`{check_id}`" in section, f"{check_id} (skipped in {name}) is not in the README's scanner tables"
+            assert f"`{check_id}`" in section, f"{check_id} (skipped in {name}) is not in the scanner tables of {SECURITY_DOC.name}"
 
 
 def test_log_groups_and_lambda_environments_use_the_stack_key(scan: Scan) -> None:

@@ -12,7 +12,7 @@ One process serves, on ``127.0.0.1:<port>``:
 
 Behind it, :mod:`model_build.tools.mme` plays SageMaker's part of MME and the real
 ``tritonserver`` loads and runs the models. Deviations from the GPU endpoint are printed in the
-ready line and listed in the README: python-based ``onnxruntime``/``pytorch`` backends on CPU and
+ready line and listed in docs/local-endpoint.md: python-based ``onnxruntime``/``pytorch`` backends on CPU and
 ``KIND_GPU`` served as ``KIND_CPU``.
 """
 
