@@ -269,11 +269,14 @@ class TextInputs(_Strict):
     #: ``max_sequence_length`` tokens. ``refuse`` (default): a 400 naming the input and the string's
     #: index; ``truncate``: cut to ``max_sequence_length`` tokens, as sentence-transformers does.
     truncation: Literal["refuse", "truncate"] = "refuse"
-    #: ``inputs: text`` only: how the server-side tokenizer pads a request. ``bucket`` (default): to
-    #: its longest row rounded up to a multiple of 8 (at most ``max_sequence_length``), so a short
-    #: text costs few positions and similar lengths still batch together; ``max_length``: every row
-    #: to ``max_sequence_length`` (one shape for every request).
-    padding: Literal["bucket", "max_length"] = "bucket"
+    #: ``inputs: text`` only: how the server-side tokenizer pads a request. ``bucket``: to its longest
+    #: row rounded up to a multiple of 8 (at most ``max_sequence_length``), so a short text costs few
+    #: positions, FP16 matrix shapes stay tensor-core aligned and similar lengths still batch
+    #: together; ``longest``: to its longest row alone (the fewest positions); ``max_length``: every
+    #: row to ``max_sequence_length`` (one shape for every request). Unset: ``longest`` for
+    #: ``instance_group.kind`` KIND_CPU (no alignment pays there), else ``bucket``
+    #: (:attr:`ModelSpec.text_padding`).
+    padding: Literal["bucket", "longest", "max_length"] | None = None
 
 
 class ImageInputs(_Strict):
@@ -386,7 +389,7 @@ class ModelSpec(_Strict):
         elif self.text is not None and self.text.truncation != "refuse":
             raise ValueError(f"text.truncation: got {self.text.truncation!r} with inputs 'tokens'; truncation is "
                              "done by the server-side tokenizer of inputs: text (token clients cut their own ids)")
-        elif self.text is not None and "padding" in self.text.model_fields_set:
+        elif self.text is not None and self.text.padding is not None:
             raise ValueError(f"text.padding: got {self.text.padding!r} with inputs 'tokens'; padding is done by the "
                              "server-side tokenizer of inputs: text (token clients pad their own ids)")
         if is_text and isinstance(self.source, SyntheticSource) and self.source.architecture != "bert":
@@ -485,6 +488,14 @@ class ModelSpec(_Strict):
     @property
     def text_inputs(self) -> TextInputs:
         return self.text or TextInputs()
+
+    @property
+    def text_padding(self) -> str:
+        """The server-side tokenizer's padding: ``text.padding``, or its default for the instance kind."""
+        given = self.text_inputs.padding
+        if given is not None:
+            return given
+        return "longest" if self.instance_group.kind == "KIND_CPU" else "bucket"
 
     @property
     def image_inputs(self) -> ImageInputs:

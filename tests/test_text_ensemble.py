@@ -705,14 +705,16 @@ def test_synth_check_refuses_disabled_namespacing_with_raw_text_targets():
 def test_padding_is_a_manifest_choice_in_the_configs_and_refused_for_token_inputs(served):
     from model_build.errors import ManifestError
 
-    bucket = render_ensemble_configs(spec_for(inputs="text", task="feature-extraction"), replace(
-        FAKE_SIGNATURE, outputs=(TensorSpec("last_hidden_state", "float32", (-1, -1, 384)),)), served)
-    assert 'string_value: "bucket"' in bucket.tokenizer and f"dims: {MAX_LEN}" not in bucket.tokenizer
-    assert "dims: -1" in bucket.tokenizer and "dims: -1" in bucket.ensemble.split("ensemble_scheduling")[0]
+    features = replace(FAKE_SIGNATURE, outputs=(TensorSpec("last_hidden_state", "float32", (-1, -1, 384)),))
+    for kind, default in (("KIND_GPU", "bucket"), ("KIND_CPU", "longest")):  # the default follows the kind
+        bucket = render_ensemble_configs(spec_for(inputs="text", task="feature-extraction",
+                                                  instance_group={"kind": kind, "count": 1}), features, served)
+        assert f'string_value: "{default}"' in bucket.tokenizer and f"dims: {MAX_LEN}" not in bucket.tokenizer
+        assert "dims: -1" in bucket.tokenizer and "dims: -1" in bucket.ensemble.split("ensemble_scheduling")[0]
     fixed = render_ensemble_configs(spec_for(inputs="text", text={"max_sequence_length": MAX_LEN,
                                                                   "padding": "max_length"}), FAKE_SIGNATURE, served)
     assert 'string_value: "max_length"' in fixed.tokenizer and f"dims: {MAX_LEN}" in fixed.tokenizer
     with pytest.raises(ManifestError, match=r"text\.padding: got 'max_length' with inputs 'tokens'"):
         spec_for(text={"padding": "max_length"})
     with pytest.raises(ManifestError, match="padding"):
-        spec_for(inputs="text", text={"padding": "longest"})
+        spec_for(inputs="text", text={"padding": "dynamic"})

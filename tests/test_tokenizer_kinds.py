@@ -89,9 +89,10 @@ def test_bucket_padding_pads_to_the_longest_row_rounded_up_like_pad_to_multiple_
     the maximum), what AutoTokenizer gives with padding="longest", pad_to_multiple_of=PAD_MULTIPLE."""
     from model_build.text_ensemble.tokenizer_model import PAD_MULTIPLE
 
-    served = prepare_tokenizer(spec_for(), source.path)
+    spec = spec_for(text={"max_sequence_length": MAX_LEN, "truncation": "truncate", "padding": "bucket"})
+    served = prepare_tokenizer(spec, source.path)
     texts = [CORPUS[i] for i in rows]
-    ours = encoder_for(served, spec_for(), truncate=True).encode_batch(texts)
+    ours = encoder_for(served, spec, truncate=True).encode_batch(texts)
     expected = reference(texts, truncation=True, max_length=MAX_LEN, padding="longest",
                          pad_to_multiple_of=PAD_MULTIPLE, return_tensors="np")
     np.testing.assert_array_equal(ours["input_ids"], expected["input_ids"])
@@ -100,9 +101,30 @@ def test_bucket_padding_pads_to_the_longest_row_rounded_up_like_pad_to_multiple_
     assert width % PAD_MULTIPLE == 0 and width <= MAX_LEN
 
 
+@pytest.mark.parametrize("rows", [[0], [0, 3], list(range(len(CORPUS)))], ids=["one", "two", "all"])
+def test_longest_padding_pads_to_the_longest_row_like_padding_true(source, reference, rows):
+    """``text.padding: longest``: the request's longest row alone, AutoTokenizer's padding=True."""
+    spec = spec_for(text={"max_sequence_length": MAX_LEN, "truncation": "truncate", "padding": "longest"})
+    served = prepare_tokenizer(spec, source.path)
+    texts = [CORPUS[i] for i in rows]
+    ours = encoder_for(served, spec, truncate=True).encode_batch(texts)
+    expected = reference(texts, truncation=True, max_length=MAX_LEN, padding="longest", return_tensors="np")
+    for name in ("input_ids", "attention_mask"):
+        np.testing.assert_array_equal(ours[name], expected[name])
+    assert ours["attention_mask"][:, -1].max() == 1  # no column of padding alone
+
+
+def test_padding_defaults_to_longest_on_cpu_and_bucket_elsewhere():
+    assert spec_for().text_padding == "longest"  # KIND_CPU
+    for kind in ("KIND_GPU", "KIND_AUTO"):
+        assert spec_for(instance_group={"kind": kind, "count": 1}).text_padding == "bucket"
+    given = spec_for(text={"max_sequence_length": MAX_LEN, "padding": "bucket"})
+    assert given.text_padding == "bucket"
+
+
 def test_bucket_width_never_exceeds_a_maximum_that_is_no_multiple_of_the_bucket(source):
     served = prepare_tokenizer(spec_for(), source.path)
-    spec = spec_for(text={"max_sequence_length": 42, "truncation": "truncate"})
+    spec = spec_for(text={"max_sequence_length": 42, "truncation": "truncate", "padding": "bucket"})
     arrays = encoder_for(served, spec, truncate=True).encode_batch([LONG, "short"])
     assert arrays["input_ids"].shape == (2, 42) and int(arrays["attention_mask"][0].sum()) == 42
 

@@ -109,8 +109,8 @@ def render_ensemble_configs(spec: ModelSpec, exported: ExportedModel, tokenizer:
         raise PackageError(f"inputs: text: the exported model takes {unknown}; the tokenizer produces "
                            + ", ".join(KNOWN_OUTPUTS), model=spec.name)
     max_len = spec.text_inputs.max_sequence_length
-    # ``bucket`` padding: each request's own width (at most max_len); ``max_length``: always max_len.
-    width = -1 if spec.text_inputs.padding == "bucket" else max_len
+    # ``bucket``/``longest`` padding: each request's own width (at most max_len); ``max_length``: always max_len.
+    width = max_len if spec.text_padding == "max_length" else -1
 
     model_config = mc.ModelConfig()
     text_format.Parse(render_config(spec, exported), model_config)
@@ -128,7 +128,7 @@ def render_ensemble_configs(spec: ModelSpec, exported: ExportedModel, tokenizer:
     member.instance_group.add(kind=mc.ModelInstanceGroup.KIND_CPU, count=1)
     member.parameters["max_sequence_length"].string_value = str(max_len)
     member.parameters["truncation"].string_value = truncation
-    member.parameters["padding"].string_value = spec.text_inputs.padding
+    member.parameters["padding"].string_value = spec.text_padding
     for key, value in sorted(tokenizer.parameters.items()):
         member.parameters[key].string_value = value
 

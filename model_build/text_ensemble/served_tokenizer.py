@@ -147,5 +147,5 @@ def encoder_for(served: ServedTokenizer, spec: ModelSpec, *, truncate: bool | No
 
     truncation = spec.text_inputs.truncation if truncate is None else ("truncate" if truncate else "refuse")
     parameters = {**served.parameters, "max_sequence_length": str(spec.text_inputs.max_sequence_length),
-                  "truncation": truncation, "padding": padding or spec.text_inputs.padding}
+                  "truncation": truncation, "padding": padding or spec.text_padding}
     return TextEncoder.from_json(served.tokenizer_json, parameters, tokenizers)

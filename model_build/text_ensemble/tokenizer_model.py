@@ -23,8 +23,10 @@ Padding (``padding``): ``bucket`` (the default) pads a request's rows to its lon
 up to a multiple of 8 (at most ``max_sequence_length``): a 12-token sentence costs the model 16
 positions, not 128, and requests of similar length still share a shape, which is what the dynamic
 batcher of the model behind the ensemble needs to join them (it only batches equal shapes).
-``max_length`` pads every row to ``max_sequence_length``: one shape for every request, at the cost
-of computing every position. Masked positions change no pooled embedding.
+``longest`` pads to the longest row alone (``padding=True`` of a Hugging Face tokenizer): the fewest
+positions, for CPU instances, where no matrix-shape alignment pays and the model's batcher
+matters less. ``max_length`` pads every row to ``max_sequence_length``: one shape for every
+request, at the cost of computing every position. Masked positions change no pooled embedding.
 
 A text whose tokens do not fit is refused by default (``truncation: "refuse"``): an embedding of
 part of a text is an error a client does not see. With ``"truncate"`` it is cut as the reference
@@ -67,7 +69,7 @@ PAIR_INPUT = "TEXT_PAIR"
 #: Outputs this model can produce; its config names the ones the model behind it takes.
 KNOWN_OUTPUTS = ("input_ids", "attention_mask", "token_type_ids")
 TRUNCATION_MODES = ("refuse", "truncate")
-PADDING_MODES = ("bucket", "max_length")
+PADDING_MODES = ("bucket", "longest", "max_length")
 #: ``bucket`` padding rounds a request's longest row up to a multiple of this.
 #: 8: the alignment of FP16 tensor-core matrix shapes (Hugging Face's collators use it for the same
 #: reason); 16 was measured too, and padded 28% more positions than 8 on the benchmark's sentences.
@@ -153,6 +155,8 @@ class TextEncoder:
         """The padded width of a request whose longest row has ``longest`` tokens."""
         if self.padding == "max_length":
             return self.max_length
+        if self.padding == "longest":
+            return min(self.max_length, longest)
         return min(self.max_length, -(-longest // PAD_MULTIPLE) * PAD_MULTIPLE)
 
     def encode_batch(self, texts: Sequence[str], pairs: Sequence[str] | None = None, *,
