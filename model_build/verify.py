@@ -54,6 +54,8 @@ def build_request(
     model = config.name or "?"
     infer_inputs = []
     for io in config.input:
+        if io.name not in inputs and io.optional:  # e.g. TEXT_PAIR: a request of single texts
+            continue
         if io.name not in inputs:
             raise VerifyError(
                 f"model {model!r}: input {io.name!r}: no data given; the config expects inputs "
