@@ -589,6 +589,8 @@ def test_shm_need_is_largest_batch_times_sequence_times_bytes(tmp_path):
     needed = shm_bytes_per_request(manifest.models[0])
     assert needed == 32 * (4 + 512 * 64) + 32 * 512 * 3 * 8
     assert shm_bytes_per_request(spec_for()) == 0  # token inputs: no python model in the path
+    pairs = spec_for(task="text-classification", inputs="text", max_batch_size=32, text={"max_sequence_length": 512})
+    assert shm_bytes_per_request(pairs) == 32 * (2 * 4 + 512 * 64) + 32 * 512 * 3 * 8  # a header per string
     assert shm_problem(manifest, 16 * 1024 * 1024) is None
     assert shm_problem(manifest, needed) is None
     problem = shm_problem(manifest, needed - 1)

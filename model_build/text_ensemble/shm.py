@@ -10,7 +10,7 @@ small ``/dev/shm``) is found out. Only the manifest is imported here: synth stay
 
 from __future__ import annotations
 
-from model_build.manifest import Manifest, ModelSpec
+from model_build.manifest import PAIR_TASKS, Manifest, ModelSpec
 
 #: Outputs of the tokenizer per position: input_ids, attention_mask, token_type_ids (int64 each).
 ID_TENSORS = 3
@@ -28,7 +28,9 @@ def shm_bytes_per_request(spec: ModelSpec) -> int:
         return 0
     batch = max(1, spec.max_batch_size)
     length = spec.text_inputs.max_sequence_length
-    strings = batch * (STRING_HEADER_BYTES + length * TEXT_BYTES_PER_TOKEN)
+    # A pair's two strings share the row's max_sequence_length tokens; each has its own header.
+    per_row = 2 if spec.task in PAIR_TASKS else 1
+    strings = batch * (per_row * STRING_HEADER_BYTES + length * TEXT_BYTES_PER_TOKEN)
     ids = batch * length * ID_TENSORS * ID_BYTES
     return strings + ids
 
