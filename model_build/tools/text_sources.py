@@ -162,10 +162,7 @@ def make_text_source(
     model = _model(kind, len(tokenizer), hidden=hidden, layers=layers, heads=heads, positions=max_length, seed=seed)
     model.eval()
     if pooling is None:
-        folder.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(folder)
-        tokenizer.save_pretrained(folder)
-        return TextSource(kind=kind, path=folder, hidden_size=hidden, tokenizer_class=type(tokenizer).__name__)
+        return _save_pretrained(kind, folder, model, tokenizer, hidden)
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.base.modules import Normalize, Transformer
     from sentence_transformers.sentence_transformer.modules import Pooling
@@ -200,6 +197,11 @@ def make_cross_encoder_source(
     model = _model(kind, len(tokenizer), hidden=hidden, layers=layers, heads=heads, positions=max_length, seed=seed,
                    num_labels=num_labels)
     model.eval()
+    return _save_pretrained(kind, folder, model, tokenizer, hidden)
+
+
+def _save_pretrained(kind: str, folder: Path, model: Any, tokenizer: Any, hidden: int) -> TextSource:
+    """A plain transformers folder: the model and its tokenizer, each saved by ``save_pretrained``."""
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
