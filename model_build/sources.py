@@ -352,7 +352,7 @@ def s3_tokenizer_files(spec: ModelSpec, source: S3Source, folder: Path, s3_clien
     """
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from model_build.text_ensemble.served_tokenizer import TOKENIZER_SOURCE_FILES
+    from model_build.manifest import TOKENIZER_SOURCE_FILES
 
     bucket, prefix = _split_s3(source.uri)
     prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
@@ -656,7 +656,7 @@ def _long_text(spec: ModelSpec, source_dir: Path | None) -> str:
 def _tokenizer(spec: ModelSpec, source_dir: Path | None) -> Any:
     if source_dir is None or not source_dir.is_dir():
         return None
-    from model_build.text_ensemble.served_tokenizer import TOKENIZER_FILES
+    from model_build.manifest import TOKENIZER_FILES
 
     names = TOKENIZER_FILES
     if not any((source_dir / name).is_file() for name in names):
