@@ -303,7 +303,8 @@ def _gemm_ms(profile: dict[str, Any], ops: frozenset[str]) -> float:
 def run(ctx: RunContext) -> dict[str, Any]:
     import torch
 
-    from model_build.sources import load_module, resolve_source
+    from model_build.export.eager import load_module
+    from model_build.export.sources import resolve_source
 
     started = time.perf_counter()
     threads = ctx.threads or usable_cores()

@@ -99,7 +99,7 @@ def _kind_specs(ctx: RunContext) -> dict[str, Any]:
 
 
 def _source_folder(spec: Any, ctx: RunContext) -> Path:
-    from model_build.sources import resolve_source
+    from model_build.export.sources import resolve_source
 
     return resolve_source(spec, base_dir=Path(__file__).resolve().parents[1], work_dir=ctx.scratch("text-source"))
 

@@ -169,7 +169,7 @@ def _int8_share(model_path: Path, batch: int, seq: int) -> float:
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    from model_build.optimize import row_cosines
+    from model_build.export.optimize import row_cosines
 
     return float(row_cosines(a, b).min())
 
@@ -177,9 +177,10 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
 def run(ctx: RunContext) -> dict[str, Any]:
     import torch
 
+    from model_build.export.eager import load_module
+    from model_build.export.sources import resolve_source
+    from model_build.export.validate import onnx_providers
     from model_build.gate import open_model
-    from model_build.sources import load_module, resolve_source
-    from model_build.validate import onnx_providers
 
     started = time.perf_counter()
     threads = ctx.threads or usable_cores()

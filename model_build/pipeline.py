@@ -115,7 +115,7 @@ def _is_text(spec: ModelSpec) -> bool:
 def check_tokenizer(inputs: BuildInputs, done: Artifacts) -> Artifacts:
     """Raw-text targets: the tokenizer, loaded, checked and serialized before the slow export for
     every source kind (an S3 source: its tokenizer files alone, before the weights are downloaded)."""
-    from model_build.sources import resolve_source, s3_tokenizer_files
+    from model_build.export.sources import resolve_source, s3_tokenizer_files
     from model_build.text_ensemble.served_tokenizer import prepare_tokenizer
 
     spec, options = inputs.spec, inputs.options
@@ -131,7 +131,7 @@ def check_tokenizer(inputs: BuildInputs, done: Artifacts) -> Artifacts:
 
 def export_optimize_validate(inputs: BuildInputs, done: Artifacts) -> Artifacts:
     """Resolve the source, export, optimize and validate against PyTorch; write the reference."""
-    from model_build.validate import export_and_validate
+    from model_build.export.validate import export_and_validate
 
     exported, report, reference = export_and_validate(
         inputs.spec, base_dir=inputs.options.base_dir, work_dir=inputs.work_dir, s3_client=inputs.options.s3_client

@@ -292,7 +292,7 @@ def test_configs_refuse_bad_truncation_and_non_text_inputs(served):
 
 @pytest.fixture(scope="module")
 def exported_minilm(tmp_path_factory) -> ExportedModel:
-    from model_build.validate import export_and_validate
+    from model_build.export.validate import export_and_validate
 
     exported, _, _ = export_and_validate(spec_for(), base_dir=ROOT, work_dir=tmp_path_factory.mktemp("export"))
     return exported

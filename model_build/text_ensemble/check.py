@@ -61,8 +61,8 @@ def check_text_ensemble(spec: ModelSpec, exported: ExportedModel, tokenizer: Ser
     """Run both checks of the module docstring; raise on the first text that differs."""
     from transformers import AutoTokenizer
 
-    from model_build.sources import reference_sentences
-    from model_build.validate import (
+    from model_build.export.eager import reference_sentences
+    from model_build.export.validate import (
         _has_sentence_transformers_reference,
         compare_outputs,
         elementwise_tolerance_applies,
