@@ -141,7 +141,7 @@ def export_optimize_validate(inputs: BuildInputs, done: Artifacts) -> Artifacts:
 
 def render_model_config(inputs: BuildInputs, done: Artifacts) -> Artifacts:
     """The exported model's ``config.pbtxt`` (``render_config`` checks it as Triton would)."""
-    from model_build.triton_config import render_config
+    from model_build.package.render import render_config
 
     text = render_config(inputs.spec, done.need("exported", "config"))
     return replace(done, config_text=text, member_config_text=text)
@@ -187,7 +187,7 @@ def package(inputs: BuildInputs, done: Artifacts) -> Artifacts:
             truncation=spec.text_inputs.truncation, compresslevel=inputs.options.compresslevel,
         )
     else:
-        from model_build.package import package_model
+        from model_build.package.pack import package_model
 
         sha256, size = package_model(
             model_name=spec.name, config_text=done.need("member_config_text", "package"),
@@ -199,7 +199,7 @@ def package(inputs: BuildInputs, done: Artifacts) -> Artifacts:
 def pre_publish_gate(inputs: BuildInputs, done: Artifacts) -> Artifacts:
     """Everything Triton checks when it loads the tarball (``model_build.gate.check_repository``);
     a tarball the gate refuses is removed."""
-    from model_build.package import gate_tarball
+    from model_build.package.gate import gate_tarball
 
     gate_tarball(done.need("tarball", "pre-publish gate"), model=inputs.spec.name)
     return done

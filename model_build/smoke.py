@@ -350,7 +350,7 @@ def _config_from_tarball(s3_client: Any, bucket: str, key: str) -> str | None:
     from botocore.exceptions import BotoCoreError, ClientError
 
     from model_build.errors import ModelBuildError
-    from model_build.tarball import read_member
+    from model_build.package.tarball import read_member
 
     try:
         body = s3_client.get_object(Bucket=bucket, Key=key)["Body"]
@@ -382,7 +382,7 @@ def _prepare_reference(
     ``digests`` maps object keys to the sha256 the index records for them (its ``references``):
     a reference that changed after the release was published would make every verdict meaningless.
     """
-    from model_build.triton_config import check_config, parse_config
+    from model_build.package.triton_config import check_config, parse_config
     from model_build.verify import SAGEMAKER_BINARY_CONTENT_TYPE, build_request
 
     # The index names where each reference is (the store); an index of the earlier layout had them
@@ -536,7 +536,7 @@ def _parse_answer(body: bytes, content_type: str) -> Any:
 
 def _check_answer(result: Any, reference: _Reference, atol: float, rtol: float) -> float:
     """Every config output present with the config's datatype and shape, values near the reference."""
-    from model_build.triton_config import wire_datatype
+    from model_build.package.triton_config import wire_datatype
 
     config = reference.config
     worst = 0.0

@@ -21,10 +21,7 @@ from tritonclient.utils import (
 )
 
 from model_build.errors import VerifyError
-from model_build.triton_config import (
-    ModelConfig,
-    wire_datatype,
-)
+from model_build.package.triton_config import ModelConfig, wire_datatype
 
 #: ``Content-Type`` of a binary request to the SageMaker Triton container.
 SAGEMAKER_BINARY_CONTENT_TYPE = "application/vnd.sagemaker-triton.binary+json;json-header-size={}"

@@ -255,8 +255,8 @@ def _answer_json(name: str, values: np.ndarray) -> Any:
 def test_smoke_holds_a_raw_text_target_to_the_tolerance_of_its_precision(overrides, precision, served):
     """The ensemble's config records the precision served; smoke compares with compare.py's rule for it."""
     from model_build.compare import SERVED_TOLERANCE
+    from model_build.package.triton_config import parse_config
     from model_build.smoke import _CallFailed, _check_answer, _Reference
-    from model_build.triton_config import parse_config
 
     config = parse_config(render_ensemble_configs(spec_for(inputs="text", **overrides), FAKE_SIGNATURE, served).ensemble)
     reference = _Reference(config=config, batch=2,

@@ -33,8 +33,10 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from model_build.compare import SERVED_PRECISION_KEY
 from model_build.errors import PackageError
-from model_build.manifest import ModelSpec
-from model_build.package import onnx_external_data_files, write_tarball
+from model_build.manifest import TEXT_TASKS, ModelSpec
+from model_build.package.pack import onnx_external_data_files, write_tarball
+from model_build.package.render import render_config
+from model_build.package.triton_config import check_config, default_filename
 from model_build.text_ensemble import tokenizer_model
 from model_build.text_ensemble.served_tokenizer import ServedTokenizer
 from model_build.text_ensemble.serving_wheel import vendored_files
@@ -45,7 +47,6 @@ from model_build.text_ensemble.tokenizer_model import (
     TRUNCATION_MODES,
     VENDOR_DIR,
 )
-from model_build.triton_config import check_config, default_filename, render_config
 from model_build.types import ExportedModel
 
 ENSEMBLE = "ensemble"
@@ -54,7 +55,6 @@ MODEL = "model"
 #: Tasks whose outputs the ensemble returns with the tokenizer's attention mask (token-level
 #: outputs need it to tell padding from text; pooled ones do not).
 MASK_TASKS = frozenset({"feature-extraction"})
-TEXT_TASKS = frozenset({"sentence-embedding", "feature-extraction"})
 
 
 @dataclass(frozen=True)

@@ -393,7 +393,7 @@ class ModelCache:
         """Download, check the digest, unpack safely, localize the configs."""
         from botocore.exceptions import ClientError
 
-        from model_build.tarball import safe_extract
+        from model_build.package.tarball import safe_extract
 
         tarball = directory.parent / "model.tar.gz"
         digest = hashlib.sha256()
