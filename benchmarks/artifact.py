@@ -42,7 +42,7 @@ SIZE_TOLERANCE = 0.01
 
 
 def _current_default() -> int:
-    from model_build.build import DEFAULT_COMPRESSLEVEL
+    from model_build.pipeline import DEFAULT_COMPRESSLEVEL
 
     return int(DEFAULT_COMPRESSLEVEL)
 

@@ -71,7 +71,7 @@ def _minilm_build_seconds(ctx: RunContext) -> dict[str, Any]:
                     return {"model": MINILM_MODEL, "seconds": float(model["seconds"]),
                             "source": f"build record {record.relative_to(ROOT)}"}
         return {"model": MINILM_MODEL, "seconds": None, "source": "not measured (--tiny, no build record)"}
-    from model_build.build import BuildOptions, build_model
+    from model_build.pipeline import BuildOptions, build_model
 
     spec = next(m for m in load_manifest(ROOT / "models.yaml").models if m.name == MINILM_MODEL)
     seconds, _ = timed(lambda: build_model(spec, BuildOptions(base_dir=ROOT), release_dir=ctx.scratch("incremental-minilm"),
@@ -141,7 +141,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
     })
 
     # The one real build, timed: the per-model time of the projection.
-    from model_build.build import BuildOptions, build_model
+    from model_build.pipeline import BuildOptions, build_model
 
     spec = second.models[changed_index]
     build_times: list[float] = []

@@ -105,7 +105,7 @@ def _build_options(args: argparse.Namespace, base_dir: Path, s3_client: Any) -> 
     from functools import partial
 
     from model_build.aws_clients import make_s3_client
-    from model_build.build import BuildOptions
+    from model_build.pipeline import BuildOptions
 
     return BuildOptions(
         base_dir=base_dir,
@@ -119,7 +119,7 @@ def _build_options(args: argparse.Namespace, base_dir: Path, s3_client: Any) -> 
 
 
 def _build(args: argparse.Namespace, s3_client: Any = None) -> tuple[Any, Path, Release]:
-    from model_build.build import build_release
+    from model_build.pipeline import build_release
 
     manifest, release, base_dir = _load(args)
     with _progress() as progress:
@@ -199,7 +199,7 @@ def _s3(args: argparse.Namespace) -> Any:
 
 def _local_record(args: argparse.Namespace, release: Release) -> tuple[Any, Path] | None:
     """The complete local build of this release, if ``build`` or ``publish`` left one."""
-    from model_build.build import BuildRecord
+    from model_build.pipeline import BuildRecord
 
     release_dir = Path(args.out) / release.release_id
     record = BuildRecord.read(release_dir)
@@ -215,7 +215,7 @@ def _build_missing_and_publish(args: argparse.Namespace, s3_client: Any, manifes
     the release by server-side copies. Returns the report, the models built here and how many
     models' keys the bucket already held."""
 
-    from model_build.build import build_missing, read_unit
+    from model_build.pipeline import build_missing, read_unit
     from model_build.publish import ReleaseTarget, publish_from_store, stored_keys, stored_models
     from model_build.release import BUILDS_DIR
 
@@ -356,7 +356,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     With ``--bucket`` the published release is served from there; without, the local build is
     published to a local S3 endpoint first (moto's server, for the run).
     """
-    from model_build.build import BuildRecord
+    from model_build.pipeline import BuildRecord
     from model_build.tools.local_s3 import local_s3
 
     _, release, _ = _load(args)

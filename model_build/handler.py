@@ -338,7 +338,7 @@ def _model_keys(manifest: Manifest) -> dict[str, str]:
 
 def _build_and_store(s3: Any, request: Request, spec: ModelSpec, key: str) -> None:
     """The per-model unit: build one entry and store it under ``<prefix>/_builds/<key>/``."""
-    from model_build.build import BuildOptions, build_unit
+    from model_build.pipeline import BuildOptions, build_unit
     from model_build.publish import publish_unit
 
     work = Path(tempfile.mkdtemp(prefix=f"build-{spec.name}-", dir=os.environ.get("TMPDIR")))

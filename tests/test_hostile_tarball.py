@@ -218,8 +218,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path,
     published next to each hostile tarball, so verify gets as far as unpacking it)."""
     import yaml
 
-    from model_build.build import BuildOptions, build_release
     from model_build.manifest import load_manifest
+    from model_build.pipeline import BuildOptions, build_release
     from model_build.release import compute_release
     from model_build.tools.local_s3 import local_s3
 

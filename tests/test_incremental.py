@@ -33,9 +33,9 @@ from s3_faults import FaultProxy  # tests/ is on sys.path
 
 from model_build import handler
 from model_build.aws_clients import make_s3_client
-from model_build.build import BuildOptions, build_release, build_unit
 from model_build.errors import PublishError
 from model_build.manifest import load_manifest, parse_manifest
+from model_build.pipeline import BuildOptions, build_release, build_unit
 from model_build.publish import (
     ReleaseTarget,
     StoredModel,
@@ -305,7 +305,7 @@ import json, sys
 from pathlib import Path
 import model_build
 import model_build.handler  # the module of every entry point the image's CMD names
-from model_build.build import BuildOptions, build_unit
+from model_build.pipeline import BuildOptions, build_unit
 from model_build.manifest import parse_manifest
 spec = parse_manifest(json.loads(sys.argv[1])).models[0]
 result, built = build_unit(spec, "k-runtime", BuildOptions(base_dir=Path.cwd()), store_dir=Path.cwd() / "store")

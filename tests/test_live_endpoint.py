@@ -25,8 +25,8 @@ from botocore.exceptions import ClientError
 from triton_helpers import requires_triton  # tests/ is on sys.path
 
 from model_build.aws_clients import make_s3_client
-from model_build.build import BuildOptions, build_release
 from model_build.manifest import parse_manifest
+from model_build.pipeline import BuildOptions, build_release
 from model_build.publish import ReleaseTarget, publish_incremental
 from model_build.reference import read_reference
 from model_build.release import compute_release

@@ -301,7 +301,7 @@ def exported_minilm(tmp_path_factory) -> ExportedModel:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """The project's build of an ``inputs: text`` entry (export, checks, ensemble tarball)."""
-    from model_build.build import BuildOptions, build_model
+    from model_build.pipeline import BuildOptions, build_model
 
     release = tmp_path_factory.mktemp("release")
     steps: list[str] = []
@@ -417,7 +417,7 @@ def test_manifest_refuses_inputs_text_where_it_cannot_work(overrides, message):
 
 
 def test_build_refuses_a_source_without_tokenizer_files_before_export(tmp_path):
-    from model_build.build import BuildOptions, build_model
+    from model_build.pipeline import BuildOptions, build_model
 
     source = tmp_path / "model"
     shutil.copytree(MINILM_DIR, source, ignore=shutil.ignore_patterns("vocab.txt", "tokenizer.json", "*.safetensors"))
@@ -432,7 +432,7 @@ def test_build_refuses_a_source_without_tokenizer_files_before_export(tmp_path):
 def test_build_refuses_an_s3_source_without_tokenizer_files_before_download_and_export(tmp_path, endpoint):
     """An S3 prefix without tokenizer files: refused after fetching those alone, before the weights."""
     from model_build.aws_clients import make_s3_client
-    from model_build.build import BuildOptions, build_model
+    from model_build.pipeline import BuildOptions, build_model
 
     s3 = make_s3_client(endpoint_url=endpoint)
     s3.create_bucket(Bucket="no-vocab")
@@ -472,7 +472,7 @@ def test_truncating_copy_embeds_long_text_like_sentence_transformers(server, sen
 @pytest.fixture(scope="module")
 def feature_extraction_key(server, tmp_path_factory) -> str:
     """The project's build of a raw-text ``feature-extraction`` target, loaded beside the others."""
-    from model_build.build import BuildOptions, build_model
+    from model_build.pipeline import BuildOptions, build_model
 
     release = tmp_path_factory.mktemp("fe-release")
     result = build_model(spec_for(name="minilm-tokens-out", task="feature-extraction", inputs="text"),

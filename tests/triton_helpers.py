@@ -42,7 +42,7 @@ def served_manifest(manifest: Any, base_dir: Path, work_dir: Path, bucket: str) 
     from botocore.config import Config
 
     from model_build.aws_clients import make_s3_client
-    from model_build.build import BuildOptions, build_release
+    from model_build.pipeline import BuildOptions, build_release
     from model_build.publish import publish_release
     from model_build.release import compute_release
     from model_build.tools.endpoint import local_endpoint
