@@ -107,7 +107,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
     from botocore.exceptions import ClientError
 
     from model_build.aws_clients import make_s3_client
-    from model_build.publish import publish_release
+    from model_build.release.publish import publish_release
     from model_build.smoke import make_runtime_client
     from model_build.tools.endpoint import MAX_BODY_BYTES, local_endpoint
     from model_build.tools.local_s3 import local_s3

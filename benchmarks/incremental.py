@@ -107,15 +107,9 @@ def _as_key(artifact: Any, name: str, targets: tuple[str, ...]) -> Any:
 def run(ctx: RunContext) -> dict[str, Any]:
     from model_build.aws_clients import make_s3_client
     from model_build.manifest import parse_manifest
-    from model_build.publish import (
-        ReleaseTarget,
-        delete_release,
-        publish_incremental,
-        publish_release,
-        publish_unit,
-        stored_keys,
-    )
     from model_build.release import compute_release, store_prefix
+    from model_build.release.publish import delete_release, publish_release
+    from model_build.release.store import ReleaseTarget, publish_incremental, publish_unit, stored_keys
 
     started = time.perf_counter()
     count = 20 if ctx.tiny else 1000

@@ -326,7 +326,7 @@ def _through_triton(ctx: RunContext, built: dict[str, Any], specs: dict[str, Any
     tritonserver, python-based ONNX Runtime 1.19 backend on CPU): batch latency through boto3."""
     from model_build.aws_clients import make_s3_client
     from model_build.package.triton_config import parse_config
-    from model_build.publish import publish_release
+    from model_build.release.publish import publish_release
     from model_build.smoke import make_runtime_client
     from model_build.tools.endpoint import local_endpoint
     from model_build.tools.local_s3 import local_s3

@@ -24,7 +24,7 @@ from model_build.errors import ModelBuildError, PublishError
 from model_build.manifest import Manifest, load_manifest
 from model_build.plan_cli import add_plan_parsers, cmd_plan, cmd_releases
 from model_build.release import DEFAULT_COMPRESSLEVEL, Release, compute_release, served_prefix
-from model_build.routes import DEFAULT_RETENTION_DAYS
+from model_build.release.routes import DEFAULT_RETENTION_DAYS
 from model_build.smoke import add_smoke_parser, cmd_smoke
 from model_build.tools.endpoint import add_endpoint_parser, cmd_endpoint
 
@@ -216,8 +216,8 @@ def _build_missing_and_publish(args: argparse.Namespace, s3_client: Any, manifes
     models' keys the bucket already held."""
 
     from model_build.pipeline import build_missing, read_unit
-    from model_build.publish import ReleaseTarget, publish_from_store, stored_keys, stored_models
     from model_build.release import BUILDS_DIR
+    from model_build.release.store import ReleaseTarget, publish_from_store, stored_keys, stored_models
 
     keys = dict(release.model_keys)
     store_dir = Path(args.out) / BUILDS_DIR
@@ -253,7 +253,7 @@ def _build_missing_and_publish(args: argparse.Namespace, s3_client: Any, manifes
 
 def _publish(args: argparse.Namespace, s3_client: Any, record: Any, release_dir: Path,
              release: Release) -> Any:
-    from model_build.publish import ReleaseTarget, publish_incremental
+    from model_build.release.store import ReleaseTarget, publish_incremental
 
     targets = sum(len(m.targets) for m in record.models)
     with _progress() as progress:
@@ -281,7 +281,7 @@ def _publish_line(report: Any, bucket: str, prefix: str) -> str:
 
 def _route(args: argparse.Namespace, s3_client: Any, release: Release) -> Any:
     """Route the published release (the routes document, written last) and say what changed."""
-    from model_build.serving import activate_release
+    from model_build.release.serving import activate_release
 
     report = activate_release(s3_client, args.bucket, args.prefix, release.release_id,
                               retention_days=getattr(args, "retention_days", DEFAULT_RETENTION_DAYS),

@@ -172,7 +172,7 @@ class Request:
 
     def activate(self, s3: Any) -> Any:
         """Route this request's release (its index exists)."""
-        from model_build.serving import activate_release
+        from model_build.release.serving import activate_release
 
         report = activate_release(
             s3, self.model_bucket, self.model_prefix, self.release_id, stack=self.stack_id, fleet=self.fleet,
@@ -252,7 +252,7 @@ def on_event(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
         response: dict[str, Any] = {"PhysicalResourceId": request.physical_id}
         machine = request.props.get("BuildStateMachineArn")
         if machine:
-            from model_build.publish import read_index
+            from model_build.release.index import read_index
 
             if read_index(s3, request.model_bucket, request.release.index_key(request.model_prefix)) is None:
                 response["Data"] = {"BuildExecutionArn": _start_build(request, str(machine), event)}
@@ -339,7 +339,7 @@ def _model_keys(manifest: Manifest) -> dict[str, str]:
 def _build_and_store(s3: Any, request: Request, spec: ModelSpec, key: str) -> None:
     """The per-model unit: build one entry and store it under ``<prefix>/_builds/<key>/``."""
     from model_build.pipeline import BuildOptions, build_unit
-    from model_build.publish import publish_unit
+    from model_build.release.store import publish_unit
 
     work = Path(tempfile.mkdtemp(prefix=f"build-{spec.name}-", dir=os.environ.get("TMPDIR")))
     try:
@@ -357,7 +357,7 @@ def _build_and_store(s3: Any, request: Request, spec: ModelSpec, key: str) -> No
 
 def _write_index(s3: Any, request: Request, manifest: Manifest, computed: Release) -> None:
     """The final step: assemble the release from the store (server-side copies, index last)."""
-    from model_build.publish import ReleaseTarget, assemble_release, stored_models
+    from model_build.release.store import ReleaseTarget, assemble_release, stored_models
 
     release = replace(request.release, model_keys=dict(computed.model_keys),
                       model_code_sha256=computed.model_code_sha256, entry_hashes=computed.entry_hashes)
@@ -393,7 +393,7 @@ def _delete(event: dict[str, Any]) -> dict[str, Any]:
       prefix changed, an update's rollback, or the per-release resource of an earlier version of
       this stack, superseded by the fixed prefix): nothing is deleted. Old per-release prefixes
       are listed and deleted on request with ``python -m model_build releases``."""
-    from model_build.serving import destroy_served
+    from model_build.release.serving import destroy_served
 
     physical = event.get("PhysicalResourceId", "")
     try:
@@ -427,7 +427,8 @@ def is_complete(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
 
 
 def _build_step(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    from model_build.publish import read_index, stored_keys
+    from model_build.release.index import read_index
+    from model_build.release.store import stored_keys
 
     request = Request(event)
     s3 = _s3()
@@ -485,7 +486,7 @@ def build_item(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
     code and storing under it would mislabel the bytes."""
     LOG.info("build_item %s %s", event.get("Model"), event.get("Key"))
     try:
-        from model_build.publish import stored_keys
+        from model_build.release.store import stored_keys
 
         request = _item_request(event)
         s3 = _s3()
@@ -556,7 +557,7 @@ def plan_items(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
     """Write the Map's item source: the models whose key is not stored yet, as a JSON array at
     ``<prefix>/_plans/<release_id>.json`` (under the model prefix, the only place the build
     writes). Returns where it is and how many items it holds."""
-    from model_build.publish import stored_keys
+    from model_build.release.store import stored_keys
 
     try:
         request = _item_request(event)

@@ -277,7 +277,7 @@ def _index_location(s3_client: Any, model_data_url: str, release: str | None) ->
     ``<prefix>/_releases/<id>/``; ``release`` picks another release's index there. A release
     prefix of the earlier layout holds its own index."""
     from model_build.release import SERVED_DIR, Release, routes_key
-    from model_build.serving import read_routes
+    from model_build.release.index import read_routes
 
     bucket, prefix = split_model_data_url(model_data_url)
     parent, _, last = prefix.rpartition("/")
@@ -671,7 +671,7 @@ def run_smoke(
     its model or the release index cannot be found. Problems with single targets are rows of the
     report, never exceptions.
     """
-    from model_build.publish import read_index
+    from model_build.release.index import read_index
 
     if timeout_seconds <= 0:
         raise _fail(f"timeout: got {timeout_seconds:g} s; expected more than 0")

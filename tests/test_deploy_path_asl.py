@@ -30,7 +30,8 @@ from deploy_harness import (
 )
 
 from model_build import handler
-from model_build.publish import read_index, stored_keys
+from model_build.release.index import read_index
+from model_build.release.store import stored_keys
 
 #: Slow: real builds through the executed state machine (make test runs it; make test-fast leaves it out).
 pytestmark = pytest.mark.slow

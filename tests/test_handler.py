@@ -23,8 +23,8 @@ import yaml
 from model_build import handler
 from model_build.aws_clients import make_s3_client
 from model_build.manifest import parse_manifest
-from model_build.publish import read_index
 from model_build.release import compute_release
+from model_build.release.index import read_index
 from model_build.tools.local_s3 import local_s3
 
 MANIFEST: dict[str, Any] = {

@@ -245,7 +245,7 @@ def test_verify_refuses_a_published_hostile_tarball(name: str, tmp_path: Path, b
     from dataclasses import replace
 
     from model_build.aws_clients import make_s3_client
-    from model_build.publish import ReleaseTarget, publish_incremental
+    from model_build.release.store import ReleaseTarget, publish_incremental
 
     endpoint, manifest, release, artifact = built
     writer = _not_onnx(artifact.path) if name == "onnx-not-onnx" else CORPUS[name][0]

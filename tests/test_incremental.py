@@ -36,16 +36,6 @@ from model_build.aws_clients import make_s3_client
 from model_build.errors import PublishError
 from model_build.manifest import load_manifest, parse_manifest
 from model_build.pipeline import BuildOptions, build_release, build_unit
-from model_build.publish import (
-    ReleaseTarget,
-    StoredModel,
-    assemble_release,
-    download_release,
-    publish_incremental,
-    publish_unit,
-    read_index,
-    stored_keys,
-)
 from model_build.release import (
     PACKAGE_DIR,
     build_code_sha256,
@@ -55,6 +45,16 @@ from model_build.release import (
     served_name,
     served_prefix,
     store_prefix,
+)
+from model_build.release.index import read_index
+from model_build.release.publish import download_release
+from model_build.release.store import (
+    ReleaseTarget,
+    StoredModel,
+    assemble_release,
+    publish_incremental,
+    publish_unit,
+    stored_keys,
 )
 from model_build.types import Artifact
 

@@ -35,9 +35,9 @@ from triton_helpers import requires_triton  # tests/ is on sys.path
 from model_build.aws_clients import make_s3_client
 from model_build.manifest import parse_manifest
 from model_build.pipeline import BuildOptions, build_release
-from model_build.publish import publish_release
 from model_build.reference import read_reference
 from model_build.release import INDEX_NAME, compute_release
+from model_build.release.publish import publish_release
 from model_build.smoke import make_client, make_runtime_client, run_smoke
 from model_build.tools.endpoint import LocalEndpoint, local_endpoint
 from model_build.tools.local_s3 import local_s3

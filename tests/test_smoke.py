@@ -30,9 +30,9 @@ from model_build.aws_clients import make_s3_client
 from model_build.errors import ModelBuildError
 from model_build.manifest import parse_manifest
 from model_build.pipeline import BuildOptions, build_model
-from model_build.publish import publish_release
 from model_build.reference import read_reference, write_reference
 from model_build.release import INDEX_NAME
+from model_build.release.publish import publish_release
 from model_build.smoke import (
     add_smoke_parser,
     cmd_smoke,

@@ -27,7 +27,7 @@ from typing import Any
 from model_build.errors import ModelBuildError
 from model_build.manifest import Manifest, ModelSpec
 from model_build.pipeline.steps import BuildOptions
-from model_build.release import BUILDS_DIR, DEFAULT_COMPRESSLEVEL, Release
+from model_build.release.identity import BUILDS_DIR, DEFAULT_COMPRESSLEVEL, Release
 from model_build.types import Artifact
 
 __all__ = [

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from model_build.manifest import ModelSpec, S3Source
-from model_build.release import DEFAULT_COMPRESSLEVEL
+from model_build.release.identity import DEFAULT_COMPRESSLEVEL
 
 if TYPE_CHECKING:  # the heavy modules are imported by the steps that use them
     from model_build.text_ensemble.served_tokenizer import ServedTokenizer
