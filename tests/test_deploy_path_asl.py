@@ -30,6 +30,7 @@ from deploy_harness import (
 )
 
 from model_build import handler
+from model_build.handler import build_steps
 from model_build.release.index import read_index
 from model_build.release.store import stored_keys
 
@@ -233,7 +234,7 @@ def _stored_unit_stand_in(event: dict[str, Any], context: Any, real: Any) -> Any
         return real(event, context)
     if event["Step"] == "build":
         return {"Model": event["Model"], "Key": event["Key"], "Built": True}
-    request = handler._item_request(event)
+    request = build_steps._item_request(event)
     return request.data(SCALE)
 
 
