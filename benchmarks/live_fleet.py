@@ -84,7 +84,7 @@ class Load:
         self._threads = [threading.Thread(target=self._client, args=(target,), daemon=True) for target in targets]
 
     def _client(self, target: str) -> None:
-        from model_build.smoke import make_runtime_client
+        from model_build.tools.smoke_setup import make_runtime_client
 
         runtime = make_runtime_client(endpoint_url=self.url, timeout_seconds=60)
         deadline = time.monotonic() + 900  # bounded whatever happens
@@ -140,9 +140,9 @@ def _under_load(ctx: RunContext) -> dict[str, Any]:
     from model_build.release.publish import publish_release
     from model_build.release.serving import activate_release
     from model_build.release.store import ReleaseTarget, publish_incremental
-    from model_build.smoke import make_runtime_client
     from model_build.tools.endpoint import local_endpoint
     from model_build.tools.local_s3 import local_s3
+    from model_build.tools.smoke_setup import make_runtime_client
 
     phase = 2.0 if ctx.tiny else 10.0
     entries = [_entry(ctx, "steady-a", 0), _entry(ctx, "steady-b", 1), _entry(ctx, "added", 2)]

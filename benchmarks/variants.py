@@ -327,10 +327,10 @@ def _through_triton(ctx: RunContext, built: dict[str, Any], specs: dict[str, Any
     from model_build.aws_clients import make_s3_client
     from model_build.package.triton_config import parse_config
     from model_build.release.publish import publish_release
-    from model_build.smoke import make_runtime_client
     from model_build.tools.endpoint import local_endpoint
     from model_build.tools.local_s3 import local_s3
-    from model_build.verify import SAGEMAKER_BINARY_CONTENT_TYPE, build_request
+    from model_build.tools.smoke_setup import make_runtime_client
+    from model_build.tools.verify import SAGEMAKER_BINARY_CONTENT_TYPE, build_request
 
     release_id = "r-variants00000000"
     artifacts = [built[key].artifact(ctx.build(specs[key])[1]) for key in built]

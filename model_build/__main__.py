@@ -22,11 +22,11 @@ from rich.table import Table
 
 from model_build.errors import ModelBuildError, PublishError
 from model_build.manifest import Manifest, load_manifest
-from model_build.plan_cli import add_plan_parsers, cmd_plan, cmd_releases
 from model_build.release import DEFAULT_COMPRESSLEVEL, Release, compute_release, served_prefix
 from model_build.release.routes import DEFAULT_RETENTION_DAYS
-from model_build.smoke import add_smoke_parser, cmd_smoke
 from model_build.tools.endpoint import add_endpoint_parser, cmd_endpoint
+from model_build.tools.plan_cli import add_plan_parsers, cmd_plan, cmd_releases
+from model_build.tools.smoke_cli import add_smoke_parser, cmd_smoke
 
 # Wide when not a terminal, so logs and CI output keep each table row and message on one line.
 # Progress bars of our own only: the libraries' weight-loading bars and notices are noise here.
@@ -329,8 +329,10 @@ def _serve_and_check(args: argparse.Namespace, s3_client: Any, release: Release)
     The answers are compared with the references recorded at build time, by the same code the
     smoke test runs against a deployed endpoint; the table shows the cold and the warm call.
     """
-    from model_build.smoke import make_client, make_runtime_client, run_smoke, smoke_table
     from model_build.tools.endpoint import ENDPOINT_NAME, local_endpoint
+    from model_build.tools.smoke import run_smoke
+    from model_build.tools.smoke_cli import smoke_table
+    from model_build.tools.smoke_setup import make_client, make_runtime_client
 
     with local_endpoint(s3_client=s3_client, bucket=args.bucket, release_id=release.release_id,
                         model_prefix=args.prefix) as endpoint:

@@ -32,9 +32,9 @@ from model_build.release import compute_release
 from model_build.release.index import read_routes
 from model_build.release.serving import activate_release
 from model_build.release.store import ReleaseTarget, publish_incremental
-from model_build.smoke import make_runtime_client
 from model_build.tools.endpoint import local_endpoint
 from model_build.tools.local_s3 import local_s3
+from model_build.tools.smoke_setup import make_runtime_client
 
 pytestmark = [pytest.mark.slow, requires_triton]
 BUCKET = "live-endpoint"

@@ -30,8 +30,8 @@ from model_build.package.render import render_config
 from model_build.package.tarball import inspect_tarball, tarball_members
 from model_build.package.triton_config import check_config
 from model_build.reference import read_reference, write_reference
+from model_build.tools.verify import build_request
 from model_build.types import ExportedModel, TensorSpec
-from model_build.verify import build_request
 
 TOLERANCE = Tolerance(atol=1e-4, rtol=1e-3)
 

@@ -256,7 +256,8 @@ def test_smoke_holds_a_raw_text_target_to_the_tolerance_of_its_precision(overrid
     """The ensemble's config records the precision served; smoke compares with compare.py's rule for it."""
     from model_build.compare import SERVED_TOLERANCE
     from model_build.package.triton_config import parse_config
-    from model_build.smoke import _CallFailed, _check_answer, _Reference
+    from model_build.tools.smoke import _check_answer
+    from model_build.tools.smoke_setup import _CallFailed, _Reference
 
     config = parse_config(render_ensemble_configs(spec_for(inputs="text", **overrides), FAKE_SIGNATURE, served).ensemble)
     reference = _Reference(config=config, batch=2,
@@ -652,7 +653,8 @@ def test_published_text_target_answers_boto3_strings_on_the_local_endpoint(tmp_p
                                     ContentType="application/json", Body=json.dumps(bad))
         assert "'TEXT'[0]: the text is empty" in str(caught.value)
         # verify, smoke and the demo send the build's string reference and compare the answers.
-        from model_build.smoke import make_client, make_runtime_client, run_smoke
+        from model_build.tools.smoke import run_smoke
+        from model_build.tools.smoke_setup import make_client, make_runtime_client
 
         report = run_smoke(endpoint_name="local", sagemaker_client=make_client("sagemaker", endpoint_url=endpoint.url),
                            runtime_client=make_runtime_client(endpoint_url=endpoint.url, timeout_seconds=120),
