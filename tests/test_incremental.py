@@ -34,6 +34,7 @@ from s3_faults import FaultProxy  # tests/ is on sys.path
 from model_build import handler
 from model_build.aws_clients import make_s3_client
 from model_build.errors import PublishError
+from model_build.handler import custom_resource
 from model_build.manifest import load_manifest, parse_manifest
 from model_build.pipeline import BuildOptions, build_release, build_unit
 from model_build.release import (
@@ -543,7 +544,7 @@ def test_a_failed_build_execution_fails_the_resource_naming_the_model(
     # attempt that fails without a model's record reports its own error, not the stale model.
     handler.build_step({"Step": "plan", "Request": props})
     failure = s3.get_object(Bucket=bucket, Key=f"{PREFIX}/_plans/{props['ReleaseId']}.failure.json")
-    assert failure["Body"].read() == handler.NO_FAILURE
+    assert failure["Body"].read() == custom_resource.NO_FAILURE
     with pytest.raises(handler.HandlerError) as again:
         handler.is_complete(polled)
     assert "model 'gone'" not in str(again.value)
