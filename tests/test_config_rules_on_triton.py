@@ -1,6 +1,6 @@
 """Each rule of our pre-publish gate, confirmed on the real ``tritonserver``.
 
-``model_build.gate.check_repository`` (the gate the build runs on every tarball it writes: layout,
+``model_build.package.gate.check_repository`` (the gate the build runs on every tarball it writes: layout,
 version folder, ``check_config``, the config against the graph, ensemble rules) refuses a tarball
 before anything is published, because on a SageMaker MME a bad config is only found at the first
 invocation. Here every case of a corpus is given to both: our gate must refuse it, and the real

@@ -1,4 +1,4 @@
-"""Hostile and broken ``model.tar.gz`` archives: :func:`model_build.tarball.safe_extract` (what
+"""Hostile and broken ``model.tar.gz`` archives: :func:`model_build.package.tarball.safe_extract` (what
 verify, the local endpoint and the smoke test's local serving unpack with) refuses each before
 writing a byte, in a subprocess under a memory limit and a time bound, with one message naming
 the archive or the member.

@@ -205,7 +205,7 @@ def _finish_onnx(
     """Shapes, then the offline fusions (``module`` gives heads and hidden size) and FP16.
 
     Fusion precedes FP16 so the converter sees the fused ops; INT8 comes later, in the build's
-    optimize step (:mod:`model_build.optimize`), as it needs calibration inputs.
+    optimize step (:mod:`model_build.export.optimize`), as it needs calibration inputs.
     """
     model = _infer_shapes(model)
     if fusing:

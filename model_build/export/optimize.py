@@ -7,7 +7,7 @@ Three independent steps, applied to the FP32 export in this order:
    attention blocks into ``com.microsoft`` ``Attention``, the embeddings into
    ``EmbedLayerNormalization`` and the FFN activation into ``BiasGelu``. It only recognises the
    *eager* attention pattern (transformers' default SDPA export fuses nothing), so the export is
-   traced with eager attention when fusing (:func:`model_build.export.export_onnx`). It runs with
+   traced with eager attention when fusing (:func:`model_build.export.convert.export_onnx`). It runs with
    ``opt_level=1``: ONNX Runtime's *basic* optimizations (constant folding, redundant node
    elimination), which are the same for every execution provider, are baked in because the
    attention pattern is only visible after constant folding. The provider-specific *extended*
@@ -230,7 +230,7 @@ def optimize_export(
 ) -> tuple[ExportedModel, OptimizeReport]:
     """The build step between export and validation: INT8 where asked, and the step's record.
 
-    Fusion and FP16 are already done by the export (:func:`model_build.export.export_onnx`: the
+    Fusion and FP16 are already done by the export (:func:`model_build.export.convert.export_onnx`: the
     exported file is the served one, so a re-export gives the same bytes); INT8 needs
     calibration inputs and the FP32 reference, which only the build has.
     """

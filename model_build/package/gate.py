@@ -116,12 +116,12 @@ def check_repository(path: Path, *, model: str) -> str:
 
     ``path`` is a packaged ``model.tar.gz`` (unpacked safely into a temporary folder next to it) or
     an unpacked folder. The build runs it on every tarball it writes, single model or ensemble
-    (``model_build.build.build_model`` through :func:`model_build.package.gate_tarball`);
+    (``model_build.pipeline.build.build_model`` through :func:`model_build.package.gate.gate_tarball`);
     ``tests/test_config_rules_on_triton.py`` confirms each rule against the real ``tritonserver``.
 
     1. layout: ``config.pbtxt`` at the root or one model folder; several folders only as one
        ensemble and its members (:func:`check_ensemble_repository`);
-    2. every folder's config parses and passes :func:`~model_build.triton_config.check_config`
+    2. every folder's config parses and passes :func:`~model_build.package.triton_config.check_config`
        (ensembles and python members: Triton core's rules);
     3. a numeric version folder (the one the version policy serves) holding the model file;
     4. the config's inputs and outputs against the graph's (names, data types, dims), read with
@@ -160,9 +160,9 @@ def check_repository(path: Path, *, model: str) -> str:
 
 
 def gate_tarball(out_path: Path, *, model: str) -> None:
-    """Run the pre-publish gate (:func:`model_build.gate.check_repository`) on a written tarball.
+    """Run the pre-publish gate (:func:`model_build.package.gate.check_repository`) on a written tarball.
 
-    The build calls it on every tarball it writes (``model_build.build.build_model``), before
+    The build calls it on every tarball it writes (``model_build.pipeline.build.build_model``), before
     anything is stored or published. A tarball the gate refuses is removed, so nothing Triton would
     refuse is left to publish.
     """

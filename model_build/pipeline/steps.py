@@ -4,8 +4,8 @@ Each step is a small adapter over the module that does the work (``sources``, ``
 (export, optimize, check), ``triton_config``, ``text_ensemble``, ``package``, ``gate``): it reads
 what earlier steps produced from a frozen :class:`Artifacts` and returns a new one with what it
 adds. :func:`run_pipeline` is the only place that sequences them, times them and reports
-progress; ``model_build.build`` drives it for a plain build (:func:`~model_build.build.build_model`)
-and for a stored unit (:func:`~model_build.build.build_unit`), which the CLI, the demo, the Lambda
+progress; ``model_build.pipeline.build`` drives it for a plain build (:func:`~model_build.pipeline.build.build_model`)
+and for a stored unit (:func:`~model_build.pipeline.build.build_unit`), which the CLI, the demo, the Lambda
 handler and the benchmarks all call. A step that reads an artifact no earlier step produced is a
 bug in :data:`PIPELINE`, not an input error, and says which step and which artifact.
 
@@ -33,7 +33,7 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class BuildOptions:
-    """What every model of one build shares, passed whole to each runner of ``model_build.build``.
+    """What every model of one build shares, passed whole to each runner of ``model_build.pipeline.build``.
 
     ``base_dir``: where relative sources resolve. ``s3_client``: reads ``s3`` sources in this
     process; ``s3_factory``: makes one per worker process (a client does not pickle). ``jobs``:
@@ -197,7 +197,7 @@ def package(inputs: BuildInputs, done: Artifacts) -> Artifacts:
 
 
 def pre_publish_gate(inputs: BuildInputs, done: Artifacts) -> Artifacts:
-    """Everything Triton checks when it loads the tarball (``model_build.gate.check_repository``);
+    """Everything Triton checks when it loads the tarball (``model_build.package.gate.check_repository``);
     a tarball the gate refuses is removed."""
     from model_build.package.gate import gate_tarball
 

@@ -10,7 +10,7 @@ turn a logical name (``minilm-l6``, ``bert-3``) into the current ``TargetModel``
 
 The document also keeps, for each served object no route uses any more, when it was unrouted
 (``unrouted``): such an object stays for the retention window so that a rollback can route to it
-again with no upload, then the activation deletes it (:mod:`model_build.serving`). And it keeps
+again with no upload, then the activation deletes it (:mod:`model_build.release.serving`). And it keeps
 the fleet settings of the last deploy, so that ``plan`` can say whether a change replaces the
 fleet.
 

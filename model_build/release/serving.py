@@ -1,6 +1,6 @@
-"""Route a release on the live fleet: the S3 side of :mod:`model_build.routes`.
+"""Route a release on the live fleet: the S3 side of :mod:`model_build.release.routes`.
 
-A release is served in two steps. :func:`model_build.publish.assemble_release` places its
+A release is served in two steps. :func:`model_build.release.store.assemble_release` places its
 tarballs under their immutable names in the served prefix (the endpoint's fixed
 ``ModelDataUrl``) and writes the release's index; :func:`activate_release` then makes it the one
 clients reach: it checks that every newly routed object holds the bytes its route says, copies

@@ -153,7 +153,7 @@ def assemble_release(models: Sequence[StoredModel], target: ReleaseTarget) -> Pu
     Each model's store index is read first; a model whose key is not stored fails the release
     (naming the model) before anything is copied, and no index is written. The index goes to the
     release's bookkeeping folder (``<prefix>/_releases/<id>/``), outside the served prefix, and
-    switches nothing: :func:`model_build.serving.activate_release` routes the release.
+    switches nothing: :func:`model_build.release.serving.activate_release` routes the release.
     """
     if not models:
         raise ValueError("models: empty; a release without models would serve nothing")

@@ -3,7 +3,7 @@
 The ensemble's path is replayed in-process exactly as the server runs it: the tarball's own
 tokenizer step (:class:`~model_build.text_ensemble.tokenizer_model.TextEncoder` of the same file,
 on the served ``tokenizer.json``) then the exported file through the serving runtime
-(:func:`model_build.validate.exported_runner`). Two checks, on the manifest's sample texts and on
+(:func:`model_build.export.validate.exported_runner`). Two checks, on the manifest's sample texts and on
 texts in other scripts (Japanese, Chinese, Korean, Arabic, accented Latin, Cyrillic, emoji,
 combining marks, a very long word, whitespace runs), where tokenizers differ most:
 

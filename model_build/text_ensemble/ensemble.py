@@ -165,7 +165,7 @@ def package_text_ensemble(
 ) -> tuple[str, int]:
     """Write the ensemble tarball (layout in the module docstring); ``(sha256, size)``.
 
-    Reproducible like :func:`model_build.package.package_model`: same inputs, same bytes.
+    Reproducible like :func:`model_build.package.pack.package_model`: same inputs, same bytes.
     """
     configs = render_ensemble_configs(spec, exported, tokenizer, truncation=truncation)
     model_config = check_config(configs.model, model=spec.name)

@@ -272,7 +272,7 @@ def _config_from_tarball(s3_client: Any, bucket: str, key: str) -> str | None:
             for chunk in iter(lambda: body.read(1 << 20), b""):
                 local.write(chunk)
             local.flush()
-            # model_build.tarball reads it under the bomb/size limits (a tarball from a bucket
+            # model_build.package.tarball reads it under the bomb/size limits (a tarball from a bucket
             # other teams write is not trusted).
             data = read_member(Path(local.name), lambda p: p.name == "config.pbtxt" and len(p.parts) <= 2,
                                max_bytes=_CONFIG_MAX_BYTES)

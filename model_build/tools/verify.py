@@ -4,7 +4,7 @@
 (``application/vnd.sagemaker-triton.binary+json;json-header-size=<n>``). A tool: nothing of the
 build runtime imports it, so editing it changes no model key and no release. Whether a published
 tarball loads and answers is checked on the real ``tritonserver`` (``model_build.tools``); the
-pre-publish gate the build runs is ``model_build.gate``.
+pre-publish gate the build runs is ``model_build.package.gate``.
 """
 
 from __future__ import annotations
