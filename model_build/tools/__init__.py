@@ -10,6 +10,7 @@
 - ``local_s3``: moto's S3 server on loopback (demo, tests, benchmarks); ``text_sources``:
   offline text sources of every tokenizer kind (tests, benchmarks).
 
+Owns: everything a user runs against a build, a bucket or an endpoint, on their own machine.
 Nothing here is part of the build runtime: the release and model keys do not hash this folder and
 the Lambda image does not need it, so editing a tool never rebuilds or republishes a model. Only
 the CLI front (``model_build/__main__.py``) imports it.
