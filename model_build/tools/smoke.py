@@ -136,7 +136,12 @@ def _invoke(
     runtime_client: Any, endpoint_name: str, target: str, reference: _Reference, timeout_seconds: float
 ) -> tuple[float, bytes, str]:
     """One timed invocation (request, answer and its body): milliseconds, body, content type."""
-    from botocore.exceptions import BotoCoreError, ClientError, ConnectTimeoutError, ReadTimeoutError
+    from botocore.exceptions import (
+        BotoCoreError,
+        ClientError,
+        ConnectTimeoutError,
+        ReadTimeoutError,
+    )
 
     started = time.perf_counter()
     try:
