@@ -23,7 +23,7 @@ from cdk_nag import AwsSolutionsChecks
 from constructs.sagemaker_limits import PropsError
 from model_build.errors import ManifestError
 from model_build.manifest import Manifest, load_manifest
-from model_build.routes import RoutesError
+from model_build.release.routes import RoutesError
 from stacks.settings import MmeSettings, SettingsError
 from stacks.triton_mme_stack import TritonMmeStack
 
@@ -84,7 +84,7 @@ def plan_line(settings: MmeSettings, manifest: Manifest | None, manifest_path: P
     if not settings.plan_routes_file:
         return (f"models: {len(manifest.models)} entries, {manifest.target_count} targets; a model change never "
                 "replaces the fleet; compare with the live routes: python -m model_build plan --bucket <ModelBucketName>")
-    from model_build.routes import parse_routes, plan_manifest
+    from model_build.release.routes import parse_routes, plan_manifest
 
     path = Path(settings.plan_routes_file)
     path = path if path.is_absolute() else root / path

@@ -315,7 +315,7 @@ class RunContext:
         (the MiniLM tarball for inference and artifact) share one build."""
         key = spec.model_dump_json()
         if key not in self._builds:
-            from model_build.build import BuildOptions, build_model
+            from model_build.pipeline import BuildOptions, build_model
 
             release_dir = self.scratch(f"release-{len(self._builds)}")
             seconds, result = timed(

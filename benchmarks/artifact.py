@@ -42,15 +42,15 @@ SIZE_TOLERANCE = 0.01
 
 
 def _current_default() -> int:
-    from model_build.build import DEFAULT_COMPRESSLEVEL
+    from model_build.pipeline import DEFAULT_COMPRESSLEVEL
 
     return int(DEFAULT_COMPRESSLEVEL)
 
 
 def _contents(tarball: Path, dest: Path) -> tuple[Path, str, str]:
     """The model file, config text and model directory name inside a built tarball."""
-    from model_build.gate import locate_model
-    from model_build.tarball import safe_extract
+    from model_build.package.gate import locate_model
+    from model_build.package.tarball import safe_extract
 
     safe_extract(tarball, dest)
     model_dir, name = locate_model(dest)
@@ -59,10 +59,10 @@ def _contents(tarball: Path, dest: Path) -> tuple[Path, str, str]:
 
 
 def _measure_variant(tarball: Path, repeats: int, scratch: Path, threads: int) -> dict[str, Any]:
-    from model_build.gate import open_model
-    from model_build.package import package_model
-    from model_build.tarball import safe_extract
-    from model_build.triton_config import check_config
+    from model_build.package.backend import open_model
+    from model_build.package.pack import package_model
+    from model_build.package.tarball import safe_extract
+    from model_build.package.triton_config import check_config
 
     model_file, config_text, name = _contents(tarball, scratch / "source")
     samples: dict[int, dict[str, list[float]]] = {lvl: {"pack_s": [], "unpack_s": []} for lvl in LEVELS}

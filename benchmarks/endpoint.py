@@ -107,10 +107,10 @@ def run(ctx: RunContext) -> dict[str, Any]:
     from botocore.exceptions import ClientError
 
     from model_build.aws_clients import make_s3_client
-    from model_build.publish import publish_release
-    from model_build.smoke import make_runtime_client
+    from model_build.release.publish import publish_release
     from model_build.tools.endpoint import MAX_BODY_BYTES, local_endpoint
     from model_build.tools.local_s3 import local_s3
+    from model_build.tools.smoke_setup import make_runtime_client
 
     started = time.perf_counter()
     budget = 1.0 if ctx.tiny else 8.0

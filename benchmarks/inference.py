@@ -64,9 +64,9 @@ Call = Callable[[], Any]
 
 def _unpack(tarball: Path, dest: Path) -> tuple[Path, Any]:
     """Unpack as the container does; returns the model file and the parsed config."""
-    from model_build.gate import locate_model
-    from model_build.tarball import safe_extract
-    from model_build.triton_config import check_config, default_filename
+    from model_build.package.gate import locate_model
+    from model_build.package.tarball import safe_extract
+    from model_build.package.triton_config import check_config, default_filename
 
     safe_extract(tarball, dest)
     model_dir, name = locate_model(dest)
@@ -77,7 +77,7 @@ def _unpack(tarball: Path, dest: Path) -> tuple[Path, Any]:
 def _with_threads(config: Any, threads: int, *, cpu: bool) -> Any:
     """A copy of the config with ``intra_op_thread_count`` set (and KIND_CPU for the CPU runs, so
     that on a GPU machine the same options run on the CPU provider)."""
-    from model_build.triton_config import mc
+    from model_build.package.triton_config import mc
 
     copy = mc.ModelConfig()
     copy.CopyFrom(config)
@@ -89,7 +89,7 @@ def _with_threads(config: Any, threads: int, *, cpu: bool) -> Any:
 
 
 def _open_tuned(model_path: Path, config: Any, name: str) -> Any:
-    from model_build.gate import open_model
+    from model_build.package.backend import open_model
 
     return open_model(model_path, config, model=name)
 
@@ -303,7 +303,8 @@ def _gemm_ms(profile: dict[str, Any], ops: frozenset[str]) -> float:
 def run(ctx: RunContext) -> dict[str, Any]:
     import torch
 
-    from model_build.sources import load_module, resolve_source
+    from model_build.export.eager import load_module
+    from model_build.export.sources import resolve_source
 
     started = time.perf_counter()
     threads = ctx.threads or usable_cores()
@@ -533,7 +534,7 @@ def _gpu(
             f"no CUDA: onnxruntime {ort.__version__} has providers {providers} and torch "
             f"{torch.__version__} reports torch.cuda.is_available() = {torch.cuda.is_available()}"
         )}
-    from model_build.triton_config import mc
+    from model_build.package.triton_config import mc
 
     scratch = ctx.scratch("inference-gpu")
     out: dict[str, Any] = {"providers": providers}

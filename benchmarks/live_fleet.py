@@ -84,7 +84,7 @@ class Load:
         self._threads = [threading.Thread(target=self._client, args=(target,), daemon=True) for target in targets]
 
     def _client(self, target: str) -> None:
-        from model_build.smoke import make_runtime_client
+        from model_build.tools.smoke_setup import make_runtime_client
 
         runtime = make_runtime_client(endpoint_url=self.url, timeout_seconds=60)
         deadline = time.monotonic() + 900  # bounded whatever happens
@@ -135,12 +135,14 @@ def _wait_answer(invoke: Callable[[], Any], limit_s: float = 300.0) -> float:
 def _under_load(ctx: RunContext) -> dict[str, Any]:
     from model_build.aws_clients import make_s3_client
     from model_build.manifest import parse_manifest
-    from model_build.publish import ReleaseTarget, publish_incremental, publish_release
     from model_build.release import compute_release
-    from model_build.serving import activate_release, read_routes
-    from model_build.smoke import make_runtime_client
+    from model_build.release.index import read_routes
+    from model_build.release.publish import publish_release
+    from model_build.release.serving import activate_release
+    from model_build.release.store import ReleaseTarget, publish_incremental
     from model_build.tools.endpoint import local_endpoint
     from model_build.tools.local_s3 import local_s3
+    from model_build.tools.smoke_setup import make_runtime_client
 
     phase = 2.0 if ctx.tiny else 10.0
     entries = [_entry(ctx, "steady-a", 0), _entry(ctx, "steady-b", 1), _entry(ctx, "added", 2)]
@@ -224,7 +226,9 @@ def _at_scale(ctx: RunContext, count: int) -> dict[str, Any]:
     from concurrent.futures import ThreadPoolExecutor
 
     from model_build.aws_clients import make_s3_client
-    from model_build.publish import (
+    from model_build.release import Release, served_prefix
+    from model_build.release.serving import activate_release
+    from model_build.release.store import (
         ReleaseTarget,
         StoredModel,
         assemble_release,
@@ -233,8 +237,6 @@ def _at_scale(ctx: RunContext, count: int) -> dict[str, Any]:
         publish_unit,
         served_object,
     )
-    from model_build.release import Release, served_prefix
-    from model_build.serving import activate_release
     from model_build.tools.local_s3 import local_s3
     from model_build.types import Artifact
 

@@ -145,7 +145,7 @@ def _one_latency(
 ) -> dict[str, Any]:
     """``repeats`` rounds of: the project's publish, its re-publish, and the baseline, each into a
     fresh bucket, through a proxy that adds ``latency_ms`` to every request."""
-    from model_build.publish import publish_naive, publish_release
+    from model_build.release.publish import publish_naive, publish_release
 
     samples: dict[str, list[float]] = {k: [] for k in _SAMPLE_KEYS}
     requests: dict[str, dict[str, int]] = {}

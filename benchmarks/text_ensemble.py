@@ -107,7 +107,7 @@ def _kind_specs(ctx: RunContext) -> dict[str, Any]:
 
 
 def _source_folder(spec: Any, ctx: RunContext) -> Path:
-    from model_build.sources import resolve_source
+    from model_build.export.sources import resolve_source
 
     return resolve_source(spec, base_dir=Path(__file__).resolve().parents[1], work_dir=ctx.scratch("text-source"))
 
@@ -119,7 +119,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
     from sentence_transformers import SentenceTransformer
 
     from model_build.aws_clients import make_s3_client
-    from model_build.publish import publish_release
+    from model_build.release.publish import publish_release
     from model_build.tools.endpoint import local_endpoint
     from model_build.tools.local_s3 import local_s3
 

@@ -169,7 +169,7 @@ def _int8_share(model_path: Path, batch: int, seq: int) -> float:
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    from model_build.optimize import row_cosines
+    from model_build.export.optimize import row_cosines
 
     return float(row_cosines(a, b).min())
 
@@ -177,9 +177,10 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
 def run(ctx: RunContext) -> dict[str, Any]:
     import torch
 
-    from model_build.gate import open_model
-    from model_build.sources import load_module, resolve_source
-    from model_build.validate import onnx_providers
+    from model_build.export.eager import load_module
+    from model_build.export.sources import resolve_source
+    from model_build.export.validate import onnx_providers
+    from model_build.package.backend import open_model
 
     started = time.perf_counter()
     threads = ctx.threads or usable_cores()
@@ -324,12 +325,12 @@ def _through_triton(ctx: RunContext, built: dict[str, Any], specs: dict[str, Any
     """Each variant's tarball published to a local S3 and served by the local endpoint (the real
     tritonserver, python-based ONNX Runtime 1.19 backend on CPU): batch latency through boto3."""
     from model_build.aws_clients import make_s3_client
-    from model_build.publish import publish_release
-    from model_build.smoke import make_runtime_client
+    from model_build.package.triton_config import parse_config
+    from model_build.release.publish import publish_release
     from model_build.tools.endpoint import local_endpoint
     from model_build.tools.local_s3 import local_s3
-    from model_build.triton_config import parse_config
-    from model_build.verify import SAGEMAKER_BINARY_CONTENT_TYPE, build_request
+    from model_build.tools.smoke_setup import make_runtime_client
+    from model_build.tools.verify import SAGEMAKER_BINARY_CONTENT_TYPE, build_request
 
     release_id = "r-variants00000000"
     artifacts = [built[key].artifact(ctx.build(specs[key])[1]) for key in built]
@@ -360,7 +361,7 @@ def _gpu(ctx: RunContext, entries: dict[str, dict[str, Any]], module: Any, vocab
          budget: float) -> dict[str, Any]:
     """Fused FP32 and fused FP16 (CUDA provider, the configs as built: KIND_GPU) against PyTorch
     FP32 eager on CUDA, batch 1 and 8."""
-    from model_build.gate import open_model
+    from model_build.package.backend import open_model
 
     fp16_entry = copy.deepcopy(entries["fused"])
     fp16_entry.update(name=fp16_entry["name"].replace("-fused", "-fp16"), precision="fp16")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
@@ -21,61 +20,41 @@ from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import custom_resources as cr
 from pydantic import AfterValidator, Field, model_validator
 
-from constructs import Construct, IConstruct
-from constructs.cfn_hygiene import drop_referenced_dependencies
+from constructs import Construct
 from constructs.customer_key import logs_key
 from constructs.model_bucket import RETIRED_TAG_KEY, KeyPrefix
+from constructs.model_build_inputs import refuse_local_sources, runtime_only_exclude, s3_source_keys
 from constructs.model_build_state_machine import (
     MaxConcurrency,
     ModelBuildStateMachine,
     ModelBuildStateMachineProps,
 )
 from constructs.nag_acknowledgments import (
-    acknowledge,
     acknowledge_wildcard_resource,
     skip_checkov,
     wildcard_policy,
 )
 from constructs.props import MEBIBYTES, SECONDS, Between, Namer, Props, Resource, known
+from constructs.provider_framework import (
+    CLOUDFORMATION_MAX_WAIT,
+    FINAL_ANSWER_ALLOWANCE_SECONDS,
+    NO_KEY_REASON,
+    WAITER_ATTEMPT_ALLOWANCE_SECONDS,
+    last_answer_seconds,
+    longest_total_seconds,
+    tidy_framework,
+)
 from constructs.sagemaker_limits import PropsError
-from model_build.errors import ManifestError
-from model_build.manifest import LocalSource, Manifest, OnnxFileSource, S3Source
-from model_build.release import PACKAGE_DIR, Release, build_code_sha256, compute_release, runtime_files
+from model_build.manifest import Manifest
+from model_build.release import PACKAGE_DIR, Release, build_code_sha256, compute_release
 
 RESOURCE_TYPE = "Custom::TritonModelRelease"
 ON_EVENT_HANDLER = "model_build.handler.on_event"
 IS_COMPLETE_HANDLER = "model_build.handler.is_complete"
 BUILD_STEP_HANDLER = "model_build.handler.build_step"
-#: Left out of the build image whatever the context holds: caches and byte code.
-IMAGE_EXCLUDE = ["__pycache__", "**/__pycache__", ".pytest_cache", "**/*.pyc"]
-#: CloudFormation waits at most this long for a custom resource (ServiceTimeout: 1 to 3600 s).
-CLOUDFORMATION_MAX_WAIT = Duration.hours(1)
-#: What one attempt of the provider's waiter may take on Lambda (the framework's isComplete and
-#: ``is_complete``, a cold start of the build image included): its attempts follow each other by
-#: the query interval plus their own run time, so the last one starts later than the total timeout.
-WAITER_ATTEMPT_ALLOWANCE_SECONDS = 10
-#: The final answer after the last attempt (the framework's onTimeout and its PUT to CloudFormation).
-FINAL_ANSWER_ALLOWANCE_SECONDS = 60
 #: The default build budget: its last answer (50 polls a minute apart) reaches CloudFormation
 #: before its one-hour wait ends (tests/test_custom_resource_protocol.py).
 DEFAULT_TOTAL_TIMEOUT = Duration.minutes(50)
-
-
-def last_answer_seconds(total_seconds: float, interval_seconds: float) -> float:
-    """Seconds from CloudFormation's request to the provider's last possible answer: the waiter's
-    first attempt, ``total / interval`` retries ``interval`` apart, each attempt's own run, onTimeout."""
-    attempts = total_seconds // interval_seconds + 1
-    return total_seconds + attempts * WAITER_ATTEMPT_ALLOWANCE_SECONDS + FINAL_ANSWER_ALLOWANCE_SECONDS
-
-
-def longest_total_seconds(interval_seconds: float, wait_seconds: float) -> int:
-    """The longest total timeout, a whole multiple of the interval, whose last answer comes in time."""
-    total = int(interval_seconds)
-    while last_answer_seconds(total + interval_seconds, interval_seconds) <= wait_seconds:
-        total += int(interval_seconds)
-    return total
-#: With more distinct source prefixes than this in one bucket, the build may read the bucket.
-_MAX_PREFIXES_PER_SOURCE_BUCKET = 10
 #: What Lambda needs to run a function in a VPC (the actions of the AWS managed policy
 #: AWSLambdaVPCAccessExecutionRole, which CDK attaches only to roles it creates itself).
 LAMBDA_VPC_ACTIONS: tuple[str, ...] = (
@@ -86,130 +65,6 @@ LAMBDA_VPC_ACTIONS: tuple[str, ...] = (
     "ec2:DescribeSubnets",
     "ec2:UnassignPrivateIpAddresses",
 )
-
-#: Why checkov's findings on the build's functions do not apply (see ``_explain_scanner_findings``).
-NO_KEY_REASON = (
-    "No customer key: the model bucket has no KMS key whose policy this app manages, so {what} keeps "
-    "the service's default encryption at rest (AWS-owned or AWS-managed keys); give the construct a "
-    "bucket encrypted with a key of this app to encrypt {what} with that key."
-)
-HANDLER_CONCURRENCY_REASON = (
-    "Called only by the CDK provider framework's functions, once per stack operation (on_event) or "
-    "once per query interval (is_complete), so one or two run at once; a reserved concurrency would "
-    "withhold that capacity from the account's other functions at all times and protect nothing."
-)
-BUILD_CONCURRENCY_REASON = (
-    "Its concurrency is bounded by its only caller, the build state machine's Distributed Map "
-    "(MaxConcurrency, mme:build_max_concurrency); builds run only during a deployment, so reserving "
-    "that many would withhold them from the account's other functions at all times, and fail the "
-    "deployment where the account's quota leaves fewer than 100 unreserved."
-)
-HANDLER_INVOCATION_REASON = (
-    "Invoked synchronously (RequestResponse) by the CDK provider framework, which fails the custom "
-    "resource with the error returned; there is no asynchronous event that a dead-letter queue could keep."
-)
-BUILD_INVOCATION_REASON = (
-    "Invoked synchronously by the build state machine's tasks (retried on throttling and service "
-    "errors); an error fails the execution, which the custom resource reports with the model's name; "
-    "there is no asynchronous event that a dead-letter queue could keep."
-)
-OUTSIDE_VPC_REASON = (
-    "Outside a VPC unless the vpc prop (mme:build_in_vpc) is given: it serves no network endpoint "
-    "and calls only AWS APIs (S3, Step Functions, CloudFormation) and, for huggingface sources, the "
-    "Hugging Face hub, over TLS with signed requests."
-)
-FRAMEWORK_CONCURRENCY_REASON = (
-    "CDK provider framework function: runs once per stack operation (onEvent, onTimeout) or once "
-    "per query interval (isComplete), never for a client; a reserved concurrency would withhold "
-    "capacity from the account's other functions at all times and protect nothing."
-)
-FRAMEWORK_ASYNC_REASON = (
-    "CDK provider framework entry point: CloudFormation invokes it asynchronously with a pre-signed "
-    "response URL and waits for the answer; if it fails past Lambda's two retries, CloudFormation "
-    "fails the resource at its service timeout (one hour) and rolls the stack back, visibly in the "
-    "stack events, and the deployment is retried as a whole: no work or data is lost."
-)
-FRAMEWORK_SYNC_REASON = (
-    "CDK provider framework function invoked synchronously by the provider's waiter state machine, "
-    "which calls onTimeout when the build does not finish; there is no asynchronous event that a "
-    "dead-letter queue could keep."
-)
-FRAMEWORK_VPC_REASON = (
-    "CDK provider framework function: it calls only the Lambda API (to invoke the build's handlers) "
-    "and CloudFormation's pre-signed S3 response URL, over TLS with signed requests, and serves no "
-    "network endpoint; it is kept out of any VPC (only the handlers follow the vpc prop) because a "
-    "VPC this app creates has no Lambda endpoint to call through."
-)
-
-
-def internet_sources(manifest: Manifest) -> list[str]:
-    """Names of the manifest's models whose source is downloaded from the internet."""
-    return [spec.name for spec in manifest.models if spec.source.kind == "huggingface"]
-
-
-def refuse_local_sources(manifest: Manifest) -> None:
-    """Raise :class:`ManifestError` for a source the build Lambda cannot reach (a local path)."""
-    for index, spec in enumerate(manifest.models):
-        source = spec.source
-        if isinstance(source, (LocalSource, OnnxFileSource)) and not source.path.startswith("s3://"):
-            raise ManifestError(
-                f"models[{index}]({spec.name}).source: kind {source.kind!r} with path "
-                f"{source.path!r} is a file on this machine, which the build Lambda cannot read; "
-                "use a source it can fetch (kind 's3', 'package' or 'huggingface'; an onnx "
-                "source may be an s3:// URI), or publish the release out of band with "
-                "`python -m model_build publish` and deploy it by id (release_id, with an empty "
-                "manifest_path)",
-                model=spec.name,
-            )
-
-
-def s3_source_keys(manifest: Manifest) -> dict[str, list[str]]:
-    """What the build reads from S3 for the manifest's sources, as key patterns by bucket.
-
-    A folder source (kind ``s3``) gives ``<folder>/*``; an ``onnx`` file on S3 gives its exact
-    key. Patterns covered by another one are dropped; a bucket with more than 10 patterns, or a
-    source that is a whole bucket, gives ``*`` (so the policy stays small whatever the number of
-    models). Sorted, so the template is stable.
-    """
-    patterns: dict[str, set[str]] = defaultdict(set)
-    for spec in manifest.models:
-        source = spec.source
-        if isinstance(source, S3Source):
-            bucket, _, key = source.uri[len("s3://"):].partition("/")
-            folder = key.strip("/")
-            patterns[bucket].add(f"{folder}/*" if folder else "*")
-        elif isinstance(source, OnnxFileSource) and source.path.startswith("s3://"):
-            bucket, _, key = source.path[len("s3://"):].partition("/")
-            patterns[bucket].add(key or "*")
-    result: dict[str, list[str]] = {}
-    for bucket, keys in sorted(patterns.items()):
-        folders = [k[:-1] for k in keys if k.endswith("*")]
-        kept = sorted(
-            k for k in keys if not any(k != f + "*" and k.startswith(f) for f in folders)
-        )
-        result[bucket] = ["*"] if "*" in kept or len(kept) > _MAX_PREFIXES_PER_SOURCE_BUCKET else kept
-    return result
-
-
-def runtime_only_exclude(build_context: Path) -> list[str]:
-    """Docker-ignore patterns (root-anchored) that leave only the runtime in the build image.
-
-    The runtime is :func:`model_build.release.runtime_files` of the context, the same files the
-    model keys and the release id hash: a tool (the CLI front, smoke, the local endpoint) is
-    neither in the image nor in any identity, so editing one changes no asset, key or release.
-    Each folder without a runtime file is left out whole; elsewhere each other file is named.
-    """
-    keep = {path.relative_to(build_context) for path in runtime_files(build_context)}
-    keep_dirs = {folder for path in keep for folder in path.parents}
-    excluded = [
-        relative.as_posix()
-        for relative in sorted(path.relative_to(build_context) for path in build_context.rglob("*"))
-        if "__pycache__" not in relative.parts
-        and relative.parent in keep_dirs
-        and relative not in keep
-        and relative not in keep_dirs
-    ]
-    return [*IMAGE_EXCLUDE, *excluded]
 
 
 def _manifest_file(path: Path) -> Path:
@@ -424,7 +279,11 @@ class ModelBuildResource(Construct):
         #: The release id (known at synth).
         self.release_id: str = self.release.release_id
 
-        self._tidy_framework()
+        tidy_framework(
+            self.provider, role=self.role, framework_roles=(self._on_event_framework_role, self._complete_framework_role),
+            handlers=(self.on_event_function, self.is_complete_function), build_function=self.build_function,
+            in_vpc=props.vpc is not None, encryption_key=self.encryption_key,
+        )
 
     def _role(self) -> iam.Role:
         """The role of the three functions: it reads the manifest asset and the manifest's ``s3``
@@ -623,68 +482,3 @@ class ModelBuildResource(Construct):
                     "The build reads the files of a model source given as an S3 folder in the "
                     "manifest; access is scoped to that folder.",
                 )
-
-    def _tidy_framework(self) -> None:
-        """Acknowledge the cdk-nag findings on resources the CDK Provider framework creates (it
-        exposes no option for them) and drop the obsolete ``DependsOn`` on roles (cfn-lint W3005)."""
-        provider = self.provider.node
-        waiter = provider.find_child("waiter-state-machine")
-        framework = {
-            name: provider.find_child(f"framework-{name}") for name in ("onEvent", "isComplete", "onTimeout")
-        }
-        invoke_versions = (
-            "The CDK provider framework may invoke any version of the function it calls "
-            "(lambda:InvokeFunction on '<function ARN>:*'); the grant names that function only."
-        )
-        for role in (self._on_event_framework_role, self._complete_framework_role):
-            for function in (self.on_event_function, self.is_complete_function):
-                acknowledge_wildcard_resource(role, f"{function.function_arn}:*", invoke_versions)
-        for name in ("isComplete", "onTimeout"):
-            framework_function = framework[name]
-            assert isinstance(framework_function, lambda_.Function)
-            acknowledge_wildcard_resource(waiter, f"{framework_function.function_arn}:*", invoke_versions)
-        acknowledge_wildcard_resource(
-            waiter,
-            "*",
-            "Step Functions delivers execution logs through the CloudWatch Logs vended-log APIs "
-            "(logs:CreateLogDelivery...), which support no resource-level permissions.",
-            checkov=["CKV_AWS_111"],
-            resource_type="AWS::IAM::Policy",
-        )
-        acknowledge(
-            waiter,
-            "AwsSolutions-SF2",
-            "The provider framework's waiter state machine only polls the is_complete handler; "
-            "CDK exposes no tracing option for it, and its executions are logged at level ALL.",
-        )
-
-        for function in (self.on_event_function, self.is_complete_function, self.build_function):
-            drop_referenced_dependencies(function, [self.role.node.default_child])
-        drop_referenced_dependencies(framework["onEvent"], [self._on_event_framework_role.node.default_child])
-        for name in ("isComplete", "onTimeout"):
-            drop_referenced_dependencies(
-                framework[name], [self._complete_framework_role.node.default_child]
-            )
-        waiter_role = waiter.node.find_child("Role")
-        drop_referenced_dependencies(waiter, [waiter_role.node.default_child])
-        self._explain_scanner_findings(framework)
-
-    def _explain_scanner_findings(self, framework: dict[str, IConstruct]) -> None:
-        """Skip, with the reason, the IaC scanner's (checkov's) function checks that do not apply:
-        reserved concurrency, dead-letter queue, VPC placement, and (without a key) environment
-        encryption. The functions' log groups and environments are otherwise encrypted with the
-        model bucket's key (see :meth:`_log_group`)."""
-        for function in (self.on_event_function, self.is_complete_function, self.build_function):
-            build = function is self.build_function
-            skip_checkov(function, ["CKV_AWS_115"], BUILD_CONCURRENCY_REASON if build else HANDLER_CONCURRENCY_REASON)
-            skip_checkov(function, ["CKV_AWS_116"], BUILD_INVOCATION_REASON if build else HANDLER_INVOCATION_REASON)
-            if self.props.vpc is None:
-                skip_checkov(function, ["CKV_AWS_117"], OUTSIDE_VPC_REASON)
-        for name, framework_function in framework.items():
-            invoked = FRAMEWORK_ASYNC_REASON if name == "onEvent" else FRAMEWORK_SYNC_REASON
-            skip_checkov(framework_function, ["CKV_AWS_115"], FRAMEWORK_CONCURRENCY_REASON)
-            skip_checkov(framework_function, ["CKV_AWS_116"], invoked)
-            skip_checkov(framework_function, ["CKV_AWS_117"], FRAMEWORK_VPC_REASON)
-            if self.encryption_key is None:
-                environment = NO_KEY_REASON.format(what="its environment (function ARNs, no secret)")
-                skip_checkov(framework_function, ["CKV_AWS_173"], environment)

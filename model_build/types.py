@@ -60,7 +60,7 @@ class ValidationReport:
     #: Extra check against an independent reference (sentence-transformers for MiniLM).
     reference_check: str | None = None
     reference_max_abs_diff: float | None = None
-    #: Accuracy gates against PyTorch FP32 (model_build.validate): the precision served, the
+    #: Accuracy gates against PyTorch FP32 (model_build.export.validate): the precision served, the
     #: lowest cosine of any output row, and for sentence embeddings the top-k retrieval agreement
     #: on the sample sentences, each with the gate it had to meet.
     precision: str = "fp32"
@@ -70,7 +70,7 @@ class ValidationReport:
     top_k_gate: float | None = None
     top_k: int | None = None
     #: What the optimize step did: fused ``com.microsoft`` ops by type, and for INT8 how many
-    #: MatMuls were quantized and which were kept in FP32 (model_build.optimize).
+    #: MatMuls were quantized and which were kept in FP32 (model_build.export.optimize).
     fused_ops: dict[str, int] = field(default_factory=dict)
     quantized_matmuls: int = 0
     fp32_matmuls: list[str] = field(default_factory=list)

@@ -19,7 +19,8 @@ from constructs.endpoint_autoscaling import EndpointAutoscaling, EndpointAutosca
 from constructs.endpoint_dashboard import EndpointDashboard, EndpointDashboardProps
 from constructs.endpoint_network import EndpointNetwork, EndpointNetworkProps
 from constructs.model_bucket import ModelBucket, ModelBucketProps
-from constructs.model_build_resource import ModelBuildResource, ModelBuildResourceProps, internet_sources
+from constructs.model_build_inputs import internet_sources
+from constructs.model_build_resource import ModelBuildResource, ModelBuildResourceProps
 from constructs.rollout_policy import RolloutPolicy, RolloutPolicyProps
 from constructs.sagemaker_execution_role import SageMakerExecutionRole, SageMakerExecutionRoleProps
 from constructs.sagemaker_limits import PropsError, has_instance_storage

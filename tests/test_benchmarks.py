@@ -235,7 +235,7 @@ def test_cli_refuses_unknown_benchmarks() -> None:
 
 def test_cpu_differences_ignore_cuda_only_settings() -> None:
     from benchmarks.inference import cpu_differences
-    from model_build.triton_config import mc
+    from model_build.package.triton_config import mc
 
     config = mc.ModelConfig()
     for key, value in (("cudnn_conv_algo_search", "1"), ("arena_extend_strategy", "1"),

@@ -1,6 +1,6 @@
 """Each rule of our pre-publish gate, confirmed on the real ``tritonserver``.
 
-``model_build.gate.check_repository`` (the gate the build runs on every tarball it writes: layout,
+``model_build.package.gate.check_repository`` (the gate the build runs on every tarball it writes: layout,
 version folder, ``check_config``, the config against the graph, ensemble rules) refuses a tarball
 before anything is published, because on a SageMaker MME a bad config is only found at the first
 invocation. Here every case of a corpus is given to both: our gate must refuse it, and the real
@@ -27,10 +27,10 @@ from pathlib import Path
 import pytest
 from triton_helpers import requires_triton  # tests/ is on sys.path
 
-from model_build.build import BuildOptions, build_model
 from model_build.errors import ModelBuildError
-from model_build.gate import check_repository
 from model_build.manifest import parse_manifest
+from model_build.package.gate import check_repository
+from model_build.pipeline import BuildOptions, build_model
 from model_build.tools.triton_server import TritonServer, triton_server
 
 pytestmark = [pytest.mark.slow, requires_triton]

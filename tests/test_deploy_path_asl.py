@@ -30,7 +30,9 @@ from deploy_harness import (
 )
 
 from model_build import handler
-from model_build.publish import read_index, stored_keys
+from model_build.handler import build_steps
+from model_build.release.index import read_index
+from model_build.release.store import stored_keys
 
 #: Slow: real builds through the executed state machine (make test runs it; make test-fast leaves it out).
 pytestmark = pytest.mark.slow
@@ -232,7 +234,7 @@ def _stored_unit_stand_in(event: dict[str, Any], context: Any, real: Any) -> Any
         return real(event, context)
     if event["Step"] == "build":
         return {"Model": event["Model"], "Key": event["Key"], "Built": True}
-    request = handler._item_request(event)
+    request = build_steps._item_request(event)
     return request.data(SCALE)
 
 

@@ -22,9 +22,10 @@ import yaml
 
 from model_build import handler
 from model_build.aws_clients import make_s3_client
+from model_build.handler import custom_resource
 from model_build.manifest import parse_manifest
-from model_build.publish import read_index
 from model_build.release import compute_release
+from model_build.release.index import read_index
 from model_build.tools.local_s3 import local_s3
 
 MANIFEST: dict[str, Any] = {
@@ -198,13 +199,13 @@ def routes_of(s3: Any) -> dict[str, Any]:
 def counted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The models the handler builds (the real build, counted)."""
     built: list[str] = []
-    real = handler._build_and_store
+    real = custom_resource._build_and_store
 
     def build_and_count(s3: Any, request: Any, spec: Any, key: str) -> None:
         built.append(spec.name)
         real(s3, request, spec, key)
 
-    monkeypatch.setattr(handler, "_build_and_store", build_and_count)
+    monkeypatch.setattr(custom_resource, "_build_and_store", build_and_count)  # where is_complete looks it up
     return built
 
 
@@ -316,7 +317,7 @@ def test_create_builds_in_several_runs(env: Any) -> None:
     # A run with no time left beyond its safety margin builds one model (a run always makes
     # progress), then hands over to the next call.
     first = handler.is_complete(event("Create", props, PhysicalResourceId=created["PhysicalResourceId"]),
-                                Context(seconds=handler.SAFETY_MARGIN_SECONDS))
+                                Context(seconds=custom_resource.SAFETY_MARGIN_SECONDS))
     assert first == {"IsComplete": False}
     index_key = f"models/_releases/{props['ReleaseId']}/_index.json"
     assert read_index(s3, BUCKET, index_key) is None, "no index before every model is in"

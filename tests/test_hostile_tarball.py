@@ -1,4 +1,4 @@
-"""Hostile and broken ``model.tar.gz`` archives: :func:`model_build.tarball.safe_extract` (what
+"""Hostile and broken ``model.tar.gz`` archives: :func:`model_build.package.tarball.safe_extract` (what
 verify, the local endpoint and the smoke test's local serving unpack with) refuses each before
 writing a byte, in a subprocess under a memory limit and a time bound, with one message naming
 the archive or the member.
@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 from hostile_helpers import assert_refused, run_bounded
 
-from model_build.tarball import MAX_HEADER_BYTES, MAX_MEMBERS, MAX_RATIO, MAX_UNPACKED_BYTES
+from model_build.package.tarball import MAX_HEADER_BYTES, MAX_MEMBERS, MAX_RATIO, MAX_UNPACKED_BYTES
 
 RUNNER = """
 import sys
 from pathlib import Path
 from model_build.errors import ModelBuildError
-from model_build.tarball import safe_extract
+from model_build.package.tarball import safe_extract
 try:
     safe_extract(Path(sys.argv[1]), Path(sys.argv[2]), model="m")
 except ModelBuildError as error:
@@ -152,7 +152,7 @@ def test_safe_extract_unpacks_a_good_archive(tmp_path: Path) -> None:
 
 def test_inspect_tarball_is_bounded_on_a_bomb(tmp_path: Path) -> None:
     """Listing a bomb costs no more than refusing it (inspect shares the limits)."""
-    from model_build.tarball import TarballError, inspect_tarball
+    from model_build.package.tarball import TarballError, inspect_tarball
 
     tarball = tmp_path / "bomb.tar.gz"
     _lying_header(tarball)
@@ -162,7 +162,7 @@ def test_inspect_tarball_is_bounded_on_a_bomb(tmp_path: Path) -> None:
 
 def test_read_member_reads_one_file_and_refuses_a_bomb(tmp_path: Path) -> None:
     """What the smoke test's fallback reads ``config.pbtxt`` with: bounded like ``safe_extract``."""
-    from model_build.tarball import TarballError, read_member
+    from model_build.package.tarball import TarballError, read_member
 
     good = tmp_path / "good.tar.gz"
     _good(good)
@@ -218,8 +218,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path,
     published next to each hostile tarball, so verify gets as far as unpacking it)."""
     import yaml
 
-    from model_build.build import BuildOptions, build_release
     from model_build.manifest import load_manifest
+    from model_build.pipeline import BuildOptions, build_release
     from model_build.release import compute_release
     from model_build.tools.local_s3 import local_s3
 
@@ -245,7 +245,7 @@ def test_verify_refuses_a_published_hostile_tarball(name: str, tmp_path: Path, b
     from dataclasses import replace
 
     from model_build.aws_clients import make_s3_client
-    from model_build.publish import ReleaseTarget, publish_incremental
+    from model_build.release.store import ReleaseTarget, publish_incremental
 
     endpoint, manifest, release, artifact = built
     writer = _not_onnx(artifact.path) if name == "onnx-not-onnx" else CORPUS[name][0]

@@ -33,19 +33,10 @@ from s3_faults import FaultProxy  # tests/ is on sys.path
 
 from model_build import handler
 from model_build.aws_clients import make_s3_client
-from model_build.build import BuildOptions, build_release, build_unit
 from model_build.errors import PublishError
+from model_build.handler import custom_resource
 from model_build.manifest import load_manifest, parse_manifest
-from model_build.publish import (
-    ReleaseTarget,
-    StoredModel,
-    assemble_release,
-    download_release,
-    publish_incremental,
-    publish_unit,
-    read_index,
-    stored_keys,
-)
+from model_build.pipeline import BuildOptions, build_release, build_unit
 from model_build.release import (
     PACKAGE_DIR,
     build_code_sha256,
@@ -55,6 +46,17 @@ from model_build.release import (
     served_name,
     served_prefix,
     store_prefix,
+)
+from model_build.release.identity import MODEL_ENTRY_MODULES
+from model_build.release.index import read_index
+from model_build.release.publish import download_release
+from model_build.release.store import (
+    ReleaseTarget,
+    StoredModel,
+    assemble_release,
+    publish_incremental,
+    publish_unit,
+    stored_keys,
 )
 from model_build.types import Artifact
 
@@ -81,21 +83,22 @@ def _append(path: Path, text: str = "\n# edited\n") -> None:
 
 def test_the_runtime_is_what_the_build_and_the_handler_import() -> None:
     names = {path.relative_to(PACKAGE_DIR).as_posix() for path in runtime_files()}
-    assert {"build.py", "export.py", "validate.py", "package.py", "handler.py", "publish.py",
-            "release.py", "gate.py", "Dockerfile", "requirements-lambda.txt"} <= names
-    tools = {"__main__.py", "smoke.py", "verify.py"}
-    assert not names & tools, names & tools
+    assert {"pipeline/build.py", "export/convert.py", "export/validate.py", "package/pack.py",
+            "handler/__init__.py", "handler/build_steps.py", "release/publish.py", "release/store.py",
+            "release/identity.py", "package/gate.py", "Dockerfile", "requirements-lambda.txt"} <= names
+    assert "__main__.py" not in names
     assert not any(name.startswith("tools/") for name in names)
     # The code of a model's bytes is a part of the runtime: not the handler nor the publisher.
-    model_names = {p.name for p in runtime_files(entries=("build",))}
-    assert {"export.py", "package.py"} <= model_names and not {"handler.py", "publish.py"} & model_names
+    model_names = {p.relative_to(PACKAGE_DIR).as_posix() for p in runtime_files(entries=MODEL_ENTRY_MODULES)}
+    assert {"export/convert.py", "package/pack.py", "release/identity.py"} <= model_names
+    assert not {name for name in model_names if name.startswith(("handler/", "release/"))} - {
+        "release/__init__.py", "release/identity.py"}, model_names
 
 
 def test_editing_a_tool_changes_no_model_key_and_no_release_id(package: Path) -> None:
     manifest = load_manifest(ROOT / "models.yaml")
     before = compute_release(manifest, base_dir=ROOT, package_dir=package)
-    tool_files = [package / "__main__.py", package / "smoke.py", package / "verify.py",
-                  *sorted((package / "tools").rglob("*.py"))]
+    tool_files = [package / "__main__.py", *sorted((package / "tools").rglob("*.py"))]
     assert len(tool_files) > 3
     for path in tool_files:
         _append(path)
@@ -104,13 +107,13 @@ def test_editing_a_tool_changes_no_model_key_and_no_release_id(package: Path) ->
     assert dict(after.model_keys) == dict(before.model_keys)
 
     # The release layout (the handler) is part of the release id, not of any model's key.
-    _append(package / "handler.py")
+    _append(package / "handler" / "build_steps.py")
     relaid = compute_release(manifest, base_dir=ROOT, package_dir=package)
     assert relaid.release_id != before.release_id
     assert dict(relaid.model_keys) == dict(before.model_keys)
 
     # The export code changes every model's bytes: every key changes.
-    _append(package / "export.py")
+    _append(package / "export" / "convert.py")
     rebuilt = compute_release(manifest, base_dir=ROOT, package_dir=package)
     assert all(rebuilt.model_keys[name] != key for name, key in before.model_keys.items())
 
@@ -305,7 +308,7 @@ import json, sys
 from pathlib import Path
 import model_build
 import model_build.handler  # the module of every entry point the image's CMD names
-from model_build.build import BuildOptions, build_unit
+from model_build.pipeline import BuildOptions, build_unit
 from model_build.manifest import parse_manifest
 spec = parse_manifest(json.loads(sys.argv[1])).models[0]
 result, built = build_unit(spec, "k-runtime", BuildOptions(base_dir=Path.cwd()), store_dir=Path.cwd() / "store")
@@ -541,7 +544,7 @@ def test_a_failed_build_execution_fails_the_resource_naming_the_model(
     # attempt that fails without a model's record reports its own error, not the stale model.
     handler.build_step({"Step": "plan", "Request": props})
     failure = s3.get_object(Bucket=bucket, Key=f"{PREFIX}/_plans/{props['ReleaseId']}.failure.json")
-    assert failure["Body"].read() == handler.NO_FAILURE
+    assert failure["Body"].read() == custom_resource.NO_FAILURE
     with pytest.raises(handler.HandlerError) as again:
         handler.is_complete(polled)
     assert "model 'gone'" not in str(again.value)

@@ -25,15 +25,16 @@ from botocore.exceptions import ClientError
 from triton_helpers import requires_triton  # tests/ is on sys.path
 
 from model_build.aws_clients import make_s3_client
-from model_build.build import BuildOptions, build_release
 from model_build.manifest import parse_manifest
-from model_build.publish import ReleaseTarget, publish_incremental
+from model_build.pipeline import BuildOptions, build_release
 from model_build.reference import read_reference
 from model_build.release import compute_release
-from model_build.serving import activate_release, read_routes
-from model_build.smoke import make_runtime_client
+from model_build.release.index import read_routes
+from model_build.release.serving import activate_release
+from model_build.release.store import ReleaseTarget, publish_incremental
 from model_build.tools.endpoint import local_endpoint
 from model_build.tools.local_s3 import local_s3
+from model_build.tools.smoke_setup import make_runtime_client
 
 pytestmark = [pytest.mark.slow, requires_triton]
 BUCKET = "live-endpoint"

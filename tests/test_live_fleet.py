@@ -24,10 +24,11 @@ import yaml
 from cdk_helpers import subprocess_env, synth
 
 from model_build.aws_clients import make_s3_client
-from model_build.publish import ReleaseTarget, assemble_release, publish_unit, read_index
 from model_build.release import Release, routes_key, served_name
-from model_build.routes import RouteResolver, RoutesError, parse_routes
-from model_build.serving import activate_release, delete_legacy_release, legacy_releases, read_routes
+from model_build.release.index import read_index, read_routes
+from model_build.release.routes import RouteResolver, RoutesError, parse_routes
+from model_build.release.serving import activate_release, delete_legacy_release, legacy_releases
+from model_build.release.store import ReleaseTarget, assemble_release, publish_unit
 from model_build.tools.local_s3 import local_s3
 from model_build.types import Artifact
 
@@ -101,7 +102,7 @@ def _artifact(tmp: Path, name: str, payload: bytes) -> Artifact:
 
 def _release(s3: Any, bucket: str, tmp: Path, models: dict[str, bytes], release_id: str) -> Release:
     """Store each model, place the release in the served prefix and write its index (no routing)."""
-    from model_build.publish import StoredModel
+    from model_build.release.store import StoredModel
 
     stored = []
     for name, payload in models.items():
@@ -245,7 +246,7 @@ def _plan(*args: str) -> subprocess.CompletedProcess[str]:
 def test_plan_lists_the_model_changes_and_the_fleet_verdict_with_exit_codes(tmp_path: Path) -> None:
     from model_build.manifest import parse_manifest
     from model_build.release import compute_release, entry_sha256, model_code_sha256
-    from model_build.routes import Route, Routes
+    from model_build.release.routes import Route, Routes
 
     base = {"version": 1, "models": [_entry("a", 0), _entry("b", 1, copies=2), _entry("c", 2)]}
     manifest = parse_manifest(copy.deepcopy(base))
@@ -306,7 +307,7 @@ def test_synth_prints_the_plan_against_a_routes_file(tmp_path: Path) -> None:
     from app import cdk_json_context, load_settings
     from model_build.manifest import load_manifest
     from model_build.release import compute_release, entry_sha256, model_code_sha256
-    from model_build.routes import Route, Routes
+    from model_build.release.routes import Route, Routes
 
     manifest = load_manifest(ROOT / "models.yaml")
     release = compute_release(manifest, base_dir=ROOT)

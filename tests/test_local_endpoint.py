@@ -33,14 +33,15 @@ from botocore.exceptions import ClientError
 from triton_helpers import requires_triton  # tests/ is on sys.path
 
 from model_build.aws_clients import make_s3_client
-from model_build.build import BuildOptions, build_release
 from model_build.manifest import parse_manifest
-from model_build.publish import publish_release
+from model_build.pipeline import BuildOptions, build_release
 from model_build.reference import read_reference
 from model_build.release import INDEX_NAME, compute_release
-from model_build.smoke import make_client, make_runtime_client, run_smoke
+from model_build.release.publish import publish_release
 from model_build.tools.endpoint import LocalEndpoint, local_endpoint
 from model_build.tools.local_s3 import local_s3
+from model_build.tools.smoke import run_smoke
+from model_build.tools.smoke_setup import make_client, make_runtime_client
 
 ROOT = Path(__file__).resolve().parents[1]
 BUCKET = "local-endpoint"
@@ -408,7 +409,7 @@ def test_a_root_config_is_localized_too(tmp_path: Path) -> None:
 ])
 def test_a_malformed_index_entry_is_one_clear_error(release: dict[str, Any], mutate: Any, words: str) -> None:
     from model_build.errors import ModelBuildError
-    from model_build.tools.mme import read_release
+    from model_build.tools.served_release import read_release
 
     release_id = "r-malformed0000000"
     index = json.loads(json.dumps(release["index"]))

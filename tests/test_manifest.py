@@ -74,7 +74,7 @@ def test_build_code_hash_changes_with_the_code(tmp_path: Path) -> None:
     package = tmp_path / "model_build"
     package.mkdir()
     # Runtime code is what the build reaches through its imports (tools are not part of it).
-    (package / "build.py").write_text("from model_build.export import A\n")
+    (package / "pipeline.py").write_text("from model_build.export import A\n")  # an entry module
     (package / "export.py").write_text("A = 1\n")
     before = build_code_sha256(package)
     (package / "__pycache__").mkdir()

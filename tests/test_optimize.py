@@ -17,24 +17,18 @@ import onnxruntime as ort
 import pytest
 
 from model_build.errors import AccuracyGateError, ManifestError
-from model_build.manifest import DEFAULT_GATES, ModelSpec, parse_manifest
-from model_build.optimize import (
-    ALLOWED_CONTRIB_OPS,
-    MAX_IR_VERSION,
-    MAX_OPSET,
-    fmt_below,
-    matmul_sensitivity,
-    row_cosines,
-)
-from model_build.sources import (
+from model_build.export.eager import (
     CALIBRATION_SENTENCES,
     calibration_inputs,
     load_module,
     reference_sentences,
     sample_inputs,
 )
+from model_build.export.fusion import ALLOWED_CONTRIB_OPS, MAX_IR_VERSION, MAX_OPSET
+from model_build.export.optimize import fmt_below, matmul_sensitivity, row_cosines
+from model_build.export.validate import check_gates, export_and_validate, top_k_agreement, validate_export
+from model_build.manifest import DEFAULT_GATES, ModelSpec, parse_manifest
 from model_build.types import ValidationReport
-from model_build.validate import check_gates, export_and_validate, top_k_agreement, validate_export
 
 pytestmark = pytest.mark.slow
 
@@ -309,7 +303,7 @@ def test_tightened_gates_are_taken():
 
 
 def test_auto_fusion_is_off_where_the_serving_level_would_not_finish_it():
-    from model_build.optimize import should_fuse
+    from model_build.export.fusion import should_fuse
 
     assert should_fuse(tiny_bert(), None)
     assert should_fuse(tiny_bert(onnxruntime={"graph_optimization_level": "extended"}), None)

@@ -9,9 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from model_build.build import BuildOptions, build_missing, build_model
 from model_build.manifest import parse_manifest
-from model_build.pipeline import PIPELINE, TEXT_CHECK, Artifacts, BuildInputs, Step, run_pipeline, steps_for
+from model_build.pipeline import (
+    PIPELINE,
+    TEXT_CHECK,
+    Artifacts,
+    BuildInputs,
+    BuildOptions,
+    Step,
+    build_missing,
+    build_model,
+    run_pipeline,
+    steps_for,
+)
 
 IMAGE = {
     "name": "tiny-resnet",

@@ -37,17 +37,16 @@ import pytest
 from boto3.s3.transfer import TransferConfig
 from s3_faults import FaultProxy, Rule  # tests/ is on sys.path; a site-packages "tests" shadows tests.
 
-from model_build import publish
 from model_build.aws_clients import make_s3_client
 from model_build.errors import PublishError
-from model_build.publish import (
+from model_build.release import transfer
+from model_build.release.index import index_body, read_index
+from model_build.release.publish import (
     PublishReport,
     delete_release,
     download_release,
-    index_body,
     publish_naive,
     publish_release,
-    read_index,
     retire_release,
 )
 from model_build.tools.local_s3 import local_s3
@@ -279,7 +278,7 @@ def test_multipart_upload_and_copies_round_trip(
 ) -> None:
     if copy_in_parts:
         # Copies above COPY_OBJECT_MAX (5 GiB on AWS) go part by part; lower it to cover that path.
-        monkeypatch.setattr(publish, "COPY_OBJECT_MAX", 1 * MIB)
+        monkeypatch.setattr(transfer, "COPY_OBJECT_MAX", 1 * MIB)
     big = make_artifact(tmp_path, "big", size=11 * MIB, copies=3)
     report = run([big], client, bucket, transfer_config=SMALL_MULTIPART)
     index_size = direct.head_object(Bucket=bucket, Key=report.index_key)["ContentLength"]
@@ -563,7 +562,7 @@ def test_read_index_tells_a_missing_index_from_a_refused_one_when_s3_answers_403
     """Without an unconditioned s3:ListBucket (the build role lists only under its prefix), S3
     answers a GET of a missing key with 403 AccessDenied, not 404: the index is then looked up
     by a listing, so a new release reads as "no index" and a real refusal still fails."""
-    from model_build.publish import read_index
+    from model_build.release.index import read_index
 
     missing = f"{PREFIX}/_index.json"
     proxy.add(Rule("error", method="GET", path=r"/_index\.json", status=403, code="AccessDenied", times=2))

@@ -33,7 +33,8 @@ from constructs.sagemaker_limits import PropsError
 from constructs.triton_image import TritonImage, TritonImageProps
 from constructs.triton_mme_endpoint import FleetSize, TritonMmeEndpoint, TritonMmeEndpointProps
 from model_build.manifest import load_manifest
-from stacks.settings import PROPS, SETTINGS, MmeSettings, Setting, context_name
+from stacks.context_table import PROPS, SETTINGS, Setting, context_name
+from stacks.settings import MmeSettings
 
 
 def number() -> float:

@@ -473,7 +473,7 @@ def test_build_functions_share_one_image(default: Synth) -> None:
     (image,) = assets["dockerImages"].values()
     assert image["source"]["platform"] == "linux/amd64"
     staged = default.outdir / image["source"]["directory"]
-    assert (staged / "Dockerfile").is_file() and (staged / "handler.py").is_file()
+    assert (staged / "Dockerfile").is_file() and (staged / "handler" / "__init__.py").is_file()
     assert not list(staged.rglob("__pycache__"))
 
 

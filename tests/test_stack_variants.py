@@ -29,12 +29,8 @@ from cdk_helpers import (
 
 from constructs.endpoint_autoscaling import EndpointAutoscalingProps
 from constructs.model_bucket import ModelBucket, ModelBucketProps
-from constructs.model_build_resource import (
-    ModelBuildResource,
-    ModelBuildResourceProps,
-    refuse_local_sources,
-    s3_source_keys,
-)
+from constructs.model_build_inputs import refuse_local_sources, s3_source_keys
+from constructs.model_build_resource import ModelBuildResource, ModelBuildResourceProps
 from constructs.sagemaker_limits import PropsError
 from constructs.triton_image import TritonImage, TritonImageProps
 from constructs.triton_mme_endpoint import FleetSize, TritonMmeEndpoint, TritonMmeEndpointProps

@@ -255,8 +255,9 @@ def _answer_json(name: str, values: np.ndarray) -> Any:
 def test_smoke_holds_a_raw_text_target_to_the_tolerance_of_its_precision(overrides, precision, served):
     """The ensemble's config records the precision served; smoke compares with compare.py's rule for it."""
     from model_build.compare import SERVED_TOLERANCE
-    from model_build.smoke import _CallFailed, _check_answer, _Reference
-    from model_build.triton_config import parse_config
+    from model_build.package.triton_config import parse_config
+    from model_build.tools.smoke import _check_answer
+    from model_build.tools.smoke_setup import _CallFailed, _Reference
 
     config = parse_config(render_ensemble_configs(spec_for(inputs="text", **overrides), FAKE_SIGNATURE, served).ensemble)
     reference = _Reference(config=config, batch=2,
@@ -292,7 +293,7 @@ def test_configs_refuse_bad_truncation_and_non_text_inputs(served):
 
 @pytest.fixture(scope="module")
 def exported_minilm(tmp_path_factory) -> ExportedModel:
-    from model_build.validate import export_and_validate
+    from model_build.export.validate import export_and_validate
 
     exported, _, _ = export_and_validate(spec_for(), base_dir=ROOT, work_dir=tmp_path_factory.mktemp("export"))
     return exported
@@ -301,7 +302,7 @@ def exported_minilm(tmp_path_factory) -> ExportedModel:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """The project's build of an ``inputs: text`` entry (export, checks, ensemble tarball)."""
-    from model_build.build import BuildOptions, build_model
+    from model_build.pipeline import BuildOptions, build_model
 
     release = tmp_path_factory.mktemp("release")
     steps: list[str] = []
@@ -417,7 +418,7 @@ def test_manifest_refuses_inputs_text_where_it_cannot_work(overrides, message):
 
 
 def test_build_refuses_a_source_without_tokenizer_files_before_export(tmp_path):
-    from model_build.build import BuildOptions, build_model
+    from model_build.pipeline import BuildOptions, build_model
 
     source = tmp_path / "model"
     shutil.copytree(MINILM_DIR, source, ignore=shutil.ignore_patterns("vocab.txt", "tokenizer.json", "*.safetensors"))
@@ -432,7 +433,7 @@ def test_build_refuses_a_source_without_tokenizer_files_before_export(tmp_path):
 def test_build_refuses_an_s3_source_without_tokenizer_files_before_download_and_export(tmp_path, endpoint):
     """An S3 prefix without tokenizer files: refused after fetching those alone, before the weights."""
     from model_build.aws_clients import make_s3_client
-    from model_build.build import BuildOptions, build_model
+    from model_build.pipeline import BuildOptions, build_model
 
     s3 = make_s3_client(endpoint_url=endpoint)
     s3.create_bucket(Bucket="no-vocab")
@@ -472,7 +473,7 @@ def test_truncating_copy_embeds_long_text_like_sentence_transformers(server, sen
 @pytest.fixture(scope="module")
 def feature_extraction_key(server, tmp_path_factory) -> str:
     """The project's build of a raw-text ``feature-extraction`` target, loaded beside the others."""
-    from model_build.build import BuildOptions, build_model
+    from model_build.pipeline import BuildOptions, build_model
 
     release = tmp_path_factory.mktemp("fe-release")
     result = build_model(spec_for(name="minilm-tokens-out", task="feature-extraction", inputs="text"),
@@ -654,7 +655,8 @@ def test_published_text_target_answers_boto3_strings_on_the_local_endpoint(tmp_p
                                     ContentType="application/json", Body=json.dumps(bad))
         assert "'TEXT'[0]: the text is empty" in str(caught.value)
         # verify, smoke and the demo send the build's string reference and compare the answers.
-        from model_build.smoke import make_client, make_runtime_client, run_smoke
+        from model_build.tools.smoke import run_smoke
+        from model_build.tools.smoke_setup import make_client, make_runtime_client
 
         report = run_smoke(endpoint_name="local", sagemaker_client=make_client("sagemaker", endpoint_url=endpoint.url),
                            runtime_client=make_runtime_client(endpoint_url=endpoint.url, timeout_seconds=120),

@@ -159,7 +159,7 @@ def test_graph_pooling_follows_modules_json_like_sentence_transformers(tmp_path,
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel
 
-    from model_build.pooling import SentenceEmbedding, pooling_config
+    from model_build.export.pooling import SentenceEmbedding, pooling_config
 
     folder = make_text_source("bpe", tmp_path / "st", pooling=modes, normalize=normalize).path
     pooling = pooling_config(folder, "tiny")
@@ -177,7 +177,7 @@ def test_graph_pooling_follows_modules_json_like_sentence_transformers(tmp_path,
 
 
 def test_a_source_without_modules_json_gets_mean_pooling_and_normalisation(source):
-    from model_build.pooling import DEFAULT_POOLING, pooling_config
+    from model_build.export.pooling import DEFAULT_POOLING, pooling_config
 
     assert pooling_config(source.path, "tiny") == DEFAULT_POOLING
     assert DEFAULT_POOLING.modes == ("mean",) and DEFAULT_POOLING.normalize
@@ -190,7 +190,7 @@ def _rewrite_json(path: Path, change) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_modules_the_graph_cannot_reproduce_are_refused_naming_them(tmp_path):
-    from model_build.pooling import pooling_config
+    from model_build.export.pooling import pooling_config
 
     folder = make_text_source("wordpiece", tmp_path / "st", pooling="mean").path
     _rewrite_json(folder / "modules.json", lambda m: m.insert(2, {"idx": 2, "name": "2", "path": "2_Dense",
@@ -202,7 +202,7 @@ def test_modules_the_graph_cannot_reproduce_are_refused_naming_them(tmp_path):
 
 
 def test_a_default_prompt_is_refused(tmp_path):
-    from model_build.pooling import pooling_config
+    from model_build.export.pooling import pooling_config
 
     folder = make_text_source("wordpiece", tmp_path / "st", pooling="mean").path
     _rewrite_json(folder / "config_sentence_transformers.json",

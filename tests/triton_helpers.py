@@ -42,9 +42,9 @@ def served_manifest(manifest: Any, base_dir: Path, work_dir: Path, bucket: str) 
     from botocore.config import Config
 
     from model_build.aws_clients import make_s3_client
-    from model_build.build import BuildOptions, build_release
-    from model_build.publish import publish_release
+    from model_build.pipeline import BuildOptions, build_release
     from model_build.release import compute_release
+    from model_build.release.publish import publish_release
     from model_build.tools.endpoint import local_endpoint
     from model_build.tools.local_s3 import local_s3
 

@@ -3,7 +3,7 @@
 The ensemble's path is replayed in-process exactly as the server runs it: the tarball's own
 tokenizer step (:class:`~model_build.text_ensemble.tokenizer_model.TextEncoder` of the same file,
 on the served ``tokenizer.json``) then the exported file through the serving runtime
-(:func:`model_build.validate.exported_runner`). Two checks, on the manifest's sample texts and on
+(:func:`model_build.export.validate.exported_runner`). Two checks, on the manifest's sample texts and on
 texts in other scripts (Japanese, Chinese, Korean, Arabic, accented Latin, Cyrillic, emoji,
 combining marks, a very long word, whitespace runs), where tokenizers differ most:
 
@@ -70,8 +70,8 @@ def check_text_ensemble(spec: ModelSpec, exported: ExportedModel, tokenizer: Ser
     """Run both checks of the module docstring; raise on the first text that differs."""
     from transformers import AutoTokenizer
 
-    from model_build.sources import reference_sentences
-    from model_build.validate import (
+    from model_build.export.eager import reference_sentences
+    from model_build.export.validate import (
         _has_sentence_transformers_reference,
         compare_outputs,
         elementwise_tolerance_applies,
@@ -182,7 +182,7 @@ def _check_cross_encoder(spec: ModelSpec, exported: ExportedModel, source_dir: P
     import torch
     from sentence_transformers import CrossEncoder
 
-    from model_build.validate import compare_outputs
+    from model_build.export.validate import compare_outputs
 
     model = CrossEncoder(str(source_dir), device="cpu", local_files_only=True,
                          max_length=spec.text_inputs.max_sequence_length)

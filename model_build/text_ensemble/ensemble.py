@@ -34,7 +34,9 @@ from tritonclient.grpc import model_config_pb2 as mc
 from model_build.compare import SERVED_PRECISION_KEY
 from model_build.errors import PackageError
 from model_build.manifest import PAIR_TASKS, TEXT_TASKS, ModelSpec
-from model_build.package import onnx_external_data_files, write_tarball
+from model_build.package.pack import onnx_external_data_files, write_tarball
+from model_build.package.render import render_config
+from model_build.package.triton_config import check_config, default_filename
 from model_build.text_ensemble import tokenizer_model
 from model_build.text_ensemble.served_tokenizer import ServedTokenizer
 from model_build.text_ensemble.serving_wheel import vendored_files
@@ -46,7 +48,6 @@ from model_build.text_ensemble.tokenizer_model import (
     TRUNCATION_MODES,
     VENDOR_DIR,
 )
-from model_build.triton_config import check_config, default_filename, render_config
 from model_build.types import ExportedModel
 
 ENSEMBLE = "ensemble"
@@ -173,7 +174,7 @@ def package_text_ensemble(
 ) -> tuple[str, int]:
     """Write the ensemble tarball (layout in the module docstring); ``(sha256, size)``.
 
-    Reproducible like :func:`model_build.package.package_model`: same inputs, same bytes.
+    Reproducible like :func:`model_build.package.pack.package_model`: same inputs, same bytes.
     """
     configs = render_ensemble_configs(spec, exported, tokenizer, truncation=truncation)
     model_config = check_config(configs.model, model=spec.name)

@@ -29,11 +29,6 @@ from model_build.manifest import SLOW_TOKENIZER_FILES as SLOW_FILES
 from model_build.manifest import ModelSpec
 from model_build.text_ensemble.tokenizer_model import TOKENIZER_FILE
 
-#: The files whose presence means a folder has a tokenizer.
-TOKENIZER_FILES = (TOKENIZER_FILE, "tokenizer_config.json", *SLOW_FILES)
-#: Every file a tokenizer may read, downloaded alone for an S3 source before its weights.
-TOKENIZER_SOURCE_FILES = (TOKENIZER_FILE, "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                          "merges.txt", "config.json", "sentence_bert_config.json", *SLOW_FILES)
 #: sentence-transformers' settings of its Transformer module (``do_lower_case``).
 SENTENCE_BERT_CONFIG = "sentence_bert_config.json"
 

@@ -1,5 +1,19 @@
-"""Tools users run on their own machine: the local endpoint (and its Triton backends).
+"""Tools users run on their own machine: the smoke test, ``plan``, the local endpoint (and its Triton backends).
 
+- ``smoke`` (with ``smoke_setup`` and ``smoke_cli``): invoke every target of a deployed endpoint
+  and check the answers against the release's references; ``verify``: the client side of
+  Triton's binary+JSON protocol it uses;
+- ``plan_cli``: ``plan`` (what a model-set change does to the live fleet) and ``releases``;
+- ``endpoint``: a SageMaker multi-model endpoint on this machine: ``mme`` (SageMaker's part:
+  loading, eviction, out-of-memory retries) over ``served_release`` (what it serves) and
+  ``triton_server`` (the real ``tritonserver``), with ``triton_backends``;
+- ``local_s3``: moto's S3 server on loopback (demo, tests, benchmarks); ``text_sources``:
+  offline text sources of every tokenizer kind (tests, benchmarks).
+
+Owns: everything a user runs against a build, a bucket or an endpoint, on their own machine.
 Nothing here is part of the build runtime: the release and model keys do not hash this folder and
-the Lambda image does not need it, so editing a tool never rebuilds or republishes a model.
+the Lambda image does not need it, so editing a tool never rebuilds or republishes a model. Only
+the CLI front (``model_build/__main__.py``) imports it.
+
+May import: ``shared``, ``manifest``, ``package``, ``release``.
 """

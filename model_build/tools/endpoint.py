@@ -34,7 +34,8 @@ from typing import Any
 from urllib.parse import unquote
 
 from model_build.errors import ModelBuildError
-from model_build.tools.mme import EndpointError, ModelCache, Release, read_release, validation_error
+from model_build.tools.mme import EndpointError, ModelCache, validation_error
+from model_build.tools.served_release import Release, read_release
 from model_build.tools.triton_server import (
     TritonServer,
     check_port_free,

@@ -7,7 +7,7 @@ Three independent steps, applied to the FP32 export in this order:
    attention blocks into ``com.microsoft`` ``Attention``, the embeddings into
    ``EmbedLayerNormalization`` and the FFN activation into ``BiasGelu``. It only recognises the
    *eager* attention pattern (transformers' default SDPA export fuses nothing), so the export is
-   traced with eager attention when fusing (:func:`model_build.export.export_onnx`). It runs with
+   traced with eager attention when fusing (:func:`model_build.export.convert.export_onnx`). It runs with
    ``opt_level=1``: ONNX Runtime's *basic* optimizations (constant folding, redundant node
    elimination), which are the same for every execution provider, are baked in because the
    attention pattern is only visible after constant folding. The provider-specific *extended*
@@ -33,37 +33,30 @@ Every step is a pure function of the graph and the seeded inputs: two builds giv
 
 from __future__ import annotations
 
-import contextlib
-import io
 import tempfile
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
 import torch
 
-from model_build.errors import AccuracyGateError, ExportError
-from model_build.export import onnx_signature, save_onnx
-from model_build.manifest import TEXT_TASKS, ModelSpec, SyntheticSource
+from model_build.errors import AccuracyGateError
+from model_build.export.convert import onnx_signature, save_onnx
+from model_build.export.eager import Batch
+from model_build.export.fusion import (
+    _prune_opsets,
+    _quiet_ort_logging,
+    check_runtime_compatible,
+    contrib_op_counts,
+    should_fuse,
+)
+from model_build.manifest import ModelSpec
 from model_build.types import ExportedModel
 
-Batch = dict[str, np.ndarray]
 Runner = Callable[[Batch], list[np.ndarray]]
-
-#: Model types whose fusion is verified (exported, fused, validated in the test suite).
-FUSABLE_MODEL_TYPES: frozenset[str] = frozenset({"bert"})
-#: Contrib ops the fused graph may contain: each has CPU and CUDA kernels in ONNX Runtime 1.19.
-ALLOWED_CONTRIB_OPS: frozenset[str] = frozenset(
-    {"Attention", "EmbedLayerNormalization", "SkipLayerNormalization", "BiasGelu", "FastGelu",
-     "Gelu", "DynamicQuantizeMatMul", "MatMulIntegerToFloat"}
-)
-#: Newest ONNX opset and IR version ONNX Runtime 1.19 (Triton 24.10) runs.
-MAX_OPSET = 21
-MAX_IR_VERSION = 10
 
 
 @dataclass
@@ -76,112 +69,6 @@ class OptimizeReport:
     quantized_matmuls: int = 0
     fp32_matmuls: list[str] = field(default_factory=list)
     calibration_min_cosine: float | None = None
-
-
-def _hf_model(module: torch.nn.Module | Path | None) -> Any:
-    """The transformers model inside our wrapper (it holds the config and the attention switch)."""
-    if not isinstance(module, torch.nn.Module):
-        return None
-    for sub in module.modules():
-        if hasattr(sub, "config") and hasattr(sub, "set_attn_implementation"):
-            return sub
-    return None
-
-
-def model_type(spec: ModelSpec, module: torch.nn.Module | Path | None) -> str | None:
-    if isinstance(spec.source, SyntheticSource):
-        return spec.source.architecture
-    inner = _hf_model(module)
-    return getattr(getattr(inner, "config", None), "model_type", None) if inner is not None else None
-
-
-def should_fuse(spec: ModelSpec, module: torch.nn.Module | Path | None) -> bool:
-    """``optimize`` as given; unset: on for ONNX text models of a verified type (BERT family)."""
-    if spec.format != "onnx":
-        return False
-    if spec.optimize is not None:
-        if spec.optimize and model_type(spec, module) not in FUSABLE_MODEL_TYPES and not isinstance(
-            module, Path
-        ):
-            raise ExportError(
-                f"optimize: true for model type {model_type(spec, module)!r}; fusions are verified "
-                f"for {', '.join(sorted(FUSABLE_MODEL_TYPES))} only: set optimize: false",
-                model=spec.name,
-            )
-        return spec.optimize
-    level = spec.onnxruntime.graph_optimization_level if spec.onnxruntime else None
-    return (
-        spec.task in TEXT_TASKS
-        and model_type(spec, module) in FUSABLE_MODEL_TYPES
-        and level not in ("basic", "disable_all")  # the serving session finishes the fusions
-    )
-
-
-def _attention_shape(module: torch.nn.Module | Path | None) -> tuple[int, int]:
-    """(heads, hidden) from the model config; (0, 0) lets the optimizer read them off the graph."""
-    config = getattr(_hf_model(module), "config", None)
-    return int(getattr(config, "num_attention_heads", 0) or 0), int(getattr(config, "hidden_size", 0) or 0)
-
-
-def _prune_opsets(model: onnx.ModelProto, ir_version: int) -> onnx.ModelProto:
-    """Keep only the domains the nodes use and the export's IR version, for ONNX Runtime 1.19.
-
-    ONNX Runtime writes every domain it knows into the saved model (``com.microsoft.nchwc``,
-    ``org.pytorch.aten``...), and newer onnx helpers stamp a newer IR version than an older
-    runtime accepts; neither is needed by the graph.
-    """
-    used = {node.domain for node in model.graph.node} | {""}
-    kept = [op for op in model.opset_import if op.domain in used or op.domain == "ai.onnx"]
-    del model.opset_import[:]
-    model.opset_import.extend(sorted(kept, key=lambda op: op.domain))
-    model.ir_version = min(ir_version, MAX_IR_VERSION)
-    return model
-
-
-def fuse(spec: ModelSpec, model: onnx.ModelProto, module: torch.nn.Module | Path | None) -> tuple[
-    onnx.ModelProto, dict[str, int]
-]:
-    """Transformer fusions (see the module docstring); fails if no attention was fused."""
-    from onnxruntime.transformers.optimizer import optimize_model
-
-    heads, hidden = _attention_shape(module)
-    ir_version = model.ir_version
-    try:
-        # It prints (not logs) a failed symbolic shape inference on the graph's dynamic Expand
-        # nodes; that only skips SkipLayerNormalization, which the serving session fuses itself.
-        with warnings.catch_warnings(), _quiet_ort_logging(), contextlib.redirect_stdout(io.StringIO()):
-            warnings.simplefilter("ignore")
-            optimized = optimize_model(model, model_type="bert", num_heads=heads, hidden_size=hidden,
-                                       opt_level=1, use_gpu=False)
-    except Exception as error:
-        raise ExportError(f"graph fusion failed: {type(error).__name__}: {error}"[:400],
-                          model=spec.name) from None
-    counts = {k: int(v) for k, v in optimized.get_fused_operator_statistics().items() if v}
-    if not counts.get("Attention"):
-        raise ExportError(
-            "optimize: the transformer optimizer fused no Attention in this graph (found "
-            f"{counts or 'nothing'}); set optimize: false for this model",
-            model=spec.name,
-        )
-    return _prune_opsets(optimized.model, ir_version), counts
-
-
-class _quiet_ort_logging:
-    """The optimizer logs expected noise (symbolic shape inference on dynamic Expand nodes)."""
-
-    def __enter__(self) -> None:
-        import logging
-
-        self._logger = logging.getLogger("onnxruntime.transformers")
-        self._level = self._logger.level
-        self._logger.setLevel(logging.ERROR)
-        self._root = logging.getLogger()
-        self._root_level = self._root.level
-        self._root.setLevel(logging.ERROR)  # the quantizer warns on the root logger
-
-    def __exit__(self, *exc: object) -> None:
-        self._logger.setLevel(self._level)
-        self._root.setLevel(self._root_level)
 
 
 # --------------------------------------------------------------------------------------------
@@ -334,29 +221,6 @@ def quantize_int8(
 # --------------------------------------------------------------------------------------------
 
 
-def check_runtime_compatible(model: onnx.ModelProto, *, name: str) -> None:
-    """Refuse a graph ONNX Runtime 1.19 (Triton 24.10) would not load."""
-    for op in model.opset_import:
-        if op.domain in ("", "ai.onnx") and op.version > MAX_OPSET:
-            raise ExportError(f"graph uses ONNX opset {op.version}; Triton 24.10's ONNX Runtime "
-                              f"1.19 runs up to {MAX_OPSET}", model=name)
-    contrib = {n.op_type for n in model.graph.node if n.domain == "com.microsoft"}
-    unknown = sorted(contrib - ALLOWED_CONTRIB_OPS)
-    if unknown:
-        raise ExportError(f"graph uses contrib ops {unknown} not verified on ONNX Runtime 1.19 "
-                          f"CPU and CUDA; allowed: {sorted(ALLOWED_CONTRIB_OPS)}", model=name)
-
-
-def contrib_op_counts(path: Path) -> dict[str, int]:
-    """How many of each fused (``com.microsoft``) op the saved graph holds: the proof of fusion."""
-    graph = onnx.load(str(path), load_external_data=False).graph
-    counts: dict[str, int] = {}
-    for node in graph.node:
-        if node.domain == "com.microsoft":
-            counts[node.op_type] = counts.get(node.op_type, 0) + 1
-    return dict(sorted(counts.items()))
-
-
 def optimize_export(
     spec: ModelSpec,
     module: torch.nn.Module | Path | None,
@@ -366,7 +230,7 @@ def optimize_export(
 ) -> tuple[ExportedModel, OptimizeReport]:
     """The build step between export and validation: INT8 where asked, and the step's record.
 
-    Fusion and FP16 are already done by the export (:func:`model_build.export.export_onnx`: the
+    Fusion and FP16 are already done by the export (:func:`model_build.export.convert.export_onnx`: the
     exported file is the served one, so a re-export gives the same bytes); INT8 needs
     calibration inputs and the FP32 reference, which only the build has.
     """

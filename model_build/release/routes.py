@@ -10,7 +10,7 @@ turn a logical name (``minilm-l6``, ``bert-3``) into the current ``TargetModel``
 
 The document also keeps, for each served object no route uses any more, when it was unrouted
 (``unrouted``): such an object stays for the retention window so that a rollback can route to it
-again with no upload, then the activation deletes it (:mod:`model_build.serving`). And it keeps
+again with no upload, then the activation deletes it (:mod:`model_build.release.serving`). And it keeps
 the fleet settings of the last deploy, so that ``plan`` can say whether a change replaces the
 fleet.
 
@@ -274,7 +274,7 @@ def plan(wanted: list[Planned], live: Routes | None, *, model_code_sha256: str,
 def plan_manifest(manifest: Any, live: Routes | None, *, base_dir: Any, fleet: Mapping[str, Any] | None) -> Plan:
     """:func:`plan` of every target of ``manifest`` (entry hashes of its local sources read from
     ``base_dir``) with this build code's hash: what ``plan`` and the synth line both print."""
-    from model_build.release import entry_sha256, model_code_sha256
+    from model_build.release.identity import entry_sha256, model_code_sha256
 
     wanted = [Planned(target, entry_sha256(spec, base_dir)) for spec in manifest.models for target in spec.target_names()]
     return plan(wanted, live, model_code_sha256=model_code_sha256(), fleet=fleet)

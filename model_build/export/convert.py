@@ -48,8 +48,9 @@ import onnx
 import torch
 
 from model_build.errors import ExportError
+from model_build.export.eager import input_names, output_names
+from model_build.export.fusion import _hf_model, check_runtime_compatible, fuse, should_fuse
 from model_build.manifest import TEXT_TASKS, ModelSpec
-from model_build.sources import input_names, output_names
 from model_build.types import NUMPY_TO_TRITON, ExportedModel, TensorSpec
 
 #: ONNX opset of every exported graph. 18 is run by ONNX Runtime >= 1.14 (every Triton image
@@ -126,8 +127,6 @@ def export_onnx(
     spec: ModelSpec, module: torch.nn.Module, sample: dict[str, np.ndarray], out_path: Path
 ) -> ExportedModel:
     """Trace ``module`` on ``sample`` into ``out_path`` (opset :data:`OPSET`), FP16 if asked."""
-    from model_build.optimize import should_fuse
-
     fusing = should_fuse(spec, module)
     with _scratch_beside(out_path) as scratch:
         raw = scratch / "model.onnx"
@@ -157,8 +156,6 @@ def _eager_attention(module: torch.nn.Module) -> Iterator[None]:
     The SDPA export (transformers' default) computes the same thing but the optimizer fuses
     nothing in it. The module's own setting is restored afterwards: it is also the reference.
     """
-    from model_build.optimize import _hf_model
-
     inner = _hf_model(module)
     if inner is None:
         yield
@@ -177,8 +174,6 @@ def import_onnx(spec: ModelSpec, source_path: Path, out_path: Path) -> ExportedM
         model = onnx.load(str(source_path))
     except Exception as error:  # a truncated or non-ONNX file
         raise _fail(spec, f"reading {str(source_path)!r}", error) from error
-    from model_build.optimize import should_fuse
-
     out_path.parent.mkdir(parents=True, exist_ok=True)
     return _finish_onnx(spec, model, out_path, fusing=should_fuse(spec, source_path))
 
@@ -210,10 +205,8 @@ def _finish_onnx(
     """Shapes, then the offline fusions (``module`` gives heads and hidden size) and FP16.
 
     Fusion precedes FP16 so the converter sees the fused ops; INT8 comes later, in the build's
-    optimize step (:mod:`model_build.optimize`), as it needs calibration inputs.
+    optimize step (:mod:`model_build.export.optimize`), as it needs calibration inputs.
     """
-    from model_build.optimize import check_runtime_compatible, fuse
-
     model = _infer_shapes(model)
     if fusing:
         model, _ = fuse(spec, model, module)

@@ -1,6 +1,6 @@
-"""Route a release on the live fleet: the S3 side of :mod:`model_build.routes`.
+"""Route a release on the live fleet: the S3 side of :mod:`model_build.release.routes`.
 
-A release is served in two steps. :func:`model_build.publish.assemble_release` places its
+A release is served in two steps. :func:`model_build.release.store.assemble_release` places its
 tarballs under their immutable names in the served prefix (the endpoint's fixed
 ``ModelDataUrl``) and writes the release's index; :func:`activate_release` then makes it the one
 clients reach: it checks that every newly routed object holds the bytes its route says, copies
@@ -27,38 +27,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from botocore.exceptions import BotoCoreError, ClientError
-
 from model_build.errors import PublishError
-from model_build.publish import (
-    SHA256_METADATA,
-    STORE_TARGET,
-    _error_code,
-    _list_sizes,
-    copy_served,
-    delete_release,
-    head_matches,
-    read_index,
-    served_object,
-)
-from model_build.release import (
-    RELEASES_DIR,
-    Release,
-    routes_key,
-    served_prefix,
-    store_prefix,
-)
-from model_build.routes import (
+from model_build.release.identity import RELEASES_DIR, Release, routes_key, served_prefix, store_prefix
+from model_build.release.index import read_index, read_routes
+from model_build.release.publish import delete_release
+from model_build.release.routes import (
     DEFAULT_RETENTION_DAYS,
-    MAX_ROUTES_BYTES,
     Routes,
     RoutesError,
     Unrouted,
     expired,
     now_iso,
-    parse_routes,
     routes_from_index,
 )
+from model_build.release.store import STORE_TARGET, copy_served, served_object
+from model_build.release.transfer import SHA256_METADATA, _list_sizes, head_matches
 
 #: A release prefix of the layout before the fixed served prefix (``<prefix>/r-<16 hex>/``).
 LEGACY_RELEASE = re.compile(r"^r-[0-9a-f]{16}$")
@@ -82,25 +65,6 @@ class ActivationReport:
     #: Whether the routes document was written (False: it already said exactly this).
     wrote: bool = False
     seconds: float = 0.0
-
-
-def read_routes(s3_client: Any, bucket: str, model_prefix: str, *, stack: str = "") -> Routes | None:
-    """The live routes document, or None when there is none yet (the first deploy).
-
-    Raises :class:`RoutesError` for one that is truncated, malformed, of another schema or written
-    by another stack, or that cannot be read."""
-    key = routes_key(model_prefix)
-    where = f"s3://{bucket}/{key}"
-    try:
-        response = s3_client.get_object(Bucket=bucket, Key=key)
-        body = response["Body"].read(MAX_ROUTES_BYTES + 1)
-    except ClientError as error:
-        if _error_code(error) in {"NoSuchKey", "404", "NotFound"}:
-            return None
-        raise RoutesError(f"routes {where}: cannot be read ({_error_code(error)})") from None
-    except BotoCoreError as error:
-        raise RoutesError(f"routes {where}: cannot be read ({error})") from None
-    return parse_routes(body, where=where, stack=stack)
 
 
 def activate_release(

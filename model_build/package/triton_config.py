@@ -1,8 +1,4 @@
-"""Write and check Triton ``config.pbtxt`` files.
-
-The config is built as a ``tritonclient.grpc.model_config_pb2.ModelConfig`` protobuf and printed
-with ``google.protobuf.text_format``: the schema is Triton's own, so a field name or enum value that
-Triton would not parse cannot be written, and the text is stable (map keys are printed sorted).
+"""Check Triton ``config.pbtxt`` files (written by :mod:`model_build.package.render`).
 
 :func:`check_config` re-reads a config and applies, before anything is uploaded, the checks that
 Triton's core (``model_config_utils.cc``) and the ONNX Runtime backend (``src/onnxruntime.cc``)
@@ -27,8 +23,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from model_build.errors import TritonConfigError
-from model_build.manifest import TENSORRT_KEYS, ModelSpec
-from model_build.types import ExportedModel, TensorSpec
+from model_build.manifest import TENSORRT_KEYS
 
 #: The generated protobuf class (untyped for mypy: the package ships no stubs).
 ModelConfig: TypeAlias = mc.ModelConfig
@@ -44,15 +39,7 @@ BACKEND_DEFAULT_FILENAME: dict[str, str] = {
     "pytorch": "model.pt",
 }
 _PLATFORM_BACKEND = {platform: backend for backend, platform in FORMAT_BACKEND.values()}
-
-#: ``optimization { graph { level } }`` values the ONNX Runtime backend maps to an ORT level.
-#: ``all`` is the backend's default when the block is absent, so it is rendered as no block.
-GRAPH_LEVELS: dict[str, int | None] = {"basic": -1, "extended": 1, "disable_all": 2, "all": None}
 _GRAPH_LEVEL_VALUES = (-1, 1, 2)
-
-_EXECUTION_MODE = {"sequential": "0", "parallel": "1"}
-_CUDNN_CONV_ALGO_SEARCH = {"exhaustive": "0", "heuristic": "1", "default": "2"}
-_ARENA_EXTEND_STRATEGY = {"next_power_of_two": "0", "same_as_requested": "1"}
 
 #: Values the backend's ``ParseBoolValue`` accepts (case-insensitive), for keys it parses itself.
 _BACKEND_BOOLS = frozenset({"true", "false", "on", "off", "1", "0"})
@@ -177,153 +164,6 @@ def _trt_checker(key: str) -> Checker:
 _CUDA_ACCELERATOR_BOOLS = frozenset({"do_copy_in_default_stream", "use_ep_level_unified_stream"})
 GPU_ACCELERATORS = ("tensorrt", "cuda")
 CPU_ACCELERATORS = ("openvino",)
-
-
-# --------------------------------------------------------------------------------------------
-# Rendering
-# --------------------------------------------------------------------------------------------
-
-
-def _dims_for(tensor: TensorSpec, max_batch_size: int, model: str, kind: str) -> tuple[list[int], bool]:
-    """Config dims for one exported tensor, and whether it needs an empty ``reshape``.
-
-    With batching the graph's first dimension is the batch and is left out; Triton adds it. A
-    graph whose first dimension is fixed cannot take Triton's batches, and a tensor that is only
-    ``[batch]`` becomes ``dims: [1]`` with ``reshape { shape: [] }`` (what Triton's own
-    auto-complete writes), because ``dims`` may never be empty.
-    """
-    shape = list(tensor.shape)
-    bad = [d for d in shape if d != -1 and d < 1]
-    if bad:
-        raise TritonConfigError(
-            f"model {model!r}: {kind} {tensor.name!r}: shape {shape} has dimension {bad[0]}; "
-            "each dimension must be -1 (variable) or >= 1",
-            model=model,
-        )
-    if max_batch_size >= 1:
-        if not shape:
-            raise TritonConfigError(
-                f"model {model!r}: {kind} {tensor.name!r}: is a scalar (shape []); with "
-                f"max_batch_size {max_batch_size} its first dimension must be the batch (-1)",
-                model=model,
-            )
-        if shape[0] != -1:
-            raise TritonConfigError(
-                f"model {model!r}: {kind} {tensor.name!r}: first dimension is fixed at {shape[0]} "
-                f"(shape {shape}); max_batch_size {max_batch_size} needs a variable batch "
-                "dimension (-1): export with a dynamic batch axis or set max_batch_size 0",
-                model=model,
-            )
-        dims = shape[1:]
-        return (dims, False) if dims else ([1], True)
-    if not shape:
-        raise TritonConfigError(
-            f"model {model!r}: {kind} {tensor.name!r}: is a scalar (shape []); Triton needs at "
-            "least one dimension when max_batch_size is 0",
-            model=model,
-        )
-    return shape, False
-
-
-def _data_type(tensor: TensorSpec, model: str, kind: str) -> int:
-    try:
-        return mc.DataType.Value("TYPE_" + tensor.triton_dtype)
-    except (KeyError, ValueError):
-        raise TritonConfigError(
-            f"model {model!r}: {kind} {tensor.name!r}: dtype {tensor.dtype!r} has no triton data "
-            "type; allowed: bool, uint8, int8, int16, int32, int64, float16, float32, float64",
-            model=model,
-        ) from None
-
-
-def render_config(
-    spec: ModelSpec, exported: ExportedModel, *, default_model_filename: str | None = None
-) -> str:
-    """Build ``config.pbtxt`` for ``spec`` from the signature of the exported graph.
-
-    Inputs and outputs come from the exported file (not from the manifest), so the config
-    describes what the backend will actually find. The text is checked with
-    :func:`check_config` before it is returned, so a rendered config is always one Triton loads.
-    """
-    model = spec.name
-    if exported.format != spec.format:
-        raise TritonConfigError(
-            f"model {model!r}: format: manifest says {spec.format!r} but the exported model is "
-            f"{exported.format!r}; they must be the same",
-            model=model,
-        )
-    if spec.format not in FORMAT_BACKEND:
-        raise TritonConfigError(
-            f"model {model!r}: format: got {spec.format!r}; allowed: "
-            + ", ".join(sorted(FORMAT_BACKEND)),
-            model=model,
-        )
-    backend, platform = FORMAT_BACKEND[spec.format]
-    config = mc.ModelConfig(
-        name=model, backend=backend, platform=platform, max_batch_size=spec.max_batch_size
-    )
-    if default_model_filename:
-        config.default_model_filename = default_model_filename
-
-    for kind, tensors, field in (
-        ("input", exported.inputs, config.input),
-        ("output", exported.outputs, config.output),
-    ):
-        for tensor in tensors:
-            dims, reshape = _dims_for(tensor, spec.max_batch_size, model, kind)
-            io = field.add(name=tensor.name, data_type=_data_type(tensor, model, kind), dims=dims)
-            if reshape:
-                io.reshape.SetInParent()
-
-    if spec.dynamic_batching is not None:
-        db = config.dynamic_batching
-        db.SetInParent()
-        db.preferred_batch_size.extend(spec.dynamic_batching.preferred_batch_size)
-        db.max_queue_delay_microseconds = spec.dynamic_batching.max_queue_delay_microseconds
-        db.preserve_ordering = spec.dynamic_batching.preserve_ordering
-
-    config.instance_group.add(
-        kind=mc.ModelInstanceGroup.Kind.Value(spec.instance_group.kind),
-        count=spec.instance_group.count,
-    )
-
-    ort = spec.onnxruntime
-    if ort is not None:
-        params: dict[str, str] = {}
-        if ort.execution_mode is not None:
-            params["execution_mode"] = _EXECUTION_MODE[ort.execution_mode]
-        if ort.cudnn_conv_algo_search is not None:
-            params["cudnn_conv_algo_search"] = _CUDNN_CONV_ALGO_SEARCH[ort.cudnn_conv_algo_search]
-        if ort.arena_extend_strategy is not None:
-            params["arena_extend_strategy"] = _ARENA_EXTEND_STRATEGY[ort.arena_extend_strategy]
-        if ort.gpu_mem_limit is not None:
-            params["gpu_mem_limit"] = str(ort.gpu_mem_limit)
-        # "1"/"0": accepted both by the backend's ParseBoolValue and by ONNX Runtime's own
-        # option parser (do_copy_in_default_stream is passed through to the CUDA provider).
-        for key in ("enable_mem_arena", "enable_mem_pattern", "do_copy_in_default_stream"):
-            value = getattr(ort, key)
-            if value is not None:
-                params[key] = "1" if value else "0"
-        for key in ("intra_op_thread_count", "inter_op_thread_count"):
-            value = getattr(ort, key)
-            if value is not None:
-                params[key] = str(value)
-        for key, value in params.items():
-            config.parameters[key].string_value = value
-        level = GRAPH_LEVELS[ort.graph_optimization_level or "all"]
-        if level is not None:
-            config.optimization.graph.level = level
-
-    if spec.tensorrt is not None:
-        accelerator = config.optimization.execution_accelerators.gpu_execution_accelerator.add(
-            name="tensorrt"
-        )
-        for key, value in spec.tensorrt.parameters().items():
-            accelerator.parameters[key] = value
-
-    text = text_format.MessageToString(config)
-    check_config(text, model=model)
-    return text
 
 
 # --------------------------------------------------------------------------------------------

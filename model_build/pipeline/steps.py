@@ -4,8 +4,8 @@ Each step is a small adapter over the module that does the work (``sources``, ``
 (export, optimize, check), ``triton_config``, ``text_ensemble``, ``package``, ``gate``): it reads
 what earlier steps produced from a frozen :class:`Artifacts` and returns a new one with what it
 adds. :func:`run_pipeline` is the only place that sequences them, times them and reports
-progress; ``model_build.build`` drives it for a plain build (:func:`~model_build.build.build_model`)
-and for a stored unit (:func:`~model_build.build.build_unit`), which the CLI, the demo, the Lambda
+progress; ``model_build.pipeline.build`` drives it for a plain build (:func:`~model_build.pipeline.build.build_model`)
+and for a stored unit (:func:`~model_build.pipeline.build.build_unit`), which the CLI, the demo, the Lambda
 handler and the benchmarks all call. A step that reads an artifact no earlier step produced is a
 bug in :data:`PIPELINE`, not an input error, and says which step and which artifact.
 
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from model_build.manifest import ModelSpec, S3Source
-from model_build.release import DEFAULT_COMPRESSLEVEL
+from model_build.release.identity import DEFAULT_COMPRESSLEVEL
 
 if TYPE_CHECKING:  # the heavy modules are imported by the steps that use them
     from model_build.text_ensemble.served_tokenizer import ServedTokenizer
@@ -33,7 +33,7 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class BuildOptions:
-    """What every model of one build shares, passed whole to each runner of ``model_build.build``.
+    """What every model of one build shares, passed whole to each runner of ``model_build.pipeline.build``.
 
     ``base_dir``: where relative sources resolve. ``s3_client``: reads ``s3`` sources in this
     process; ``s3_factory``: makes one per worker process (a client does not pickle). ``jobs``:
@@ -115,7 +115,7 @@ def _is_text(spec: ModelSpec) -> bool:
 def check_tokenizer(inputs: BuildInputs, done: Artifacts) -> Artifacts:
     """Raw-text targets: the tokenizer, loaded, checked and serialized before the slow export for
     every source kind (an S3 source: its tokenizer files alone, before the weights are downloaded)."""
-    from model_build.sources import resolve_source, s3_tokenizer_files
+    from model_build.export.sources import resolve_source, s3_tokenizer_files
     from model_build.text_ensemble.served_tokenizer import prepare_tokenizer
 
     spec, options = inputs.spec, inputs.options
@@ -131,7 +131,7 @@ def check_tokenizer(inputs: BuildInputs, done: Artifacts) -> Artifacts:
 
 def export_optimize_validate(inputs: BuildInputs, done: Artifacts) -> Artifacts:
     """Resolve the source, export, optimize and validate against PyTorch; write the reference."""
-    from model_build.validate import export_and_validate
+    from model_build.export.validate import export_and_validate
 
     exported, report, reference = export_and_validate(
         inputs.spec, base_dir=inputs.options.base_dir, work_dir=inputs.work_dir, s3_client=inputs.options.s3_client
@@ -141,7 +141,7 @@ def export_optimize_validate(inputs: BuildInputs, done: Artifacts) -> Artifacts:
 
 def render_model_config(inputs: BuildInputs, done: Artifacts) -> Artifacts:
     """The exported model's ``config.pbtxt`` (``render_config`` checks it as Triton would)."""
-    from model_build.triton_config import render_config
+    from model_build.package.render import render_config
 
     text = render_config(inputs.spec, done.need("exported", "config"))
     return replace(done, config_text=text, member_config_text=text)
@@ -187,7 +187,7 @@ def package(inputs: BuildInputs, done: Artifacts) -> Artifacts:
             truncation=spec.text_inputs.truncation, compresslevel=inputs.options.compresslevel,
         )
     else:
-        from model_build.package import package_model
+        from model_build.package.pack import package_model
 
         sha256, size = package_model(
             model_name=spec.name, config_text=done.need("member_config_text", "package"),
@@ -197,9 +197,9 @@ def package(inputs: BuildInputs, done: Artifacts) -> Artifacts:
 
 
 def pre_publish_gate(inputs: BuildInputs, done: Artifacts) -> Artifacts:
-    """Everything Triton checks when it loads the tarball (``model_build.gate.check_repository``);
+    """Everything Triton checks when it loads the tarball (``model_build.package.gate.check_repository``);
     a tarball the gate refuses is removed."""
-    from model_build.package import gate_tarball
+    from model_build.package.gate import gate_tarball
 
     gate_tarball(done.need("tarball", "pre-publish gate"), model=inputs.spec.name)
     return done

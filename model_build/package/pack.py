@@ -27,7 +27,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from model_build.errors import PackageError, TritonConfigError
-from model_build.triton_config import FORMAT_BACKEND, check_config, config_backend, default_filename
+from model_build.package.triton_config import FORMAT_BACKEND, check_config, config_backend, default_filename
 
 #: Fixed metadata for every entry; with sorted entries it makes the archive byte-identical.
 TAR_MTIME = 0
@@ -196,22 +196,6 @@ def package_model(
             files[arcname] = external
 
     return write_tarball(files, out_path, compresslevel=compresslevel)
-
-
-def gate_tarball(out_path: Path, *, model: str) -> None:
-    """Run the pre-publish gate (:func:`model_build.gate.check_repository`) on a written tarball.
-
-    The build calls it on every tarball it writes (``model_build.build.build_model``), before
-    anything is stored or published. A tarball the gate refuses is removed, so nothing Triton would
-    refuse is left to publish.
-    """
-    from model_build.gate import check_repository  # lazy: the gate imports onnx
-
-    try:
-        check_repository(out_path, model=model)
-    except BaseException:
-        Path(out_path).unlink(missing_ok=True)
-        raise
 
 
 def write_tarball(files: dict[str, Path | bytes], out_path: Path, *, compresslevel: int = 1,

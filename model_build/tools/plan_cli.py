@@ -46,8 +46,8 @@ def _settings(overrides: list[str]) -> Any:
 def plan_report(args: argparse.Namespace) -> tuple[Any, Any]:
     """The plan of ``args`` and the settings it used."""
     from model_build.manifest import load_manifest
-    from model_build.routes import Routes, parse_routes, plan_manifest
-    from model_build.serving import read_routes
+    from model_build.release.index import read_routes
+    from model_build.release.routes import Routes, parse_routes, plan_manifest
 
     manifest_path = Path(args.manifest)
     manifest = load_manifest(manifest_path)
@@ -88,7 +88,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_releases(args: argparse.Namespace) -> int:
     from model_build.aws_clients import make_s3_client
-    from model_build.serving import delete_legacy_release, legacy_releases
+    from model_build.release.serving import delete_legacy_release, legacy_releases
 
     s3 = make_s3_client(endpoint_url=args.endpoint_url, region=args.region)
     found = legacy_releases(s3, args.bucket, args.prefix)

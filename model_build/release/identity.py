@@ -16,9 +16,9 @@ Two levels, so that a change costs only what it must:
   nothing; one changed entry gives a new id whose other models are server-side copies.
 
 Runtime code is found by following ``model_build`` imports from the build and release entry
-modules, so the tools users run on their machine (``model_build/tools/``, the CLI front
-``__main__.py``, the smoke client...) are not part of any identity: editing a tool leaves every
-key and release id unchanged (issue 9).
+modules, so the tools users run on their machine (``model_build/tools/``: the local endpoint, the
+smoke client, ``plan``; and the CLI front ``__main__.py``) are not part of any identity: editing a
+tool leaves every key and release id unchanged (issue 9).
 
 Imports neither torch nor boto3: the CDK app computes the ids at synth.
 """
@@ -39,12 +39,12 @@ from typing import Any
 
 from model_build.manifest import LocalSource, Manifest, ModelSpec, OnnxFileSource
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
 PACKAGE = "model_build"
 #: Modules whose imports (followed transitively) are the code that produces a model's bytes.
-MODEL_ENTRY_MODULES = ("build",)
+MODEL_ENTRY_MODULES = ("pipeline",)
 #: ... and the code that lays out a release (index format, copies, the Lambda's build path).
-RELEASE_ENTRY_MODULES = ("build", "handler", "publish", "release")
+RELEASE_ENTRY_MODULES = ("pipeline", "handler", "release", "release.store", "release.serving")
 #: Never runtime, even if something imported them by mistake: what users run on their machine.
 TOOL_MODULES = ("__main__", "tools")
 #: Non-Python files that define the build image's toolchain (pins of torch and friends).
@@ -96,14 +96,18 @@ def _module_path(package_dir: Path, module: str) -> Path | None:
 
 
 def _imported_modules(path: Path) -> set[str]:
-    """``model_build`` modules named by any import in ``path`` (lazy imports in functions too)."""
+    """``model_build`` modules named by any import in ``path`` (lazy imports in functions too):
+    ``x`` of ``from model_build.x import y``, and ``x.y`` where ``y`` is a module of package ``x``
+    (a name that is not a module is dropped by :func:`_module_path`)."""
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             if node.module == PACKAGE:
                 found.update(alias.name for alias in node.names)
             elif node.module.startswith(PACKAGE + "."):
-                found.add(node.module[len(PACKAGE) + 1 :])
+                module = node.module[len(PACKAGE) + 1 :]
+                found.add(module)
+                found.update(f"{module}.{alias.name}" for alias in node.names)
         elif isinstance(node, ast.Import):
             found.update(a.name[len(PACKAGE) + 1 :] for a in node.names if a.name.startswith(PACKAGE + "."))
     return found
@@ -127,7 +131,11 @@ def runtime_files(package_dir: Path = PACKAGE_DIR, entries: Iterable[str] = RELE
             continue
         files.add(path)
         todo.extend(_imported_modules(path))
-    # Importing a module runs its packages' __init__.py first: they are runtime code too.
+        # Importing a module runs its packages' __init__.py first: they are runtime code too, and
+        # so is what they import (a package's re-exports).
+        parts = module.split(".")
+        todo.extend(".".join(parts[:depth]) for depth in range(1, len(parts)))
+    # The root package's __init__.py, and any folder's met on the way.
     files.update(
         init
         for path in list(files)

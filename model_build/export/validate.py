@@ -11,7 +11,7 @@ packaged tarball, loaded the way the Triton container loads it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -21,24 +21,22 @@ import torch
 
 from model_build.compare import compare_arrays
 from model_build.errors import AccuracyGateError, ExportError, ValidationMismatchError
-from model_build.export import export_onnx, export_torchscript, import_onnx, load_torchscript
-from model_build.manifest import ModelSpec, OnnxFileSource, SyntheticSource, Tolerance
-from model_build.optimize import fmt_below, optimize_export, row_cosines
-from model_build.reference import write_reference
-from model_build.sources import (
+from model_build.export.convert import export_onnx, export_torchscript, import_onnx, load_torchscript
+from model_build.export.eager import (
+    Batch,
     calibration_inputs,
     input_names,
     load_module,
     reference_inputs,
     reference_sentences,
-    resolve_source,
     sample_inputs,
     text_batch,
 )
+from model_build.export.optimize import Runner, fmt_below, optimize_export, row_cosines
+from model_build.export.sources import resolve_source
+from model_build.manifest import ModelSpec, OnnxFileSource, SyntheticSource, Tolerance
+from model_build.reference import write_reference
 from model_build.types import ExportedModel, ValidationReport
-
-Batch = dict[str, np.ndarray]
-Runner = Callable[[Batch], list[np.ndarray]]
 
 REFERENCE_NAME = "reference.npz"
 #: Neighbours compared by the retrieval gate (fewer when there are fewer sample sentences).
@@ -330,7 +328,7 @@ def reference_normalizes(spec: ModelSpec, source_dir: Path) -> bool:
     """``normalize_embeddings`` for ``SentenceTransformer.encode`` to mean what the graph computes:
     a folder with ``modules.json`` normalises (or not) in its own pipeline; without one,
     sentence-transformers mean-pools unnormalised and the graph's default pooling normalises."""
-    from model_build.pooling import pooling_config
+    from model_build.export.pooling import pooling_config
 
     pooling = pooling_config(source_dir, spec.name)
     return pooling.normalize and not pooling.from_modules

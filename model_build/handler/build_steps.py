@@ -1,0 +1,136 @@
+"""The build state machine's function, ``build_step``: ``plan`` (the Map's item source: the models
+whose key is not stored), ``build`` (one model per Map item, built and stored; a failure records
+the model's name and reason for ``is_complete``) and ``finish`` (the release assembled from the
+store, its index written last).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from model_build.errors import ModelBuildError
+from model_build.handler.custom_resource import (
+    PLANS_DIR,
+    _build_and_store,
+    _clear_failure,
+    _computed,
+    _failure_key,
+    _model_keys,
+    _write_index,
+)
+from model_build.handler.request import LOG, HandlerError, Request, _load_manifest, _s3, _short
+
+# ----------------------------------------------------------------------------------------------
+# The per-model unit and the final step, as separate Lambda entry points (one Map item each)
+# ----------------------------------------------------------------------------------------------
+
+
+def _item_request(event: Mapping[str, Any]) -> Request:
+    props = event.get("Request")
+    if not isinstance(props, dict):
+        raise HandlerError(f"field Request: got {type(props).__name__}; expected the resource properties")
+    return Request({"RequestType": "Create", "ResourceProperties": props})
+
+
+def build_item(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
+    """Build and store one model: ``{"Request": <resource properties>, "Model": name, "Key": key}``.
+
+    Skips a key that is already stored (a retried or re-run item costs a listing). The key the
+    caller planned must be the one this runtime computes: otherwise the plan came from other
+    code and storing under it would mislabel the bytes."""
+    LOG.info("build_item %s %s", event.get("Model"), event.get("Key"))
+    try:
+        from model_build.release.store import stored_keys
+
+        request = _item_request(event)
+        s3 = _s3()
+        manifest = _load_manifest(s3, request)
+        name = event.get("Model")
+        spec = next((spec for spec in manifest.models if spec.name == name), None)
+        if spec is None:
+            raise HandlerError(f"field Model: got {name!r}; the manifest has no such model")
+        key = _model_keys(manifest)[spec.name]
+        if event.get("Key") != key:
+            raise HandlerError(
+                f"model {spec.name!r}: planned key {event.get('Key')!r} but this build image computes "
+                f"{key!r}; the plan and the image come from different code"
+            )
+        built = key not in stored_keys(s3, request.model_bucket, request.model_prefix)
+        if built:
+            try:
+                _build_and_store(s3, request, spec, key)
+            except Exception as error:
+                _record_failure(s3, request, spec.name, error)
+                raise
+        return {"Model": spec.name, "Key": key, "Built": built}
+    except (HandlerError, ModelBuildError) as error:
+        raise _short(error) from None
+
+
+def _record_failure(s3: Any, request: Request, model: str, error: BaseException) -> None:
+    """Leave the failing model's reason where ``is_complete`` finds it: a Distributed Map's own
+    failure says only that an item failed, and CloudFormation should name the model."""
+    if isinstance(error, ModelBuildError) and error.model is None:
+        error.model = model
+    reason = str(_short(error)) if isinstance(error, ModelBuildError) else (
+        f"build of model {model!r} failed: {' '.join(str(error).split())[:300]}"
+    )
+    try:
+        s3.put_object(Bucket=request.model_bucket, Key=_failure_key(request),
+                      Body=json.dumps({"model": model, "reason": reason}).encode(),
+                      ContentType="application/json")
+    except Exception as put_error:  # the build's own error matters more than its record
+        LOG.warning("could not record the failure of %s: %s", model, put_error)
+
+
+def build_step(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
+    """The build function's one entry point, for the state machine: ``Step`` is ``plan``,
+    ``build`` (one Map item) or ``finish``."""
+    steps = {"plan": plan_items, "build": build_item, "finish": finish_release}
+    step = event.get("Step")
+    if step not in steps:
+        raise HandlerError(f"field Step: got {step!r}; expected one of {', '.join(steps)}")
+    return steps[str(step)](event, context)
+
+
+def finish_release(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
+    """The final step: ``{"Request": <resource properties>}``; assembles the release from the
+    store and writes its index. A model not stored fails it, naming the model."""
+    LOG.info("finish_release")
+    try:
+        request = _item_request(event)
+        s3 = _s3()
+        manifest = _load_manifest(s3, request)
+        _write_index(s3, request, manifest, _computed(manifest))
+        return request.data(manifest.target_count)
+    except (HandlerError, ModelBuildError) as error:
+        raise _short(error) from None
+
+
+def plan_items(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
+    """Write the Map's item source: the models whose key is not stored yet, as a JSON array at
+    ``<prefix>/_plans/<release_id>.json`` (under the model prefix, the only place the build
+    writes). Returns where it is and how many items it holds."""
+    from model_build.release.store import stored_keys
+
+    try:
+        request = _item_request(event)
+        s3 = _s3()
+        manifest = _load_manifest(s3, request)
+        keys = _model_keys(manifest)
+        stored = stored_keys(s3, request.model_bucket, request.model_prefix)
+        items = [{"Model": spec.name, "Key": keys[spec.name]} for spec in manifest.models
+                 if keys[spec.name] not in stored]
+        base = f"{request.model_prefix}/" if request.model_prefix else ""
+        plan_key = f"{base}{PLANS_DIR}/{request.release_id}.json"
+        s3.put_object(Bucket=request.model_bucket, Key=plan_key, Body=json.dumps(items).encode(),
+                      ContentType="application/json")
+        # A new attempt: overwrite an earlier attempt's failure record with the "no failure"
+        # marker. Not a delete: the build role has s3:DeleteObject only with OnDelete=destroy,
+        # and S3 answers AccessDenied to a delete without it (even of a missing key).
+        _clear_failure(s3, request)
+        return {"Bucket": request.model_bucket, "Key": plan_key, "Count": len(items)}
+    except (HandlerError, ModelBuildError) as error:
+        raise _short(error) from None

@@ -1,0 +1,275 @@
+"""The custom resource's two handlers (the CDK ``Provider``'s asynchronous pattern): ``on_event``
+checks the request and starts the build state machine; ``is_complete`` routes the release once
+its index exists, reports a failed build with the failing model's reason, or builds in place
+without a state machine; a Delete never removes what a route of the live stack uses.
+
+Also the per-model unit both paths share (build one key and store it) and the final step (the
+release assembled from the store).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from model_build.handler.request import (
+    LOG,
+    HandlerError,
+    Request,
+    _load_manifest,
+    _s3,
+    _short,
+    _shown,
+    request_type,
+)
+from model_build.manifest import Manifest, ModelSpec
+from model_build.release import Release, compute_release
+
+#: Seconds kept free at the end of a Lambda run (upload of the last artifact, the response).
+SAFETY_MARGIN_SECONDS = 60.0
+#: Until one model has been timed, assume a build takes this long.
+FIRST_MODEL_ESTIMATE_SECONDS = 240.0
+#: Folder (under the model prefix) of the Map's item sources, one JSON array per release.
+PLANS_DIR = "_plans"
+#: Stack states in which a Delete means "the stack is going away" rather than "superseded".
+STACK_DELETING = {"DELETE_IN_PROGRESS"}
+
+
+# ----------------------------------------------------------------------------------------------
+# on_event
+# ----------------------------------------------------------------------------------------------
+
+
+def on_event(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
+    try:
+        kind = request_type(event)  # first: a malformed event is refused before anything reads it
+        LOG.info("on_event %s %s", kind, _shown(event.get("PhysicalResourceId")))
+        if kind == "Delete":
+            # A Delete must succeed even for a resource whose Create failed before it had an id.
+            return {"PhysicalResourceId": event.get("PhysicalResourceId", "none")}
+        request = Request(event)
+        # Fail in seconds on a manifest that cannot build, before any model is loaded.
+        s3 = _s3()
+        _load_manifest(s3, request)
+        response: dict[str, Any] = {"PhysicalResourceId": request.physical_id}
+        machine = request.props.get("BuildStateMachineArn")
+        if machine:
+            from model_build.release.index import read_index
+
+            if read_index(s3, request.model_bucket, request.release.index_key(request.model_prefix)) is None:
+                response["Data"] = {"BuildExecutionArn": _start_build(request, str(machine), event)}
+        return response
+    except Exception as error:
+        raise _short(error) from None
+
+
+def _states() -> Any:
+    import boto3
+
+    return boto3.client("stepfunctions", endpoint_url=os.environ.get("MODEL_BUILD_STATES_ENDPOINT_URL"))
+
+
+def _start_build(request: Request, machine: str, event: Mapping[str, Any]) -> str:
+    """Start the build state machine for this request; returns the execution ARN.
+
+    The execution is named after the release and CloudFormation's request id: unique per
+    request, and the same request retried by the Provider cannot start a second build."""
+    name = f"{request.release_id}-{str(event.get('RequestId', 'request'))[:36]}"
+    properties = {k: v for k, v in request.props.items() if k != "ServiceToken"}
+    states = _states()
+    try:
+        return str(states.start_execution(stateMachineArn=machine, name=name,
+                                          input=json.dumps({"Request": properties}))["executionArn"])
+    except states.exceptions.ExecutionAlreadyExists:
+        return f"{machine.replace(':stateMachine:', ':execution:')}:{name}"
+
+
+def _failure_key(request: Request) -> str:
+    base = f"{request.model_prefix}/" if request.model_prefix else ""
+    return f"{base}{PLANS_DIR}/{request.release_id}.failure.json"
+
+
+#: The failure record's body while no model of the current attempt has failed (the plan writes it).
+NO_FAILURE = b'{"model": null, "reason": null}'
+
+
+def _clear_failure(s3: Any, request: Request) -> None:
+    s3.put_object(Bucket=request.model_bucket, Key=_failure_key(request), Body=NO_FAILURE,
+                  ContentType="application/json")
+
+
+def _execution_outcome(s3: Any, request: Request, execution_arn: str) -> dict[str, Any]:
+    """``IsComplete: False`` while the build runs; a failed build raises with the failing
+    model's name and reason (recorded by the build function), or the execution's error."""
+    described = _states().describe_execution(executionArn=execution_arn)
+    status = described["status"]
+    if status == "RUNNING":
+        return {"IsComplete": False}
+    if status == "SUCCEEDED":
+        raise HandlerError(f"build execution {execution_arn} succeeded but the release has no index")
+    try:
+        body = s3.get_object(Bucket=request.model_bucket, Key=_failure_key(request))["Body"].read()
+        recorded = json.loads(body)["reason"]
+        if not recorded:  # the plan's "no failure" marker: no model recorded a failure
+            raise LookupError("no failure recorded")
+        reason = str(recorded)
+    except Exception:  # no record (a Lambda timeout or out of memory): the execution's own error
+        error = described.get("error") or status
+        cause = " ".join(str(described.get("cause") or "").split())[:300]
+        reason = f"build execution {status.lower()}: {error}" + (f": {cause}" if cause else "") + (
+            "; the state machine's Map Run lists the failed model"
+        )
+    raise HandlerError(reason)
+
+
+# ----------------------------------------------------------------------------------------------
+# is_complete
+# ----------------------------------------------------------------------------------------------
+
+
+def _computed(manifest: Manifest) -> Release:
+    """This runtime's release of the manifest: each model's key (its own code and library
+    versions; the Lambda has no local sources), the model code's hash and each entry's hash.
+    The CDK app computed the same keys at synth from the same files."""
+    return compute_release(manifest, base_dir=Path(tempfile.gettempdir()))
+
+
+def _model_keys(manifest: Manifest) -> dict[str, str]:
+    return dict(_computed(manifest).model_keys)
+
+
+def _build_and_store(s3: Any, request: Request, spec: ModelSpec, key: str) -> None:
+    """The per-model unit: build one entry and store it under ``<prefix>/_builds/<key>/``."""
+    from model_build.pipeline import BuildOptions, build_unit
+    from model_build.release.store import publish_unit
+
+    work = Path(tempfile.mkdtemp(prefix=f"build-{spec.name}-", dir=os.environ.get("TMPDIR")))
+    try:
+        result, _ = build_unit(spec, key, BuildOptions(base_dir=work, s3_client=s3), store_dir=work / "store")
+        publish_unit(
+            result.artifact(work / "store" / key),
+            key,
+            s3_client=s3,
+            bucket=request.model_bucket,
+            model_prefix=request.model_prefix,
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _write_index(s3: Any, request: Request, manifest: Manifest, computed: Release) -> None:
+    """The final step: assemble the release from the store (server-side copies, index last)."""
+    from model_build.release.store import ReleaseTarget, assemble_release, stored_models
+
+    release = replace(request.release, model_keys=dict(computed.model_keys),
+                      model_code_sha256=computed.model_code_sha256, entry_hashes=computed.entry_hashes)
+    assemble_release(stored_models(manifest, computed.model_keys),
+                     ReleaseTarget.of(release, s3, request.model_bucket, request.model_prefix))
+
+
+def _remaining_seconds(context: Any) -> float:
+    if context is not None and hasattr(context, "get_remaining_time_in_millis"):
+        return float(context.get_remaining_time_in_millis()) / 1000.0
+    return float(os.environ.get("MODEL_BUILD_TIME_BUDGET_SECONDS", "840"))
+
+
+def _stack_status(stack_id: str) -> str | None:
+    import boto3
+
+    endpoint_url = os.environ.get("MODEL_BUILD_CLOUDFORMATION_ENDPOINT_URL")  # for local tests
+    try:
+        client = boto3.client("cloudformation", endpoint_url=endpoint_url)
+        stacks = client.describe_stacks(StackName=stack_id)["Stacks"]
+    except Exception as error:  # the answer only chooses retire vs keep: never fail a Delete on it
+        LOG.warning("could not read the stack status (%s); treating the delete as a supersede", error)
+        return None
+    return stacks[0]["StackStatus"] if stacks else None
+
+
+def _delete(event: dict[str, Any]) -> dict[str, Any]:
+    """A Delete never removes what a route of the live stack uses.
+
+    - the stack is being deleted and ``OnDelete`` is ``destroy``: the served objects, the release
+      indexes and the routes document go (the store of builds stays);
+    - any other Delete (the stack keeps running: the resource was replaced because its bucket or
+      prefix changed, an update's rollback, or the per-release resource of an earlier version of
+      this stack, superseded by the fixed prefix): nothing is deleted. Old per-release prefixes
+      are listed and deleted on request with ``python -m model_build releases``."""
+    from model_build.release.serving import destroy_served
+
+    physical = event.get("PhysicalResourceId", "")
+    try:
+        request = Request(event)
+    except HandlerError as error:
+        LOG.warning("delete of %s with unusable properties (%s): nothing to do", physical, error)
+        return {"IsComplete": True}
+    if physical != request.physical_id:
+        LOG.info("delete of %s: not this resource's served prefix (an earlier layout, or a Create that "
+                 "never named it); nothing is deleted", physical)
+        return {"IsComplete": True}
+    status = _stack_status(event.get("StackId", ""))
+    if status in STACK_DELETING and request.on_delete == "destroy":
+        count = destroy_served(_s3(), request.model_bucket, request.model_prefix)
+        LOG.info("stack deleted: removed %d objects of %s", count, physical)
+    else:
+        LOG.info("delete of %s while the stack is %s (OnDelete=%s): nothing is deleted", physical, status,
+                 request.on_delete)
+    return {"IsComplete": True}
+
+
+def is_complete(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
+    try:
+        kind = request_type(event)  # first: a malformed event is refused before anything reads it
+        LOG.info("is_complete %s %s", kind, _shown(event.get("PhysicalResourceId")))
+        if kind == "Delete":
+            return _delete(event)
+        return _build_step(event, context)
+    except Exception as error:
+        raise _short(error) from None
+
+
+def _build_step(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    from model_build.release.index import read_index
+    from model_build.release.store import stored_keys
+
+    request = Request(event)
+    s3 = _s3()
+    index_key = request.release.index_key(request.model_prefix)
+    manifest = _load_manifest(s3, request)
+    if read_index(s3, request.model_bucket, index_key) is not None:
+        request.activate(s3)
+        return {"IsComplete": True, "Data": request.data(manifest.target_count)}
+    execution = (event.get("Data") or {}).get("BuildExecutionArn")
+    if execution:
+        # The state machine builds (one Lambda run per model) and writes the index.
+        return _execution_outcome(s3, request, str(execution))
+
+    # No state machine: build here, as many models per run as fit, across several calls.
+    computed = _computed(manifest)
+    keys = computed.model_keys
+    stored = stored_keys(s3, request.model_bucket, request.model_prefix)
+    slowest = FIRST_MODEL_ESTIMATE_SECONDS
+    built_here = 0
+    for spec in manifest.models:
+        if keys[spec.name] in stored:
+            continue
+        remaining = _remaining_seconds(context) - SAFETY_MARGIN_SECONDS
+        if built_here and remaining < slowest * 1.5:
+            LOG.info("%.0f s left in this run; continuing in the next call", remaining)
+            return {"IsComplete": False}
+        started = time.perf_counter()
+        _build_and_store(s3, request, spec, keys[spec.name])
+        elapsed = time.perf_counter() - started
+        slowest = max(slowest if built_here else 0.0, elapsed)
+        built_here += 1
+        LOG.info("built and stored %s (%s) in %.1f s", spec.name, keys[spec.name], elapsed)
+    _write_index(s3, request, manifest, computed)
+    request.activate(s3)
+    return {"IsComplete": True, "Data": request.data(manifest.target_count)}

@@ -1,0 +1,244 @@
+"""The layout of the code (issue 22): the import graph of ``model_build`` has no cycle, each unit
+imports only what its ``__init__`` docstring allows, docs/architecture.md's table says the same, and
+no module of ``model_build/``, ``constructs/`` or ``stacks/`` is longer than :data:`LINE_BUDGET`.
+
+What counts as an import: every ``import`` and ``from ... import`` statement of a module, at
+module level, inside a function (a lazy import) or under ``if TYPE_CHECKING:``. A lazy import that
+only breaks a cycle at run time is still the cycle in design terms, so it counts.
+``from model_build.a import b`` is an edge to the module ``a.b`` where ``b`` is one, else to ``a``
+(its ``__init__``). The implicit import of a module's parent packages is not an edge: Python runs
+them first, and a package's ``__init__`` may re-export its modules' names.
+
+A unit is a subpackage of ``model_build`` (``export``, ``release``...), a shared module
+(``errors``, ``types``... : every top-level module but ``__main__``) or ``__main__``, the CLI front,
+which may import anything. Each subpackage's docstring has a "May import:" paragraph naming, in
+double backquotes, the units it may import (``shared`` for the shared modules) or single modules of
+them (``release.identity``); a shared module imports shared modules only.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = "model_build"
+#: The most lines a module of model_build/, constructs/ or stacks/ may have.
+LINE_BUDGET = 500
+#: The folders the line budget applies to.
+BUDGETED = ("model_build", "constructs", "stacks")
+SHARED = "shared"
+
+
+def package_modules(root: Path) -> dict[str, Path]:
+    """``dotted name -> file`` of every module of the package under ``root``."""
+    found = {}
+    for path in sorted((root / PACKAGE).rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+def import_edges(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package's modules that ``name`` imports (see the module docstring for what counts)."""
+    edges: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            edges.update(alias.name for alias in node.names if alias.name.split(".")[0] == PACKAGE)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.split(".")[0] != PACKAGE:
+                continue
+            for alias in node.names:
+                submodule = f"{node.module}.{alias.name}"
+                edges.add(submodule if submodule in modules else node.module)
+    return {edge for edge in edges if edge != name}
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    modules = package_modules(root)
+    return {name: import_edges(name, path, modules) for name, path in modules.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a path that ends where it starts, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for target in sorted(graph.get(node, ())):
+            if state.get(target) == 1:
+                return [*path[path.index(target):], target]
+            if target not in state and (cycle := visit(target)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def unit_of(module: str) -> str:
+    """``export`` for ``model_build.export.convert``, ``errors`` for ``model_build.errors``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def subpackages(root: Path) -> list[str]:
+    return sorted(p.parent.name for p in (root / PACKAGE).glob("*/__init__.py"))
+
+
+def shared_modules(root: Path) -> set[str]:
+    return {p.stem for p in (root / PACKAGE).glob("*.py")} - {"__init__", "__main__"}
+
+
+def unit_docstring(root: Path, unit: str) -> str:
+    return ast.get_docstring(ast.parse((root / PACKAGE / unit / "__init__.py").read_text())) or ""
+
+
+def may_import(docstring: str) -> set[str]:
+    """The ``double-backquoted`` names of a docstring's "May import:" paragraph."""
+    match = re.search(r"May import:(.*?)(?:\n\s*\n|$)", docstring, re.DOTALL)
+    return set(re.findall(r"``([a-z_.]+)``", match.group(1))) if match else set()
+
+
+def layering_violations(root: Path) -> list[str]:
+    """Each import a unit's "May import:" does not allow, as ``module -> module``."""
+    graph = import_graph(root)
+    shared = shared_modules(root)
+    allowed = {unit: may_import(unit_docstring(root, unit)) for unit in subpackages(root)}
+    found = []
+    for module, targets in sorted(graph.items()):
+        unit = unit_of(module)
+        if unit in ("", "__main__"):
+            continue
+        for target in sorted(targets):
+            other = unit_of(target)
+            if other == unit:
+                continue
+            if unit in shared:
+                ok = other in shared
+            else:
+                names = allowed[unit]
+                dotted = target[len(PACKAGE) + 1:]
+                ok = (other in shared and SHARED in names) or other in names or dotted in names
+            if not ok:
+                found.append(f"{module} -> {target}")
+    return found
+
+
+def over_budget(root: Path, budget: int = LINE_BUDGET) -> list[str]:
+    return [
+        f"{path.relative_to(root)}: {count} lines"
+        for folder in BUDGETED
+        for path in sorted((root / folder).rglob("*.py"))
+        if (count := len(path.read_text().splitlines())) > budget
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# The layout of this tree
+# ---------------------------------------------------------------------------------------------
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    cycle = find_cycle(import_graph(ROOT))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_units_are_layered() -> None:
+    """The graph of units (a subpackage or a module at the top) has no cycle either: each unit
+    sits above the ones it imports, as docs/architecture.md draws them."""
+    units: dict[str, set[str]] = {}
+    for module, targets in import_graph(ROOT).items():
+        unit = unit_of(module)
+        units.setdefault(unit, set()).update(unit_of(t) for t in targets if unit_of(t) != unit)
+    cycle = find_cycle(units)
+    assert cycle is None, "units import each other: " + " -> ".join(cycle or [])
+
+
+def test_every_unit_says_what_it_owns_and_what_it_may_import() -> None:
+    known = set(subpackages(ROOT)) | {SHARED}
+    for unit in subpackages(ROOT):
+        docstring = unit_docstring(ROOT, unit)
+        assert "Owns:" in docstring, f"model_build/{unit}/__init__.py: no 'Owns:' paragraph"
+        names = may_import(docstring)
+        assert names, f"model_build/{unit}/__init__.py: no 'May import:' paragraph"
+        unknown = {name for name in names if name.split(".")[0] not in known}
+        assert not unknown, f"model_build/{unit}/__init__.py: May import names no unit: {sorted(unknown)}"
+
+
+def test_each_unit_imports_only_what_its_docstring_allows() -> None:
+    assert not layering_violations(ROOT), "\n".join(layering_violations(ROOT))
+
+
+def test_no_relative_imports() -> None:
+    """``runtime_files`` (what the image holds and the keys hash) follows absolute imports only."""
+    relative = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for path in package_modules(ROOT).values()
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and node.level
+    ]
+    assert not relative, relative
+
+
+def test_no_module_exceeds_the_line_budget() -> None:
+    assert not over_budget(ROOT), f"longer than {LINE_BUDGET} lines: " + ", ".join(over_budget(ROOT))
+
+
+def test_the_architecture_table_says_what_the_docstrings_say() -> None:
+    """docs/architecture.md's table row of each unit lists the same "may import" names."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    rows = dict(re.findall(r"^\| `model_build/([a-z_]+)/` \|.*\| ([^|]*) \|\s*$", text, re.MULTILINE))
+    assert sorted(rows) == subpackages(ROOT), "the table's rows are not the subpackages"
+    for unit, cell in rows.items():
+        documented = set(re.findall(r"`([a-z_.]+)`", cell))
+        assert documented == may_import(unit_docstring(ROOT, unit)), f"{unit}: the table says {sorted(documented)}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Each check fails when it should
+# ---------------------------------------------------------------------------------------------
+
+
+def _tree(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def test_a_lazy_import_that_closes_a_cycle_is_found(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {
+        "model_build/__init__.py": "",
+        "model_build/a.py": "from model_build.b import B\nA = 1\n",
+        "model_build/b.py": "B = 2\n\ndef f():\n    from model_build import a\n    return a.A\n",
+    })
+    assert find_cycle(import_graph(root)) == ["model_build.a", "model_build.b", "model_build.a"]
+
+
+def test_an_import_the_docstring_does_not_allow_is_found(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {
+        "model_build/__init__.py": "",
+        "model_build/errors.py": "from model_build.low import x\n",
+        "model_build/low/__init__.py": '"""Owns: x.\n\nMay import: ``shared``.\n"""\n',
+        "model_build/low/x.py": "from model_build.high import y\nfrom model_build.errors import E\n",
+        "model_build/high/__init__.py": '"""Owns: y.\n\nMay import: ``shared``, ``low``.\n"""\n',
+        "model_build/high/y.py": "from model_build.low.x import X\n",
+    })
+    assert layering_violations(root) == ["model_build.errors -> model_build.low.x",
+                                         "model_build.low.x -> model_build.high.y"]
+
+
+def test_a_module_over_the_budget_is_found(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {"stacks/long.py": "x = 1\n" * (LINE_BUDGET + 1), "constructs/short.py": "x = 1\n"})
+    assert over_budget(root) == [f"stacks/long.py: {LINE_BUDGET + 1} lines"]
