@@ -1,4 +1,5 @@
-"""Fixtures several test modules share: moto's S3 server on loopback and a fault proxy in front of it.
+"""Fixtures several test modules share: moto's S3 server on loopback and a fault proxy in front of it;
+and the order files run in.
 
 A module that defines a fixture of the same name (e.g. ``endpoint`` for the local SageMaker
 endpoint) overrides these, as pytest does for any conftest fixture.
@@ -26,3 +27,15 @@ def proxy(endpoint: str) -> Iterator[FaultProxy]:
     """A fault-injecting proxy in front of the module's S3 server, fresh for each test."""
     with FaultProxy(endpoint) as fault_proxy:
         yield fault_proxy
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Files without a slow test run first, then the others, each file's tests kept together and
+    in their order: a broken manifest rule or template fails in the first minutes of ``make test``,
+    not after the real exports and tritonserver runs (``--dist loadfile`` hands out files in this
+    order too)."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    first_seen: dict[object, int] = {}
+    for index, item in enumerate(items):
+        first_seen.setdefault(item.path, index)
+    items.sort(key=lambda item: (item.path in slow_files, first_seen[item.path]))
