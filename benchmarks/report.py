@@ -158,6 +158,13 @@ def _modes_section(results: Mapping[str, Mapping[str, Any]], run: Mapping[str, A
             "the end (other processes on the machine slow a run down and widen its spreads)."
             + (f" Failed: {', '.join(run['failed'])}." if run.get("failed") else "") + verdict
         )
+        later = [name for name, result in results.items()
+                 if not run["started_at"] <= str(result["started_at"]) <= str(run.get("finished_at", "~"))]
+        if later:
+            lines.append(
+                f"The results of {', '.join(later)} on this page come from other runs than that one (their "
+                "commands are named above, their start times and load in the table under the machine)."
+            )
     lines += [
         "",
         "| benchmark | mode | sizes of this result | sizes of a full run | run time |",
