@@ -102,8 +102,12 @@ lint: setup
 	$(CHECKOV_VENV)/bin/checkov --file cdk.out/*.template.json --framework cloudformation \
 		--skip-download --compact --quiet $(CHECKOV_ARGS)
 
+# Quick by default: every benchmark and every row, smaller where the growth curve is what matters,
+# under 25 minutes on 2 cores. FULL=1 runs the sizes the goals are stated at. Each result file records
+# its mode; docs/benchmarks.md says which mode and sizes each result came from.
+FULL ?=
 bench: setup
-	$(PY) -m benchmarks
+	$(PY) -m benchmarks $(if $(filter 1,$(FULL)),--full)
 
 # Optional endpoint URLs (a local endpoint: RUNTIME_ENDPOINT_URL=http://127.0.0.1:8080
 # SAGEMAKER_ENDPOINT_URL=http://127.0.0.1:8080 S3_ENDPOINT_URL=<the S3 it serves from>).

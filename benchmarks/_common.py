@@ -29,13 +29,24 @@ ROOT = Path(__file__).resolve().parents[1]
 SCHEMA_VERSION = 1
 #: The one command the docs name; ``make bench`` runs exactly this.
 MAKE_COMMAND = "make bench  # = .venv/bin/python -m benchmarks"
+#: ``make bench FULL=1`` runs this.
+MAKE_FULL_COMMAND = "make bench FULL=1  # = .venv/bin/python -m benchmarks --full"
+#: Run sizes. ``quick`` (the default, ``make bench``): every benchmark and every row, at smaller
+#: sizes where the growth curve is what matters and shorter time budgets where a median of the same
+#: quantity is; ``full`` (``--full``, ``make bench FULL=1``): the sizes the goals are stated at;
+#: ``tiny`` (``--tiny``): the smoke-test size of the test suite. Each benchmark module has a
+#: ``SIZES`` table with one entry per mode (the same keys in each; quick never larger than full).
+MODES: tuple[str, ...] = ("tiny", "quick", "full")
+DEFAULT_MODE = "quick"
+#: What ``make bench`` (quick) must fit on a 2-core machine (issue 22).
+QUICK_GOAL_S = 25 * 60
 BENCHMARK_NAMES: tuple[str, ...] = (
     "synth_scale", "publish", "inference", "artifact", "endpoint", "variants", "incremental", "text_ensemble",
     "live_fleet",
 )
 #: Fields every result file has (checked by :func:`validate_result`).
 REQUIRED_FIELDS: tuple[str, ...] = (
-    "schema", "benchmark", "title", "tiny", "command", "started_at", "seconds", "machine",
+    "schema", "benchmark", "title", "mode", "tiny", "sizes", "command", "started_at", "seconds", "machine",
     "versions", "parameters", "measurements", "comparisons", "goals",
 )
 
@@ -135,17 +146,23 @@ def goal(
     met: bool | None,
     detail: str = "",
     limit: str = "",
+    not_judged: str = "",
 ) -> dict[str, Any]:
     """One goal of the issue: ``met`` is None when it could not be measured here (say why in
-    ``detail``); ``limit`` says, from a measurement, what keeps a missed goal from being met."""
+    ``detail``); ``limit`` says, from a measurement, what keeps a missed goal from being met.
+
+    ``not_judged`` (a reason) marks a goal whose threshold is stated at a size this run did not
+    measure (a quick or tiny run): ``met`` is then None whatever was measured, so a smaller size
+    never reads as the goal met or missed."""
     return {
         "id": goal_id,
         "text": text,
         "target": target,
         "measured": measured,
-        "met": met,
+        "met": None if not_judged else met,
         "detail": detail,
-        "limit": limit,
+        "limit": "" if not_judged else limit,
+        "not_judged": not_judged,
     }
 
 
@@ -289,15 +306,32 @@ def log(message: str) -> None:
 
 @dataclass
 class RunContext:
-    """What a benchmark run is told: tiny or full size, where to write, scratch space."""
+    """What a benchmark run is told: its mode (``tiny``, ``quick`` or ``full``), where to write,
+    scratch space."""
 
-    tiny: bool
+    mode: str
     out_dir: Path
     work_dir: Path
     command: str
     #: Threads for each runtime (PyTorch and ONNX Runtime alike); None: every usable core.
     threads: int | None = None
     _builds: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode: got {self.mode!r}; expected one of {', '.join(MODES)}")
+
+    @property
+    def tiny(self) -> bool:
+        return self.mode == "tiny"
+
+    @property
+    def full(self) -> bool:
+        return self.mode == "full"
+
+    def sizes(self, table: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+        """This mode's entry of a benchmark's ``SIZES`` table."""
+        return dict(table[self.mode])
 
     @property
     def repeats(self) -> int:
@@ -385,12 +419,29 @@ def text_model_entry(tiny: bool, *, fp16: bool = False) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 
 
+def mode_sizes(name: str, mode: str) -> dict[str, Any]:
+    """One mode's sizes of benchmark ``name`` (its module's ``SIZES`` table), as JSON data."""
+    table = importlib.import_module(f"benchmarks.{name}").SIZES
+    return json.loads(json.dumps(table[mode]))
+
+
+def sizes_text(sizes: Mapping[str, Any]) -> str:
+    """``models 100, repeats 3`` for the docs (keys with underscores read as words)."""
+    def value(v: Any) -> str:
+        return ", ".join(map(str, v)) if isinstance(v, (list, tuple)) else f"{v:g}" if isinstance(v, float) else str(v)
+
+    return "; ".join(f"{key.replace('_', ' ')} {value(v)}" for key, v in sizes.items())
+
+
 def new_result(name: str, title: str, ctx: RunContext, parameters: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "schema": SCHEMA_VERSION,
         "benchmark": name,
         "title": title,
+        "mode": ctx.mode,
         "tiny": ctx.tiny,
+        #: What this mode sets (the module's SIZES entry); ``parameters`` has the rest.
+        "sizes": mode_sizes(name, ctx.mode),
         "command": ctx.command,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "seconds": None,
@@ -436,6 +487,12 @@ def validate_result(data: Any, name: str | None = None) -> list[str]:
         problems.append(f"schema: got {data['schema']!r}; expected {SCHEMA_VERSION}")
     if name is not None and data["benchmark"] != name:
         problems.append(f"benchmark: got {data['benchmark']!r}; expected {name!r}")
+    if data["mode"] not in MODES:
+        problems.append(f"mode: got {data['mode']!r}; expected one of {', '.join(MODES)}")
+    elif data["tiny"] is not (data["mode"] == "tiny"):
+        problems.append(f"tiny: got {data['tiny']!r} in mode {data['mode']!r}")
+    if not isinstance(data["sizes"], dict):
+        problems.append("sizes: expected an object")
     if not _is_number(data["seconds"]):
         problems.append("seconds: not a number")
     machine_info = data["machine"]
@@ -466,6 +523,8 @@ def validate_result(data: Any, name: str | None = None) -> list[str]:
                     problems.append(f"goals[{i}].{key}: missing")
             if item.get("met") not in (True, False, None):
                 problems.append(f"goals[{i}].met: expected true, false or null")
+            if item.get("not_judged") and item.get("met") is not None:
+                problems.append(f"goals[{i}].met: a goal not judged at this size must be null")
     return problems
 
 

@@ -51,6 +51,13 @@ BATCHING_GOAL = 1.5
 COLD_START_GOAL_S = 10.0
 #: Warm p99 at batch 1 of every model, seconds.
 WARM_P99_GOAL_S = 0.1
+#: Seconds of calls per warm measurement and calls per throughput run (each of 3 runs). The models
+#: and batches are the same in quick and full; a quick run measures each for half as long.
+SIZES: dict[str, dict[str, Any]] = {
+    "tiny": {"seconds_per_measurement": 1.0, "throughput_calls": 32},
+    "quick": {"seconds_per_measurement": 4.0, "throughput_calls": 160},
+    "full": {"seconds_per_measurement": 8.0, "throughput_calls": 320},
+}
 TOKENS = [[101, 2023, 2003, 1037, 7099, 6251, 1012, 102]]
 
 
@@ -113,10 +120,12 @@ def run(ctx: RunContext) -> dict[str, Any]:
     from model_build.tools.smoke_setup import make_runtime_client
 
     started = time.perf_counter()
-    budget = 1.0 if ctx.tiny else 8.0
+    chosen = ctx.sizes(SIZES)
+    budget = float(chosen["seconds_per_measurement"])
     targets = _targets(ctx)
     result = new_result(NAME, TITLE, ctx, {
         "models": list(targets), "repeats": ctx.repeats, "seconds_per_measurement": budget,
+        "throughput_calls_per_run": int(chosen["throughput_calls"]),
         "path": "boto3 sagemaker-runtime -> local endpoint -> tritonserver 2.51 (python-based backends, CPU)",
         "batching": "8 clients each sending batch-1 requests, against 1 client; dynamic batching as in models.yaml",
     })
@@ -202,7 +211,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
             for clients in (1, 8):
                 rates = []
                 for _ in range(ctx.repeats):
-                    calls = 8 * (4 if ctx.tiny else 40)
+                    calls = int(chosen["throughput_calls"])
                     with ThreadPoolExecutor(clients) as pool:
                         t0 = time.perf_counter()
                         list(pool.map(lambda _: invoke("resnet-synthetic.tar.gz", body, ctype), range(calls)))

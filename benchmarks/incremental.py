@@ -43,6 +43,14 @@ from benchmarks.publish import _empty_bucket
 
 NAME = "incremental"
 TITLE = "A 1000-entry manifest where one entry changes"
+#: Models in the manifest. The full-build goals are stated at 1000 models; a run at fewer leaves
+#: them unjudged. The whole benchmark takes about two minutes at 1000 models on two cores, so a
+#: quick run keeps the full size.
+SIZES: dict[str, dict[str, Any]] = {
+    "tiny": {"models": 20},
+    "quick": {"models": 1000},
+    "full": {"models": 1000},
+}
 CONCURRENCIES = (10, 50, 100)
 PREFIX = "models"
 #: The default manifest's entry whose build time stands for a real NLP model in the projection.
@@ -112,7 +120,8 @@ def run(ctx: RunContext) -> dict[str, Any]:
     from model_build.release.store import ReleaseTarget, publish_incremental, publish_unit, stored_keys
 
     started = time.perf_counter()
-    count = 20 if ctx.tiny else 1000
+    count = int(ctx.sizes(SIZES)["models"])
+    full_count = int(SIZES["full"]["models"])
     data = _manifest(count, tiny_model=ctx.tiny)
     first = parse_manifest(data)
     changed_data = copy.deepcopy(data)
@@ -169,8 +178,10 @@ def run(ctx: RunContext) -> dict[str, Any]:
             list(pool.map(lambda s1: publish_unit(_as_key(artifact, s1.name, (s1.name,)), keys_1[s1.name],
                                                   s3_client=client, bucket=bucket, model_prefix=PREFIX),
                           first.models))
+        log(f"{NAME}: {count} stored builds seeded ({time.perf_counter() - started:.0f} s into the benchmark)")
         for run_index in range(ctx.repeats):
-            planned = [name for name in keys_2 if keys_2[name] not in stored_keys(client, bucket, PREFIX)]
+            stored = stored_keys(client, bucket, PREFIX)  # one LIST, as the plan step lists the store
+            planned = [name for name in keys_2 if keys_2[name] not in stored]
             assert planned == [changed_name], planned
             s3_side.reset()
             seconds, report = timed(lambda: publish_incremental(
@@ -195,6 +206,8 @@ def run(ctx: RunContext) -> dict[str, Any]:
             baseline_wire = s3_side.stats()
             baseline_s.append(seconds)
             _empty_bucket(client, full)
+            log(f"{NAME}: run {run_index + 1}/{ctx.repeats}: incremental {incremental_s[-1]:.1f} s, rebuild-all "
+                f"upload {seconds:.1f} s ({time.perf_counter() - started:.0f} s into the benchmark)")
         _empty_bucket(client, bucket)
 
     per_model = stats(build_times)
@@ -235,25 +248,33 @@ def run(ctx: RunContext) -> dict[str, Any]:
         },
     ]
     copies = wire["requests"].get("COPY", 0)
+    at_full = count >= full_count
+    # The hour is stated for a full build of the full manifest: at fewer models the projection
+    # (fewer rounds, a smaller assembly) would pass for what it does not measure.
+    not_judged = "" if at_full else (
+        f"stated at {full_count} models; this {ctx.mode} run has {count} (its projection is for {count}); "
+        f"`make bench FULL=1` measures it")
     result["goals"] = [
         goal("one_built", "changing 1 of N entries builds 1 model, and copies only its own target into the "
              "served prefix (the N-1 unchanged models keep their served objects)",
              target="1 built, <= 1 copied", measured=f"{len(planned)} built, {copies} copied",
              met=len(planned) == 1 and copies <= 1,
              limit="" if len(planned) == 1 and copies <= 1 else "see the requests: more than the changed model moved"),
-        goal("full_build_in_the_hour", "a full build of N distinct models fits CloudFormation's hour "
-             "at concurrency 50 (projected)", target="< 3600 s", measured=f"{projection['50']['seconds']:.0f} s",
+        goal("full_build_in_the_hour", f"a full build of {full_count} distinct models fits CloudFormation's hour "
+             "at concurrency 50 (projected)", target="< 3600 s",
+             measured=f"{projection['50']['seconds']:.0f} s" + ("" if at_full else f" at {count} models"),
              met=projection["50"]["seconds"] < 3600,
              detail="projected: ceil(N / 50) rounds of the median per-model build time measured here, "
-                    "plus the measured assembly; no Lambda cold start"),
+                    "plus the measured assembly; no Lambda cold start", not_judged=not_judged),
     ]
     if minilm_projection is not None:
         result["goals"].append(goal(
-            "minilm_full_build_in_the_hour", "a full build of N MiniLM-sized models fits CloudFormation's "
-            "hour at concurrency 50 (projected)", target="< 3600 s",
-            measured=f"{minilm_projection['50']['seconds']:.0f} s", met=minilm_projection["50"]["seconds"] < 3600,
+            "minilm_full_build_in_the_hour", f"a full build of {full_count} MiniLM-sized models fits "
+            "CloudFormation's hour at concurrency 50 (projected)", target="< 3600 s",
+            measured=f"{minilm_projection['50']['seconds']:.0f} s" + ("" if at_full else f" at {count} models"),
+            met=minilm_projection["50"]["seconds"] < 3600,
             detail=f"projected: ceil(N / 50) rounds of {minilm['seconds']:.1f} s ({minilm['source']}), plus the "
-                   "measured assembly; no Lambda cold start"))
+                   "measured assembly; no Lambda cold start", not_judged=not_judged))
     result["notes"] = [
         "Only one model is built for real; the stored builds of the other models reuse its bytes "
         "(what S3 does does not depend on them).",

@@ -2,8 +2,8 @@
 
 The ONNX side is the tarball ``model_build`` produces for ``minilm-l6-embedding`` (models.yaml),
 unpacked and opened exactly as the project's container-like check opens it
-(:func:`model_build.gate.open_model`: the session options its generated ``config.pbtxt`` asks
-for). The PyTorch side is the same weights as an eager module (:func:`model_build.sources.load_module`,
+(:func:`model_build.package.backend.open_model`: the session options its generated ``config.pbtxt`` asks
+for). The PyTorch side is the same weights as an eager module (:func:`model_build.export.eager.load_module`,
 the module the export traced). Fairness:
 
 - same thread count ``n`` (the cores this process may use): ``torch.set_num_threads(n)`` and the
@@ -52,6 +52,17 @@ NAME = "inference"
 TITLE = "Serving the built MiniLM artifact: ONNX Runtime against PyTorch eager"
 GOAL_RATIO = 1.5
 GOAL_BATCH = 8
+#: Runs per measurement and seconds of calls per run (the model and its shapes are the same in
+#: quick and full). Five runs in a full run: on a shared machine one disturbed run must not move
+#: the median; a quick run takes three, the least any real run takes.
+SIZES: dict[str, dict[str, Any]] = {
+    "tiny": {"repeats": 1, "cold_start_repeats": 1, "latency_budget_s_per_run": 0.2,
+             "throughput_budget_s_per_run": 0.2},
+    "quick": {"repeats": 3, "cold_start_repeats": 3, "latency_budget_s_per_run": 2.0,
+              "throughput_budget_s_per_run": 2.0},
+    "full": {"repeats": 5, "cold_start_repeats": 5, "latency_budget_s_per_run": 2.0,
+             "throughput_budget_s_per_run": 2.0},
+}
 THROUGHPUT_BATCHES = (8, 32)
 
 Call = Callable[[], Any]
@@ -308,12 +319,12 @@ def run(ctx: RunContext) -> dict[str, Any]:
 
     started = time.perf_counter()
     threads = ctx.threads or usable_cores()
+    chosen = ctx.sizes(SIZES)
     seq = 16 if ctx.tiny else 128
-    latency_budget = 0.2 if ctx.tiny else 2.0
-    throughput_budget = 0.2 if ctx.tiny else 2.0
-    #: Five runs, not three: on a shared machine one disturbed run must not move the median.
-    repeats = ctx.repeats if ctx.tiny else max(ctx.repeats, 5)
-    cold_repeats = 1 if ctx.tiny else 5
+    latency_budget = float(chosen["latency_budget_s_per_run"])
+    throughput_budget = float(chosen["throughput_budget_s_per_run"])
+    repeats = int(chosen["repeats"])
+    cold_repeats = int(chosen["cold_start_repeats"])
     spec = spec_from(text_model_entry(ctx.tiny))
     result = new_result(NAME, TITLE, ctx, {
         "model": spec.name,
@@ -326,9 +337,9 @@ def run(ctx: RunContext) -> dict[str, Any]:
         "cold_start_repeats": cold_repeats,
         "latency_budget_s_per_run": latency_budget,
         "throughput_budget_s_per_run": throughput_budget,
-        "onnx": "the built tarball, opened by model_build.gate.open_model from its config.pbtxt "
+        "onnx": "the built tarball, opened by model_build.package.backend.open_model from its config.pbtxt "
                 "(intra_op_thread_count set to the thread count; instance_group KIND_CPU for the CPU runs)",
-        "pytorch": "model_build.sources.load_module (the eager module the export traced), torch.inference_mode",
+        "pytorch": "model_build.export.eager.load_module (the eager module the export traced), torch.inference_mode",
     })
     built, release_dir = ctx.build(spec)
     tarball = release_dir / built.tarball

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import os
 import socket
 import threading
 import time
@@ -49,6 +48,14 @@ BUCKET = "bench-live"
 PREFIX = "models"
 BINARY = "application/vnd.sagemaker-triton.binary+json;json-header-size={}"
 P99_GOAL = 1.5
+#: Seconds of steady load before and after the model is added, and models in the store for the
+#: one-model change. A quick run keeps more than 1000 models, so every listing of the store and
+#: of the served prefix still spans more than one page (S3 returns at most 1000 keys a page).
+SIZES: dict[str, dict[str, Any]] = {
+    "tiny": {"phase_s": 2.0, "models_at_scale": 30},
+    "quick": {"phase_s": 6.0, "models_at_scale": 1200},
+    "full": {"phase_s": 10.0, "models_at_scale": 3000},
+}
 TINY_RESNET = {"embedding_size": 8, "hidden_sizes": [8, 8, 16, 16], "depths": [1, 1, 1, 1], "layer_type": "basic",
                "num_labels": 4}
 
@@ -144,7 +151,7 @@ def _under_load(ctx: RunContext) -> dict[str, Any]:
     from model_build.tools.local_s3 import local_s3
     from model_build.tools.smoke_setup import make_runtime_client
 
-    phase = 2.0 if ctx.tiny else 10.0
+    phase = float(ctx.sizes(SIZES)["phase_s"])
     entries = [_entry(ctx, "steady-a", 0), _entry(ctx, "steady-b", 1), _entry(ctx, "added", 2)]
     specs = [spec_from(entry) for entry in entries]
     built = {spec.name: ctx.build(spec) for spec in specs}
@@ -289,7 +296,7 @@ def _at_scale(ctx: RunContext, count: int) -> dict[str, Any]:
 
 def run(ctx: RunContext) -> dict[str, Any]:
     started = time.perf_counter()
-    count = 30 if ctx.tiny else int(os.environ.get("LIVE_FLEET_MODELS", "3000"))
+    count = int(ctx.sizes(SIZES)["models_at_scale"])
     result = new_result(NAME, TITLE, ctx, {
         "models_at_scale": count, "repeats": ctx.repeats,
         "path": "boto3 sagemaker-runtime -> local endpoint (fixed served prefix) -> tritonserver 2.51; "

@@ -42,6 +42,14 @@ LATENCIES_MS = (0, 30)
 CONCURRENCY = 16
 GOAL_SPEEDUP = 10.0
 GOAL_LATENCY_MS = 30
+#: Copies published and requests of each kind timed one by one. The speed-up goal is stated at
+#: 200 copies (the seed articles' count), and a publish of 200 takes about a minute here, so a
+#: quick run keeps the copies and times fewer single requests.
+SIZES: dict[str, dict[str, Any]] = {
+    "tiny": {"copies": 5, "single_requests": 3},
+    "quick": {"copies": 200, "single_requests": 20},
+    "full": {"copies": 200, "single_requests": 40},
+}
 RELEASE_ID = "r-00000000be0c4000"
 
 
@@ -210,7 +218,8 @@ def run(ctx: RunContext) -> dict[str, Any]:
     from model_build.aws_clients import make_s3_client
 
     started = time.perf_counter()
-    copies = 5 if ctx.tiny else 200
+    chosen = ctx.sizes(SIZES)
+    copies = int(chosen["copies"])
     repeats = ctx.repeats
     entry = manifest_entry("resnet-synthetic")
     entry["copies"] = copies
@@ -246,7 +255,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
                 s3, direct, client, artifact, latency_ms=latency_ms, repeats=repeats, prefix=prefix
             )
             if latency_ms == 0:
-                server_costs = _server_costs(s3, direct, client, artifact.path, 3 if ctx.tiny else 40)
+                server_costs = _server_costs(s3, direct, client, artifact.path, int(chosen["single_requests"]))
     result["measurements"] = {"by_latency": per_latency, "server_costs": server_costs}
 
     for latency_ms in LATENCIES_MS:
@@ -270,6 +279,9 @@ def run(ctx: RunContext) -> dict[str, Any]:
     headline = per_latency[f"{GOAL_LATENCY_MS}ms"]
     speedup = next(c["ratio"] for c in result["comparisons"] if c["name"] == f"time_{GOAL_LATENCY_MS}ms")
     met = speedup is not None and speedup >= GOAL_SPEEDUP
+    full_copies = int(SIZES["full"]["copies"])
+    not_judged = "" if copies >= full_copies else (
+        f"stated at {full_copies} copies; this {ctx.mode} run published {copies}")
     limit = "" if met else _limit(result, per_latency)
     result["goals"].append(goal(
         "publish_speedup",
@@ -280,6 +292,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
         detail=(f"Baseline {headline['baseline_s']['median']:.2f} s, publish "
                 f"{headline['publish_s']['median']:.2f} s (medians of {repeats})."),
         limit=limit,
+        not_judged=not_judged,
     ))
     republish_max = max(max(per_latency[k]["republish_bytes"]["samples"]) for k in per_latency)
     result["goals"].append(goal(

@@ -62,6 +62,13 @@ COLD_GOAL = 1.5
 COLD_BEFORE_S = 3.244
 #: Models of the BPE and Unigram rows: MiniLM's shape.
 MINILM_SHAPE = {"hidden": 384, "layers": 6, "heads": 12}
+#: Seconds of calls per measurement (split over the runs). Models and batches are the same in quick
+#: and full; a quick run measures each for half as long.
+SIZES: dict[str, dict[str, Any]] = {
+    "tiny": {"seconds_per_measurement": 1.0},
+    "quick": {"seconds_per_measurement": 3.0},
+    "full": {"seconds_per_measurement": 6.0},
+}
 SENTENCES = (
     "A man is playing a guitar.",
     "The new movie is awesome and everyone in the theatre loved it.",
@@ -124,7 +131,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
     from model_build.tools.local_s3 import local_s3
 
     started = time.perf_counter()
-    budget = 1.0 if ctx.tiny else 6.0
+    budget = float(ctx.sizes(SIZES)["seconds_per_measurement"])
     specs = _kind_specs(ctx)
     max_len = specs["wordpiece"].text_inputs.max_sequence_length
     if ctx.threads:

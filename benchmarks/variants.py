@@ -2,7 +2,7 @@
 
 Variants, each built by the project's own build (``build_model``: export, optimize, gates,
 package) from the ``minilm-l6-embedding`` entry of models.yaml, unpacked and opened as the
-Triton container would (:func:`model_build.gate.open_model`, the session options of its own
+Triton container would (:func:`model_build.package.backend.open_model`, the session options of its own
 ``config.pbtxt``, KIND_CPU and ``n`` intra-op threads for the CPU runs):
 
 - ``exported``: ``optimize: false``, FP32: the graph as exported before this work;
@@ -59,6 +59,14 @@ GOAL_FP16_RATIO = 2.0
 BATCHES = (1, 8)
 #: Table and chart order: the baseline, then the variants from least to most optimized.
 ORDER = ("pytorch", "exported", "fused", "int8")
+#: Seconds of calls per run of each measurement, and the side of the square GEMM that measures the
+#: peak. Variants, sequence and batches are the same in quick and full; a quick run measures each
+#: for half as long.
+SIZES: dict[str, dict[str, Any]] = {
+    "tiny": {"budget_s_per_run": 0.3, "peak_gemm_size": 512},
+    "quick": {"budget_s_per_run": 2.0, "peak_gemm_size": 2048},
+    "full": {"budget_s_per_run": 4.0, "peak_gemm_size": 2048},
+}
 
 
 def _entries(tiny: bool) -> dict[str, dict[str, Any]]:
@@ -185,7 +193,8 @@ def run(ctx: RunContext) -> dict[str, Any]:
     started = time.perf_counter()
     threads = ctx.threads or usable_cores()
     seq = 16 if ctx.tiny else 128
-    budget = 0.3 if ctx.tiny else 4.0
+    chosen = ctx.sizes(SIZES)
+    budget = float(chosen["budget_s_per_run"])
     entries = _entries(ctx.tiny)
     result = new_result(NAME, TITLE, ctx, {
         "model": entries["fused"]["name"].rsplit("-", 1)[0], "threads": threads,
@@ -231,7 +240,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
                                          "fused_ops": build.fused_ops}
 
     # The limit
-    big = 512 if ctx.tiny else 2048
+    big = int(chosen["peak_gemm_size"])
     peak = fp32_peak(threads, big, budget)
     measurements["fp32_peak"] = peak
     vnni = has_vnni()

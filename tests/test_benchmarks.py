@@ -22,13 +22,17 @@ if str(ROOT) not in sys.path:
 
 from benchmarks._common import (  # noqa: E402
     BENCHMARK_NAMES,
+    DEFAULT_MODE,
+    MODES,
     SCHEMA_VERSION,
     comparison,
+    goal,
+    mode_sizes,
     percentile,
     stats,
     validate_result,
 )
-from benchmarks.report import load_results, render_markdown  # noqa: E402
+from benchmarks.report import load_results, load_run, render_markdown  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -60,6 +64,8 @@ def test_tiny_result_is_well_formed(tiny_run: Path, name: str) -> None:
     assert validate_result(data, name) == []
     assert data["schema"] == SCHEMA_VERSION
     assert data["tiny"] is True
+    assert data["mode"] == "tiny"
+    assert data["sizes"] == mode_sizes(name, "tiny")
     assert "-m benchmarks" in data["command"] and "--tiny" in data["command"]
     assert data["machine"]["cores"] >= 1 and data["machine"]["cpu_model"]
     for key in ("torch", "onnxruntime", "aws-cdk-lib"):
@@ -120,8 +126,17 @@ def test_tiny_measurements_have_the_expected_shape(tiny_run: Path) -> None:
 @pytest.mark.slow
 def test_tiny_docs_render_from_the_results(tiny_run: Path) -> None:
     page = (tiny_run / "benchmarks.md").read_text(encoding="utf-8")
-    assert page == render_markdown(load_results(tiny_run), docs_dir=tiny_run, results_dir=tiny_run)
+    run = load_run(tiny_run)
+    assert run is not None and run["mode"] == "tiny" and run["failed"] == []
+    assert set(run["benchmark_seconds"]) == set(BENCHMARK_NAMES)
+    assert page == render_markdown(load_results(tiny_run), docs_dir=tiny_run, results_dir=tiny_run, run=run)
     assert "Tiny run" in page
+    assert "make bench FULL=1" in page
+    assert page.count("Mode **tiny**") == len(BENCHMARK_NAMES)  # beside each result
+    # Goals stated at the full size are not judged at the tiny size (synth at 1000 models).
+    synth_goals = _result(tiny_run, "synth_scale")["goals"]
+    assert all(item["met"] is None and item["not_judged"] for item in synth_goals)
+    assert "n/a: stated at 1000 models" in page
     assert "make bench" in page
     assert _result(tiny_run, "publish")["machine"]["cpu_model"] in page
     for name in BENCHMARK_NAMES:
@@ -186,7 +201,8 @@ def test_validate_result_names_what_is_missing() -> None:
     problems = validate_result({"schema": SCHEMA_VERSION})
     assert "benchmark: missing" in problems and "comparisons: missing" in problems
     good = {
-        "schema": SCHEMA_VERSION, "benchmark": "publish", "title": "", "tiny": True, "command": "",
+        "schema": SCHEMA_VERSION, "benchmark": "publish", "title": "", "mode": "tiny", "tiny": True,
+        "sizes": {"copies": 5}, "command": "",
         "started_at": "", "seconds": 1.0, "machine": {"cpu_model": "x", "cores": 2},
         "versions": {"torch": "1", "onnxruntime": "1", "aws-cdk-lib": "1"}, "parameters": {},
         "measurements": {},
@@ -200,6 +216,64 @@ def test_validate_result_names_what_is_missing() -> None:
     assert validate_result({**good, "goals": [{**good["goals"][0], "met": "yes"}]}) == [
         "goals[0].met: expected true, false or null"
     ]
+    assert validate_result({**good, "mode": "fast"}) == ["mode: got 'fast'; expected one of tiny, quick, full"]
+    assert validate_result({**good, "mode": "quick"}) == ["tiny: got True in mode 'quick'"]
+    assert validate_result({**good, "mode": "quick", "tiny": False}) == []
+    assert validate_result({**good, "goals": [{**good["goals"][0], "not_judged": "stated at 200 copies"}]}) == [
+        "goals[0].met: a goal not judged at this size must be null"
+    ]
+    without_mode = {key: value for key, value in good.items() if key != "mode"}
+    assert "mode: missing" in validate_result(without_mode)
+
+
+def _not_larger(quick: object, full: object) -> bool:
+    """``quick`` is no larger than ``full``: numbers compare, sequences compare by length and
+    largest element (a smaller run may have fewer sizes, never a larger one)."""
+    if isinstance(quick, (list, tuple)) and isinstance(full, (list, tuple)):
+        return len(quick) <= len(full) and max(quick) <= max(full)
+    assert isinstance(quick, (int, float)) and isinstance(full, (int, float)), (quick, full)
+    return quick <= full
+
+
+@pytest.mark.parametrize("name", BENCHMARK_NAMES)
+def test_every_benchmark_has_sizes_per_mode_and_quick_is_no_larger_than_full(name: str) -> None:
+    import importlib
+
+    table = importlib.import_module(f"benchmarks.{name}").SIZES
+    assert set(table) == set(MODES)
+    assert set(table["tiny"]) == set(table["quick"]) == set(table["full"]), "every mode sets the same sizes"
+    for key, full in table["full"].items():
+        assert _not_larger(table["quick"][key], full), f"{name}: quick {key} {table['quick'][key]} > full {full}"
+        assert _not_larger(table["tiny"][key], table["quick"][key]), f"{name}: tiny {key} > quick"
+    assert mode_sizes(name, "full") == json.loads(json.dumps(table["full"]))
+
+
+def test_the_default_mode_is_quick_and_full_is_asked_for() -> None:
+    from benchmarks.__main__ import mode_of, parse_args
+
+    assert DEFAULT_MODE == "quick"
+    assert mode_of(parse_args([])) == "quick"
+    assert mode_of(parse_args(["--full", "--only", "incremental"])) == "full"
+    assert mode_of(parse_args(["--tiny"])) == "tiny"
+    with pytest.raises(SystemExit):
+        parse_args(["--full", "--tiny"])
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert "$(PY) -m benchmarks $(if $(filter 1,$(FULL)),--full)" in makefile
+
+
+def test_a_goal_not_judged_at_this_size_is_never_met() -> None:
+    from benchmarks.report import goal_status, mode_line
+
+    item = goal("g", "text", target=">= 10x", measured=12.0, met=True, limit="x",
+                not_judged="stated at 200 copies; this quick run published 50")
+    assert item["met"] is None and item["limit"] == ""
+    assert goal_status(item) == "n/a: stated at 200 copies; this quick run published 50"
+    assert goal_status(goal("g", "t", target="", measured=1, met=True)) == "**met**"
+    line = mode_line("live_fleet", {"mode": "quick", "sizes": mode_sizes("live_fleet", "quick")})
+    assert line.startswith("Mode **quick**: ") and "a full run (`--full`): " in line
+    assert "models at scale 3000" in line
+    same = mode_line("artifact", {"mode": "quick", "sizes": mode_sizes("artifact", "quick")})
+    assert same == "Mode **quick**: repeats 3; a full run (`--full`) uses the same sizes."
 
 
 def test_generated_manifests_are_valid_and_distinct() -> None:
