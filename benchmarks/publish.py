@@ -5,8 +5,8 @@ project's build, ``copies`` set to 200) to moto's S3 server on loopback, through
 latency proxy (``tests/s3_faults.py``) and the same client settings, so the only difference is
 the publishing code:
 
-- baseline: :func:`model_build.publish.publish_naive`, one ``put_object`` per copy, in turn;
-- project: :func:`model_build.publish.publish_release`, the bytes once, the other copies as
+- baseline: :func:`model_build.release.publish.publish_naive`, one ``put_object`` per copy, in turn;
+- project: :func:`model_build.release.publish.publish_release`, the bytes once, the other copies as
   server-side ``CopyObject`` requests in parallel (concurrency 16), references and index;
 - then the project's publish of the unchanged release again: it must send no body bytes.
 
@@ -237,8 +237,8 @@ def run(ctx: RunContext) -> dict[str, Any]:
             "endpoint": "moto S3 server on 127.0.0.1 behind tests/s3_faults.FaultProxy (fixed latency per "
                         "request), both in one child process",
             "proxy_tcp_nodelay": NODELAY,
-            "baseline": "model_build.publish.publish_naive: put_object per copy, in turn",
-            "candidate": "model_build.publish.publish_release (concurrency 16)",
+            "baseline": "model_build.release.publish.publish_naive: put_object per copy, in turn",
+            "candidate": "model_build.release.publish.publish_release (concurrency 16)",
         },
     )
     built, release_dir = ctx.build(spec)
