@@ -476,7 +476,10 @@ def feature_extraction_key(server, tmp_path_factory) -> str:
     from model_build.pipeline import BuildOptions, build_model
 
     release = tmp_path_factory.mktemp("fe-release")
-    result = build_model(spec_for(name="minilm-tokens-out", task="feature-extraction", inputs="text"),
+    # Bucket padding, as on a GPU (KIND_CPU's own default is longest): the served widths are checked below.
+    spec = spec_for(name="minilm-tokens-out", task="feature-extraction", inputs="text",
+                    text={"max_sequence_length": MAX_LEN, "padding": "bucket"})
+    result = build_model(spec,
                          BuildOptions(base_dir=ROOT), release_dir=release, work_dir=tmp_path_factory.mktemp("fe-work"))
     folder = tmp_path_factory.mktemp("fe-model") / "model"
     with tarfile.open(release / result.tarball) as tar:
@@ -499,7 +502,7 @@ def test_feature_extraction_strings_in_hidden_states_and_mask_out_match_transfor
     outputs = {out["name"]: np.asarray(out["data"]).reshape(out["shape"]) for out in answer.json()["outputs"]}
     assert sorted(outputs) == ["attention_mask", "last_hidden_state"]
     hidden, mask = outputs["last_hidden_state"].astype(np.float32), outputs["attention_mask"]
-    # Bucket padding (the default): the request's longest row, rounded up to a multiple of PAD_MULTIPLE.
+    # Bucket padding (the default on a GPU): the request's longest row, rounded up to a multiple of PAD_MULTIPLE.
     width = mask.shape[1]
     assert hidden.shape == (len(texts), width, 384) and mask.shape == (len(texts), width)
     assert width % PAD_MULTIPLE == 0 and width < MAX_LEN
