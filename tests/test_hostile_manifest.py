@@ -113,6 +113,7 @@ def test_a_directory_is_not_a_manifest(tmp_path: Path) -> None:
     assert_refused(outcome, str(tmp_path), "is a directory")
 
 
+@pytest.mark.slow  # a CDK app (Node.js, jsii) per case; the same corpus runs through `validate` in test-fast
 @pytest.mark.parametrize("name", sorted(CORPUS))
 def test_synth_refuses_hostile_manifest(name: str, tmp_path: Path) -> None:
     """The CDK app reads the manifest before it builds a construct: refused without a template

@@ -33,6 +33,7 @@ CORPUS: dict[str, tuple[dict[str, str], tuple[str, ...]]] = {
 }
 
 
+@pytest.mark.slow  # a CDK app (Node.js, jsii) per case; tests/test_settings.py refuses wrong settings in-process
 @pytest.mark.parametrize("name", sorted(CORPUS))
 def test_synth_refuses_context(name: str, tmp_path: Path) -> None:
     context, fragments = CORPUS[name]

@@ -69,6 +69,7 @@ CORPUS: dict[str, tuple[str, dict[str, bytes], str, tuple[str, ...]]] = {
 }
 
 
+@pytest.mark.slow  # a build process (torch imported) per case; source errors in-process: tests/test_export_validate.py
 @pytest.mark.parametrize("name", sorted(CORPUS))
 def test_publish_refuses_broken_source(name: str, tmp_path: Path, s3_endpoint: str) -> None:
     source, files, body, fragments = CORPUS[name]
