@@ -176,6 +176,25 @@ def test_graph_pooling_follows_modules_json_like_sentence_transformers(tmp_path,
     np.testing.assert_allclose(actual, expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
+def test_each_kind_is_fused_by_default_and_matches_pytorch(source, tmp_path):
+    """RoBERTa and XLM-R graphs get the offline fusions BERT gets (ONNX Runtime's bert optimizer:
+    fused Attention and BiasGelu per layer), and still equal PyTorch FP32."""
+    import collections
+
+    import onnx
+
+    from model_build.export.validate import export_and_validate
+
+    shutil.copytree(source.path, tmp_path / "source")
+    spec = spec_for(inputs="tokens", text={"max_sequence_length": MAX_LEN})
+    assert spec.optimize is None  # the default
+    exported, report, _ = export_and_validate(spec, base_dir=tmp_path, work_dir=tmp_path / "work")
+    ops = collections.Counter(node.op_type for node in onnx.load(str(exported.path)).graph.node)
+    assert ops["Attention"] == 2 and ops["BiasGelu"] == 2, ops  # one each per layer (2 layers)
+    assert report.max_abs_diff["sentence_embedding"] < 1e-5
+
+
 def test_a_source_without_modules_json_gets_mean_pooling_and_normalisation(source):
     from model_build.export.pooling import DEFAULT_POOLING, pooling_config
 

@@ -74,7 +74,7 @@ class ModelSpec(_Strict):
     #: Publish N copies as ``<name>-0 ... <name>-(N-1)``; 1 publishes ``<name>`` alone.
     copies: int = Field(default=1, ge=1, le=MAX_TARGETS)
     #: Offline graph fusions (ONNX Runtime's transformer optimizer: Attention, EmbedLayerNorm,
-    #: BiasGelu). ``None``: on where verified (BERT-family text models exported to ONNX).
+    #: BiasGelu). ``None``: on where verified (BERT, RoBERTa and XLM-R text models exported to ONNX).
     optimize: bool | None = None
     #: ``fp16`` (GPU; inputs and outputs stay FP32) or ``int8`` (KIND_CPU; dynamic, per-channel,
     #: MatMul only, sensitive MatMuls kept FP32). ``fp16: true`` is the older spelling of fp16.
