@@ -47,8 +47,6 @@ from benchmarks._common import (
 from model_build.text_ensemble.tokenizer_model import PAD_MULTIPLE
 
 NAME = "text_ensemble"
-#: Content type of a binary+JSON request to the SageMaker Triton container (and the local endpoint).
-BINARY_CONTENT_TYPE = "application/vnd.sagemaker-triton.binary+json;json-header-size={}"
 OUTPUT = "sentence_embedding"
 TITLE = "Raw text in: the ensemble on the local endpoint vs sentence-transformers encode in-process, per tokenizer kind"
 BUCKET = "bench-text"
@@ -129,6 +127,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
     from model_build.release.publish import publish_release
     from model_build.tools.endpoint import local_endpoint
     from model_build.tools.local_s3 import local_s3
+    from model_build.tools.verify import SAGEMAKER_BINARY_CONTENT_TYPE, parse_response
 
     started = time.perf_counter()
     budget = float(ctx.sizes(SIZES)["seconds_per_measurement"])
@@ -178,10 +177,9 @@ def run(ctx: RunContext) -> dict[str, Any]:
                 body, length = httpclient.InferenceServerClient.generate_request_body(
                     [text], outputs=[httpclient.InferRequestedOutput(OUTPUT, binary_data=True)])
                 answer = runtime.invoke_endpoint(EndpointName="local", TargetModel=target, Body=body,
-                                                 ContentType=BINARY_CONTENT_TYPE.format(length))
+                                                 ContentType=SAGEMAKER_BINARY_CONTENT_TYPE.format(length))
                 header = answer["ContentType"].rsplit("=", 1)[-1] if "json-header-size" in answer["ContentType"] else None
-                result = httpclient.InferResult.from_response_body(answer["Body"].read(),
-                                                                  header_length=None if header is None else int(header))
+                result = parse_response(answer["Body"].read(), None if header is None else int(header))
                 return result.as_numpy(OUTPUT)
 
             for _ in range(ctx.repeats):  # the first invocation of the MiniLM text ensemble, cold

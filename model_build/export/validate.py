@@ -315,13 +315,17 @@ def check_gates(spec: ModelSpec, report: ValidationReport) -> None:
             )
 
 
-def _has_sentence_transformers_reference(spec: ModelSpec, source_dir: Path | None) -> bool:
+def has_source_folder(spec: ModelSpec, source_dir: Path | None) -> bool:
+    """A folder of the source's own files (what sentence-transformers and ``CrossEncoder`` load)."""
     return (
-        spec.task == "sentence-embedding"
-        and not isinstance(spec.source, (SyntheticSource, OnnxFileSource))
+        not isinstance(spec.source, (SyntheticSource, OnnxFileSource))
         and source_dir is not None
         and source_dir.is_dir()
     )
+
+
+def _has_sentence_transformers_reference(spec: ModelSpec, source_dir: Path | None) -> bool:
+    return spec.task == "sentence-embedding" and has_source_folder(spec, source_dir)
 
 
 def reference_normalizes(spec: ModelSpec, source_dir: Path) -> bool:

@@ -76,6 +76,7 @@ def check_text_ensemble(spec: ModelSpec, exported: ExportedModel, tokenizer: Ser
         compare_outputs,
         elementwise_tolerance_applies,
         exported_runner,
+        has_source_folder,
         reference_normalizes,
     )
 
@@ -88,11 +89,10 @@ def check_text_ensemble(spec: ModelSpec, exported: ExportedModel, tokenizer: Ser
     # the server makes (the entry's padding), so both the ids and the served padding are checked.
     full_width = encoder_for(tokenizer, spec, truncate=True, padding="max_length")
     served = encoder_for(tokenizer, spec, truncate=True)
-    graph_inputs = {_logical(tensor.name) for tensor in exported.inputs}
 
     def encode(part: list[str], second: list[str] | None = None) -> dict[str, np.ndarray]:
-        arrays = served.encode_batch(part, second)
-        return {name: value for name, value in arrays.items() if name in graph_inputs}
+        # All three arrays: the runner feeds the graph the ones it takes (exported_feeds).
+        return served.encode_batch(part, second)
 
     reference = AutoTokenizer.from_pretrained(str(source_dir), local_files_only=True)
 
@@ -118,7 +118,7 @@ def check_text_ensemble(spec: ModelSpec, exported: ExportedModel, tokenizer: Ser
     if pairs is not None:
         request[PAIR_INPUT] = _strings(pairs[:rows])
     tolerance = spec.tolerance if elementwise_tolerance_applies(spec) else Tolerance(atol=np.inf, rtol=0)
-    if pairs is not None and _has_local_folder(spec, source_dir):
+    if pairs is not None and has_source_folder(spec, source_dir):
         assert source_dir is not None
         diff = _check_cross_encoder(spec, exported, source_dir, texts, pairs, encode, run, tolerance, chunk)
         return TextEnsembleReport(texts=len(texts), tokens_identical=True, max_abs_diff=diff,
@@ -142,17 +142,6 @@ def check_text_ensemble(spec: ModelSpec, exported: ExportedModel, tokenizer: Ser
 
 def _strings(texts: list[str]) -> np.ndarray:
     return np.array([[text.encode("utf-8")] for text in texts], dtype=np.bytes_)
-
-
-def _logical(name: str) -> str:
-    """A graph input's tokenizer name (TorchScript inputs are ``<name>__<index>``)."""
-    return name.rsplit("__", 1)[0]
-
-
-def _has_local_folder(spec: ModelSpec, source_dir: object) -> bool:
-    from model_build.manifest import OnnxFileSource, SyntheticSource
-
-    return not isinstance(spec.source, (SyntheticSource, OnnxFileSource)) and source_dir is not None
 
 
 def _check_ids(spec: ModelSpec, texts: list[str], pairs: list[str] | None, ours: dict[str, np.ndarray],
