@@ -259,12 +259,12 @@ def run(ctx: RunContext) -> dict[str, Any]:
         measured=round(speed[worst], 2), met=speed[worst] >= SPEED_GOAL,
         detail=f"slowest: {worst}; with JSON bodies the slowest is {json_worst} at {json_speed[json_worst]:.2f}x",
         limit="" if speed[worst] >= SPEED_GOAL else
-        "the path around the model, not the model: at the Unigram row's 8x50 tokens the model through Triton "
-        "takes 34.5 ms (ONNX Runtime 1.19 alone, in its own process: 34.4 ms; PyTorch 2.13's forward alone: "
-        "41 ms), and the request pays about 4 ms around it: the tokenizer step and the ensemble 2.2 ms (the "
-        "python backend's round trip; tokenizing itself is 0.2 ms), the local endpoint's proxy 0.6 ms, boto3 "
-        "1.3 ms; SentenceTransformer.encode pays no transport (this machine, 2026-11-25: Triton's per-model "
-        "statistics and direct calls, each runtime timed in its own process)",
+        "the path around the model, not the model: at the Unigram row's 8x50 tokens ONNX Runtime 1.19 runs the "
+        "model in 34.4 ms (PyTorch 2.13's forward: 41 ms, each alone in its own process), and the request pays "
+        "about 4.5 ms around it: the model's step through Triton 1.3 ms (locally the python backend plays the "
+        "image's C++ onnxruntime backend), the tokenizer step and the ensemble 1.2 ms (tokenizing itself is "
+        "0.2 ms), the local endpoint's proxy 0.6 ms, boto3 1.3 ms; SentenceTransformer.encode pays no transport "
+        "(this machine, 2026-11-25; steps timed against each other on one server, calls interleaved)",
     ))
     cold_ratio = statistics.median(cold) / COLD_BEFORE_S
     result["goals"].append(goal(
