@@ -13,8 +13,10 @@ reported:
   12 heads) with seeded random weights and tokenizers trained offline
   (model_build/tools/text_sources.py): throughput depends on the shape, not on the weights.
 
-Against ``SentenceTransformer.encode`` of the same folder in this process, on the same CPU, the
-same texts and batch sizes (what a team serving embeddings from a Python service runs today).
+Against ``SentenceTransformer.encode`` of the same folder on the same CPU, the same texts and batch
+sizes (what a team serving embeddings from a Python service runs today), in two processes of its
+own (``benchmarks/_encode_worker.py`` says why): as installed, and with glibc's allocator tuned,
+which is the faster one and the baseline the goal is judged against. All sides take turns.
 Also the cold start of the MiniLM text ensemble (download, unpack, load of the tokenizer with its
 vendored ``tokenizers`` and of the model, first answer) against the one measured before the
 tokenizer step changed.
@@ -26,6 +28,7 @@ import json
 import statistics
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -46,6 +49,7 @@ from benchmarks._common import (
     spec_from,
     stats,
 )
+from benchmarks._encode_worker import TUNED_ALLOCATOR, EncodeWorker
 from model_build.text_ensemble.tokenizer_model import PAD_MULTIPLE
 
 NAME = "text_ensemble"
@@ -115,20 +119,28 @@ def _kind_specs(ctx: RunContext) -> dict[str, Any]:
     return specs
 
 
-def _interleaved(calls: dict[str, Callable[[], Any]], budget_s: float, slices: int) -> dict[str, list[float]]:
-    """Each call's durations over ``budget_s`` seconds, taken in ``slices`` turns that alternate
-    between the calls (the order reversed every other turn).
+#: Runs one side for a turn: (seconds, at least this many calls) -> each call's seconds.
+Turn = Callable[[float, int], list[float]]
+
+
+def _in_process(func: Callable[[], Any]) -> Turn:
+    return lambda seconds, min_calls: run_for(func, seconds, min_calls=min_calls)
+
+
+def _interleaved(sides: dict[str, Turn], budget_s: float, slices: int) -> dict[str, list[float]]:
+    """Each side's call durations over ``budget_s`` seconds, taken in ``slices`` turns that
+    alternate between the sides (the order reversed every other turn).
 
     Measured one after the other, a drift of this shared machine's speed (another tenant, a
     frequency change) during one side's seconds reads as a difference between the sides: runs
     of 6 s measured back to back moved a ratio by 5 to 10% here. Taken in short alternating turns,
     the drift falls on every side alike.
     """
-    durations: dict[str, list[float]] = {label: [] for label in calls}
+    durations: dict[str, list[float]] = {label: [] for label in sides}
     for turn in range(slices):
-        order = list(calls) if turn % 2 == 0 else list(reversed(calls))
+        order = list(sides) if turn % 2 == 0 else list(reversed(sides))
         for label in order:
-            durations[label].extend(run_for(calls[label], budget_s / slices, min_calls=2))
+            durations[label].extend(sides[label](budget_s / slices, 2))
     return durations
 
 
@@ -142,7 +154,6 @@ def run(ctx: RunContext) -> dict[str, Any]:
     import boto3
     import torch
     from botocore.config import Config
-    from sentence_transformers import SentenceTransformer
 
     from model_build.aws_clients import make_s3_client
     from model_build.release.publish import publish_release
@@ -210,61 +221,84 @@ def run(ctx: RunContext) -> dict[str, Any]:
                 invoke(f"{specs['wordpiece'].name}.tar.gz", list(SENTENCES[:1]))
                 cold.append(time.perf_counter() - t0)
             log(f"text_ensemble: cold start of {specs['wordpiece'].name}: {statistics.median(cold):.2f} s")
-            for kind, spec in specs.items():
-                target = f"{spec.name}.tar.gz"
-                model = SentenceTransformer(str(_source_folder(spec, ctx)), device="cpu", local_files_only=True)
-                model.max_seq_length = max_len
-                for batch in (1, 8):
-                    texts = list(SENTENCES[:batch])
-                    wanted = model.encode(texts, batch_size=batch, convert_to_numpy=True, show_progress_bar=False)
-                    diff = float(np.max(np.abs(invoke(target, texts) - wanted)))  # also loads the target
-                    diff = max(diff, float(np.max(np.abs(invoke_binary(target, texts) - wanted))))
-                    row: dict[str, Any] = {"max_abs_diff": diff}
-                    samples = _interleaved({
-                        "sentence_transformers": partial(model.encode, texts, batch_size=batch, convert_to_numpy=True,
-                                                         show_progress_bar=False),
-                        "ensemble": partial(invoke_binary, target, texts),
-                        "ensemble_json": partial(invoke, target, texts),
-                    }, budget, slices)
-                    for label, values in samples.items():
-                        row[label] = {**stats(values), "p50": percentile(values, 50), "p99": percentile(values, 99),
-                                      "texts_per_s": round(batch / statistics.median(values), 2)}
-                    rows[f"{kind}/batch{batch}"] = row
-                    log(f"text_ensemble: {kind} batch {batch}: sentence-transformers "
-                        f"{row['sentence_transformers']['p50'] * 1000:.1f} ms, ensemble {row['ensemble']['p50'] * 1000:.1f} ms"
-                        f" (p99 {row['ensemble']['p99'] * 1000:.1f} ms; JSON {row['ensemble_json']['p50'] * 1000:.1f} ms),"
-                        f" max |diff| {diff:.1e}")
+            workers = ExitStack()
+            with workers:
+                baselines = {kind: tuple(workers.enter_context(EncodeWorker(
+                    _source_folder(spec, ctx), max_seq_length=max_len, threads=ctx.threads, tuned=tuned))
+                    for tuned in (True, False)) for kind, spec in specs.items()}
+                for kind, spec in specs.items():
+                    target = f"{spec.name}.tar.gz"
+                    tuned, plain = baselines[kind]
+                    for batch in (1, 8):
+                        texts = list(SENTENCES[:batch])
+                        wanted = np.asarray(plain.encode(texts, batch), dtype=np.float32)
+                        diff = float(np.max(np.abs(invoke(target, texts) - wanted)))  # also loads the target
+                        diff = max(diff, float(np.max(np.abs(invoke_binary(target, texts) - wanted))))
+                        row: dict[str, Any] = {"max_abs_diff": diff}
+                        samples = _interleaved({
+                            "sentence_transformers": partial(tuned.time, texts, batch),
+                            "sentence_transformers_default": partial(plain.time, texts, batch),
+                            "ensemble": _in_process(partial(invoke_binary, target, texts)),
+                            "ensemble_json": _in_process(partial(invoke, target, texts)),
+                        }, budget, slices)
+                        for label, values in samples.items():
+                            row[label] = {**stats(values), "p50": percentile(values, 50),
+                                          "p99": percentile(values, 99),
+                                          "texts_per_s": round(batch / statistics.median(values), 2)}
+                        rows[f"{kind}/batch{batch}"] = row
+                        log(f"text_ensemble: {kind} batch {batch}: sentence-transformers "
+                            f"{row['sentence_transformers']['p50'] * 1000:.1f} ms (as installed "
+                            f"{row['sentence_transformers_default']['p50'] * 1000:.1f} ms), ensemble "
+                            f"{row['ensemble']['p50'] * 1000:.1f} ms (p99 {row['ensemble']['p99'] * 1000:.1f} ms; JSON "
+                            f"{row['ensemble_json']['p50'] * 1000:.1f} ms), max |diff| {diff:.1e}")
     result["measurements"]["latency_s"] = rows
     result["measurements"]["cold_start_s"] = {"after": stats(cold), "before_median": COLD_BEFORE_S}
+    tuned_label = "SentenceTransformer.encode, its own process, allocator tuned (" + ", ".join(
+        f"{k}={v}" for k, v in TUNED_ALLOCATOR.items()) + ")"
+    plain_label = "SentenceTransformer.encode, its own process, as installed"
     for name, row in rows.items():
-        result["comparisons"].append(comparison(
-            f"{name}_ensemble_vs_sentence_transformers", what=f"request latency, {name}", unit="s",
-            baseline_label="SentenceTransformer.encode in-process", baseline=row["sentence_transformers"],
-            candidate_label="ensemble on the local endpoint (binary+JSON)", candidate=row["ensemble"],
-            lower_is_better=True))
+        for key, baseline_label in (("sentence_transformers", tuned_label),
+                                    ("sentence_transformers_default", plain_label)):
+            suffix = "" if key == "sentence_transformers" else "_as_installed"
+            result["comparisons"].append(comparison(
+                f"{name}_ensemble_vs_sentence_transformers{suffix}", what=f"request latency, {name}", unit="s",
+                baseline_label=baseline_label, baseline=row[key],
+                candidate_label="ensemble on the local endpoint (binary+JSON)", candidate=row["ensemble"],
+                lower_is_better=True))
         result["comparisons"].append(comparison(
             f"{name}_ensemble_json_vs_sentence_transformers", what=f"request latency, {name}, JSON bodies", unit="s",
-            baseline_label="SentenceTransformer.encode in-process", baseline=row["sentence_transformers"],
+            baseline_label=tuned_label, baseline=row["sentence_transformers"],
             candidate_label="ensemble on the local endpoint (JSON)", candidate=row["ensemble_json"],
             lower_is_better=True))
-    speed = {name: row["sentence_transformers"]["median"] / row["ensemble"]["median"] for name, row in rows.items()}
+
+    def ratios(candidate: str) -> dict[str, float]:
+        """Against the faster of the two baselines of each row (the one the goal must beat)."""
+        return {name: min(row["sentence_transformers"]["median"], row["sentence_transformers_default"]["median"])
+                / row[candidate]["median"] for name, row in rows.items()}
+
+    speed, json_speed = ratios("ensemble"), ratios("ensemble_json")
+    plain_speed = {name: row["sentence_transformers_default"]["median"] / row["ensemble"]["median"]
+                   for name, row in rows.items()}
     worst = min(speed, key=lambda name: speed[name])
-    json_speed = {name: row["sentence_transformers"]["median"] / row["ensemble_json"]["median"]
-                  for name, row in rows.items()}
     json_worst = min(json_speed, key=lambda name: json_speed[name])
+    plain_worst = min(plain_speed, key=lambda name: plain_speed[name])
     result["goals"].append(goal(
         "text_in_speed", "strings in through the endpoint serve at least as fast as sentence-transformers in-process",
         target=f"throughput ratio (ensemble / SentenceTransformer.encode) >= {SPEED_GOAL:g}x, every kind, batch 1 and "
-               "8, binary+JSON bodies (tritonclient's)",
+               "8, binary+JSON bodies (tritonclient's), against the faster of sentence-transformers as installed and "
+               "with its allocator tuned",
         measured=round(speed[worst], 2), met=speed[worst] >= SPEED_GOAL,
-        detail=f"slowest: {worst}; with JSON bodies the slowest is {json_worst} at {json_speed[json_worst]:.2f}x",
+        detail=f"slowest: {worst}; against sentence-transformers as installed the slowest is {plain_worst} at "
+               f"{plain_speed[plain_worst]:.2f}x; with JSON bodies the slowest is {json_worst} at "
+               f"{json_speed[json_worst]:.2f}x",
         limit="" if speed[worst] >= SPEED_GOAL else
-        "the path around the model, not the model: at the Unigram row's 8x50 tokens ONNX Runtime 1.19 runs the "
-        "model in 34.4 ms (PyTorch 2.13's forward: 41 ms, each alone in its own process), and the request pays "
-        "about 4.5 ms around it: the model's step through Triton 1.3 ms (locally the python backend plays the "
-        "image's C++ onnxruntime backend), the tokenizer step and the ensemble 1.2 ms (tokenizing itself is "
-        "0.2 ms), the local endpoint's proxy 0.6 ms, boto3 1.3 ms; SentenceTransformer.encode pays no transport "
-        "(this machine, 2026-11-25; steps timed against each other on one server, calls interleaved)",
+        "the path around the model, not the model: at the Unigram row's 8x50 tokens the two runtimes are even "
+        "(ONNX Runtime 1.19: 34.4 to 35.1 ms; PyTorch 2.13's forward: 33.6 to 35.7 ms with the allocator tuned, "
+        "41 ms as installed; each alone in its own process), and the request pays about 4.5 ms around the model: "
+        "the model's step through Triton 1.3 ms (locally the python backend plays the image's C++ onnxruntime "
+        "backend), the tokenizer step and the ensemble 1.2 ms (tokenizing itself is 0.2 ms), the local "
+        "endpoint's proxy 0.6 ms, boto3 1.3 ms; SentenceTransformer.encode pays no transport (this machine, "
+        "2026-11-25; steps timed against each other on one server, calls interleaved)",
     ))
     cold_ratio = statistics.median(cold) / COLD_BEFORE_S
     result["goals"].append(goal(
@@ -276,6 +310,11 @@ def run(ctx: RunContext) -> dict[str, Any]:
     result["notes"].append("sentence-transformers pads each batch to its longest row, as the ensemble does with "
                            "text.padding longest (KIND_CPU's default); on a GPU the default is bucket (rounded up "
                            f"to a multiple of {PAD_MULTIPLE} for FP16 tensor-core shapes)")
+    result["notes"].append(
+        "sentence-transformers runs in processes of its own (benchmarks/_encode_worker.py), one as installed and "
+        "one with glibc's allocator tuned: in a process with default malloc every forward faults its activation "
+        "buffers in again (45 ms against 37-38 ms on the Unigram row at batch 8); a process that has built models "
+        "(this benchmark's own) behaves like the tuned one, so the baseline is no longer measured there")
     result["notes"].append(f"the 'before' cold start ({COLD_BEFORE_S} s) is the endpoint benchmark's median for "
                            "minilm-text at commit 900335b on this machine, the same day")
     return finish_result(result, started)
@@ -305,23 +344,27 @@ def markdown(result: dict[str, Any]) -> str:
     rows = []
     for name, row in m.items():
         st, ens = row["sentence_transformers"], row["ensemble"]
+        plain = row.get("sentence_transformers_default")  # results before the as-installed baseline have none
         js = row.get("ensemble_json")  # results before the binary client have none
         rows.append([name, f"{st['texts_per_s']:g}", f"{ens['texts_per_s']:g}",
                      f"{st['p50'] * 1000:.1f} / {st['p99'] * 1000:.1f} ms",
                      f"{ens['p50'] * 1000:.1f} / {ens['p99'] * 1000:.1f} ms",
                      f"{st['median'] / ens['median']:.2f}x",
+                     "n/a" if plain is None else f"{plain['p50'] * 1000:.1f} ms, {plain['median'] / ens['median']:.2f}x",
                      "n/a" if js is None else f"{js['p50'] * 1000:.1f} ms, {st['median'] / js['median']:.2f}x",
                      f"{row['max_abs_diff']:.1e}"])
     cold = result["measurements"]["cold_start_s"]
     return "\n".join([
         f"Path: {result['parameters']['path']}; max_sequence_length {result['parameters']['max_sequence_length']}; "
-        f"torch threads {result['parameters']['torch_threads']}. The three sides take turns "
+        f"torch threads {result['parameters']['torch_threads']}. sentence-transformers (allocator tuned) is the "
+        "baseline of the ratio; as installed, beside it. The sides take turns "
         f"({result['parameters'].get('turns', 'n/a')} turns per measurement, order reversed every other turn), so "
         "a drift of the machine's speed falls on all of them alike.",
         "",
         table(["kind / batch", "sentence-transformers texts/s", "ensemble texts/s (binary+JSON)",
                "sentence-transformers p50 / p99", "ensemble p50 / p99 (binary+JSON)",
-               "speed ratio (ensemble / sentence-transformers)", "JSON bodies: p50, ratio", "max abs diff"], rows),
+               "speed ratio (ensemble / sentence-transformers)",
+               "sentence-transformers as installed: p50, ratio", "JSON bodies: p50, ratio", "max abs diff"], rows),
         "",
         f"Cold start of the MiniLM text ensemble: {cold['after']['median']:.2f} s "
         f"({cold['after']['min']:.2f} to {cold['after']['max']:.2f}, n={cold['after']['n']}); before the tokenizers "

@@ -122,6 +122,20 @@ def test_tiny_measurements_have_the_expected_shape(tiny_run: Path) -> None:
         assert endpoint["cold_s"][model]["min"] > endpoint["warm_s"][model]["p50"] > 0
     assert endpoint["batch8_encodings_s"]["json"]["request_bytes"] > endpoint["batch8_encodings_s"]["binary"]["request_bytes"]
 
+    text = _result(tiny_run, "text_ensemble")
+    rows = text["measurements"]["latency_s"]
+    assert set(rows) == {f"{kind}/batch{batch}" for kind in ("wordpiece", "bpe", "unigram") for batch in (1, 8)}
+    for row in rows.values():
+        # Both baselines (their own processes) and both bodies were timed, in turns of equal length.
+        for side in ("sentence_transformers", "sentence_transformers_default", "ensemble", "ensemble_json"):
+            assert row[side]["n"] >= 2 * text["parameters"]["turns"], side
+        assert row["max_abs_diff"] < 1e-4
+    speed = next(g for g in text["goals"] if g["id"] == "text_in_speed")
+    # Judged against the faster baseline of each row, never the slower one.
+    worst = min(min(r["sentence_transformers"]["median"], r["sentence_transformers_default"]["median"])
+                / r["ensemble"]["median"] for r in rows.values())
+    assert speed["measured"] == round(worst, 2)
+
 
 @pytest.mark.slow
 def test_tiny_docs_render_from_the_results(tiny_run: Path) -> None:
