@@ -221,8 +221,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
                 invoke(f"{specs['wordpiece'].name}.tar.gz", list(SENTENCES[:1]))
                 cold.append(time.perf_counter() - t0)
             log(f"text_ensemble: cold start of {specs['wordpiece'].name}: {statistics.median(cold):.2f} s")
-            workers = ExitStack()
-            with workers:
+            with ExitStack() as workers:  # all six load at once; each waits on its pipe while it is not timed
                 baselines = {kind: tuple(workers.enter_context(EncodeWorker(
                     _source_folder(spec, ctx), max_seq_length=max_len, threads=ctx.threads, tuned=tuned))
                     for tuned in (True, False)) for kind, spec in specs.items()}
