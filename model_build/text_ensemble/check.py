@@ -88,11 +88,8 @@ def check_text_ensemble(spec: ModelSpec, exported: ExportedModel, tokenizer: Ser
     # Ids against the reference at one width (max_length), then the model on the request shapes
     # the server makes (the entry's padding), so both the ids and the served padding are checked.
     full_width = encoder_for(tokenizer, spec, truncate=True, padding="max_length")
-    served = encoder_for(tokenizer, spec, truncate=True)
-
-    def encode(part: list[str], second: list[str] | None = None) -> dict[str, np.ndarray]:
-        # All three arrays: the runner feeds the graph the ones it takes (exported_feeds).
-        return served.encode_batch(part, second)
+    # All three arrays come out: the runner feeds the graph the ones it takes (exported_feeds).
+    encode = encoder_for(tokenizer, spec, truncate=True).encode_batch
 
     reference = AutoTokenizer.from_pretrained(str(source_dir), local_files_only=True)
 

@@ -142,6 +142,16 @@ def _model(kind: str, vocab_size: int, *, hidden: int, layers: int, heads: int, 
         return model
 
 
+def _tokenizer_and_model(kind: str, texts: Sequence[str], *, vocab_size: int, max_length: int, hidden: int,
+                         layers: int, heads: int, seed: int, num_labels: int | None = None) -> tuple[Any, Any]:
+    """The tokenizer trained on ``texts`` and a seeded model of ``kind`` sized to it, in eval mode."""
+    tokenizer = _wrap(kind, _train(kind, [*texts] * 4, vocab_size), max_length)
+    model = _model(kind, len(tokenizer), hidden=hidden, layers=layers, heads=heads, positions=max_length, seed=seed,
+                   num_labels=num_labels)
+    model.eval()
+    return tokenizer, model
+
+
 def make_text_source(
     kind: str,
     folder: Path,
@@ -158,9 +168,8 @@ def make_text_source(
 ) -> TextSource:
     """Write a source folder of ``kind`` to ``folder``; ``pooling=None`` leaves out the
     sentence-transformers modules (a plain transformers folder)."""
-    tokenizer = _wrap(kind, _train(kind, [*texts] * 4, vocab_size), max_length)
-    model = _model(kind, len(tokenizer), hidden=hidden, layers=layers, heads=heads, positions=max_length, seed=seed)
-    model.eval()
+    tokenizer, model = _tokenizer_and_model(kind, texts, vocab_size=vocab_size, max_length=max_length, hidden=hidden,
+                                            layers=layers, heads=heads, seed=seed)
     if pooling is None:
         return _save_pretrained(kind, folder, model, tokenizer, hidden)
     from sentence_transformers import SentenceTransformer
@@ -193,10 +202,8 @@ def make_cross_encoder_source(
     """Write a cross-encoder folder of ``kind`` to ``folder``: the tokenizer and a
     sequence-classification model with ``num_labels`` outputs (1: a relevance score), saved with
     ``save_pretrained`` as ``CrossEncoder`` and transformers load it."""
-    tokenizer = _wrap(kind, _train(kind, [*texts] * 4, vocab_size), max_length)
-    model = _model(kind, len(tokenizer), hidden=hidden, layers=layers, heads=heads, positions=max_length, seed=seed,
-                   num_labels=num_labels)
-    model.eval()
+    tokenizer, model = _tokenizer_and_model(kind, texts, vocab_size=vocab_size, max_length=max_length, hidden=hidden,
+                                            layers=layers, heads=heads, seed=seed, num_labels=num_labels)
     return _save_pretrained(kind, folder, model, tokenizer, hidden)
 
 
