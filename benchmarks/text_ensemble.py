@@ -275,6 +275,11 @@ def run(ctx: RunContext) -> dict[str, Any]:
         return {name: min(row["sentence_transformers"]["median"], row["sentence_transformers_default"]["median"])
                 / row[candidate]["median"] for name, row in rows.items()}
 
+    # Both goals are stated for the MiniLM-sized models of a quick or full run: a tiny run builds the
+    # BPE and Unigram models at 2 layers and hidden 32, and the MiniLM target at 32 tokens without
+    # graph optimization, where the 'before' cold start was measured on the full build.
+    not_judged = ("stated for MiniLM-sized models (6 layers, 128 tokens, optimized graph); a tiny run builds smaller "
+                  "ones") if ctx.tiny else ""
     speed, json_speed = ratios("ensemble"), ratios("ensemble_json")
     plain_speed = {name: row["sentence_transformers_default"]["median"] / row["ensemble"]["median"]
                    for name, row in rows.items()}
@@ -298,6 +303,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
         "backend), the tokenizer step and the ensemble 1.2 ms (tokenizing itself is 0.2 ms), the local "
         "endpoint's proxy 0.6 ms, boto3 1.3 ms; SentenceTransformer.encode pays no transport (this machine, "
         "2026-11-25; steps timed against each other on one server, calls interleaved)",
+        not_judged=not_judged,
     ))
     cold_ratio = statistics.median(cold) / COLD_BEFORE_S
     result["goals"].append(goal(
@@ -305,6 +311,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
         target=f"cold start <= {COLD_GOAL:g}x the hand-written WordPiece's ({COLD_BEFORE_S:g} s)",
         measured=round(cold_ratio, 2), met=cold_ratio <= COLD_GOAL,
         detail=f"{statistics.median(cold):.2f} s now; cold = download + sha256 + unpack + load + first answer",
+        not_judged=not_judged,
     ))
     result["notes"].append("sentence-transformers pads each batch to its longest row, as the ensemble does with "
                            "text.padding longest (KIND_CPU's default); on a GPU the default is bucket (rounded up "
