@@ -71,7 +71,7 @@ SLICE_S = 0.5
 #: Seconds of calls per measurement (split over the runs). Models and batches are the same in quick
 #: and full; a quick run measures each for half as long.
 SIZES: dict[str, dict[str, Any]] = {
-    "tiny": {"seconds_per_measurement": 1.0},
+    "tiny": {"seconds_per_measurement": 0.5},
     "quick": {"seconds_per_measurement": 3.0},
     "full": {"seconds_per_measurement": 6.0},
 }
