@@ -17,6 +17,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -78,8 +79,8 @@ def _measure_variant(tarball: Path, repeats: int, scratch: Path, threads: int) -
     for repeat in range(repeats):
         for level in LEVELS if repeat % 2 == 0 else tuple(reversed(LEVELS)):
             out = scratch / f"level{level}.tar.gz"
-            seconds, (sha256, size) = timed(lambda out=out, level=level: package_model(
-                model_name=name, config_text=config_text, model_file=model_file, format="onnx",
+            seconds, (sha256, size) = timed(partial(
+                package_model, model_name=name, config_text=config_text, model_file=model_file, format="onnx",
                 out_path=out, compresslevel=level,
             ))
             samples[level]["pack_s"].append(seconds)
@@ -88,7 +89,7 @@ def _measure_variant(tarball: Path, repeats: int, scratch: Path, threads: int) -
     for repeat in range(repeats):
         for level in LEVELS if repeat % 2 == 0 else tuple(reversed(LEVELS)):
             dest = Path(tempfile.mkdtemp(prefix="unpack-", dir=scratch))
-            seconds, _ = timed(lambda dest=dest, level=level: safe_extract(scratch / f"level{level}.tar.gz", dest))
+            seconds, _ = timed(partial(safe_extract, scratch / f"level{level}.tar.gz", dest))
             shutil.rmtree(dest, ignore_errors=True)
             samples[level]["unpack_s"].append(seconds)
     # Load: the ONNX Runtime session the config asks for (on the CPU provider here).
@@ -173,17 +174,17 @@ def run(ctx: RunContext) -> dict[str, Any]:
     default = str(_current_default())
     for key in variants:
         levels = variants[key]["levels"]
-        for level in (str(lvl) for lvl in LEVELS if str(lvl) != default):
+        for other in (str(lvl) for lvl in LEVELS if str(lvl) != default):
             for metric, unit, what in (("pack_s", "s", "pack time"), ("unpack_s", "s", "unpack time")):
                 result["comparisons"].append(comparison(
-                    f"{key}_{metric[:-2]}_level{level}_vs_{default}", what=f"{key} {what}", unit=unit,
+                    f"{key}_{metric[:-2]}_level{other}_vs_{default}", what=f"{key} {what}", unit=unit,
                     baseline_label=f"level {default}", baseline=levels[default][metric],
-                    candidate_label=f"level {level}", candidate=levels[level][metric], lower_is_better=True,
+                    candidate_label=f"level {other}", candidate=levels[other][metric], lower_is_better=True,
                 ))
             result["comparisons"].append(comparison(
-                f"{key}_size_level{level}_vs_{default}", what=f"{key} tarball size", unit="bytes",
+                f"{key}_size_level{other}_vs_{default}", what=f"{key} tarball size", unit="bytes",
                 baseline_label=f"level {default}", baseline=stats([levels[default]["bytes"]]),
-                candidate_label=f"level {level}", candidate=stats([levels[level]["bytes"]]), lower_is_better=True,
+                candidate_label=f"level {other}", candidate=stats([levels[other]["bytes"]]), lower_is_better=True,
             ))
     fp32, fp16 = variants["fp32"], variants["fp16"]
     result["comparisons"].append(comparison(

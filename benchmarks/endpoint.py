@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -161,7 +162,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
                     invoke(target, body, ctype)
                     samples.append(time.perf_counter() - t0)
                 cold[name] = stats(samples)
-                latencies = run_for(lambda target=target, body=body, ctype=ctype: invoke(target, body, ctype),
+                latencies = run_for(partial(invoke, target, body, ctype),
                                     budget, min_calls=20)
                 warm[name] = {**stats(latencies), "p50": percentile(latencies, 50), "p99": percentile(latencies, 99),
                               "calls": len(latencies)}
@@ -195,8 +196,8 @@ def run(ctx: RunContext) -> dict[str, Any]:
             encodings: dict[str, Any] = {"batch": fit}
             for label, binary in (("json", False), ("binary", True)):
                 body, ctype = _request(onnx["input"], batch, onnx["output"], binary=binary)
-                encodings[label] = {**stats(run_for(lambda body=body, ctype=ctype: invoke(
-                    "resnet-synthetic.tar.gz", body, ctype), budget, min_calls=5)), "request_bytes": len(body)}
+                encodings[label] = {**stats(run_for(partial(
+                    invoke, "resnet-synthetic.tar.gz", body, ctype), budget, min_calls=5)), "request_bytes": len(body)}
             result["measurements"]["encodings_s"] = encodings
             binary_vs_json = comparison(
                 "binary_vs_json", what=f"ResNet batch {fit} request latency through the endpoint "

@@ -34,6 +34,7 @@ import copy
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -155,8 +156,8 @@ def run(ctx: RunContext) -> dict[str, Any]:
                     work_dir=ctx.scratch("incremental-work"))
     for run_index in range(ctx.repeats):
         out = ctx.scratch(f"incremental-build-{run_index}")
-        seconds, built = timed(lambda out=out: build_model(spec, BuildOptions(base_dir=ROOT), release_dir=out,
-                                                           work_dir=ctx.scratch("incremental-work")))
+        seconds, built = timed(partial(build_model, spec, BuildOptions(base_dir=ROOT), release_dir=out,
+                                               work_dir=ctx.scratch("incremental-work")))
         build_times.append(seconds)
     assert built is not None
     artifact = built.artifact(out)
@@ -206,7 +207,8 @@ def run(ctx: RunContext) -> dict[str, Any]:
             full = f"bench-full-{run_index}"
             client.create_bucket(Bucket=full)
             s3_side.reset()
-            seconds, _ = timed(lambda full=full: publish_release(
+            seconds, _ = timed(partial(
+                publish_release,
                 [_as_key(artifact, s.name, (s.name,)) for s in second.models], s3_client=client, bucket=full,
                 release_prefix=release_2.prefix(PREFIX), index_extra={"release_id": release_2.release_id},
             ))

@@ -26,6 +26,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -228,8 +229,8 @@ def _cold_start(
         for key in order:
             dest = Path(tempfile.mkdtemp(prefix="cold-", dir=scratch))
             try:
-                t_unpack, (model_path, config) = timed(lambda dest=dest: _unpack(tarball, dest))
-                t_session, session = timed(lambda key=key, m=model_path, c=config: variants[key](m, c))
+                t_unpack, (model_path, config) = timed(partial(_unpack, tarball, dest))
+                t_session, session = timed(partial(variants[key], model_path, config))
                 t_first, _ = timed(_ort_call(session, feeds))
                 del session
             finally:
@@ -351,7 +352,8 @@ def run(ctx: RunContext) -> dict[str, Any]:
     runner = _open_tuned(model_path, cpu_config, spec.name)
     torch.set_num_threads(threads)
     module = load_module(spec, resolve_source(spec, base_dir=ROOT, work_dir=scratch / "source"))
-    vocab = int(getattr(module, "encoder", module).config.vocab_size)
+    encoder: Any = getattr(module, "encoder", module)  # the export wrapper holds the transformers model
+    vocab = int(encoder.config.vocab_size)
     result["parameters"]["onnxruntime_providers"] = list(runner.providers)
     result["parameters"]["config_parameters"] = {k: cpu_config.parameters[k].string_value for k in cpu_config.parameters}
 

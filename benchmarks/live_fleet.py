@@ -26,6 +26,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -212,8 +213,9 @@ def _under_load(ctx: RunContext) -> dict[str, Any]:
             with local_endpoint(s3_client=s3, bucket=BUCKET, release_id=release_id, port=port) as endpoint:
                 runtime = make_runtime_client(endpoint_url=endpoint.url, timeout_seconds=120)
                 for name in built:
-                    _wait_answer(lambda name=name: runtime.invoke_endpoint(
-                        EndpointName="local", TargetModel=f"{name}.tar.gz", ContentType=content_type, Body=body))
+                    _wait_answer(partial(runtime.invoke_endpoint,
+                                         EndpointName="local", TargetModel=f"{name}.tar.gz",
+                                         ContentType=content_type, Body=body))
                 serving = time.monotonic()
                 time.sleep(0.5)
         out["old_way"] = {

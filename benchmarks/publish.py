@@ -18,6 +18,7 @@ body bytes of every PUT, so "bytes sent" is measured on the wire for both sides.
 from __future__ import annotations
 
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +83,7 @@ def _server_costs(s3: S3Side, direct: Any, proxied: Any, tarball: Path, n: int) 
         for kind, call in kinds.items():
             call(client, "warmup")
             before = s3.reset()
-            seconds, _ = timed(lambda call=call, client=client: [call(client, i) for i in range(n)])
+            seconds, _ = timed(partial(lambda call, client: [call(client, i) for i in range(n)], call, client))
             server = s3.stats()["cpu_s"] - before
             costs[f"{kind}_{route}"] = {
                 "requests": n,

@@ -108,11 +108,12 @@ def _kind_specs(ctx: RunContext) -> dict[str, Any]:
     text = {"max_sequence_length": max_len, "truncation": "truncate"}
     specs = {"wordpiece": spec_from({**minilm.model_dump(mode="json", exclude_defaults=True), "text": text})}
     base = manifest_entry("minilm-l6-embedding")
-    shape = {"hidden": 32, "layers": 2, "heads": 2} if ctx.tiny else MINILM_SHAPE
+    shape: dict[str, int] = {"hidden": 32, "layers": 2, "heads": 2} if ctx.tiny else MINILM_SHAPE
     for kind in ("bpe", "unigram"):
         folder = ctx.scratch(f"source-{kind}") / "model"
         if not (folder / "modules.json").is_file():
-            make_text_source(kind, folder, pooling="mean", normalize=True, max_length=max_len, **shape)
+            make_text_source(kind, folder, pooling="mean", normalize=True, max_length=max_len, hidden=shape["hidden"],
+                             layers=shape["layers"], heads=shape["heads"])
         entry = {**base, "name": f"{kind}-text", "source": {"kind": "local", "path": str(folder)}, "inputs": "text",
                  "instance_group": {"kind": "KIND_CPU", "count": 1}, "text": text}
         specs[kind] = spec_from(entry)
@@ -147,7 +148,10 @@ def _interleaved(sides: dict[str, Turn], budget_s: float, slices: int) -> dict[s
 def _source_folder(spec: Any, ctx: RunContext) -> Path:
     from model_build.export.sources import resolve_source
 
-    return resolve_source(spec, base_dir=Path(__file__).resolve().parents[1], work_dir=ctx.scratch("text-source"))
+    folder = resolve_source(spec, base_dir=Path(__file__).resolve().parents[1], work_dir=ctx.scratch("text-source"))
+    if folder is None:  # every text_ensemble source is a folder (a package's or a local one)
+        raise ValueError(f"{spec.name}: its source resolves to no folder; sentence-transformers needs one")
+    return folder
 
 
 def run(ctx: RunContext) -> dict[str, Any]:

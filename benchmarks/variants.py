@@ -352,7 +352,7 @@ def _through_triton(ctx: RunContext, built: dict[str, Any], specs: dict[str, Any
         with local_endpoint(s3_client=s3, bucket="bench-variants", release_id=release_id) as endpoint:
             runtime = make_runtime_client(endpoint_url=endpoint.url, timeout_seconds=300)
             for key, build in built.items():
-                config = parse_config(Path(artifacts[list(built).index(key)].config_path).read_text())  # type: ignore[arg-type]
+                config = parse_config(Path(artifacts[list(built).index(key)].config_path).read_text())
                 body, header = build_request(config, feeds)
                 target = f"{build.targets[0]}.tar.gz"
 
