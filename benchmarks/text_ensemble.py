@@ -154,6 +154,17 @@ def _source_folder(spec: Any, ctx: RunContext) -> Path:
     return folder
 
 
+def _positions(folder: Path, texts: list[str], max_len: int) -> dict[str, int]:
+    """Token positions of one batch padded to its longest row, as both sides pad it: how many hold
+    a token and how many the model computes (ids from ``AutoTokenizer``, which the served
+    tokenizer equals by construction)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    mask = np.asarray(tokenizer(texts, padding=True, truncation=True, max_length=max_len)["attention_mask"])
+    return {"tokens": int(mask.sum()), "computed": int(mask.size)}
+
+
 def run(ctx: RunContext) -> dict[str, Any]:
     import boto3
     import torch
@@ -237,7 +248,8 @@ def run(ctx: RunContext) -> dict[str, Any]:
                         wanted = np.asarray(plain.encode(texts, batch), dtype=np.float32)
                         diff = float(np.max(np.abs(invoke(target, texts) - wanted)))  # also loads the target
                         diff = max(diff, float(np.max(np.abs(invoke_binary(target, texts) - wanted))))
-                        row: dict[str, Any] = {"max_abs_diff": diff}
+                        row: dict[str, Any] = {"max_abs_diff": diff,
+                                               "positions": _positions(_source_folder(spec, ctx), texts, max_len)}
                         samples = _interleaved({
                             "sentence_transformers": partial(tuned.time, texts, batch),
                             "sentence_transformers_default": partial(plain.time, texts, batch),
@@ -317,6 +329,13 @@ def run(ctx: RunContext) -> dict[str, Any]:
         detail=f"{statistics.median(cold):.2f} s now; cold = download + sha256 + unpack + load + first answer",
         not_judged=not_judged,
     ))
+    padding = {name: 1 - row["positions"]["tokens"] / row["positions"]["computed"]
+               for name, row in rows.items() if name.endswith("/batch8")}
+    result["notes"].append(
+        "at batch 8 both sides compute positions that hold no token (padding to the longest row): "
+        + ", ".join(f"{name.split('/')[0]} {share:.0%}" for name, share in padding.items())
+        + "; grouping a request's rows by length before the model would compute fewer of them (not done: the "
+        "ensemble runs each request as one padded batch, as SentenceTransformer.encode runs one batch)")
     result["notes"].append("sentence-transformers pads each batch to its longest row, as the ensemble does with "
                            "text.padding longest (KIND_CPU's default); on a GPU the default is bucket (rounded up "
                            f"to a multiple of {PAD_MULTIPLE} for FP16 tensor-core shapes)")

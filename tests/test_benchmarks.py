@@ -130,6 +130,7 @@ def test_tiny_measurements_have_the_expected_shape(tiny_run: Path) -> None:
         for side in ("sentence_transformers", "sentence_transformers_default", "ensemble", "ensemble_json"):
             assert row[side]["n"] >= 2 * text["parameters"]["turns"], side
         assert row["max_abs_diff"] < 1e-4
+        assert 0 < row["positions"]["tokens"] <= row["positions"]["computed"]
     speed = next(g for g in text["goals"] if g["id"] == "text_in_speed")
     # Judged against the faster baseline of each row, never the slower one.
     worst = min(min(r["sentence_transformers"]["median"], r["sentence_transformers_default"]["median"])
