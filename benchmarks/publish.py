@@ -63,6 +63,11 @@ def _empty_bucket(client: Any, bucket: str) -> None:
     client.delete_bucket(Bucket=bucket)
 
 
+def _each(call: Any, client: Any, n: int) -> list[Any]:
+    """``call(client, i)`` for i in 0..n-1."""
+    return [call(client, i) for i in range(n)]
+
+
 def _server_costs(s3: S3Side, direct: Any, proxied: Any, tarball: Path, n: int) -> dict[str, Any]:
     """Wall and server CPU per request for each request kind the two sides send, one request at a
     time, straight to moto and through the proxy (at 0 ms): the component cost that the publish
@@ -83,7 +88,7 @@ def _server_costs(s3: S3Side, direct: Any, proxied: Any, tarball: Path, n: int) 
         for kind, call in kinds.items():
             call(client, "warmup")
             before = s3.reset()
-            seconds, _ = timed(partial(lambda call, client: [call(client, i) for i in range(n)], call, client))
+            seconds, _ = timed(partial(_each, call, client, n))
             server = s3.stats()["cpu_s"] - before
             costs[f"{kind}_{route}"] = {
                 "requests": n,
