@@ -3,7 +3,8 @@ binary+JSON bodies, and what Triton's dynamic batcher gives 8 concurrent clients
 
 Cold start and warm latency cover the two ResNets (ONNX, TorchScript) and MiniLM twice: taking
 tokens (``minilm-tokens``) and raw text through the tokenizer ensemble (``minilm-text``), built
-exactly as the ``text_ensemble`` benchmark builds them (one shared build per run).
+exactly as the ``text_ensemble`` benchmark builds them (in a ``--tiny`` run: a 2-layer WordPiece
+model with MiniLM's settings, under the same names).
 
 Bodies respect SageMaker's 6 MB ``InvokeEndpoint`` limit (the local endpoint refuses larger ones
 with a 413, as the service does): the JSON body of a 224x224 ResNet batch of 8 is far above it, so
@@ -59,7 +60,9 @@ SIZES: dict[str, dict[str, Any]] = {
     "quick": {"seconds_per_measurement": 4.0, "throughput_calls": 160},
     "full": {"seconds_per_measurement": 8.0, "throughput_calls": 320},
 }
-TOKENS = [[101, 2023, 2003, 1037, 7099, 6251, 1012, 102]]
+#: The sentence of every batch-1 text request; the token target gets its ids from the source's own
+#: tokenizer (MiniLM's: [101, 2023, 2003, 1037, 7099, 6251, 1012, 102]).
+SENTENCE = "This is a sample sentence."
 
 
 def _request(name: str, array: np.ndarray, output: str, *, binary: bool) -> tuple[bytes, str]:
@@ -75,7 +78,9 @@ def _request(name: str, array: np.ndarray, output: str, *, binary: bool) -> tupl
 def _targets(ctx: RunContext) -> dict[str, dict[str, Any]]:
     """The two ResNet entries of models.yaml (ONNX and TorchScript), one copy each, and MiniLM
     taking tokens and raw text (the ``text_ensemble`` benchmark's specs: its build is shared)."""
-    from benchmarks.text_ensemble import _specs
+    from transformers import AutoTokenizer
+
+    from benchmarks.text_ensemble import _source_folder, _specs
 
     out: dict[str, dict[str, Any]] = {}
     for name, input_name, output in (("resnet-synthetic", "pixel_values", "logits"),
@@ -84,7 +89,9 @@ def _targets(ctx: RunContext) -> dict[str, dict[str, Any]]:
         entry["copies"] = 1
         out[name] = {"spec": spec_from(entry), "input": input_name, "output": output, "kind": "image"}
     text_specs = _specs(ctx)
-    out["minilm-tokens"] = {"spec": text_specs["tokens"], "kind": "tokens"}
+    tokenizer = AutoTokenizer.from_pretrained(str(_source_folder(text_specs["tokens"], ctx)), local_files_only=True)
+    out["minilm-tokens"] = {"spec": text_specs["tokens"], "kind": "tokens",
+                            "token_ids": [int(i) for i in tokenizer(SENTENCE)["input_ids"]]}
     out["minilm-text"] = {"spec": text_specs["text"], "kind": "text"}
     return out
 
@@ -94,10 +101,11 @@ def _batch1(item: dict[str, Any], image: int, rng: np.random.Generator) -> tuple
     if item["kind"] == "image":
         return _request(item["input"], rng.random((1, 3, image, image), dtype=np.float32), item["output"], binary=True)
     if item["kind"] == "tokens":
-        inputs = [{"name": name, "datatype": "INT64", "shape": [1, len(TOKENS[0])], "data": data}
-                  for name, data in (("input_ids", TOKENS[0]), ("attention_mask", [1] * len(TOKENS[0])))]
+        ids = item["token_ids"]
+        inputs = [{"name": name, "datatype": "INT64", "shape": [1, len(ids)], "data": data}
+                  for name, data in (("input_ids", ids), ("attention_mask", [1] * len(ids)))]
     else:
-        inputs = [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": ["This is a sample sentence."]}]
+        inputs = [{"name": "TEXT", "datatype": "BYTES", "shape": [1, 1], "data": [SENTENCE]}]
     return json.dumps({"inputs": inputs}).encode(), "application/json"
 
 
