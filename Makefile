@@ -78,21 +78,23 @@ demo: setup
 synth: setup
 	$(CDK) synth --quiet
 
-# Parallel workers (pytest-xdist): one more than the usable cores by default. About a quarter of the
-# suite's time is spent waiting (a subprocess starting, tritonserver loading or unloading a model), and
-# a third worker fills it: on 2 cores, 9.0 minutes against 10.8 with 2 workers, and 4 workers gave no
-# more (9.0). --dist loadfile keeps a test file on one worker, so its module-scoped fixtures (an
-# export, a tritonserver, a synth) are built once. PYTEST_WORKERS=1 runs serially.
-PYTEST_WORKERS ?= $(shell python3 -c "import os; print(len(os.sched_getaffinity(0)) + 1 if hasattr(os, 'sched_getaffinity') else (os.cpu_count() or 1) + 1)")
-PYTEST_PARALLEL := -n $(PYTEST_WORKERS) --dist loadfile
+# Parallel workers (pytest-xdist). `make test`: one more than the usable cores. About a quarter of
+# the whole suite's time is spent waiting (a subprocess starting, tritonserver loading or unloading a
+# model), and an extra worker fills it: on 2 cores, 9.0 minutes against 10.8 with 2 workers, and 4
+# workers gave no more (9.0). `make test-fast` is CPU-bound, so one per core: 108 s against 121 s
+# with 3. --dist loadfile keeps a test file on one worker, so its module-scoped fixtures (an export,
+# a tritonserver, a synth) are built once. PYTEST_WORKERS=1 (or PYTEST_FAST_WORKERS=1) runs serially.
+CORES := $(shell python3 -c "import os; print(len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1)")
+PYTEST_WORKERS ?= $(shell echo $$(( $(CORES) + 1 )))
+PYTEST_FAST_WORKERS ?= $(CORES)
 
 test: setup
-	$(PY) -m pytest $(PYTEST_PARALLEL)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile
 
 # The inner loop before each commit: everything but the tests marked slow (real exports, the real
 # tritonserver, the tiny benchmark run, the executed deploy path).
 test-fast: setup
-	$(PY) -m pytest -m "not slow" $(PYTEST_PARALLEL)
+	$(PY) -m pytest -m "not slow" -n $(PYTEST_FAST_WORKERS) --dist loadfile
 
 # checkov fails on any finding that is neither fixed nor skipped with a reason in the template
 # (Metadata.checkov.skip); the tests scan every settings variant (tests/test_stack_checkov.py).
