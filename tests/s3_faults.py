@@ -125,6 +125,7 @@ class FaultProxy:
     @property
     def url(self) -> str:
         host, port = self._server.server_address[:2]
+        assert isinstance(host, str)  # an AF_INET server's address: (host, port), host a str
         return f"http://{host}:{port}"
 
     # -- rules and records ---------------------------------------------------------------------

@@ -217,7 +217,7 @@ def test_validate_result_names_what_is_missing() -> None:
     assert validate_result([]) == ["result: got list; expected an object"]
     problems = validate_result({"schema": SCHEMA_VERSION})
     assert "benchmark: missing" in problems and "comparisons: missing" in problems
-    good = {
+    good: dict[str, Any] = {
         "schema": SCHEMA_VERSION, "benchmark": "publish", "title": "", "mode": "tiny", "tiny": True,
         "sizes": {"copies": 5}, "command": "",
         "started_at": "", "seconds": 1.0, "machine": {"cpu_model": "x", "cores": 2},

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -60,7 +61,7 @@ def predict(folder: Path, firsts: list[str], seconds: list[str]) -> np.ndarray:
 
 def test_the_task_takes_raw_text_and_tokens():
     for inputs in ("text", "tokens"):
-        overrides = {} if inputs == "text" else {"inputs": "tokens", "text": {"max_sequence_length": MAX_LEN}}
+        overrides: dict[str, Any] = {} if inputs == "text" else {"inputs": "tokens", "text": {"max_sequence_length": MAX_LEN}}
         spec = parse_manifest({"models": [entry(**overrides)]}).models[0]
         assert spec.task == "text-classification" and spec.inputs == inputs
 

@@ -16,6 +16,7 @@ import textwrap
 import time
 import zipfile
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import onnx
@@ -289,7 +290,7 @@ def test_nan_in_exported_outputs_fails(specs, tmp_path):
     spec = specs[RESNET]
     module = load_module(spec, None)
     with torch.no_grad():
-        module.classifier.classifier[-1].bias[3] = float("nan")  # poisons logit 3
+        cast(Any, module).classifier.classifier[-1].bias[3] = float("nan")  # poisons logit 3
     samples = sample_inputs(spec, None)
     exported = export_onnx(spec, module, samples[1], tmp_path / "model.onnx")
     with pytest.raises(ValidationMismatchError, match="non-finite") as caught:

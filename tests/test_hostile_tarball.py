@@ -105,7 +105,7 @@ def _bad_crc(path: Path) -> None:
 
 
 #: name -> (writer, fragments of the error line besides the archive path)
-CORPUS: dict[str, tuple[Callable[[Path], None], tuple[str, ...]]] = {
+CORPUS: dict[str, tuple[Callable[[Path], object], tuple[str, ...]]] = {
     "dotdot": (lambda p: _tar(p, [(_info("m/../../evil", size=1), b"x")]), ("'m/../../evil'", "contains '..'")),
     "absolute": (lambda p: _tar(p, [(_info("/etc/evil", size=1), b"x")]), ("'/etc/evil'", "absolute")),
     "backslash": (lambda p: _tar(p, [(_info("m\\..\\..\\evil", size=1), b"x")]), ("backslash",)),

@@ -79,7 +79,7 @@ PREFIX = "models"
 def s3() -> Iterator[Any]:
     with local_s3() as url:
         client = make_s3_client(endpoint_url=url)
-        client.endpoint_url_for_tests = url  # type: ignore[attr-defined]
+        client.endpoint_url_for_tests = url
         yield client
 
 
@@ -152,12 +152,14 @@ def test_retention_window_deletes_only_unrouted_objects_and_rollback_copies_back
     clock.days(0.2)
     third = activate_release(s3, bucket, PREFIX, "r-000000000000000b", clock=clock, retention_days=7)
     assert third.deleted == [b1] and _served(s3, bucket) == {a1, b2}, "only the unrouted object went"
-    assert read_routes(s3, bucket, PREFIX).unrouted == {}
+    routes = read_routes(s3, bucket, PREFIX)
+    assert routes is not None and routes.unrouted == {}
 
     # A rollback past the window: the object is copied back from the store, nothing is built.
     back = activate_release(s3, bucket, PREFIX, "r-000000000000000a", clock=clock)
     assert back.copied == 1 and _served(s3, bucket) == {a1, b1, b2}
-    assert read_routes(s3, bucket, PREFIX).routes["b"].target_model == b1
+    routes = read_routes(s3, bucket, PREFIX)
+    assert routes is not None and routes.routes["b"].target_model == b1
 
 
 def _sha(data: bytes) -> str:
@@ -248,7 +250,7 @@ def test_plan_lists_the_model_changes_and_the_fleet_verdict_with_exit_codes(tmp_
     from model_build.release import compute_release, entry_sha256, model_code_sha256
     from model_build.release.routes import Route, Routes
 
-    base = {"version": 1, "models": [_entry("a", 0), _entry("b", 1, copies=2), _entry("c", 2)]}
+    base: dict[str, Any] = {"version": 1, "models": [_entry("a", 0), _entry("b", 1, copies=2), _entry("c", 2)]}
     manifest = parse_manifest(copy.deepcopy(base))
     release = compute_release(manifest, base_dir=tmp_path)
     from app import cdk_json_context, load_settings

@@ -158,7 +158,7 @@ def release(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
             ts_members = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
         ts_config = ts_members["tiny-ts/config.pbtxt"]
         flag = work / "hog-loaded.flag"
-        hostile = {
+        hostile: dict[str, bytes | tuple[bytes, str]] = {
             # The index promises the good bytes; the object holds others.
             "tampered.tar.gz": (good[:-8] + b"\0" * 8, hashlib.sha256(good).hexdigest()),
             "escaping.tar.gz": _tarball({"../outside/config.pbtxt": config}),

@@ -7,7 +7,7 @@ import json
 import re
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aws_cdk as cdk
 import pytest
@@ -38,7 +38,7 @@ from constructs.endpoint_alarms import AlarmThresholds, EndpointAlarms, Endpoint
 from constructs.endpoint_dashboard import EndpointDashboardProps
 from constructs.endpoint_network import PLACEHOLDER_ID_RULES, EndpointNetwork, EndpointNetworkProps
 from constructs.model_bucket import ModelBucket
-from constructs.model_build_resource import LAMBDA_VPC_ACTIONS, ModelBuildResourceProps
+from constructs.model_build_resource import LAMBDA_VPC_ACTIONS, ModelBuildResource, ModelBuildResourceProps
 from constructs.rollout_policy import RolloutPolicy, RolloutPolicyProps
 from constructs.sagemaker_limits import PropsError
 from constructs.triton_image import TritonImage
@@ -75,7 +75,13 @@ def nag_clean(s: Synth) -> dict[str, str]:
 
 
 def ref_id(s: Synth, construct: Any) -> str:
-    return s.stack.resolve(s.stack.get_logical_id(construct.node.default_child))  # type: ignore[no-any-return]
+    return s.stack.resolve(s.stack.get_logical_id(construct.node.default_child))
+
+
+def network_of(s: Synth) -> EndpointNetwork:
+    """The stack's network; the variants given here have one."""
+    assert s.stack.network is not None
+    return s.stack.network
 
 
 def alarm_actions(s: Synth) -> list[tuple[Any, Any]]:
@@ -155,7 +161,7 @@ def test_created_vpc_endpoints(isolated: Synth) -> None:
     assert services["s3"]["VpcEndpointType"] == "Gateway"
     assert len(services["s3"]["RouteTableIds"]) == 2
     subnet_ids = sorted({"Ref": k}["Ref"] for k in isolated.resources("AWS::EC2::Subnet"))
-    endpoint_group = ref_id(isolated, isolated.stack.network.endpoint_security_group)
+    endpoint_group = ref_id(isolated, network_of(isolated).endpoint_security_group)
     for name, props in services.items():
         if name == "s3":
             continue
@@ -163,8 +169,8 @@ def test_created_vpc_endpoints(isolated: Synth) -> None:
         assert sorted(s["Ref"] for s in props["SubnetIds"]) == subnet_ids
         assert props["SecurityGroupIds"] == [{"Fn::GetAtt": [endpoint_group, "GroupId"]}]
     # The endpoints' group admits HTTPS from the model's and the build's groups only.
-    model_group = ref_id(isolated, isolated.stack.network.model_security_group)
-    build_group = ref_id(isolated, isolated.stack.network.build_security_group)
+    model_group = ref_id(isolated, network_of(isolated).model_security_group)
+    build_group = ref_id(isolated, network_of(isolated).build_security_group)
     ingress = [r["Properties"] for r in isolated.resources("AWS::EC2::SecurityGroupIngress").values()
                if r["Properties"]["GroupId"] == {"Fn::GetAtt": [endpoint_group, "GroupId"]}]
     assert sorted(r["SourceSecurityGroupId"]["Fn::GetAtt"][0] for r in ingress) == sorted([model_group, build_group])
@@ -173,7 +179,7 @@ def test_created_vpc_endpoints(isolated: Synth) -> None:
 
 
 def test_security_groups_have_no_inbound_rule(isolated: Synth) -> None:
-    for group in (isolated.stack.network.model_security_group, isolated.stack.network.build_security_group):
+    for group in (network_of(isolated).model_security_group, network_of(isolated).build_security_group):
         group_id = ref_id(isolated, group)
         no_ingress(isolated, group_id)
         https_egress_only(isolated, group_id)
@@ -183,7 +189,7 @@ def test_model_in_the_vpc(isolated: Synth) -> None:
     model = isolated.only("AWS::SageMaker::Model")[1]
     props = model["Properties"]
     assert props["EnableNetworkIsolation"] is True
-    model_group = ref_id(isolated, isolated.stack.network.model_security_group)
+    model_group = ref_id(isolated, network_of(isolated).model_security_group)
     assert props["VpcConfig"]["SecurityGroupIds"] == [{"Fn::GetAtt": [model_group, "GroupId"]}]
     assert sorted(s["Ref"] for s in props["VpcConfig"]["Subnets"]) == sorted(isolated.resources("AWS::EC2::Subnet"))
     # SageMaker's network-interface permissions, in a policy the model waits for.
@@ -196,8 +202,8 @@ def test_model_in_the_vpc(isolated: Synth) -> None:
 
 
 def test_build_in_the_vpc(isolated: Synth) -> None:
-    build = isolated.stack.node.find_child("ModelBuild")
-    build_group = ref_id(isolated, isolated.stack.network.build_security_group)
+    build = cast(ModelBuildResource, isolated.stack.node.find_child("ModelBuild"))
+    build_group = ref_id(isolated, network_of(isolated).build_security_group)
     policy = ref_id(isolated, build.vpc_access_policy)
     images = {k: v for k, v in isolated.resources("AWS::Lambda::Function").items()
               if v["Properties"].get("PackageType") == "Image"}
@@ -217,7 +223,9 @@ def test_build_in_the_vpc(isolated: Synth) -> None:
 
 def test_created_topic_is_encrypted_tls_only_and_cloudwatch_may_publish(isolated: Synth) -> None:
     topic_id, topic = isolated.only("AWS::SNS::Topic")
-    key_id = ref_id(isolated, isolated.stack.alarm_topic.key)
+    alarm_topic = isolated.stack.alarm_topic
+    assert alarm_topic is not None
+    key_id = ref_id(isolated, alarm_topic.key)
     assert topic["Properties"]["KmsMasterKeyId"] == {"Fn::GetAtt": [key_id, "Arn"]}
     key = isolated.data["Resources"][key_id]["Properties"]
     assert key["EnableKeyRotation"] is True
@@ -264,7 +272,7 @@ def test_canary_deployment_config(isolated: Synth) -> None:
 def test_isolated_outputs(isolated: Synth) -> None:
     outputs = isolated.data["Outputs"]
     assert outputs["VpcId"]["Value"] == {"Ref": isolated.only("AWS::EC2::VPC")[0]}
-    model_group = ref_id(isolated, isolated.stack.network.model_security_group)
+    model_group = ref_id(isolated, network_of(isolated).model_security_group)
     assert outputs["ModelSecurityGroupId"]["Value"] == {"Fn::GetAtt": [model_group, "GroupId"]}
     for name in ("AlarmTopicArn", "VpcId", "ModelSecurityGroupId", "DashboardName", "DashboardUrl"):
         assert len(outputs[name]["Description"]) > 10, name
@@ -313,7 +321,7 @@ def test_pending_lookup_synthesizes_then_the_real_pass_is_fully_validated(
     id-format checks of CDK's CloudFormation validation are acknowledged for that pass only."""
     first = synth(tmp_path_factory.mktemp("ops-pending"), nag=True, account=ACCOUNT, region=REGION,
                   vpc_id=VPC_ID, build_in_vpc="true")
-    assert first.stack.network.pending_lookup is True
+    assert network_of(first).pending_lookup is True
     missing = json.loads((first.outdir / "manifest.json").read_text())["missing"]
     assert [m["provider"] for m in missing] == ["vpc-provider"]
     assert missing[0]["props"]["filter"] == {"vpc-id": VPC_ID}
@@ -324,7 +332,7 @@ def test_pending_lookup_synthesizes_then_the_real_pass_is_fully_validated(
                 for rule in dict(entry.data) if rule.endswith(PLACEHOLDER_ID_RULES)]
 
     assert sorted(placeholder_acks(first)) == sorted(PLACEHOLDER_ID_RULES)
-    assert existing.stack.network.pending_lookup is False
+    assert network_of(existing).pending_lookup is False
     assert placeholder_acks(existing) == []
 
 
@@ -417,7 +425,7 @@ def test_deployment_props(kwargs: dict[str, Any], expected: str) -> None:
 def test_rollout_policy_defaults_to_the_endpoints_fleet_and_accepts_tokens() -> None:
     stack = _stack()
     endpoint = _endpoint(stack)
-    props = RolloutPolicyProps(endpoint=endpoint, traffic="CANARY", size=cdk.Token.as_number({"Ref": "Canary"}),
+    props = RolloutPolicyProps(endpoint=endpoint, traffic="CANARY", size=cdk.Token.as_number({"Ref": "Canary"}),  # type: ignore[call-arg, arg-type]  # on purpose: no fleet (the endpoint's), a token
                                wait_interval=Duration.seconds(cdk.Token.as_number({"Ref": "Wait"})))
     assert props.fleet == endpoint.fleet
     RolloutPolicy(props=props)
@@ -434,11 +442,11 @@ def test_rollback_alarms_are_1_to_10_metric_alarms() -> None:
     metric = endpoint.metric_invocation_5xx_errors()
     many = [cloudwatch.Alarm(stack, f"A{i}", metric=metric, threshold=1, evaluation_periods=1) for i in range(11)]
     with pytest.raises(PropsError, match="rollback_alarms: got 11 alarms; expected 1 to 10 alarms"):
-        RolloutPolicyProps(endpoint=endpoint, rollback_alarms=many)
+        RolloutPolicyProps(endpoint=endpoint, rollback_alarms=many)  # type: ignore[call-arg]  # fleet defaults to the endpoint's
     composite = cloudwatch.CompositeAlarm(stack, "Composite", alarm_rule=cloudwatch.AlarmRule.any_of(many[0]))
     with pytest.raises(PropsError, match="is a composite alarm"):
-        RolloutPolicyProps(endpoint=endpoint, rollback_alarms=[many[0], composite])
-    RolloutPolicy(props=RolloutPolicyProps(endpoint=endpoint, rollback_alarms=many[:10]))
+        RolloutPolicyProps(endpoint=endpoint, rollback_alarms=[many[0], composite])  # type: ignore[call-arg]  # fleet defaults to the endpoint's
+    RolloutPolicy(props=RolloutPolicyProps(endpoint=endpoint, rollback_alarms=many[:10]))  # type: ignore[call-arg]  # fleet defaults to the endpoint's
     config = Template.from_stack(stack).find_resources("AWS::SageMaker::Endpoint")
     (props,) = [r["Properties"] for r in config.values()]
     assert len(props["DeploymentConfig"]["AutoRollbackConfiguration"]["Alarms"]) == 10
@@ -447,7 +455,7 @@ def test_rollback_alarms_are_1_to_10_metric_alarms() -> None:
 def test_no_rollback_alarms_no_rollback_config_and_no_describe_grant() -> None:
     stack = _stack()
     endpoint = _endpoint(stack)
-    RolloutPolicy(props=RolloutPolicyProps(endpoint=endpoint, rollback_alarms=[]))
+    RolloutPolicy(props=RolloutPolicyProps(endpoint=endpoint, rollback_alarms=[]))  # type: ignore[call-arg]  # fleet defaults to the endpoint's
     template = Template.from_stack(stack).to_json()
     (props,) = [r["Properties"] for r in template["Resources"].values() if r["Type"] == "AWS::SageMaker::Endpoint"]
     assert "AutoRollbackConfiguration" not in props["DeploymentConfig"]
@@ -467,7 +475,7 @@ def test_endpoint_network_props() -> None:
 
 def test_network_refuses_unknown_endpoints_and_public_only_vpcs() -> None:
     with pytest.raises(PropsError, match=r"interface_endpoints\.0: got \"ecr\"; input should be 'ecr\.api'"):
-        EndpointNetworkProps(interface_endpoints=["ecr"])
+        EndpointNetworkProps(interface_endpoints=["ecr"])  # type: ignore[list-item]  # an unknown endpoint, on purpose
     with pytest.raises(PropsError, match=r"interface_endpoints: got \['logs', 'logs'\]; logs given twice"):
         EndpointNetworkProps(interface_endpoints=["logs", "logs"])
     with pytest.raises(PropsError, match=r"cidr: got '10\.0\.0\.0/8'; expected a private IPv4 range from /16 to /24"):
@@ -503,7 +511,7 @@ def test_alarm_topic_dashboard_and_threshold_props() -> None:
     with pytest.raises(PropsError, match="model_latency_p99_ms: got 0; input should be greater than 0"):
         AlarmThresholds(model_latency_p99_ms=0)
     with pytest.raises(PropsError, match=r"rollback_alarms\.0: got \"latency\"; input should be 'invocation_5xx_errors'"):
-        EndpointAlarmsProps(endpoint=endpoint, rollback_alarms=["latency"])
+        EndpointAlarmsProps(endpoint=endpoint, rollback_alarms=["latency"])  # type: ignore[list-item]  # an unknown alarm, on purpose
     with pytest.raises(PropsError, match="name_prefix: got 'my alarms'; expected letters, digits"):
         EndpointAlarmsProps(endpoint=endpoint, name_prefix="my alarms")
     alarms = EndpointAlarms(stack, "A3", props=EndpointAlarmsProps(endpoint=endpoint, rollback_alarms=["disk"]))

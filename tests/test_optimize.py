@@ -261,7 +261,7 @@ def _entry(**extra: Any) -> dict[str, Any]:
     return tiny_bert(**extra).model_dump(mode="json", exclude_unset=True)
 
 
-BAD = [
+BAD: list[tuple[dict[str, Any], list[str]]] = [
     ({"precision": "int8", "tensorrt": {"precision_mode": "FP16"}, "instance_group": {"kind": "KIND_GPU"}},
      ["precision", "'int8'", "tensorrt"]),
     ({"precision": "int8"}, ["precision", "'int8'", "KIND_GPU", "KIND_CPU"]),

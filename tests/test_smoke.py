@@ -61,7 +61,7 @@ FAULTY = {
     "gone.tar.gz": "listed in the index, missing from S3",
 }
 
-TINY = {
+TINY: dict[str, Any] = {
     "name": "tiny",
     "source": {
         "kind": "synthetic",
@@ -190,7 +190,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         config_text = member.read().decode()
     inputs, outputs = read_reference(artifact.reference_path)  # type: ignore[arg-type]
     nine_spec = parse_manifest({"version": 1, "models": [{**TINY, "name": "nine", "copies": 1, "source": {
-        **TINY["source"], "config": {**TINY["source"]["config"], "num_labels": 9}}}]}).models[0]  # type: ignore[dict-item]
+        **TINY["source"], "config": {**TINY["source"]["config"], "num_labels": 9}}}]}).models[0]
     nine_dir = base / "nine"
     nine_dir.mkdir()
     nine = build_model(nine_spec, BuildOptions(base_dir=base), release_dir=nine_dir, work_dir=base / "work")

@@ -37,8 +37,12 @@ def snapshot_text(template: str) -> str:
     return mask(json.dumps(data, indent=1)) + "\n"
 
 
+#: Each synth's process result and its output folder.
+Synths = list[tuple[subprocess.CompletedProcess[str], Path]]
+
+
 @pytest.fixture(scope="module")
-def two_synths(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[subprocess.CompletedProcess[str], Path]]:
+def two_synths(tmp_path_factory: pytest.TempPathFactory) -> Synths:
     """The default app synthesized twice, in two processes with different hash seeds."""
     runs = []
     for seed in ("1", "2"):
@@ -52,7 +56,7 @@ def two_synths(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[subproces
     return runs
 
 
-def test_app_synthesizes_without_credentials_or_heavy_imports(two_synths) -> None:  # type: ignore[no-untyped-def]
+def test_app_synthesizes_without_credentials_or_heavy_imports(two_synths: Synths) -> None:
     for result, outdir in two_synths:
         assert result.returncode == 0, result.stderr
         assert json.loads(result.stdout.strip().splitlines()[-1]) == []
@@ -62,7 +66,7 @@ def test_app_synthesizes_without_credentials_or_heavy_imports(two_synths) -> Non
         assert not (ROOT / "cdk.context.json").exists()
 
 
-def test_two_synths_are_byte_identical(two_synths) -> None:  # type: ignore[no-untyped-def]
+def test_two_synths_are_byte_identical(two_synths: Synths) -> None:
     (first, first_dir), (second, second_dir) = two_synths
     assert first.returncode == second.returncode == 0
     template = "TritonMme.template.json"
@@ -70,7 +74,7 @@ def test_two_synths_are_byte_identical(two_synths) -> None:  # type: ignore[no-u
     assert (first_dir / "TritonMme.assets.json").read_bytes() == (second_dir / "TritonMme.assets.json").read_bytes()
 
 
-def test_snapshot(two_synths) -> None:  # type: ignore[no-untyped-def]
+def test_snapshot(two_synths: Synths) -> None:
     (result, outdir), _ = two_synths
     assert result.returncode == 0, result.stderr
     current = snapshot_text((outdir / "TritonMme.template.json").read_text())
@@ -83,7 +87,7 @@ def test_snapshot(two_synths) -> None:  # type: ignore[no-untyped-def]
     )
 
 
-def test_the_build_image_context_holds_the_runtime_and_no_tool(two_synths) -> None:  # type: ignore[no-untyped-def]
+def test_the_build_image_context_holds_the_runtime_and_no_tool(two_synths: Synths) -> None:
     """The Docker context CDK stages for the build image is ``runtime_files()``: what the keys
     hash is what the image runs, and a tool edit changes no image asset (issue 9)."""
     from model_build.release import PACKAGE_DIR, runtime_files

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import aws_cdk as cdk
 import pytest
 from aws_cdk.assertions import Template
@@ -15,7 +17,7 @@ SAMPLE_REGIONS = ("us-east-1", "eu-west-1", "ap-southeast-2", "af-south-1", "il-
 
 
 @pytest.fixture(scope="module")
-def image_uris():  # type: ignore[no-untyped-def]
+def image_uris() -> Any:  # sagemaker.core.image_uris (untyped)
     from sagemaker.core import image_uris  # ~3 s: only this test module imports the SDK
 
     return image_uris
@@ -31,7 +33,7 @@ def test_the_table_is_read_without_importing_the_sdk() -> None:
 
 
 @pytest.mark.parametrize("version", ["newest", "25.04", "23.12"])
-def test_mapping_matches_sdk_image_uris(image_uris, version: str) -> None:  # type: ignore[no-untyped-def]
+def test_mapping_matches_sdk_image_uris(image_uris: Any, version: str) -> None:
     table = load_image_table()
     chosen = table.newest if version == "newest" else version
     row = table.row(chosen)

@@ -135,7 +135,7 @@ def test_every_props_class_has_a_refusal_case(resources: Resources) -> None:
 def test_props_take_tokens(resources: Resources) -> None:
     """Values known only at deploy time skip the value checks (and the rules between fields)."""
     r = resources
-    assert Token.is_unresolved(FleetSize(minimum=number(), initial=number(), maximum=number()).maximum)
+    assert Token.is_unresolved(FleetSize(minimum=number(), initial=number(), maximum=number()).maximum)  # type: ignore[arg-type]  # number tokens are floats
     r.endpoint_props(endpoint_name=text(), instance_type=text(), shm_default_byte_size=number(), volume_size_gb=number(),
                      model_data_download_timeout=Duration.seconds(number()), environment={"SAGEMAKER_TRITON_PING_MODE": text()})
     SageMakerExecutionRoleProps(endpoint_name=text())
@@ -149,7 +149,7 @@ def test_props_take_tokens(resources: Resources) -> None:
     AlarmTopicProps(emails=[text()])
     r.build_props(model_prefix=text(), memory_size=number(), timeout=Duration.seconds(number()),
                   total_timeout=Duration.seconds(number()), query_interval=Duration.seconds(number()))
-    RolloutPolicyProps(endpoint=r.endpoint, traffic=text(), size=number(),
+    RolloutPolicyProps(endpoint=r.endpoint, traffic=text(), size=number(),  # type: ignore[call-arg, arg-type]  # on purpose: no fleet, tokens
                        maximum_execution_timeout=Duration.seconds(number()))
     with pytest.raises(PropsError, match="version: got a token; the version picks a row of the image table"):
         TritonImageProps(version=text())
@@ -158,7 +158,7 @@ def test_props_take_tokens(resources: Resources) -> None:
 def test_props_are_frozen(resources: Resources) -> None:
     fleet = FleetSize(maximum=8)
     with pytest.raises(Exception, match="frozen"):
-        fleet.maximum = 9  # type: ignore[misc]
+        fleet.maximum = 9
     assert resources.endpoint.fleet == FleetSize()
 
 

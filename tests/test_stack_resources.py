@@ -6,7 +6,7 @@ import json
 import re
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from aws_cdk import Validations
@@ -14,6 +14,7 @@ from aws_cdk.assertions import Match
 from cdk_helpers import ROOT, VENV_BIN, Synth, as_list, policy_of_role, statements, synth
 
 from constructs.model_bucket import RETIRED_TAG_KEY
+from constructs.model_build_resource import ModelBuildResource
 from constructs.triton_image import load_image_table
 from model_build.manifest import load_manifest
 from model_build.release import compute_release
@@ -418,7 +419,7 @@ def test_scaling_policies(default: Synth) -> None:
 def test_build_custom_resource(default: Synth) -> None:
     manifest = load_manifest(ROOT / "models.yaml")
     # The release the construct computed at synth (the build code may change while tests run).
-    release = default.stack.node.find_child("ModelBuild").release
+    release = cast(ModelBuildResource, default.stack.node.find_child("ModelBuild")).release
     assert release.manifest_sha256 == manifest.content_sha256()
     again = compute_release(manifest, base_dir=ROOT, code_sha256=release.code_sha256,
                             model_code=release.model_code_sha256)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
+from typing import Any, cast
 
 import aws_cdk as cdk
 import pytest
@@ -58,7 +59,7 @@ def ebs(tmp_path_factory: pytest.TempPathFactory) -> Synth:
 
 
 def test_ebs_variant_has_volume_and_kms_key(ebs: Synth) -> None:
-    key = ebs.stack.resolve(ebs.stack.get_logical_id(ebs.stack.model_bucket.key.node.default_child))
+    key = ebs.stack.resolve(ebs.stack.get_logical_id(cast(cdk.CfnElement, ebs.stack.model_bucket.key.node.default_child)))
     ebs.template.has_resource_properties(
         "AWS::SageMaker::EndpointConfig",
         {
@@ -76,7 +77,7 @@ def test_ebs_variant_has_volume_and_kms_key(ebs: Synth) -> None:
             ],
         },
     )
-    role = ebs.stack.resolve(ebs.stack.get_logical_id(ebs.stack.execution_role.role.node.default_child))
+    role = ebs.stack.resolve(ebs.stack.get_logical_id(cast(cdk.CfnElement, ebs.stack.execution_role.role.node.default_child)))
     grants = [s for s in policy_of_role(ebs.data, role) if "kms:CreateGrant" in as_list(s["Action"])]
     assert grants == [
         {
@@ -131,7 +132,8 @@ def test_destroy_policies(ebs: Synth) -> None:
     ebs.template.has_resource("AWS::KMS::Key", {"DeletionPolicy": "Delete", "Properties": Match.object_like({"PendingWindowInDays": 7})})
     props = ebs.only("Custom::TritonModelRelease")[1]["Properties"]
     assert props["OnDelete"] == "destroy"
-    role = ebs.stack.resolve(ebs.stack.get_logical_id(ebs.stack.node.find_child("ModelBuild").role.node.default_child))
+    build = cast(ModelBuildResource, ebs.stack.node.find_child("ModelBuild"))
+    role = ebs.stack.resolve(ebs.stack.get_logical_id(cast(cdk.CfnElement, build.role.node.default_child)))
     actions = {a for s in policy_of_role(ebs.data, role) for a in as_list(s["Action"])}
     assert {"s3:DeleteObject", "s3:DeleteObjectVersion", "s3:ListBucketVersions", "s3:GetBucketVersioning"} <= actions
 
@@ -171,7 +173,7 @@ def test_release_mode_has_no_build(published: Synth) -> None:
     assert published.resources("Custom::TritonModelRelease") == {}
     assert published.resources("AWS::Lambda::Function") == {}
     assert published.resources("AWS::StepFunctions::StateMachine") == {}
-    bucket = published.stack.resolve(published.stack.get_logical_id(published.stack.model_bucket.bucket.node.default_child))
+    bucket = published.stack.resolve(published.stack.get_logical_id(cast(cdk.CfnElement, published.stack.model_bucket.bucket.node.default_child)))
     expected = {"Fn::Join": ["", ["s3://", {"Ref": bucket}, "/models/served/"]]}
     published.template.has_resource_properties(
         "AWS::SageMaker::Model", {"PrimaryContainer": Match.object_like({"ModelDataUrl": expected})}
@@ -207,7 +209,7 @@ def _scope() -> cdk.Stack:
 
 
 def _endpoint(stack: cdk.Stack, **overrides: object) -> TritonMmeEndpoint:
-    props: dict[str, object] = dict(
+    props: dict[str, Any] = dict(  # Any: the refusal cases give wrong types on purpose
         image=TritonImage(stack, "Image"),
         execution_role=iam.Role(stack, "Role", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com")),
         model_data_url="s3://bucket/models/r-0123456789abcdef/",
@@ -258,6 +260,7 @@ def test_endpoint_grant_and_metrics() -> None:
     grant = endpoint.grant_invoke(user)
     assert grant.success
     logical = stack.resolve(stack.get_logical_id(endpoint.endpoint))
+    assert grant.principal_statement is not None
     statement = stack.resolve(grant.principal_statement.to_statement_json())
     assert statement["Action"] == "sagemaker:InvokeEndpoint"
     assert statement["Resource"] == {"Fn::GetAtt": [logical, "EndpointArn"]}
@@ -386,7 +389,7 @@ def test_s3_source_policy(tmp_path: Path) -> None:
         manifest=load_manifest(manifest_path), manifest_path=manifest_path,
         model_bucket=ModelBucket(stack, "Bucket").bucket, model_prefix="models", build_context=PACKAGE_DIR,
     ))
-    document = stack.resolve(build.role.node.find_child("DefaultPolicy").document.to_json())
+    document = stack.resolve(cast(iam.Policy, build.role.node.find_child("DefaultPolicy")).document.to_json())
     text = json.dumps(document)
     assert ':s3:::src-bucket/models/a/*"' in text and ':s3:::other/b.onnx"' in text
     assert '"s3:prefix": ["models/a/*"]' in text
@@ -400,7 +403,7 @@ def test_build_resource_props(tmp_path: Path) -> None:
 
     def build(**overrides: object) -> None:
         stack = _scope()
-        props: dict[str, object] = dict(
+        props: dict[str, Any] = dict(  # Any: the refusal cases give wrong types on purpose
             manifest=manifest, manifest_path=manifest_path,
             model_bucket=ModelBucket(stack, "Bucket").bucket, model_prefix="models",
             build_context=PACKAGE_DIR,

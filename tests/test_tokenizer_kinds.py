@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -202,7 +204,7 @@ def test_a_source_without_modules_json_gets_mean_pooling_and_normalisation(sourc
     assert DEFAULT_POOLING.modes == ("mean",) and DEFAULT_POOLING.normalize
 
 
-def _rewrite_json(path: Path, change) -> None:  # type: ignore[no-untyped-def]
+def _rewrite_json(path: Path, change: Callable[[Any], object]) -> None:
     data = json.loads(path.read_text())
     change(data)
     path.write_text(json.dumps(data))
