@@ -83,13 +83,15 @@ synth: setup
 # model), and an extra worker fills it: on 2 cores, 9.0 minutes against 10.8 with 2 workers, and 4
 # workers gave no more (9.0). `make test-fast` is CPU-bound, so one per core: 108 s against 121 s
 # with 3. --dist loadfile keeps a test file on one worker, so its module-scoped fixtures (an export,
-# a tritonserver, a synth) are built once. PYTEST_WORKERS=1 (or PYTEST_FAST_WORKERS=1) runs serially.
+# a tritonserver, a synth) are built once; --no-loadscope-reorder hands them out in the order
+# tests/conftest.py sets, the files with slow tests first, so that no long file starts last.
+# PYTEST_WORKERS=1 (or PYTEST_FAST_WORKERS=1) runs one worker.
 CORES := $(shell python3 -c "import os; print(len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1)")
 PYTEST_WORKERS ?= $(shell echo $$(( $(CORES) + 1 )))
 PYTEST_FAST_WORKERS ?= $(CORES)
 
 test: setup
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The inner loop before each commit: everything but the tests marked slow (real exports, the real
 # tritonserver, the tiny benchmark run, the executed deploy path).

@@ -30,15 +30,23 @@ def proxy(endpoint: str) -> Iterator[FaultProxy]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Files without a slow test run first, then the others, each file's tests kept together and
-    in their order: a broken manifest rule or template fails in the first minutes,
-    not after the real exports and tritonserver runs. That holds for a run without workers: under
-    ``make test`` xdist hands out whole files (``--dist loadfile``), reordered by their number of
-    tests, most first. Keeping this order there with the benchmarks' tiny run handed out first
-    (``--no-loadscope-reorder``) was tried: 10.3 minutes against 9.7, as it slowed every test it
-    ran beside."""
+    """Without workers (``pytest`` alone), files without a slow test run first, then the others, each
+    file's tests kept together and in their order: a broken manifest rule or template fails in the
+    first minutes, not after the real exports and tritonserver runs.
+
+    In an xdist worker (``make test``: whole files handed out, ``--dist loadfile``, in this order
+    with ``--no-loadscope-reorder``) it is the other way round: the files with slow tests first, so
+    that the long ones (the benchmarks' tiny run, the CLI's builds, the deploy path) start at once
+    and the many short files fill the end. By default xdist orders files by their number of tests,
+    which handed out ``test_cli.py`` (4 tests, about 2 minutes under load) last: one worker then ran
+    alone for the last 31 s (9.2 minutes in all). With this order the three workers ended within
+    4 s of each other (8.4 minutes). (An earlier session, with 2 workers, handed out the fast files
+    first with only the tiny run ahead of them: 10.3 minutes against 9.7.)"""
     slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
     first_seen: dict[object, int] = {}
     for index, item in enumerate(items):
         first_seen.setdefault(item.path, index)
-    items.sort(key=lambda item: (item.path in slow_files, first_seen[item.path]))
+    if hasattr(config, "workerinput"):  # an xdist worker
+        items.sort(key=lambda item: (item.path not in slow_files, first_seen[item.path]))
+    else:
+        items.sort(key=lambda item: (item.path in slow_files, first_seen[item.path]))
