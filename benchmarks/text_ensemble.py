@@ -96,14 +96,16 @@ TINY_SHAPE = {"hidden": 32, "layers": 2, "heads": 2}
 TINY_MAX_LENGTH = 32
 
 
-def _tiny_source(ctx: RunContext, kind: str) -> Path:
-    """A source folder of ``kind`` at :data:`TINY_SHAPE` (made once per run, offline)."""
+def _made_source(ctx: RunContext, kind: str, max_length: int) -> Path:
+    """A sentence-transformers folder of ``kind`` with seeded random weights, at :data:`TINY_SHAPE`
+    in a tiny run and :data:`MINILM_SHAPE` otherwise (made offline, once per run)."""
     from model_build.tools.text_sources import make_text_source
 
-    folder = ctx.scratch(f"source-{kind}-tiny") / "model"
+    shape = TINY_SHAPE if ctx.tiny else MINILM_SHAPE
+    folder = ctx.scratch(f"source-{kind}-tiny" if ctx.tiny else f"source-{kind}") / "model"
     if not (folder / "modules.json").is_file():
-        make_text_source(kind, folder, pooling="mean", normalize=True, max_length=TINY_MAX_LENGTH,
-                         hidden=TINY_SHAPE["hidden"], layers=TINY_SHAPE["layers"], heads=TINY_SHAPE["heads"])
+        make_text_source(kind, folder, pooling="mean", normalize=True, max_length=max_length,
+                         hidden=shape["hidden"], layers=shape["layers"], heads=shape["heads"])
     return folder
 
 
@@ -113,7 +115,7 @@ def _specs(ctx: RunContext) -> dict[str, Any]:
     entry = manifest_entry("minilm-l6-embedding")
     entry["instance_group"] = {"kind": "KIND_CPU", "count": 1}
     if ctx.tiny:
-        entry["source"] = {"kind": "local", "path": str(_tiny_source(ctx, "wordpiece"))}
+        entry["source"] = {"kind": "local", "path": str(_made_source(ctx, "wordpiece", TINY_MAX_LENGTH))}
         entry["text"] = {"max_sequence_length": TINY_MAX_LENGTH}
     tokens = {**entry, "name": "minilm-tokens"}
     text = {**entry, "name": "minilm-text", "inputs": "text"}
@@ -122,8 +124,6 @@ def _specs(ctx: RunContext) -> dict[str, Any]:
 
 def _kind_specs(ctx: RunContext) -> dict[str, Any]:
     """One ``inputs: text`` target per tokenizer kind (module docstring)."""
-    from model_build.tools.text_sources import make_text_source
-
     # Truncation on, as SentenceTransformer.encode truncates: both sides embed the same tokens.
     minilm = _specs(ctx)["text"]
     max_len = minilm.text_inputs.max_sequence_length
@@ -131,14 +131,7 @@ def _kind_specs(ctx: RunContext) -> dict[str, Any]:
     specs = {"wordpiece": spec_from({**minilm.model_dump(mode="json", exclude_defaults=True), "text": text})}
     base = manifest_entry("minilm-l6-embedding")
     for kind in ("bpe", "unigram"):
-        if ctx.tiny:
-            folder = _tiny_source(ctx, kind)
-        else:
-            folder = ctx.scratch(f"source-{kind}") / "model"
-            if not (folder / "modules.json").is_file():
-                make_text_source(kind, folder, pooling="mean", normalize=True, max_length=max_len,
-                                 hidden=MINILM_SHAPE["hidden"], layers=MINILM_SHAPE["layers"],
-                                 heads=MINILM_SHAPE["heads"])
+        folder = _made_source(ctx, kind, max_len)
         entry = {**base, "name": f"{kind}-text", "source": {"kind": "local", "path": str(folder)}, "inputs": "text",
                  "instance_group": {"kind": "KIND_CPU", "count": 1}, "text": text}
         specs[kind] = spec_from(entry)
