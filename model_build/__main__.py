@@ -152,6 +152,7 @@ def _build_table(record: Any) -> Table:
         diff = f"{model.worst_diff:.2e}"
         fmt = model.format + (" fused" if model.fused_ops.get("Attention") else "")
         fmt += f" {model.precision}" if model.format == "onnx" else ""
+        fmt += " grouped" if model.length_grouping.startswith("on") else ""
         if model.reference_check:
             diff += f" (incl. {model.reference_check})"
         table.add_row(

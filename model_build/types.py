@@ -77,6 +77,9 @@ class ValidationReport:
     #: INT8: the lowest cosine on the calibration inputs the layer choice was made on (the
     #: gate itself is judged on the held-out validation inputs: ``min_cosine``).
     calibration_min_cosine: float | None = None
+    #: ``text.group_by_length``: ``on: ...`` with the grouped graph's parity, ``off: <why>`` where
+    #: the default did not fit, ``None`` where it was not asked for (model_build.export.length_groups).
+    length_grouping: str | None = None
 
     @property
     def worst(self) -> float:

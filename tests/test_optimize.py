@@ -24,7 +24,7 @@ from model_build.export.eager import (
     reference_sentences,
     sample_inputs,
 )
-from model_build.export.fusion import ALLOWED_CONTRIB_OPS, MAX_IR_VERSION, MAX_OPSET
+from model_build.export.fusion import ALLOWED_CONTRIB_OPS, MAX_IR_VERSION, MAX_OPSET, iter_nodes
 from model_build.export.optimize import fmt_below, matmul_sensitivity, row_cosines
 from model_build.export.validate import check_gates, export_and_validate, top_k_agreement, validate_export
 from model_build.manifest import DEFAULT_GATES, ModelSpec, parse_manifest
@@ -59,7 +59,7 @@ def _build(spec: ModelSpec, tmp: Path) -> tuple[Any, Any]:
 
 def _ops(path: Path) -> dict[tuple[str, str], int]:
     counts: dict[tuple[str, str], int] = {}
-    for node in onnx.load(str(path)).graph.node:
+    for node in iter_nodes(onnx.load(str(path)).graph):
         counts[(node.domain, node.op_type)] = counts.get((node.domain, node.op_type), 0) + 1
     return counts
 
@@ -69,7 +69,7 @@ def _runs_on_ort_119(path: Path) -> None:
     model = onnx.load(str(path))
     assert model.ir_version <= MAX_IR_VERSION
     assert all(op.version <= MAX_OPSET for op in model.opset_import if op.domain in ("", "ai.onnx"))
-    contrib = {n.op_type for n in model.graph.node if n.domain == "com.microsoft"}
+    contrib = {n.op_type for n in iter_nodes(model.graph) if n.domain == "com.microsoft"}
     assert contrib <= ALLOWED_CONTRIB_OPS
     onnx.checker.check_model(str(path))
 

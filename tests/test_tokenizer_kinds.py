@@ -186,14 +186,17 @@ def test_each_kind_is_fused_by_default_and_matches_pytorch(source, tmp_path):
 
     import onnx
 
+    from model_build.export.fusion import iter_nodes
     from model_build.export.validate import export_and_validate
 
     shutil.copytree(source.path, tmp_path / "source")
     spec = spec_for(inputs="tokens", text={"max_sequence_length": MAX_LEN})
     assert spec.optimize is None  # the default
     exported, report, _ = export_and_validate(spec, base_dir=tmp_path, work_dir=tmp_path / "work")
-    ops = collections.Counter(node.op_type for node in onnx.load(str(exported.path)).graph.node)
+    # The encoder is inside the length-grouping Loop (KIND_CPU's default): walk the subgraphs too.
+    ops = collections.Counter(node.op_type for node in iter_nodes(onnx.load(str(exported.path)).graph))
     assert ops["Attention"] == 2 and ops["BiasGelu"] == 2, ops  # one each per layer (2 layers)
+    assert ops["Loop"] == 1 and report.length_grouping is not None and report.length_grouping.startswith("on")
     assert report.max_abs_diff["sentence_embedding"] < 1e-5
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import io
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,17 @@ ALLOWED_CONTRIB_OPS: frozenset[str] = frozenset(
 #: Newest ONNX opset and IR version ONNX Runtime 1.19 (Triton 24.10) runs.
 MAX_OPSET = 21
 MAX_IR_VERSION = 10
+
+
+def iter_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    """Every node of ``graph`` and of its subgraphs (a grouped graph's encoder is in a Loop body)."""
+    for node in graph.node:
+        yield node
+        for attribute in node.attribute:
+            if attribute.HasField("g"):
+                yield from iter_nodes(attribute.g)
+            for subgraph in attribute.graphs:
+                yield from iter_nodes(subgraph)
 
 
 def _hf_model(module: torch.nn.Module | Path | None) -> Any:
@@ -89,7 +101,7 @@ def _prune_opsets(model: onnx.ModelProto, ir_version: int) -> onnx.ModelProto:
     ``org.pytorch.aten``...), and newer onnx helpers stamp a newer IR version than an older
     runtime accepts; neither is needed by the graph.
     """
-    used = {node.domain for node in model.graph.node} | {""}
+    used = {node.domain for node in iter_nodes(model.graph)} | {""}
     kept = [op for op in model.opset_import if op.domain in used or op.domain == "ai.onnx"]
     del model.opset_import[:]
     model.opset_import.extend(sorted(kept, key=lambda op: op.domain))
@@ -154,7 +166,7 @@ def check_runtime_compatible(model: onnx.ModelProto, *, name: str) -> None:
         if op.domain in ("", "ai.onnx") and op.version > MAX_OPSET:
             raise ExportError(f"graph uses ONNX opset {op.version}; Triton 24.10's ONNX Runtime "
                               f"1.19 runs up to {MAX_OPSET}", model=name)
-    contrib = {n.op_type for n in model.graph.node if n.domain == "com.microsoft"}
+    contrib = {n.op_type for n in iter_nodes(model.graph) if n.domain == "com.microsoft"}
     unknown = sorted(contrib - ALLOWED_CONTRIB_OPS)
     if unknown:
         raise ExportError(f"graph uses contrib ops {unknown} not verified on ONNX Runtime 1.19 "
@@ -165,7 +177,7 @@ def contrib_op_counts(path: Path) -> dict[str, int]:
     """How many of each fused (``com.microsoft``) op the saved graph holds: the proof of fusion."""
     graph = onnx.load(str(path), load_external_data=False).graph
     counts: dict[str, int] = {}
-    for node in graph.node:
+    for node in iter_nodes(graph):
         if node.domain == "com.microsoft":
             counts[node.op_type] = counts.get(node.op_type, 0) + 1
     return dict(sorted(counts.items()))

@@ -32,6 +32,7 @@ from model_build.export.eager import (
     sample_inputs,
     text_batch,
 )
+from model_build.export.length_groups import group_lengths
 from model_build.export.optimize import Runner, fmt_below, optimize_export, row_cosines
 from model_build.export.sources import resolve_source
 from model_build.manifest import ModelSpec, OnnxFileSource, SyntheticSource, Tolerance
@@ -412,9 +413,13 @@ def export_and_validate(
     exported, optimized = optimize_export(
         spec, reference, exported, calibration, reference_runner(spec, reference, exported),
     )
+    # Length grouping (KIND_CPU text models): the served graph, proven equal to the plain one
+    # on the samples here, then validated against PyTorch like any other.
+    exported, grouping = group_lengths(spec, exported, samples)
     if exported.format == "onnx":
         check_onnx(exported.path, model=spec.name)
     report = validate_export(spec, reference, exported, samples, source_dir=source_dir)
+    report.length_grouping = grouping
     report.fused_ops = dict(optimized.fused_ops)
     report.quantized_matmuls = optimized.quantized_matmuls
     report.fp32_matmuls = list(optimized.fp32_matmuls)

@@ -251,6 +251,14 @@ class TextInputs(_Strict):
     #: ``instance_group.kind`` KIND_CPU (no alignment pays there), else ``bucket``
     #: (:attr:`ModelSpec.text_padding`).
     padding: Literal["bucket", "longest", "max_length"] | None = None
+    #: Run the encoder once per length group inside the ONNX graph: a batch's rows are sorted by
+    #: length and split in two groups, each cut to its own longest row, when that saves at least
+    #: 15% of the positions computed (``model_build.export.length_groups``). Clients and the Triton
+    #: config see the same signature. For ``instance_group.kind`` KIND_CPU, pooled outputs
+    #: (sentence-embedding, text-classification) and ``max_batch_size`` >= 2 only. Unset: on where it
+    #: applies and the grouped graph matches the plain one on the build's samples, else off (the
+    #: build record says which); ``true`` where it does not apply is an error.
+    group_by_length: bool | None = None
 
 
 class ImageInputs(_Strict):

@@ -145,6 +145,9 @@ class ModelSpec(_Strict):
         elif self.text is not None and self.text.padding is not None:
             raise ValueError(f"text.padding: got {self.text.padding!r} with inputs 'tokens'; padding is done by the "
                              "server-side tokenizer of inputs: text (token clients pad their own ids)")
+        if self.text is not None and self.text.group_by_length and self.length_grouping_refusal() is not None:
+            raise ValueError(f"text.group_by_length: got true, but {self.length_grouping_refusal()}; "
+                             "leave it unset or set it false")
         if is_text and isinstance(self.source, SyntheticSource) and self.source.architecture != "bert":
             raise ValueError(f"task: {self.task} needs a text architecture (bert)")
         if self.task == "image-classification" and isinstance(self.source, SyntheticSource) and (
@@ -249,6 +252,28 @@ class ModelSpec(_Strict):
         if given is not None:
             return given
         return "longest" if self.instance_group.kind == "KIND_CPU" else "bucket"
+
+    def length_grouping_refusal(self) -> str | None:
+        """Why this entry cannot group a batch by length (``text.group_by_length``), or ``None``."""
+        if self.format != "onnx":
+            return f"format is {self.format!r}; length grouping rewrites ONNX graphs only"
+        if self.task not in TEXT_TASKS:
+            return f"task {self.task!r} has no text inputs"
+        if self.task == "feature-extraction":
+            return ("task 'feature-extraction' returns one vector per token; length grouping needs pooled "
+                    "outputs (sentence-embedding, text-classification)")
+        if self.instance_group.kind != "KIND_CPU":
+            return (f"instance_group.kind is {self.instance_group.kind}; length grouping is measured and "
+                    "verified on KIND_CPU only (on a GPU one launch of the whole batch is the cheaper path)")
+        if self.max_batch_size < 2:
+            return f"max_batch_size is {self.max_batch_size}; a batch of one row has nothing to group"
+        return None
+
+    @property
+    def groups_by_length(self) -> bool:
+        """``text.group_by_length`` as given; unset: on where :meth:`length_grouping_refusal` allows."""
+        given = self.text_inputs.group_by_length
+        return given if given is not None else self.length_grouping_refusal() is None
 
     @property
     def image_inputs(self) -> ImageInputs:

@@ -66,6 +66,9 @@ class ModelBuildResult:
     #: INT8: MatMuls quantized, and those kept in FP32 because they cost the most accuracy.
     quantized_matmuls: int = 0
     fp32_matmuls: list[str] = field(default_factory=list)
+    #: ``text.group_by_length`` (model_build.export.length_groups): "on: ..." or "off: <why>"; ""
+    #: where it was not asked for.
+    length_grouping: str = ""
     #: The model key it was built for (``model_build.release.model_key``); "" for a plain build.
     key: str = ""
 
@@ -169,6 +172,7 @@ def build_model(
         fused_ops=dict(report.fused_ops),
         quantized_matmuls=report.quantized_matmuls,
         fp32_matmuls=list(report.fp32_matmuls),
+        length_grouping=report.length_grouping or "",
     )
 
 
