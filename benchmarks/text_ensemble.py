@@ -172,12 +172,16 @@ def _source_folder(spec: Any, ctx: RunContext) -> Path:
     return folder
 
 
-def _positions(tokenizer: Any, texts: list[str], max_len: int) -> dict[str, int]:
+def _positions(tokenizer: Any, texts: list[str], max_len: int, grouped: bool) -> dict[str, int]:
     """Token positions of one batch padded to its longest row, as both sides pad it: how many hold
-    a token and how many the model computes (``tokenizer``: the source's ``AutoTokenizer``, which
-    the served tokenizer equals by construction)."""
+    a token, how many sentence-transformers computes and how many the served model computes
+    (``grouped``: in its length groups, ``model_build.export.length_groups.plan_groups``).
+    ``tokenizer`` is the source's ``AutoTokenizer``, which the served tokenizer equals by construction."""
+    from model_build.export.length_groups import plan_groups
+
     mask = np.asarray(tokenizer(texts, padding=True, truncation=True, max_length=max_len)["attention_mask"])
-    return {"tokens": int(mask.sum()), "computed": int(mask.size)}
+    served = sum((end - start) * width for start, end, width in plan_groups(mask).groups) if grouped else mask.size
+    return {"tokens": int(mask.sum()), "computed": int(mask.size), "served": int(served)}
 
 
 def run(ctx: RunContext) -> dict[str, Any]:
@@ -270,7 +274,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
                         diff = float(np.max(np.abs(invoke(target, texts) - wanted)))  # also loads the target
                         diff = max(diff, float(np.max(np.abs(invoke_binary(target, texts) - wanted))))
                         row: dict[str, Any] = {"max_abs_diff": diff,
-                                               "positions": _positions(tokenizer, texts, max_len)}
+                                               "positions": _positions(tokenizer, texts, max_len, spec.groups_by_length)}
                         samples = _interleaved({
                             "sentence_transformers": partial(tuned.time, texts, batch),
                             "sentence_transformers_default": partial(plain.time, texts, batch),
@@ -352,11 +356,17 @@ def run(ctx: RunContext) -> dict[str, Any]:
     ))
     padding = {name: 1 - row["positions"]["tokens"] / row["positions"]["computed"]
                for name, row in rows.items() if name.endswith("/batch8")}
+    saved = {name: 1 - row["positions"]["served"] / row["positions"]["computed"]
+             for name, row in rows.items() if name.endswith("/batch8")}
+    grouped = all(spec.groups_by_length for spec in specs.values())
     result["notes"].append(
-        "at batch 8 both sides compute positions that hold no token (padding to the longest row): "
-        + ", ".join(f"{name.split('/')[0]} {share:.0%}" for name, share in padding.items())
-        + "; grouping a request's rows by length before the model would compute fewer of them (not done: the "
-        "ensemble runs each request as one padded batch, as SentenceTransformer.encode runs one batch)")
+        "at batch 8 sentence-transformers computes positions that hold no token (one batch padded to its longest "
+        "row): " + ", ".join(f"{name.split('/')[0]} {share:.0%}" for name, share in padding.items())
+        + ("; the served model groups a request's rows by length (text.group_by_length, on by default for "
+           "KIND_CPU: up to two groups, each at its own longest row) and computes "
+           + ", ".join(f"{name.split('/')[0]} {share:.0%}" for name, share in saved.items())
+           + " fewer positions; at batch 1 it runs the one row as before" if grouped else
+           "; the served models run each request as one padded batch (text.group_by_length off)"))
     result["notes"].append("sentence-transformers pads each batch to its longest row, as the ensemble does with "
                            "text.padding longest (KIND_CPU's default); on a GPU the default is bucket (rounded up "
                            f"to a multiple of {PAD_MULTIPLE} for FP16 tensor-core shapes)")
