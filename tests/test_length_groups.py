@@ -33,6 +33,7 @@ from model_build.errors import ExportError, ManifestError, ValidationMismatchErr
 from model_build.export.convert import onnx_signature
 from model_build.export.fusion import iter_nodes
 from model_build.export.length_groups import MIN_SAVING_PERCENT, group_by_length, group_lengths, plan_groups
+from model_build.export.validate import exported_runner
 from model_build.manifest import parse_manifest
 from model_build.tools.text_sources import KINDS, make_text_source
 from model_build.types import ExportedModel
@@ -193,7 +194,7 @@ def _samples(masked: bool = True) -> list[dict[str, np.ndarray]]:
 def test_a_graph_whose_rows_depend_on_padding_stays_plain_by_default(tmp_path):
     exported = _graph_file(tmp_path / "model.onnx")
     before = exported.path.read_bytes()
-    kept, line = group_lengths(spec_for(), exported, _samples())
+    kept, line = group_lengths(spec_for(), exported, _samples(), runner_for=exported_runner)
     assert kept == exported and exported.path.read_bytes() == before
     assert line is not None and line.startswith("off: the grouped graph differed from the plain one"), line
     assert "'score'" in line
@@ -204,18 +205,18 @@ def test_a_graph_whose_rows_depend_on_padding_is_an_error_when_grouping_was_aske
     before = exported.path.read_bytes()
     spec = spec_for(text={"max_sequence_length": MAX_LEN, "group_by_length": True})
     with pytest.raises(ValidationMismatchError) as caught:
-        group_lengths(spec, exported, _samples())
+        group_lengths(spec, exported, _samples(), runner_for=exported_runner)
     assert "text.group_by_length" in str(caught.value) and caught.value.output == "score"
     assert exported.path.read_bytes() == before  # nothing half-written
 
 
 def test_a_graph_without_attention_mask(tmp_path):
     exported = _graph_file(tmp_path / "model.onnx", masked=False)
-    kept, line = group_lengths(spec_for(), exported, _samples(masked=False))
+    kept, line = group_lengths(spec_for(), exported, _samples(masked=False), runner_for=exported_runner)
     assert kept == exported and line == "off: the graph has no 'attention_mask' input (inputs: input_ids)"
     spec = spec_for(text={"max_sequence_length": MAX_LEN, "group_by_length": True})
     with pytest.raises(ExportError, match=r"text.group_by_length: got true, but the graph has no 'attention_mask'"):
-        group_lengths(spec, exported, _samples(masked=False))
+        group_lengths(spec, exported, _samples(masked=False), runner_for=exported_runner)
 
 
 def test_a_grouped_build_is_recorded_and_served_equal_to_the_plain_one(tmp_path):

@@ -9,6 +9,8 @@ The step's modules, in the order the build runs them:
 - ``convert``: the traced ``model.onnx`` (``fusion``: transformer fusions, runtime limits) or
   ``model.pt``, its signature read back from the file;
 - ``optimize``: INT8 where asked, against the FP32 reference;
+- ``length_groups``: text models on KIND_CPU: the encoder run once per length group inside the
+  served graph, proven equal to the plain graph before it is kept;
 - ``validate``: every output compared with PyTorch eager (and sentence-transformers), the
   accuracy gates, the reference ``.npz``; ``export_and_validate`` is the step's one entry point.
 

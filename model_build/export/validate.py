@@ -415,7 +415,7 @@ def export_and_validate(
     )
     # Length grouping (KIND_CPU text models): the served graph, proven equal to the plain one
     # on the samples here, then validated against PyTorch like any other.
-    exported, grouping = group_lengths(spec, exported, samples)
+    exported, grouping = group_lengths(spec, exported, samples, runner_for=exported_runner)
     if exported.format == "onnx":
         check_onnx(exported.path, model=spec.name)
     report = validate_export(spec, reference, exported, samples, source_dir=source_dir)
