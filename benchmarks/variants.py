@@ -80,6 +80,10 @@ def _entries(tiny: bool) -> dict[str, dict[str, Any]]:
     ):
         entry = copy.deepcopy(base)
         entry.update(extra, name=f"{base['name']}-{key}")
+        if key == "int8":
+            # Every position is attended here, so length grouping (KIND_CPU's default) could only add
+            # its plan; off, the variants differ in precision alone.
+            entry["text"] = {**entry.get("text", {}), "group_by_length": False}
         out[key] = entry
     return out
 
@@ -94,11 +98,13 @@ def graph_flops(model_path: Path, batch: int, seq: int) -> dict[str, float]:
     a 2-D weight, and per Attention node its QKV projection plus QK^T and attention x V."""
     import onnx
 
+    from model_build.export.fusion import iter_nodes
+
     graph = onnx.load(str(model_path)).graph
     shapes = {t.name: tuple(t.dims) for t in graph.initializer}
     tokens = batch * seq
     gemm = attention = 0.0
-    for node in graph.node:
+    for node in iter_nodes(graph):
         if node.op_type in ("MatMul", "MatMulInteger") and len(shapes.get(node.input[1], ())) == 2:
             k, n = shapes[node.input[1]]
             gemm += 2.0 * tokens * k * n
@@ -162,10 +168,12 @@ def _int8_share(model_path: Path, batch: int, seq: int) -> float:
     """Share of the INT8 graph's GEMM FLOPs that run in INT8 (the rest stays FP32)."""
     import onnx
 
+    from model_build.export.fusion import iter_nodes
+
     graph = onnx.load(str(model_path)).graph
     shapes = {t.name: tuple(t.dims) for t in graph.initializer}
     int8 = sum(2.0 * batch * seq * shapes[n.input[1]][0] * shapes[n.input[1]][1]
-               for n in graph.node
+               for n in iter_nodes(graph)
                if n.op_type == "MatMulInteger" and len(shapes.get(n.input[1], ())) == 2)
     total = graph_flops(model_path, batch, seq)["total"]
     return int8 / total if total else 0.0
