@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Annotated, Any, Self
+from typing import Annotated, Self
 
 from aws_cdk import Duration
 from aws_cdk import aws_cloudwatch as cloudwatch
@@ -50,9 +50,10 @@ class RolloutPolicyProps(Props):
     """Props of :class:`RolloutPolicy`."""
 
     endpoint: TritonMmeEndpoint = Field(description="The endpoint whose updates the policy governs.")
-    fleet: FleetSize = Field(
-        description="The variant's instance counts, which an INSTANCE_COUNT step must fit. Default: "
-        "the endpoint's."
+    fleet: FleetSize | None = Field(
+        default=None,
+        description="The variant's instance counts, which an INSTANCE_COUNT step must fit. Unset: "
+        "the endpoint's (its props' fleet).",
     )
     rollback_alarms: Sequence[Resource[cloudwatch.IAlarm]] = Field(
         default=(),
@@ -96,12 +97,10 @@ class RolloutPolicyProps(Props):
         "Unset: SageMaker's default.",
     )
 
-    @model_validator(mode="before")
-    @classmethod
-    def _fleet_of_the_endpoint(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("fleet") is None and isinstance(data.get("endpoint"), TritonMmeEndpoint):
-            data = {**data, "fleet": data["endpoint"].fleet}
-        return data
+    @property
+    def variant_fleet(self) -> FleetSize:
+        """The instance counts a step is checked against: ``fleet`` as given, else the endpoint's."""
+        return self.fleet if self.fleet is not None else self.endpoint.fleet
 
     def check(self, name: Namer) -> None:
         if known(self.traffic) and (self.size is None or known(self.size)):
@@ -138,7 +137,7 @@ class RolloutPolicyProps(Props):
     def _check_instance_step(self, name: Namer, given: str) -> None:
         """An INSTANCE_COUNT step: at most half of the smallest fleet; a linear step at least a
         tenth of the largest one."""
-        size, fleet = self.size or 0, self.fleet
+        size, fleet = self.size or 0, self.variant_fleet
         most = fleet.minimum // 2
         if size > most:
             raise PropsError(
@@ -163,7 +162,7 @@ class RolloutPolicyProps(Props):
             return
         steps = 1
         if self.traffic == "LINEAR" and self.size:
-            percent = self.size if self.size_type == "CAPACITY_PERCENT" else 100 * self.size / self.fleet.maximum
+            percent = self.size if self.size_type == "CAPACITY_PERCENT" else 100 * self.size / self.variant_fleet.maximum
             steps = math.ceil(100 / percent)
         elif self.traffic == "CANARY":
             steps = 2

@@ -42,7 +42,12 @@ from constructs.model_build_resource import LAMBDA_VPC_ACTIONS, ModelBuildResour
 from constructs.rollout_policy import RolloutPolicy, RolloutPolicyProps
 from constructs.sagemaker_limits import PropsError
 from constructs.triton_image import TritonImage
-from constructs.triton_mme_endpoint import SAGEMAKER_VPC_ACTIONS, TritonMmeEndpoint, TritonMmeEndpointProps
+from constructs.triton_mme_endpoint import (
+    SAGEMAKER_VPC_ACTIONS,
+    FleetSize,
+    TritonMmeEndpoint,
+    TritonMmeEndpointProps,
+)
 from model_build.manifest import load_manifest
 from model_build.release import PACKAGE_DIR
 
@@ -425,9 +430,9 @@ def test_deployment_props(kwargs: dict[str, Any], expected: str) -> None:
 def test_rollout_policy_defaults_to_the_endpoints_fleet_and_accepts_tokens() -> None:
     stack = _stack()
     endpoint = _endpoint(stack)
-    props = RolloutPolicyProps(endpoint=endpoint, traffic="CANARY", size=cdk.Token.as_number({"Ref": "Canary"}),  # type: ignore[call-arg, arg-type]  # on purpose: no fleet (the endpoint's), a token
+    props = RolloutPolicyProps(endpoint=endpoint, traffic="CANARY", size=cdk.Token.as_number({"Ref": "Canary"}),  # type: ignore[arg-type]  # on purpose: a token
                                wait_interval=Duration.seconds(cdk.Token.as_number({"Ref": "Wait"})))
-    assert props.fleet == endpoint.fleet
+    assert props.fleet is None and props.variant_fleet == endpoint.fleet
     RolloutPolicy(props=props)
     config = Template.from_stack(stack).to_json()
     (endpoint_props,) = [r["Properties"] for r in config["Resources"].values() if r["Type"] == "AWS::SageMaker::Endpoint"]
@@ -436,17 +441,29 @@ def test_rollout_policy_defaults_to_the_endpoints_fleet_and_accepts_tokens() -> 
                        "CanarySize": {"Type": "CAPACITY_PERCENT", "Value": {"Ref": "Canary"}}}
 
 
+def test_an_instance_count_step_is_checked_against_the_endpoints_fleet_unless_one_is_given() -> None:
+    """``fleet`` is optional for type checkers too (mypy checks this file: no ignore above), and
+    unset it is the endpoint's: a canary of 1 instance cannot fit its minimum of 1."""
+    endpoint = _endpoint(_stack())
+    assert endpoint.fleet.minimum == 1
+    step: dict[str, Any] = {"traffic": "CANARY", "size_type": "INSTANCE_COUNT", "size": 1}
+    with pytest.raises(PropsError, match=r"size: got 1 instances with traffic CANARY and fleet.minimum 1; .* at most 0"):
+        RolloutPolicyProps(endpoint=endpoint, **step)
+    props = RolloutPolicyProps(endpoint=endpoint, fleet=FleetSize(minimum=2, initial=2, maximum=4), **step)
+    assert props.variant_fleet.minimum == 2
+
+
 def test_rollback_alarms_are_1_to_10_metric_alarms() -> None:
     stack = _stack()
     endpoint = _endpoint(stack)
     metric = endpoint.metric_invocation_5xx_errors()
     many = [cloudwatch.Alarm(stack, f"A{i}", metric=metric, threshold=1, evaluation_periods=1) for i in range(11)]
     with pytest.raises(PropsError, match="rollback_alarms: got 11 alarms; expected 1 to 10 alarms"):
-        RolloutPolicyProps(endpoint=endpoint, rollback_alarms=many)  # type: ignore[call-arg]  # fleet defaults to the endpoint's
+        RolloutPolicyProps(endpoint=endpoint, rollback_alarms=many)
     composite = cloudwatch.CompositeAlarm(stack, "Composite", alarm_rule=cloudwatch.AlarmRule.any_of(many[0]))
     with pytest.raises(PropsError, match="is a composite alarm"):
-        RolloutPolicyProps(endpoint=endpoint, rollback_alarms=[many[0], composite])  # type: ignore[call-arg]  # fleet defaults to the endpoint's
-    RolloutPolicy(props=RolloutPolicyProps(endpoint=endpoint, rollback_alarms=many[:10]))  # type: ignore[call-arg]  # fleet defaults to the endpoint's
+        RolloutPolicyProps(endpoint=endpoint, rollback_alarms=[many[0], composite])
+    RolloutPolicy(props=RolloutPolicyProps(endpoint=endpoint, rollback_alarms=many[:10]))
     config = Template.from_stack(stack).find_resources("AWS::SageMaker::Endpoint")
     (props,) = [r["Properties"] for r in config.values()]
     assert len(props["DeploymentConfig"]["AutoRollbackConfiguration"]["Alarms"]) == 10
@@ -455,7 +472,7 @@ def test_rollback_alarms_are_1_to_10_metric_alarms() -> None:
 def test_no_rollback_alarms_no_rollback_config_and_no_describe_grant() -> None:
     stack = _stack()
     endpoint = _endpoint(stack)
-    RolloutPolicy(props=RolloutPolicyProps(endpoint=endpoint, rollback_alarms=[]))  # type: ignore[call-arg]  # fleet defaults to the endpoint's
+    RolloutPolicy(props=RolloutPolicyProps(endpoint=endpoint, rollback_alarms=[]))
     template = Template.from_stack(stack).to_json()
     (props,) = [r["Properties"] for r in template["Resources"].values() if r["Type"] == "AWS::SageMaker::Endpoint"]
     assert "AutoRollbackConfiguration" not in props["DeploymentConfig"]

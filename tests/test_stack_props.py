@@ -149,7 +149,7 @@ def test_props_take_tokens(resources: Resources) -> None:
     AlarmTopicProps(emails=[text()])
     r.build_props(model_prefix=text(), memory_size=number(), timeout=Duration.seconds(number()),
                   total_timeout=Duration.seconds(number()), query_interval=Duration.seconds(number()))
-    RolloutPolicyProps(endpoint=r.endpoint, traffic=text(), size=number(),  # type: ignore[call-arg, arg-type]  # on purpose: no fleet, tokens
+    RolloutPolicyProps(endpoint=r.endpoint, traffic=text(), size=number(),  # type: ignore[arg-type]  # on purpose: tokens
                        maximum_execution_timeout=Duration.seconds(number()))
     with pytest.raises(PropsError, match="version: got a token; the version picks a row of the image table"):
         TritonImageProps(version=text())
