@@ -41,6 +41,7 @@ from model_build.release import (
     PACKAGE_DIR,
     build_code_sha256,
     compute_release,
+    entry_model_key,
     model_code_sha256,
     runtime_files,
     served_name,
@@ -54,6 +55,7 @@ from model_build.release.store import (
     ReleaseTarget,
     StoredModel,
     assemble_release,
+    is_stored,
     publish_incremental,
     publish_unit,
     stored_keys,
@@ -458,6 +460,62 @@ def test_a_map_item_whose_key_this_runtime_does_not_compute_is_refused(tmp_path:
     with pytest.raises(handler.HandlerError, match="field Model: got 'nope'"):
         handler.build_item({"Request": props, "Model": "nope", "Key": "k-0"})
     assert stored_keys(s3, bucket, PREFIX) == set()
+
+
+def test_is_stored_reads_one_keys_index_alone(lambda_env: Any) -> None:
+    """A unit counts once its index is there (written last); a half-stored unit, a key that only
+    begins like it, or another prefix's unit do not."""
+    s3 = lambda_env
+    bucket = f"stored-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(Bucket=bucket)
+    whole, half = "k-" + "a" * 32, "k-" + "b" * 32
+    s3.put_object(Bucket=bucket, Key=f"{store_prefix(PREFIX, whole)}/_index.json", Body=b"{}")
+    s3.put_object(Bucket=bucket, Key=f"{store_prefix(PREFIX, half)}/model.tar.gz", Body=b"x")
+    s3.put_object(Bucket=bucket, Key=f"{store_prefix(PREFIX, whole + 'c')}/_index.json", Body=b"{}")
+    assert is_stored(s3, bucket, PREFIX, whole)
+    assert not is_stored(s3, bucket, PREFIX, half)
+    assert not is_stored(s3, bucket, PREFIX, whole[:-1])
+    assert not is_stored(s3, bucket, "other", whole)
+    assert stored_keys(s3, bucket, PREFIX) == {whole, whole + "c"}  # the same rule, listed whole
+
+
+def test_each_entry_key_computed_alone_equals_the_releases() -> None:
+    manifest = parse_manifest(_tiny_manifest(3, broken="gone"))
+    release = compute_release(manifest)
+    assert {spec.name: entry_model_key(spec) for spec in manifest.models} == dict(release.model_keys)
+
+
+@pytest.mark.slow
+def test_a_rerun_map_item_costs_one_listing_of_its_own_key_whatever_the_store_holds(
+    lambda_env: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retried Map item finds its key stored with one LIST whose prefix is that key's index:
+    not a listing of the whole store, which at thousands of models is pages per item."""
+    import model_build.aws_clients as aws_clients_module
+
+    s3 = lambda_env
+    bucket = f"item-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(Bucket=bucket)
+    for i in range(3):  # other models' units in the store
+        s3.put_object(Bucket=bucket, Key=f"{store_prefix(PREFIX, f'k-other{i}')}/_index.json", Body=b"{}")
+    props = _request(s3, _tiny_manifest(1), bucket)
+    (item,) = json.loads(s3.get_object(Bucket=bucket, Key=handler.plan_items({"Request": props})["Key"])["Body"].read())
+    assert handler.build_item({"Request": props, **item})["Built"] is True
+
+    calls: list[tuple[str, dict[str, Any]]] = []
+    real_make = aws_clients_module.make_s3_client
+
+    def recording_client(**kwargs: Any) -> Any:
+        client = real_make(**kwargs)
+        client.meta.events.register("provide-client-params.s3.*",
+                                    lambda params, model, **_: calls.append((model.name, dict(params))))
+        return client
+
+    monkeypatch.setattr(aws_clients_module, "make_s3_client", recording_client)
+    assert handler.build_item({"Request": props, **item})["Built"] is False
+    listings = [params for name, params in calls if name.startswith("ListObjects")]
+    assert listings == [{"Bucket": bucket, "Prefix": f"{store_prefix(PREFIX, item['Key'])}/_index.json", "MaxKeys": 1}]
+    assert [name for name, _ in calls] == ["GetObject", "ListObjectsV2"], calls  # the manifest, then the check
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from model_build.handler.custom_resource import (
     _clear_failure,
     _computed,
     _failure_key,
+    _model_key,
     _model_keys,
     _write_index,
 )
@@ -37,12 +38,13 @@ def _item_request(event: Mapping[str, Any]) -> Request:
 def build_item(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
     """Build and store one model: ``{"Request": <resource properties>, "Model": name, "Key": key}``.
 
-    Skips a key that is already stored (a retried or re-run item costs a listing). The key the
-    caller planned must be the one this runtime computes: otherwise the plan came from other
-    code and storing under it would mislabel the bytes."""
+    Skips a key that is already stored (a retried or re-run item costs one LIST of that key's
+    index, whatever the store holds; the item computes its own key alone). The key the caller
+    planned must be the one this runtime computes: otherwise the plan came from other code and
+    storing under it would mislabel the bytes."""
     LOG.info("build_item %s %s", event.get("Model"), event.get("Key"))
     try:
-        from model_build.release.store import stored_keys
+        from model_build.release.store import is_stored
 
         request = _item_request(event)
         s3 = _s3()
@@ -51,13 +53,13 @@ def build_item(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
         spec = next((spec for spec in manifest.models if spec.name == name), None)
         if spec is None:
             raise HandlerError(f"field Model: got {name!r}; the manifest has no such model")
-        key = _model_keys(manifest)[spec.name]
+        key = _model_key(spec)
         if event.get("Key") != key:
             raise HandlerError(
                 f"model {spec.name!r}: planned key {event.get('Key')!r} but this build image computes "
                 f"{key!r}; the plan and the image come from different code"
             )
-        built = key not in stored_keys(s3, request.model_bucket, request.model_prefix)
+        built = not is_stored(s3, request.model_bucket, request.model_prefix, key)
         if built:
             try:
                 _build_and_store(s3, request, spec, key)

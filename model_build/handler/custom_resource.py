@@ -30,7 +30,7 @@ from model_build.handler.request import (
     request_type,
 )
 from model_build.manifest import Manifest, ModelSpec
-from model_build.release import Release, compute_release
+from model_build.release import Release, compute_release, entry_model_key
 
 #: Seconds kept free at the end of a Lambda run (upload of the last artifact, the response).
 SAFETY_MARGIN_SECONDS = 60.0
@@ -143,6 +143,11 @@ def _computed(manifest: Manifest) -> Release:
 
 def _model_keys(manifest: Manifest) -> dict[str, str]:
     return dict(_computed(manifest).model_keys)
+
+
+def _model_key(spec: ModelSpec) -> str:
+    """This runtime's key of one entry, as :func:`_computed` gives it (a Map item's own alone)."""
+    return entry_model_key(spec, base_dir=Path(tempfile.gettempdir()))
 
 
 def _build_and_store(s3: Any, request: Request, spec: ModelSpec, key: str) -> None:

@@ -312,6 +312,19 @@ def store_prefix(model_prefix: str, key: str) -> str:
     return f"{base}/{BUILDS_DIR}/{key}" if base else f"{BUILDS_DIR}/{key}"
 
 
+def entry_model_key(
+    spec: ModelSpec,
+    *,
+    base_dir: Path | None = None,
+    package_dir: Path = PACKAGE_DIR,
+    compresslevel: int = DEFAULT_COMPRESSLEVEL,
+) -> str:
+    """The key :func:`compute_release` gives ``spec``, computed for that entry alone: a Map item
+    builds one model and need not hash every entry of a manifest of thousands."""
+    return model_key(spec, base_dir=base_dir or Path.cwd(), code_sha256=model_code_sha256(package_dir),
+                     versions=library_versions(), compresslevel=compresslevel)
+
+
 def compute_release(
     manifest: Manifest,
     *,

@@ -108,6 +108,20 @@ def stored_keys(s3_client: Any, bucket: str, model_prefix: str) -> set[str]:
     }
 
 
+def is_stored(s3_client: Any, bucket: str, model_prefix: str, key: str) -> bool:
+    """Whether ``key``'s build is complete in the store (its index exists): one LIST whose prefix
+    is that index alone, so a Map item's check costs one request however large the store grows
+    (:func:`stored_keys` lists it all). Not a HEAD: for a role whose ``s3:ListBucket`` is
+    conditioned on ``s3:prefix`` (the build role's), S3 answers a HEAD of a missing object with
+    403, not 404."""
+    index = f"{store_prefix(model_prefix, key)}/{INDEX_NAME}"
+    try:
+        response = s3_client.list_objects_v2(Bucket=bucket, Prefix=index, MaxKeys=1)
+    except (ClientError, BotoCoreError) as error:
+        raise PublishError(f"listing s3://{bucket}/{index} failed: {_error_code(error)}") from None
+    return any(item["Key"] == index for item in response.get("Contents", []))
+
+
 def _list_sizes_or_fail(s3_client: Any, bucket: str, prefix: str) -> list[tuple[str, int]]:
     try:
         return list(_iter_objects(s3_client, bucket, prefix))
