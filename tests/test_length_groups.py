@@ -5,7 +5,8 @@ model_build/export/length_groups.py).
     when they save >= 15% of the positions and every row is right-padded and non-empty; else one
     group, cut to the longest row only when right-padded), and its outputs equal the plain graph's,
     for each architecture of each tokenizer kind (BERT, RoBERTa, XLM-R), exported by the build.
-(b) The weights are held once: same initializers, one Loop holding one copy of the encoder.
+(b) The weights are held once: same initializers, one Loop holding one copy of the encoder; weights in
+    an external data file (a model over 2 GiB) stay in that file, unchanged.
 (c) Where it applies by default, and one clear error where ``true`` is given but cannot apply.
 (d) A graph whose rows depend on padding stays plain by default (the record says why) and is one
     typed error when grouping was asked for; a graph without ``attention_mask`` likewise.
@@ -132,6 +133,32 @@ def test_grouped_graph_holds_the_weights_once(plain):
     assert not [t for t in grouped.graph.node if t.op_type == "If"]
     assert len(grouped.SerializeToString()) - len(model.SerializeToString()) < 64 * 1024
     onnx.checker.check_model(grouped)
+
+
+def test_weights_in_an_external_data_file_stay_there_unread(plain, tmp_path):
+    """A model over the 2 GiB protobuf limit keeps its weights in ``model.onnx.data`` (the export's
+    ``save_onnx``). The rewrite touches the graph alone: the weight file is the same bytes after, the
+    grouped graph points into it, and answers as the plain one did (before: the first save of the
+    candidate moved the weights out of the in-memory proto, and the second deleted the file)."""
+    path = tmp_path / "model.onnx"
+    onnx.save_model(onnx.load(str(plain.path)), str(path), save_as_external_data=True,
+                    all_tensors_to_one_file=True, location="model.onnx.data", size_threshold=1024)
+    weights = (tmp_path / "model.onnx.data").read_bytes()
+    exported = ExportedModel(name="tiny", format="onnx", path=path, inputs=plain.inputs, outputs=plain.outputs)
+    mask = (np.arange(30)[None, :] < np.array([3, 30, 4, 30])[:, None]).astype(np.int64)
+    feeds = {"input_ids": np.where(mask == 1, 9, 0).astype(np.int64), "attention_mask": mask,
+             "token_type_ids": np.zeros_like(mask)}
+    feeds = {t.name: feeds[t.name] for t in plain.inputs}
+    expected = _session(plain.path).run(None, feeds)[0]
+    kept, line = group_lengths(spec_for(), exported, [feeds], runner_for=exported_runner)
+    assert kept is exported
+    assert line is not None and line.startswith("on: "), line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx", "model.onnx.data"]  # no scratch left
+    assert (tmp_path / "model.onnx.data").read_bytes() == weights
+    grouped = onnx.load(str(path), load_external_data=False)
+    assert [n.op_type for n in grouped.graph.node].count("Loop") == 1
+    assert path.stat().st_size < len(weights)  # the graph alone: no weight was written into it
+    np.testing.assert_allclose(_session(path).run(None, feeds)[0], expected, atol=1e-5, rtol=1e-4)
 
 
 # --------------------------------------------------------------------------------------------

@@ -32,6 +32,8 @@ padded back). On a GPU one launch of the whole batch is the cheaper path, so it 
 
 from __future__ import annotations
 
+import os
+import shutil
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -239,13 +241,23 @@ def group_by_length(
     min_saving_percent: int = MIN_SAVING_PERCENT,
     expose_plan: bool = False,
 ) -> onnx.ModelProto:
-    """``model`` rewritten to run its encoder once per length group (module docstring).
+    """``model`` rewritten to run its encoder once per length group (module docstring), as a new
+    proto (``model`` is left as it was; :func:`group_lengths` rewrites its own copy in place).
 
     The inputs, outputs, initializers, opsets and metadata stay as they were: the Triton config
     and the clients see the same signature. ``expose_plan`` adds :data:`PLAN_OUTPUTS` as outputs.
     """
-    graph = model.graph
-    outer = {tensor.name for tensor in graph.initializer} | {tensor.name for tensor in graph.input}
+    grouped = onnx.ModelProto()
+    grouped.CopyFrom(model)
+    _group_in_place(grouped.graph, mask=mask, min_saving_percent=min_saving_percent, expose_plan=expose_plan)
+    return grouped
+
+
+def _group_in_place(graph: onnx.GraphProto, *, mask: str, min_saving_percent: int, expose_plan: bool) -> None:
+    """The rewrite, on ``graph`` itself: the initializers are not touched, so a model of several
+    GB is not held twice, and weights kept in an external data file stay there, unread."""
+    outer = ({tensor.name for tensor in graph.initializer} | {tensor.values.name for tensor in graph.sparse_initializer}
+             | {tensor.name for tensor in graph.input})
     nodes = _plan_nodes(mask, min_saving_percent)
     for tensor in graph.output:
         nodes.append(oh.make_node("SequenceEmpty", [], [_P + "seq_" + tensor.name],
@@ -260,15 +272,37 @@ def group_by_length(
         nodes += [oh.make_node("ConcatFromSequence", [_P + "groups_" + tensor.name], [_P + "cat_" + tensor.name],
                                axis=0),
                   oh.make_node("Gather", [_P + "cat_" + tensor.name, _P + "inverse"], [tensor.name], axis=0)]
-    outputs = list(graph.output)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    del graph.value_info[:]  # shapes of values now inside the loop body (their names changed there)
     if expose_plan:
-        outputs += [oh.make_tensor_value_info(name, TensorProto.INT64, [] if name == "lg_trips" else [2])
-                    for name in PLAN_OUTPUTS]
-    grouped = onnx.ModelProto()
-    grouped.CopyFrom(model)
-    grouped.graph.CopyFrom(oh.make_graph(nodes, graph.name, list(graph.input), outputs, list(graph.initializer),
-                                         doc_string=graph.doc_string))
-    return grouped
+        graph.output.extend(oh.make_tensor_value_info(name, TensorProto.INT64, [] if name == "lg_trips" else [2])
+                            for name in PLAN_OUTPUTS)
+
+
+def _external_files(model: onnx.ModelProto) -> list[str]:
+    """The external data files the graph's initializers point to (locations relative to the model
+    file): a model over the 2 GiB protobuf limit keeps its weights in ``<file>.data``
+    (``model_build.export.convert.save_onnx``)."""
+    from onnx.external_data_helper import uses_external_data
+
+    return sorted({entry.value for tensor in model.graph.initializer if uses_external_data(tensor)
+                   for entry in tensor.external_data if entry.key == "location"})
+
+
+def _save_rewritten(model: onnx.ModelProto, path: Path, external: Sequence[str], *, name: str) -> None:
+    """Write the rewritten graph to ``path``. Weights inline: as the export saves them. Weights in
+    external files: the graph alone, its references unchanged (the weights were never read, so
+    ``onnx.save_model`` writes none of them); the files must lie next to ``path``."""
+    from model_build.export.convert import save_onnx
+
+    if not external:
+        save_onnx(model, path)
+        return
+    missing = [name for name in external if not (path.parent / name).is_file()]
+    if missing:
+        raise ExportError(f"external data file {missing[0]!r} is missing next to {path.name}", model=name)
+    onnx.save_model(model, str(path))
 
 
 # --------------------------------------------------------------------------------------------
@@ -317,6 +351,14 @@ def _with_split_batch(samples: Sequence[Batch]) -> list[Batch]:
     return [*samples, {**base, MASK_INPUT: mask}]
 
 
+def _link_or_copy(source: Path, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
+
+
 def group_lengths(
     spec: ModelSpec,
     exported: ExportedModel,
@@ -333,12 +375,12 @@ def group_lengths(
     was only the default, a graph it does not fit stays plain and the line says why; where
     ``text.group_by_length: true`` was given, that is an error naming the field.
     """
-    from model_build.export.convert import save_onnx
-
     if not spec.groups_by_length:
         return exported, None
     explicit = spec.text_inputs.group_by_length is True
-    model = onnx.load(str(exported.path))
+    # The graph; weights in an external data file (above 2 GiB) stay there, unread.
+    model = onnx.load(str(exported.path), load_external_data=False)
+    external = _external_files(model)
     reason = graph_allows_grouping(model, exported)
     if reason is not None:
         if explicit:
@@ -351,11 +393,14 @@ def group_lengths(
     splits = sum(len(plan_groups(sample[MASK_INPUT]).groups) == 2 for sample in samples if MASK_INPUT in sample)
     plain_runner = runner_for(exported, level)
     plain = [plain_runner(sample) for sample in samples]
-    grouped_model = group_by_length(model)
+    del plain_runner
+    _group_in_place(model.graph, mask=MASK_INPUT, min_saving_percent=MIN_SAVING_PERCENT, expose_plan=False)
     with tempfile.TemporaryDirectory(dir=exported.path.parent, prefix=".grouped-") as scratch:
         candidate = ExportedModel(name=exported.name, format="onnx", path=Path(scratch) / exported.path.name,
                                   inputs=exported.inputs, outputs=exported.outputs)
-        save_onnx(grouped_model, candidate.path)
+        for name in external:  # the candidate reads the same weight files: linked, not copied
+            _link_or_copy(exported.path.parent / name, Path(scratch) / name)
+        _save_rewritten(model, candidate.path, external, name=exported.name)
         try:
             grouped_runner = runner_for(candidate, level)
             grouped = [grouped_runner(sample) for sample in samples]
@@ -372,6 +417,6 @@ def group_lengths(
                 f"samples ({failure[1]}); set text.group_by_length false",
                 model=spec.name, output=failure[0], max_abs_diff=worst)
         return exported, f"off: the grouped graph differed from the plain one ({failure[1]})"
-    save_onnx(grouped_model, exported.path)
+    _save_rewritten(model, exported.path, external, name=exported.name)
     return exported, (f"on: up to 2 length groups when they save >= {MIN_SAVING_PERCENT}% of the positions; "
                       f"grouped vs plain graph on {len(samples)} batches ({splits} split in two): max |diff| {worst:.1e}")
