@@ -275,6 +275,8 @@ def _group_in_place(graph: onnx.GraphProto, *, mask: str, min_saving_percent: in
     del graph.node[:]
     graph.node.extend(nodes)
     del graph.value_info[:]  # shapes of values now inside the loop body (their names changed there)
+    if not graph.doc_string:
+        graph.ClearField("doc_string")  # as onnx.helper.make_graph leaves it: the bytes of earlier builds
     if expose_plan:
         graph.output.extend(oh.make_tensor_value_info(name, TensorProto.INT64, [] if name == "lg_trips" else [2])
                             for name in PLAN_OUTPUTS)
