@@ -200,6 +200,35 @@ def test_each_kind_is_fused_by_default_and_matches_pytorch(source, tmp_path):
     assert report.max_abs_diff["sentence_embedding"] < 1e-5
 
 
+@pytest.mark.slow
+def test_a_graph_over_the_protobuf_limit_is_served_unfused_by_default_and_true_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Above 2 GiB of weights ONNX Runtime's offline optimizer cannot serialize the model (it
+    failed the build with "graph fusion failed: InvalidProtobuf", seen on a 2.4 GiB BERT). The
+    limit is lowered here so that a small real model takes that path: its weights go to
+    ``model.onnx.data``, the default builds it unfused and validated, ``optimize: true`` is one
+    error naming the field."""
+    import onnx
+
+    from model_build.errors import ExportError
+    from model_build.export import convert
+    from model_build.export.fusion import iter_nodes
+    from model_build.export.validate import export_and_validate
+
+    make_text_source("wordpiece", tmp_path / "source", pooling="mean", max_length=MAX_LEN)
+    monkeypatch.setattr(convert, "_PROTO_LIMIT", 100_000)  # the model's ~180 KB of weights are "over"
+    spec = spec_for(inputs="tokens", text={"max_sequence_length": MAX_LEN})
+    exported, report, _ = export_and_validate(spec, base_dir=tmp_path, work_dir=tmp_path / "work")
+    assert (exported.path.parent / "model.onnx.data").is_file()
+    ops = {node.op_type for node in iter_nodes(onnx.load(str(exported.path), load_external_data=False).graph)}
+    assert "Attention" not in ops and "MatMul" in ops
+    assert report.max_abs_diff["sentence_embedding"] < 1e-5
+    with pytest.raises(ExportError, match=r"optimize: got true, but the graph's weights are 0\.0 GiB .* set optimize false"):
+        export_and_validate(spec_for(inputs="tokens", optimize=True, text={"max_sequence_length": MAX_LEN}),
+                            base_dir=tmp_path, work_dir=tmp_path / "work-true")
+
+
 def test_a_source_without_modules_json_gets_mean_pooling_and_normalisation(source):
     from model_build.export.pooling import DEFAULT_POOLING, pooling_config
 

@@ -178,6 +178,11 @@ def import_onnx(spec: ModelSpec, source_path: Path, out_path: Path) -> ExportedM
     return _finish_onnx(spec, model, out_path, fusing=should_fuse(spec, source_path))
 
 
+def _over_proto_limit(model: onnx.ModelProto) -> bool:
+    """Whether the weights exceed what one serialized protobuf may hold (they go to ``.data``)."""
+    return sum(tensor.ByteSize() for tensor in model.graph.initializer) >= _PROTO_LIMIT
+
+
 def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     """ONNX shape inference, so static output dims are declared as numbers.
 
@@ -186,7 +191,7 @@ def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     is generated from the declared shapes. Inference is best effort: where it fails, the
     exporter's own declaration stands (and above 2 GiB it is skipped: it needs the proto whole).
     """
-    if sum(tensor.ByteSize() for tensor in model.graph.initializer) >= _PROTO_LIMIT:
+    if _over_proto_limit(model):
         return model
     try:
         return onnx.shape_inference.infer_shapes(model, data_prop=True)
@@ -208,6 +213,19 @@ def _finish_onnx(
     optimize step (:mod:`model_build.export.optimize`), as it needs calibration inputs.
     """
     model = _infer_shapes(model)
+    if fusing and _over_proto_limit(model):
+        # ONNX Runtime's offline optimizer serializes the model whole, which protobuf refuses
+        # above 2 GiB ("graph fusion failed: InvalidProtobuf"). Unset, such a graph is served as
+        # exported (the serving session still applies its own graph optimizations at load).
+        if spec.optimize:
+            size = sum(tensor.ByteSize() for tensor in model.graph.initializer) / 2**30
+            raise ExportError(
+                f"optimize: got true, but the graph's weights are {size:.1f} GiB and ONNX Runtime's "
+                "offline optimizer serializes the model whole, which protobuf allows up to 2 GiB; "
+                "set optimize false (or leave it unset: such a graph is then served unfused)",
+                model=spec.name,
+            )
+        fusing = False
     if fusing:
         model, _ = fuse(spec, model, module)
     if spec.effective_precision == "fp16":
@@ -243,8 +261,7 @@ def _to_fp16(spec: ModelSpec, model: onnx.ModelProto) -> onnx.ModelProto:
 def save_onnx(model: onnx.ModelProto, path: Path) -> None:
     """Save deterministically; above the 2 GiB protobuf limit weights go to ``<file>.data``."""
     side = path.with_name(path.name + EXTERNAL_DATA_SUFFIX)
-    weights = sum(tensor.ByteSize() for tensor in model.graph.initializer)
-    if weights < _PROTO_LIMIT:
+    if not _over_proto_limit(model):
         side.unlink(missing_ok=True)  # a stale side file would end up in the package
         onnx.save_model(model, str(path))
         return
