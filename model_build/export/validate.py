@@ -411,7 +411,7 @@ def export_and_validate(
     # sentences, which the gates below judge it on.
     calibration = calibration_inputs(spec, source_dir) if spec.effective_precision == "int8" else []
     exported, optimized = optimize_export(
-        spec, reference, exported, calibration, reference_runner(spec, reference, exported),
+        spec, exported, calibration, reference_runner(spec, reference, exported),
     )
     # Length grouping (KIND_CPU text models): the served graph, proven equal to the plain one
     # on the samples here, then validated against PyTorch like any other.
