@@ -178,9 +178,13 @@ def import_onnx(spec: ModelSpec, source_path: Path, out_path: Path) -> ExportedM
     return _finish_onnx(spec, model, out_path, fusing=should_fuse(spec, source_path))
 
 
+def _weight_bytes(model: onnx.ModelProto) -> int:
+    return sum(tensor.ByteSize() for tensor in model.graph.initializer)
+
+
 def _over_proto_limit(model: onnx.ModelProto) -> bool:
     """Whether the weights exceed what one serialized protobuf may hold (they go to ``.data``)."""
-    return sum(tensor.ByteSize() for tensor in model.graph.initializer) >= _PROTO_LIMIT
+    return _weight_bytes(model) >= _PROTO_LIMIT
 
 
 def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -218,7 +222,7 @@ def _finish_onnx(
         # above 2 GiB ("graph fusion failed: InvalidProtobuf"). Unset, such a graph is served as
         # exported (the serving session still applies its own graph optimizations at load).
         if spec.optimize:
-            size = sum(tensor.ByteSize() for tensor in model.graph.initializer) / 2**30
+            size = _weight_bytes(model) / 2**30
             raise ExportError(
                 f"optimize: got true, but the graph's weights are {size:.1f} GiB and ONNX Runtime's "
                 "offline optimizer serializes the model whole, which protobuf allows up to 2 GiB; "
