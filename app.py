@@ -21,7 +21,7 @@ import aws_cdk as cdk
 from cdk_nag import AwsSolutionsChecks
 
 from constructs.sagemaker_limits import PropsError
-from model_build.errors import ManifestError
+from model_build.errors import ManifestError, ModelBuildError
 from model_build.manifest import Manifest, load_manifest
 from model_build.release.routes import RoutesError
 from stacks.settings import MmeSettings, SettingsError
@@ -29,7 +29,7 @@ from stacks.triton_mme_stack import TritonMmeStack
 
 ROOT = Path(__file__).resolve().parent
 #: Errors a user causes with a setting or the manifest; anything else is a bug (traceback).
-EXPECTED_ERRORS = (ManifestError, SettingsError, PropsError, RoutesError)
+EXPECTED_ERRORS = (ManifestError, SettingsError, PropsError, RoutesError, ModelBuildError)
 
 
 def load_settings(context: Mapping[str, Any]) -> MmeSettings:
@@ -51,9 +51,8 @@ def load_models(settings: MmeSettings, root: Path = ROOT) -> tuple[Manifest | No
     return load_manifest(path), path
 
 
-def build_app(app: cdk.App, *, report: bool = False) -> TritonMmeStack:
-    """Compose the app from its context; raises one of ``EXPECTED_ERRORS`` on bad input.
-    ``report``: print the plan line (:func:`plan_line`) on stderr."""
+def build_app(app: cdk.App) -> TritonMmeStack:
+    """Compose the app from its context; raises one of ``EXPECTED_ERRORS`` on bad input."""
     settings = load_settings(app.node.get_all_context())
     manifest, manifest_path = load_models(settings)
     env = None
@@ -69,30 +68,37 @@ def build_app(app: cdk.App, *, report: bool = False) -> TritonMmeStack:
         description="NVIDIA Triton models on an Amazon SageMaker multi-model GPU endpoint",
     )
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
-    if report:  # once the stack is composed: a refused input prints its one error line only
-        print(plan_line(settings, manifest, manifest_path), file=sys.stderr)
     return stack
 
 
-def plan_line(settings: MmeSettings, manifest: Manifest | None, manifest_path: Path | None, root: Path = ROOT) -> str:
+def plan_line(stack: TritonMmeStack, template: Mapping[str, Any], root: Path = ROOT) -> str:
     """One line for the synth output: what this change does to the live fleet.
 
-    With ``mme:plan_routes_file`` (a copy of the live routes), the plan against it; otherwise the
-    model count and the command that compares with the live routes. No AWS call either way."""
+    With ``mme:plan_routes_file`` (a copy of the live routes), the plan of the synthesized
+    ``template`` against it (the models and the verdict against the deployed record the routes
+    carry); otherwise the model count and the command that compares with the live routes. No AWS
+    call either way."""
+    settings, manifest, manifest_path = stack.settings, stack.manifest, stack.manifest_path
     if manifest is None or manifest_path is None:
-        return "models: served from routes published out of band (python -m model_build publish)"
+        return "models: served from routes published out of band (python -m model_build plan --stack-name ...)"
     if not settings.plan_routes_file:
         return (f"models: {len(manifest.models)} entries, {manifest.target_count} targets; a model change never "
-                "replaces the fleet; compare with the live routes: python -m model_build plan --bucket <ModelBucketName>")
+                "replaces the fleet; review the change: python -m model_build plan --bucket <ModelBucketName> "
+                f"--stack-name {settings.stack_name}")
     from model_build.release.routes import parse_routes, plan_manifest
+    from model_build.tools.plan_report import PlanReport
+    from model_build.tools.plan_verdict import judge
 
     path = Path(settings.plan_routes_file)
     path = path if path.is_absolute() else root / path
     if not path.is_file():
         raise SettingsError(f"mme:plan_routes_file: got {settings.plan_routes_file!r}; no such file")
     live = parse_routes(path.read_bytes(), where=str(path))
-    result = plan_manifest(manifest, live, base_dir=manifest_path.parent, fleet=settings.fleet())
-    return f"plan against release {live.release_id}: {result.summary()}"
+    models = plan_manifest(manifest, live, base_dir=manifest_path.parent)
+    verdict = judge(template, record=live.deployed, live_routes=True,
+                    unknown_reason=f"the routes file {path} carries no record of the deployed fleet")
+    report = PlanReport(stack=settings.stack_name, models=models, verdict=verdict, routes_where=str(path))
+    return f"plan against release {live.release_id}: {report.summary()} (verdict: {report.overall})"
 
 
 def cdk_json_context(root: Path = ROOT) -> dict[str, Any]:
@@ -117,11 +123,13 @@ def cdk_json_context(root: Path = ROOT) -> dict[str, Any]:
 def main() -> int:
     try:
         app = cdk.App(context=cdk_json_context())
-        build_app(app, report=True)
+        stack = build_app(app)
+        # Once the stack is composed: a refused input prints its one error line only.
+        template = app.synth().get_stack_by_name(stack.stack_name).template
+        print(plan_line(stack, template), file=sys.stderr)
     except EXPECTED_ERRORS as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    app.synth()
     return 0
 
 

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Literal, Self
 
 import jsii
 from aws_cdk import Aws, CustomResource, Duration, Fn, IgnoreMode, RemovalPolicy, Size, Stack
@@ -141,10 +140,12 @@ class ModelBuildResourceProps(Props):
         "the manifest, or the old build of an updated one), so that a rollback routes to it again "
         "without an upload; then the build deletes it at its next run.",
     )
-    fleet: dict[str, Any] = Field(
-        default_factory=dict,
-        description="The settings that reach the SageMaker Model and EndpointConfig, recorded in the "
-        "routes so that `python -m model_build plan` can tell whether a change replaces the fleet.",
+    deployed_record: str = Field(
+        default="",
+        description="The stack's deployed record (constructs.deployed_record: the fleet's and the data's "
+        "resources as the template renders them, a JSON string or a token for one), written into the "
+        "routes at each deploy so that `python -m model_build plan` compares template with template. "
+        "Empty: none is written, and plan reports the fleet as unknown.",
     )
     log_retention: logs.RetentionDays = Field(
         default=logs.RetentionDays.ONE_MONTH, description="Retention of the handler, provider and waiter logs."
@@ -386,7 +387,7 @@ class ModelBuildResource(Construct):
                 "OnDelete": props.on_delete,
                 "RetiredTagKey": RETIRED_TAG_KEY,
                 "RetentionDays": str(props.unrouted_retention_days),
-                "Fleet": json.dumps(props.fleet, sort_keys=True, separators=(",", ":")),
+                "Deployed": props.deployed_record,
             },
         )
         resource.node.add_dependency(self.start_builds_policy)

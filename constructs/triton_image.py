@@ -172,14 +172,11 @@ class TritonImage(Construct):
         self.repository_name: str = row.repository
         #: Regions the mapping covers.
         self.regions: tuple[str, ...] = tuple(row.registries)
-        self.mapping = CfnMapping(
-            self,
-            "Resource",
-            mapping={
-                name: {"Account": account, "ImageUri": row.image_uri(name)}
-                for name, account in row.registries.items()
-            },
-        )
+        #: The mapping's content: region -> image URI and registry account.
+        self.mapping_values: dict[str, dict[str, str]] = {
+            name: {"Account": account, "ImageUri": row.image_uri(name)} for name, account in row.registries.items()
+        }
+        self.mapping = CfnMapping(self, "Resource", mapping=self.mapping_values)
         #: The image URI in the deployment region (a ``Fn::FindInMap`` token).
         self.image_uri: str = self.mapping.find_in_map(Aws.REGION, "ImageUri")
         #: ARN of the ECR repository that holds the image in the deployment region.

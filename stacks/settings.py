@@ -92,17 +92,6 @@ TagValue = Annotated[str, _matching(TAG_VALUE_PATTERN, "1 to 256 letters, digits
                                                        "not starting with 'aws:'")]
 
 
-#: The settings whose change replaces the SageMaker Model or EndpointConfig, hence the fleet (a
-#: blue/green rollout of every instance): recorded in the routes at each deploy, compared by
-#: ``python -m model_build plan``. Nothing that changes with the model set is among them.
-FLEET_SETTINGS: tuple[str, ...] = (
-    "endpoint_name", "instance_type", "initial_instance_count", "triton_image_version", "shm_default_byte_size",
-    "shm_growth_byte_size", "triton_log_verbose", "triton_environment", "model_cache",
-    "model_data_download_timeout_seconds", "container_startup_health_check_timeout_seconds", "volume_size_gb",
-    "network_isolation", "vpc_id", "create_vpc", "vpc_cidr", "model_prefix", "region",
-)
-
-
 class AppSettings(BaseModel):
     """The settings that are not a construct's props field, with the behaviour of each default.
 
@@ -137,8 +126,9 @@ class AppSettings(BaseModel):
     plan_routes_file: str = Field(
         default="",
         description="A copy of the live routes document (the RoutesUrl output): synth then prints the plan "
-        "of this change against it (models added, updated, removed; fleet verdict). Empty: synth prints "
-        "the model count and how to run the plan.",
+        "of this change against it (models added, updated, removed; the verdict of the synthesized template "
+        "against the deployed record the routes carry). Empty: synth prints the model count and how to run "
+        "the plan.",
     )
     alarm_topic_enabled: bool = Field(
         default=False,
@@ -240,13 +230,6 @@ class AppSettings(BaseModel):
     # -----------------------------------------------------------------------------------------
     # The props values
     # -----------------------------------------------------------------------------------------
-
-    def fleet(self) -> dict[str, Any]:
-        """The values of :data:`FLEET_SETTINGS`, as JSON values (what ``plan`` compares); the image
-        version as deployed (unset means the newest of the table this synth reads)."""
-        values = {key: json.loads(json.dumps(getattr(self, key), default=str)) for key in FLEET_SETTINGS}
-        values["triton_image_version"] = load_image_table().row(self.triton_image_version).version
-        return values
 
     def values(self, props: type[Props]) -> dict[str, Any]:
         """The fields of ``props`` the settings give, as the props take them: each field a setting

@@ -14,6 +14,7 @@ from aws_cdk import aws_sns as sns
 from constructs import Construct
 from constructs.alarm_topic import AlarmTopic, AlarmTopicProps
 from constructs.cost_tags import apply_cost_tags
+from constructs.deployed_record import deployed_record
 from constructs.endpoint_alarms import EndpointAlarms, EndpointAlarmsProps
 from constructs.endpoint_autoscaling import EndpointAutoscaling, EndpointAutoscalingProps
 from constructs.endpoint_dashboard import EndpointDashboard, EndpointDashboardProps
@@ -81,6 +82,10 @@ class TritonMmeStack(Stack):
     ) -> None:
         super().__init__(scope, id, **kwargs)
         self._settings = settings
+        #: The settings, the manifest and its file the stack was built from (for the synth's plan line).
+        self.settings = settings
+        self.manifest = manifest
+        self.manifest_path = manifest_path
         #: The constructs, for tests and extensions.
         self.model_bucket = ModelBucket(self, "ModelBucket", props=ModelBucketProps(**settings.values(ModelBucketProps)))
         self.network = self._network()
@@ -169,7 +174,7 @@ class TritonMmeStack(Stack):
                       "security_groups": [network.build_security_group]}
         build = ModelBuildResource(self, "ModelBuild", props=ModelBuildResourceProps(
             **settings.values(ModelBuildResourceProps), manifest=manifest, manifest_path=manifest_path,
-            fleet=settings.fleet(),
+            deployed_record=deployed_record(self, {self.triton_image.mapping: self.triton_image.mapping_values}),
             model_bucket=self.model_bucket.bucket, build_context=build_context, **in_vpc,
         ))
         prefix = settings.model_prefix

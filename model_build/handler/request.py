@@ -5,7 +5,6 @@ the template's). A failure becomes :class:`HandlerError`, a short reason CloudFo
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -15,6 +14,7 @@ from typing import Any
 from model_build.errors import ManifestError, ModelBuildError
 from model_build.manifest import MAX_MANIFEST_BYTES, Manifest, load_manifest_bytes
 from model_build.release import Release, routes_key, served_prefix
+from model_build.release.deployed import DeployedRecordError, parse_record
 
 LOG = logging.getLogger("model_build.handler")
 LOG.setLevel(logging.INFO)
@@ -99,13 +99,14 @@ class Request:
                 raise ValueError
         except ValueError:
             raise HandlerError(f"property RetentionDays: got {_shown(retention)}; expected a number of days, 0 to 36500") from None
-        fleet = optional("Fleet", "{}")
-        try:
-            self.fleet: dict[str, Any] = json.loads(fleet)
-            if not isinstance(self.fleet, dict):
-                raise ValueError
-        except ValueError:
-            raise HandlerError(f"property Fleet: got {_shown(fleet)}; expected a JSON object of settings") from None
+        deployed = optional("Deployed", "")
+        #: The stack's deployed record (what ``plan`` compares with), or None when the stack gives none.
+        self.deployed: dict[str, Any] | None = None
+        if deployed:
+            try:
+                self.deployed = parse_record(deployed, where="property Deployed")
+            except DeployedRecordError as error:
+                raise HandlerError(str(error)) from None
         self.stack_id = str(event.get("StackId") or "")
 
     @property
@@ -137,7 +138,7 @@ class Request:
         from model_build.release.serving import activate_release
 
         report = activate_release(
-            s3, self.model_bucket, self.model_prefix, self.release_id, stack=self.stack_id, fleet=self.fleet,
+            s3, self.model_bucket, self.model_prefix, self.release_id, stack=self.stack_id, deployed=self.deployed,
             retention_days=self.retention_days,
         )
         LOG.info("routed %s (was %s): %d routes, %d verified, %d copied back, %d unrouted now, %d deleted "

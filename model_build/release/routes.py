@@ -11,10 +11,10 @@ turn a logical name (``minilm-l6``, ``bert-3``) into the current ``TargetModel``
 The document also keeps, for each served object no route uses any more, when it was unrouted
 (``unrouted``): such an object stays for the retention window so that a rollback can route to it
 again with no upload, then the activation deletes it (:mod:`model_build.release.serving`). And it keeps
-the fleet settings of the last deploy, so that ``plan`` can say whether a change replaces the
-fleet.
+the deployed record of the last deploy (:mod:`model_build.release.deployed`), so that ``plan`` can
+say whether a change replaces the fleet or puts data at risk.
 
-This module is pure (no S3, no torch): format, checks, and the plan between two route sets.
+This module is pure (no S3, no torch): format, checks, and the model plan between two route sets.
 """
 
 from __future__ import annotations
@@ -91,8 +91,14 @@ class Routes:
     stack: str = ""
     updated_at: str = ""
     model_code_sha256: str = ""
-    fleet: Mapping[str, Any] = field(default_factory=dict)
+    #: The deployed record of the stack that routed this release (:mod:`model_build.release.deployed`):
+    #: what ``plan`` compares the next template with. None: not written (a CLI publish on an empty
+    #: prefix, or an earlier version of the stack).
+    deployed: Mapping[str, Any] | None = None
     unrouted: Mapping[str, Unrouted] = field(default_factory=dict)
+    #: The settings an earlier version recorded instead of the deployed record (read, never written:
+    #: ``plan`` reports the fleet as unknown against them).
+    legacy_fleet: Mapping[str, Any] = field(default_factory=dict)
 
     def routed_targets(self) -> set[str]:
         return {route.target_model for route in self.routes.values()}
@@ -106,18 +112,22 @@ class Routes:
             "stack": self.stack,
             "updated_at": self.updated_at,
             "model_code_sha256": self.model_code_sha256,
-            "fleet": dict(self.fleet),
             "routes": {name: route.as_json() for name, route in sorted(self.routes.items())},
             "unrouted": {name: item.as_json() for name, item in sorted(self.unrouted.items())},
         }
+        if self.deployed is not None:
+            document["deployed"] = dict(self.deployed)
+        if self.legacy_fleet:
+            document["fleet"] = dict(self.legacy_fleet)
         return (json.dumps(document, sort_keys=True, indent=1) + "\n").encode()
 
     def same_serving(self, other: Routes | None) -> bool:
-        """Whether ``other`` routes the same release, names, fleet and retained objects (a
+        """Whether ``other`` routes the same release, names, deployed record and retained objects (a
         re-activation that would write nothing new but the time)."""
         return other is not None and (
-            self.release_id, dict(self.routes), dict(self.fleet), dict(self.unrouted), self.stack
-        ) == (other.release_id, dict(other.routes), dict(other.fleet), dict(other.unrouted), other.stack)
+            self.release_id, dict(self.routes), self.deployed, dict(self.unrouted), self.stack, dict(self.legacy_fleet)
+        ) == (other.release_id, dict(other.routes), other.deployed, dict(other.unrouted), other.stack,
+              dict(other.legacy_fleet))
 
 
 def now_iso(clock: Callable[[], float] = time.time) -> str:
@@ -167,10 +177,22 @@ def parse_routes(body: bytes, *, where: str, stack: str = "") -> Routes:
             index_key=str(document["index_key"]), routes=routes, stack=written_by,
             updated_at=str(document.get("updated_at") or ""),
             model_code_sha256=str(document.get("model_code_sha256") or ""),
-            fleet=dict(document.get("fleet") or {}), unrouted=unrouted,
+            deployed=_deployed(document.get("deployed"), where), unrouted=unrouted,
+            legacy_fleet=dict(document.get("fleet") or {}),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise RoutesError(f"routes {where}: malformed ({type(error).__name__}: {error})") from None
+
+
+def _deployed(value: Any, where: str) -> dict[str, Any] | None:
+    from model_build.release.deployed import DeployedRecordError, parse_record
+
+    if value is None:
+        return None
+    try:
+        return parse_record(value, where=f"in routes {where}")
+    except DeployedRecordError as error:
+        raise RoutesError(str(error)) from None
 
 
 def _route(name: str, item: Any) -> Route:
@@ -208,76 +230,65 @@ class Planned:
     entry_sha256: str
 
 
-@dataclass
-class Plan:
-    """Models added, updated, removed and unchanged, and whether the fleet is replaced."""
+@dataclass(frozen=True)
+class Updated:
+    """A routed model whose next build differs: ``route`` is what serves it now."""
 
-    added: list[str] = field(default_factory=list)
-    updated: list[tuple[str, str, str]] = field(default_factory=list)  # (name, old target, why)
-    removed: list[tuple[str, str]] = field(default_factory=list)  # (name, old target)
-    unchanged: list[tuple[str, str]] = field(default_factory=list)  # (name, target)
-    fleet_changes: list[tuple[str, Any, Any]] = field(default_factory=list)  # (setting, old, new)
+    route: Route
+    entry_sha256: str
+    reason: str
+
+
+@dataclass
+class ModelPlan:
+    """Models added, updated, removed and unchanged against the live routes (the fleet's verdict is
+    :mod:`model_build.tools.plan_verdict`'s)."""
+
+    added: list[Planned] = field(default_factory=list)
+    updated: list[Updated] = field(default_factory=list)
+    removed: list[Route] = field(default_factory=list)
+    unchanged: list[Route] = field(default_factory=list)
     live_release: str | None = None
 
     @property
     def models_change(self) -> bool:
         return bool(self.added or self.updated or self.removed)
 
-    @property
-    def fleet_verdict(self) -> str:
-        if not self.fleet_changes:
-            return "fleet unchanged"
-        return "fleet replaced because " + ", ".join(
-            f"{name}: {_shown(old)} -> {_shown(new)}" for name, old, new in self.fleet_changes
-        )
-
     def summary(self) -> str:
         return (f"models: {len(self.added)} added, {len(self.updated)} updated, {len(self.removed)} removed, "
-                f"{len(self.unchanged)} unchanged; {self.fleet_verdict}")
+                f"{len(self.unchanged)} unchanged")
 
 
-def _shown(value: Any) -> str:
-    text = json.dumps(value, sort_keys=True) if not isinstance(value, str) else value
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def plan(wanted: list[Planned], live: Routes | None, *, model_code_sha256: str,
-         fleet: Mapping[str, Any] | None) -> Plan:
-    """Compare the manifest's targets (and the fleet settings) with the live routes.
+def plan(wanted: list[Planned], live: Routes | None, *, model_code_sha256: str) -> ModelPlan:
+    """Compare the manifest's targets with the live routes.
 
     An entry whose content (``entry_sha256``) and model-building code are the same as when its
     route was written is unchanged (its build, hence its served name, stays); otherwise it is
-    updated and gets a new name once built. ``fleet``: the settings that reach the SageMaker
-    Model and EndpointConfig now (None: not compared)."""
-    result = Plan(live_release=live.release_id if live else None)
+    updated and gets a new name once built."""
+    result = ModelPlan(live_release=live.release_id if live else None)
     current = dict(live.routes) if live else {}
     code_changed = bool(live and live.model_code_sha256 and live.model_code_sha256 != model_code_sha256)
     for item in wanted:
         route = current.pop(item.logical_name, None)
         if route is None:
-            result.added.append(item.logical_name)
+            result.added.append(item)
         elif route.entry_sha256 != item.entry_sha256:
-            result.updated.append((item.logical_name, route.target_model, "manifest entry changed"))
+            result.updated.append(Updated(route, item.entry_sha256, "manifest entry changed"))
         elif code_changed:
-            result.updated.append((item.logical_name, route.target_model, "build code changed"))
+            result.updated.append(Updated(route, item.entry_sha256, "build code changed"))
         else:
-            result.unchanged.append((item.logical_name, route.target_model))
-    result.removed = sorted((name, route.target_model) for name, route in current.items())
-    if fleet is not None and live is not None and live.fleet:
-        for name in sorted(set(fleet) | set(live.fleet)):
-            old, new = live.fleet.get(name), fleet.get(name)
-            if old != new:
-                result.fleet_changes.append((name, old, new))
+            result.unchanged.append(route)
+    result.removed = sorted(current.values(), key=lambda route: route.logical_name)
     return result
 
 
-def plan_manifest(manifest: Any, live: Routes | None, *, base_dir: Any, fleet: Mapping[str, Any] | None) -> Plan:
+def plan_manifest(manifest: Any, live: Routes | None, *, base_dir: Any) -> ModelPlan:
     """:func:`plan` of every target of ``manifest`` (entry hashes of its local sources read from
-    ``base_dir``) with this build code's hash: what ``plan`` and the synth line both print."""
+    ``base_dir``) with this build code's hash."""
     from model_build.release.identity import entry_sha256, model_code_sha256
 
     wanted = [Planned(target, entry_sha256(spec, base_dir)) for spec in manifest.models for target in spec.target_names()]
-    return plan(wanted, live, model_code_sha256=model_code_sha256(), fleet=fleet)
+    return plan(wanted, live, model_code_sha256=model_code_sha256())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -74,7 +74,7 @@ def activate_release(
     release_id: str,
     *,
     stack: str = "",
-    fleet: Mapping[str, Any] | None = None,
+    deployed: Mapping[str, Any] | None = None,
     retention_days: float = DEFAULT_RETENTION_DAYS,
     clock: Callable[[], float] = time.time,
     concurrency: int = 16,
@@ -82,7 +82,8 @@ def activate_release(
     """Route the release ``release_id`` (its index must exist): see the module docstring.
 
     ``stack`` names the writer (the CloudFormation stack id, or "" for the CLI); a routes
-    document written by another stack is refused. ``fleet`` is recorded for ``plan``."""
+    document written by another stack is refused. ``deployed``: the stack's deployed record, written for
+    ``plan`` (None keeps the live document's: a CLI publish does not change the fleet)."""
     started = time.monotonic()
     release = Release(release_id, "", "")
     index_key = release.index_key(model_prefix)
@@ -137,7 +138,8 @@ def activate_release(
         release_id=release_id, model_data_url=f"s3://{bucket}/{served}/", index_key=index_key, routes=wanted,
         stack=stack or (live.stack if live else ""), updated_at=now,
         model_code_sha256=str(index.get("model_code_sha256") or ""),
-        fleet=dict(fleet) if fleet is not None else dict(live.fleet if live else {}), unrouted=unrouted,
+        deployed=dict(deployed) if deployed is not None else (live.deployed if live else None), unrouted=unrouted,
+        legacy_fleet=live.legacy_fleet if live and deployed is None else {},
     )
     if not document.same_serving(live):
         s3_client.put_object(Bucket=bucket, Key=key, Body=document.body(), ContentType="application/json")

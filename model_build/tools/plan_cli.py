@@ -1,17 +1,20 @@
-"""``plan`` and ``releases``: review a model-set change before it deploys, and clean up old prefixes.
+"""``plan`` and ``releases``: review a change before it deploys, and clean up old prefixes.
 
 ``plan`` answers the pull-request question "what does this change do to the live fleet?": it
-compares the manifest (and the deployment settings) with the live routes document, or with a
-routes file given, and lists models added, updated (old -> new target), removed and unchanged,
-with the fleet verdict: "fleet unchanged" (only the routes change; nothing is replaced), or
-"fleet replaced because <setting>: old -> new" (a setting that reaches the SageMaker Model or
-EndpointConfig changed: a blue/green rollout of every instance). No model is loaded and no AWS
-call is made with ``--routes-file``.
+compares the manifest with the live routes (models added, updated, removed, unchanged) and the
+template the change deploys with what is deployed (the fleet created, unchanged, updated in place
+or replaced, and any data at risk), with the CDK's own diff engine. The deployed state is the
+deployed template (``--deployed-template FILE``, or ``--stack-name`` to read it from CloudFormation)
+or, without one, the deployed record the last deploy wrote into the routes; live routes with
+neither give "fleet unknown", never "unchanged". No AWS call is made with ``--routes-file``
+and without ``--stack-name``. Output: ``--format text|json|markdown``; ``--json-file`` and
+``--markdown-file`` write the others too.
 
-Exit codes (``--detailed-exitcode``, for a pipeline to gate on): 0 nothing changes, 3 models
-change and the fleet stays, 4 the fleet is replaced; 1 an error (a routes document that is
-truncated, malformed or another stack's), 2 a usage error. Without the flag a plan that ran
-exits 0.
+Exit codes (``--detailed-exitcode``, for a pipeline to gate on): 0 nothing changes, 3 changes that
+replace nothing (models; the fleet created or updated in place), 4 the fleet is replaced or unknown,
+or data is at risk; 1 an error (a routes document that is truncated, malformed or another stack's,
+a template that does not parse, missing credentials), 2 a usage error. Without the flag a plan
+that ran exits 0.
 
 ``releases`` lists the per-release prefixes (``<prefix>/r-<16 hex>/``) that stacks of earlier
 versions served, and deletes them when asked (``--delete r-... | --delete-all``).
@@ -20,13 +23,22 @@ versions served, and deletes them when asked (``--delete r-... | --delete-all``)
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from pathlib import Path
 from typing import Any
 
 from model_build.errors import ModelBuildError
 
-#: ``--detailed-exitcode`` values.
-EXIT_NO_CHANGE, EXIT_MODELS_CHANGE, EXIT_FLEET_REPLACED = 0, 3, 4
+
+def _context(overrides: list[str]) -> dict[str, str]:
+    context = {}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key.startswith("mme:"):
+            raise ModelBuildError(f"-c: got {item!r}; expected mme:<setting>=<value>")
+        context[key] = value
+    return context
 
 
 def _settings(overrides: list[str]) -> Any:
@@ -34,56 +46,160 @@ def _settings(overrides: list[str]) -> Any:
     definition of each setting, its default and its checks)."""
     from model_build.tools.triton_server import app_settings
 
-    context = {}
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ModelBuildError(f"-c: got {item!r}; expected mme:<setting>=<value>")
-        context[key] = value
-    return app_settings(context)
+    return app_settings(_context(overrides))
 
 
-def plan_report(args: argparse.Namespace) -> tuple[Any, Any]:
-    """The plan of ``args`` and the settings it used."""
+def synthesized_template(overrides: list[str]) -> dict[str, Any]:
+    """The template this checkout synthesizes with ``-c`` overrides (in process, no AWS call)."""
+    import tempfile
+
+    from model_build.tools.triton_server import app_settings
+
+    app_settings({})  # the repository on sys.path, the virtualenv's Node.js on PATH
+    import aws_cdk as cdk
+
+    from app import EXPECTED_ERRORS, build_app, cdk_json_context
+
+    with tempfile.TemporaryDirectory(prefix="plan-synth-") as outdir:
+        try:
+            app = cdk.App(context={**cdk_json_context(), **_context(overrides)}, outdir=outdir)
+            stack = build_app(app)
+            template: dict[str, Any] = app.synth().get_stack_by_name(stack.stack_name).template
+        except EXPECTED_ERRORS as error:
+            raise ModelBuildError(f"synth: {error}") from None
+    return template
+
+
+def read_template(path_text: str, option: str) -> dict[str, Any]:
+    """A CloudFormation template in JSON (as ``cdk synth`` writes it, or ``aws cloudformation
+    get-template --query TemplateBody``); one error line naming the file otherwise."""
+    path = Path(path_text)
+    if not path.is_file():
+        raise ModelBuildError(f"{option}: got {path_text!r}; no such file")
+    try:
+        template = json.loads(path.read_bytes())
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ModelBuildError(f"{option} {path_text}: not a CloudFormation template in JSON ({error})") from None
+    if not isinstance(template, dict) or not isinstance(template.get("Resources"), dict):
+        raise ModelBuildError(f"{option} {path_text}: not a CloudFormation template (no 'Resources' object)")
+    return template
+
+
+def stack_template(stack_name: str, region: str | None) -> dict[str, Any] | None:
+    """The stack's deployed template as CloudFormation holds it (``GetTemplate``, stage Original),
+    or None when the stack does not exist."""
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+    try:
+        client = boto3.client("cloudformation", region_name=region)
+        body = client.get_template(StackName=stack_name, TemplateStage="Original")["TemplateBody"]
+    except NoCredentialsError:
+        raise ModelBuildError(f"--stack-name {stack_name}: no AWS credentials found; give credentials that may call "
+                              "cloudformation:GetTemplate, or --deployed-template FILE to plan offline") from None
+    except ClientError as error:
+        message = error.response.get("Error", {}).get("Message", "")
+        if "does not exist" in message:
+            return None
+        code = error.response.get("Error", {}).get("Code", "?")
+        raise ModelBuildError(f"--stack-name {stack_name}: the template cannot be read ({code}: {message})") from None
+    except BotoCoreError as error:
+        raise ModelBuildError(f"--stack-name {stack_name}: the template cannot be read ({error})") from None
+    if isinstance(body, str):
+        try:
+            body = json.loads(body)
+        except ValueError:
+            raise ModelBuildError(f"--stack-name {stack_name}: the deployed template is not JSON (a YAML template?); "
+                                  "give --deployed-template FILE in JSON") from None
+    return dict(body)
+
+
+def _check_stack(live: Any, stack_name: str, where: str) -> None:
+    """Routes written by another stack are another stack's plan: one error, no verdict."""
+    from model_build.release.routes import RoutesError
+
+    writer = str(live.stack or "")
+    name = writer.split(":stack/")[-1].split("/")[0] if ":stack/" in writer else writer
+    if name and name != stack_name:
+        raise RoutesError(f"routes {where}: written by stack {name!r}, not {stack_name!r} (mme:stack_name); "
+                          "give that stack's settings, or this stack's bucket and prefix")
+
+
+def plan_report(args: argparse.Namespace) -> Any:
+    """The plan of ``args`` (:class:`~model_build.tools.plan_report.PlanReport`)."""
     from model_build.manifest import load_manifest
     from model_build.release.index import read_routes
-    from model_build.release.routes import Routes, parse_routes, plan_manifest
+    from model_build.release.routes import ModelPlan, Routes, parse_routes, plan_manifest
+    from model_build.tools.plan_report import PlanReport
+    from model_build.tools.plan_verdict import judge
+    from model_build.tools.triton_server import REPO_ROOT
 
-    manifest_path = Path(args.manifest)
-    manifest = load_manifest(manifest_path)
     settings = _settings(args.context or [])
-    live: Routes | None
     prefix = args.prefix or settings.model_prefix
+    # Every input is read and checked before the slow parts (synth, the diff engine).
+    manifest_text = args.manifest if args.manifest is not None else settings.manifest_path
+    manifest_path = Path(manifest_text) if manifest_text else None
+    if manifest_path is not None and args.manifest is None and not manifest_path.is_absolute():
+        manifest_path = REPO_ROOT / manifest_path
+    manifest = load_manifest(manifest_path) if manifest_path is not None else None
+    deployed = read_template(args.deployed_template, "--deployed-template") if args.deployed_template else None
+    new_template = read_template(args.template, "--template") if args.template else None
+    live: Routes | None
     if args.routes_file:
         path = Path(args.routes_file)
         if not path.is_file():
             raise ModelBuildError(f"--routes-file: got {str(path)!r}; no such file")
-        live = parse_routes(path.read_bytes(), where=str(path))
+        live, where = parse_routes(path.read_bytes(), where=str(path)), str(path)
     elif args.bucket:
         from model_build.aws_clients import make_s3_client
+        from model_build.release import routes_key
 
+        where = f"s3://{args.bucket}/{routes_key(prefix)}"
         live = read_routes(make_s3_client(endpoint_url=args.endpoint_url, region=args.region), args.bucket, prefix)
     else:
         raise ModelBuildError("plan: give --routes-file FILE (a copy of the live routes) or --bucket BUCKET")
-    return plan_manifest(manifest, live, base_dir=manifest_path.parent, fleet=settings.fleet()), settings
+    if live is not None:
+        _check_stack(live, settings.stack_name, where)
+    deployed_where = f"the deployed template {args.deployed_template}" if deployed is not None else ""
+    if deployed is None and args.stack_name:
+        deployed = stack_template(args.stack_name, args.region)
+        deployed_where = f"the template of stack {args.stack_name}" if deployed is not None else ""
+        if deployed is None and live is not None:
+            raise ModelBuildError(f"--stack-name {args.stack_name}: no such stack, yet routes exist at {where}; "
+                                  "check the stack name and region")
+    if new_template is None:
+        new_template = synthesized_template(args.context or [])
+    if manifest is not None:
+        models = plan_manifest(manifest, live, base_dir=manifest_path.parent if manifest_path else Path("."))
+        note = ""
+    else:
+        models, note = ModelPlan(live_release=live.release_id if live else None), (
+            "not compared: mme:manifest_path is empty, the stack serves a release published out of band")
+    unknown = ""
+    if live is not None and live.deployed is None:
+        unknown = (f"the live routes ({where}, release {live.release_id}) carry "
+                   + ("the settings an earlier version recorded, not the deployed template" if live.legacy_fleet
+                      else "no record of the deployed fleet (routed by `python -m model_build publish`, or by an "
+                           "earlier version of the stack)")
+                   + "; give --deployed-template FILE or --stack-name NAME")
+    verdict = judge(new_template, deployed_template=deployed, deployed_where=deployed_where,
+                    record=live.deployed if live is not None else None, live_routes=live is not None,
+                    unknown_reason=unknown)
+    return PlanReport(stack=settings.stack_name, models=models, verdict=verdict, routes_where=where,
+                      models_note=note)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    result, _ = plan_report(args)
-    where = f"release {result.live_release}" if result.live_release else "no live routes (first deploy)"
-    lines = [f"plan against {where}:"]
-    lines += [f"  + {name}  (added)" for name in result.added]
-    lines += [f"  ~ {name}  {old} -> new build ({why})" for name, old, why in result.updated]
-    lines += [f"  - {name}  {old}  (unrouted; kept for the retention window)" for name, old in result.removed]
-    if args.verbose:
-        lines += [f"    {name}  {target}" for name, target in result.unchanged]
-    lines.append(result.summary())
-    print("\n".join(lines))
-    if not args.detailed_exitcode:
-        return 0
-    if result.fleet_changes:
-        return EXIT_FLEET_REPLACED
-    return EXIT_MODELS_CHANGE if result.models_change else EXIT_NO_CHANGE
+    report = plan_report(args)
+    rendered = {"text": lambda: report.text(verbose=args.verbose),
+                "json": lambda: json.dumps(report.as_json(), indent=1, sort_keys=True),
+                "markdown": report.markdown}
+    if args.json_file:
+        Path(args.json_file).write_text(rendered["json"]() + "\n", encoding="utf-8")
+    if args.markdown_file:
+        Path(args.markdown_file).write_text(rendered["markdown"](), encoding="utf-8")
+    sys.stdout.write(rendered[args.format]().rstrip("\n") + "\n")
+    return report.exit_code if args.detailed_exitcode else 0
 
 
 def cmd_releases(args: argparse.Namespace) -> int:
@@ -109,20 +225,36 @@ def cmd_releases(args: argparse.Namespace) -> int:
 
 def add_plan_parsers(sub: Any, default_prefix: str) -> None:
     plan = sub.add_parser(
-        "plan", help="list models added, updated, removed and unchanged against the live routes, and the fleet verdict",
+        "plan", help="what a deploy would do: models added, updated, removed; the fleet and the data's verdict",
         description=__doc__.split("\n\n")[1].replace("\n", " "),
     )
-    plan.add_argument("--manifest", default="models.yaml", help="models manifest (default: models.yaml)")
-    plan.add_argument("--routes-file", default=None, help="a routes document to compare with (no AWS call)")
-    plan.add_argument("--bucket", default=None, help="read the live routes from this bucket")
+    plan.add_argument("--manifest", default=None, help="models manifest (default: the mme:manifest_path setting)")
+    live = plan.add_argument_group("the live routes (one of)")
+    live.add_argument("--routes-file", default=None, help="a copy of the live routes document (no AWS call)")
+    live.add_argument("--bucket", default=None, help="read the live routes from this bucket")
     plan.add_argument("--prefix", default=None, help="model prefix (default: the mme:model_prefix setting)")
     plan.add_argument("--endpoint-url", default=None, help="S3 endpoint (default: AWS)")
     plan.add_argument("--region", default=None, help="AWS region (default: from the environment)")
+    state = plan.add_argument_group("the deployed state (default: the record in the live routes)")
+    state.add_argument("--deployed-template", default=None, metavar="FILE",
+                       help="the deployed template in JSON (aws cloudformation get-template, or the base branch's "
+                            "cdk synth)")
+    state.add_argument("--stack-name", default=None,
+                       help="read the deployed template from CloudFormation (cloudformation:GetTemplate)")
+    plan.add_argument("--template", default=None, metavar="FILE",
+                      help="the template the change deploys (cdk.out/<stack>.template.json); default: synthesize "
+                           "this checkout with the -c settings")
     plan.add_argument("-c", "--context", action="append", metavar="mme:KEY=VALUE",
                       help="a setting as given to cdk synth (repeatable); cdk.json gives the rest")
+    plan.add_argument("--format", choices=("text", "json", "markdown"), default="text",
+                      help="what to print (default: text)")
+    plan.add_argument("--json-file", default=None, metavar="FILE", help="also write the JSON plan here")
+    plan.add_argument("--markdown-file", default=None, metavar="FILE", help="also write the markdown comment here")
     plan.add_argument("--detailed-exitcode", action="store_true",
-                      help="exit 0 no change, 3 models change (fleet unchanged), 4 fleet replaced")
-    plan.add_argument("-v", "--verbose", action="store_true", help="list the unchanged models too")
+                      help="exit 0 no change, 3 changes that replace nothing, 4 fleet replaced or unknown, or "
+                           "data at risk")
+    plan.add_argument("-v", "--verbose", action="store_true",
+                      help="list the unchanged models and the other resources that change")
     plan.set_defaults(func=cmd_plan)
 
     releases = sub.add_parser("releases", help="list (and delete) the per-release prefixes of the earlier layout")

