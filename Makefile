@@ -20,7 +20,7 @@ BUILD_DIR ?= build
 BUCKET ?=
 ENDPOINT_URL ?=
 
-.PHONY: setup demo test test-fast lint synth bench smoke lock clean
+.PHONY: setup plan-setup demo test test-fast lint synth bench smoke lock clean
 
 # What Lambda's Node.js runtime gives the CDK provider framework (the AWS SDK v3), for the
 # custom-resource protocol tests (tests/test_custom_resource_protocol.py runs the framework's code).
@@ -28,6 +28,10 @@ PROVIDER_SDK := tests/provider_framework
 
 setup: $(VENV)/.installed node_modules/.installed $(TRITON_VENV)/.installed $(CHECKOV_VENV)/.installed \
 	$(WHEELHOUSE)/.installed $(PROVIDER_SDK)/node_modules/.installed
+
+# What `python -m model_build plan` needs and nothing more (the pull-request workflow,
+# .github/workflows/triton-mme-plan.yml): the Python environment and the CDK's diff engine.
+plan-setup: $(VENV)/.installed node_modules/.installed
 
 $(VENV)/.installed: requirements.txt constraints.txt
 	python3 -m venv $(VENV)

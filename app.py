@@ -23,6 +23,7 @@ from cdk_nag import AwsSolutionsChecks
 from constructs.sagemaker_limits import PropsError
 from model_build.errors import ManifestError, ModelBuildError
 from model_build.manifest import Manifest, load_manifest
+from model_build.release.deployed import check_embedded
 from model_build.release.routes import RoutesError
 from stacks.settings import MmeSettings, SettingsError
 from stacks.triton_mme_stack import TritonMmeStack
@@ -126,6 +127,7 @@ def main() -> int:
         stack = build_app(app)
         # Once the stack is composed: a refused input prints its one error line only.
         template = app.synth().get_stack_by_name(stack.stack_name).template
+        check_embedded(template)  # what the deploy records for plan is this template
         print(plan_line(stack, template), file=sys.stderr)
     except EXPECTED_ERRORS as error:
         print(f"error: {error}", file=sys.stderr)

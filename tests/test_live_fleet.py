@@ -245,29 +245,33 @@ def _plan(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
-def test_plan_lists_the_model_changes_and_the_fleet_verdict_with_exit_codes(tmp_path: Path) -> None:
+def test_plan_lists_the_model_changes_with_exit_codes(tmp_path: Path) -> None:
+    """The model side of ``plan`` from the command line (tests/test_plan.py judges the fleet and
+    the data): entries added, updated and removed, each with its exit code."""
     from model_build.manifest import parse_manifest
     from model_build.release import compute_release, entry_sha256, model_code_sha256
+    from model_build.release.deployed import record_from_template
     from model_build.release.routes import Route, Routes
 
     base: dict[str, Any] = {"version": 1, "models": [_entry("a", 0), _entry("b", 1, copies=2), _entry("c", 2)]}
     manifest = parse_manifest(copy.deepcopy(base))
     release = compute_release(manifest, base_dir=tmp_path)
-    from app import cdk_json_context, load_settings
-
-    fleet = load_settings(cdk_json_context()).fleet()
+    template = synth(tmp_path / "synth", nag=False).data
+    template_file = tmp_path / "template.json"
+    template_file.write_text(json.dumps(template))
     routes = {target: Route(target, f"{target}-000000000000.tar.gz", "0" * 64, 1, release.model_keys[spec.name],
                             spec.name, entry_sha256(spec, tmp_path))
               for spec in manifest.models for target in spec.target_names()}
     live = Routes(release.release_id, "s3://b/models/served/", "k", routes, model_code_sha256=model_code_sha256(),
-                  fleet=fleet)
+                  deployed=record_from_template(template))
     routes_file = tmp_path / "routes.json"
     routes_file.write_bytes(live.body())
 
     def run(models: list[dict[str, Any]], *extra: str) -> subprocess.CompletedProcess[str]:
         path = tmp_path / f"{uuid.uuid4().hex[:8]}.yaml"
         path.write_text(yaml.safe_dump({"version": 1, "models": copy.deepcopy(models)}))
-        return _plan("--manifest", str(path), "--routes-file", str(routes_file), "--detailed-exitcode", *extra)
+        return _plan("--manifest", str(path), "--routes-file", str(routes_file), "--template", str(template_file),
+                     "--detailed-exitcode", *extra)
 
     same = run(base["models"])
     assert same.returncode == 0, same.stderr
@@ -277,13 +281,11 @@ def test_plan_lists_the_model_changes_and_the_fleet_verdict_with_exit_codes(tmp_
     assert "+ d  (added)" in change.stdout and "- c  c-000000000000.tar.gz" in change.stdout
     assert "~ b-0  b-0-000000000000.tar.gz -> new build (manifest entry changed)" in change.stdout
     assert "models: 1 added, 2 updated, 1 removed, 1 unchanged; fleet unchanged" in change.stdout
-    fleet_change = run(base["models"], "-c", "mme:instance_type=ml.g5.2xlarge")
-    assert fleet_change.returncode == 4, fleet_change.stderr
-    assert "fleet replaced because instance_type: ml.g5.xlarge -> ml.g5.2xlarge" in fleet_change.stdout
     # Without the flag a plan that ran exits 0; a broken routes file is one error line.
-    assert _plan("--manifest", "models.yaml", "--routes-file", str(routes_file)).returncode == 0
+    assert run(base["models"]).returncode == 0 and run(base["models"], "-v").returncode == 0
+    assert _plan("--routes-file", str(routes_file), "--template", str(template_file)).returncode == 0
     routes_file.write_bytes(live.body()[:40])
-    broken = _plan("--manifest", "models.yaml", "--routes-file", str(routes_file))
+    broken = _plan("--manifest", "models.yaml", "--routes-file", str(routes_file), "--template", str(template_file))
     assert broken.returncode == 1 and "truncated" in broken.stdout + broken.stderr
     assert "Traceback" not in broken.stdout + broken.stderr
 
@@ -291,10 +293,17 @@ def test_plan_lists_the_model_changes_and_the_fleet_verdict_with_exit_codes(tmp_
 def test_routes_document_round_trips_and_names_no_bookkeeping_in_the_served_prefix(
         s3: Any, bucket: str, tmp_path: Path) -> None:
     _release(s3, bucket, tmp_path, {"a": b"A1"}, "r-000000000000000a")
-    activate_release(s3, bucket, PREFIX, "r-000000000000000a", stack="arn:stack", fleet={"instance_type": "x"})
+    record = {"schema": "triton-mme/deployed/1", "mappings": {},
+              "resources": {"EndpointModel": {"Type": "AWS::SageMaker::Model", "Properties": {"Mode": "x"}}}}
+    activate_release(s3, bucket, PREFIX, "r-000000000000000a", stack="arn:stack", deployed=record)
     body = s3.get_object(Bucket=bucket, Key=routes_key(PREFIX))["Body"].read()
     routes = parse_routes(body, where="test", stack="arn:stack")
-    assert routes.body() == body and routes.fleet == {"instance_type": "x"}
+    assert routes.body() == body and routes.deployed == record
+    # A CLI publish (no record) keeps the deploy's record: it does not change the fleet.
+    _release(s3, bucket, tmp_path, {"a": b"A2"}, "r-000000000000000b")
+    activate_release(s3, bucket, PREFIX, "r-000000000000000b", stack="arn:stack")
+    kept = parse_routes(s3.get_object(Bucket=bucket, Key=routes_key(PREFIX))["Body"].read(), where="test")
+    assert kept.release_id == "r-000000000000000b" and kept.deployed == record
     assert routes.model_data_url == f"s3://{bucket}/{PREFIX}/served/"
     index = read_index(s3, bucket, routes.index_key)
     assert index is not None and index["release_id"] == "r-000000000000000a"
@@ -304,11 +313,13 @@ def test_routes_document_round_trips_and_names_no_bookkeeping_in_the_served_pref
 
 @pytest.mark.slow
 def test_synth_prints_the_plan_against_a_routes_file(tmp_path: Path) -> None:
+    """``cdk synth -c mme:plan_routes_file=...``: the synthesized template against the record in
+    the routes, after the synth (the template is what is judged)."""
     from cdk_helpers import run_app
 
-    from app import cdk_json_context, load_settings
     from model_build.manifest import load_manifest
     from model_build.release import compute_release, entry_sha256, model_code_sha256
+    from model_build.release.deployed import record_from_template
     from model_build.release.routes import Route, Routes
 
     manifest = load_manifest(ROOT / "models.yaml")
@@ -316,17 +327,19 @@ def test_synth_prints_the_plan_against_a_routes_file(tmp_path: Path) -> None:
     routes = {target: Route(target, f"{target}-000000000000.tar.gz", "0" * 64, 1, release.model_keys[spec.name],
                             spec.name, entry_sha256(spec, ROOT))
               for spec in manifest.models for target in spec.target_names()}
+    template = synth(tmp_path / "synth", nag=False).data
     live = Routes(release.release_id, "s3://b/models/served/", "k", routes, model_code_sha256=model_code_sha256(),
-                  fleet=load_settings(cdk_json_context()).fleet())
+                  deployed=record_from_template(template))
     path = tmp_path / "routes.json"
     path.write_bytes(live.body())
     same = run_app(tmp_path / "a", {"plan_routes_file": str(path)})
     assert same.returncode == 0, same.stderr
     assert (f"plan against release {release.release_id}: models: 0 added, 0 updated, 0 removed, "
-            f"{manifest.target_count} unchanged; fleet unchanged") in same.stderr
+            f"{manifest.target_count} unchanged; fleet unchanged (verdict: no-change)") in same.stderr
     bigger = run_app(tmp_path / "b", {"plan_routes_file": str(path), "instance_type": "ml.g5.2xlarge"})
     assert bigger.returncode == 0, bigger.stderr
-    assert "fleet replaced because instance_type: ml.g5.xlarge -> ml.g5.2xlarge" in bigger.stderr
+    assert ("fleet replaced because EndpointConfig ProductionVariants[0].InstanceType: ml.g5.xlarge -> "
+            "ml.g5.2xlarge") in bigger.stderr
     path.write_bytes(b"{")
     broken = run_app(tmp_path / "c", {"plan_routes_file": str(path)})
     assert broken.returncode == 1 and "error: routes" in broken.stderr and "Traceback" not in broken.stderr

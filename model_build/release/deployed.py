@@ -229,3 +229,23 @@ def _inline(value: Any, mappings: Mapping[str, Any]) -> Any:
             return {"Fn::FindInMap": {"Key": first, "Values": {
                 name: row.get(second) for name, row in sorted(table.items()) if isinstance(row, dict)}}}
     return {key: _inline(item, mappings) for key, item in value.items()}
+
+
+def check_embedded(template: Mapping[str, Any], resource_type: str = "Custom::TritonModelRelease",
+                   prop: str = "Deployed") -> None:
+    """The record a synthesized template carries (property ``prop`` of its ``resource_type``) must
+    be the record of that template itself; raises :class:`DeployedRecordError` naming the first
+    resource that differs. A raw property override (``add_property_override``) on a recorded
+    resource is the known way to break this: the record renders the properties the constructs set."""
+    for lid, resource in (template.get("Resources") or {}).items():
+        if resource.get("Type") != resource_type or not (resource.get("Properties") or {}).get(prop):
+            continue
+        carried = parse_record(resource["Properties"][prop], where=f"{lid}.{prop}")
+        expected = record_from_template(template)
+        for name in sorted(set(carried["resources"]) | set(expected["resources"])):
+            if carried["resources"].get(name) != expected["resources"].get(name):
+                raise DeployedRecordError(
+                    f"deployed record {lid}.{prop}: resource {name} differs from the template (a raw property "
+                    "override on it? give the value through its construct instead)")
+        if carried["mappings"] != expected["mappings"]:
+            raise DeployedRecordError(f"deployed record {lid}.{prop}: its mappings differ from the template's")

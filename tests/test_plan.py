@@ -1,0 +1,295 @@
+"""``python -m model_build plan``: the pull-request view, template against template.
+
+Each verdict from real synthesized templates and the real CDK diff engine: a model change (models
+only), an instance-type change and a construct-code change of the Model's environment (fleet
+replaced, the property named), a first deploy (fleet created), routes published by the CLI
+(fleet unknown, exit 4), a bucket replacement and a removed log group (data at risk); the JSON
+against its schema; the markdown's size at 3,000 models; bad input as one line, never a verdict.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from cdk_helpers import subprocess_env, synth
+
+from model_build.__main__ import main
+from model_build.manifest import load_manifest
+from model_build.release import compute_release, entry_sha256, model_code_sha256
+from model_build.release.deployed import (
+    FLEET_TYPES,
+    DeployedRecordError,
+    check_embedded,
+    record_from_template,
+)
+from model_build.release.routes import ModelPlan, Planned, Route, Routes, Updated
+from model_build.tools.plan_report import GITHUB_COMMENT_LIMIT, PlanReport, marker
+from model_build.tools.plan_verdict import Finding, Verdict
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = json.loads((ROOT / "model_build" / "tools" / "plan.schema.json").read_text())
+STACK_ARN = "arn:aws:cloudformation:eu-west-1:123456789012:stack/TritonMme/0a1b2c3d"
+pytestmark = pytest.mark.slow  # real synths and the diff engine on Node.js
+
+
+def _write(path: Path, data: Any) -> str:
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("plan")
+
+
+@pytest.fixture(scope="module")
+def default(work: Path) -> dict[str, Any]:
+    return synth(work / "default", nag=False).data
+
+
+@pytest.fixture(scope="module")
+def bigger(work: Path) -> dict[str, Any]:
+    return synth(work / "bigger", nag=False, instance_type="ml.g5.2xlarge").data
+
+
+@pytest.fixture(scope="module")
+def new_default_variable(work: Path) -> Iterator[dict[str, Any]]:
+    """A change in construct code, not in any setting: the endpoint gains a default container
+    variable (here by renaming the log-verbosity key, as an upgrade of the construct would)."""
+    import constructs.triton_mme_endpoint as endpoint_module
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(endpoint_module, "LOG_VERBOSE_KEY", "SAGEMAKER_TRITON_LOG_INFO")
+        yield synth(work / "code", nag=False).data
+
+
+def _routes(*, deployed: dict[str, Any] | None, stack: str = STACK_ARN, drop: str = "", stale: str = "") -> Routes:
+    """Live routes of the default manifest, as a deploy (with its record) or the CLI wrote them."""
+    manifest = load_manifest(ROOT / "models.yaml")
+    release = compute_release(manifest, base_dir=ROOT)
+    routes = {}
+    for spec in manifest.models:
+        for target in spec.target_names():
+            if target == drop:
+                continue
+            digest = "0" * 64 if target == stale else entry_sha256(spec, ROOT)
+            routes[target] = Route(target, f"{target}-000000000000.tar.gz", "a" * 64, 1234, release.model_keys[spec.name],
+                                   spec.name, digest)
+    return Routes(release.release_id, "s3://b/models/served/", "k", routes, stack=stack,
+                  model_code_sha256=model_code_sha256(), deployed=deployed)
+
+
+def _plan(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, Any], str]:
+    """The plan in process: its exit code, its JSON (validated against the schema) and stderr."""
+    code = main(["plan", "--format", "json", "--detailed-exitcode", *args])
+    captured = capsys.readouterr()
+    if code == 1:
+        return code, {}, captured.err
+    report = json.loads(captured.out)
+    jsonschema.validate(report, SCHEMA, cls=jsonschema.Draft202012Validator)
+    assert report["exit_code"] == code
+    return code, report, captured.err
+
+
+def test_the_template_carries_its_own_record(default: dict[str, Any]) -> None:
+    """The record the deploy writes is the synthesized template's own fleet and data resources (and
+    what they reference); a property the record does not see is refused at synth."""
+    check_embedded(default)
+    record = record_from_template(default)
+    types = {resource["Type"] for resource in record["resources"].values()}
+    assert set(FLEET_TYPES) <= types and {"AWS::S3::Bucket", "AWS::KMS::Key", "AWS::IAM::Role"} <= types
+    assert list(record["mappings"]) == [lid for lid in default["Mappings"] if lid.startswith("TritonImage")]
+    tampered = copy.deepcopy(default)
+    model = next(r for r in tampered["Resources"].values() if r["Type"] == "AWS::SageMaker::Model")
+    model["Properties"]["PrimaryContainer"]["Environment"]["EXTRA"] = "1"
+    with pytest.raises(DeployedRecordError, match=r"EndpointModel.* differs from the template"):
+        check_embedded(tampered)
+
+
+def test_a_model_change_is_models_only(default: dict[str, Any], work: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    template = _write(work / "t-default.json", default)
+    same = _write(work / "r-same.json", json.loads(_routes(deployed=record_from_template(default)).body()))
+    code, report, _ = _plan(capsys, "--routes-file", same, "--template", template)
+    assert (code, report["verdict"], report["fleet"]["verdict"], report["data"]["verdict"]) == (
+        0, "no-change", "unchanged", "safe")
+    changed = _routes(deployed=record_from_template(default), drop="minilm-l6-text", stale="resnet-synthetic-ts")
+    code, report, _ = _plan(capsys, "--routes-file", _write(work / "r-models.json", json.loads(changed.body())),
+                            "--template", template)
+    assert (code, report["verdict"], report["fleet"]["verdict"]) == (3, "models-only", "unchanged")
+    assert [item["name"] for item in report["models"]["added"]] == ["minilm-l6-text"]
+    (updated,) = report["models"]["updated"]
+    assert updated["name"] == "resnet-synthetic-ts" and updated["reason"] == "manifest entry changed"
+    assert updated["old"] == {"target": "resnet-synthetic-ts-000000000000.tar.gz", "sha256": "a" * 64, "size": 1234}
+
+
+def test_an_instance_type_change_replaces_the_fleet_and_names_the_property(
+        default: dict[str, Any], bigger: dict[str, Any], work: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    routes = _write(work / "r-record.json", json.loads(_routes(deployed=record_from_template(default)).body()))
+    code, report, _ = _plan(capsys, "--routes-file", routes, "--template", _write(work / "t-bigger.json", bigger))
+    assert (code, report["verdict"]) == (4, "fleet-replaced")
+    assert ("fleet replaced because EndpointConfig ProductionVariants[0].InstanceType: ml.g5.xlarge -> "
+            "ml.g5.2xlarge") in report["summary"]
+    assert "blue/green" in report["fleet"]["text"] and "1 x ml.g5.2xlarge" in report["fleet"]["rollout"]
+    # The same verdict from the deployed template instead of the record.
+    code, report, _ = _plan(capsys, "--routes-file", routes, "--template", str(work / "t-bigger.json"),
+                            "--deployed-template", _write(work / "t-deployed.json", default))
+    assert (code, report["verdict"], report["other"]["compared"]) == (4, "fleet-replaced", True)
+
+
+def test_a_construct_code_change_of_the_environment_replaces_the_fleet(
+        default: dict[str, Any], new_default_variable: dict[str, Any], work: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """No setting changed, so a list of settings would say "unchanged": the template says otherwise."""
+    routes = _write(work / "r-code.json", json.loads(_routes(deployed=record_from_template(default)).body()))
+    code, report, _ = _plan(capsys, "--routes-file", routes, "--template",
+                            _write(work / "t-code.json", new_default_variable))
+    assert (code, report["verdict"]) == (4, "fleet-replaced")
+    model = next(f for f in report["fleet"]["findings"] if f["resource"] == "Model")
+    assert model["impact"] == "WILL_REPLACE"
+    assert "PrimaryContainer.Environment.SAGEMAKER_TRITON_LOG_INFO: (unset) -> false" in model["reasons"]
+    assert "PrimaryContainer.Environment.SAGEMAKER_TRITON_LOG_VERBOSE: false -> (unset)" in model["reasons"]
+    config = next(f for f in report["fleet"]["findings"] if f["resource"] == "EndpointConfig")
+    assert config["impact"] == "WILL_REPLACE" and config["reasons"] == ["it refers to Model, which is replaced"]
+
+
+def test_a_first_deploy_creates_the_fleet(endpoint: str, default: dict[str, Any], work: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from model_build.aws_clients import make_s3_client
+
+    make_s3_client(endpoint_url=endpoint).create_bucket(Bucket="plan-first")
+    code, report, _ = _plan(capsys, "--bucket", "plan-first", "--endpoint-url", endpoint, "--template",
+                            _write(work / "t-first.json", default))
+    assert (code, report["verdict"], report["live_release"], report["data"]["verdict"]) == (
+        3, "fleet-created", None, "safe")
+    assert report["models"]["counts"]["added"] == 6
+    assert {f["type"] for f in report["fleet"]["findings"]} == set(FLEET_TYPES)
+
+
+def test_routes_the_cli_published_give_an_unknown_fleet(default: dict[str, Any], work: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Routes with no record (``python -m model_build publish``): unknown, exit 4, with a template
+    that changed nothing and an instance type that changed (the old plan said "unchanged", exit 0)."""
+    routes = _write(work / "r-cli.json", json.loads(_routes(deployed=None, stack="").body()))
+    template = _write(work / "t-cli.json", default)
+    code, report, _ = _plan(capsys, "--routes-file", routes, "--template", template)
+    assert (code, report["verdict"], report["data"]["verdict"]) == (4, "fleet-unknown", "unknown")
+    assert "carry no record of the deployed fleet" in report["fleet"]["unknown_reason"]
+    assert "--deployed-template" in report["fleet"]["unknown_reason"]
+    # Given the deployed template, it is known again.
+    code, report, _ = _plan(capsys, "--routes-file", routes, "--template", template, "--deployed-template", template)
+    assert (code, report["verdict"]) == (0, "no-change")
+    # Routes an earlier version wrote (its settings, not the template) are unknown too.
+    legacy = json.loads(_routes(deployed=None).body())
+    legacy["fleet"] = {"instance_type": "ml.g5.xlarge"}
+    code, report, _ = _plan(capsys, "--routes-file", _write(work / "r-legacy.json", legacy), "--template", template)
+    assert (code, report["verdict"]) == (4, "fleet-unknown")
+    assert "settings an earlier version recorded" in report["fleet"]["unknown_reason"]
+
+
+def test_a_bucket_replacement_or_a_removed_log_group_puts_data_at_risk(
+        default: dict[str, Any], work: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    deployed = copy.deepcopy(default)
+    bucket_id = next(lid for lid, r in deployed["Resources"].items()
+                     if r["Type"] == "AWS::S3::Bucket" and lid.startswith("ModelBucket2"))
+    deployed["Resources"][bucket_id]["Properties"]["BucketName"] = "models-of-another-name"
+    template = _write(work / "t-data.json", default)
+    routes = _write(work / "r-data.json", json.loads(_routes(deployed=record_from_template(deployed)).body()))
+    code, report, _ = _plan(capsys, "--routes-file", routes, "--template", template)
+    assert (code, report["verdict"], report["data"]["verdict"]) == (4, "data-at-risk", "at-risk")
+    finding = next(f for f in report["data"]["findings"] if f["logical_id"] == bucket_id)
+    assert finding["impact"] == "WILL_REPLACE"
+    assert finding["reasons"] == ["BucketName: models-of-another-name -> (unset)"]
+    # A log group the new template no longer has (retained: orphaned) is at risk too.
+    newer = copy.deepcopy(default)
+    log_group = next(lid for lid, r in newer["Resources"].items() if r["Type"] == "AWS::Logs::LogGroup")
+    del newer["Resources"][log_group]
+    code, report, _ = _plan(capsys, "--routes-file", routes, "--template",
+                            _write(work / "t-nolog.json", newer), "--deployed-template", _write(work / "t-d.json", default))
+    assert (code, report["verdict"]) == (4, "data-at-risk")
+    assert [(f["logical_id"], f["impact"]) for f in report["data"]["findings"]] == [(log_group, "WILL_ORPHAN")]
+
+
+def test_bad_input_is_one_line_and_never_a_verdict(default: dict[str, Any], work: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    template = _write(work / "t-bad.json", default)
+    body = _routes(deployed=record_from_template(default)).body()
+    other = json.loads(body)
+    other["stack"] = "arn:aws:cloudformation:eu-west-1:123456789012:stack/SomeoneElse/1"
+    unknown_schema = {**json.loads(body), "schema": "triton-mme/routes/9"}
+    truncated = work / "r-truncated.json"
+    truncated.write_bytes(body[:200])
+    broken_template = work / "t-broken.json"
+    broken_template.write_text("{\"Resources\": ", encoding="utf-8")
+    routes = _write(work / "r-ok.json", json.loads(body))
+    cases = [
+        (["--routes-file", _write(work / "r-other.json", other), "--template", template],
+         "written by stack 'SomeoneElse', not 'TritonMme'"),
+        (["--routes-file", _write(work / "r-schema.json", unknown_schema), "--template", template],
+         "schema 'triton-mme/routes/9'; expected 'triton-mme/routes/1'"),
+        (["--routes-file", str(truncated), "--template", template], "truncated"),
+        (["--routes-file", routes, "--template", template, "--deployed-template", str(broken_template)],
+         f"--deployed-template {broken_template}: not a CloudFormation template in JSON"),
+        (["--routes-file", str(work / "nope.json"), "--template", template], "--routes-file: got"),
+    ]
+    for args, expected in cases:
+        code, _, err = _plan(capsys, *args)
+        assert code == 1 and expected in err, (args, err)
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_online_without_credentials_is_one_line(default: dict[str, Any], work: Path) -> None:
+    routes = _write(work / "r-online.json", json.loads(_routes(deployed=None).body()))
+    env = subprocess_env(AWS_SHARED_CREDENTIALS_FILE=str(work / "none"), AWS_CONFIG_FILE=str(work / "none"))
+    result = subprocess.run(
+        [sys.executable, "-m", "model_build", "plan", "--routes-file", routes, "--stack-name", "TritonMme",
+         "--region", "eu-west-1", "--template", _write(work / "t-online.json", default), "--detailed-exitcode"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "--stack-name TritonMme: no AWS credentials found" in result.stderr
+    assert "Traceback" not in result.stderr and "verdict" not in result.stdout
+
+
+@pytest.mark.parametrize("name_length", [12, 64])
+def test_the_markdown_fits_one_github_comment_at_3000_models(name_length: int) -> None:
+    """3,000 models, every list full: the comment stays under GitHub's limit, the summary and the
+    counts first, each list cut to the same length with a count of what it leaves out."""
+    def name(i: int) -> str:
+        return f"model-{i:05d}-" + "x" * (name_length - 12)
+
+    def route(i: int) -> Route:
+        return Route(name(i), f"{name(i)}-0123456789ab.tar.gz", "f" * 64, 10**9, "k" * 64, name(i), "e" * 64)
+
+    models = ModelPlan(
+        added=[Planned(name(i), "e" * 64) for i in range(0, 750)],
+        updated=[Updated(route(i), "d" * 64, "manifest entry changed") for i in range(750, 1500)],
+        removed=[route(i) for i in range(1500, 2250)],
+        unchanged=[route(i) for i in range(2250, 3000)],
+        live_release="r-0123456789abcdef",
+    )
+    finding = Finding("fleet-replaced", "EndpointConfig", "EndpointConfig1234", "AWS::SageMaker::EndpointConfig",
+                      "WILL_REPLACE", ("ProductionVariants[0].InstanceType: ml.g5.xlarge -> ml.g5.2xlarge",))
+    verdict = Verdict(fleet="replaced", data="safe", compared_with="the deployed record in the live routes",
+                      findings=[finding], rollout="a blue/green rollout of every instance")
+    report = PlanReport(stack="TritonMme", models=models, verdict=verdict, routes_where="s3://b/models/_routes/routes.json")
+    text = report.markdown()
+    assert len(text) <= GITHUB_COMMENT_LIMIT and text.splitlines()[0] == marker("TritonMme")
+    head = text[:2000]
+    assert "fleet replaced because EndpointConfig ProductionVariants[0].InstanceType" in head
+    assert "| 3000 | 750 | 750 | 750 | 750 |" in head
+    cut = [line for line in text.splitlines() if "more (the JSON plan lists every one)" in line]
+    assert len(cut) == 4, "each of the four model lists is cut"
+    kept = {int(line.split("and ")[1].split(" more")[0]) for line in cut}
+    assert len(kept) == 1 and 0 < kept.pop() < 750, "the same number kept in every list"
+    # Small plans are shown whole.
+    small = PlanReport(stack="TritonMme", models=ModelPlan(added=[Planned("a", "e" * 64)]), verdict=verdict,
+                       routes_where="file").markdown()
+    assert "more (the JSON plan" not in small and "- `a`" in small
+    jsonschema.validate(report.as_json(), SCHEMA, cls=jsonschema.Draft202012Validator)
