@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import yaml
@@ -71,9 +72,10 @@ class _GitHub(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self.calls.append(f"GET {self.path}")
         assert self.headers["Authorization"] == "Bearer token-1"
-        page = int(self.path.split("page=")[1]) if "page=" in self.path else 1
+        query = parse_qs(urlsplit(self.path).query)
+        page, size = int(query.get("page", ["1"])[0]), int(query.get("per_page", ["30"])[0])
         items = sorted(self.comments.values(), key=lambda item: item["id"])
-        self._reply(200, items[(page - 1) * 100:page * 100])
+        self._reply(200, items[(page - 1) * size:page * size])
 
     def do_POST(self) -> None:
         self.calls.append(f"POST {self.path}")
