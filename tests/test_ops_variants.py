@@ -567,3 +567,16 @@ def test_bad_rollout_setting_fails_the_app(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert result.stderr.startswith("error: mme:rollout_size: got 1 instances with mme:rollout_traffic CANARY")
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("variant", ["isolated", "existing"])
+def test_the_deployed_record_is_the_templates_own_in_a_vpc(variant: str, request: pytest.FixtureRequest) -> None:
+    """With a created or an existing VPC the Model names subnets and security groups: the record
+    holds them (their replacement replaces the Model) and equals the template's resources."""
+    from model_build.release.deployed import check_embedded, parse_record
+
+    s: Synth = request.getfixturevalue(variant)
+    check_embedded(s.data)
+    (build,) = [r for r in s.data["Resources"].values() if r["Type"] == "Custom::TritonModelRelease"]
+    types = {r["Type"] for r in parse_record(build["Properties"]["Deployed"], where=variant)["resources"].values()}
+    assert "AWS::EC2::SecurityGroup" in types, sorted(types)

@@ -430,3 +430,13 @@ def test_build_resource_props(tmp_path: Path) -> None:
 def test_project_root_is_the_build_context() -> None:
     assert (PACKAGE_DIR / "Dockerfile").is_file(), "model_build/Dockerfile is the build image's recipe"
     assert PACKAGE_DIR == ROOT / "model_build"
+
+
+def test_the_deployed_record_is_the_templates_own(ebs: Synth, published: Synth) -> None:
+    """Every setting the ebs variant changes reaches the record as the template renders it; a stack
+    that serves a release published out of band has no build, hence no record (plan: unknown
+    offline, known with --stack-name)."""
+    from model_build.release.deployed import check_embedded
+
+    check_embedded(ebs.data)
+    assert not [r for r in published.data["Resources"].values() if r["Type"] == "Custom::TritonModelRelease"]

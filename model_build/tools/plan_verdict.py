@@ -205,6 +205,8 @@ def _classify(old: Mapping[str, Any], new: Mapping[str, Any], *, compared_with: 
         reasons = _reasons(old_resources.get(lid), new_resources.get(lid), change, replaced, new_resources, counts)
         kind = _kind(kind_type, change, bool(had_fleet))
         findings.append(Finding(kind, name, lid, kind_type, change["impact"], tuple(reasons)))
+    order = ("data-at-risk", "fleet-replaced", "fleet-created", "fleet-updated", "other")
+    findings.sort(key=lambda finding: (order.index(finding.kind), finding.name))
     kinds = {finding.kind for finding in findings}
     fleet = ("replaced" if "fleet-replaced" in kinds else "created" if "fleet-created" in kinds
              else "updated" if "fleet-updated" in kinds else "unchanged")
@@ -312,7 +314,7 @@ def _shown(value: Any) -> str:
 def _rollout(resources: Mapping[str, Any], *, created: bool) -> str:
     """What the new fleet is, from the template's literal values (a token is left out)."""
     parts: list[str] = []
-    for resource in resources.values():
+    for resource in sorted(resources.values(), key=lambda item: item.get("Type") != "AWS::SageMaker::EndpointConfig"):
         props = resource.get("Properties") or {}
         if resource.get("Type") == "AWS::SageMaker::EndpointConfig":
             variants = props.get("ProductionVariants") or [{}]
