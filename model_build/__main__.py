@@ -25,8 +25,7 @@ from model_build.manifest import Manifest, load_manifest
 from model_build.release import DEFAULT_COMPRESSLEVEL, Release, compute_release, served_prefix
 from model_build.release.routes import DEFAULT_RETENTION_DAYS
 from model_build.tools.endpoint import add_endpoint_parser, cmd_endpoint
-from model_build.tools.plan_cli import add_plan_parsers, cmd_plan, cmd_releases
-from model_build.tools.pr_comment import add_pr_comment_parser, cmd_pr_comment
+from model_build.tools.plan_cli import add_plan_parsers, cmd_plan, cmd_pr_comment, cmd_releases
 from model_build.tools.smoke_cli import add_smoke_parser, cmd_smoke
 
 # Wide when not a terminal, so logs and CI output keep each table row and message on one line.
@@ -469,7 +468,6 @@ def _parser() -> argparse.ArgumentParser:
     add_smoke_parser(sub)
     add_endpoint_parser(sub)
     add_plan_parsers(sub, DEFAULT_PREFIX)
-    add_pr_comment_parser(sub)
     return parser
 
 

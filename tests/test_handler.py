@@ -371,6 +371,9 @@ def test_bad_manifest_in_the_asset_names_the_field(env: Any) -> None:
         ("ReleaseId", "latest", "property ReleaseId: got 'latest'; expected r- and 16 hex digits"),
         ("OnDelete", "snapshot", "property OnDelete: got 'snapshot'; expected one of retain, destroy"),
         ("ModelBucket", "", "property ModelBucket: got ''; expected a non-empty string"),
+        ("Deployed", "{\"schema\": \"other\"}",
+         "deployed record property Deployed: schema 'other'; expected 'triton-mme/deployed/1'"),
+        ("Deployed", "{", "deployed record property Deployed: not valid JSON"),
     ],
 )
 def test_bad_properties_are_refused_with_the_property_named(

@@ -431,10 +431,14 @@ def test_build_custom_resource(default: Synth) -> None:
     assert set(props) == {
         "ServiceToken", "ServiceTimeout", "ManifestBucket", "ManifestKey", "ManifestSha256",
         "ModelBucket", "ModelPrefix", "ReleaseId", "CodeSha256", "OnDelete", "RetiredTagKey",
-        "BuildStateMachineArn", "RetentionDays", "Fleet",
+        "BuildStateMachineArn", "RetentionDays", "Deployed",
     }
     assert props["RetentionDays"] == "7"
-    assert json.loads(props["Fleet"])["instance_type"] == "ml.g5.xlarge"
+    # The deployed record (what plan compares with): a string, so CloudFormation resolves nothing in it.
+    record = json.loads(props["Deployed"])
+    _, config = default.only("AWS::SageMaker::EndpointConfig")
+    assert record["resources"][logical_id(default, "Endpoint/EndpointConfig")] == {
+        "Type": "AWS::SageMaker::EndpointConfig", "Properties": config["Properties"]}
     assert props["BuildStateMachineArn"] == {"Ref": logical_id(default, "ModelBuild/BuildStateMachine/Resource/Resource")}
     assert props["ServiceTimeout"] == "3600"
     assert re.fullmatch(r"[0-9a-f]{64}\.yaml", props["ManifestKey"])

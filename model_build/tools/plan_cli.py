@@ -29,6 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from model_build.errors import ModelBuildError
+from model_build.tools.pr_comment import add_pr_comment_parser, cmd_pr_comment
+
+__all__ = ["add_plan_parsers", "cmd_plan", "cmd_pr_comment", "cmd_releases"]
 
 
 def _context(overrides: list[str]) -> dict[str, str]:
@@ -266,3 +269,4 @@ def add_plan_parsers(sub: Any, default_prefix: str) -> None:
     group.add_argument("--delete", action="append", metavar="RELEASE", help="delete this release prefix (repeatable)")
     group.add_argument("--delete-all", action="store_true", help="delete every listed release prefix")
     releases.set_defaults(func=cmd_releases)
+    add_pr_comment_parser(sub)
