@@ -15,6 +15,11 @@ Each size is compared with the same stack synthesized without a manifest
 resource and the manifest's validation; the manifest's validation alone
 (:func:`model_build.manifest.load_manifest`) is timed too. Generated manifests are written to a
 temporary folder and passed with ``-c mme:manifest_path=<file>``.
+
+The pull-request plan is timed here too (issue 34): ``python -m model_build plan`` against a routes
+file at 3,000 models (3 in the tiny run), as a CI runs it (a new process, JSON printed, the
+markdown written), with the synthesized template given (``--template``: synth excluded, it is
+timed above). The goal: within 5 s.
 """
 
 from __future__ import annotations
@@ -57,6 +62,10 @@ NO_MANIFEST_RELEASE = "r-0000000000000000"
 CFN_MAX_RESOURCES = 500
 CFN_MAX_TEMPLATE_BYTES = 1_000_000  # "1 MB" for a template uploaded through S3
 GOAL_SYNTH_RATIO = 1.5
+#: The plan row: models in the routes and the manifest, runs, and the goal (seconds, synth excluded).
+PLAN_SIZES: dict[str, dict[str, int]] = {"tiny": {"models": 3, "repeats": 1}, "quick": {"models": 3000, "repeats": 3},
+                                         "full": {"models": 3000, "repeats": 5}}
+GOAL_PLAN_SECONDS = 5.0
 TEMPLATE_NAMES = ("minilm-l6-embedding", "resnet-synthetic", "resnet-synthetic-ts")
 
 
@@ -206,6 +215,61 @@ def _validation_parts(path: Path, repeats: int) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------
+# The pull-request plan at thousands of models
+# ---------------------------------------------------------------------------------------------
+
+
+def plan_timing(ctx: RunContext, folder: Path) -> dict[str, Any]:
+    """``python -m model_build plan`` against a routes file of ``models`` routes (1% of the entries
+    changed since, so the plan has updates to list), the template synthesized beforehand."""
+    from model_build.manifest import load_manifest
+    from model_build.release import entry_sha256, model_code_sha256
+    from model_build.release.deployed import record_from_template
+    from model_build.release.routes import Route, Routes
+
+    chosen = ctx.sizes(PLAN_SIZES)
+    count, repeats = int(chosen["models"]), int(chosen["repeats"])
+    manifest_path = write_manifest(count, folder)
+    outdir = Path(tempfile.mkdtemp(prefix="plan-synth-", dir=ctx.work_dir))
+    synth_in_process(manifest_path, outdir)
+    template_path = folder / "plan-template.json"
+    template_path.write_bytes((outdir / "TritonMme.template.json").read_bytes())
+    shutil.rmtree(outdir, ignore_errors=True)
+    manifest = load_manifest(manifest_path)
+    routes = {}
+    for index, spec in enumerate(manifest.models):
+        digest = "0" * 64 if index % 100 == 0 else entry_sha256(spec, manifest_path.parent)
+        for target in spec.target_names():
+            routes[target] = Route(target, f"{target}-0123456789ab.tar.gz", "f" * 64, 10**8, "k" * 64, spec.name,
+                                   digest)
+    routes_path = folder / "plan-routes.json"
+    template = json.loads(template_path.read_text(encoding="utf-8"))
+    routes_path.write_bytes(Routes("r-0123456789abcdef", "s3://b/models/served/", "k", routes,
+                                   model_code_sha256=model_code_sha256(),
+                                   deployed=record_from_template(template)).body())
+    markdown_path = folder / "plan.md"
+    command = [sys.executable, "-m", "model_build", "plan", "--manifest", str(manifest_path), "--routes-file",
+               str(routes_path), "--template", str(template_path), "--format", "json", "--markdown-file",
+               str(markdown_path), "--detailed-exitcode"]
+    seconds: list[float] = []
+    report: dict[str, Any] = {}
+    for _ in range(repeats):
+        started = time.perf_counter()
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+        seconds.append(time.perf_counter() - started)
+        if done.returncode != 3:
+            raise RuntimeError(f"plan exited {done.returncode}, expected 3 (models only): {done.stderr[-800:]}")
+        report = json.loads(done.stdout)
+    log(f"plan: {count} models, {stats(seconds)['median']:.2f} s (median of {repeats})")
+    return {"models": count, "routes": len(routes), "repeats": repeats, "seconds": stats(seconds),
+            "counts": report["models"]["counts"], "verdict": report["verdict"],
+            "markdown_chars": len(markdown_path.read_text(encoding="utf-8")),
+            "routes_bytes": routes_path.stat().st_size,
+            "command": "python -m model_build plan --manifest <m> --routes-file <r> --template <t> --format json "
+                       "--markdown-file <md> --detailed-exitcode"}
+
+
+# ---------------------------------------------------------------------------------------------
 # The benchmark
 # ---------------------------------------------------------------------------------------------
 
@@ -292,8 +356,9 @@ def run(ctx: RunContext) -> dict[str, Any]:
         }
         for key in configs
     }
+    plan = plan_timing(ctx, folder)
     result["measurements"] = {"by_size": by_size, "in_process_warmup_s": round(warmup_s, 3),
-                              f"in_process_profile_{sizes[-1]}": profile}
+                              f"in_process_profile_{sizes[-1]}": profile, "plan": plan}
 
     small, large = str(sizes[0]), str(sizes[-1])
     for path_key, label in (("cli_s", "cdk synth (CLI)"), ("in_process_s", "in-process app.synth()")):
@@ -319,6 +384,19 @@ def run(ctx: RunContext) -> dict[str, Any]:
     not_judged = "" if int(large) >= full_large else (
         f"stated at {full_large} models; this {ctx.mode} run's largest manifest has {large}")
     _goals(result, by_size, small, large, profile, not_judged)
+    plan_full = PLAN_SIZES["full"]["models"]
+    result["goals"].append(goal(
+        "plan_time",
+        f"python -m model_build plan against a routes file at {plan_full} models within {GOAL_PLAN_SECONDS:g} s "
+        "(synth excluded)",
+        target=f"<= {GOAL_PLAN_SECONDS:g} s", measured=round(plan["seconds"]["median"], 3),
+        met=plan["seconds"]["median"] <= GOAL_PLAN_SECONDS,
+        detail=(f"{plan['models']} models: {plan['counts']}, verdict {plan['verdict']}; a new process each run "
+                f"(the CDK and settings import, the manifest, the diff engine on Node.js); markdown "
+                f"{plan['markdown_chars']} characters."),
+        not_judged="" if plan["models"] >= plan_full else f"stated at {plan_full} models; this run has "
+                                                                f"{plan['models']}",
+    ))
     result["notes"].append(
         f"In-process synth reuses one jsii process; its start-up (the first synth, {warmup_s:.1f} s) is "
         "excluded. The CLI path pays Node, Python and jsii start-up on every run, as a user does."
@@ -506,7 +584,25 @@ def markdown(result: dict[str, Any]) -> str:
             for key, m in by_size.items()
         ]),
         *_profile_lines(result),
+        *_plan_lines(result),
     ])
+
+
+def _plan_lines(result: dict[str, Any]) -> list[str]:
+    from benchmarks._common import spread_text
+
+    plan = result["measurements"].get("plan")
+    if not plan:
+        return []
+    counts = plan["counts"]
+    return [
+        "",
+        f"The pull-request plan: `{plan['command']}` against a routes file of {plan['routes']} routes "
+        f"({plan['routes_bytes'] / 1e6:.1f} MB) and a manifest of {plan['models']} entries, 1% of them changed "
+        f"({counts['updated']} updated, {counts['unchanged']} unchanged: verdict {plan['verdict']}), a new process "
+        f"each of {plan['repeats']} runs, the template synthesized beforehand: "
+        f"**{spread_text(plan['seconds'], 's')}**; its markdown comment {plan['markdown_chars']} characters.",
+    ]
 
 
 def _profile_lines(result: dict[str, Any]) -> list[str]:
