@@ -3,7 +3,8 @@
 Each verdict from real synthesized templates and the real CDK diff engine: a model change (models
 only), an instance-type change and a construct-code change of the Model's environment (fleet
 replaced, the property named), a first deploy (fleet created), routes published by the CLI
-(fleet unknown, exit 4), a bucket replacement and a removed log group (data at risk); the JSON
+(fleet unknown, exit 4), a bucket replacement and a removed log group (data at risk), the stack's
+template read from CloudFormation (moto on loopback); the JSON
 against its schema; the markdown's size at 3,000 models; bad input as one line, never a verdict.
 """
 
@@ -293,3 +294,34 @@ def test_the_markdown_fits_one_github_comment_at_3000_models(name_length: int) -
                        routes_where="file").markdown()
     assert "more (the JSON plan" not in small and "- `a`" in small
     jsonschema.validate(report.as_json(), SCHEMA, cls=jsonschema.Draft202012Validator)
+
+
+def test_online_reads_the_stacks_template_from_cloudformation(
+        endpoint: str, default: dict[str, Any], work: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--stack-name``: the deployed template is the stack's, read with GetTemplate (moto's
+    CloudFormation on loopback); a stack that does not exist, with no routes, is a first deploy."""
+    import boto3
+
+    from model_build.aws_clients import make_s3_client
+
+    for name, value in (("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test"),
+                        ("AWS_ENDPOINT_URL_CLOUDFORMATION", endpoint)):
+        monkeypatch.setenv(name, value)
+    bucket_id = next(lid for lid, r in default["Resources"].items()
+                     if r["Type"] == "AWS::S3::Bucket" and lid.startswith("ModelBucket2"))
+    # moto's CloudFormation creates plain buckets, not SageMaker resources: the stack deployed here
+    # holds the model bucket, under another name.
+    deployed = {"Resources": {bucket_id: {"Type": "AWS::S3::Bucket", "Properties": {"BucketName": "models-online"}}}}
+    cloudformation = boto3.client("cloudformation", region_name="eu-west-1", endpoint_url=endpoint)
+    cloudformation.create_stack(StackName="TritonMme", TemplateBody=json.dumps(deployed))
+    make_s3_client(endpoint_url=endpoint).create_bucket(Bucket="plan-online")
+    template = _write(work / "t-online-new.json", default)
+    code, report, _ = _plan(capsys, "--bucket", "plan-online", "--endpoint-url", endpoint, "--stack-name", "TritonMme",
+                            "--region", "eu-west-1", "--template", template)
+    assert (code, report["verdict"]) == (4, "data-at-risk")
+    assert report["compared_with"]["deployed"] == "the template of stack TritonMme" and report["other"]["compared"]
+    assert [(f["logical_id"], f["impact"]) for f in report["data"]["findings"]] == [(bucket_id, "WILL_REPLACE")]
+    code, report, _ = _plan(capsys, "--bucket", "plan-online", "--endpoint-url", endpoint, "--stack-name", "Absent",
+                            "--region", "eu-west-1", "--template", template)
+    assert (code, report["verdict"]) == (3, "fleet-created")
