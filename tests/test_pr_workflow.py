@@ -106,6 +106,11 @@ def github() -> Iterator[str]:
         server.server_close()
 
 
+def test_the_docs_show_the_workflow_as_it_is() -> None:
+    docs = (ROOT / "docs" / "pipelines.md").read_text(encoding="utf-8")
+    assert "```yaml\n" + WORKFLOW.read_text(encoding="utf-8") + "```" in docs
+
+
 @pytest.mark.slow
 def test_the_workflow_plans_comments_once_and_gates_on_exit_4(tmp_path: Path, github: str) -> None:
     job = _job()
