@@ -169,3 +169,24 @@ def test_the_workflow_plans_comments_once_and_gates_on_exit_4(tmp_path: Path, gi
     output.write_text("")
     failed = _run("Plan", checkout, PLAN_LIVE=live, GITHUB_OUTPUT=str(output))
     assert failed.returncode == 1 and "truncated" in failed.stderr and output.read_text() == "exit_code=1\n"
+
+
+def test_pr_comment_refuses_what_it_cannot_post(tmp_path: Path, github: str) -> None:
+    """No token, no marker line, no such file: one line each, exit 1, nothing posted."""
+    plan = tmp_path / "plan.md"
+    plan.write_text("no marker here\n")
+    cases = [
+        ({"GITHUB_REPOSITORY": "acme/models"}, ["--file", str(plan), "--pr", "7"], "GITHUB_TOKEN not set"),
+        ({"GITHUB_TOKEN": "token-1", "GITHUB_REPOSITORY": "acme/models", "GITHUB_API_URL": github},
+         ["--file", str(plan), "--pr", "7"], "does not start with the plan's hidden marker line"),
+        ({"GITHUB_TOKEN": "token-1", "GITHUB_REPOSITORY": "acme/models"}, ["--file", str(tmp_path / "nope.md"),
+                                                                            "--pr", "7"], "--file: got"),
+    ]
+    for env, args, expected in cases:
+        result = subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-m", "model_build", "pr-comment", *args],
+                                cwd=ROOT, env={k: v for k, v in subprocess_env(**env).items()
+                                               if k != "GITHUB_TOKEN" or "GITHUB_TOKEN" in env},
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 1 and expected in result.stdout + result.stderr, (args, result.stderr)
+        assert "Traceback" not in result.stderr
+    assert _GitHub.calls == [] and len(_GitHub.comments) == 1

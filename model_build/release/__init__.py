@@ -8,8 +8,10 @@
 - ``publish``: a set of artifacts under one prefix (each tarball once, index last), and retiring,
   deleting, downloading such a prefix;
 - ``store``: the content-addressed store of built models and a release assembled from it;
-- ``routes``: the routes document, the plan of a change (``python -m model_build plan``) and the
-  client resolver;
+- ``routes``: the routes document, the model plan of a change (``python -m model_build plan``) and
+  the client resolver;
+- ``deployed``: the deployed record the routes carry (the fleet's and the data's resources as the
+  template renders them), and how two templates are made comparable;
 - ``serving``: routing a release on the live fleet, retention, destroy, legacy prefixes.
 
 Owns: everything that is in S3 after a build. It never builds: the store's units come from
