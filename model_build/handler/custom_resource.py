@@ -82,7 +82,9 @@ def _start_build(request: Request, machine: str, event: Mapping[str, Any]) -> st
     The execution is named after the release and CloudFormation's request id: unique per
     request, and the same request retried by the Provider cannot start a second build."""
     name = f"{request.release_id}-{str(event.get('RequestId', 'request'))[:36]}"
-    properties = {k: v for k, v in request.props.items() if k != "ServiceToken"}
+    # The build steps need neither the token nor the deployed record (is_complete writes it with
+    # the routes): every state's payload stays small, whatever the stack.
+    properties = {k: v for k, v in request.props.items() if k not in ("ServiceToken", "Deployed")}
     states = _states()
     try:
         return str(states.start_execution(stateMachineArn=machine, name=name,
