@@ -6,6 +6,7 @@ allowed; the CLI must print it without a stack trace, before any model is loaded
 
 from __future__ import annotations
 
+import argparse
 import copy
 import re
 import subprocess
@@ -251,6 +252,43 @@ def run_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=120,
     )
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    (action,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(action.choices)
+
+
+def test_cli_usage_line_lists_every_subcommand() -> None:
+    """Issue 38: ``--help`` opened with a hand-written line listing 7 of the 9 subcommands; the line
+    and the module's docstring are now filled from the parser, and each subcommand runs its own func."""
+    import model_build.__main__ as cli
+
+    commands = _subcommands(cli._parser())
+    assert {"validate", "build", "publish", "verify", "demo", "smoke", "endpoint", "plan", "releases"} <= set(commands)
+    listed = "{" + ",".join(commands) + "}"
+    result = run_cli("--help")
+    assert result.returncode == 0, result.stderr
+    description = " ".join(result.stdout.split("\n\n")[1].split())  # argparse wraps it at the terminal width
+    assert description.startswith(f"``python -m model_build {listed}``"), description
+    assert cli.__doc__ is not None and cli.__doc__.splitlines()[0].startswith(f"``python -m model_build {listed}``")
+    assert all(callable(p.get_default("func")) for p in commands.values()), "a subcommand runs nothing"
+
+
+def test_cli_usage_line_follows_a_new_subcommand(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A subcommand added by a tool's parser appears in the usage line with no other edit."""
+    import model_build.__main__ as cli
+
+    original = cli.add_plan_parsers
+
+    def with_one_more(sub: Any, default_prefix: str) -> None:
+        original(sub, default_prefix)
+        sub.add_parser("newcommand", help="added by the test").set_defaults(func=lambda args: 0)
+
+    monkeypatch.setattr(cli, "add_plan_parsers", with_one_more)
+    parser = cli._parser()
+    assert parser.description is not None and ",releases,newcommand}``" in parser.description
+    assert cli.main(["newcommand"]) == 0
 
 
 def test_cli_validate_prints_targets_and_release() -> None:
