@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from aws_cdk import Duration
 from aws_cdk import aws_cloudwatch as cloudwatch
@@ -79,50 +79,23 @@ def _name_prefix(prefix: str) -> str:
     return prefix
 
 
-class AlarmThresholds(Props):
-    """Thresholds of the endpoint alarms, each with the reason for its default."""
+def _threshold(default: float, description: str) -> Any:
+    """One alarm's threshold field: its default and why (its bounds are its type's)."""
+    return Field(default=default, description=description)
 
-    invocation_5xx_errors: float = Field(
-        default=0,
-        ge=0,
-        le=1e12,
-        description="Invocation5XXErrors per minute (Sum) above which a minute is bad; the alarm fires "
-        "on 3 bad minutes of 5. 0: any 5xx counts (a container or model failure), 3 of 5 ignores a "
-        "single blip.",
-    )
-    invocation_4xx_rate_percent: Percent = Field(
-        default=5,
-        description="Share of requests answered 4xx (Average of Invocation4XXErrors, 1 per 4xx and 0 "
-        "otherwise) above which a minute is bad; 5 bad minutes in a row fire. A few 4xx are normal "
-        "client mistakes, a sustained 5% is not.",
-    )
-    model_latency_p99_ms: Milliseconds = Field(
-        default=1000,
-        description="Latency budget of ModelLatency p99 in milliseconds (the alarm threshold is this x "
-        "1000 microseconds); 5 minutes in a row above it fire.",
-    )
-    model_loading_wait_p90_ms: Milliseconds = Field(
-        default=10_000,
-        description="ModelLoadingWaitTime p90 in milliseconds over 5-minute periods, 3 in a row: models "
-        "evicted and reloaded (too many for the instances) or slow downloads.",
-    )
-    gpu_memory_percent: Percent = Field(
-        default=90,
-        description="GPUMemoryUtilization of the busiest instance (Maximum, 5-minute periods, 3 in a "
-        "row); above 90% loads risk out-of-memory (507) and evictions.",
-    )
-    disk_percent: Percent = Field(
-        default=85,
-        description="DiskUtilization of the fullest instance (Maximum, 5-minute periods, 3 in a row); "
-        "the instance store caches the models.",
-    )
-    gpu_saturation_percent: Percent = Field(
-        default=90,
-        description="Average GPUUtilization at or above which the fleet counts as pinned; the "
-        "saturation alarm fires when that holds for 15 minutes while the variant runs "
-        "fleet.maximum instances (Invocations / InvocationsPerInstance): autoscaling can add nothing "
-        "more.",
-    )
+
+class AlarmThresholds(Props):
+    """Thresholds of the endpoint alarms, one row per alarm, each with the reason for its default."""
+
+    # fmt: off
+    invocation_5xx_errors: Annotated[float, Field(ge=0, le=1e12)] = _threshold(0, "Invocation5XXErrors per minute (Sum) above which a minute is bad; the alarm fires on 3 bad minutes of 5. 0: any 5xx counts (a container or model failure), 3 of 5 ignores a single blip.")
+    invocation_4xx_rate_percent: Percent = _threshold(5, "Share of requests answered 4xx (Average of Invocation4XXErrors, 1 per 4xx and 0 otherwise) above which a minute is bad; 5 bad minutes in a row fire. A few 4xx are normal client mistakes, a sustained 5% is not.")
+    model_latency_p99_ms: Milliseconds = _threshold(1_000, "Latency budget of ModelLatency p99 in milliseconds (the alarm threshold is this x 1000 microseconds); 5 minutes in a row above it fire.")
+    model_loading_wait_p90_ms: Milliseconds = _threshold(10_000, "ModelLoadingWaitTime p90 in milliseconds over 5-minute periods, 3 in a row: models evicted and reloaded (too many for the instances) or slow downloads.")
+    gpu_memory_percent: Percent = _threshold(90, "GPUMemoryUtilization of the busiest instance (Maximum, 5-minute periods, 3 in a row); above 90% loads risk out-of-memory (507) and evictions.")
+    disk_percent: Percent = _threshold(85, "DiskUtilization of the fullest instance (Maximum, 5-minute periods, 3 in a row); the instance store caches the models.")
+    gpu_saturation_percent: Percent = _threshold(90, "Average GPUUtilization at or above which the fleet counts as pinned; the saturation alarm fires when that holds for 15 minutes while the variant runs fleet.maximum instances (Invocations / InvocationsPerInstance): autoscaling can add nothing more.")
+    # fmt: on
 
 
 class EndpointAlarmsProps(Props):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from aws_cdk import Duration, Stack
 from aws_cdk import aws_applicationautoscaling as appscaling
@@ -24,37 +24,27 @@ SERVICE_LINKED_ROLE = (
 Cooldown = Annotated[Duration, Between(0, 86400, SECONDS)]
 
 
+def _cooldown(seconds: int, direction: str, policy: str) -> Any:
+    """The scale-in or scale-out cooldown field of one policy (each policy has both)."""
+    return Field(default_factory=lambda: Duration.seconds(seconds),
+                 description=f"Scale-{direction} cooldown of the {policy} policy.")
+
+
 class EndpointAutoscalingProps(Props):
     """Props of :class:`EndpointAutoscaling`."""
 
     endpoint: TritonMmeEndpoint = Field(
         description="The endpoint whose variant scales, between its fleet.minimum and fleet.maximum."
     )
-    invocations_per_instance_target: float = Field(
-        default=70,
-        gt=0,
-        description="Target of the SageMakerVariantInvocationsPerInstance tracking policy (requests per "
-        "instance per minute).",
-    )
-    invocations_scale_in_cooldown: Cooldown = Field(
-        default_factory=lambda: Duration.seconds(600), description="Scale-in cooldown of the invocations policy."
-    )
-    invocations_scale_out_cooldown: Cooldown = Field(
-        default_factory=lambda: Duration.seconds(300), description="Scale-out cooldown of the invocations policy."
-    )
-    gpu_utilization_target: float = Field(
-        default=60,
-        gt=0,
-        le=100,
-        description="Target average GPUUtilization in percent (0 < target <= 100) of the GPU tracking "
-        "policy. The variant scales in only when both policies agree.",
-    )
-    gpu_scale_in_cooldown: Cooldown = Field(
-        default_factory=lambda: Duration.seconds(600), description="Scale-in cooldown of the GPU policy."
-    )
-    gpu_scale_out_cooldown: Cooldown = Field(
-        default_factory=lambda: Duration.seconds(200), description="Scale-out cooldown of the GPU policy."
-    )
+    # Each policy: its target, then its scale-in and scale-out cooldowns.
+    # fmt: off
+    invocations_per_instance_target: float = Field(default=70, gt=0, description="Target of the SageMakerVariantInvocationsPerInstance tracking policy (requests per instance per minute).")
+    invocations_scale_in_cooldown: Cooldown = _cooldown(600, "in", "invocations")
+    invocations_scale_out_cooldown: Cooldown = _cooldown(300, "out", "invocations")
+    gpu_utilization_target: float = Field(default=60, gt=0, le=100, description="Target average GPUUtilization in percent (0 < target <= 100) of the GPU tracking policy. The variant scales in only when both policies agree.")
+    gpu_scale_in_cooldown: Cooldown = _cooldown(600, "in", "GPU")
+    gpu_scale_out_cooldown: Cooldown = _cooldown(200, "out", "GPU")
+    # fmt: on
 
 
 class EndpointAutoscaling(Construct):

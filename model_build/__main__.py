@@ -1,4 +1,6 @@
-"""``python -m model_build {validate,build,publish,verify,demo,smoke,endpoint}``.
+"""``python -m model_build {commands}``: build, publish and serve the models of a manifest.
+
+The list of commands, here and in ``--help``, is filled from the parser's subcommands (``_parser``).
 
 Expected errors (a bad manifest, a model whose export does not match PyTorch, an S3 failure)
 print one message and exit 1 with no stack trace; anything else is a bug and keeps its traceback.
@@ -24,9 +26,9 @@ from model_build.errors import ModelBuildError, PublishError
 from model_build.manifest import Manifest, load_manifest
 from model_build.release import DEFAULT_COMPRESSLEVEL, Release, compute_release, served_prefix
 from model_build.release.routes import DEFAULT_RETENTION_DAYS
-from model_build.tools.endpoint import add_endpoint_parser, cmd_endpoint
-from model_build.tools.plan_cli import add_plan_parsers, cmd_plan, cmd_pr_comment, cmd_releases
-from model_build.tools.smoke_cli import add_smoke_parser, cmd_smoke
+from model_build.tools.endpoint import add_endpoint_parser
+from model_build.tools.plan_cli import add_plan_parsers
+from model_build.tools.smoke_cli import add_smoke_parser
 
 # Wide when not a terminal, so logs and CI output keep each table row and message on one line.
 # Progress bars of our own only: the libraries' weight-loading bars and notices are noise here.
@@ -432,10 +434,11 @@ def _jobs(text: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m model_build", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m model_build")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def common(p: argparse.ArgumentParser, *, s3: bool = False, build: bool = True) -> None:
+    def common(p: argparse.ArgumentParser, func: Callable[..., int], *, s3: bool = False, build: bool = True) -> None:
+        p.set_defaults(func=func)
         p.add_argument("--manifest", default="models.yaml", help="models manifest (default: models.yaml)")
         if build:
             p.add_argument("--out", default="build", help="build folder (default: build)")
@@ -453,14 +456,14 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--region", default=None, help="AWS region (default: from the environment)")
             p.add_argument("--concurrency", type=int, default=16, help="parallel S3 requests (default: 16)")
 
-    common(sub.add_parser("validate", help="check the manifest; no model is loaded"), build=False)
-    common(sub.add_parser("build", help="export, validate, configure and package every model"))
+    common(sub.add_parser("validate", help="check the manifest; no model is loaded"), cmd_validate, build=False)
+    common(sub.add_parser("build", help="export, validate, configure and package every model"), cmd_build)
     publish = sub.add_parser("publish", help="build if needed, then publish the release to S3")
-    common(publish, s3=True)
+    common(publish, cmd_publish, s3=True)
     verify = sub.add_parser("verify", help="serve the release on the real tritonserver and check every target")
-    common(verify, s3=True)
+    common(verify, cmd_verify, s3=True)
     demo = sub.add_parser("demo", help="build, publish (local S3 unless --bucket), serve on tritonserver, invoke")
-    common(demo, s3=True)
+    common(demo, cmd_demo, s3=True)
     for p in (publish, demo):
         p.add_argument("--retention-days", type=float, default=DEFAULT_RETENTION_DAYS, metavar="DAYS",
                        help="keep a served object this long after no route uses it, for a rollback "
@@ -468,21 +471,12 @@ def _parser() -> argparse.ArgumentParser:
     add_smoke_parser(sub)
     add_endpoint_parser(sub)
     add_plan_parsers(sub, DEFAULT_PREFIX)
+    # Every subcommand names what runs it (set_defaults(func=...)); the usage line lists them all.
+    parser.description = _DOC_USAGE.replace("{commands}", "{" + ",".join(sub.choices) + "}")
     return parser
 
 
-COMMANDS = {
-    "validate": cmd_validate,
-    "build": cmd_build,
-    "publish": cmd_publish,
-    "verify": cmd_verify,
-    "demo": cmd_demo,
-    "smoke": cmd_smoke,
-    "endpoint": cmd_endpoint,
-    "plan": cmd_plan,
-    "releases": cmd_releases,
-    "pr-comment": cmd_pr_comment,
-}
+_DOC_USAGE = (__doc__ or "").split("\n")[0]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -490,11 +484,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "publish" and not args.bucket:
         _parser().error("publish: --bucket is required")
     try:
-        return COMMANDS[args.command](args)
+        return int(args.func(args))
     except ModelBuildError as error:
         console.print(f"[red]error:[/red] {escape(str(error))}", highlight=False, soft_wrap=True)
         return 1
 
+
+__doc__ = (_parser().description or "") + (__doc__ or "")[len(_DOC_USAGE):]
 
 if __name__ == "__main__":
     sys.exit(main())

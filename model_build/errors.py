@@ -82,6 +82,15 @@ class PackageError(ModelBuildError):
     step = "package"
 
 
+class TokenizerCheckError(PackageError):
+    """A raw-text target's tokenizer cannot serve its model: no tokenizer file, one that does not
+    load, a pad token outside its vocabulary, or ordinary text encoded to no token. Raised by the
+    served tokenizer step before the export (and by the ensemble check after it), naming the
+    source and the file."""
+
+    step = "tokenizer"
+
+
 class PublishError(ModelBuildError):
     """An S3 write, copy or listing of a release failed, or a release would be incomplete; no
     index is written then, so a re-run finishes what is missing."""

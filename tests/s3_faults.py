@@ -26,7 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Literal
 from urllib.parse import urlsplit
 
-Action = Literal["error", "reset", "stall", "delay", "corrupt"]
+Action = Literal["error", "reset", "stall", "delay", "corrupt", "hold"]
 
 #: Headers that describe one hop, not the message; never forwarded.
 _HOP_BY_HOP = frozenset(
@@ -52,6 +52,8 @@ class Rule:
     - ``stall``: read the request, answer nothing for ``seconds``, then close the connection.
     - ``delay``: wait ``seconds``, then forward.
     - ``corrupt``: forward, then flip one byte of the response body.
+    - ``hold``: wait until ``gate`` is set (at most the proxy's ``max_stall``), then forward: a test
+      orders concurrent requests with it (``hits`` says a request is being held).
     """
 
     action: Action
@@ -62,11 +64,14 @@ class Rule:
     status: int = 503
     code: str = "SlowDown"
     seconds: float = 0.0
+    gate: threading.Event | None = None
     hits: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         if not 1 <= self.times <= 10_000:
             raise ValueError(f"times: got {self.times}; a rule applies to 1 to 10000 requests")
+        if (self.action == "hold") != (self.gate is not None):
+            raise ValueError(f"gate: got {self.gate!r} for action {self.action!r}; 'hold' and only 'hold' takes one")
         self._pattern = re.compile(self.path)
 
     def matches(self, method: str, target: str, is_copy: bool) -> bool:
@@ -151,7 +156,7 @@ class FaultProxy:
         return [
             r
             for r in records
-            if r.injected in (None, "delay", "corrupt")
+            if r.injected in (None, "delay", "corrupt", "hold")
             and (method is None or r.method == method)
             and (is_copy is None or r.is_copy == is_copy)
         ]
@@ -195,6 +200,12 @@ class FaultProxy:
     def _record(self, record: Record) -> None:
         with self._lock:
             self.records.append(record)
+
+    def _hold(self, gate: threading.Event) -> None:
+        """Wait for ``gate``, at most ``max_stall`` seconds; return at once when the proxy closes."""
+        deadline = time.monotonic() + self.max_stall
+        while not gate.wait(0.02) and not self._closing.is_set() and time.monotonic() < deadline:
+            pass
 
     def _sleep(self, seconds: float) -> None:
         """Sleep, but return at once when the proxy closes."""
@@ -254,6 +265,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         action = rule.action if rule else None
         if rule is not None and action == "delay":
             owner._sleep(rule.seconds)
+        if rule is not None and rule.gate is not None:
+            owner._hold(rule.gate)
         response = None
         if action not in {"error", "reset", "stall"}:
             response = self._forward(body)

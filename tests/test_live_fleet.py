@@ -10,24 +10,35 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import re
 import subprocess
 import sys
+import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from cdk_helpers import subprocess_env, synth
+from s3_faults import FaultProxy, Rule
 
 from model_build.aws_clients import make_s3_client
 from model_build.release import Release, routes_key, served_name
 from model_build.release.index import read_index, read_routes
 from model_build.release.routes import RouteResolver, RoutesError, parse_routes
-from model_build.release.serving import activate_release, delete_legacy_release, legacy_releases
+from model_build.release.serving import (
+    ActivationReport,
+    activate_release,
+    delete_legacy_release,
+    legacy_releases,
+)
 from model_build.release.store import ReleaseTarget, assemble_release, publish_unit
 from model_build.tools.local_s3 import local_s3
 from model_build.types import Artifact
@@ -232,6 +243,149 @@ def test_legacy_release_prefixes_are_listed_and_deleted_on_request(s3: Any, buck
     assert delete_legacy_release(s3, bucket, PREFIX, "r-00000000000000aa") >= 1
     assert list(legacy_releases(s3, bucket, PREFIX)) == ["r-00000000000000bb"]
     assert _served(s3, bucket) == {"m-0123456789ab.tar.gz"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Two writers of the routes (issue 38): the routes PUT is a compare-and-swap
+# ---------------------------------------------------------------------------------------------
+
+ROUTES_PUT = r"/_routes/routes\.json(\?|$)"
+
+
+def _race(s3: Any, bucket: str, *writers: dict[str, Any]) -> tuple[list[Any], list[int | None]]:
+    """Activate each writer's release at once, each with its own client through its own proxy.
+
+    Each writer starts once the one before holds its routes PUT, so all read the same version and
+    run their other steps in the order given; the held PUTs are then let through in that order, each
+    answered before the next goes. Returns each writer's report or error, and the statuses of every
+    routes PUT in the order the server answered them."""
+    url = s3.endpoint_url_for_tests
+    with contextlib.ExitStack() as stack:
+        proxies = [stack.enter_context(FaultProxy(url)) for _ in writers]
+        gates = [threading.Event() for _ in writers]
+        rules = [proxy.add(Rule("hold", method="PUT", path=ROUTES_PUT, gate=gate)) for proxy, gate in zip(
+            proxies, gates, strict=True)]
+
+        def activate(proxy: FaultProxy, writer: dict[str, Any]) -> Any:
+            try:
+                return activate_release(make_s3_client(endpoint_url=proxy.url), bucket, PREFIX, **writer)
+            except RoutesError as error:
+                return error
+
+        def answered(proxy: FaultProxy) -> list[Any]:
+            return [r for r in proxy.forwarded("PUT") if re.search(ROUTES_PUT, r.target)]
+
+        with ThreadPoolExecutor(len(writers)) as pool:
+            futures = []
+            for proxy, writer, rule in zip(proxies, writers, rules, strict=True):
+                futures.append(pool.submit(activate, proxy, writer))
+                _until("the writer holds its routes PUT", lambda held: held.hits == 1, rule)
+            for proxy, gate in zip(proxies, gates, strict=True):
+                gate.set()
+                _until("the released PUT is answered", lambda through: len(answered(through)) >= 1, proxy)
+            outcomes = [future.result(timeout=120) for future in futures]
+        puts = sorted((r for proxy in proxies for r in answered(proxy)), key=lambda r: r.at)
+    return outcomes, [r.status for r in puts]
+
+
+def _until(what: str, condition: Callable[[Any], bool], subject: Any, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition(subject):
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.01)
+
+
+def _no_object_unlisted(s3: Any, bucket: str) -> Any:
+    """The live routes, after checking that every served object is routed or listed as unrouted."""
+    routes = read_routes(s3, bucket, PREFIX)
+    assert routes is not None
+    listed = routes.routed_targets() | set(routes.unrouted)
+    assert _served(s3, bucket) <= listed, f"served but neither routed nor unrouted: {_served(s3, bucket) - listed}"
+    return routes
+
+
+def test_two_publishers_racing_with_other_releases_lose_no_route(s3: Any, bucket: str, tmp_path: Path) -> None:
+    """A stack deploy and a ``publish`` read the same routes, each adding a model: the first PUT
+    wins; the second is refused by S3 (412), re-reads, and fails with one line naming the winner's
+    release, its own new object listed as unrouted. Before: both PUTs succeeded and the winner's
+    new model was served by nothing and listed nowhere."""
+    _release(s3, bucket, tmp_path, {"a": b"A1", "b": b"B1"}, "r-000000000000000a")
+    activate_release(s3, bucket, PREFIX, "r-000000000000000a")
+    _release(s3, bucket, tmp_path, {"a": b"A1", "b": b"B1", "deployed": b"D1"}, "r-000000000000000b")
+    _release(s3, bucket, tmp_path, {"a": b"A1", "b": b"B1", "published": b"P1"}, "r-000000000000000c")
+    (won, lost), statuses = _race(s3, bucket, {"release_id": "r-000000000000000b", "stack": "arn:stack"},
+                                  {"release_id": "r-000000000000000c"})
+    assert isinstance(won, ActivationReport) and won.wrote and won.conflicts == 0
+    assert isinstance(lost, RoutesError), lost
+    message = str(lost)
+    assert "\n" not in message and f"s3://{bucket}/{routes_key(PREFIX)}" in message
+    assert "routed release r-000000000000000b" in message and "stack arn:stack" in message
+    assert "r-000000000000000c is not routed" in message and "r-000000000000000b keeps serving" in message
+    assert statuses[:2] == [200, 412], "the second writer's PUT was refused, not applied"
+    routes = _no_object_unlisted(s3, bucket)
+    assert routes.release_id == "r-000000000000000b"
+    assert routes.routes["deployed"].target_model == served_name("deployed", _sha(b"D1")), "the winner's route"
+    assert served_name("published", _sha(b"P1")) in routes.unrouted, "the loser's object is listed"
+
+
+def test_a_racing_writer_of_the_release_it_read_is_reapplied(s3: Any, bucket: str, tmp_path: Path) -> None:
+    """The other writer re-routed the release this activation had read (new bookkeeping: an object
+    past the retention window deleted): the change still applies, so it runs again on the new
+    routes and writes them; nothing is listed that is gone, nothing served is unlisted."""
+    clock = Clock()
+    _release(s3, bucket, tmp_path, {"a": b"A0"}, "r-0000000000000000")
+    activate_release(s3, bucket, PREFIX, "r-0000000000000000", clock=clock)
+    _release(s3, bucket, tmp_path, {"a": b"A1", "b": b"B1"}, "r-000000000000000a")
+    activate_release(s3, bucket, PREFIX, "r-000000000000000a", clock=clock)  # a-A0 unrouted from now
+    _release(s3, bucket, tmp_path, {"a": b"A1", "b": b"B2", "c": b"C1"}, "r-000000000000000b")
+    clock.days(8)
+    old = served_name("a", _sha(b"A0"))
+    (again, new), statuses = _race(
+        s3, bucket, {"release_id": "r-000000000000000a", "clock": clock, "retention_days": 7},
+        {"release_id": "r-000000000000000b", "clock": clock, "retention_days": 30})
+    assert isinstance(again, ActivationReport) and again.deleted == [old] and again.wrote
+    assert isinstance(new, ActivationReport), new
+    assert new.conflicts == 1 and new.wrote and new.previous_release == "r-000000000000000a"
+    assert statuses == [200, 412, 200]
+    routes = _no_object_unlisted(s3, bucket)
+    assert routes.release_id == "r-000000000000000b" and old not in routes.unrouted and old not in _served(s3, bucket)
+    assert set(routes.unrouted) == {served_name("b", _sha(b"B1"))}
+
+
+def test_an_object_deleted_by_the_loser_that_the_winner_routes_is_copied_back(
+        s3: Any, bucket: str, tmp_path: Path) -> None:
+    """A rollback routes an object past the retention window that a racing activation deletes
+    (it read the object as unrouted and expired): the rollback's PUT wins, the other fails and
+    copies the object back from the store, so no route points at nothing."""
+    clock = Clock()
+    _release(s3, bucket, tmp_path, {"a": b"A0"}, "r-0000000000000000")
+    activate_release(s3, bucket, PREFIX, "r-0000000000000000", clock=clock)
+    _release(s3, bucket, tmp_path, {"a": b"A1"}, "r-000000000000000a")
+    activate_release(s3, bucket, PREFIX, "r-000000000000000a", clock=clock)
+    _release(s3, bucket, tmp_path, {"a": b"A2"}, "r-000000000000000b")
+    clock.days(8)
+    old = served_name("a", _sha(b"A0"))
+    (rollback, lost), statuses = _race(
+        s3, bucket, {"release_id": "r-0000000000000000", "clock": clock},
+        {"release_id": "r-000000000000000b", "clock": clock, "retention_days": 7})
+    assert isinstance(rollback, ActivationReport) and rollback.wrote
+    assert isinstance(lost, RoutesError) and "routed release r-0000000000000000" in str(lost)
+    assert statuses[:2] == [200, 412]
+    routes = _no_object_unlisted(s3, bucket)
+    assert routes.routes["a"].target_model == old and old in _served(s3, bucket), "copied back from the store"
+    assert served_name("a", _sha(b"A2")) in routes.unrouted
+
+
+def test_a_retried_activation_racing_the_first_document_writes_once(s3: Any, bucket: str, tmp_path: Path) -> None:
+    """No routes yet: both writers put with ``If-None-Match: *``; the second is refused, re-reads
+    its own release routed and has nothing left to write."""
+    _release(s3, bucket, tmp_path, {"a": b"A1"}, "r-000000000000000a")
+    (first, second), statuses = _race(s3, bucket, {"release_id": "r-000000000000000a"},
+                                      {"release_id": "r-000000000000000a"})
+    assert isinstance(first, ActivationReport) and first.wrote and first.conflicts == 0
+    assert isinstance(second, ActivationReport) and not second.wrote and second.conflicts == 1
+    assert statuses == [200, 412]
+    assert _no_object_unlisted(s3, bucket).release_id == "r-000000000000000a"
 
 
 # ---------------------------------------------------------------------------------------------

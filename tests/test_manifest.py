@@ -6,7 +6,9 @@ allowed; the CLI must print it without a stack trace, before any model is loaded
 
 from __future__ import annotations
 
+import argparse
 import copy
+import os
 import re
 import subprocess
 import sys
@@ -17,7 +19,7 @@ import pytest
 import yaml
 
 from model_build.errors import ManifestError
-from model_build.manifest import TENSORRT_KEYS, load_manifest, parse_manifest
+from model_build.manifest import TENSORRT_KEYS, load_manifest, load_manifest_bytes, parse_manifest
 from model_build.release import build_code_sha256, compute_release
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -253,6 +255,45 @@ def run_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    (action,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(action.choices)
+
+
+def test_cli_usage_line_lists_every_subcommand() -> None:
+    """Issue 38: ``--help`` opened with a hand-written line listing 7 of the 9 subcommands; the line
+    and the module's docstring are now filled from the parser, and each subcommand runs its own func."""
+    import model_build.__main__ as cli
+
+    commands = _subcommands(cli._parser())
+    assert {"validate", "build", "publish", "verify", "demo", "smoke", "endpoint", "plan", "releases"} <= set(commands)
+    listed = "{" + ",".join(commands) + "}"
+    result = subprocess.run([sys.executable, "-m", "model_build", "--help"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "COLUMNS": "1000"})  # no wrapping (argparse's width)
+    assert result.returncode == 0, result.stderr
+    description = " ".join(result.stdout.split("\n\n")[1].split())
+    assert description.startswith(f"``python -m model_build {listed}``"), description
+    assert cli.__doc__ is not None and cli.__doc__.splitlines()[0].startswith(f"``python -m model_build {listed}``")
+    assert all(callable(p.get_default("func")) for p in commands.values()), "a subcommand runs nothing"
+
+
+def test_cli_usage_line_follows_a_new_subcommand(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A subcommand added by a tool's parser appears in the usage line with no other edit."""
+    import model_build.__main__ as cli
+
+    original = cli.add_plan_parsers
+
+    def with_one_more(sub: Any, default_prefix: str) -> None:
+        original(sub, default_prefix)
+        sub.add_parser("newcommand", help="added by the test").set_defaults(func=lambda args: 0)
+
+    monkeypatch.setattr(cli, "add_plan_parsers", with_one_more)
+    parser = cli._parser()
+    assert parser.description is not None and ",newcommand}``" in parser.description
+    assert all(f",{name}," in parser.description for name in ("plan", "releases", "pr-comment"))
+    assert cli.main(["newcommand"]) == 0
+
+
 def test_cli_validate_prints_targets_and_release() -> None:
     result = run_cli("validate", "--manifest", str(ROOT / "models.yaml"))
     assert result.returncode == 0, result.stderr
@@ -287,3 +328,48 @@ def test_cli_invalid_yaml(tmp_path: Path) -> None:
     result = run_cli("validate", "--manifest", str(bad))
     assert result.returncode == 1 and "not valid YAML" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+#: YAML a manifest may hold, each scalar form the safe loader resolves, and the forms the one-pass
+#: reader hands back to ``yaml.load`` (explicit tags, a merge key without an alias).
+YAML_FORMS = {
+    "default manifest": (ROOT / "models.yaml").read_text(),
+    "ints": "a: [0, -12, +3, 0o17, 017, 0x1f, 1_000, 0b101, 1:30, 190:20:30]\n",
+    "floats": "a: [1.5, 1e3, 6.8523015e+5, .5, -.inf, .NaN, 1_000.5, 190:20:30.15]\n",
+    "bools and nulls": "a: [yes, No, on, OFF, true, False, y, n, ~, null, Null, ]\nb:\nc: ''\n",
+    "timestamps": "a: [2001-12-14, 2001-12-14t21:59:43.10-05:00, 2001-12-14 21:59:43.10, 2002-12-14]\n",
+    "quoted and block": "a: '1'\nb: \"true\"\nc: |\n  two\n  lines\nd: >\n  folded\n  text\ne: \"\\u00e9\\t\"\n",
+    "keys of every kind": "1: a\ntrue: b\n~: c\n1.5: d\n2001-01-01: e\n'2': f\n",
+    "nested flow": "a: {b: [1, {c: [[], {}]}], d: [x, 'y', \"z\"]}\n",
+    "root sequence": "- 1\n- [2, {a: b}]\n- {}\n",
+    "root scalar": "just text\n",
+    "comments only": "# nothing\n",
+    "non-specific tag": "a: ! 12\nb: ! [1]\n",
+    "explicit tags": "a: !!str 12\nb: !!float 1\nc: !!binary aGk=\nd: !!set {x, y}\ne: !!omap [{k: 1}]\n",
+    "merge key": "a:\n  <<: {b: 1, c: 2}\n  c: 3\n",
+}
+
+
+@pytest.mark.parametrize("name", list(YAML_FORMS))
+def test_one_pass_reader_builds_what_yaml_load_builds(name: str) -> None:
+    """The manifest's one event pass constructs the data itself (issue 38): the same values of the
+    same types as ``yaml.load`` on the loader the project uses, for every scalar form."""
+    from model_build.manifest import loading
+
+    text = YAML_FORMS[name]
+    expected = yaml.load(text, Loader=loading._SafeLoader)
+    got = loading._read_yaml(text, "manifest 'm'")
+    # repr, not ==: 1 == 1.0 == True, and a key or value of another type must not pass.
+    assert repr(got) == repr(expected)
+
+
+def test_one_pass_reader_reports_structure_before_values() -> None:
+    """A value the safe loader refuses (a timestamp with month 13) is reported as before: after the
+    structural checks, so a later duplicate key is still what the error names."""
+    bad_date = "when: 2001-13-01\n"
+    with pytest.raises(ManifestError, match=r"^manifest 'm': a value cannot be read: month must be in 1\.\.12$"):
+        load_manifest_bytes(bad_date.encode(), origin="m")
+    with pytest.raises(ManifestError, match=r"duplicate key 'x' at line 3, column 1"):
+        load_manifest_bytes((bad_date + "x: 1\nx: 2\n").encode(), origin="m")
+    with pytest.raises(ManifestError, match=r"could not determine a constructor for the tag"):
+        load_manifest_bytes(b"a: !!python/name:os.system x\n", origin="m")

@@ -72,7 +72,8 @@ def new_default_variable(work: Path) -> Iterator[dict[str, Any]]:
         yield synth(work / "code", nag=False).data
 
 
-def _routes(*, deployed: dict[str, Any] | None, stack: str = STACK_ARN, drop: str = "", stale: str = "") -> Routes:
+def _routes(*, deployed: dict[str, Any] | None, stack: str = STACK_ARN, drop: str = "", stale: str = "",
+            code_sha256: str = "") -> Routes:
     """Live routes of the default manifest, as a deploy (with its record) or the CLI wrote them."""
     manifest = load_manifest(ROOT / "models.yaml")
     release = compute_release(manifest, base_dir=ROOT)
@@ -85,7 +86,7 @@ def _routes(*, deployed: dict[str, Any] | None, stack: str = STACK_ARN, drop: st
             routes[target] = Route(target, f"{target}-000000000000.tar.gz", "a" * 64, 1234, release.model_keys[spec.name],
                                    spec.name, digest)
     return Routes(release.release_id, "s3://b/models/served/", "k", routes, stack=stack,
-                  model_code_sha256=model_code_sha256(), deployed=deployed)
+                  model_code_sha256=code_sha256 or model_code_sha256(), deployed=deployed)
 
 
 def _plan(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, Any], str]:

@@ -24,6 +24,7 @@ import yaml
 from cdk_helpers import subprocess_env, synth
 from test_plan import _routes
 
+from model_build.release import model_code_sha256
 from model_build.release.deployed import record_from_template
 from model_build.tools.plan_report import marker
 
@@ -121,10 +122,12 @@ def test_the_workflow_plans_comments_once_and_gates_on_exit_4(tmp_path: Path, gi
     # The live state as the routes file and deployed template a stack would have.
     deployed = synth(tmp_path / "synth", nag=False).data
     (tmp_path / "deployed.json").write_text(json.dumps(deployed))
-    routes = tmp_path / "routes.json"
-    routes.write_bytes(_routes(deployed=record_from_template(deployed)).body())
     checkout = tmp_path / "checkout"
     subprocess.run(["git", "clone", "--quiet", "--shared", str(ROOT), str(checkout)], check=True)
+    # The routes as the checkout's build code wrote them (the working tree may hold edits not committed).
+    routes = tmp_path / "routes.json"
+    routes.write_bytes(_routes(deployed=record_from_template(deployed),
+                               code_sha256=model_code_sha256(checkout / "model_build")).body())
     # The checkout uses this machine's environments (what `make plan-setup` installs there).
     for name in (".venv", "node_modules"):
         (checkout / name).symlink_to(ROOT / name)

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from model_build.errors import PackageError, SourceError
+from model_build.errors import PackageError, SourceError, TokenizerCheckError
 from model_build.manifest import parse_manifest
 from model_build.text_ensemble.served_tokenizer import encoder_for, prepare_tokenizer
 from model_build.text_ensemble.tokenizer_model import PAIR_INPUT, TokenizerError
@@ -309,6 +309,152 @@ def test_a_tokenizer_without_a_pad_token_is_refused(tmp_path):
     _rewrite_json(folder / "tokenizer_config.json", lambda c: c.update(pad_token=None))
     with pytest.raises(PackageError, match="has no pad token; every row is padded"):
         prepare_tokenizer(spec_for(), folder)
+
+
+# --------------------------------------------------------------------------------------------
+# (c) broken tokenizer.json files (issue 38): one line naming the source and the file, before export
+# --------------------------------------------------------------------------------------------
+
+SAMPLE = "A man is playing a guitar."
+
+
+def _specials_only(folder: Path) -> None:
+    """What transformers 5 saves for ``RobertaTokenizerFast(vocab_file=..., merges_file=...)``: it
+    ignores the files and writes a tokenizer.json of the 5 special tokens (the issue's source)."""
+    import transformers
+    from tokenizers import Tokenizer
+
+    files = folder.parent / "bpe-files"
+    files.mkdir()
+    Tokenizer.from_file(str(folder / "tokenizer.json")).model.save(str(files))
+    broken = transformers.RobertaTokenizerFast(vocab_file=str(files / "vocab.json"),
+                                               merges_file=str(files / "merges.txt"))
+    assert len(broken) == 5, "transformers now reads the files: this case no longer makes the broken source"
+    broken.save_pretrained(folder)
+
+
+def _edit(change: Callable[[Any], object], *, as_the_file_says: bool = False) -> Callable[[Path], None]:
+    """Change tokenizer.json; ``as_the_file_says``: load it with the generic PreTrainedTokenizerFast,
+    which takes the file as it is (BertTokenizer and RobertaTokenizer rebuild the normalizer and
+    post-processor from their class and keep only the file's vocabulary)."""
+    def apply(folder: Path) -> None:
+        _rewrite_json(folder / "tokenizer.json", change)
+        if as_the_file_says:
+            _rewrite_json(folder / "tokenizer_config.json", lambda c: c.update(tokenizer_class="PreTrainedTokenizerFast"))
+    return apply
+
+
+def _pad_id(new_id: int) -> Callable[[Any], object]:
+    def change(data: Any) -> None:
+        for token in data["added_tokens"]:
+            if token["content"] in ("[PAD]", "<pad>"):
+                token["id"] = new_id
+        data["model"]["vocab"] = {k: new_id if k in ("[PAD]", "<pad>") else v for k, v in data["model"]["vocab"].items()}
+    return change
+
+
+SPECIALS = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4}
+DELETE_EVERYTHING = {"type": "Replace", "pattern": {"Regex": "[\\s\\S]"}, "content": ""}
+
+#: name -> (kind made, how it is broken, fragments of the one error line)
+BROKEN_TOKENIZERS: dict[str, tuple[str, Callable[[Path], None], tuple[str, ...]]] = {
+    "special tokens only (transformers 5 ignored vocab_file/merges_file)": (
+        "bpe", _specials_only,
+        ("RobertaTokenizer, BPE, 5 tokens in its vocabulary", f"encodes {SAMPLE!r} to no token but its special ones",
+         "(<s>, </s>)", "save it again with save_pretrained")),
+    "empty vocabulary, WordPiece (its [UNK] gone too)": (
+        "wordpiece", _edit(lambda d: d["model"].update(vocab={})),
+        ("WordPiece, 5 tokens in its vocabulary", f"cannot encode {SAMPLE!r}", "Missing [UNK] token")),
+    "empty vocabulary, byte-level BPE": (
+        "bpe", _edit(lambda d: d["model"].update(vocab={}, merges=[])),
+        ("BPE, 5 tokens in its vocabulary", f"encodes {SAMPLE!r} to no token")),
+    "empty vocabulary, Unigram": (
+        "unigram", _edit(lambda d: d["model"].update(vocab=[])), ("does not parse as a tokenizers file",)),
+    "special tokens only, WordPiece: every word unknown": (
+        "wordpiece", _edit(lambda d: d["model"].update(vocab=SPECIALS)),
+        ("WordPiece, 5 tokens in its vocabulary", "encodes every sample text to its unknown token only")),
+    "no post-processor, the file as it is": (
+        "wordpiece", _edit(lambda d: d.update(post_processor=None), as_the_file_says=True),
+        ("names cls_token '[CLS]' and sep_token '[SEP]' but adds neither", "post_processor is missing")),
+    "pad id out of range": (
+        "wordpiece", _edit(_pad_id(9999)),
+        ("pad token '[PAD]' has id 9999, outside the tokenizer's vocabulary of 600 tokens",)),
+    "a normalizer that deletes everything, the file as it is": (
+        "bpe", _edit(lambda d: d.update(normalizer=DELETE_EVERYTHING), as_the_file_says=True),
+        (f"encodes {SAMPLE!r} to no token but its special ones (<s>, </s>)",)),
+}
+
+
+@pytest.mark.parametrize("name", list(BROKEN_TOKENIZERS))
+def test_a_broken_tokenizer_json_is_one_error_naming_the_source_and_the_file(name, tmp_path):
+    kind, breaking, fragments = BROKEN_TOKENIZERS[name]
+    folder = make_text_source(kind, tmp_path / "source", pooling=None, vocab_size=600).path
+    breaking(folder)
+    with pytest.raises(TokenizerCheckError) as caught:
+        prepare_tokenizer(spec_for(), folder)
+    message = str(caught.value)
+    assert "\n" not in message and caught.value.model == "tiny" and caught.value.step == "tokenizer"
+    assert str(folder / "tokenizer.json") in message
+    assert "does not parse" in message or "source local 'source'" in message
+    for fragment in fragments:
+        assert fragment in message, (fragment, message)
+
+
+@pytest.mark.parametrize("change", [{"post_processor": None}, {"normalizer": DELETE_EVERYTHING}],
+                         ids=["no post-processor", "a normalizer that deletes everything"])
+def test_a_tokenizer_class_that_rebuilds_its_pipeline_serves_what_autotokenizer_gives(change, tmp_path):
+    """BertTokenizer (transformers 5) keeps only the file's vocabulary and rebuilds the rest from its
+    class: such a file serves, with [CLS] and [SEP] and the words, exactly AutoTokenizer's ids."""
+    from transformers import AutoTokenizer
+
+    folder = make_text_source("wordpiece", tmp_path / "source", pooling=None).path
+    _rewrite_json(folder / "tokenizer.json", lambda d: d.update(change))
+    served = prepare_tokenizer(spec_for(), folder)
+    ours = encoder_for(served, spec_for(), truncate=True, padding="longest").encode_batch([SAMPLE])["input_ids"]
+    expected = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)(SAMPLE)["input_ids"]
+    assert ours[0].tolist() == expected and len(expected) > 2 and expected[0] == 2 and expected[-1] == 3
+
+
+def test_the_served_steps_own_errors_reach_the_build_as_one_line(tmp_path):
+    from model_build.text_ensemble.served_tokenizer import tokenizer_errors
+
+    folder = make_text_source("bpe", tmp_path / "source", pooling=None).path
+    served = prepare_tokenizer(spec_for(), folder)
+    with pytest.raises(TokenizerCheckError) as caught, tokenizer_errors(spec_for(), served):
+        encoder_for(served, spec_for()).encode_batch([SAMPLE, "  "])
+    message = str(caught.value)
+    assert "\n" not in message and f"source local 'source': {folder / 'tokenizer.json'}" in message
+    assert "(RobertaTokenizer, BPE) fails on the build's check texts: input 'TEXT'[1]: the text is empty" in message
+
+
+@pytest.mark.slow  # a build process per case (torch imported; the second case exports the model)
+@pytest.mark.parametrize("case", ["issue source: refused before the export", "refused at the ensemble check"])
+def test_build_of_a_broken_tokenizer_is_one_error_line_and_exit_1(case, tmp_path):
+    """``python -m model_build build`` ends with one ``error:`` line and exit 1, no traceback, and
+    packs nothing: the issue's source (a tokenizer.json of the special tokens alone) before the
+    export; a normalizer that deletes every non-ASCII character (the file as it is) at the ensemble
+    check, on its Japanese text, after the English samples passed."""
+    from hostile_helpers import assert_refused, run_bounded
+
+    folder = make_text_source("bpe", tmp_path / "src", hidden=16, layers=1, heads=2, max_length=32).path
+    if case.startswith("issue"):
+        _specials_only(folder)
+        fragments: tuple[str, ...] = ("source local 'src'", f"{folder / 'tokenizer.json'}:",
+                                      "RobertaTokenizer, BPE, 5 tokens in its vocabulary",
+                                      f"encodes {SAMPLE!r} to no token but its special ones")
+    else:
+        ascii_only = {"type": "Replace", "pattern": {"Regex": "[^\\x00-\\x7F]"}, "content": ""}
+        _edit(lambda d: d.update(normalizer=ascii_only), as_the_file_says=True)(folder)
+        fragments = ("source local 'src'", "encodes '東京は日本の首都で", "to no token")
+    manifest = tmp_path / "models.yaml"
+    manifest.write_text("version: 1\nmodels:\n  - name: broken-bpe\n    source: {kind: local, path: src}\n"
+                        "    task: sentence-embedding\n    format: onnx\n    inputs: text\n    max_batch_size: 2\n"
+                        "    instance_group: {kind: KIND_CPU}\n    text: {max_sequence_length: 32}\n")
+    out = tmp_path / "build"
+    outcome = run_bounded(["-m", "model_build", "build", "--manifest", str(manifest), "--out", str(out)],
+                          memory_limit=8 << 30, time_limit=240.0)
+    assert_refused(outcome, *fragments, time_limit=240.0)
+    assert not list(out.rglob("*.tar.gz")), "nothing packed"
 
 
 # --------------------------------------------------------------------------------------------

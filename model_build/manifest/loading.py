@@ -147,18 +147,33 @@ def _yaml_problem(error: yaml.YAMLError, text: str) -> str:
     return f"not valid YAML{where}: {(context + ', ') if context else ''}{problem}"
 
 
-def _check_structure(text: str, where: str) -> None:
-    """One pass over the YAML events (libyaml, no objects built) before anything is constructed.
+#: The tags the one-pass reader constructs itself (every value a plain manifest holds); any other tag
+#: (an explicit ``!!binary``, a ``<<`` merge key...) is left to PyYAML's own loader, unchanged.
+_PLAIN_TAGS = frozenset(f"tag:yaml.org,2002:{name}" for name in ("null", "bool", "int", "float", "str", "timestamp"))
+_NEEDS_LOADER = object()
+
+
+def _read_yaml(text: str, where: str) -> Any:
+    """The document's data, in one pass over the YAML events, checked before it is trusted.
 
     Refused: anchors and aliases (always: a manifest needs none, and an alias is how a small file
     expands to billions of nodes), more than one document, nesting deeper than
     :data:`MAX_MANIFEST_DEPTH`, a duplicate key in a mapping (YAML keeps the last one silently),
     a mapping key that is not a plain scalar, and scalars longer than :data:`MAX_SCALAR_CHARS`.
+
+    The same pass builds the data: each scalar is resolved and constructed by the loader's own
+    resolver and safe constructor, as ``yaml.load`` would, without the node tree ``yaml.load``
+    builds first (parsing twice, events then nodes, was most of reading a large manifest). A
+    document with a tag this pass does not construct is loaded again by ``yaml.load``.
     """
-    stack: list[list[Any]] = []  # per open collection: [is_mapping, expecting_key, keys]
+    loader = _SafeLoader(text)
+    # per open collection: [is_mapping, expecting_key, keys, data, pending key]
+    stack: list[list[Any]] = []
     documents = 0
+    root: Any = None
     try:
-        for event in yaml.parse(text, Loader=_SafeLoader):
+        while loader.check_event():
+            event = loader.get_event()
             at = event.start_mark
             pos = f"line {at.line + 1}, column {at.column + 1}" if at is not None else "?"
             if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
@@ -176,6 +191,7 @@ def _check_structure(text: str, where: str) -> None:
                     )
                 continue
             if isinstance(event, (yaml.ScalarEvent, yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                is_key = False
                 if stack and stack[-1][0]:
                     frame = stack[-1]
                     if frame[1]:
@@ -187,6 +203,7 @@ def _check_structure(text: str, where: str) -> None:
                                 "once in a mapping"
                             )
                         frame[2].add(event.value)
+                        is_key = True
                     frame[1] = not frame[1]
                 if isinstance(event, yaml.ScalarEvent):
                     if len(event.value) > MAX_SCALAR_CHARS:
@@ -194,17 +211,64 @@ def _check_structure(text: str, where: str) -> None:
                             f"{where}: a value of {len(event.value)} characters at {pos}; at most "
                             f"{MAX_SCALAR_CHARS} (MAX_SCALAR_CHARS)"
                         )
+                    if root is not _NEEDS_LOADER:
+                        value = _scalar(loader, event)
+                        root = _NEEDS_LOADER if value is _NEEDS_LOADER else _place(stack, value, is_key, root)
                     continue
                 if len(stack) >= MAX_MANIFEST_DEPTH:
                     raise ManifestError(
                         f"{where}: nesting deeper than {MAX_MANIFEST_DEPTH} levels at {pos} "
                         "(MAX_MANIFEST_DEPTH)"
                     )
-                stack.append([isinstance(event, yaml.MappingStartEvent), True, set()])
+                mapping = isinstance(event, yaml.MappingStartEvent)
+                if event.tag not in (None, "!"):
+                    root = _NEEDS_LOADER
+                data: Any = {} if mapping else []
+                if root is not _NEEDS_LOADER:
+                    root = _place(stack, data, False, root)
+                stack.append([mapping, True, set(), data, None])
             elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
                 stack.pop()
+        if root is _NEEDS_LOADER:
+            return yaml.load(text, Loader=_SafeLoader)
+        return root
     except yaml.YAMLError as error:
         raise ManifestError(f"{where}: {_yaml_problem(error, text)}") from None
+    except (ValueError, OverflowError) as error:  # e.g. a timestamp with month 13
+        raise ManifestError(f"{where}: a value cannot be read: {error}") from None
+    finally:
+        loader.dispose()
+
+
+def _scalar(loader: Any, event: Any) -> Any:
+    """A scalar as ``yaml.load`` constructs it, or :data:`_NEEDS_LOADER` for one left to it (another tag,
+    or a value it refuses: ``yaml.load`` then says why, as before, once every structural check passed)."""
+    tag = event.tag
+    if tag is None or tag == "!":
+        tag = loader.resolve(yaml.ScalarNode, event.value, event.implicit)
+    if tag not in _PLAIN_TAGS:
+        return _NEEDS_LOADER
+    if tag == "tag:yaml.org,2002:str":
+        return event.value
+    node = yaml.ScalarNode(tag, event.value, event.start_mark, event.end_mark, event.style)
+    try:
+        return loader.yaml_constructors[tag](loader, node)
+    except (ValueError, OverflowError):  # e.g. a timestamp with month 13: refused by yaml.load, after the checks
+        return _NEEDS_LOADER
+
+
+def _place(stack: list[list[Any]], value: Any, is_key: bool, root: Any) -> Any:
+    """Put a value into the open collection (a key waits for its value); the root if none is open."""
+    if not stack:
+        return value
+    frame = stack[-1]
+    if not frame[0]:
+        frame[3].append(value)
+    elif is_key:
+        frame[4] = value
+    else:
+        frame[3][frame[4]] = value
+    return root
 
 
 def _check_numbers(data: Any, where: str, path: str = "") -> None:
@@ -225,7 +289,7 @@ def load_manifest_bytes(raw: bytes, *, origin: str) -> Manifest:
     """Decode, parse and validate a manifest's bytes; every refusal is one :class:`ManifestError`.
 
     The order is cheapest first: size, encoding, one libyaml event pass (aliases, documents,
-    depth, duplicate keys), construction, non-finite numbers, then the schema. Each step is
+    depth, duplicate keys; it constructs the data too), non-finite numbers, then the schema. Each step is
     linear in the file's size, so a refused file is refused in milliseconds.
     """
     where = f"manifest {origin!r}"
@@ -236,15 +300,7 @@ def load_manifest_bytes(raw: bytes, *, origin: str) -> Manifest:
     text = _decode(raw, where)
     if not text.strip():
         raise ManifestError(f"{where}: is empty; expected a mapping with a 'models' list")
-    _check_structure(text, where)
-    try:
-        # libyaml's loader parses a 1000-model manifest ~4x faster than the pure-Python one,
-        # which is most of what a large manifest adds to `cdk synth` (docs/benchmarks.md).
-        data = yaml.load(text, Loader=_SafeLoader)
-    except yaml.YAMLError as error:
-        raise ManifestError(f"{where}: {_yaml_problem(error, text)}") from None
-    except (ValueError, OverflowError) as error:  # e.g. a timestamp with month 13
-        raise ManifestError(f"{where}: a value cannot be read: {error}") from None
+    data = _read_yaml(text, where)
     _check_numbers(data, where)
     return parse_manifest(data, origin=origin)
 

@@ -156,13 +156,14 @@ def check_text_ensemble(inputs: BuildInputs, done: Artifacts) -> Artifacts:
     from model_build.reference import write_reference
     from model_build.text_ensemble.check import check_text_ensemble as check
     from model_build.text_ensemble.ensemble import render_ensemble_configs
-    from model_build.text_ensemble.served_tokenizer import prepare_tokenizer
+    from model_build.text_ensemble.served_tokenizer import prepare_tokenizer, tokenizer_errors
 
     spec, exported = inputs.spec, done.need("exported", TEXT_CHECK)
     tokenizer = done.need("tokenizer", TEXT_CHECK)
     if isinstance(spec.source, S3Source):  # the export downloaded the whole folder: its files are the reference
         tokenizer = prepare_tokenizer(spec, inputs.work_dir / "_sources" / spec.name)
-    text = check(spec, exported, tokenizer)
+    with tokenizer_errors(spec, tokenizer):  # the served step's own errors, as one line naming the source
+        text = check(spec, exported, tokenizer)
     report = done.need("report", TEXT_CHECK)
     report = replace(report, reference_check=(f"{report.reference_check}; " if report.reference_check else "") + (
         f"raw-text ensemble: {text.texts} texts, token ids identical"

@@ -10,6 +10,7 @@
 - ``store``: the content-addressed store of built models and a release assembled from it;
 - ``routes``: the routes document, the model plan of a change (``python -m model_build plan``) and
   the client resolver;
+- ``documents``: a JSON document with a schema, read and checked (the index, the deployed record);
 - ``deployed``: the deployed record the routes carry (the fleet's and the data's resources as the
   template renders them), and how two templates are made comparable;
 - ``serving``: routing a release on the live fleet, retention, destroy, legacy prefixes.

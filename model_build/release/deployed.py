@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from model_build.errors import ModelBuildError
+from model_build.release.documents import schema_document
 
 #: The record's format; a reader refuses another.
 DEPLOYED_SCHEMA = "triton-mme/deployed/1"
@@ -167,16 +168,9 @@ def record_json(record: Mapping[str, Any]) -> str:
 
 def parse_record(value: Any, *, where: str) -> dict[str, Any]:
     """A record given as JSON text or as a parsed object; raises :class:`DeployedRecordError`."""
-    if isinstance(value, str | bytes):
-        if len(value) > MAX_RECORD_BYTES:
-            raise DeployedRecordError(f"deployed record {where}: {len(value)} bytes; at most {MAX_RECORD_BYTES} are read")
-        try:
-            value = json.loads(value)
-        except ValueError as error:
-            raise DeployedRecordError(f"deployed record {where}: not valid JSON ({error})") from None
-    if not isinstance(value, dict) or value.get("schema") != DEPLOYED_SCHEMA:
-        found = value.get("schema") if isinstance(value, dict) else type(value).__name__
-        raise DeployedRecordError(f"deployed record {where}: schema {found!r}; expected {DEPLOYED_SCHEMA!r}")
+    if isinstance(value, str | bytes) and len(value) > MAX_RECORD_BYTES:
+        raise DeployedRecordError(f"deployed record {where}: {len(value)} bytes; at most {MAX_RECORD_BYTES} are read")
+    value = schema_document(value, schema=DEPLOYED_SCHEMA, where=f"deployed record {where}", error=DeployedRecordError)
     resources, mappings = value.get("resources"), value.get("mappings")
     if not isinstance(resources, dict) or not isinstance(mappings, dict) or not all(
             isinstance(item, dict) and isinstance(item.get("Type"), str) for item in resources.values()):

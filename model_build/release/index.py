@@ -15,6 +15,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from model_build.errors import PublishError
+from model_build.release.documents import schema_document
 from model_build.release.identity import routes_key
 from model_build.release.routes import MAX_ROUTES_BYTES, Routes, RoutesError, parse_routes
 from model_build.release.transfer import _error_code, _normalise_prefix
@@ -88,16 +89,7 @@ def read_index(s3_client: Any, bucket: str, index_key: str) -> dict[str, Any] | 
             # without an s3:prefix condition; the build role may list only under its prefix.
             return None
         raise PublishError(f"reading index s3://{bucket}/{index_key} failed: {_error_code(error)}") from None
-    try:
-        document = json.loads(body)
-    except ValueError as error:
-        raise PublishError(f"index s3://{bucket}/{index_key} is not valid JSON: {error}") from None
-    if not isinstance(document, dict) or document.get("schema") != INDEX_SCHEMA:
-        found = document.get("schema") if isinstance(document, dict) else type(document).__name__
-        raise PublishError(
-            f"index s3://{bucket}/{index_key}: schema {found!r}; this build reads schema {INDEX_SCHEMA}"
-        )
-    return document
+    return schema_document(body, schema=INDEX_SCHEMA, where=f"index s3://{bucket}/{index_key}", error=PublishError)
 
 
 def _listed(s3_client: Any, bucket: str, key: str) -> bool:
@@ -115,6 +107,13 @@ def read_routes(s3_client: Any, bucket: str, model_prefix: str, *, stack: str = 
 
     Raises :class:`RoutesError` for one that is truncated, malformed, of another schema or written
     by another stack, or that cannot be read."""
+    return read_routes_tagged(s3_client, bucket, model_prefix, stack=stack)[0]
+
+
+def read_routes_tagged(s3_client: Any, bucket: str, model_prefix: str, *,
+                       stack: str = "") -> tuple[Routes | None, str | None]:
+    """:func:`read_routes` and the ETag of the version read (None with no document), which
+    :func:`write_routes` needs to replace exactly that version."""
     key = routes_key(model_prefix)
     where = f"s3://{bucket}/{key}"
     try:
@@ -122,8 +121,31 @@ def read_routes(s3_client: Any, bucket: str, model_prefix: str, *, stack: str = 
         body = response["Body"].read(MAX_ROUTES_BYTES + 1)
     except ClientError as error:
         if _error_code(error) in {"NoSuchKey", "404", "NotFound"}:
-            return None
+            return None, None
         raise RoutesError(f"routes {where}: cannot be read ({_error_code(error)})") from None
     except BotoCoreError as error:
         raise RoutesError(f"routes {where}: cannot be read ({error})") from None
-    return parse_routes(body, where=where, stack=stack)
+    return parse_routes(body, where=where, stack=stack), str(response["ETag"])
+
+
+#: What S3 answers a conditional PUT whose condition no longer holds: 412 (the ETag is not the one
+#: read, or a document now exists), 409 (another conditional write of the key is in flight), 404
+#: (If-Match on a key deleted since).
+_CONFLICT_CODES = frozenset({"PreconditionFailed", "412", "ConditionalRequestConflict", "409", "NoSuchKey", "404"})
+
+
+def write_routes(s3_client: Any, bucket: str, model_prefix: str, routes: Routes, etag: str | None) -> bool:
+    """Write ``routes`` only over the version read (compare-and-swap): ``If-Match`` on its ETag, or
+    ``If-None-Match: *`` where there was none. False when another writer changed the document in
+    between (nothing written); raises :class:`RoutesError` when the PUT fails otherwise."""
+    key = routes_key(model_prefix)
+    condition = {"IfMatch": etag} if etag else {"IfNoneMatch": "*"}
+    try:
+        s3_client.put_object(Bucket=bucket, Key=key, Body=routes.body(), ContentType="application/json", **condition)
+    except ClientError as error:
+        if _error_code(error) in _CONFLICT_CODES:
+            return False
+        raise RoutesError(f"routes s3://{bucket}/{key}: cannot be written ({_error_code(error)})") from None
+    except BotoCoreError as error:
+        raise RoutesError(f"routes s3://{bucket}/{key}: cannot be written ({error})") from None
+    return True

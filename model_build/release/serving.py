@@ -9,6 +9,16 @@ release), deletes the served objects that have been unrouted for longer than the
 window and that no route uses, and writes the routes document last, in one PUT. A failure at any
 point leaves the previous routes document, hence the previous routes, serving.
 
+Two writers (a stack deploy and ``python -m model_build publish`` to the same prefix, a retried
+activation and a new one) may read the same version of the routes. The PUT is therefore a
+compare-and-swap (:func:`model_build.release.index.write_routes`: ``If-Match`` on the ETag read,
+``If-None-Match: *`` for the first document), so the second writer never overwrites what it did
+not read. On a conflict it reads the routes again: if the other writer routed the release this
+activation had read (a re-activation, new bookkeeping) or this very release, the activation runs
+again on the new document; if it routed another release, this one fails with one line naming
+that release, after listing this release's served objects as unrouted in the live document (so
+none is left neither routed nor listed, and the retention window applies to them).
+
 Why deletion happens here and not in an S3 lifecycle rule: a lifecycle expiration counts days
 from an object's creation, not from the day it stopped being routed. A model routed for a year
 and then unrouted would be deleted the next day, leaving no window for a rollback. The routes
@@ -21,6 +31,7 @@ the per-release prefixes that stacks of earlier versions served (``<prefix>/r-<1
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -29,10 +40,11 @@ from typing import Any
 
 from model_build.errors import PublishError
 from model_build.release.identity import RELEASES_DIR, Release, routes_key, served_prefix, store_prefix
-from model_build.release.index import read_index, read_routes
+from model_build.release.index import read_index, read_routes_tagged, write_routes
 from model_build.release.publish import delete_release
 from model_build.release.routes import (
     DEFAULT_RETENTION_DAYS,
+    Route,
     Routes,
     RoutesError,
     Unrouted,
@@ -45,6 +57,8 @@ from model_build.release.transfer import SHA256_METADATA, _list_sizes, head_matc
 
 #: A release prefix of the layout before the fixed served prefix (``<prefix>/r-<16 hex>/``).
 LEGACY_RELEASE = re.compile(r"^r-[0-9a-f]{16}$")
+#: How many times one activation reads and writes the routes again after another writer changed them.
+MAX_ROUTES_CONFLICTS = 5
 
 
 @dataclass
@@ -65,6 +79,8 @@ class ActivationReport:
     #: Whether the routes document was written (False: it already said exactly this).
     wrote: bool = False
     seconds: float = 0.0
+    #: Times another writer changed the routes between this activation's read and its write.
+    conflicts: int = 0
 
 
 def activate_release(
@@ -78,12 +94,14 @@ def activate_release(
     retention_days: float = DEFAULT_RETENTION_DAYS,
     clock: Callable[[], float] = time.time,
     concurrency: int = 16,
+    _conflicts: int = 0,
 ) -> ActivationReport:
     """Route the release ``release_id`` (its index must exist): see the module docstring.
 
     ``stack`` names the writer (the CloudFormation stack id, or "" for the CLI); a routes
     document written by another stack is refused. ``deployed``: the stack's deployed record, written for
-    ``plan`` (None keeps the live document's: a CLI publish does not change the fleet)."""
+    ``plan`` (None keeps the live document's: a CLI publish does not change the fleet).
+    ``_conflicts``: how many times the routes changed under this activation already (its re-runs)."""
     started = time.monotonic()
     release = Release(release_id, "", "")
     index_key = release.index_key(model_prefix)
@@ -94,10 +112,10 @@ def activate_release(
     wanted = routes_from_index(index)
     if not wanted:
         raise RoutesError(f"release {release_id}: index s3://{bucket}/{index_key} routes no model")
-    live = read_routes(s3_client, bucket, model_prefix, stack=stack)
+    live, etag = read_routes_tagged(s3_client, bucket, model_prefix, stack=stack)
     served = served_prefix(model_prefix)
     now = now_iso(clock)
-    report = ActivationReport(release_id, key, live.release_id if live else None, len(wanted))
+    report = ActivationReport(release_id, key, live.release_id if live else None, len(wanted), conflicts=_conflicts)
 
     # 1. Every newly routed object holds its route's bytes (copied back from the store if gone).
     listing = _list_sizes(s3_client, bucket, served)
@@ -133,7 +151,7 @@ def activate_release(
         report.deleted = gone
         unrouted = {name: item for name, item in unrouted.items() if name not in gone}
 
-    # 3. The routes document, last and in one PUT.
+    # 3. The routes document, last and in one PUT, over the version read and no other.
     document = Routes(
         release_id=release_id, model_data_url=f"s3://{bucket}/{served}/", index_key=index_key, routes=wanted,
         stack=stack or (live.stack if live else ""), updated_at=now,
@@ -142,10 +160,75 @@ def activate_release(
         legacy_fleet=live.legacy_fleet if live and deployed is None else {},
     )
     if not document.same_serving(live):
-        s3_client.put_object(Bucket=bucket, Key=key, Body=document.body(), ContentType="application/json")
+        if not write_routes(s3_client, bucket, model_prefix, document, etag):
+            _still_applies(s3_client, bucket, model_prefix, stack, live, release_id, wanted, report, now,
+                           concurrency)
+            again = activate_release(s3_client, bucket, model_prefix, release_id, stack=stack, deployed=deployed,
+                                     retention_days=retention_days, clock=clock, concurrency=concurrency,
+                                     _conflicts=_conflicts + 1)
+            again.verified, again.copied = again.verified + report.verified, again.copied + report.copied
+            again.deleted = sorted({*report.deleted, *again.deleted})
+            again.seconds = time.monotonic() - started
+            return again
         report.wrote = True
     report.seconds = time.monotonic() - started
     return report
+
+
+def _still_applies(s3_client: Any, bucket: str, model_prefix: str, stack: str, read: Routes | None,
+                   release_id: str, wanted: Mapping[str, Route], report: ActivationReport, now: str,
+                   concurrency: int) -> None:
+    """After a conflicting write: return when the activation may run again on the new routes (the
+    other writer routed the release this one had read, or this release); otherwise list this
+    release's objects as unrouted in the live routes and raise :class:`RoutesError` naming the
+    release the other writer routed."""
+    where = f"s3://{bucket}/{routes_key(model_prefix)}"
+    other, _ = read_routes_tagged(s3_client, bucket, model_prefix, stack=stack)
+    other_id = other.release_id if other else None
+    read_id = read.release_id if read else None
+    if other_id in {read_id, release_id} and report.conflicts < MAX_ROUTES_CONFLICTS:
+        return
+    _keep_listed(s3_client, bucket, model_prefix, stack, wanted, report.deleted, now, concurrency)
+    if report.conflicts >= MAX_ROUTES_CONFLICTS:
+        reason = f"changed by other writers {report.conflicts + 1} times while release {release_id} was being routed"
+    elif other is None:
+        reason = f"deleted by another writer while release {release_id} was being routed"
+    else:
+        writer = f"stack {other.stack}" if other.stack else "the CLI"
+        reason = (f"another writer ({writer}, {other.updated_at}) routed release {other_id} while release "
+                  f"{release_id} was being routed over {read_id or 'no routes'}")
+    raise RoutesError(
+        f"routes {where}: {reason}; {release_id} is not routed, "
+        f"{f'{other_id} keeps serving' if other_id else 'nothing is served'} and the objects of {release_id} "
+        f"are kept as unrouted; route {release_id} again to serve it"
+    )
+
+
+def _keep_listed(s3_client: Any, bucket: str, model_prefix: str, stack: str, wanted: Mapping[str, Route],
+                 deleted: list[str], now: str, concurrency: int) -> None:
+    """A release that lost the race leaves no served object unlisted: each of its objects the live
+    routes neither route nor list is added to their unrouted objects (the retention window applies),
+    and an object this activation deleted that the live routes do route is copied back from the store."""
+    served = served_prefix(model_prefix)
+    for _ in range(MAX_ROUTES_CONFLICTS):
+        live, etag = read_routes_tagged(s3_client, bucket, model_prefix, stack=stack)
+        if live is None:
+            return
+        routed = {route.target_model: route for route in live.routes.values()}
+        back = [routed[name] for name in deleted if name in routed]
+        if back:
+            copy_served(s3_client, bucket, [
+                served_object(f"{served}/{r.target_model}", r.logical_name, r.source_model, r.size, r.sha256,
+                              f"{store_prefix(model_prefix, r.model_key)}/{STORE_TARGET}.tar.gz") for r in back
+            ], _list_sizes(s3_client, bucket, served), concurrency)
+        unrouted = dict(live.unrouted)
+        for route in wanted.values():
+            if route.target_model not in routed and route.target_model not in unrouted:
+                unrouted[route.target_model] = Unrouted(route.target_model, route.logical_name, route.sha256,
+                                                        route.size, route.model_key, now)
+        if len(unrouted) == len(live.unrouted) or write_routes(
+                s3_client, bucket, model_prefix, dataclasses.replace(live, unrouted=unrouted), etag):
+            return
 
 
 def _check_digest(s3_client: Any, bucket: str, key: str, sha256: str, size: int, model: str) -> None:

@@ -18,7 +18,10 @@ Tasks that score pairs are checked on pairs too (each text with the next one): i
 ids of both segments, truncation of the longest member, and the reference request carries
 ``TEXT_PAIR`` so that ``verify``, ``smoke`` and the demo send pairs.
 
-A failure raises :class:`~model_build.errors.ValidationMismatchError` naming the text.
+A failure raises :class:`~model_build.errors.ValidationMismatchError` naming the text; a text the
+served tokenizer encodes to no token of its own, :class:`~model_build.errors.TokenizerCheckError`
+naming the source, the file and the text (before any id is compared). The pipeline's step turns the
+tokenizer step's own errors into that one line too (``served_tokenizer.tokenizer_errors``).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import numpy as np
 from model_build.errors import ValidationMismatchError
 from model_build.manifest import PAIR_TASKS, ModelSpec, Tolerance
 from model_build.text_ensemble.ensemble import MASK_TASKS
-from model_build.text_ensemble.served_tokenizer import ServedTokenizer, encoder_for
+from model_build.text_ensemble.served_tokenizer import ServedTokenizer, encoder_for, refuse_tokenless_texts
 from model_build.text_ensemble.tokenizer_model import PAIR_INPUT, TEXT_INPUT
 from model_build.types import ExportedModel
 
@@ -95,6 +98,13 @@ def check_text_ensemble(spec: ModelSpec, exported: ExportedModel, tokenizer: Ser
 
     def lowered(values: list[str]) -> list[str]:
         return [text.lower() for text in values] if tokenizer.parameters.get("lowercase") == "true" else values
+
+    from tokenizers import Tokenizer
+
+    # Every text (pairs are the same texts) gives tokens of its own: else one line naming it, not the
+    # served step's per-request error about row 0 of a batch.
+    refuse_tokenless_texts(spec, Tokenizer.from_str(tokenizer.tokenizer_json), lowered(texts), folder=source_dir,
+                           tokenizer_class=tokenizer.tokenizer_class, unknown=None)
 
     for second in (None, pairs) if pairs is not None else (None,):
         ours = full_width.encode_batch(texts, second)

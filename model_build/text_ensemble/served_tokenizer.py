@@ -11,20 +11,27 @@ because that is what the model's users get. A source with no ``tokenizer.json`` 
 ``vocab.txt``, a SentencePiece ``.model``) is converted by transformers at build time, the way
 ``AutoTokenizer`` converts it for every user; a source it cannot convert is refused naming the file.
 
-Checked before any export (each a :class:`~model_build.errors.PackageError` naming the file):
-a tokenizer file exists; ``tokenizer.json`` parses; the tokenizer is a fast one; it has a pad
-token (rows are padded to one width); its largest id fits the model's embedding table
-(``vocab_size`` in ``config.json``).
+Checked before any export (each a :class:`~model_build.errors.TokenizerCheckError` naming the
+file): a tokenizer file exists; ``tokenizer.json`` parses; the tokenizer is a fast one; it has a pad
+token (rows are padded to one width) inside its vocabulary; its largest id fits the model's
+embedding table (``vocab_size`` in ``config.json``); and, as it will be served, it encodes each of
+the entry's sample texts to tokens of their own, not all of them unknown (:func:`refuse_tokenless_texts`).
+A tokenizer saved without its vocabulary fails that last check: transformers 5 ignores the
+``vocab_file``/``merges_file`` given to a fast tokenizer class (``RobertaTokenizerFast(vocab_file=...,
+merges_file=...)``) and saves a ``tokenizer.json`` of the special tokens alone, which encodes every
+text to nothing.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from model_build.errors import PackageError
+from model_build.errors import TokenizerCheckError
 from model_build.manifest import SLOW_TOKENIZER_FILES as SLOW_FILES
 from model_build.manifest import ModelSpec
 from model_build.text_ensemble.tokenizer_model import TOKENIZER_FILE
@@ -47,8 +54,21 @@ class ServedTokenizer:
     source_dir: Path
 
 
-def _fail(spec: ModelSpec, message: str) -> PackageError:
-    return PackageError(f"inputs: text: {message}", model=spec.name)
+def _fail(spec: ModelSpec, message: str) -> TokenizerCheckError:
+    return TokenizerCheckError(f"inputs: text: {message}", model=spec.name)
+
+
+def _source(spec: ModelSpec) -> str:
+    """``source local 'models/x'``: the entry's source as the manifest names it."""
+    source = spec.source
+    named = getattr(source, "model_id", None) or getattr(source, "uri", None) or "/".join(
+        part for part in (getattr(source, "package", ""), getattr(source, "path", "")) if part)
+    return f"source {source.kind} {named!r}"
+
+
+def _file(folder: Path) -> Path:
+    """The file the tokenizer was read from: ``tokenizer.json``, or the folder it was converted from."""
+    return folder / TOKENIZER_FILE if (folder / TOKENIZER_FILE).is_file() else folder
 
 
 def _read_json(spec: ModelSpec, path: Path) -> Any:
@@ -102,6 +122,19 @@ def prepare_tokenizer(spec: ModelSpec, source_dir: Path | None) -> ServedTokeniz
     sentence_config = folder / SENTENCE_BERT_CONFIG
     lowercase = bool(_read_json(spec, sentence_config).get("do_lower_case", False)) if sentence_config.is_file() \
         else False
+    size = backend.get_vocab_size(with_added_tokens=True)
+    if not 0 <= int(reference.pad_token_id) < size:
+        raise _fail(spec, f"{_source(spec)}: {_file(folder)}: the pad token {reference.pad_token!r} has id "
+                    f"{reference.pad_token_id}, outside the tokenizer's vocabulary of {size} tokens (ids 0 to "
+                    f"{size - 1}): padded rows would look up an id the model has no embedding for; save the "
+                    "tokenizer again with its pad token in the vocabulary")
+    from model_build.export.eager import reference_sentences
+
+    samples = reference_sentences(spec)
+    refuse_tokenless_texts(spec, backend, [text.lower() for text in samples] if lowercase else samples,
+                           folder=folder, tokenizer_class=type(reference).__name__,
+                           unknown=reference.unk_token_id)
+    _check_special_tokens(spec, folder, reference, backend, samples[0])
     tokenizer_json = backend.to_str()
     return ServedTokenizer(
         tokenizer_json=tokenizer_json,
@@ -130,6 +163,68 @@ def _check_vocabulary(spec: ModelSpec, folder: Path, size: int) -> None:
         raise _fail(spec, f"the tokenizer of {str(folder)!r} has {size} tokens but the model's embedding table has "
                     f"vocab_size {vocab_size} (config.json); ids from {vocab_size} on have no embedding: this "
                     "tokenizer is not the model's")
+
+
+def refuse_tokenless_texts(spec: ModelSpec, backend: Any, texts: Sequence[str], *, folder: Path,
+                           tokenizer_class: str, unknown: int | None) -> None:
+    """Each text must encode (with ``backend``, the served pipeline) to at least one token of its
+    own, besides the special ones; and not every such token of every text may be ``unknown`` (a
+    WordPiece or Unigram vocabulary without the text's words). Otherwise one
+    :class:`TokenizerCheckError` naming the source, the file, the tokenizer's kind and vocabulary
+    size and the text, and what to do."""
+    kind = type(backend.model).__name__
+    described = (f"{_source(spec)}: {_file(folder)}: the tokenizer ({tokenizer_class}, {kind}, "
+                 f"{backend.get_vocab_size(with_added_tokens=True)} tokens in its vocabulary)")
+    remedy = ("its vocabulary is missing or its normalizer removes the text: load the tokenizer from its own "
+              "files (AutoTokenizer.from_pretrained) and save it again with save_pretrained (transformers 5 "
+              "ignores vocab_file/merges_file given to a fast tokenizer class and saves the special tokens alone)")
+    known = False
+    for text in texts:
+        try:
+            encoding = backend.encode(text)
+        except Exception as error:  # the Rust side raises plain Exception (a WordPiece without its [UNK]...)
+            raise _fail(spec, f"{described} cannot encode {text!r} ({_first_line(error)}); {remedy}") from None
+        own = [token for token, sequence in zip(encoding.ids, encoding.sequence_ids, strict=True)
+               if sequence is not None]
+        if not own:
+            special = ", ".join(encoding.tokens) or "none"
+            raise _fail(spec, f"{described} encodes {text!r} to no token but its special ones ({special}); "
+                        f"{remedy}")
+        known = known or any(token != unknown for token in own)
+    if texts and not known:
+        raise _fail(spec, f"{described} encodes every sample text to its unknown token only (e.g. {texts[0]!r}); "
+                    f"{remedy}")
+
+
+def _check_special_tokens(spec: ModelSpec, folder: Path, reference: Any, backend: Any, sample: str) -> None:
+    """A tokenizer that names a ``cls_token`` and a ``sep_token`` (BERT, RoBERTa, XLM-R...) adds at
+    least one of them to a text: its ``post_processor`` does. One without (deleted, or a
+    ``tokenizer.json`` saved without it and loaded as the file says) gives the model text without
+    the tokens it was trained with, and ``AutoTokenizer`` agrees, so no later check would see it."""
+    cls, sep = reference.cls_token_id, reference.sep_token_id
+    if cls is None or sep is None:  # GPT-2 style byte-level BPE, T5: no such tokens to expect
+        return
+    encoding = backend.encode(sample)
+    if cls not in encoding.ids and sep not in encoding.ids:
+        raise _fail(spec, f"{_source(spec)}: {_file(folder)}: the tokenizer ({type(reference).__name__}, "
+                    f"{type(backend.model).__name__}) names cls_token {reference.cls_token!r} and sep_token "
+                    f"{reference.sep_token!r} but adds neither to {sample!r} (tokens: {' '.join(encoding.tokens)}): "
+                    "its post_processor is missing; save the tokenizer again from its own files "
+                    "(AutoTokenizer.from_pretrained, save_pretrained)")
+
+
+@contextmanager
+def tokenizer_errors(spec: ModelSpec, served: ServedTokenizer) -> Iterator[None]:
+    """The served tokenizer step's own errors (a :class:`~model_build.text_ensemble.tokenizer_model.
+    TokenizerError`, written for a client's request) raised by a build check, as one
+    :class:`TokenizerCheckError` naming the source and the file."""
+    from model_build.text_ensemble.tokenizer_model import TokenizerError
+
+    try:
+        yield
+    except TokenizerError as error:
+        raise _fail(spec, f"{_source(spec)}: {_file(served.source_dir)}: the tokenizer ({served.tokenizer_class}, "
+                    f"{served.kind}) fails on the build's check texts: {error}") from None
 
 
 def encoder_for(served: ServedTokenizer, spec: ModelSpec, *, truncate: bool | None = None,

@@ -29,9 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from model_build.errors import ModelBuildError
-from model_build.tools.pr_comment import add_pr_comment_parser, cmd_pr_comment
-
-__all__ = ["add_plan_parsers", "cmd_plan", "cmd_pr_comment", "cmd_releases"]
+from model_build.tools.pr_comment import add_pr_comment_parser
 
 
 def _context(overrides: list[str]) -> dict[str, str]:

@@ -29,7 +29,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 KINDS = ("wordpiece", "bpe", "unigram")
 
@@ -142,8 +142,22 @@ def _model(kind: str, vocab_size: int, *, hidden: int, layers: int, heads: int, 
         return model
 
 
-def _tokenizer_and_model(kind: str, texts: Sequence[str], *, vocab_size: int, max_length: int, hidden: int,
-                         layers: int, heads: int, seed: int, num_labels: int | None = None) -> tuple[Any, Any]:
+class ModelSize(TypedDict, total=False):
+    """The size of a made source, keywords of :func:`make_text_source` and
+    :func:`make_cross_encoder_source` (their defaults are :func:`_tokenizer_and_model`'s)."""
+
+    hidden: int
+    layers: int
+    heads: int
+    vocab_size: int
+    max_length: int
+    seed: int
+    texts: Sequence[str]
+
+
+def _tokenizer_and_model(kind: str, *, hidden: int = 32, layers: int = 2, heads: int = 4, vocab_size: int = 600,
+                         max_length: int = 128, seed: int = 0, texts: Sequence[str] = CORPUS,
+                         num_labels: int | None = None) -> tuple[Any, Any]:
     """The tokenizer trained on ``texts`` and a seeded model of ``kind`` sized to it, in eval mode."""
     tokenizer = _wrap(kind, _train(kind, [*texts] * 4, vocab_size), max_length)
     model = _model(kind, len(tokenizer), hidden=hidden, layers=layers, heads=heads, positions=max_length, seed=seed,
@@ -158,20 +172,14 @@ def make_text_source(
     *,
     pooling: str | Sequence[str] | None = "mean",
     normalize: bool = True,
-    hidden: int = 32,
-    layers: int = 2,
-    heads: int = 4,
-    vocab_size: int = 600,
-    max_length: int = 128,
-    seed: int = 0,
-    texts: Sequence[str] = CORPUS,
+    **size: Unpack[ModelSize],
 ) -> TextSource:
     """Write a source folder of ``kind`` to ``folder``; ``pooling=None`` leaves out the
     sentence-transformers modules (a plain transformers folder)."""
-    tokenizer, model = _tokenizer_and_model(kind, texts, vocab_size=vocab_size, max_length=max_length, hidden=hidden,
-                                            layers=layers, heads=heads, seed=seed)
+    tokenizer, model = _tokenizer_and_model(kind, **size)
     if pooling is None:
-        return _save_pretrained(kind, folder, model, tokenizer, hidden)
+        return _save_pretrained(kind, folder, model, tokenizer)
+    hidden, max_length = model.config.hidden_size, tokenizer.model_max_length
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.base.modules import Normalize, Transformer
     from sentence_transformers.sentence_transformer.modules import Pooling
@@ -191,25 +199,19 @@ def make_cross_encoder_source(
     folder: Path,
     *,
     num_labels: int = 1,
-    hidden: int = 32,
-    layers: int = 2,
-    heads: int = 4,
-    vocab_size: int = 600,
-    max_length: int = 128,
-    seed: int = 0,
-    texts: Sequence[str] = CORPUS,
+    **size: Unpack[ModelSize],
 ) -> TextSource:
     """Write a cross-encoder folder of ``kind`` to ``folder``: the tokenizer and a
     sequence-classification model with ``num_labels`` outputs (1: a relevance score), saved with
     ``save_pretrained`` as ``CrossEncoder`` and transformers load it."""
-    tokenizer, model = _tokenizer_and_model(kind, texts, vocab_size=vocab_size, max_length=max_length, hidden=hidden,
-                                            layers=layers, heads=heads, seed=seed, num_labels=num_labels)
-    return _save_pretrained(kind, folder, model, tokenizer, hidden)
+    tokenizer, model = _tokenizer_and_model(kind, num_labels=num_labels, **size)
+    return _save_pretrained(kind, folder, model, tokenizer)
 
 
-def _save_pretrained(kind: str, folder: Path, model: Any, tokenizer: Any, hidden: int) -> TextSource:
+def _save_pretrained(kind: str, folder: Path, model: Any, tokenizer: Any) -> TextSource:
     """A plain transformers folder: the model and its tokenizer, each saved by ``save_pretrained``."""
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    return TextSource(kind=kind, path=folder, hidden_size=hidden, tokenizer_class=type(tokenizer).__name__)
+    return TextSource(kind=kind, path=folder, hidden_size=model.config.hidden_size,
+                      tokenizer_class=type(tokenizer).__name__)
