@@ -11,6 +11,11 @@
 const { fullDiff } = require('@aws-cdk/cloudformation-diff');
 
 function main() {
+  // Load the resource specification now, while the caller is still reading its inputs: the first
+  // diff that looks a resource type up loads it (about half a second), and the caller starts this
+  // process before it needs the answer.
+  fullDiff({ Resources: { W: { Type: 'AWS::S3::Bucket', Properties: { BucketName: 'a' } } } },
+    { Resources: { W: { Type: 'AWS::S3::Bucket', Properties: { BucketName: 'b' } } } });
   const chunks = [];
   process.stdin.on('data', (chunk) => chunks.push(chunk));
   process.stdin.on('end', () => {

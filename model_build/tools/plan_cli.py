@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +129,21 @@ def _check_stack(live: Any, stack_name: str, where: str) -> None:
 
 def plan_report(args: argparse.Namespace) -> Any:
     """The plan of ``args`` (:class:`~model_build.tools.plan_report.PlanReport`)."""
+    from model_build.tools.plan_verdict import start_engine
+
+    # The settings come from the app (importing aws-cdk-lib starts jsii: seconds, mostly waiting on
+    # Node.js), so they load in a thread while this one reads the inputs that do not need them: at
+    # 3,000 models that overlap is about a second of the plan's five (benchmarks/synth_scale.py).
+    engine = start_engine()  # the diff engine loads its specification meanwhile (Node.js)
+    try:
+        return _plan_report(args, engine)
+    finally:
+        if engine.poll() is None:
+            engine.kill()
+            engine.wait()
+
+
+def _plan_report(args: argparse.Namespace, engine: Any) -> Any:
     from model_build.manifest import load_manifest
     from model_build.release.index import read_routes
     from model_build.release.routes import ModelPlan, Routes, parse_routes, plan_manifest
@@ -135,16 +151,19 @@ def plan_report(args: argparse.Namespace) -> Any:
     from model_build.tools.plan_verdict import judge
     from model_build.tools.triton_server import REPO_ROOT
 
-    settings = _settings(args.context or [])
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="plan-settings") as pool:
+        pending = pool.submit(_settings, args.context or [])
+        # Every input is read and checked before the slow parts (synth, the diff engine).
+        deployed = read_template(args.deployed_template, "--deployed-template") if args.deployed_template else None
+        new_template = read_template(args.template, "--template") if args.template else None
+        given = load_manifest(Path(args.manifest)) if args.manifest is not None else None
+        settings = pending.result()
     prefix = args.prefix or settings.model_prefix
-    # Every input is read and checked before the slow parts (synth, the diff engine).
     manifest_text = args.manifest if args.manifest is not None else settings.manifest_path
     manifest_path = Path(manifest_text) if manifest_text else None
     if manifest_path is not None and args.manifest is None and not manifest_path.is_absolute():
         manifest_path = REPO_ROOT / manifest_path
-    manifest = load_manifest(manifest_path) if manifest_path is not None else None
-    deployed = read_template(args.deployed_template, "--deployed-template") if args.deployed_template else None
-    new_template = read_template(args.template, "--template") if args.template else None
+    manifest = given if given is not None else load_manifest(manifest_path) if manifest_path is not None else None
     live: Routes | None
     if args.routes_file:
         path = Path(args.routes_file)
@@ -185,7 +204,7 @@ def plan_report(args: argparse.Namespace) -> Any:
                    + "; give --deployed-template FILE or --stack-name NAME")
     verdict = judge(new_template, deployed_template=deployed, deployed_where=deployed_where,
                     record=live.deployed if live is not None else None, live_routes=live is not None,
-                    unknown_reason=unknown)
+                    unknown_reason=unknown, engine=engine)
     return PlanReport(stack=settings.stack_name, models=models, verdict=verdict, routes_where=where,
                       models_note=note)
 

@@ -142,19 +142,31 @@ def node_binary() -> str:
     return found
 
 
-def engine_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """Each resource that differs between two templates, as the CDK diff engine sees it."""
+def start_engine() -> subprocess.Popen[bytes]:
+    """The diff engine's process, started ahead: it loads the resource specification while the
+    caller reads its inputs, then waits for the two templates on stdin (:func:`engine_diff`)."""
     module = REPO_ROOT / "node_modules" / "@aws-cdk" / "cloudformation-diff"
     if not module.is_dir():
         raise PlanInputError(f"plan: the CDK diff engine is not installed ({module.relative_to(REPO_ROOT)}); "
                              "run `make setup` (npm ci)")
-    payload = json.dumps({"old": old, "new": new}).encode()
-    result = subprocess.run([node_binary(), str(DIFF_SCRIPT)], input=payload, capture_output=True, timeout=300,
-                            cwd=REPO_ROOT)
-    if result.returncode != 0:
-        tail = " ".join(result.stderr.decode(errors="replace").split())[-400:]
-        raise PlanInputError(f"plan: the CDK diff engine failed (exit {result.returncode}): {tail}")
-    resources: dict[str, dict[str, Any]] = json.loads(result.stdout)["resources"]
+    return subprocess.Popen([node_binary(), str(DIFF_SCRIPT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=REPO_ROOT)
+
+
+def engine_diff(old: Mapping[str, Any], new: Mapping[str, Any],
+                process: subprocess.Popen[bytes] | None = None) -> dict[str, dict[str, Any]]:
+    """Each resource that differs between two templates, as the CDK diff engine sees it (in
+    ``process`` when one was started ahead, else in a new one)."""
+    process = process or start_engine()
+    try:
+        stdout, stderr = process.communicate(json.dumps({"old": old, "new": new}).encode(), timeout=300)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        raise PlanInputError("plan: the CDK diff engine gave no answer in 300 s") from None
+    if process.returncode != 0:
+        tail = " ".join(stderr.decode(errors="replace").split())[-400:]
+        raise PlanInputError(f"plan: the CDK diff engine failed (exit {process.returncode}): {tail}")
+    resources: dict[str, dict[str, Any]] = json.loads(stdout)["resources"]
     return resources
 
 
@@ -165,16 +177,28 @@ def engine_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, dic
 
 def judge(new_template: Mapping[str, Any], *, deployed_template: Mapping[str, Any] | None = None,
           deployed_where: str = "", record: Mapping[str, Any] | None = None, live_routes: bool,
-          unknown_reason: str = "") -> Verdict:
+          unknown_reason: str = "", engine: subprocess.Popen[bytes] | None = None) -> Verdict:
     """The verdict of deploying ``new_template`` over what is deployed (see the module docstring).
 
     ``live_routes``: whether live routes exist; without them and without a deployed template
     nothing is deployed (a first deploy). ``unknown_reason``: why the live routes carry no usable
-    record (said when there is no deployed template either)."""
+    record (said when there is no deployed template either). ``engine``: the diff engine's process
+    if one was started ahead (:func:`start_engine`); it is used or ended here."""
+    try:
+        return _judge(new_template, deployed_template, deployed_where, record, live_routes, unknown_reason, engine)
+    finally:
+        if engine is not None and engine.poll() is None:
+            engine.kill()
+            engine.wait()
+
+
+def _judge(new_template: Mapping[str, Any], deployed_template: Mapping[str, Any] | None, deployed_where: str,
+           record: Mapping[str, Any] | None, live_routes: bool, unknown_reason: str,
+           engine: subprocess.Popen[bytes] | None) -> Verdict:
     if deployed_template is not None:
         old = normalized(deployed_template)
         new = normalized(new_template)
-        verdict = _classify(old, new, compared_with=deployed_where or "the deployed template")
+        verdict = _classify(old, new, compared_with=deployed_where or "the deployed template", engine=engine)
         verdict.others_compared = True
         return verdict
     if record is not None:
@@ -182,16 +206,18 @@ def judge(new_template: Mapping[str, Any], *, deployed_template: Mapping[str, An
         kept = set(record_ids(new_template.get("Resources") or {})) | (
             set(record["resources"]) & set(new_template.get("Resources") or {}))
         new = normalized(new_template, kept)
-        return _classify(old, new, compared_with="the deployed record in the live routes")
+        return _classify(old, new, compared_with="the deployed record in the live routes", engine=engine)
     if live_routes:
         return Verdict(fleet="unknown", data="unknown", compared_with="nothing",
                        unknown_reason=unknown_reason or "the live routes carry no record of the deployed fleet")
-    return _classify({"Resources": {}}, normalized(new_template), compared_with="nothing (no live routes)")
+    return _classify({"Resources": {}}, normalized(new_template), compared_with="nothing (no live routes)",
+                     engine=engine)
 
 
-def _classify(old: Mapping[str, Any], new: Mapping[str, Any], *, compared_with: str) -> Verdict:
+def _classify(old: Mapping[str, Any], new: Mapping[str, Any], *, compared_with: str,
+              engine: subprocess.Popen[bytes] | None = None) -> Verdict:
     old_resources, new_resources = old["Resources"], new["Resources"]
-    changes = engine_diff(old, new)
+    changes = engine_diff(old, new, engine)
     counts = _type_counts(old_resources, new_resources)
     had_fleet = {resource.get("Type") for resource in old_resources.values()} & set(FLEET_REPLACED_TYPES)
     replaced = {lid for lid, change in changes.items() if change["impact"] in DESTRUCTIVE}
