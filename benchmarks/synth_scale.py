@@ -396,9 +396,10 @@ def run(ctx: RunContext) -> dict[str, Any]:
         "plan_time",
         f"python -m model_build plan against a routes file at {plan_full} models within {GOAL_PLAN_SECONDS:g} s "
         "(synth excluded)",
-        target=f"<= {GOAL_PLAN_SECONDS:g} s", measured=round(plan["seconds"]["median"], 3),
+        target=f"<= {GOAL_PLAN_SECONDS:g} s", measured=f"{plan['seconds']['median']:.2f} s",
         met=plan["seconds"]["median"] <= GOAL_PLAN_SECONDS,
-        detail=(f"{plan['models']} models: {plan['counts']}, verdict {plan['verdict']}; a new process each run "
+        detail=(f"{plan['models']} models: " + ", ".join(f"{n} {k}" for k, n in plan["counts"].items())
+                + f", verdict {plan['verdict']}; a new process each run "
                 f"(the CDK and settings import, the manifest, the diff engine on Node.js); markdown "
                 f"{plan['markdown_chars']} characters."),
         not_judged="" if plan["models"] >= plan_full else f"stated at {plan_full} models; this run has "
