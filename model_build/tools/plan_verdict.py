@@ -46,8 +46,8 @@ from model_build.release.deployed import (
     record_ids,
     references,
 )
+from model_build.tools.triton_server import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 DIFF_SCRIPT = Path(__file__).with_name("cfn_diff.js")
 #: The engine's impacts that replace or remove the physical resource.
 DESTRUCTIVE = ("WILL_REPLACE", "MAY_REPLACE", "WILL_DESTROY", "WILL_ORPHAN")
@@ -300,7 +300,6 @@ def _reasons(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None, chang
 def leaf_changes(old: Any, new: Any, path: str = "") -> list[str]:
     """``path: old -> new`` for each leaf that differs (``ProductionVariants[0].InstanceType``)."""
     if isinstance(old, dict) and isinstance(new, dict):
-        found: list[str] = []
         if set(old) == {"Fn::FindInMap"} == set(new):
             old, new = old["Fn::FindInMap"].get("Values", old), new["Fn::FindInMap"].get("Values", new)
             changed = [key for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
@@ -309,27 +308,21 @@ def leaf_changes(old: Any, new: Any, path: str = "") -> list[str]:
                 more = f" (and {len(changed) - 1} more keys of the mapping)" if len(changed) > 1 else ""
                 return [f"{path}[{first}]: {_shown(old.get(first))} -> {_shown(new.get(first))}{more}"]
             return []
-        for key in sorted(set(old) | set(new), key=str):
-            sub = f"{path}.{key}" if path else str(key)
-            if key not in old:
-                found.append(f"{sub}: (unset) -> {_shown(new[key])}")
-            elif key not in new:
-                found.append(f"{sub}: {_shown(old[key])} -> (unset)")
-            else:
-                found.extend(leaf_changes(old[key], new[key], sub))
-        return found
+        keys: list[Any] = sorted(set(old) | set(new), key=str)
+        return [line for key in keys for line in _leaf(old, new, key, f"{path}.{key}" if path else str(key))]
     if isinstance(old, list) and isinstance(new, list):
-        found = []
-        for index in range(max(len(old), len(new))):
-            sub = f"{path}[{index}]"
-            if index >= len(old):
-                found.append(f"{sub}: (unset) -> {_shown(new[index])}")
-            elif index >= len(new):
-                found.append(f"{sub}: {_shown(old[index])} -> (unset)")
-            else:
-                found.extend(leaf_changes(old[index], new[index], sub))
-        return found
+        return [line for index in range(max(len(old), len(new)))
+                for line in _leaf(dict(enumerate(old)), dict(enumerate(new)), index, f"{path}[{index}]")]
     return [] if old == new else [f"{path}: {_shown(old)} -> {_shown(new)}"]
+
+
+def _leaf(old: Mapping[Any, Any], new: Mapping[Any, Any], key: Any, path: str) -> list[str]:
+    """The changes under ``key`` of two containers; a side without it shows ``(unset)``."""
+    if key not in old:
+        return [f"{path}: (unset) -> {_shown(new[key])}"]
+    if key not in new:
+        return [f"{path}: {_shown(old[key])} -> (unset)"]
+    return leaf_changes(old[key], new[key], path)
 
 
 def _shown(value: Any) -> str:
