@@ -26,7 +26,7 @@ This module is pure (no CDK, no AWS): the format, its checks, and the normalizat
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from model_build.errors import ModelBuildError
@@ -60,28 +60,33 @@ class DeployedRecordError(ModelBuildError):
     """A deployed record or template that does not parse or has another format."""
 
 
-def references(value: Any) -> set[str]:
-    """Logical ids that ``value`` names with ``Ref`` or ``Fn::GetAtt`` (pseudo parameters excluded)."""
-    found: set[str] = set()
+def _objects(value: Any) -> Iterator[dict[str, Any]]:
+    """Every JSON object inside ``value`` (itself included), depth first."""
     todo = [value]
     while todo:
         item = todo.pop()
         if isinstance(item, dict):
-            if len(item) == 1 and "Ref" in item and isinstance(item["Ref"], str):
-                if not item["Ref"].startswith("AWS::"):
-                    found.add(item["Ref"])
-                continue
-            if len(item) == 1 and "Fn::GetAtt" in item:
-                target = item["Fn::GetAtt"]
-                name = target[0] if isinstance(target, list) and target else str(target).split(".")[0]
-                if isinstance(name, str):
-                    found.add(name)
-                continue
-            if len(item) == 1 and "Fn::Sub" in item:
-                found.update(_sub_references(item["Fn::Sub"]))
+            yield item
             todo.extend(item.values())
         elif isinstance(item, list):
             todo.extend(item)
+
+
+def references(value: Any) -> set[str]:
+    """Logical ids that ``value`` names with ``Ref`` or ``Fn::GetAtt`` (pseudo parameters excluded)."""
+    found: set[str] = set()
+    for item in _objects(value):
+        if len(item) != 1:
+            continue
+        if isinstance(item.get("Ref"), str) and not item["Ref"].startswith("AWS::"):
+            found.add(item["Ref"])
+        elif "Fn::GetAtt" in item:
+            target = item["Fn::GetAtt"]
+            name = target[0] if isinstance(target, list) and target else str(target).split(".")[0]
+            if isinstance(name, str):
+                found.add(name)
+        elif "Fn::Sub" in item:
+            found.update(_sub_references(item["Fn::Sub"]))
     return found
 
 
@@ -100,16 +105,10 @@ def _sub_references(args: Any) -> set[str]:
 def mappings_read(value: Any) -> set[str]:
     """The mappings ``value`` reads with ``Fn::FindInMap``."""
     found: set[str] = set()
-    todo = [value]
-    while todo:
-        item = todo.pop()
-        if isinstance(item, dict):
-            args = item.get("Fn::FindInMap") if len(item) == 1 else None
-            if isinstance(args, list) and args and isinstance(args[0], str):
-                found.add(args[0])
-            todo.extend(item.values())
-        elif isinstance(item, list):
-            todo.extend(item)
+    for item in _objects(value):
+        args = item.get("Fn::FindInMap") if len(item) == 1 else None
+        if isinstance(args, list) and args and isinstance(args[0], str):
+            found.add(args[0])
     return found
 
 
