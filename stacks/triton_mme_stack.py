@@ -25,7 +25,7 @@ from constructs.model_build_resource import ModelBuildResource, ModelBuildResour
 from constructs.rollout_policy import RolloutPolicy, RolloutPolicyProps
 from constructs.sagemaker_execution_role import SageMakerExecutionRole, SageMakerExecutionRoleProps
 from constructs.sagemaker_limits import PropsError, has_instance_storage
-from constructs.triton_image import TritonImage, TritonImageProps, load_image_table
+from constructs.triton_image import TritonImage, TritonImageProps
 from constructs.triton_mme_endpoint import TritonMmeEndpoint, TritonMmeEndpointProps
 from model_build.manifest import Manifest
 from model_build.release import PACKAGE_DIR, routes_key, served_prefix
