@@ -179,16 +179,16 @@ def host_verdict(image: TritonRelease, ami: InferenceAmi, gpu: Gpu) -> HostVerdi
     if ami.accelerator != "gpu":
         return HostVerdict("fails", f"{ami.value} is a {ami.accelerator} AMI (Inferentia and Trainium), "
                                     f"not one for an {gpu.name}")
+    what = f"Triton {image.version} is CUDA {image.cuda}; {ami.value} has driver R{ami.driver} (CUDA {ami.cuda})"
     last = LAST_DRIVER_BRANCH.get(gpu.name)
     if last is not None and ami.driver > last:
-        return HostVerdict("fails", f"driver R{ami.driver} of {ami.value} no longer supports the {gpu.name} "
-                                    f"(R{last} was the last branch that did)")
+        return HostVerdict("fails", f"{what}, which no longer supports the {gpu.name} (R{last} was the last "
+                                    "branch that did)")
     if gpu.cc_tuple < version_tuple(image.min_compute_capability)[:2]:
-        return HostVerdict("fails", f"Triton {image.version} supports compute capability "
-                                    f"{image.min_compute_capability} and later; the {gpu.name} is "
+        return HostVerdict("fails", f"{what}; Triton {image.version} supports compute capability "
+                                    f"{image.min_compute_capability} and later, and the {gpu.name} is "
                                     f"{gpu.compute_capability}")
     need, have = version_tuple(image.cuda)[:2], version_tuple(ami.cuda)[:2]
-    what = f"Triton {image.version} is CUDA {image.cuda}; {ami.value} has driver R{ami.driver} (CUDA {ami.cuda})"
     if have >= need:
         return HostVerdict("runs", what)
     if have[0] == need[0]:
