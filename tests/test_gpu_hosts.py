@@ -159,3 +159,32 @@ def test_the_template_sets_the_ami_and_an_unconfirmed_pair_is_a_synth_warning() 
     assert "only CUDA forward compatibility could run it" in messages[0]
     Template.from_stack(warned).has_resource_properties("AWS::SageMaker::EndpointConfig", {
         "ProductionVariants": [{"InferenceAmiVersion": "al2-ami-sagemaker-inference-gpu-2-1"}]})
+
+
+def _table(page: str, header: str) -> list[list[str]]:
+    lines = page[page.index(header):].splitlines()
+    rows = []
+    for line in lines[2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip().strip("`") for cell in line.strip("|").split("|")])
+    return rows
+
+
+def test_the_docs_tables_are_the_codes() -> None:
+    page = (Path(__file__).resolve().parents[1] / "docs" / "gpu-hosts.md").read_text(encoding="utf-8")
+    images = _table(page, "| image | CUDA |")
+    assert [row[0] for row in images] == list(TRITON_RELEASES)
+    for version, cuda, driver, cc, tensorrt, _source in images:
+        release = TRITON_RELEASES[version]
+        assert (cuda, int(driver), cc) == (release.cuda, release.min_driver, release.min_compute_capability)
+        assert tensorrt == (release.tensorrt or "unconfirmed")
+    amis = _table(page, "| `inference_ami_version` | driver |")
+    assert [row[0] for row in amis] == list(INFERENCE_AMIS)
+    for value, driver, cuda, mounted, _source in amis:
+        ami = INFERENCE_AMIS[value]
+        if ami.accelerator == "gpu":
+            assert (int(driver), cuda, mounted) == (ami.driver, ami.cuda, "yes" if ami.compat_mounting else "no")
+    gpus = _table(page, "| instance family | GPU |")
+    assert {row[0]: (row[1], row[2]) for row in gpus} == {
+        family: (gpu.name, gpu.compute_capability) for family, gpu in INSTANCE_GPUS.items()}
