@@ -57,12 +57,17 @@ $(WHEELHOUSE)/.installed: model_build/text_ensemble/serving-wheels.txt $(VENV)/.
 		-r model_build/text_ensemble/serving-wheels.txt -d $(WHEELHOUSE)
 	touch $@
 
+# An environment of its own from one requirements file: $(call python_env,<folder>,<requirements>).
+define python_env
+	rm -rf $(1)
+	python3 -m venv $(1)
+	$(1)/bin/python -m pip install --quiet --upgrade pip
+	$(1)/bin/python -m pip install --quiet -r $(2)
+	touch $(1)/.installed
+endef
+
 $(CHECKOV_VENV)/.installed: requirements-checkov.txt
-	rm -rf $(CHECKOV_VENV)
-	python3 -m venv $(CHECKOV_VENV)
-	$(CHECKOV_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(CHECKOV_VENV)/bin/python -m pip install --quiet -r requirements-checkov.txt
-	touch $@
+	$(call python_env,$(CHECKOV_VENV),requirements-checkov.txt)
 
 node_modules/.installed: package.json package-lock.json $(VENV)/.installed
 	npm ci --no-audit --no-fund --loglevel=error
@@ -138,11 +143,7 @@ gpu-check:
 	fi
 
 $(GPU_VENV)/.installed: requirements-gpu.txt
-	rm -rf $(GPU_VENV)
-	python3 -m venv $(GPU_VENV)
-	$(GPU_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(GPU_VENV)/bin/python -m pip install --quiet -r requirements-gpu.txt
-	touch $@
+	$(call python_env,$(GPU_VENV),requirements-gpu.txt)
 
 smoke: setup
 	@test -n "$(ENDPOINT)" || { echo "usage: make smoke ENDPOINT=<endpoint name> [RELEASE=...] [RUNTIME_ENDPOINT_URL=...] [SAGEMAKER_ENDPOINT_URL=...] [S3_ENDPOINT_URL=...]"; exit 2; }

@@ -13,6 +13,9 @@ says which values are not confirmed there. What the tables do not know is report
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
 
 # ---------------------------------------------------------------------------------------------
 # GPUs per instance family (AWS instance type pages; NVIDIA's "CUDA GPUs" compute capability table)
@@ -50,12 +53,17 @@ def version_tuple(version: str) -> tuple[int, ...]:
     return tuple(int(part) if part.isdigit() else 0 for part in version.split("."))
 
 
+def _row(table: dict[str, T], key: str, missing: str) -> T:
+    """``table[key]``, or ``KeyError`` saying ``missing`` and the keys known."""
+    if key not in table:
+        raise KeyError(f"{missing}; known: {', '.join(table)}")
+    return table[key]
+
+
 def gpu_of(instance_type: str) -> Gpu:
     """The GPU of ``ml.g5.2xlarge`` (its family's); ``KeyError`` naming the families known."""
     family = instance_type.rsplit(".", 1)[0]
-    if family not in INSTANCE_GPUS:
-        raise KeyError(f"{instance_type!r}: no GPU known for family {family!r}; known: {', '.join(INSTANCE_GPUS)}")
-    return INSTANCE_GPUS[family]
+    return _row(INSTANCE_GPUS, family, f"{instance_type!r}: no GPU known for family {family!r}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -115,9 +123,7 @@ TRITON_RELEASES: dict[str, TritonRelease] = {
 
 def triton_release(version: str) -> TritonRelease:
     """The row of Triton ``version``; ``KeyError`` naming the versions known."""
-    if version not in TRITON_RELEASES:
-        raise KeyError(f"{version!r}: not in the Triton CUDA table; known: {', '.join(TRITON_RELEASES)}")
-    return TRITON_RELEASES[version]
+    return _row(TRITON_RELEASES, version, f"{version!r}: not in the Triton CUDA table")
 
 
 # ---------------------------------------------------------------------------------------------

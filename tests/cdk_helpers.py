@@ -308,7 +308,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
         build_query_interval_seconds="30",
         build_memory_mb="4096",
         build_timeout_minutes="10",
-        triton_image_version="25.04",
+        # The p3's V100 (7.0) runs the images up to 24.09 (gpu_hosts.py); the AMI is pinned too.
+        triton_image_version="24.09",
+        inference_ami_version="al2-ami-sagemaker-inference-gpu-3-1",
         account=ACCOUNT,
         region=REGION,
     ),

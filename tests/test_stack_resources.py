@@ -322,6 +322,8 @@ def test_endpoint_config(default: Synth) -> None:
             "VariantName": "AllTraffic",
             "ModelName": {"Fn::GetAtt": [logical_id(default, "Endpoint/Model"), "ModelName"]},
             "InstanceType": "ml.g5.xlarge",
+            # The newest AMI whose driver runs the image's CUDA on the A10G (model_build/gpu_hosts.py).
+            "InferenceAmiVersion": "al2023-ami-sagemaker-inference-gpu-4-1",
             "InitialInstanceCount": 1,
             "InitialVariantWeight": 1,
             "ModelDataDownloadTimeoutInSeconds": 600,

@@ -108,7 +108,10 @@ def test_container_settings(ebs: Synth) -> None:
         },
     )
     mapping = next(iter(ebs.data["Mappings"].values()))
-    assert mapping["cn-north-1"]["ImageUri"].endswith(".amazonaws.com.cn/sagemaker-tritonserver:25.04-py3")
+    assert mapping["cn-north-1"]["ImageUri"].endswith(".amazonaws.com.cn/sagemaker-tritonserver:24.09-py3")
+    ebs.template.has_resource_properties("AWS::SageMaker::EndpointConfig", {"ProductionVariants": [
+        Match.object_like({"InstanceType": "ml.p3.2xlarge",
+                           "InferenceAmiVersion": "al2-ami-sagemaker-inference-gpu-3-1"})]})
 
 
 def test_autoscaling_settings(ebs: Synth) -> None:
