@@ -5,7 +5,7 @@ in well under a second. Everything that can be checked from the manifest alone i
 that a manifest that could never give a loadable Triton model is refused before any export work
 (and before ``cdk synth`` writes a template).
 
-Owns: what to build. ``fields`` (source kinds, Triton and ONNX Runtime settings, gates, inputs),
+Owns: what to build. ``fields`` (source kinds, Triton and ONNX Runtime settings, gates, inputs, prebuilt TensorRT plans),
 ``schema`` (``ModelSpec``, ``Manifest``), ``loading`` (YAML policy and limits, error messages,
 the tokenizer files a raw-text source must hold). Callers import the names below from
 ``model_build.manifest``.
@@ -15,6 +15,7 @@ May import: ``shared``.
 
 from model_build.manifest.fields import (
     DEFAULT_GATES,
+    TENSORRT_DATA_TYPES,
     TENSORRT_KEYS,
     AccuracyGate,
     DynamicBatching,
@@ -25,11 +26,13 @@ from model_build.manifest.fields import (
     OnnxFileSource,
     OnnxRuntimeTuning,
     PackageSource,
+    PlanTensor,
     Precision,
     S3Source,
     Source,
     SyntheticSource,
     TensorRTAccelerator,
+    TensorRTPlan,
     TextInputs,
     Tolerance,
 )
@@ -67,6 +70,7 @@ __all__ = [
     "MODEL_NAME_PATTERN",
     "PAIR_TASKS",
     "SLOW_TOKENIZER_FILES",
+    "TENSORRT_DATA_TYPES",
     "TENSORRT_KEYS",
     "TEXT_TASKS",
     "TOKENIZER_FILES",
@@ -83,12 +87,14 @@ __all__ = [
     "OnnxFileSource",
     "OnnxRuntimeTuning",
     "PackageSource",
+    "PlanTensor",
     "Precision",
     "S3Source",
     "Source",
     "SyntheticSource",
     "Task",
     "TensorRTAccelerator",
+    "TensorRTPlan",
     "TextInputs",
     "Tolerance",
     "format_validation_error",
