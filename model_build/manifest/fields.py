@@ -279,8 +279,9 @@ TensorRTDataType = Literal[
     "TYPE_BOOL", "TYPE_UINT8", "TYPE_INT8", "TYPE_INT32", "TYPE_INT64", "TYPE_FP16", "TYPE_FP32", "TYPE_BF16"
 ]
 TENSORRT_DATA_TYPES: tuple[str, ...] = get_args(TensorRTDataType)
-#: A compute capability as Triton's ``cc_model_filenames`` keys it (``"7.5"``).
-COMPUTE_CAPABILITY_PATTERN = r"^\d+\.\d+$"
+#: A compute capability as Triton's ``cc_model_filenames`` keys it (``"7.5"``): Triton looks the
+#: GPU's ``<major>.<minor>`` up as printed numbers, so a key with a leading zero ("08.6") never matches.
+COMPUTE_CAPABILITY_PATTERN = r"^(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)$"
 #: A plan's file name inside the version folder ``1/``: plain, no folder, no leading dot.
 PLAN_FILE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
 #: A tensor name as config.pbtxt carries it (TensorRT names such as ``input.1`` or ``onnx::Gemm_0``).
