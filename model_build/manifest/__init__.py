@@ -5,7 +5,8 @@ in well under a second. Everything that can be checked from the manifest alone i
 that a manifest that could never give a loadable Triton model is refused before any export work
 (and before ``cdk synth`` writes a template).
 
-Owns: what to build. ``fields`` (source kinds, Triton and ONNX Runtime settings, gates, inputs, prebuilt TensorRT plans),
+Owns: what to build. ``fields`` (source kinds, Triton and ONNX Runtime settings, gates, inputs),
+``plans`` (the ``tensorrt_plan`` block of prebuilt TensorRT engines),
 ``schema`` (``ModelSpec``, ``Manifest``), ``loading`` (YAML policy and limits, error messages,
 the tokenizer files a raw-text source must hold). Callers import the names below from
 ``model_build.manifest``.
@@ -15,7 +16,6 @@ May import: ``shared``.
 
 from model_build.manifest.fields import (
     DEFAULT_GATES,
-    TENSORRT_DATA_TYPES,
     TENSORRT_KEYS,
     AccuracyGate,
     DynamicBatching,
@@ -26,13 +26,11 @@ from model_build.manifest.fields import (
     OnnxFileSource,
     OnnxRuntimeTuning,
     PackageSource,
-    PlanTensor,
     Precision,
     S3Source,
     Source,
     SyntheticSource,
     TensorRTAccelerator,
-    TensorRTPlan,
     TextInputs,
     Tolerance,
 )
@@ -49,6 +47,7 @@ from model_build.manifest.loading import (
     load_manifest_bytes,
     parse_manifest,
 )
+from model_build.manifest.plans import TENSORRT_DATA_TYPES, PlanTensor, TensorRTPlan
 from model_build.manifest.schema import (
     MAX_TARGETS,
     MODEL_NAME_MAX,

@@ -18,19 +18,17 @@ from model_build.manifest.fields import (
     DynamicBatching,
     ImageInputs,
     InstanceGroup,
-    LocalSource,
     OnnxFileSource,
     OnnxRuntimeTuning,
     Precision,
-    S3Source,
     Source,
     SyntheticSource,
     TensorRTAccelerator,
-    TensorRTPlan,
     TextInputs,
     Tolerance,
     _Strict,
 )
+from model_build.manifest.plans import TensorRTPlan
 
 #: A model name becomes the Triton model directory and, with ``copies``, the stem of each
 #: ``TargetModel`` (``<name>-<i>.tar.gz``). Lowercase letters, digits, ``-`` and ``_`` are safe
@@ -182,7 +180,7 @@ class ModelSpec(_Strict):
             raise ValueError("tensorrt_plan: missing for format 'tensorrt_plan'; add the block with "
                              "tensorrt_version, cc_model_filenames, input and output (a plan cannot be read on CPU, "
                              "so its signature is declared)")
-        if not isinstance(self.source, (LocalSource, S3Source)):
+        if self.source.kind not in ("local", "s3"):
             raise ValueError(f"source.kind: got {self.source.kind!r} with format 'tensorrt_plan'; prebuilt plans come "
                              "from a 'local' folder (path) or an 's3' prefix (uri)")
         if self.instance_group.kind != "KIND_GPU":
