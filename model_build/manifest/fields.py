@@ -266,4 +266,3 @@ class ImageInputs(_Strict):
 
     image_size: int = Field(default=224, ge=8, le=2048)
     channels: int = Field(default=3, ge=1, le=4)
-
