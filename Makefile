@@ -20,7 +20,7 @@ BUILD_DIR ?= build
 BUCKET ?=
 ENDPOINT_URL ?=
 
-.PHONY: setup plan-setup demo test test-fast lint synth bench smoke lock clean
+.PHONY: setup plan-setup demo test test-fast lint synth bench gpu-check smoke lock clean
 
 # What Lambda's Node.js runtime gives the CDK provider framework (the AWS SDK v3), for the
 # custom-resource protocol tests (tests/test_custom_resource_protocol.py runs the framework's code).
@@ -125,6 +125,25 @@ bench: setup
 RUNTIME_ENDPOINT_URL ?=
 SAGEMAKER_ENDPOINT_URL ?=
 S3_ENDPOINT_URL ?=
+# The prepared GPU check (issue 37, benchmarks/gpu_check.py): on a machine without an NVIDIA GPU it
+# prints one line and exits 0 before installing anything. With one, the GPU runtimes (PyTorch's CUDA
+# wheel, onnxruntime-gpu: requirements-gpu.txt) go into their own environment, and the check writes
+# benchmarks/results/gpu_check.json and the "GPU check" section of docs/benchmarks.md.
+GPU_VENV := .venv-gpu
+gpu-check:
+	@if nvidia-smi -L >/dev/null 2>&1; then \
+		$(MAKE) --no-print-directory $(GPU_VENV)/.installed && $(GPU_VENV)/bin/python -m benchmarks.gpu_check; \
+	else \
+		$$(command -v python3) -m benchmarks.gpu_check; \
+	fi
+
+$(GPU_VENV)/.installed: requirements-gpu.txt
+	rm -rf $(GPU_VENV)
+	python3 -m venv $(GPU_VENV)
+	$(GPU_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(GPU_VENV)/bin/python -m pip install --quiet -r requirements-gpu.txt
+	touch $@
+
 smoke: setup
 	@test -n "$(ENDPOINT)" || { echo "usage: make smoke ENDPOINT=<endpoint name> [RELEASE=...] [RUNTIME_ENDPOINT_URL=...] [SAGEMAKER_ENDPOINT_URL=...] [S3_ENDPOINT_URL=...]"; exit 2; }
 	$(PY) -m model_build smoke --endpoint $(ENDPOINT) $(if $(RELEASE),--release $(RELEASE)) \

@@ -243,7 +243,24 @@ def render_markdown(
         if result.get("notes"):
             lines += ["Notes:", ""] + [f"- {note}" for note in result["notes"]] + [""]
         lines += [f"![{name}]({rel})", ""]
+    lines += _gpu_check_section(results_dir)
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _gpu_check_section(results_dir: Path) -> list[str]:
+    """The "GPU check" section from ``gpu_check.json`` (``make gpu-check``, run on a GPU machine
+    only), or one line saying it has not run."""
+    from benchmarks.gpu_check import RESULT_PATH, SCHEMA, markdown
+
+    path = results_dir / RESULT_PATH.name
+    head = ["## GPU check (`make gpu-check`)", ""]
+    try:
+        result = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return [*head, "Not run yet: `make gpu-check` on a machine with a CUDA GPU writes it.", ""]
+    if not isinstance(result, dict) or result.get("schema") != SCHEMA:
+        return [*head, f"`{path.name}` is of another version; run `make gpu-check` again.", ""]
+    return [*head, markdown(result).rstrip(), ""]
 
 
 def load_results(results_dir: Path, *, skipped: list[str] | None = None) -> dict[str, dict[str, Any]]:

@@ -83,6 +83,15 @@ def _instance_type(value: Any) -> Any:
 
 #: One of :data:`MME_GPU_INSTANCE_TYPES` (a props field type).
 InstanceType = Annotated[str, BeforeValidator(_instance_type)]
+#: ``ProductionVariant.InferenceAmiVersion`` (botocore's ``ProductionVariantInferenceAmiVersion``):
+#: the host image, and with it the NVIDIA driver and CUDA (model_build/gpu_hosts.py).
+InferenceAmiVersion = Literal[
+    "al2-ami-sagemaker-inference-gpu-2",
+    "al2-ami-sagemaker-inference-gpu-2-1",
+    "al2-ami-sagemaker-inference-gpu-3-1",
+    "al2023-ami-sagemaker-inference-gpu-4-1",
+    "al2-ami-sagemaker-inference-neuron-2",
+]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,8 +22,17 @@ from pydantic import AfterValidator, Field, model_validator
 
 from constructs import Construct
 from constructs.nag_acknowledgments import acknowledge_wildcard_resource
-from constructs.props import Props, is_unresolved
-from constructs.sagemaker_limits import PropsError
+from constructs.props import Namer, Props, is_unresolved
+from constructs.sagemaker_limits import InferenceAmiVersion, InstanceType, PropsError
+from model_build.gpu_hosts import (
+    INFERENCE_AMIS,
+    TRITON_RELEASES,
+    HostVerdict,
+    default_ami,
+    default_image,
+    gpu_of,
+    host_verdict,
+)
 
 FRAMEWORK = "sagemaker-tritonserver"
 _TABLE_PARTS = ("core", "image_uri_config", f"{FRAMEWORK}.json")
@@ -130,6 +139,96 @@ def load_image_table(path: Path | None = None) -> ImageTable:
     return ImageTable(path=source, rows=rows)
 
 
+@dataclass(frozen=True)
+class FleetHost:
+    """The image and inference AMI a fleet runs, as :func:`resolve_host` chose or checked them."""
+
+    image_version: str
+    inference_ami_version: str
+    #: ``None`` where the image is not in model_build/gpu_hosts.py's CUDA table (unknown).
+    verdict: HostVerdict | None
+    #: What was chosen instead of the default and why ('' when nothing was), for synth to say.
+    note: str = ""
+
+
+def _names(setting: str) -> str:
+    return setting
+
+
+def resolve_host(
+    versions: tuple[str, ...], *, version: str | None, instance_type: str, ami: str | None, name: Namer = _names
+) -> FleetHost:
+    """The Triton image and the inference AMI of a fleet of ``instance_type``, checked together.
+
+    An unset ``version`` is the newest of ``versions`` that runs on the instance's GPU (with ``ami``
+    when given); an unset ``ami`` the newest AMI whose driver runs the image
+    (:func:`model_build.gpu_hosts.default_ami`). A pair known not to work raises
+    :class:`PropsError` naming the image, its CUDA and the AMI's driver (or the GPU's compute
+    capability); a pair nothing confirms comes back with an ``unverified`` verdict for synth to warn
+    about. ``name`` shows a setting (``triton_image_version``, ``instance_type``,
+    ``inference_ami_version``) as the caller's field."""
+    gpu = gpu_of(instance_type)
+    given = INFERENCE_AMIS[ami] if ami is not None else None
+    if given is not None and given.accelerator != "gpu":
+        raise PropsError(
+            f"{name('inference_ami_version')}: got {ami!r}; it is the {given.accelerator} AMI (Inferentia and "
+            f"Trainium), and {instance_type} has an {gpu.name}: use one of "
+            + ", ".join(value for value, each in INFERENCE_AMIS.items() if each.accelerator == "gpu")
+            + " or leave it unset"
+        )
+    on_ami = f" with {name('inference_ami_version')} {ami}" if ami else ""
+    note = ""
+    if version is None:
+        chosen = default_image(versions, gpu, given)
+        newest = TRITON_RELEASES.get(versions[-1])
+        why = (host_verdict(newest, given or INFERENCE_AMIS[_newest_gpu_ami()], gpu).reason if newest
+               else f"{versions[-1]} is not in the CUDA table")
+        if chosen is None:
+            raise PropsError(
+                f"{name('instance_type')}: got {instance_type!r}{on_ami}; no Triton image of the table "
+                f"({', '.join(versions)}) runs on its {gpu.name} (compute capability {gpu.compute_capability}): "
+                f"{why}; use an ml.g4dn or ml.g5 instance type"
+            )
+        if chosen != versions[-1]:
+            note = (f"{name('triton_image_version')} unset: {versions[-1]}, the newest image, does not run on the "
+                    f"{gpu.name} of {instance_type}{on_ami} ({why}); using {chosen}, the newest that does")
+        version = chosen
+    release = TRITON_RELEASES.get(version)
+    if release is None:
+        if given is None:
+            raise PropsError(
+                f"{name('triton_image_version')}: got {version!r}, which the CUDA table "
+                f"(model_build/gpu_hosts.py) does not list ({', '.join(TRITON_RELEASES)}); which driver it needs "
+                f"is unknown: add its row from NVIDIA's release notes, or set {name('inference_ami_version')}"
+            )
+        return FleetHost(version, given.value, None, note)
+    if given is None:
+        best = default_ami(release, gpu)
+        if best is None:
+            reason = host_verdict(release, INFERENCE_AMIS[_newest_gpu_ami()], gpu).reason
+            runs = default_image(versions, gpu)
+            fix = f"use {runs} or older" if runs else "use an ml.g4dn or ml.g5 instance type"
+            raise PropsError(
+                f"{name('triton_image_version')}: got {version!r} with {name('instance_type')} {instance_type}; "
+                f"it runs on no inference AMI there: {reason}: {fix}"
+            )
+        return FleetHost(version, best.value, host_verdict(release, best, gpu), note)
+    verdict = host_verdict(release, given, gpu)
+    if verdict.status == "fails":
+        best = default_ami(release, gpu)
+        fix = (f"use {name('inference_ami_version')} {best.value} or leave it unset" if best
+               else f"choose another {name('triton_image_version')} or instance type")
+        raise PropsError(
+            f"{name('inference_ami_version')}: got {ami!r} with {name('triton_image_version')} {version} on "
+            f"{instance_type}; {verdict.reason}: {fix}"
+        )
+    return FleetHost(version, given.value, verdict, note)
+
+
+def _newest_gpu_ami() -> str:
+    return [value for value, ami in INFERENCE_AMIS.items() if ami.accelerator == "gpu"][-1]
+
+
 def _version(version: str) -> str:
     load_image_table().row(version)
     return version
@@ -141,7 +240,18 @@ class TritonImageProps(Props):
     version: Annotated[str, AfterValidator(_version)] | None = Field(
         default=None,
         description="Version of the sagemaker-tritonserver image (e.g. 25.09), checked against the "
-        "sagemaker SDK's image table; unset: the newest version in that table.",
+        "sagemaker SDK's image table; unset: the newest version in that table that runs on the fleet's "
+        "GPU (instance_type) with its inference AMI (model_build/gpu_hosts.py).",
+    )
+    instance_type: InstanceType | None = Field(
+        default=None,
+        description="The fleet's instance type, whose GPU an unset version must run on; unset: no GPU "
+        "is assumed (the newest version).",
+    )
+    inference_ami_version: InferenceAmiVersion | None = Field(
+        default=None,
+        description="The fleet's inference AMI, whose driver an unset version must run on; unset: any "
+        "of them.",
     )
 
     @model_validator(mode="after")
@@ -164,7 +274,15 @@ class TritonImage(Construct):
         super().__init__(scope, id)
         #: The props the image was built from.
         self.props = props = props or TritonImageProps()
-        row = load_image_table().row(props.version)
+        table = load_image_table()
+        #: The image and AMI the fleet's GPU needs (None without an instance type).
+        self.host: FleetHost | None = None
+        version = props.version
+        if props.instance_type is not None:
+            self.host = resolve_host(table.versions, version=props.version, instance_type=props.instance_type,
+                                     ami=props.inference_ami_version)
+            version = self.host.image_version
+        row = table.row(version)
         row.check_region(Stack.of(self).region)
         #: The Triton version (``26.05``...).
         self.version: str = row.version

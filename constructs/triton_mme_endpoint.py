@@ -6,7 +6,7 @@ import re
 from collections.abc import Sequence
 from typing import Annotated, Self
 
-from aws_cdk import Duration
+from aws_cdk import Annotations, Duration
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
@@ -33,13 +33,14 @@ from constructs.sagemaker_limits import (
     TRITON_TYPED_KEYS,
     VOLUME_SIZE_MAX_GB,
     VOLUME_SIZE_MIN_GB,
+    InferenceAmiVersion,
     InstanceType,
     ModelCacheSetting,
     PropsError,
     SageMakerName,
     has_instance_storage,
 )
-from constructs.triton_image import TritonImage
+from constructs.triton_image import FleetHost, TritonImage, load_image_table, resolve_host
 
 #: What SageMaker needs to attach the model's network interfaces to a VPC (developer guide, "Give
 #: SageMaker hosted endpoints access to resources in your Amazon VPC"). None of these actions
@@ -56,6 +57,8 @@ SAGEMAKER_VPC_ACTIONS: tuple[str, ...] = (
     "ec2:DescribeVpcEndpoints",
     "ec2:DescribeVpcs",
 )
+#: How the host check names this construct's props (its settings' names are the default).
+_PROP_NAMES = {"triton_image_version": "image"}
 #: VpcConfig: at most 16 subnets (SageMaker wants them in two AZs at least) and 1 to 5 security groups.
 VPC_SUBNETS_MAX = 16
 VPC_SECURITY_GROUPS_MAX = 5
@@ -163,6 +166,13 @@ class TritonMmeEndpointProps(Props):
         default="ml.g5.xlarge",
         description="Instance type of the endpoint's variant: one of the GPU types documented for "
         "multi-model endpoints (ml.g4dn.* and ml.g5.* xlarge to 16xlarge, ml.p2.xlarge, ml.p3.2xlarge).",
+    )
+    inference_ami_version: InferenceAmiVersion | None = Field(
+        default=None,
+        description="ProductionVariant.InferenceAmiVersion: the host image, whose NVIDIA driver must run the "
+        "Triton image's CUDA. Unset: the newest AMI whose driver runs it on the instance type's GPU "
+        "(model_build/gpu_hosts.py); a pair known not to work is refused, one nothing confirms is a "
+        "synth warning. A change replaces the endpoint config (a blue/green of the fleet).",
     )
     fleet: FleetSize = Field(
         default_factory=lambda: FleetSize(), description="Instance counts; the variant starts with fleet.initial."
@@ -309,6 +319,22 @@ class TritonMmeEndpoint(EndpointMetrics, Construct):
                 }.items()
             )
         )
+        #: The Triton image and inference AMI of the fleet, checked together.
+        self.host: FleetHost = resolve_host(
+            load_image_table().versions, version=props.image.version, instance_type=props.instance_type,
+            ami=props.inference_ami_version, name=lambda setting: _PROP_NAMES.get(setting, setting),
+        )
+        if self.host.verdict is None or self.host.verdict.status != "runs":
+            why = self.host.verdict.reason if self.host.verdict else (
+                f"Triton {self.host.image_version} is not in the CUDA table (model_build/gpu_hosts.py)")
+            Annotations.of(self).add_warning_v2(
+                "triton-mme:inference-ami-unverified",
+                f"inference_ami_version {self.host.inference_ami_version} with Triton {self.host.image_version} on "
+                f"{props.instance_type} is not confirmed to work: {why}. Check the endpoint's logs for "
+                "'CUDA driver version is insufficient' after the first deploy.",
+            )
+        #: The inference AMI of the variant (given, or chosen for the image's CUDA).
+        self.inference_ami_version: str = self.host.inference_ami_version
         self.model = self._model()
         #: The policy that lets SageMaker attach the model to the VPC (None without a VPC).
         self.vpc_access_policy = self._vpc_access()
@@ -413,6 +439,7 @@ class TritonMmeEndpoint(EndpointMetrics, Construct):
                     instance_type=props.instance_type,
                     initial_instance_count=props.fleet.initial,
                     initial_variant_weight=1,
+                    inference_ami_version=self.inference_ami_version,
                     volume_size_in_gb=props.volume_size_gb,
                     model_data_download_timeout_in_seconds=props.model_data_download_timeout.to_seconds(),
                     container_startup_health_check_timeout_in_seconds=(

@@ -1,10 +1,13 @@
 """The GPU host as the fleet really runs: which GPU an instance type has (and its compute
 capability), which CUDA and TensorRT each Triton image was built with, and which NVIDIA driver each
-SageMaker inference AMI gives. From these follow the AMI a fleet needs for its image, the pairs that
-cannot run, and which TensorRT plans a fleet can load.
+SageMaker inference AMI gives. From these follow the AMI a fleet needs for its image
+(:func:`default_ami`), the pairs that cannot run (:func:`host_verdict`), and which TensorRT plans a
+fleet can load.
 
 Standard library only: the CDK app imports it at synth, the build at validate. Each table says
-where its rows come from, so that a row can be re-checked; docs/gpu-hosts.md has the sources whole.
+where its rows come from, so that a row can be re-checked; docs/gpu-hosts.md quotes the sources and
+says which values are not confirmed there. What the tables do not know is reported as unknown
+(``unverified``), never as working.
 """
 
 from __future__ import annotations
@@ -36,6 +39,10 @@ INSTANCE_GPUS: dict[str, Gpu] = {
     "ml.p3": Gpu("NVIDIA V100", "7.0"),
     "ml.p2": Gpu("NVIDIA K80", "3.7"),
 }
+#: GPUs a newer driver branch no longer supports: the last branch that does. R470 was the last
+#: branch for Kepler (the K80); every inference AMI has R535 or newer. (R580 is documented as the
+#: last branch for Volta, so the V100 runs on every AMI below.)
+LAST_DRIVER_BRANCH: dict[str, int] = {"NVIDIA K80": 470}
 
 
 def version_tuple(version: str) -> tuple[int, ...]:
@@ -63,8 +70,9 @@ class TritonRelease:
     version: str
     #: CUDA toolkit of the image (``major.minor.patch``).
     cuda: str
-    #: TensorRT of the image (``major.minor.patch``); a plan must be built with the same.
-    tensorrt: str
+    #: TensorRT of the image (``major.minor.patch``); a plan must be built with the same. ``None``:
+    #: not confirmed at a source (see :data:`TRITON_RELEASES`).
+    tensorrt: str | None
     #: The driver branch the image's CUDA needs without forward compatibility.
     min_driver: int
     #: Older driver branches that run it on data-center GPUs through CUDA forward compatibility
@@ -74,7 +82,35 @@ class TritonRelease:
     min_compute_capability: str
 
 
-TRITON_RELEASES: dict[str, TritonRelease] = {}
+def _release(version: str, cuda: str, tensorrt: str | None, min_driver: int, compat: tuple[int, ...],
+             min_cc: str) -> TritonRelease:
+    return TritonRelease(version, cuda, tensorrt, min_driver, compat, min_cc)
+
+
+_CUDA12_COMPAT = (470, 525, 535, 545)
+#: Every version of the sagemaker SDK's sagemaker-tritonserver table (constructs/triton_image.py).
+#: CUDA, driver and compute capability: the release notes
+#: (docs.nvidia.com/deeplearning/triton-inference-server/release-notes/rel-YY-MM.html, "Driver
+#: Requirements", "GPU Requirements"); 24.09 and 25.09: the CUDA of the same release's vLLM image
+#: (server docs/introduction/compatibility.md), their notes could not be read. TensorRT: ``None``
+#: where no source confirmed the py3 image's version (the notes defer to the Frameworks Support
+#: Matrix, which could not be read): plans are then reported as unchecked, never as matching.
+#: 24.05: TensorRT 10.0.1.6, as the same month's NGC framework containers list it.
+TRITON_RELEASES: dict[str, TritonRelease] = {
+    release.version: release
+    for release in (
+        _release("23.12", "12.3.2", None, 545, (450, 470, 510, 525, 535, 545), "6.0"),
+        _release("24.01", "12.3.2", None, 545, _CUDA12_COMPAT, "6.0"),
+        _release("24.03", "12.4.0", None, 545, _CUDA12_COMPAT, "6.0"),
+        _release("24.05", "12.4.1", "10.0.1", 545, _CUDA12_COMPAT, "6.0"),
+        _release("24.09", "12.6.1", None, 560, _CUDA12_COMPAT, "6.0"),
+        _release("25.04", "12.9.0", None, 575, _CUDA12_COMPAT, "7.5"),
+        # The 25.08 and 25.10 notes (CUDA 13.0) still print CUDA 12's driver text; R580 is CUDA 13's
+        # first branch (NVIDIA's data-center driver table), and no forward-compatible branch is stated.
+        _release("25.09", "13.0.1", None, 580, (), "7.5"),
+        _release("26.05", "13.2.1", None, 580, (), "7.5"),
+    )
+}
 
 
 def triton_release(version: str) -> TritonRelease:
@@ -82,3 +118,104 @@ def triton_release(version: str) -> TritonRelease:
     if version not in TRITON_RELEASES:
         raise KeyError(f"{version!r}: not in the Triton CUDA table; known: {', '.join(TRITON_RELEASES)}")
     return TRITON_RELEASES[version]
+
+
+# ---------------------------------------------------------------------------------------------
+# SageMaker inference AMIs (botocore's sagemaker service model, ProductionVariantInferenceAmiVersion)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InferenceAmi:
+    """One value of ``ProductionVariant.InferenceAmiVersion``."""
+
+    value: str
+    accelerator: str
+    #: NVIDIA driver branch (0 for a Neuron AMI).
+    driver: int
+    #: The CUDA the driver gives (``major.minor``).
+    cuda: str
+    #: False where the AMI's NVIDIA Container Toolkit does not mount the image's CUDA-compat
+    #: libraries: forward compatibility then works only if the container puts them on its
+    #: ``LD_LIBRARY_PATH`` itself.
+    compat_mounting: bool
+
+
+#: Oldest first; the order :func:`default_ami` prefers the newest in. The botocore documentation
+#: of each value gives the driver and CUDA quoted here.
+INFERENCE_AMIS: dict[str, InferenceAmi] = {
+    ami.value: ami
+    for ami in (
+        InferenceAmi("al2-ami-sagemaker-inference-gpu-2", "gpu", 535, "12.2", True),
+        InferenceAmi("al2-ami-sagemaker-inference-gpu-2-1", "gpu", 535, "12.2", False),
+        InferenceAmi("al2-ami-sagemaker-inference-gpu-3-1", "gpu", 550, "12.4", False),
+        InferenceAmi("al2023-ami-sagemaker-inference-gpu-4-1", "gpu", 580, "13.0", False),
+        InferenceAmi("al2-ami-sagemaker-inference-neuron-2", "neuron", 0, "", False),
+    )
+}
+
+
+@dataclass(frozen=True)
+class HostVerdict:
+    """Whether an image runs on an AMI's driver and an instance's GPU, and why.
+
+    ``runs``: the driver's CUDA covers the image's, natively or through CUDA minor version
+    compatibility (same major version, which NVIDIA's driver table documents per branch).
+    ``unverified``: the image's CUDA major is newer than the driver's, so it runs only through the
+    forward-compatibility package, which nothing here has confirmed for that pair. ``fails``: known
+    not to work.
+    """
+
+    status: str
+    reason: str
+
+    @property
+    def runs(self) -> bool:
+        return self.status == "runs"
+
+
+def host_verdict(image: TritonRelease, ami: InferenceAmi, gpu: Gpu) -> HostVerdict:
+    """Whether Triton ``image`` runs on ``ami`` with ``gpu``; the reason names each number."""
+    if ami.accelerator != "gpu":
+        return HostVerdict("fails", f"{ami.value} is a {ami.accelerator} AMI (Inferentia and Trainium), "
+                                    f"not one for an {gpu.name}")
+    what = f"Triton {image.version} is CUDA {image.cuda}; {ami.value} has driver R{ami.driver} (CUDA {ami.cuda})"
+    last = LAST_DRIVER_BRANCH.get(gpu.name)
+    if last is not None and ami.driver > last:
+        return HostVerdict("fails", f"{what}, which no longer supports the {gpu.name} (R{last} was the last "
+                                    "branch that did)")
+    if gpu.cc_tuple < version_tuple(image.min_compute_capability)[:2]:
+        return HostVerdict("fails", f"{what}; Triton {image.version} supports compute capability "
+                                    f"{image.min_compute_capability} and later, and the {gpu.name} is "
+                                    f"{gpu.compute_capability}")
+    need, have = version_tuple(image.cuda)[:2], version_tuple(ami.cuda)[:2]
+    if have >= need:
+        return HostVerdict("runs", what)
+    if have[0] == need[0]:
+        return HostVerdict("runs", f"{what}: CUDA minor version compatibility")
+    mounting = "" if ami.compat_mounting else (
+        ", and this AMI does not mount the CUDA-compat libraries (the container must load them itself)")
+    return HostVerdict("unverified", f"{what}: only CUDA forward compatibility could run it, which is not "
+                                     f"confirmed for driver R{ami.driver}{mounting}")
+
+
+def default_ami(image: TritonRelease, gpu: Gpu) -> InferenceAmi | None:
+    """The newest AMI on which ``image`` runs with ``gpu`` (:func:`host_verdict` ``runs``), or None."""
+    for ami in reversed(INFERENCE_AMIS.values()):
+        if host_verdict(image, ami, gpu).runs:
+            return ami
+    return None
+
+
+def default_image(versions: tuple[str, ...], gpu: Gpu, ami: InferenceAmi | None = None) -> str | None:
+    """The newest of ``versions`` (oldest first, as the SDK table sorts them) that runs with
+    ``gpu`` on ``ami`` (on any AMI when None); versions this table does not know are skipped."""
+    for version in reversed(versions):
+        release = TRITON_RELEASES.get(version)
+        if release is None:
+            continue
+        if ami is not None and host_verdict(release, ami, gpu).runs:
+            return version
+        if ami is None and default_ami(release, gpu) is not None:
+            return version
+    return None

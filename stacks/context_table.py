@@ -112,6 +112,7 @@ SETTINGS: dict[str, Setting] = {
     "gpu_scale_out_cooldown_seconds": Setting(EndpointAutoscalingProps, "gpu_scale_out_cooldown", SECONDS),
     # Triton container
     "triton_image_version": Setting(TritonImageProps, "version"),
+    "inference_ami_version": Setting(TritonMmeEndpointProps, "inference_ami_version"),
     "shm_default_byte_size": Setting(TritonMmeEndpointProps, "shm_default_byte_size"),
     "shm_growth_byte_size": Setting(TritonMmeEndpointProps, "shm_growth_byte_size"),
     "triton_log_verbose": Setting(TritonMmeEndpointProps, "log_verbose"),

@@ -42,7 +42,7 @@ from pydantic import (
 )
 
 from constructs.props import Namer, Props, format_errors
-from constructs.triton_image import load_image_table
+from constructs.triton_image import FleetHost, load_image_table, resolve_host
 from model_build.validation_messages import clip
 from stacks.context_table import (
     CONTEXT_PREFIX,
@@ -174,12 +174,19 @@ class AppSettings(BaseModel):
     def _consistent(self) -> Self:
         for props in PROPS:
             self._unchecked(props).check(self._namer(props))
+        host = self.fleet_host()
         if self.region is not None:
-            load_image_table().row(self.triton_image_version).check_region(self.region, f"{CONTEXT_PREFIX}region")
+            load_image_table().row(host.image_version).check_region(self.region, f"{CONTEXT_PREFIX}region")
         self._check_release()
         self._check_notifications()
         self._check_network()
         return self
+
+    def fleet_host(self) -> FleetHost:
+        """The Triton image and inference AMI the fleet runs (chosen where unset, checked together)."""
+        return resolve_host(load_image_table().versions, version=self.triton_image_version,
+                            instance_type=self.instance_type, ami=self.inference_ami_version,
+                            name=lambda setting: CONTEXT_PREFIX + setting)
 
     def _check_release(self) -> None:
         if not self.manifest_path and self.release_id is None:

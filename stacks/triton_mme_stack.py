@@ -25,7 +25,7 @@ from constructs.model_build_resource import ModelBuildResource, ModelBuildResour
 from constructs.rollout_policy import RolloutPolicy, RolloutPolicyProps
 from constructs.sagemaker_execution_role import SageMakerExecutionRole, SageMakerExecutionRoleProps
 from constructs.sagemaker_limits import PropsError, has_instance_storage
-from constructs.triton_image import TritonImage, TritonImageProps, load_image_table
+from constructs.triton_image import TritonImage, TritonImageProps
 from constructs.triton_mme_endpoint import TritonMmeEndpoint, TritonMmeEndpointProps
 from model_build.manifest import Manifest
 from model_build.release import PACKAGE_DIR, routes_key, served_prefix
@@ -89,7 +89,10 @@ class TritonMmeStack(Stack):
         #: The constructs, for tests and extensions.
         self.model_bucket = ModelBucket(self, "ModelBucket", props=ModelBucketProps(**settings.values(ModelBucketProps)))
         self.network = self._network()
-        self.triton_image = TritonImage(self, "TritonImage", props=TritonImageProps(**settings.values(TritonImageProps)))
+        self.triton_image = TritonImage(self, "TritonImage", props=TritonImageProps(
+            **settings.values(TritonImageProps), instance_type=settings.instance_type,
+            inference_ami_version=settings.inference_ami_version,
+        ))
         self.execution_role = SageMakerExecutionRole(
             self, "ExecutionRole", props=SageMakerExecutionRoleProps(endpoint_name=settings.endpoint_name)
         )
@@ -152,7 +155,7 @@ class TritonMmeStack(Stack):
         # Raw-text targets: the tokenizer's largest request must fit the python backend's pool,
         # the ensembles' shared member names need Triton's model namespacing, and the tarball's
         # tokenizers wheel must load on the image's Python.
-        image_version = load_image_table().row(settings.triton_image_version).version
+        image_version = self.triton_image.version
         has_text = any(spec.inputs == "text" for spec in manifest.models)
         for problem in (shm_problem(manifest, settings.shm_default_byte_size),
                         namespacing_problem(manifest, settings.triton_environment),

@@ -146,6 +146,21 @@ def test_an_instance_type_change_replaces_the_fleet_and_names_the_property(
     assert (code, report["verdict"], report["other"]["compared"]) == (4, "fleet-replaced", True)
 
 
+def test_an_inference_ami_change_replaces_the_fleet_and_names_the_property(
+        work: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The host's driver is a fleet property: a new AMI is a new endpoint config, a blue/green."""
+    older = synth(work / "ami-old", nag=False, inference_ami_version="al2-ami-sagemaker-inference-gpu-3-1",
+                  triton_image_version="25.04").data
+    newer = synth(work / "ami-new", nag=False, triton_image_version="25.04").data  # the default AMI
+    routes = _write(work / "r-ami.json", json.loads(_routes(deployed=record_from_template(older)).body()))
+    code, report, _ = _plan(capsys, "--routes-file", routes, "--template", _write(work / "t-ami.json", newer))
+    assert (code, report["verdict"]) == (4, "fleet-replaced")
+    config = next(f for f in report["fleet"]["findings"] if f["resource"] == "EndpointConfig")
+    assert config["impact"] == "WILL_REPLACE"
+    assert ("ProductionVariants[0].InferenceAmiVersion: al2-ami-sagemaker-inference-gpu-3-1 -> "
+            "al2023-ami-sagemaker-inference-gpu-4-1") in config["reasons"]
+
+
 def test_a_construct_code_change_of_the_environment_replaces_the_fleet(
         default: dict[str, Any], new_default_variable: dict[str, Any], work: Path,
         capsys: pytest.CaptureFixture[str]) -> None:

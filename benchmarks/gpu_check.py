@@ -1,0 +1,436 @@
+"""``make gpu-check``: the prepared check for the day a GPU machine is available (issue 37).
+
+Every other check of this project runs on CPU. This one measures, on one CUDA GPU, what decides
+whether the default manifest's models serve well on a GPU fleet: per model and variant, the cold
+start (weights already in host memory: the download is the platform's, not the model's), warm
+p50/p99 at batch 1 and 8, the GPU memory the loaded model holds, and fp16 / TensorRT parity
+against PyTorch FP32 on the same GPU (lowest cosine of any output row, largest absolute
+difference). With ONNX Runtime's CUDA and TensorRT execution providers present
+(``onnxruntime-gpu``), the exported ONNX graphs run through them too, and the TensorRT provider's
+first load (its engine compile) is timed on its own.
+
+One run writes ``benchmarks/results/gpu_check.json`` and the "GPU check" table of
+``docs/benchmarks.md``. A row that cannot be measured here says why (``status: not measured``),
+never a number from something else. On a machine without a CUDA GPU it prints one line and exits
+0, before any model is loaded.
+
+What differs from the SageMaker image is written into the result (:data:`DIFFERS_FROM_SAGEMAKER`):
+the runtimes here are PyTorch eager and ONNX Runtime in this process, not Triton's C++ backends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULT_PATH = ROOT / "benchmarks" / "results" / "gpu_check.json"
+DOCS_PATH = ROOT / "docs" / "benchmarks.md"
+SCHEMA = "triton-mme/gpu-check/1"
+#: Warm iterations per batch size (after 5 unmeasured ones); p99 of 100 is its second-largest.
+ITERATIONS = int(__import__("os").environ.get("GPU_CHECK_ITERATIONS", "100"))
+BATCH_SIZES = (1, 8)
+#: Sequence length of the text batches (every row padded to it: the fleet's worst case per request).
+SEQUENCE = 128
+DIFFERS_FROM_SAGEMAKER = (
+    "Runtimes: PyTorch eager and ONNX Runtime in one Python process, not Triton's C++ onnxruntime / "
+    "pytorch backends inside the sagemaker-tritonserver image; no HTTP, no dynamic batcher, no "
+    "SageMaker model download or unpack.",
+    "Versions: the CUDA, cuDNN and TensorRT of the installed wheels (see machine), not the image's "
+    "(model_build/gpu_hosts.py lists each image's CUDA and TensorRT).",
+    "GPU: whatever this machine has; the fleet runs T4 (g4dn), A10G (g5) or V100 (p3), whose "
+    "latencies and memory differ.",
+)
+
+
+def log(message: str) -> None:
+    print(f"gpu-check: {message}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Measurements
+# ---------------------------------------------------------------------------------------------
+
+
+def percentiles(samples: Sequence[float]) -> dict[str, float]:
+    """p50 and p99 in milliseconds of ``samples`` (seconds), by the nearest-rank rule."""
+    ordered = sorted(samples)
+    rank = max(0, min(len(ordered) - 1, round(0.99 * len(ordered)) - 1))
+    return {"p50_ms": round(statistics.median(ordered) * 1000, 3), "p99_ms": round(ordered[rank] * 1000, 3)}
+
+
+def parity(candidate: Any, reference: Any) -> dict[str, float]:
+    """Lowest cosine of any row and largest absolute difference, ``candidate`` against ``reference``."""
+    import numpy as np
+
+    a = np.asarray(candidate, dtype=np.float64).reshape(len(candidate), -1)
+    b = np.asarray(reference, dtype=np.float64).reshape(len(reference), -1)
+    cosine = (a * b).sum(axis=1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-30)
+    return {"min_cosine": round(float(cosine.min()), 7), "max_abs_diff": float(f"{float(np.abs(a - b).max()):.3e}")}
+
+
+@dataclass
+class Case:
+    """One model in one runtime and precision: how to load it and how to call it on a batch."""
+
+    model: str
+    variant: str
+    runtime: str
+    #: Loads onto the GPU; returns the callable (batch -> numpy outputs).
+    load: Callable[[], Callable[[dict[str, Any]], Any]]
+
+
+def measure(case: Case, batches: dict[int, dict[str, Any]], reference: Any, gpu: Any) -> tuple[dict[str, Any], Any]:
+    """Cold start, memory, warm latency and parity of one case (the reference: PyTorch FP32's
+    outputs on the batch of 8; None for PyTorch FP32 itself), and its outputs on that batch."""
+    row: dict[str, Any] = {"model": case.model, "variant": case.variant, "runtime": case.runtime}
+    gpu.synchronize()
+    used_before = gpu.used_bytes()
+    started = time.perf_counter()
+    call = case.load()
+    outputs = call(batches[1])
+    gpu.synchronize()
+    row["cold_start_s"] = round(time.perf_counter() - started, 4)
+    row["gpu_memory_mib"] = round((gpu.used_bytes() - used_before) / 2**20, 1)
+    for size, batch in batches.items():
+        for _ in range(5):
+            call(batch)
+        samples = []
+        for _ in range(ITERATIONS):
+            begin = time.perf_counter()
+            outputs = call(batch)
+            samples.append(time.perf_counter() - begin)
+        row[f"batch{size}"] = percentiles(samples)
+    outputs = call(batches[8])
+    row["parity_vs_pytorch_fp32"] = None if reference is None else parity(outputs, reference)
+    del call
+    row["status"] = "measured"
+    return row, outputs
+
+
+def not_measured(model: str, variant: str, runtime: str, reason: str) -> dict[str, Any]:
+    return {"model": model, "variant": variant, "runtime": runtime, "status": "not measured", "reason": reason}
+
+
+# ---------------------------------------------------------------------------------------------
+# The GPU and the runtimes
+# ---------------------------------------------------------------------------------------------
+
+
+class Gpu:
+    """The one CUDA device of the run (through torch, which every path has).
+
+    ``device="cpu"`` runs the same code on the CPU, to test the check itself without a GPU: its
+    memory column is then 0 and the result says ``cpu``; it is never written to the docs."""
+
+    def __init__(self, torch: Any, device: str = "cuda") -> None:
+        self.torch = torch
+        self.device = device
+        self.properties = torch.cuda.get_device_properties(0) if device == "cuda" else None
+
+    def synchronize(self) -> None:
+        if self.device == "cuda":
+            self.torch.cuda.synchronize()
+
+    def used_bytes(self) -> int:
+        """Memory in use on the device by every allocator (PyTorch's and ONNX Runtime's alike)."""
+        if self.device != "cuda":
+            return 0
+        free, total = self.torch.cuda.mem_get_info()
+        return int(total - free)
+
+    def empty_cache(self) -> None:
+        if self.device == "cuda":
+            self.torch.cuda.empty_cache()
+
+    def describe(self) -> dict[str, Any]:
+        props = self.properties
+        if props is None:
+            return {"name": "cpu", "compute_capability": "", "memory_gib": 0, "torch_cuda": None, "driver": None}
+        return {"name": props.name, "compute_capability": f"{props.major}.{props.minor}",
+                "memory_gib": round(props.total_memory / 2**30, 1), "torch_cuda": self.torch.version.cuda,
+                "driver": _driver_version()}
+
+
+def _driver_version() -> str | None:
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.stdout.strip() else None
+
+
+def probe_cuda() -> tuple[Any, str]:
+    """(torch, "") where torch sees a CUDA GPU, else (None, why not)."""
+    try:
+        import torch
+    except ImportError as error:
+        return None, f"torch is not importable ({error})"
+    if not torch.cuda.is_available():
+        return None, f"torch {torch.__version__} reports torch.cuda.is_available() = False"
+    return torch, ""
+
+
+def _version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def ort_providers() -> list[str]:
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return []
+    return list(ort.get_available_providers())
+
+
+# ---------------------------------------------------------------------------------------------
+# The models: the default manifest's sources, and the variants the fleet would serve
+# ---------------------------------------------------------------------------------------------
+
+
+def _batches(spec: Any, source_dir: Path | None) -> dict[int, dict[str, Any]]:
+    """Batches of 1 and 8 as numpy arrays: real sentences padded to :data:`SEQUENCE`, or pixels."""
+    import numpy as np
+
+    from model_build.export.eager import DEFAULT_SENTENCES, text_batch
+
+    out: dict[int, dict[str, Any]] = {}
+    for size in BATCH_SIZES:
+        if spec.task == "image-classification":
+            image = spec.image_inputs
+            rng = np.random.default_rng(size)
+            out[size] = {"pixel_values": rng.standard_normal((size, image.channels, image.image_size, image.image_size),
+                                                             dtype=np.float32)}
+            continue
+        texts = [DEFAULT_SENTENCES[i % len(DEFAULT_SENTENCES)] for i in range(size)]
+        batch = text_batch(spec, source_dir, texts)
+        padded = {}
+        for name, array in batch.items():
+            full = np.zeros((size, SEQUENCE), dtype=array.dtype)
+            full[:, : min(SEQUENCE, array.shape[1])] = array[:, :SEQUENCE]
+            padded[name] = full
+        out[size] = padded
+    return out
+
+
+def torch_case(spec: Any, source_dir: Path | None, torch: Any, *, half: bool, device: str = "cuda") -> Case:
+    """The manifest entry's eager module (model_build.export.eager, the one the export traces) on the GPU."""
+    from model_build.export.eager import input_names, load_module
+
+    def load() -> Callable[[dict[str, Any]], Any]:
+        # .float(): a source saved in FP16 (a copy carried to the GPU machine) still computes in FP32 here.
+        module = load_module(spec, source_dir).float().to(device)
+        if half:
+            module = module.half()
+        names = input_names(spec)
+
+        def call(batch: dict[str, Any]) -> Any:
+            tensors = []
+            for name in names:
+                tensor = torch.from_numpy(batch[name]).to(device, non_blocking=True)
+                tensors.append(tensor.half() if half and tensor.is_floating_point() else tensor)
+            with torch.inference_mode():
+                result = module(*tensors)
+            first = result[0] if isinstance(result, tuple) else result
+            return first.float().cpu().numpy()
+
+        return call
+
+    return Case(spec.name, "fp16" if half else "fp32", f"pytorch-{device}", load)
+
+
+def ort_case(spec: Any, onnx_path: Path, provider: str, variant: str) -> Case:
+    """The exported ONNX graph in ONNX Runtime with one GPU execution provider (no CPU fallback
+    is counted as GPU: a session whose first provider is not ``provider`` is an error)."""
+    import onnxruntime as ort
+
+    def load() -> Callable[[dict[str, Any]], Any]:
+        options: dict[str, Any] = {}
+        if provider == "TensorrtExecutionProvider":
+            options = {"trt_fp16_enable": variant == "tensorrt-fp16"}
+        session = ort.InferenceSession(str(onnx_path), providers=[(provider, options), "CPUExecutionProvider"])
+        if session.get_providers()[0] != provider:
+            raise RuntimeError(f"{provider} was not used: the session runs on {session.get_providers()}")
+        names = [item.name for item in session.get_inputs()]
+
+        def call(batch: dict[str, Any]) -> Any:
+            return session.run(None, {name: batch[name] for name in names})[0]
+
+        return call
+
+    return Case(spec.name, variant, f"onnxruntime-{provider.removesuffix('ExecutionProvider').lower()}", load)
+
+
+def _export(spec: Any, manifest_dir: Path, work: Path) -> Path:
+    """The manifest entry's ONNX graph as the build writes it (export, fusions, validation on CPU)."""
+    from model_build.export.validate import export_and_validate
+
+    exported, _report, _reference = export_and_validate(spec, base_dir=manifest_dir, work_dir=work)
+    return Path(exported.path)
+
+
+def run(manifest_path: Path, sources: dict[str, Path], torch: Any, device: str = "cuda") -> dict[str, Any]:
+    """Every row of the check on this machine's GPU (``device="cpu"``: the same code on the CPU)."""
+    from model_build.export.sources import resolve_source
+    from model_build.manifest import load_manifest
+
+    gpu = Gpu(torch, device)
+    if device == "cuda":  # the process's CUDA context is the server's start, not a model's cold start
+        torch.zeros(1, device="cuda")
+        gpu.synchronize()
+    manifest = load_manifest(manifest_path)
+    providers = ort_providers()
+    rows: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as scratch:
+        for spec in manifest.models:
+            key = spec.source.model_dump_json()
+            if key in seen or spec.inputs == "text":  # the raw-text target runs the same graph
+                continue
+            seen.add(key)
+            work = Path(scratch) / spec.name
+            source_dir = sources.get(spec.name) or resolve_source(spec, base_dir=manifest_path.parent, work_dir=work)
+            log(f"{spec.name}: source {source_dir or 'synthetic'}")
+            batches = _batches(spec, source_dir)
+            fp32 = torch_case(spec, source_dir, torch, half=False, device=device)
+            reference = None
+            try:
+                row, reference = measure(fp32, batches, None, gpu)
+                rows.append(row)
+            except Exception as error:
+                rows.append(not_measured(spec.name, "fp32", f"pytorch-{device}", f"{type(error).__name__}: {error}"))
+            gpu.empty_cache()
+            cases = [torch_case(spec, source_dir, torch, half=True, device=device)] if device == "cuda" else []
+            if device == "cuda" and ("CUDAExecutionProvider" in providers or "TensorrtExecutionProvider" in providers):
+                onnx_path = _export(spec.model_copy(update={"copies": 1}), manifest_path.parent, work / "export")
+                for provider, variant in (("CUDAExecutionProvider", "fp32"), ("TensorrtExecutionProvider", "tensorrt-fp16")):
+                    if provider in providers:
+                        cases.append(ort_case(spec, onnx_path, provider, variant))
+                    else:
+                        rows.append(not_measured(spec.name, variant, provider,
+                                                 f"onnxruntime has no {provider} (providers: {providers})"))
+            else:
+                why = (f"onnxruntime {_version('onnxruntime') or '(not installed)'} has providers {providers}; the "
+                       "CUDA and TensorRT providers come with onnxruntime-gpu (make gpu-check installs it)")
+                rows += [not_measured(spec.name, "fp32", "onnxruntime-cuda", why),
+                         not_measured(spec.name, "tensorrt-fp16", "onnxruntime-tensorrt", why)]
+            for case in cases:
+                try:
+                    row, _ = measure(case, batches, reference, gpu)
+                    if case.runtime == "onnxruntime-tensorrt":
+                        row["tensorrt_first_load_s"] = row["cold_start_s"]  # session + engine build + first run
+                    rows.append(row)
+                except Exception as error:
+                    rows.append(not_measured(case.model, case.variant, case.runtime, f"{type(error).__name__}: {error}"))
+                gpu.empty_cache()
+    return {
+        "schema": SCHEMA,
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "manifest": str(manifest_path.relative_to(ROOT) if manifest_path.is_relative_to(ROOT) else manifest_path),
+        "gpu": gpu.describe(),
+        "versions": {name: _version(name) for name in ("torch", "onnxruntime", "onnxruntime-gpu", "tensorrt",
+                                                         "transformers")},
+        "onnxruntime_providers": providers,
+        "iterations": ITERATIONS,
+        "sequence_length": SEQUENCE,
+        "differs_from_sagemaker": list(DIFFERS_FROM_SAGEMAKER),
+        "rows": rows,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# The table
+# ---------------------------------------------------------------------------------------------
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The docs table of one result (``docs/benchmarks.md``, section "GPU check")."""
+    gpu = result["gpu"]
+    lines = [
+        f"Run {result['started_at']} on one {gpu['name']} (compute capability {gpu['compute_capability']}, "
+        f"{gpu['memory_gib']} GiB, driver {gpu['driver']}, CUDA {gpu['torch_cuda']} of torch "
+        f"{result['versions'].get('torch')}); ONNX Runtime providers: {', '.join(result['onnxruntime_providers']) or 'none'}. "
+        f"Text batches padded to {result['sequence_length']} tokens; {result['iterations']} warm calls per batch size. "
+        "Cold start: the weights already in host memory, to the GPU and the first answer (for the TensorRT "
+        "provider: the session, its engine build and the first answer). Memory: the device's used memory "
+        "after the load minus before. Parity: against PyTorch FP32 on the same GPU, batch of 8.",
+        "",
+        "| model | variant | runtime | cold start s | p50 / p99 ms, batch 1 | p50 / p99 ms, batch 8 | GPU MiB | min cosine | max abs diff |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in result["rows"]:
+        if row["status"] != "measured":
+            lines.append(f"| {row['model']} | {row['variant']} | {row['runtime']} | not measured: {row['reason']} | | | | | |")
+            continue
+        par = row.get("parity_vs_pytorch_fp32") or {}
+        b1, b8 = row["batch1"], row["batch8"]
+        lines.append(
+            f"| {row['model']} | {row['variant']} | {row['runtime']} | {row['cold_start_s']} | "
+            f"{b1['p50_ms']} / {b1['p99_ms']} | {b8['p50_ms']} / {b8['p99_ms']} | {row['gpu_memory_mib']} | "
+            f"{par.get('min_cosine', '')} | {par.get('max_abs_diff', '')} |"
+        )
+    lines += ["", "What differs from the SageMaker image:", ""] + [f"- {item}" for item in result["differs_from_sagemaker"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--manifest", type=Path, default=ROOT / "models.yaml")
+    parser.add_argument("--out", type=Path, default=RESULT_PATH, help=f"the JSON result (default {RESULT_PATH})")
+    parser.add_argument("--docs", type=Path, default=DOCS_PATH, help="the page whose GPU check section is rewritten")
+    parser.add_argument("--source", action="append", default=[], metavar="NAME=DIR",
+                        help="a model's source folder instead of the manifest's (a copy carried to the GPU machine)")
+    parser.add_argument("--cpu", action="store_true",
+                        help="run the PyTorch FP32 rows on the CPU, to test the check itself (needs --out; never the docs)")
+    args = parser.parse_args(argv)
+    if args.cpu:
+        import torch as cpu_torch
+
+        if args.out == RESULT_PATH:
+            print("error: --cpu: give --out; a CPU run never replaces the GPU result", file=sys.stderr)
+            return 2
+        result = run(args.manifest.resolve(), {}, cpu_torch, device="cpu")
+        args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        print(markdown(result))
+        return 0
+    torch, why = probe_cuda()
+    if torch is None:
+        print(f"gpu-check: no CUDA GPU on this machine ({why}); nothing measured")
+        return 0
+    sources = {}
+    for item in args.source:
+        name, sep, folder = item.partition("=")
+        if not sep or not Path(folder).is_dir():
+            print(f"error: --source: got {item!r}; expected NAME=DIR with an existing folder", file=sys.stderr)
+            return 2
+        sources[name] = Path(folder)
+    result = run(args.manifest.resolve(), sources, torch)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    log(f"wrote {args.out}")
+    print(markdown(result))
+    if args.docs.is_file() and args.out.parent == RESULT_PATH.parent:
+        from benchmarks.report import write_docs
+
+        write_docs(args.out.parent, args.docs)
+        log(f"rewrote {args.docs}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
