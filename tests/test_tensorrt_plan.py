@@ -517,3 +517,46 @@ def test_the_cli_builds_a_plan_entry_into_a_tarball_and_refuses_a_bad_one_in_one
     assert [line for line in output.splitlines() if line.startswith("error:")] == [f"error: {bad}: invalid"]
     assert ("models[0](resnet-trt).instance_group.kind: got 'KIND_CPU'; a TensorRT plan runs on the GPU only: "
             "use KIND_GPU") in output
+
+
+# --------------------------------------------------------------------------------------------
+# The fleet check at synth, on the real table
+# --------------------------------------------------------------------------------------------
+
+
+def _s3_plan_manifest(tmp_path: Path, **block: Any) -> Path:
+    plan = entry(source={"kind": "s3", "uri": "s3://plans-bucket/resnet"}, tensorrt_plan=plan_block(**block))
+    path = tmp_path / "models.yaml"
+    path.write_text(yaml.safe_dump({"version": 1, "models": [plan]}), encoding="utf-8")
+    return path
+
+
+@pytest.mark.slow
+def test_synth_refuses_a_fleet_its_plans_do_not_fit_and_warns_where_it_cannot_compare(tmp_path: Path) -> None:
+    from aws_cdk.assertions import Annotations, Match
+    from cdk_helpers import synth
+
+    from constructs.sagemaker_limits import PropsError
+
+    only_t4 = _s3_plan_manifest(tmp_path, cc_model_filenames={"7.5": "resnet.t4.plan"})
+    with pytest.raises(PropsError) as caught:
+        synth(tmp_path / "a", nag=False, manifest_path=only_t4)  # the default fleet: ml.g5.xlarge (A10G, 8.6)
+    assert str(caught.value) == (
+        "models[0] 'resnet-trt' tensorrt_plan.cc_model_filenames: the fleet's ml.g5.xlarge has an NVIDIA A10G, "
+        "compute capability 8.6; plans are given for 7.5: build the plan on an A10G and add it under \"8.6\", or "
+        "change mme:instance_type")
+    # 24.05's TensorRT (10.0.1) is confirmed: a plan of 10.9.0 cannot load there.
+    with pytest.raises(PropsError) as caught:
+        synth(tmp_path / "b", nag=False, manifest_path=_s3_plan_manifest(tmp_path), triton_image_version="24.05")
+    assert str(caught.value).startswith("models[0] 'resnet-trt' tensorrt_plan.tensorrt_version: got '10.9.0'; "
+                                        "Triton image 24.05 has TensorRT 10.0.1")
+    fits = synth(tmp_path / "c", nag=False, manifest_path=_s3_plan_manifest(tmp_path, tensorrt_version="10.0.1.6"),
+                 triton_image_version="24.05")
+    assert Annotations.from_stack(fits.stack).find_warning("*", Match.string_like_regexp("TensorRT")) == []
+    # 26.05's TensorRT is not confirmed: synth goes on, and says the versions were not compared.
+    unknown = synth(tmp_path / "d", nag=False, manifest_path=_s3_plan_manifest(tmp_path))
+    warnings = [str(w.entry.data) for w in Annotations.from_stack(unknown.stack).find_warning(
+        "*", Match.string_like_regexp("TensorRT"))]
+    assert len(warnings) == 1 and warnings[0].startswith(
+        "the TensorRT of Triton image 26.05 is not confirmed in model_build/gpu_hosts.py, so the plans' TensorRT "
+        "versions (resnet-trt 10.9.0) are not checked against it")

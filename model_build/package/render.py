@@ -10,6 +10,9 @@ returned.
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -124,6 +127,18 @@ def render_plan_config(spec: ModelSpec) -> str:
     return text
 
 
+def _graph_digest(model_file: Path) -> str:
+    """sha256 of the graph file and its external data (``<file>.data``), read in chunks: the engine
+    cache folder changes whenever the graph does, so a stale engine is never loaded."""
+    digest = hashlib.sha256()
+    for path in (model_file, model_file.with_name(model_file.name + ".data")):
+        if path.is_file():
+            with path.open("rb") as handle:
+                for chunk in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(chunk)
+    return digest.hexdigest()
+
+
 def render_config(
     spec: ModelSpec, exported: ExportedModel, *, default_model_filename: str | None = None
 ) -> str:
@@ -196,7 +211,8 @@ def render_config(
         accelerator = config.optimization.execution_accelerators.gpu_execution_accelerator.add(
             name="tensorrt"
         )
-        for key, value in spec.tensorrt.parameters().items():
+        folder = f"{spec.name}-{_graph_digest(exported.path)[:12]}" if spec.tensorrt.engine_cache else ""
+        for key, value in spec.tensorrt.parameters(cache_folder=folder).items():
             accelerator.parameters[key] = value
 
     text = text_format.MessageToString(config)

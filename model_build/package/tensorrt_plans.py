@@ -55,9 +55,32 @@ def tensorrt_plan_problem(manifest: Manifest, *, instance_type: str, image_versi
             return (f"{where}.tensorrt_version: {plan.tensorrt_version!r} cannot be checked for "
                     f"mme:triton_image_version {image_version!r}: {error.args[0]}; add the image's row to "
                     "model_build/gpu_hosts.py TRITON_RELEASES, or choose a known image version")
+        if image_tensorrt is None:
+            continue  # not confirmed at a source: tensorrt_plan_unchecked says so, never a refusal
         if not _same_tensorrt(plan.tensorrt_version, image_tensorrt):
             return (f"{where}.tensorrt_version: got {plan.tensorrt_version!r}; Triton image {image_version} has "
                     f"TensorRT {image_tensorrt}, and a plan loads only with the TensorRT that built it: rebuild the "
                     f"plans with TensorRT {image_tensorrt} (the {image_version} NGC TensorRT container), or choose "
                     f"the mme:triton_image_version whose TensorRT is {plan.tensorrt_version}")
     return None
+
+
+def tensorrt_plan_unchecked(manifest: Manifest, *, image_version: str) -> str | None:
+    """One line when the manifest has plans but the TensorRT of Triton image ``image_version`` is not
+    confirmed in ``model_build.gpu_hosts`` (so :func:`tensorrt_plan_problem` could not compare the
+    versions), for synth to warn about; ``None`` otherwise."""
+    plans = [spec for spec in manifest.models if spec.format == "tensorrt_plan" and spec.tensorrt_plan is not None]
+    if not plans:
+        return None
+    try:
+        image_tensorrt = triton_release(image_version).tensorrt
+    except KeyError:
+        return None  # tensorrt_plan_problem refuses an image the table does not know
+    if image_tensorrt is not None:
+        return None
+    declared = ", ".join(sorted({f"{spec.name} {spec.tensorrt_plan.tensorrt_version}" for spec in plans
+                                 if spec.tensorrt_plan is not None}))
+    return (f"the TensorRT of Triton image {image_version} is not confirmed in model_build/gpu_hosts.py, so the "
+            f"plans' TensorRT versions ({declared}) are not checked against it; a plan built with another "
+            "TensorRT fails to load on the fleet ('engine plan file is not compatible'). Check the image's "
+            "TensorRT in NVIDIA's Frameworks Support Matrix")
