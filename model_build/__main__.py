@@ -151,12 +151,10 @@ def _build_table(record: Any) -> Table:
     for column in ("model", "format", "size", "sha256", "max difference", "gates vs FP32", "time"):
         table.add_column(column, justify="right" if column in {"size", "time"} else "left")
     for model in record.models:
-        diff = f"{model.worst_diff:.2e}"
+        diff = model.difference_text()
         fmt = model.format + (" fused" if model.fused_ops.get("Attention") else "")
         fmt += f" {model.precision}" if model.format == "onnx" else ""
         fmt += " grouped" if model.length_grouping.startswith("on") else ""
-        if model.reference_check:
-            diff += f" (incl. {model.reference_check})"
         table.add_row(
             model.name + (f" x{len(model.targets)}" if len(model.targets) > 1 else ""),
             fmt,

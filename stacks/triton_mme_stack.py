@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from aws_cdk import Aws, CfnMapping, CfnOutput, Fn, Stack
+from aws_cdk import Annotations, Aws, CfnMapping, CfnOutput, Fn, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_sns as sns
 
@@ -28,6 +28,7 @@ from constructs.sagemaker_limits import PropsError, has_instance_storage
 from constructs.triton_image import TritonImage, TritonImageProps
 from constructs.triton_mme_endpoint import TritonMmeEndpoint, TritonMmeEndpointProps
 from model_build.manifest import Manifest
+from model_build.package.tensorrt_plans import tensorrt_plan_problem, tensorrt_plan_unchecked
 from model_build.release import PACKAGE_DIR, routes_key, served_prefix
 from model_build.text_ensemble.container import namespacing_problem
 from model_build.text_ensemble.serving_wheel import serving_python_problem
@@ -159,9 +160,15 @@ class TritonMmeStack(Stack):
         has_text = any(spec.inputs == "text" for spec in manifest.models)
         for problem in (shm_problem(manifest, settings.shm_default_byte_size),
                         namespacing_problem(manifest, settings.triton_environment),
-                        serving_python_problem(image_version) if has_text else None):
+                        serving_python_problem(image_version) if has_text else None,
+                        # Prebuilt TensorRT plans: one for the fleet's GPU, built with the image's TensorRT.
+                        tensorrt_plan_problem(manifest, instance_type=settings.instance_type,
+                                              image_version=image_version)):
             if problem is not None:
                 raise PropsError(problem)
+        unchecked = tensorrt_plan_unchecked(manifest, image_version=image_version)
+        if unchecked is not None:
+            Annotations.of(self).add_warning_v2("triton-mme:tensorrt-plan-unchecked", unchecked)
         network = self.network if settings.build_in_vpc else None
         online = internet_sources(manifest)
         if network is not None and not network.build_has_internet and online:

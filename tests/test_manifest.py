@@ -186,7 +186,7 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
         {"models": [resnet(onnxruntime={"execution_mode": "parallel", "inter_op_thread_count": 1})]},
         ["onnxruntime.inter_op_thread_count: got 1", "runs sequentially"],
     ),
-    ("unknown format", {"models": [resnet(format="tensorrt_plan")]}, ["format", '"tensorrt_plan"']),
+    ("unknown format", {"models": [resnet(format="tensorflow_savedmodel")]}, ["format", '"tensorflow_savedmodel"']),
     ("unknown task", {"models": [resnet(task="translation")]}, ["task", '"translation"']),
     (
         "text settings on a vision model",

@@ -266,7 +266,8 @@ def test_smoke_holds_a_raw_text_target_to_the_tolerance_of_its_precision(overrid
     assert (atol, rtol) == SERVED_TOLERANCE[precision]
     expected = reference.outputs["sentence_embedding"]
     within = expected + np.float32(0.9 * (atol + rtol * 0.05))
-    assert _check_answer(_answer_json("sentence_embedding", within), reference, atol, rtol) > 0
+    diff = _check_answer(_answer_json("sentence_embedding", within), reference, atol, rtol)
+    assert diff is not None and diff > 0
     beyond = expected.copy()
     beyond[1, 7] += np.float32(1.5 * (atol + rtol * 0.05))
     with pytest.raises(_CallFailed, match=r"output 'sentence_embedding': largest \|difference\| .* exceeds the tolerance"):

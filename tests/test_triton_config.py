@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 from google.protobuf import text_format
+from pydantic import ValidationError
 from tritonclient.grpc import model_config_pb2 as mc
 
 from model_build.errors import TritonConfigError
@@ -399,3 +401,25 @@ def test_repository_config_checks_ensembles_and_python_members_with_core_rules()
             check_repository_config(text.replace("dims: [128]", "dims: [0]"), model="t")
     with pytest.raises(TritonConfigError, match="max_batch_size: got -1"):
         check_repository_config(GOOD.replace("max_batch_size: 8", "max_batch_size: -1"), model="t")
+
+
+def test_engine_cache_keeps_engines_per_graph_on_the_instance(tmp_path: Path) -> None:
+    """``tensorrt.engine_cache``: the provider's engines and timing cache in a folder named after the
+    graph's bytes, so a model reloaded on the instance reuses its engine and an updated one never does."""
+    graph = tmp_path / "model.onnx"
+    configs = []
+    for content in (b"graph one", b"graph two"):
+        graph.write_bytes(content)
+        signature = ExportedModel(name="tiny", format="onnx", path=graph, inputs=ONNX_SIGNATURE.inputs,
+                                  outputs=ONNX_SIGNATURE.outputs)
+        text = render_config(onnx_spec(tensorrt={"precision_mode": "FP16", "engine_cache": True}), signature)
+        (accelerator,) = parse(text).optimization.execution_accelerators.gpu_execution_accelerator
+        configs.append(dict(accelerator.parameters))
+    for params, content in zip(configs, (b"graph one", b"graph two"), strict=True):
+        folder = f"/tmp/triton-mme-trt-cache/tiny-{hashlib.sha256(content).hexdigest()[:12]}"
+        assert params == {"precision_mode": "FP16", "trt_engine_cache_enable": "true", "trt_engine_cache_path": folder,
+                          "trt_timing_cache_enable": "true", "trt_timing_cache_path": folder}
+    with pytest.raises(ValidationError) as caught:
+        onnx_spec(tensorrt={"engine_cache": True, "trt_engine_cache_enable": True})
+    assert "engine_cache: true with trt_engine_cache_enable given; engine_cache sets the cache keys itself" in (
+        str(caught.value))

@@ -6,6 +6,7 @@ that a manifest that could never give a loadable Triton model is refused before 
 (and before ``cdk synth`` writes a template).
 
 Owns: what to build. ``fields`` (source kinds, Triton and ONNX Runtime settings, gates, inputs),
+``plans`` (the ``tensorrt_plan`` block of prebuilt TensorRT engines),
 ``schema`` (``ModelSpec``, ``Manifest``), ``loading`` (YAML policy and limits, error messages,
 the tokenizer files a raw-text source must hold). Callers import the names below from
 ``model_build.manifest``.
@@ -46,6 +47,7 @@ from model_build.manifest.loading import (
     load_manifest_bytes,
     parse_manifest,
 )
+from model_build.manifest.plans import TENSORRT_DATA_TYPES, PlanTensor, TensorRTPlan
 from model_build.manifest.schema import (
     MAX_TARGETS,
     MODEL_NAME_MAX,
@@ -67,6 +69,7 @@ __all__ = [
     "MODEL_NAME_PATTERN",
     "PAIR_TASKS",
     "SLOW_TOKENIZER_FILES",
+    "TENSORRT_DATA_TYPES",
     "TENSORRT_KEYS",
     "TEXT_TASKS",
     "TOKENIZER_FILES",
@@ -83,12 +86,14 @@ __all__ = [
     "OnnxFileSource",
     "OnnxRuntimeTuning",
     "PackageSource",
+    "PlanTensor",
     "Precision",
     "S3Source",
     "Source",
     "SyntheticSource",
     "Task",
     "TensorRTAccelerator",
+    "TensorRTPlan",
     "TextInputs",
     "Tolerance",
     "format_validation_error",

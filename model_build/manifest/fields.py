@@ -166,6 +166,12 @@ class OnnxRuntimeTuning(_Strict):
         return self
 
 
+#: Where ``engine_cache: true`` keeps compiled TensorRT engines inside the serving container: the
+#: instance's own disk, outside the model folder SageMaker deletes at unload, one folder per model
+#: graph (``<name>-<sha12 of the graph>``), so an updated model never loads a stale engine.
+ENGINE_CACHE_ROOT = "/tmp/triton-mme-trt-cache"
+
+
 class TensorRTAccelerator(_Strict):
     """The ONNX Runtime backend's TensorRT execution provider (GPU only)."""
 
@@ -173,8 +179,24 @@ class TensorRTAccelerator(_Strict):
     max_workspace_size_bytes: int | None = Field(default=None, ge=1)
     trt_engine_cache_enable: bool | None = None
     trt_engine_cache_path: str | None = None
+    #: Keep the engines (and TensorRT's timing cache) that the provider compiles at the first load
+    #: under :data:`ENGINE_CACHE_ROOT`: a model unloaded by the platform and loaded again, or another
+    #: copy of it, on the same instance reuses them instead of compiling again. A new instance still
+    #: compiles once. Sets the cache keys itself: refused with ``trt_engine_cache_enable`` or
+    #: ``trt_engine_cache_path`` given.
+    engine_cache: bool = False
     #: Any other key of the backend's documented TensorRT list, passed through as a string.
     extra: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_cache_setting(self) -> TensorRTAccelerator:
+        if self.engine_cache:
+            given = [key for key in ("trt_engine_cache_enable", "trt_engine_cache_path") if getattr(self, key) is not None]
+            given += [key for key in ("trt_timing_cache_enable", "trt_timing_cache_path") if key in self.extra]
+            if given:
+                raise ValueError(f"engine_cache: true with {', '.join(given)} given; engine_cache sets the cache "
+                                 "keys itself (a folder per model graph): drop one of them")
+        return self
 
     @field_validator("extra")
     @classmethod
@@ -191,9 +213,15 @@ class TensorRTAccelerator(_Strict):
                 )
         return value
 
-    def parameters(self) -> dict[str, str]:
-        """All keys as the string pairs Triton expects, sorted for a stable config."""
+    def parameters(self, *, cache_folder: str = "") -> dict[str, str]:
+        """All keys as the string pairs Triton expects, sorted for a stable config. ``cache_folder``
+        (``<name>-<sha12>``) names the model's folder under :data:`ENGINE_CACHE_ROOT` when
+        ``engine_cache`` is on."""
         params: dict[str, str] = {"precision_mode": self.precision_mode}
+        if self.engine_cache:
+            path = f"{ENGINE_CACHE_ROOT}/{cache_folder}" if cache_folder else ENGINE_CACHE_ROOT
+            params |= {"trt_engine_cache_enable": "true", "trt_engine_cache_path": path,
+                       "trt_timing_cache_enable": "true", "trt_timing_cache_path": path}
         if self.max_workspace_size_bytes is not None:
             params["max_workspace_size_bytes"] = str(self.max_workspace_size_bytes)
         if self.trt_engine_cache_enable is not None:

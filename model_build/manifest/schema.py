@@ -28,6 +28,7 @@ from model_build.manifest.fields import (
     Tolerance,
     _Strict,
 )
+from model_build.manifest.plans import TensorRTPlan
 
 #: A model name becomes the Triton model directory and, with ``copies``, the stem of each
 #: ``TargetModel`` (``<name>-<i>.tar.gz``). Lowercase letters, digits, ``-`` and ``_`` are safe
@@ -58,8 +59,9 @@ class ModelSpec(_Strict):
     #: ``text-classification`` is a sequence-classification head (a cross-encoder or reranker
     #: scoring a text or a pair of texts): its output is the raw ``logits`` ``[batch, num_labels]``.
     task: Task
-    #: ``onnx`` for Triton's ``onnxruntime`` backend, ``torchscript`` for ``pytorch_libtorch``.
-    format: Literal["onnx", "torchscript"] = "onnx"
+    #: ``onnx`` for Triton's ``onnxruntime`` backend, ``torchscript`` for ``pytorch_libtorch``,
+    #: ``tensorrt_plan`` for prebuilt TensorRT engines (``tensorrt`` backend; see ``tensorrt_plan``).
+    format: Literal["onnx", "torchscript", "tensorrt_plan"] = "onnx"
     #: 0 turns batching off (dims are then the full shape); >= 1 lets Triton batch requests.
     max_batch_size: int = Field(default=8, ge=0, le=1024)
     dynamic_batching: DynamicBatching | None = None
@@ -86,10 +88,14 @@ class ModelSpec(_Strict):
     #: fast tokenizer (``tokenizer.json``: WordPiece, BPE or Unigram) and the ``tokenizers`` wheel
     #: travel in the tarball.
     inputs: Literal["tokens", "text"] = "tokens"
+    #: ``format: tensorrt_plan`` only: the TensorRT version, one plan per compute capability and
+    #: the declared signature (a plan cannot be read on CPU).
+    tensorrt_plan: TensorRTPlan | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelSpec:
         # Each check names the field a user has to change.
+        self._check_tensorrt_plan()
         if self.dynamic_batching is not None:
             if self.max_batch_size == 0:
                 raise ValueError(
@@ -161,6 +167,39 @@ class ModelSpec(_Strict):
                 f"({len(longest)} characters); at most {MODEL_NAME_MAX} allowed"
             )
         return self
+
+    def _check_tensorrt_plan(self) -> None:
+        """A prebuilt plan is neither exported nor run at build time: the fields that steer an
+        export, a validation or a CPU instance cannot apply, and saying so beats ignoring them."""
+        if self.format != "tensorrt_plan":
+            if self.tensorrt_plan is not None:
+                raise ValueError(f"tensorrt_plan: given for format {self.format!r}; it applies to format "
+                                 "'tensorrt_plan' only: remove it, or set format: tensorrt_plan")
+            return
+        if self.tensorrt_plan is None:
+            raise ValueError("tensorrt_plan: missing for format 'tensorrt_plan'; add the block with "
+                             "tensorrt_version, cc_model_filenames, input and output (a plan cannot be read on CPU, "
+                             "so its signature is declared)")
+        if self.source.kind not in ("local", "s3"):
+            raise ValueError(f"source.kind: got {self.source.kind!r} with format 'tensorrt_plan'; prebuilt plans come "
+                             "from a 'local' folder (path) or an 's3' prefix (uri)")
+        if self.instance_group.kind != "KIND_GPU":
+            raise ValueError(f"instance_group.kind: got {self.instance_group.kind!r}; a TensorRT plan runs on the GPU "
+                             "only: use KIND_GPU")
+        if self.inputs == "text":
+            raise ValueError("inputs: got 'text' with format 'tensorrt_plan'; a plan takes the tensors its "
+                             "tensorrt_plan.input declares: use inputs: tokens (the default)")
+        for field, why in (("fp16", "its precision was fixed when the plan was built"),
+                           ("precision", "its precision was fixed when the plan was built"),
+                           ("optimize", "its graph was optimized when the plan was built"),
+                           ("onnxruntime", "it tunes the onnxruntime backend"),
+                           ("tensorrt", "it tunes ONNX Runtime's TensorRT provider, not a prebuilt plan"),
+                           ("accuracy", "a plan is not run at build time, so there is nothing to gate"),
+                           ("tolerance", "a plan is not run at build time, so there is nothing to compare"),
+                           ("text", "a plan's inputs are declared in tensorrt_plan.input"),
+                           ("image", "a plan's inputs are declared in tensorrt_plan.input")):
+            if field in self.model_fields_set:
+                raise ValueError(f"{field}: given for format 'tensorrt_plan'; {why}: remove it")
 
     def _check_precision(self) -> None:
         """Combinations that cannot run, or run slower than FP32, are refused before any export."""

@@ -9,7 +9,8 @@ it is hashed into every model key; the client-side codec the smoke test uses liv
   ``tests/test_config_rules_on_triton.py``; its parts ``locate_model``, ``_version_dir``,
   ``check_ensemble_repository`` (layout), :mod:`model_build.package.signature` (the config
   against the graph, read with ``onnx.load``) and :func:`model_build.package.backend.open_model`
-  (a TorchScript model loads as the backend loads it);
+  (a TorchScript model loads as the backend loads it); a TensorRT plan's files (``_check_plans``:
+  present and non-empty; the engines themselves cannot be read without a GPU);
 - ``gate_tarball``: the gate on a written tarball, which it removes when refused.
 """
 from __future__ import annotations
@@ -188,6 +189,9 @@ def _check_model_folder(folder: Path, model: str, member: str | None) -> ModelCo
             raise VerifyError(f"model {label!r}: model file 'model.py': missing in version folder "
                               f"{version.name!r}; a python-backend model needs one", model=model)
         return config
+    if config_backend(config) == "tensorrt":
+        _check_plans(config, version, label, model)
+        return config
     model_file = version / default_filename(config)
     if config_backend(config) == "onnxruntime":
         if model_file.is_dir():  # the backend reads <dir>/model.onnx for a directory
@@ -204,6 +208,28 @@ def _check_model_folder(folder: Path, model: str, member: str | None) -> ModelCo
     else:
         open_model(model_file, config, model=label)  # TorchScript: loads, maps inputs to forward's arguments
     return config
+
+
+def _check_plans(config: ModelConfig, version: Path, label: str, model: str) -> None:
+    """A prebuilt TensorRT plan: every file ``cc_model_filenames`` names is a non-empty file of the
+    version folder (without a map, the default ``model.plan``); the declared signature was checked
+    with the config (names, TensorRT data types, dims).
+
+    What this gate cannot know: whether each engine deserializes, matches its compute capability
+    and the image's TensorRT, and has the declared tensors. Reading an engine needs a GPU and the
+    TensorRT that built it, which the build has not; the build records the plan as not verified,
+    and the fleet check at synth compares the declared capabilities and TensorRT version. Unlike
+    the other rules, these are not confirmed on tritonserver here (its TensorRT backend needs a GPU).
+    """
+    from model_build.package.triton_config import default_filename
+
+    names = sorted(set(config.cc_model_filenames.values())) or [default_filename(config)]
+    for name in names:
+        plan = version / name
+        if not plan.is_file() or plan.stat().st_size == 0:
+            state = "empty" if plan.is_file() else "missing"
+            raise VerifyError(f"model {label!r}: plan file {name!r}: {state} in version folder {version.name!r}; "
+                              "every file cc_model_filenames names must be there, a built engine", model=model)
 
 
 def _check_ensemble_wiring(main: str, configs: dict[str, ModelConfig], model: str) -> None:

@@ -4,7 +4,8 @@ Layout (one top-level directory, which the container turns into the Triton model
 
     <model_name>/
     <model_name>/1/
-    <model_name>/1/model.onnx        (or model.pt; ONNX external-data files next to it)
+    <model_name>/1/model.onnx        (or model.pt; ONNX external-data files next to it; or one
+                                     TensorRT plan per compute capability: package_plans)
     <model_name>/config.pbtxt
 
 The archive is reproducible: the same config and model bytes give the same tarball bytes,
@@ -135,18 +136,14 @@ def package_model(
     """
     model_file = Path(model_file)
     out_path = Path(out_path)
-    if not _MODEL_NAME.match(model_name) or model_name in {".", ".."}:
-        raise PackageError(
-            f"model_name: got {model_name!r}; use letters, digits, '_', '-' and '.', starting "
-            "with a letter or digit (it becomes the triton model directory)",
-            model=model_name,
-        )
+    _check_name_and_level(model_name, compresslevel)
     if format not in FORMAT_BACKEND:
         raise PackageError(
             f"format: got {format!r}; allowed: " + ", ".join(sorted(FORMAT_BACKEND)), model=model_name
         )
-    if not 0 <= compresslevel <= 9:
-        raise PackageError(f"compresslevel: got {compresslevel}; allowed: 0 to 9", model=model_name)
+    if format == "tensorrt_plan":
+        raise PackageError("format: got 'tensorrt_plan'; plans are packed by package_plans (one file per "
+                           "compute capability)", model=model_name)
     if not model_file.is_file():
         raise PackageError(
             f"model_file: {str(model_file)!r} does not exist or is not a file", model=model_name
@@ -196,6 +193,47 @@ def package_model(
             files[arcname] = external
 
     return write_tarball(files, out_path, compresslevel=compresslevel)
+
+
+def _check_name_and_level(model_name: str, compresslevel: int) -> None:
+    if not _MODEL_NAME.match(model_name) or model_name in {".", ".."}:
+        raise PackageError(
+            f"model_name: got {model_name!r}; use letters, digits, '_', '-' and '.', starting "
+            "with a letter or digit (it becomes the triton model directory)",
+            model=model_name,
+        )
+    if not 0 <= compresslevel <= 9:
+        raise PackageError(f"compresslevel: got {compresslevel}; allowed: 0 to 9", model=model_name)
+
+
+def package_plans(*, model_name: str, config_text: str, plan_dir: Path, out_path: Path,
+                  compresslevel: int = 1) -> tuple[str, int]:
+    """Write the tarball of a prebuilt TensorRT plan: ``<name>/config.pbtxt`` and
+    ``<name>/1/<file>`` for each file the config's ``cc_model_filenames`` names (taken from
+    ``plan_dir``); ``(sha256 hex, size)``. Reproducible like :func:`package_model`.
+
+    The files are the ones the config names, so the tarball and its config cannot disagree; a
+    missing or empty file is refused (an engine is never empty). Their content is not read: a
+    plan can only be deserialized on a GPU by the TensorRT that built it.
+    """
+    _check_name_and_level(model_name, compresslevel)
+    try:
+        config = check_config(config_text, model=model_name)
+    except TritonConfigError as error:
+        raise PackageError(f"config_text: {error}", model=model_name) from None
+    if config_backend(config) != "tensorrt" or not config.cc_model_filenames:
+        raise PackageError(f"config_text: backend {config_backend(config)!r} with "
+                           f"{len(config.cc_model_filenames)} cc_model_filenames; a plan tarball needs backend "
+                           "'tensorrt' and at least one plan", model=model_name)
+    files: dict[str, Path | bytes] = {f"{model_name}/config.pbtxt": config_text.encode("utf-8")}
+    for filename in sorted(set(config.cc_model_filenames.values())):
+        plan = Path(plan_dir) / filename
+        if not plan.is_file() or plan.stat().st_size == 0:
+            raise PackageError(f"plan file {filename!r}: {'empty' if plan.is_file() else 'missing'} in "
+                               f"{str(plan_dir)!r}; every file cc_model_filenames names must be a built engine",
+                               model=model_name)
+        files[f"{model_name}/1/{filename}"] = plan
+    return write_tarball(files, Path(out_path), compresslevel=compresslevel)
 
 
 def write_tarball(files: dict[str, Path | bytes], out_path: Path, *, compresslevel: int = 1,

@@ -1,4 +1,5 @@
-"""Render a model's ``config.pbtxt`` from its manifest entry and the signature of the exported file.
+"""Render a model's ``config.pbtxt`` from its manifest entry and the signature of the exported file
+(or, for a prebuilt TensorRT plan, the signature the manifest declares: :func:`render_plan_config`).
 
 The config is built as a ``tritonclient.grpc.model_config_pb2.ModelConfig`` protobuf and printed
 with ``google.protobuf.text_format``: the schema is Triton's own, so a field name or enum value that
@@ -8,6 +9,9 @@ returned.
 """
 
 from __future__ import annotations
+
+import hashlib
+from pathlib import Path
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
@@ -83,6 +87,58 @@ def _data_type(tensor: TensorSpec, model: str, kind: str) -> int:
         ) from None
 
 
+def _batching_and_instances(config: mc.ModelConfig, spec: ModelSpec) -> None:
+    """``dynamic_batching`` (where given) and the one instance group, as the manifest says."""
+    if spec.dynamic_batching is not None:
+        db = config.dynamic_batching
+        db.SetInParent()
+        db.preferred_batch_size.extend(spec.dynamic_batching.preferred_batch_size)
+        db.max_queue_delay_microseconds = spec.dynamic_batching.max_queue_delay_microseconds
+        db.preserve_ordering = spec.dynamic_batching.preserve_ordering
+    config.instance_group.add(
+        kind=mc.ModelInstanceGroup.Kind.Value(spec.instance_group.kind),
+        count=spec.instance_group.count,
+    )
+
+
+def render_plan_config(spec: ModelSpec) -> str:
+    """``config.pbtxt`` of a prebuilt TensorRT plan (``format: tensorrt_plan``).
+
+    Unlike :func:`render_config`, the signature comes from the manifest (``tensorrt_plan.input`` /
+    ``output``): an engine cannot be read without a GPU and the TensorRT that built it. Triton
+    picks the file of the GPU it runs on from ``cc_model_filenames`` (keyed ``"8.6"``); on a GPU
+    with no entry it would look for ``1/model.plan``, which the tarball does not hold, so such a
+    fleet is refused at synth (:func:`model_build.package.tensorrt_plans.tensorrt_plan_problem`).
+    """
+    plan = spec.tensorrt_plan
+    if spec.format != "tensorrt_plan" or plan is None:
+        raise TritonConfigError(f"model {spec.name!r}: format: got {spec.format!r}; a plan config is for "
+                                "format 'tensorrt_plan' with its tensorrt_plan block", model=spec.name)
+    backend, platform = FORMAT_BACKEND[spec.format]
+    config = mc.ModelConfig(name=spec.name, backend=backend, platform=platform, max_batch_size=spec.max_batch_size)
+    for tensors, field in ((plan.input, config.input), (plan.output, config.output)):
+        for tensor in tensors:
+            field.add(name=tensor.name, data_type=mc.DataType.Value(tensor.data_type), dims=list(tensor.dims))
+    _batching_and_instances(config, spec)
+    for cc, filename in sorted(plan.cc_model_filenames.items()):
+        config.cc_model_filenames[cc] = filename
+    text = text_format.MessageToString(config)
+    check_config(text, model=spec.name)
+    return text
+
+
+def _graph_digest(model_file: Path) -> str:
+    """sha256 of the graph file and its external data (``<file>.data``), read in chunks: the engine
+    cache folder changes whenever the graph does, so a stale engine is never loaded."""
+    digest = hashlib.sha256()
+    for path in (model_file, model_file.with_name(model_file.name + ".data")):
+        if path.is_file():
+            with path.open("rb") as handle:
+                for chunk in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(chunk)
+    return digest.hexdigest()
+
+
 def render_config(
     spec: ModelSpec, exported: ExportedModel, *, default_model_filename: str | None = None
 ) -> str:
@@ -122,17 +178,7 @@ def render_config(
             if reshape:
                 io.reshape.SetInParent()
 
-    if spec.dynamic_batching is not None:
-        db = config.dynamic_batching
-        db.SetInParent()
-        db.preferred_batch_size.extend(spec.dynamic_batching.preferred_batch_size)
-        db.max_queue_delay_microseconds = spec.dynamic_batching.max_queue_delay_microseconds
-        db.preserve_ordering = spec.dynamic_batching.preserve_ordering
-
-    config.instance_group.add(
-        kind=mc.ModelInstanceGroup.Kind.Value(spec.instance_group.kind),
-        count=spec.instance_group.count,
-    )
+    _batching_and_instances(config, spec)
 
     ort = spec.onnxruntime
     if ort is not None:
@@ -165,7 +211,8 @@ def render_config(
         accelerator = config.optimization.execution_accelerators.gpu_execution_accelerator.add(
             name="tensorrt"
         )
-        for key, value in spec.tensorrt.parameters().items():
+        folder = f"{spec.name}-{_graph_digest(exported.path)[:12]}" if spec.tensorrt.engine_cache else ""
+        for key, value in spec.tensorrt.parameters(cache_folder=folder).items():
             accelerator.parameters[key] = value
 
     text = text_format.MessageToString(config)

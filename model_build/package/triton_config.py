@@ -2,7 +2,8 @@
 
 :func:`check_config` re-reads a config and applies, before anything is uploaded, the checks that
 Triton's core (``model_config_utils.cc``) and the ONNX Runtime backend (``src/onnxruntime.cc``)
-apply when the model is loaded on the endpoint. On a SageMaker multi-model endpoint a config that
+apply when the model is loaded on the endpoint (and, for prebuilt plans, what the TensorRT backend
+reads of a config: GPU instances, its data types, ``cc_model_filenames``). On a SageMaker multi-model endpoint a config that
 fails there is only found on the first invocation, as a 5xx on somebody else's request; here it is
 a build error that names the field, the value and what is allowed.
 
@@ -23,7 +24,8 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from model_build.errors import TritonConfigError
-from model_build.manifest import TENSORRT_KEYS
+from model_build.manifest import TENSORRT_DATA_TYPES, TENSORRT_KEYS
+from model_build.manifest.plans import COMPUTE_CAPABILITY_PATTERN, PLAN_FILE_PATTERN
 
 #: The generated protobuf class (untyped for mypy: the package ships no stubs).
 ModelConfig: TypeAlias = mc.ModelConfig
@@ -32,11 +34,13 @@ ModelConfig: TypeAlias = mc.ModelConfig
 FORMAT_BACKEND: dict[str, tuple[str, str]] = {
     "onnx": ("onnxruntime", "onnxruntime_onnx"),
     "torchscript": ("pytorch", "pytorch_libtorch"),
+    "tensorrt_plan": ("tensorrt", "tensorrt_plan"),
 }
 #: File name the backend opens in the version directory when ``default_model_filename`` is unset.
 BACKEND_DEFAULT_FILENAME: dict[str, str] = {
     "onnxruntime": "model.onnx",
     "pytorch": "model.pt",
+    "tensorrt": "model.plan",
 }
 _PLATFORM_BACKEND = {platform: backend for backend, platform in FORMAT_BACKEND.values()}
 _GRAPH_LEVEL_VALUES = (-1, 1, 2)
@@ -370,14 +374,37 @@ def _check_onnxruntime(config: ModelConfig, problems: _Problems) -> None:
             )
 
 
-def _check_pytorch(config: ModelConfig, problems: _Problems) -> None:
+def _check_no_accelerators(config: ModelConfig, problems: _Problems, backend: str) -> None:
     accelerators = config.optimization.execution_accelerators
     if len(accelerators.gpu_execution_accelerator) or len(accelerators.cpu_execution_accelerator):
         problems.add(
             "optimization.execution_accelerators",
-            "given for backend 'pytorch'",
+            f"given for backend {backend!r}",
             "execution accelerators apply to the onnxruntime backend only",
         )
+
+
+def _check_tensorrt(config: ModelConfig, problems: _Problems) -> None:
+    """The TensorRT backend: GPU instances only, TensorRT data types, ``cc_model_filenames`` keyed
+    by compute capability with plain file names of the version folder. The engines themselves are
+    not read here: that needs a GPU and the TensorRT they were built with."""
+    _check_no_accelerators(config, problems, "tensorrt")
+    for index, group in enumerate(config.instance_group):
+        kind = mc.ModelInstanceGroup.Kind.Name(group.kind)
+        if kind == "KIND_CPU":
+            problems.add(f"instance_group[{index}].kind", kind, "a TensorRT plan runs on the GPU only: use KIND_GPU")
+    for kind, tensors in (("input", config.input), ("output", config.output)):
+        for index, io in enumerate(tensors):
+            name = mc.DataType.Name(io.data_type)
+            if io.data_type != mc.TYPE_INVALID and name not in TENSORRT_DATA_TYPES:
+                problems.add(f"{kind}[{index}]({io.name}).data_type", name,
+                             "the tensorrt backend maps " + ", ".join(TENSORRT_DATA_TYPES))
+    for cc in sorted(config.cc_model_filenames):
+        filename = config.cc_model_filenames[cc]
+        if not re.match(COMPUTE_CAPABILITY_PATTERN, cc):
+            problems.add("cc_model_filenames key", cc, "a compute capability 'major.minor' such as '8.6'")
+        if not re.match(PLAN_FILE_PATTERN, filename) or ".." in filename:
+            problems.add(f"cc_model_filenames[{cc!r}]", filename, "a plain file name in the version folder")
 
 
 def parse_config(text: str, *, model: str | None = None) -> ModelConfig:
@@ -413,7 +440,9 @@ def check_config(text: str, *, model: str | None = None) -> ModelConfig:
     if backend == "onnxruntime":
         _check_onnxruntime(config, problems)
     elif backend == "pytorch":
-        _check_pytorch(config, problems)
+        _check_no_accelerators(config, problems, "pytorch")
+    elif backend == "tensorrt":
+        _check_tensorrt(config, problems)
     problems.raise_if_any()
     return config
 
@@ -421,7 +450,7 @@ def check_config(text: str, *, model: str | None = None) -> ModelConfig:
 def check_repository_config(text: str, *, model: str | None = None) -> ModelConfig:
     """:func:`check_config` for any folder of a tarball: an ensemble or a python-backend member too.
 
-    Model configs (``onnxruntime``/``pytorch``) get every check of :func:`check_config`; an
+    Model configs (``onnxruntime``/``pytorch``/``tensorrt``) get every check of :func:`check_config`; an
     ``ensemble`` (``platform: "ensemble"``) or a ``backend: "python"`` member gets the checks of
     Triton's core that apply to every model (batching, tensors, instance groups).
     """

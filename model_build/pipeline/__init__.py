@@ -1,7 +1,8 @@
 """The build of one model, and the runners of many: the export, package and text-ensemble steps in order.
 
 - ``steps``: the typed steps (:data:`~model_build.pipeline.steps.PIPELINE`: tokenizer, export +
-  optimize + validate, config, text-ensemble check, package, pre-publish gate) and the one runner
+  optimize + validate or, for a prebuilt TensorRT plan, its files fetched (never run), config,
+  text-ensemble check, package, pre-publish gate) and the one runner
   that sequences, times and reports them;
 - ``build``: a build into a folder (``build_model``), one model key into the local store
   (``build_unit``, what the Lambda runs per Map item), the keys that are missing in processes

@@ -71,6 +71,9 @@ class ModelBuildResult:
     length_grouping: str = ""
     #: The model key it was built for (``model_build.release.model_key``); "" for a plain build.
     key: str = ""
+    #: False where the build never ran the model (a prebuilt TensorRT plan: no GPU); then
+    #: ``max_abs_diff`` is empty because nothing was measured, and ``reference_check`` says why.
+    verified: bool = True
 
     def artifact(self, base: Path) -> Artifact:
         return Artifact(
@@ -83,6 +86,13 @@ class ModelBuildResult:
             reference_path=base / self.reference,
             config_path=base / self.config,
         )
+
+    def difference_text(self) -> str:
+        """The build table's cell: the worst difference measured, or that the model was not run."""
+        if not self.verified:
+            return f"not run ({self.reference_check})" if self.reference_check else "not run"
+        text = f"{self.worst_diff:.2e}"
+        return f"{text} (incl. {self.reference_check})" if self.reference_check else text
 
     @property
     def worst_diff(self) -> float:
@@ -173,6 +183,7 @@ def build_model(
         quantized_matmuls=report.quantized_matmuls,
         fp32_matmuls=list(report.fp32_matmuls),
         length_grouping=report.length_grouping or "",
+        verified=spec.format != "tensorrt_plan",
     )
 
 

@@ -1,6 +1,6 @@
 """One model's build as a pipeline of typed steps, and the one runner that runs it.
 
-Each step is a small adapter over the module that does the work (``sources``, ``validate``
+Each step is a small adapter over the module that does the work (``sources``, ``plans``, ``validate``
 (export, optimize, check), ``triton_config``, ``text_ensemble``, ``package``, ``gate``): it reads
 what earlier steps produced from a frozen :class:`Artifacts` and returns a new one with what it
 adds. :func:`run_pipeline` is the only place that sequences them, times them and reports
@@ -107,6 +107,14 @@ def _is_text(spec: ModelSpec) -> bool:
     return spec.inputs == "text"
 
 
+def _is_plan(spec: ModelSpec) -> bool:
+    return spec.format == "tensorrt_plan"
+
+
+def _is_exported(spec: ModelSpec) -> bool:
+    return not _is_plan(spec)
+
+
 # --------------------------------------------------------------------------------------------
 # The steps
 # --------------------------------------------------------------------------------------------
@@ -139,11 +147,29 @@ def export_optimize_validate(inputs: BuildInputs, done: Artifacts) -> Artifacts:
     return replace(done, exported=exported, report=report, reference=reference)
 
 
-def render_model_config(inputs: BuildInputs, done: Artifacts) -> Artifacts:
-    """The exported model's ``config.pbtxt`` (``render_config`` checks it as Triton would)."""
-    from model_build.package.render import render_config
+def fetch_plan_files(inputs: BuildInputs, done: Artifacts) -> Artifacts:
+    """A prebuilt TensorRT plan: the declared files fetched and checked (never run: no GPU here), a
+    reference of declared-shape zero inputs and no outputs, and a report that says it was not verified."""
+    from model_build.export.plans import NOT_VERIFIED, fetch_plans, plan_model, plan_sample_inputs
+    from model_build.reference import write_reference
+    from model_build.types import ValidationReport
 
-    text = render_config(inputs.spec, done.need("exported", "config"))
+    spec, options = inputs.spec, inputs.options
+    folder = fetch_plans(spec, base_dir=options.base_dir, work_dir=inputs.work_dir / "_plans",
+                         s3_client=options.s3_client)
+    reference = inputs.work_dir / "plan.reference.npz"
+    write_reference(reference, plan_sample_inputs(spec), {})
+    report = ValidationReport(name=spec.name, samples=0, reference_check=NOT_VERIFIED, precision="unknown")
+    return replace(done, exported=plan_model(spec, folder), report=report, reference=reference)
+
+
+def render_model_config(inputs: BuildInputs, done: Artifacts) -> Artifacts:
+    """The exported model's ``config.pbtxt`` (``render_config`` checks it as Triton would); a
+    plan's from its declared signature (``render_plan_config``)."""
+    from model_build.package.render import render_config, render_plan_config
+
+    exported = done.need("exported", "config")
+    text = render_plan_config(inputs.spec) if _is_plan(inputs.spec) else render_config(inputs.spec, exported)
     return replace(done, config_text=text, member_config_text=text)
 
 
@@ -175,12 +201,18 @@ def check_text_ensemble(inputs: BuildInputs, done: Artifacts) -> Artifacts:
 
 
 def package(inputs: BuildInputs, done: Artifacts) -> Artifacts:
-    """``<out>/<name>.tar.gz``, written reproducibly: one model folder, or the raw-text ensemble
-    (tokenizer, ONNX member and ensemble folders)."""
+    """``<out>/<name>.tar.gz``, written reproducibly: one model folder (a plan's: one file per
+    compute capability), or the raw-text ensemble (tokenizer, ONNX member and ensemble folders)."""
     spec = inputs.spec
     tarball = inputs.out_dir / f"{spec.name}.tar.gz"
     exported = done.need("exported", "package")
-    if _is_text(spec):
+    if _is_plan(spec):
+        from model_build.package.pack import package_plans
+
+        sha256, size = package_plans(model_name=spec.name, config_text=done.need("member_config_text", "package"),
+                                     plan_dir=exported.path, out_path=tarball,
+                                     compresslevel=inputs.options.compresslevel)
+    elif _is_text(spec):
         from model_build.text_ensemble.ensemble import package_text_ensemble
 
         sha256, size = package_text_ensemble(
@@ -209,7 +241,8 @@ def pre_publish_gate(inputs: BuildInputs, done: Artifacts) -> Artifacts:
 #: Every step, in order; ``applies`` picks those an entry runs.
 PIPELINE: tuple[Step, ...] = (
     Step("tokenizer files", check_tokenizer, applies=_is_text),
-    Step("export + optimize + validate", export_optimize_validate),
+    Step("fetch plans (not run: no GPU)", fetch_plan_files, applies=_is_plan),
+    Step("export + optimize + validate", export_optimize_validate, applies=_is_exported),
     Step("config", render_model_config),
     Step(TEXT_CHECK, check_text_ensemble, applies=_is_text),
     Step("package", package),

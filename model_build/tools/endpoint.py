@@ -12,8 +12,8 @@ One process serves, on ``127.0.0.1:<port>``:
 
 Behind it, :mod:`model_build.tools.mme` plays SageMaker's part of MME and the real
 ``tritonserver`` loads and runs the models. Deviations from the GPU endpoint are printed in the
-ready line and listed in docs/local-endpoint.md: python-based ``onnxruntime``/``pytorch`` backends on CPU and
-``KIND_GPU`` served as ``KIND_CPU``.
+ready line and listed in docs/local-endpoint.md: python-based ``onnxruntime``/``pytorch`` backends on CPU,
+``KIND_GPU`` served as ``KIND_CPU``, and TensorRT plans (``tensorrt_plan``) refused with one plain error.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ MAX_BODY_BYTES = 6 * 1024 * 1024
 _INVOKE_PATH = re.compile(r"^/endpoints/([^/]+)/invocations$")
 _ERROR_NAMESPACE = ":http://internal.amazon.com/coral/com.amazon.sagemaker/"
 _ARN = "arn:aws:sagemaker:local:000000000000"
-DEVIATIONS = ("python-based onnxruntime/pytorch backends on CPU", "KIND_GPU served as KIND_CPU")
+DEVIATIONS = ("python-based onnxruntime/pytorch backends on CPU", "KIND_GPU served as KIND_CPU",
+              "TensorRT plans refused (501 CannotServeOnCpu)")
 
 
 @dataclass

@@ -13,7 +13,8 @@ and retries). This module plays that part against a published release:
   index) names the target's sha256, the download is checked against it before anything is
   unpacked; it is unpacked with the project's safe extraction;
 - ``KIND_GPU`` instance groups become ``KIND_CPU`` in the local copy of each ``config.pbtxt``
-  (the only change to the published bytes: this machine has no GPU);
+  (the only change to the published bytes: this machine has no GPU); a TensorRT plan, which no
+  CPU can run, is refused with one error of its own (501 ``CannotServeOnCpu``) and never loaded;
 - concurrent first calls for one target load it once; a failure answers that call and the ones
   waiting on it, and the next call tries again;
 - load, eviction and unload of one target are mutually exclusive (each holds the target's lock
@@ -69,6 +70,12 @@ class EndpointError(Exception):
         self.original_message = original_message
 
 
+#: The error code (and HTTP status: 501, not implemented here) of a target this CPU-only endpoint
+#: cannot load at all: a prebuilt TensorRT plan. The smoke test reports such a target as skipped.
+CANNOT_SERVE_ON_CPU = "CannotServeOnCpu"
+CANNOT_SERVE_STATUS = 501
+
+
 def validation_error(message: str) -> EndpointError:
     return EndpointError(400, "ValidationError", message)
 
@@ -100,12 +107,18 @@ class ConfigParseError(ModelBuildError):
     """A ``config.pbtxt`` of a tarball that does not parse as a Triton model config."""
 
 
+class CpuUnservable(ModelBuildError):
+    """A model no CPU can run (a TensorRT plan), found in a tarball's config before it is loaded."""
+
+
 def localize_configs(model_root: Path) -> None:
     """``KIND_GPU`` -> ``KIND_CPU`` in every config of an unpacked tarball (this machine has no GPU).
 
     The configs are ``<model>/config.pbtxt`` of each model folder and a ``config.pbtxt`` at the
     tarball's root (a tarball packed from inside its model folder). One that does not parse raises
-    :class:`ConfigParseError` naming the file and the parser's line and column.
+    :class:`ConfigParseError` naming the file and the parser's line and column. A TensorRT plan
+    (``platform: "tensorrt_plan"`` or ``backend: "tensorrt"``) raises :class:`CpuUnservable`:
+    turning its instances into CPU ones would only move the failure into the server's load.
     """
     from tritonclient.grpc import model_config_pb2 as mc
 
@@ -118,6 +131,8 @@ def localize_configs(model_root: Path) -> None:
             text_format.Parse(path.read_text(errors="replace"), config)
         except text_format.ParseError as error:
             raise ConfigParseError(f"{path.relative_to(model_root)}: not a valid model config: {error}") from None
+        if config.platform == "tensorrt_plan" or config.backend == "tensorrt":
+            raise CpuUnservable(f"{path.relative_to(model_root)}: a TensorRT plan")
         changed = False
         for group in config.instance_group:
             if group.kind == mc.ModelInstanceGroup.KIND_GPU:
@@ -284,6 +299,14 @@ class ModelCache:
             tarball.unlink(missing_ok=True)
         try:
             localize_configs(directory)
+        except CpuUnservable:
+            # Refused here, in the endpoint's own words: the server is never asked to load it, so no
+            # other backend answers for it and the models already loaded keep serving.
+            raise EndpointError(
+                CANNOT_SERVE_STATUS, CANNOT_SERVE_ON_CPU,
+                f"model {entry.target!r} is a TensorRT plan (tensorrt_plan); the local endpoint runs on CPU and "
+                "cannot load it (a plan runs only on the GPU it was built for: check it on a GPU endpoint)",
+            ) from None
         except ConfigParseError as error:
             # The server would refuse the load with a 400: SageMaker relays that as a ModelError.
             raise model_error(entry.target, 400, f"failed to load {entry.target!r}: {error}",

@@ -13,7 +13,11 @@ asks the endpoint itself, through the public SageMaker APIs, the way a client ap
    ``application/vnd.sagemaker-triton.binary+json;json-header-size=N``): the first call is the
    cold one (the instance downloads and loads the model), the second the warm one. Both are timed.
 3. Each answer is read with tritonclient's own parser and checked: every config output present,
-   with the config's data type and shape, and values close to the reference.
+   with the config's data type and shape, and values close to the reference. A prebuilt TensorRT
+   plan has no reference outputs (the build has no GPU to run it): it is sent zeros of its
+   declared shapes and its values are not compared, which its row says. An endpoint that cannot
+   load a target at all (the local CPU endpoint and a plan: ``CannotServeOnCpu``) makes the row
+   skipped, neither passed nor failed, and counted on its own.
 
 The tolerance is the one rule of :mod:`model_build.compare` for the precision the target serves
 (:data:`~model_build.compare.SERVED_TOLERANCE`): tight for FP32 (a raw-text target's ensemble config
@@ -36,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from model_build.compare import UNKNOWN_PRECISION_TOLERANCE, compare_arrays
+from model_build.tools.mme import CANNOT_SERVE_ON_CPU
 from model_build.tools.smoke_setup import (
     DEFAULT_TIMEOUT_SECONDS,
     _CallFailed,
@@ -82,6 +87,11 @@ class TargetResult:
     status: int | None = None
     #: The SageMaker error code (``ModelError``, ``ValidationError``...).
     code: str | None = None
+    #: Why the target was not checked at all (neither passed nor failed): the local endpoint's
+    #: refusal of a model no CPU can run (a TensorRT plan: ``CannotServeOnCpu``).
+    skipped: str | None = None
+    #: What a passed row did not check (a TensorRT plan's values: it has no reference outputs).
+    note: str | None = None
 
 
 @dataclass
@@ -101,11 +111,23 @@ class SmokeReport:
 
     @property
     def ok(self) -> bool:
-        return bool(self.rows) and all(row.ok for row in self.rows)
+        """No target failed and at least one passed: a run that skipped everything checked nothing."""
+        return not self.failures and any(row.ok for row in self.rows)
 
     @property
     def failures(self) -> list[TargetResult]:
-        return [row for row in self.rows if not row.ok]
+        return [row for row in self.rows if not row.ok and row.skipped is None]
+
+    @property
+    def skipped(self) -> list[TargetResult]:
+        return [row for row in self.rows if row.skipped is not None]
+
+    def summary(self) -> str:
+        """``2 of 3 targets passed; 1 skipped, 0 failed``: skipped targets are counted on their own."""
+        passed = sum(row.ok for row in self.rows)
+        line = (f"{passed} of {len(self.rows)} targets passed; {len(self.skipped)} skipped, "
+                f"{len(self.failures)} failed")
+        return line + ("; nothing was checked" if self.rows and not passed and not self.failures else "")
 
 
 # --------------------------------------------------------------------------------------------
@@ -186,8 +208,9 @@ def _parse_answer(body: bytes, content_type: str) -> Any:
         ) from None
 
 
-def _check_answer(result: Any, reference: _Reference, atol: float, rtol: float) -> float:
-    """Every config output present with the config's datatype and shape, values near the reference."""
+def _check_answer(result: Any, reference: _Reference, atol: float, rtol: float) -> float | None:
+    """Every config output present with the config's datatype and shape, values near the reference
+    (``None``: no values compared, where the reference has no outputs: a TensorRT plan's)."""
     from model_build.package.triton_config import wire_datatype
 
     config = reference.config
@@ -215,6 +238,8 @@ def _check_answer(result: Any, reference: _Reference, atol: float, rtol: float) 
                 f"+ config dims {dims})" if reference.batch is not None
                 else f"output {io_.name!r}: shape {shape}; the config declares {dims}",
             )
+        if not reference.values_checked:
+            continue
         ref = reference.outputs[io_.name]
         if got.shape != ref.shape and got.size == ref.size and io_.HasField("reshape"):
             got = got.reshape(ref.shape)  # the reference holds the model's view of a reshaped output
@@ -223,7 +248,7 @@ def _check_answer(result: Any, reference: _Reference, atol: float, rtol: float) 
                 "output", f"output {io_.name!r}: shape {shape}; the reference has {list(ref.shape)}"
             )
         worst = max(worst, _compare(io_.name, got, ref, atol, rtol))
-    return worst
+    return worst if reference.values_checked else None
 
 
 def _compare(name: str, got: np.ndarray, ref: np.ndarray, atol: float, rtol: float) -> float:
@@ -261,14 +286,21 @@ def _smoke_target(
         try:
             ms, body, content_type = _invoke(runtime_client, endpoint_name, target, reference, timeout_seconds)
             setattr(row, f"{label}_ms", round(ms, 3))
-            diffs.append(_check_answer(_parse_answer(body, content_type), reference, atol, rtol))
+            diff = _check_answer(_parse_answer(body, content_type), reference, atol, rtol)
+            diffs.extend([] if diff is None else [diff])
         except _CallFailed as failed:
+            if failed.code == CANNOT_SERVE_ON_CPU:  # the endpoint cannot load it at all: not a verdict
+                row.skipped = str(failed).partition(": ")[2] or str(failed)
+                return row
             problems.append((label, failed))
             if failed.max_diff is not None:
                 diffs.append(failed.max_diff)
     row.max_diff = max(diffs) if diffs else None
     if not problems:
         row.ok = True
+        if not reference.values_checked:
+            row.note = ("values not compared: a TensorRT plan has no reference outputs (never run at build "
+                        "time); output names, data types and shapes checked")
         return row
     label, first = problems[0]
     row.kind, row.status, row.code = first.kind, first.status, first.code

@@ -1,7 +1,8 @@
 """Smoke-test a deployed multi-model endpoint against the release it serves.
 
 The ``smoke`` sub-command of ``python -m model_build`` (:func:`add_smoke_parser`, :func:`cmd_smoke`:
-the report as a table, exit status 0 when every target passed) and the same command on its own
+the report as a table, exit status 0 when no target failed and one passed at least: a skipped target
+is neither) and the same command on its own
 (``python -m model_build.tools.smoke_cli``). The test itself is :mod:`model_build.tools.smoke`.
 """
 
@@ -84,12 +85,13 @@ def smoke_table(report: SmokeReport) -> Any:
     for row in report.rows:
         table.add_row(
             escape(row.target),
-            "ok" if row.ok else "[red]FAILED[/red]",
+            "ok" if row.ok else "[yellow]skipped[/yellow]" if row.skipped else "[red]FAILED[/red]",
             _ms(row.cold_ms),
             _ms(row.warm_ms),
             "-" if row.max_diff is None else f"{row.max_diff:.2e}",
-            escape(row.error or ""),
+            escape(row.error or row.skipped or (f"note: {row.note}" if row.note else "")),
         )
+    table.caption = report.summary()
     return table
 
 
@@ -106,7 +108,8 @@ def cmd_smoke(args: argparse.Namespace) -> int:
 
     def progress(row: TargetResult) -> None:
         if err.is_terminal:
-            err.print(f"{escape(row.target)}: {'ok' if row.ok else 'FAILED'}", highlight=False)
+            err.print(f"{escape(row.target)}: {'ok' if row.ok else 'skipped' if row.skipped else 'FAILED'}",
+                      highlight=False)
 
     report = run_smoke(
         endpoint_name=args.endpoint,
@@ -128,8 +131,7 @@ def cmd_smoke(args: argparse.Namespace) -> int:
             highlight=False,
         )
     out.print(smoke_table(report))
-    passed = len(report.rows) - len(report.failures)
-    out.print(f"{passed} of {len(report.rows)} targets passed in {report.seconds:.1f} s", highlight=False)
+    out.print(f"{report.summary()} in {report.seconds:.1f} s", highlight=False)
     return 0 if report.ok else 1
 
 
