@@ -94,6 +94,9 @@ class TritonMmeStack(Stack):
             **settings.values(TritonImageProps), instance_type=settings.instance_type,
             inference_ami_version=settings.inference_ami_version,
         ))
+        note = settings.fleet_host().note
+        if note:  # an older image than the newest, for the fleet's GPU: synth says which and why
+            Annotations.of(self.triton_image).add_info(note)
         self.execution_role = SageMakerExecutionRole(
             self, "ExecutionRole", props=SageMakerExecutionRoleProps(endpoint_name=settings.endpoint_name)
         )
