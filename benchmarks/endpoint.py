@@ -56,7 +56,7 @@ WARM_P99_GOAL_S = 0.1
 #: Seconds of calls per warm measurement and calls per throughput run (each of 3 runs). The models
 #: and batches are the same in quick and full; a quick run measures each for half as long.
 SIZES: dict[str, dict[str, Any]] = {
-    "tiny": {"seconds_per_measurement": 1.0, "throughput_calls": 32},
+    "tiny": {"seconds_per_measurement": 0.5, "throughput_calls": 16},
     "quick": {"seconds_per_measurement": 4.0, "throughput_calls": 160},
     "full": {"seconds_per_measurement": 8.0, "throughput_calls": 320},
 }
