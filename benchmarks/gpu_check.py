@@ -290,8 +290,10 @@ def run(manifest_path: Path, sources: dict[str, Path], torch: Any, device: str =
     from model_build.manifest import load_manifest
 
     gpu = Gpu(torch, device)
-    if device == "cuda":  # the process's CUDA context is the server's start, not a model's cold start
-        torch.zeros(1, device="cuda")
+    if device == "cuda":  # the process's CUDA context and cuBLAS handle are the server's start, not a model's
+        square = torch.ones(64, 64, device="cuda")
+        (square @ square).sum().item()
+        (square.half() @ square.half()).sum().item()
         gpu.synchronize()
     manifest = load_manifest(manifest_path)
     providers = ort_providers()
