@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from hostile_helpers import stop_zygote
 from s3_faults import FaultProxy  # tests/ is on sys.path; a site-packages "tests" shadows tests.
 
 from model_build.tools.local_s3 import local_s3
@@ -27,6 +28,11 @@ def proxy(endpoint: str) -> Iterator[FaultProxy]:
     """A fault-injecting proxy in front of the module's S3 server, fresh for each test."""
     with FaultProxy(endpoint) as fault_proxy:
         yield fault_proxy
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stops the hostile tests' fork server, if this process started one (``atexit`` would too)."""
+    stop_zygote()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

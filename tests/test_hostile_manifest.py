@@ -63,6 +63,10 @@ CORPUS: dict[str, tuple[bytes, tuple[str, ...]]] = {
     "not-yaml": (b"version: 1\nmodels: [unclosed\n", ("not valid YAML", "line 3")),
 }
 
+#: The corpus entry whose runs are plain fresh subprocesses (``run_bounded(fresh=True)``); the
+#: others are forked from the zygote (tests/hostile_helpers.py says what that shares).
+FRESH = min(CORPUS)
+
 
 @pytest.fixture(scope="module")
 def s3_endpoint() -> Iterator[str]:
@@ -85,7 +89,7 @@ def test_publish_refuses_hostile_manifest(name: str, tmp_path: Path, s3_endpoint
     path = _write(tmp_path, name)
     out = tmp_path / "build"
     outcome = run_bounded(["-m", "model_build", "publish", "--manifest", str(path), "--out", str(out),
-                           "--bucket", bucket, "--endpoint-url", s3_endpoint])
+                           "--bucket", bucket, "--endpoint-url", s3_endpoint], fresh=name == FRESH)
     assert_refused(outcome, str(path), *CORPUS[name][1])
     assert not out.exists() or not any(out.iterdir())
     assert s3.list_objects_v2(Bucket=bucket).get("KeyCount", 0) == 0
@@ -94,7 +98,7 @@ def test_publish_refuses_hostile_manifest(name: str, tmp_path: Path, s3_endpoint
 @pytest.mark.parametrize("name", sorted(CORPUS))
 def test_validate_refuses_hostile_manifest(name: str, tmp_path: Path) -> None:
     path = _write(tmp_path, name)
-    outcome = run_bounded(["-m", "model_build", "validate", "--manifest", str(path)])
+    outcome = run_bounded(["-m", "model_build", "validate", "--manifest", str(path)], fresh=name == FRESH)
     assert_refused(outcome, str(path), *CORPUS[name][1])
     assert sorted(tmp_path.iterdir()) == [path], "validate writes nothing"
 
@@ -161,7 +165,8 @@ def test_handler_refuses_hostile_manifest(name: str, entry: str, tmp_path: Path,
     scratch.mkdir()
     outcome = run_bounded(["-c", HANDLER_RUNNER, entry, json.dumps(event)],
                           env={"MODEL_BUILD_S3_ENDPOINT_URL": s3_endpoint, "AWS_DEFAULT_REGION": "us-east-1",
-                               "TMPDIR": str(scratch)})
+                               "TMPDIR": str(scratch)},
+                          fresh=name == FRESH and entry == "on_event")
     line = assert_refused(outcome, f"s3://{assets}/{name}.yaml", *CORPUS[name][1])
     assert len(line) <= 420, "CloudFormation shows a short reason"
     assert s3.list_objects_v2(Bucket=models).get("KeyCount", 0) == 0
