@@ -174,6 +174,10 @@ def _driver_version() -> str | None:
 
 def probe_cuda() -> tuple[Any, str]:
     """(torch, "") where torch sees a CUDA GPU, else (None, why not)."""
+    import shutil
+
+    if shutil.which("nvidia-smi") is None:
+        return None, "no NVIDIA driver: nvidia-smi is not on PATH"
     try:
         import torch
     except ImportError as error:
