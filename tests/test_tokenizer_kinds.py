@@ -224,9 +224,34 @@ def test_a_graph_over_the_protobuf_limit_is_served_unfused_by_default_and_true_i
     ops = {node.op_type for node in iter_nodes(onnx.load(str(exported.path), load_external_data=False).graph)}
     assert "Attention" not in ops and "MatMul" in ops
     assert report.max_abs_diff["sentence_embedding"] < 1e-5
+    # Shape inference runs on the graph's skeleton (issue 36): the embedding's width is a number, as
+    # below the limit (it was [-1, -1]: the exporter's symbols), so length grouping applies.
+    (embedding,) = exported.outputs
+    assert embedding.shape[0] == -1 and embedding.shape[1] > 0, embedding.shape
+    assert report.length_grouping is not None and report.length_grouping.startswith("on"), report.length_grouping
     with pytest.raises(ExportError, match=r"optimize: got true, but the graph's weights are 0\.0 GiB .* set optimize false"):
         export_and_validate(spec_for(inputs="tokens", optimize=True, text={"max_sequence_length": MAX_LEN}),
                             base_dir=tmp_path, work_dir=tmp_path / "work-true")
+
+
+@pytest.mark.slow
+def test_int8_over_the_protobuf_limit_is_refused_before_the_export(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """INT8's sensitivity search and ONNX Runtime's quantizer need the graph in one protobuf: over
+    2 GiB of weights it failed deep in the search. Refused now with the size, from the source's
+    weight files, before the export (the limit lowered so that a small real model is "over")."""
+    from model_build.errors import ExportError
+    from model_build.export import convert
+    from model_build.export.validate import export_and_validate
+
+    make_text_source("wordpiece", tmp_path / "source", pooling="mean", max_length=MAX_LEN)
+    monkeypatch.setattr(convert, "_PROTO_LIMIT", 100_000)
+    spec = spec_for(inputs="tokens", precision="int8", text={"max_sequence_length": MAX_LEN})
+    with pytest.raises(ExportError) as caught:
+        export_and_validate(spec, base_dir=tmp_path, work_dir=tmp_path / "work")
+    assert str(caught.value).startswith("precision: got 'int8', but the model's weights are 0.0 GiB and the INT8 "
+                                        "build (the MatMul sensitivity search and ONNX Runtime's dynamic quantizer) "
+                                        "needs the graph in one protobuf, which holds at most 2 GiB")
+    assert not (tmp_path / "work" / "tiny" / "model.onnx").exists()  # refused before the export
 
 
 def test_a_source_without_modules_json_gets_mean_pooling_and_normalisation(source):

@@ -187,20 +187,52 @@ def _over_proto_limit(model: onnx.ModelProto) -> bool:
     return _weight_bytes(model) >= _PROTO_LIMIT
 
 
+#: Initializers at most this big keep their values in the skeleton shape inference runs on: shape
+#: constants (a Reshape's target, a Gather's indices) are small, and inference reads their values.
+_SKELETON_KEEP_BYTES = 1 << 16
+
+
+def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The graph without its big weights: each initializer above :data:`_SKELETON_KEEP_BYTES` keeps
+    its name, type and dims but no values. Shape inference needs only those, and the skeleton of a
+    model over the 2 GiB protobuf limit is a few megabytes (no copy of the weights is made)."""
+    graph = onnx.GraphProto(name=model.graph.name)
+    for field in ("node", "input", "output", "value_info", "sparse_initializer"):
+        getattr(graph, field).extend(getattr(model.graph, field))
+    for tensor in model.graph.initializer:
+        if tensor.ByteSize() <= _SKELETON_KEEP_BYTES:
+            graph.initializer.append(tensor)
+        else:
+            graph.initializer.append(onnx.TensorProto(name=tensor.name, data_type=tensor.data_type, dims=tensor.dims))
+    skeleton = onnx.ModelProto(ir_version=model.ir_version, graph=graph)
+    skeleton.opset_import.extend(model.opset_import)
+    skeleton.functions.extend(model.functions)
+    return skeleton
+
+
 def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     """ONNX shape inference, so static output dims are declared as numbers.
 
     The exporter declares every dimension it could not fold as a symbol (MiniLM's embedding came
     out as ``[batch, Divsentence_embedding_dim_1]``, not ``[batch, 384]``), and the Triton config
     is generated from the declared shapes. Inference is best effort: where it fails, the
-    exporter's own declaration stands (and above 2 GiB it is skipped: it needs the proto whole).
+    exporter's own declaration stands. Above the 2 GiB protobuf limit, where the model cannot be
+    serialized whole for the inference, it runs on the graph's skeleton (:func:`_skeleton`) and its
+    results (every value's type and the outputs') are copied back onto the model, whose weights
+    never move: the same shapes as below the limit, and length grouping can apply.
     """
-    if _over_proto_limit(model):
-        return model
+    big = _over_proto_limit(model)
     try:
-        return onnx.shape_inference.infer_shapes(model, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(_skeleton(model) if big else model, data_prop=True)
     except (onnx.shape_inference.InferenceError, ValueError):
         return model
+    if not big:
+        return inferred
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(inferred.graph.value_info)
+    for output, typed in zip(model.graph.output, inferred.graph.output, strict=True):
+        output.CopyFrom(typed)
+    return model
 
 
 def _finish_onnx(

@@ -42,8 +42,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from model_build.errors import AccuracyGateError
-from model_build.export.convert import onnx_signature, save_onnx
+from model_build.errors import AccuracyGateError, ExportError
+from model_build.export import convert
+from model_build.export.convert import EXTERNAL_DATA_SUFFIX, onnx_signature, save_onnx
 from model_build.export.eager import Batch
 from model_build.export.fusion import (
     _prune_opsets,
@@ -219,6 +220,23 @@ def quantize_int8(
 # --------------------------------------------------------------------------------------------
 
 
+def refuse_int8_over_limit(spec: ModelSpec, weight_bytes: int) -> None:
+    """Raise :class:`ExportError` for INT8 of weights over the 2 GiB protobuf limit.
+
+    The sensitivity search runs the FP32 graph with every MatMul's activation exposed and ONNX
+    Runtime's dynamic quantizer loads it: both take the model as one protobuf, which cannot hold
+    more than 2 GiB. Refused with the size, before the export where the source's files tell it
+    (:mod:`model_build.export.validate`), else when the export has written its weights aside."""
+    if weight_bytes < convert._PROTO_LIMIT:
+        return
+    raise ExportError(
+        f"precision: got 'int8', but the model's weights are {weight_bytes / 2**30:.1f} GiB and the INT8 build "
+        "(the MatMul sensitivity search and ONNX Runtime's dynamic quantizer) needs the graph in one protobuf, "
+        "which holds at most 2 GiB; use precision fp32 (or fp16 on KIND_GPU)",
+        model=spec.name,
+    )
+
+
 def optimize_export(
     spec: ModelSpec,
     exported: ExportedModel,
@@ -236,6 +254,9 @@ def optimize_export(
     if exported.format != "onnx":
         return exported, report
     if precision == "int8":
+        side = exported.path.with_name(exported.path.name + EXTERNAL_DATA_SUFFIX)
+        if side.is_file():  # save_onnx wrote the weights beside the graph: over the protobuf limit
+            refuse_int8_over_limit(spec, side.stat().st_size)
         model = onnx.load(str(exported.path))
         with tempfile.TemporaryDirectory(dir=exported.path.parent, prefix=".int8-") as scratch:
             fp32_path = Path(scratch) / "fp32.onnx"
