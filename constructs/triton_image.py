@@ -179,7 +179,7 @@ def resolve_host(
     on_ami = f" with {name('inference_ami_version')} {ami}" if ami else ""
     note = ""
     if version is None:
-        chosen = default_image(versions, gpu, given)
+        chosen = default_image(versions, gpu, given, unverified=True)
         newest = TRITON_RELEASES.get(versions[-1])
         why = (host_verdict(newest, given or INFERENCE_AMIS[_newest_gpu_ami()], gpu).reason if newest
                else f"{versions[-1]} is not in the CUDA table")
@@ -203,7 +203,7 @@ def resolve_host(
             )
         return FleetHost(version, given.value, None, note)
     if given is None:
-        best = default_ami(release, gpu)
+        best = default_ami(release, gpu, unverified=True)  # an image given: unverified is a warning, not a refusal
         if best is None:
             reason = host_verdict(release, INFERENCE_AMIS[_newest_gpu_ami()], gpu).reason
             runs = default_image(versions, gpu)

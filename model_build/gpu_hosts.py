@@ -29,6 +29,8 @@ class Gpu:
     name: str
     #: ``major.minor``, as Triton's ``cc_model_filenames`` keys it (``7.5``).
     compute_capability: str
+    #: The instance family (``ml.g5``).
+    family: str = ""
 
     @property
     def cc_tuple(self) -> tuple[int, int]:
@@ -37,10 +39,10 @@ class Gpu:
 
 #: Instance family -> its GPU. Every multi-model GPU instance type has one GPU of its family's kind.
 INSTANCE_GPUS: dict[str, Gpu] = {
-    "ml.g4dn": Gpu("NVIDIA T4", "7.5"),
-    "ml.g5": Gpu("NVIDIA A10G", "8.6"),
-    "ml.p3": Gpu("NVIDIA V100", "7.0"),
-    "ml.p2": Gpu("NVIDIA K80", "3.7"),
+    "ml.g4dn": Gpu("NVIDIA T4", "7.5", "ml.g4dn"),
+    "ml.g5": Gpu("NVIDIA A10G", "8.6", "ml.g5"),
+    "ml.p3": Gpu("NVIDIA V100", "7.0", "ml.p3"),
+    "ml.p2": Gpu("NVIDIA K80", "3.7", "ml.p2"),
 }
 #: GPUs a newer driver branch no longer supports: the last branch that does. R470 was the last
 #: branch for Kepler (the K80); every inference AMI has R535 or newer. (R580 is documented as the
@@ -147,6 +149,13 @@ class InferenceAmi:
     compat_mounting: bool
 
 
+#: The instance families each AMI is documented for. Only ``-gpu-2`` has such a list: the API
+#: reference of botocore 1.36.20 ("Supported instance types: ml.g4dn.*, ml.g5.*, ml.g6.*, ml.p3.*,
+#: ml.p4d.*, ml.p4de.*, ml.p5.*"); the later values' documentation lists none. An AMI on a family
+#: not listed is *unverified*, never *runs*: CreateEndpointConfig may refuse the pair at deploy.
+AMI_FAMILIES: dict[str, frozenset[str]] = {
+    "al2-ami-sagemaker-inference-gpu-2": frozenset({"ml.g4dn", "ml.g5", "ml.p3"}),
+}
 #: Oldest first; the order :func:`default_ami` prefers the newest in. The botocore documentation
 #: of each value gives the driver and CUDA quoted here.
 INFERENCE_AMIS: dict[str, InferenceAmi] = {
@@ -174,10 +183,20 @@ class HostVerdict:
 
     status: str
     reason: str
+    #: Whether the driver's CUDA covers the image's (natively or by minor version compatibility):
+    #: of two unverified pairs, the one whose only unknown is the AMI's instance families is chosen.
+    cuda_covered: bool = False
 
     @property
     def runs(self) -> bool:
         return self.status == "runs"
+
+    @property
+    def rank(self) -> int:
+        """2 runs, 1 unverified with the CUDA covered, 0 unverified through forward compatibility, -1 fails."""
+        if self.status == "fails":
+            return -1
+        return 2 if self.runs else int(self.cuda_covered)
 
 
 def host_verdict(image: TritonRelease, ami: InferenceAmi, gpu: Gpu) -> HostVerdict:
@@ -195,33 +214,45 @@ def host_verdict(image: TritonRelease, ami: InferenceAmi, gpu: Gpu) -> HostVerdi
                                     f"{image.min_compute_capability} and later, and the {gpu.name} is "
                                     f"{gpu.compute_capability}")
     need, have = version_tuple(image.cuda)[:2], version_tuple(ami.cuda)[:2]
-    if have >= need:
-        return HostVerdict("runs", what)
-    if have[0] == need[0]:
-        return HostVerdict("runs", f"{what}: CUDA minor version compatibility")
+    if have >= need or have[0] == need[0]:
+        reason = what if have >= need else f"{what}: CUDA minor version compatibility"
+        if gpu.family and gpu.family not in AMI_FAMILIES.get(ami.value, frozenset()):
+            return HostVerdict("unverified", f"{reason}; but {ami.value} is not documented for {gpu.family} "
+                                             "instances (the API reference lists instance types for "
+                                             "al2-ami-sagemaker-inference-gpu-2 alone)", cuda_covered=True)
+        return HostVerdict("runs", reason, cuda_covered=True)
     mounting = "" if ami.compat_mounting else (
         ", and this AMI does not mount the CUDA-compat libraries (the container must load them itself)")
     return HostVerdict("unverified", f"{what}: only CUDA forward compatibility could run it, which is not "
                                      f"confirmed for driver R{ami.driver}{mounting}")
 
 
-def default_ami(image: TritonRelease, gpu: Gpu) -> InferenceAmi | None:
-    """The newest AMI on which ``image`` runs with ``gpu`` (:func:`host_verdict` ``runs``), or None."""
-    for ami in reversed(INFERENCE_AMIS.values()):
-        if host_verdict(image, ami, gpu).runs:
-            return ami
-    return None
+def default_ami(image: TritonRelease, gpu: Gpu, *, unverified: bool = False) -> InferenceAmi | None:
+    """The newest AMI on which ``image`` runs with ``gpu`` (:func:`host_verdict` ``runs``); with
+    ``unverified``, where none does, the best one nothing rules out (:attr:`HostVerdict.rank`, then
+    the newest); else None."""
+    floor = 0 if unverified else 2
+    ranked = [(host_verdict(image, ami, gpu).rank, index, ami) for index, ami in enumerate(INFERENCE_AMIS.values())]
+    best = max(ranked, key=lambda item: (item[0], item[1]))
+    return best[2] if best[0] >= floor else None
 
 
-def default_image(versions: tuple[str, ...], gpu: Gpu, ami: InferenceAmi | None = None) -> str | None:
+def default_image(versions: tuple[str, ...], gpu: Gpu, ami: InferenceAmi | None = None, *,
+                  unverified: bool = False) -> str | None:
     """The newest of ``versions`` (oldest first, as the SDK table sorts them) that runs with
-    ``gpu`` on ``ami`` (on any AMI when None); versions this table does not know are skipped."""
-    for version in reversed(versions):
+    ``gpu`` on ``ami`` (on the best AMI when None); with ``unverified``, where none does, the best
+    that nothing rules out (:attr:`HostVerdict.rank`, then the newest). Versions this table does not
+    know are skipped."""
+    floor = 0 if unverified else 2
+    ranked = []
+    for index, version in enumerate(versions):
         release = TRITON_RELEASES.get(version)
         if release is None:
             continue
-        if ami is not None and host_verdict(release, ami, gpu).runs:
-            return version
-        if ami is None and default_ami(release, gpu) is not None:
-            return version
-    return None
+        chosen = ami or default_ami(release, gpu, unverified=True)
+        if chosen is not None:
+            ranked.append((host_verdict(release, chosen, gpu).rank, index, version))
+    if not ranked:
+        return None
+    best = max(ranked)
+    return best[2] if best[0] >= floor else None

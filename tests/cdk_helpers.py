@@ -310,7 +310,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
         build_timeout_minutes="10",
         # The p3's V100 (7.0) runs the images up to 24.09 (gpu_hosts.py); the AMI is pinned too.
         triton_image_version="24.09",
-        inference_ami_version="al2-ami-sagemaker-inference-gpu-3-1",
+        inference_ami_version="al2-ami-sagemaker-inference-gpu-2",
         account=ACCOUNT,
         region=REGION,
     ),

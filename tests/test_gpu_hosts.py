@@ -30,6 +30,7 @@ from model_build.gpu_hosts import (
 from stacks.settings import MmeSettings, SettingsError
 
 NEWEST_AMI = "al2023-ami-sagemaker-inference-gpu-4-1"
+DOCUMENTED_AMI = "al2-ami-sagemaker-inference-gpu-2"
 
 
 def settings(**values: Any) -> Any:
@@ -71,27 +72,45 @@ def test_the_default_runs_on_every_gpu_across_the_table(instance_type: str) -> N
         if gpu.cc_tuple < (7, 5) and version >= "25.03":
             assert ami is None  # the V100 is 7.0: the images from 25.03 on are built for 7.5 and later
             continue
-        assert ami is not None and host_verdict(release, ami, gpu).runs
-        assert ami.value == NEWEST_AMI  # driver 580 (CUDA 13.0) runs every CUDA 12 and 13 image of the table
+        if release.cuda.startswith("13."):
+            # Only driver 580 runs CUDA 13, and its AMI documents no instance type: unverified, never
+            # the default; an image given gets it with a synth warning.
+            assert ami is None
+            fallback = default_ami(release, gpu, unverified=True)
+            assert fallback is not None and fallback.value == "al2023-ami-sagemaker-inference-gpu-4-1"
+            assert host_verdict(release, fallback, gpu).status == "unverified"
+            continue
+        # CUDA 12: driver 535 (CUDA 12.2) by minor version compatibility, on the one AMI whose
+        # instance types are documented (g4dn, g5 and p3 among them).
+        assert ami is not None and ami.value == DOCUMENTED_AMI and host_verdict(release, ami, gpu).runs
     host = settings(instance_type=instance_type).fleet_host()
-    expected = "24.09" if instance_type.startswith("ml.p3") else load_image_table().newest
-    assert (host.image_version, host.inference_ami_version, host.verdict.status) == (expected, NEWEST_AMI, "runs")
+    expected = "24.09" if instance_type.startswith("ml.p3") else "25.04"
+    assert (host.image_version, host.inference_ami_version, host.verdict.status) == (expected, DOCUMENTED_AMI, "runs")
+    assert host.note.startswith(f"mme:triton_image_version unset: 26.05, the newest image, does not run on the {gpu.name} "
+                                f"of {instance_type}") and host.note.endswith(f"using {expected}, the newest that does")
 
 
 def test_verdicts_say_why() -> None:
     a10g = INSTANCE_GPUS["ml.g5"]
     cuda13 = TRITON_RELEASES["26.05"]
     same_major = host_verdict(cuda13, INFERENCE_AMIS[NEWEST_AMI], a10g)
-    assert same_major.runs and same_major.reason.endswith("CUDA minor version compatibility")
+    assert (same_major.status, same_major.cuda_covered) == ("unverified", True)
+    assert same_major.reason.endswith("CUDA minor version compatibility; but al2023-ami-sagemaker-inference-gpu-4-1 is "
+                                      "not documented for ml.g5 instances (the API reference lists instance types "
+                                      "for al2-ami-sagemaker-inference-gpu-2 alone)")
     newer_major = host_verdict(cuda13, INFERENCE_AMIS["al2-ami-sagemaker-inference-gpu-3-1"], a10g)
-    assert newer_major.status == "unverified"
+    assert (newer_major.status, newer_major.cuda_covered) == ("unverified", False)
     assert "only CUDA forward compatibility could run it" in newer_major.reason
     assert "does not mount the CUDA-compat libraries" in newer_major.reason
-    mounted = host_verdict(cuda13, INFERENCE_AMIS["al2-ami-sagemaker-inference-gpu-2"], a10g)
+    mounted = host_verdict(cuda13, INFERENCE_AMIS[DOCUMENTED_AMI], a10g)
     assert mounted.status == "unverified" and "does not mount" not in mounted.reason
-    cuda12 = host_verdict(TRITON_RELEASES["24.05"], INFERENCE_AMIS["al2-ami-sagemaker-inference-gpu-2"], a10g)
-    assert cuda12.runs and "Triton 24.05 is CUDA 12.4.1" in cuda12.reason
-    assert default_image(("24.05", "26.05"), a10g, INFERENCE_AMIS["al2-ami-sagemaker-inference-gpu-3-1"]) == "24.05"
+    cuda12 = host_verdict(TRITON_RELEASES["25.04"], INFERENCE_AMIS[DOCUMENTED_AMI], a10g)
+    assert cuda12.runs and cuda12.reason == ("Triton 25.04 is CUDA 12.9.0; al2-ami-sagemaker-inference-gpu-2 has driver "
+                                             "R535 (CUDA 12.2): CUDA minor version compatibility")
+    on_550 = INFERENCE_AMIS["al2-ami-sagemaker-inference-gpu-3-1"]
+    assert default_image(("24.05", "26.05"), a10g, on_550) is None  # nothing runs there for sure
+    # Unverified allowed: the image whose CUDA the driver covers, before one that needs forward compatibility.
+    assert default_image(("24.05", "26.05"), a10g, on_550, unverified=True) == "24.05"
     assert default_image(("99.01",), a10g) is None  # a version the table does not know is never chosen
 
 
@@ -129,7 +148,7 @@ def test_an_unknown_ami_value_is_refused_with_the_allowed_ones() -> None:
 
 def test_an_ami_given_picks_the_newest_image_that_runs_on_it() -> None:
     host = settings(inference_ami_version="al2-ami-sagemaker-inference-gpu-3-1").fleet_host()
-    assert (host.image_version, host.verdict.status) == ("25.04", "runs")
+    assert (host.image_version, host.verdict.status) == ("25.04", "unverified")  # -gpu-3-1 documents no instance type
     assert host.note.startswith("mme:triton_image_version unset: 26.05, the newest image, does not run on the "
                                 "NVIDIA A10G of ml.g5.xlarge with mme:inference_ami_version")
 
@@ -148,9 +167,9 @@ def test_the_template_sets_the_ami_and_an_unconfirmed_pair_is_a_synth_warning() 
     app = cdk.App()
     stack = cdk.Stack(app, "Hosts")
     endpoint = _endpoint(stack, instance_type="ml.g4dn.xlarge")
-    assert endpoint.inference_ami_version == NEWEST_AMI
+    assert (endpoint.host.image_version, endpoint.inference_ami_version) == ("25.04", DOCUMENTED_AMI)
     Template.from_stack(stack).has_resource_properties("AWS::SageMaker::EndpointConfig", {
-        "ProductionVariants": [{"InstanceType": "ml.g4dn.xlarge", "InferenceAmiVersion": NEWEST_AMI}]})
+        "ProductionVariants": [{"InstanceType": "ml.g4dn.xlarge", "InferenceAmiVersion": DOCUMENTED_AMI}]})
     assert Annotations.from_stack(stack).find_warning("*", Match.any_value()) == []
     warned = cdk.Stack(cdk.App(), "Warned")
     _endpoint(warned, version="26.05", inference_ami_version="al2-ami-sagemaker-inference-gpu-2-1")

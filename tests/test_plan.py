@@ -158,7 +158,7 @@ def test_an_inference_ami_change_replaces_the_fleet_and_names_the_property(
     config = next(f for f in report["fleet"]["findings"] if f["resource"] == "EndpointConfig")
     assert config["impact"] == "WILL_REPLACE"
     assert ("ProductionVariants[0].InferenceAmiVersion: al2-ami-sagemaker-inference-gpu-3-1 -> "
-            "al2023-ami-sagemaker-inference-gpu-4-1") in config["reasons"]
+            "al2-ami-sagemaker-inference-gpu-2") in config["reasons"]
 
 
 def test_a_construct_code_change_of_the_environment_replaces_the_fleet(

@@ -112,12 +112,12 @@ def test_an_image_whose_python_is_unknown_is_refused_naming_the_setting():
 
 def test_synth_refuses_a_text_manifest_on_an_image_of_unknown_python(tmp_path, monkeypatch):
     """The check runs at synth (not on the endpoint), and only when a target takes raw text."""
-    from cdk_helpers import synth
+    from cdk_helpers import context, synth
 
     from constructs.sagemaker_limits import PropsError
-    from constructs.triton_image import load_image_table
+    from stacks.settings import MmeSettings
 
-    newest = load_image_table().newest
+    newest = MmeSettings.from_context(context()).fleet_host().image_version  # the default fleet's image
     monkeypatch.setattr(serving_wheel, "IMAGE_PYTHON",
                         tuple(row for row in IMAGE_PYTHON if image_python(newest) != row))
     with pytest.raises(PropsError) as caught:

@@ -283,13 +283,15 @@ def test_sagemaker_resources_wait_for_the_role_policy(default: Synth) -> None:
 
 def test_image_mapping_covers_every_region_of_the_sdk_table(default: Synth) -> None:
     table = load_image_table()
-    row = table.row(None)
+    chosen = default.stack.triton_image.version  # the newest that runs on the default fleet's GPU
+    assert chosen == default.stack.settings.fleet_host().image_version == "25.04"
+    row = table.row(chosen)
     mapping = default.data["Mappings"][logical_id(default, "TritonImage/Resource")]
     assert set(mapping) == set(row.registries)
     assert len(mapping) == len(row.registries) >= 30
     for region, entry in mapping.items():
         assert entry == {"Account": row.registries[region], "ImageUri": row.image_uri(region)}
-        assert entry["ImageUri"].endswith(f"/sagemaker-tritonserver:{table.newest}-py3")
+        assert entry["ImageUri"].endswith(f"/sagemaker-tritonserver:{chosen}-py3")
 
 
 def test_model(default: Synth) -> None:
@@ -322,8 +324,8 @@ def test_endpoint_config(default: Synth) -> None:
             "VariantName": "AllTraffic",
             "ModelName": {"Fn::GetAtt": [logical_id(default, "Endpoint/Model"), "ModelName"]},
             "InstanceType": "ml.g5.xlarge",
-            # The newest AMI whose driver runs the image's CUDA on the A10G (model_build/gpu_hosts.py).
-            "InferenceAmiVersion": "al2023-ami-sagemaker-inference-gpu-4-1",
+            # The newest AMI documented for g5 whose driver runs the image's CUDA (model_build/gpu_hosts.py).
+            "InferenceAmiVersion": "al2-ami-sagemaker-inference-gpu-2",
             "InitialInstanceCount": 1,
             "InitialVariantWeight": 1,
             "ModelDataDownloadTimeoutInSeconds": 600,

@@ -111,7 +111,7 @@ def test_container_settings(ebs: Synth) -> None:
     assert mapping["cn-north-1"]["ImageUri"].endswith(".amazonaws.com.cn/sagemaker-tritonserver:24.09-py3")
     ebs.template.has_resource_properties("AWS::SageMaker::EndpointConfig", {"ProductionVariants": [
         Match.object_like({"InstanceType": "ml.p3.2xlarge",
-                           "InferenceAmiVersion": "al2-ami-sagemaker-inference-gpu-3-1"})]})
+                           "InferenceAmiVersion": "al2-ami-sagemaker-inference-gpu-2"})]})
 
 
 def test_autoscaling_settings(ebs: Synth) -> None:

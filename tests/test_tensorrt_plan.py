@@ -553,10 +553,10 @@ def test_synth_refuses_a_fleet_its_plans_do_not_fit_and_warns_where_it_cannot_co
     fits = synth(tmp_path / "c", nag=False, manifest_path=_s3_plan_manifest(tmp_path, tensorrt_version="10.0.1.6"),
                  triton_image_version="24.05")
     assert Annotations.from_stack(fits.stack).find_warning("*", Match.string_like_regexp("TensorRT")) == []
-    # 26.05's TensorRT is not confirmed: synth goes on, and says the versions were not compared.
+    # 25.04's TensorRT (the default fleet's image) is not confirmed: synth goes on, and says the versions were not compared.
     unknown = synth(tmp_path / "d", nag=False, manifest_path=_s3_plan_manifest(tmp_path))
     warnings = [str(w.entry.data) for w in Annotations.from_stack(unknown.stack).find_warning(
         "*", Match.string_like_regexp("TensorRT"))]
     assert len(warnings) == 1 and warnings[0].startswith(
-        "the TensorRT of Triton image 26.05 is not confirmed in model_build/gpu_hosts.py, so the plans' TensorRT "
+        "the TensorRT of Triton image 25.04 is not confirmed in model_build/gpu_hosts.py, so the plans' TensorRT "
         "versions (resnet-trt 10.9.0) are not checked against it")
