@@ -175,10 +175,11 @@ class HostVerdict:
     """Whether an image runs on an AMI's driver and an instance's GPU, and why.
 
     ``runs``: the driver's CUDA covers the image's, natively or through CUDA minor version
-    compatibility (same major version, which NVIDIA's driver table documents per branch).
-    ``unverified``: the image's CUDA major is newer than the driver's, so it runs only through the
-    forward-compatibility package, which nothing here has confirmed for that pair. ``fails``: known
-    not to work.
+    compatibility (same major version, which NVIDIA's driver table documents per branch), and the
+    AMI is documented for the instance family (:data:`AMI_FAMILIES`). ``unverified``: the CUDA is
+    covered but the AMI documents no such instance type, or the image's CUDA major is newer than the
+    driver's, so it runs only through the forward-compatibility package, which nothing here has
+    confirmed for that pair. ``fails``: known not to work.
     """
 
     status: str
