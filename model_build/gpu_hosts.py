@@ -85,19 +85,10 @@ class TritonRelease:
     tensorrt: str | None
     #: The driver branch the image's CUDA needs without forward compatibility.
     min_driver: int
-    #: Older driver branches that run it on data-center GPUs through CUDA forward compatibility
-    #: (the release notes' "if you are running on a data center GPU ... you can use" list).
-    compat_drivers: tuple[int, ...]
     #: The oldest compute capability the image's CUDA builds for.
     min_compute_capability: str
 
 
-def _release(version: str, cuda: str, tensorrt: str | None, min_driver: int, compat: tuple[int, ...],
-             min_cc: str) -> TritonRelease:
-    return TritonRelease(version, cuda, tensorrt, min_driver, compat, min_cc)
-
-
-_CUDA12_COMPAT = (470, 525, 535, 545)
 #: Every version of the sagemaker SDK's sagemaker-tritonserver table (constructs/triton_image.py).
 #: CUDA, driver and compute capability: the release notes
 #: (docs.nvidia.com/deeplearning/triton-inference-server/release-notes/rel-YY-MM.html, "Driver
@@ -105,20 +96,22 @@ _CUDA12_COMPAT = (470, 525, 535, 545)
 #: (server docs/introduction/compatibility.md), their notes could not be read. TensorRT: ``None``
 #: where no source confirmed the py3 image's version (the notes defer to the Frameworks Support
 #: Matrix, which could not be read): plans are then reported as unchecked, never as matching.
-#: 24.05: TensorRT 10.0.1.6, as the same month's NGC framework containers list it.
+#: 24.05: TensorRT 10.0.1.6, as the same month's NGC framework containers list it. The notes'
+#: forward-compatible driver lists are not kept: forward compatibility is never counted as running
+#: (:func:`host_verdict`; docs/gpu-hosts.md, "Forward compatibility", says why).
 TRITON_RELEASES: dict[str, TritonRelease] = {
     release.version: release
     for release in (
-        _release("23.12", "12.3.2", None, 545, (450, 470, 510, 525, 535, 545), "6.0"),
-        _release("24.01", "12.3.2", None, 545, _CUDA12_COMPAT, "6.0"),
-        _release("24.03", "12.4.0", None, 545, _CUDA12_COMPAT, "6.0"),
-        _release("24.05", "12.4.1", "10.0.1", 545, _CUDA12_COMPAT, "6.0"),
-        _release("24.09", "12.6.1", None, 560, _CUDA12_COMPAT, "6.0"),
-        _release("25.04", "12.9.0", None, 575, _CUDA12_COMPAT, "7.5"),
+        TritonRelease("23.12", "12.3.2", None, 545, "6.0"),
+        TritonRelease("24.01", "12.3.2", None, 545, "6.0"),
+        TritonRelease("24.03", "12.4.0", None, 545, "6.0"),
+        TritonRelease("24.05", "12.4.1", "10.0.1", 545, "6.0"),
+        TritonRelease("24.09", "12.6.1", None, 560, "6.0"),
+        TritonRelease("25.04", "12.9.0", None, 575, "7.5"),
         # The 25.08 and 25.10 notes (CUDA 13.0) still print CUDA 12's driver text; R580 is CUDA 13's
         # first branch (NVIDIA's data-center driver table), and no forward-compatible branch is stated.
-        _release("25.09", "13.0.1", None, 580, (), "7.5"),
-        _release("26.05", "13.2.1", None, 580, (), "7.5"),
+        TritonRelease("25.09", "13.0.1", None, 580, "7.5"),
+        TritonRelease("26.05", "13.2.1", None, 580, "7.5"),
     )
 }
 

@@ -349,7 +349,7 @@ def test_an_s3_plan_source_downloads_the_declared_keys_alone(tmp_path: Path, end
 def release_2501(monkeypatch: pytest.MonkeyPatch) -> None:
     """A Triton image row of our own (the real table is filled in elsewhere)."""
     monkeypatch.setitem(gpu_hosts.TRITON_RELEASES, "25.01", TritonRelease(
-        version="25.01", cuda="12.8.0", tensorrt="10.8.0.43", min_driver=570, compat_drivers=(535, 550),
+        version="25.01", cuda="12.8.0", tensorrt="10.8.0.43", min_driver=570,
         min_compute_capability="7.5"))
 
 
