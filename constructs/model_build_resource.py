@@ -2,58 +2,40 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from pathlib import Path
-from typing import Annotated, Literal, Self
-
 import jsii
-from aws_cdk import Aws, CustomResource, Duration, Fn, IgnoreMode, RemovalPolicy, Size, Stack
+from aws_cdk import Aws, CustomResource, Fn, IgnoreMode, RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
-from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_s3_assets as s3_assets
 from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import custom_resources as cr
-from pydantic import AfterValidator, Field, model_validator
 
 from constructs import Construct
 from constructs.customer_key import logs_key
-from constructs.model_bucket import RETIRED_TAG_KEY, KeyPrefix
-from constructs.model_build_inputs import refuse_local_sources, runtime_only_exclude, s3_source_keys
-from constructs.model_build_state_machine import (
-    MaxConcurrency,
-    ModelBuildStateMachine,
-    ModelBuildStateMachineProps,
-)
+from constructs.model_bucket import RETIRED_TAG_KEY
+from constructs.model_build_inputs import runtime_only_exclude, s3_source_keys
+from constructs.model_build_props import ModelBuildResourceProps
+from constructs.model_build_state_machine import ModelBuildStateMachine, ModelBuildStateMachineProps
 from constructs.nag_acknowledgments import (
     acknowledge_wildcard_resource,
     skip_checkov,
     wildcard_policy,
 )
-from constructs.props import MEBIBYTES, SECONDS, Between, Namer, Props, Resource, known
 from constructs.provider_framework import (
     CLOUDFORMATION_MAX_WAIT,
-    FINAL_ANSWER_ALLOWANCE_SECONDS,
     NO_KEY_REASON,
-    WAITER_ATTEMPT_ALLOWANCE_SECONDS,
-    last_answer_seconds,
-    longest_total_seconds,
     tidy_framework,
 )
-from constructs.sagemaker_limits import PropsError
 from model_build.manifest import Manifest
-from model_build.release import PACKAGE_DIR, Release, build_code_sha256, compute_release
+from model_build.release import Release, build_code_sha256, compute_release
 
 RESOURCE_TYPE = "Custom::TritonModelRelease"
 ON_EVENT_HANDLER = "model_build.handler.on_event"
 IS_COMPLETE_HANDLER = "model_build.handler.is_complete"
 BUILD_STEP_HANDLER = "model_build.handler.build_step"
-#: The default build budget: its last answer (50 polls a minute apart) reaches CloudFormation
-#: before its one-hour wait ends (tests/test_custom_resource_protocol.py).
-DEFAULT_TOTAL_TIMEOUT = Duration.minutes(50)
 #: What Lambda needs to run a function in a VPC (the actions of the AWS managed policy
 #: AWSLambdaVPCAccessExecutionRole, which CDK attaches only to roles it creates itself).
 LAMBDA_VPC_ACTIONS: tuple[str, ...] = (
@@ -64,131 +46,6 @@ LAMBDA_VPC_ACTIONS: tuple[str, ...] = (
     "ec2:DescribeSubnets",
     "ec2:UnassignPrivateIpAddresses",
 )
-
-
-def _manifest_file(path: Path) -> Path:
-    if not path.is_file():
-        raise ValueError(f"got {str(path)!r}; no such file")
-    return path
-
-
-def _build_context(path: Path) -> Path:
-    if not (path / "Dockerfile").is_file():
-        raise ValueError(
-            f"got {str(path)!r}; it has no Dockerfile (the build image of the model build handlers is built from it)"
-        )
-    return path
-
-
-class ModelBuildResourceProps(Props):
-    """Props of :class:`ModelBuildResource`."""
-
-    manifest: Manifest = Field(
-        description="The validated manifest. Sources on the local disk (kind local, or onnx with a local "
-        "path) are refused: the Lambda cannot read them."
-    )
-    manifest_path: Annotated[Path, AfterValidator(_manifest_file)] = Field(
-        description="The manifest file (uploaded as an asset; its folder is the base of relative paths)."
-    )
-    model_bucket: Resource[s3.IBucket] = Field(
-        description="Bucket the release is published to. Its KMS key, when this app manages its policy, also "
-        "encrypts the build's log groups and the provider functions' environment variables."
-    )
-    model_prefix: KeyPrefix = Field(
-        default="models",
-        description="S3 key prefix of every release (<prefix>/<release_id>/<model>.tar.gz); the "
-        "execution role reads only this prefix.",
-    )
-    build_context: Annotated[Path, AfterValidator(_build_context)] = Field(
-        default=PACKAGE_DIR, description="Folder with the Dockerfile of the build image (model_build/)."
-    )
-    memory_size: int = Field(default=6144, ge=128, le=10240, description="Memory of the build Lambda functions (MiB).")
-    ephemeral_storage_size: Annotated[Size, Between(512, 10240, MEBIBYTES)] = Field(
-        default_factory=lambda: Size.mebibytes(10240), description="/tmp storage of the build Lambda functions (MiB)."
-    )
-    timeout: Annotated[Duration, Between(1, 900, SECONDS)] = Field(
-        default_factory=lambda: Duration.minutes(15),
-        description="Timeout of one run of a build Lambda function; the build continues over several runs.",
-    )
-    total_timeout: Annotated[Duration, Between(1, CLOUDFORMATION_MAX_WAIT.to_seconds(), SECONDS)] = Field(
-        default_factory=lambda: DEFAULT_TOTAL_TIMEOUT,
-        description="Provider total timeout: how long is_complete is polled (total / query interval calls) "
-        "before the resource fails. CloudFormation waits at most one hour for a custom resource, and "
-        "the provider's last answer comes after the total timeout plus each poll's own run (allowed "
-        f"{WAITER_ATTEMPT_ALLOWANCE_SECONDS} s) and the final answer ({FINAL_ANSWER_ALLOWANCE_SECONDS} s): "
-        "at most 50 minutes with a 60 s interval, less with a shorter one.",
-    )
-    query_interval: Annotated[Duration, Between(5, CLOUDFORMATION_MAX_WAIT.to_seconds(), SECONDS)] = Field(
-        default_factory=lambda: Duration.seconds(60),
-        description="Time between is_complete calls; the total timeout must be a multiple of it.",
-    )
-    max_concurrency: MaxConcurrency = Field(
-        default=50,
-        description="Most models built at once: the MaxConcurrency of the build state machine's "
-        "Distributed Map (one Lambda run per model; mind the account's Lambda concurrency).",
-    )
-    on_delete: Literal["retain", "destroy"] = Field(
-        default="retain",
-        description="What the build does with the served release's objects when the stack is deleted "
-        "(retain or destroy). A release superseded by an update is tagged retired either way.",
-    )
-    unrouted_retention_days: int = Field(
-        default=7,
-        ge=0,
-        le=36500,
-        description="Days a served model object is kept after no route uses it (a model removed from "
-        "the manifest, or the old build of an updated one), so that a rollback routes to it again "
-        "without an upload; then the build deletes it at its next run.",
-    )
-    deployed_record: str = Field(
-        default="",
-        description="The stack's deployed record (constructs.deployed_record: the fleet's and the data's "
-        "resources as the template renders them, a JSON string or a token for one), written into the "
-        "routes at each deploy so that `python -m model_build plan` compares template with template. "
-        "Empty: none is written, and plan reports the fleet as unknown.",
-    )
-    log_retention: logs.RetentionDays = Field(
-        default=logs.RetentionDays.ONE_MONTH, description="Retention of the handler, provider and waiter logs."
-    )
-    vpc: Resource[ec2.IVpc] | None = Field(
-        default=None,
-        description="Run the handlers in this VPC, in vpc_subnets with security_groups; the role gets the "
-        "EC2 network-interface actions Lambda needs. The subnets must reach S3 and CloudFormation (VPC "
-        "endpoints or a NAT gateway); huggingface sources need the internet. Unset: not in a VPC.",
-    )
-    vpc_subnets: Sequence[Resource[ec2.ISubnet]] | None = Field(default=None, description="Subnets of the handlers (of vpc).")
-    security_groups: Sequence[Resource[ec2.ISecurityGroup]] | None = Field(
-        default=None, description="Security groups of the handlers (of vpc)."
-    )
-
-    def check(self, name: Namer) -> None:
-        total, every = self.total_timeout, self.query_interval
-        seconds = total.to_seconds(), every.to_seconds()
-        if known(*seconds) and (seconds[0] < seconds[1] or seconds[0] % seconds[1]):
-            raise PropsError(
-                f"{name('total_timeout')}: got {total.to_human_string()} with {name('query_interval')} "
-                f"{every.to_human_string()}; the total timeout must be a whole multiple of the query interval"
-            )
-        wait = CLOUDFORMATION_MAX_WAIT.to_seconds()
-        if known(*seconds) and last_answer_seconds(*seconds) > wait:
-            longest = longest_total_seconds(seconds[1], wait)
-            raise PropsError(
-                f"{name('total_timeout')}: got {total.to_human_string()} with {name('query_interval')} "
-                f"{every.to_human_string()}; the provider's last answer would come "
-                f"{last_answer_seconds(*seconds):.0f} s after CloudFormation's request, past its {wait:.0f} s wait "
-                f"(each of the {seconds[0] // seconds[1]:.0f} polls takes up to {WAITER_ATTEMPT_ALLOWANCE_SECONDS} s "
-                f"besides the interval): at most {longest} s ({longest / 60:g} minutes) with this interval"
-            )
-
-    @model_validator(mode="after")
-    def _vpc_and_sources(self) -> Self:
-        if not (bool(self.vpc) == bool(self.vpc_subnets) == bool(self.security_groups)):
-            raise PropsError(
-                "vpc, vpc_subnets, security_groups: give all three (a function in a VPC needs subnets and "
-                "security groups of it) or none"
-            )
-        refuse_local_sources(self.manifest)
-        return self
 
 
 @jsii.implements(iam.IGrantable)

@@ -71,12 +71,13 @@ def build_item(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
         raise _short(error) from None
 
 
-def _record_failure(s3: Any, request: Request, model: str, error: BaseException) -> None:
-    """Leave the failing model's reason where ``is_complete`` finds it: a Distributed Map's own
-    failure says only that an item failed, and CloudFormation should name the model."""
+def _record_failure(s3: Any, request: Request, model: str, error: BaseException | str) -> None:
+    """Leave the failing model's reason (an error, or a reason already written) where
+    ``is_complete`` finds it: a Distributed Map's own failure says only that an item failed,
+    and CloudFormation should name the model."""
     if isinstance(error, ModelBuildError) and error.model is None:
         error.model = model
-    reason = str(_short(error)) if isinstance(error, ModelBuildError) else (
+    reason = error if isinstance(error, str) else str(_short(error)) if isinstance(error, ModelBuildError) else (
         f"build of model {model!r} failed: {' '.join(str(error).split())[:300]}"
     )
     try:
@@ -89,8 +90,10 @@ def _record_failure(s3: Any, request: Request, model: str, error: BaseException)
 
 def build_step(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
     """The build function's one entry point, for the state machine: ``Step`` is ``plan``,
-    ``build`` (one Map item) or ``finish``."""
-    steps = {"plan": plan_items, "build": build_item, "finish": finish_release}
+    ``build`` (one Map item on the Lambda), ``store_job`` / ``job_failed`` (after a Map item's
+    Processing job) or ``finish``."""
+    steps = {"plan": plan_items, "build": build_item, "finish": finish_release,
+             "store_job": store_job, "job_failed": job_failed}
     step = event.get("Step")
     if step not in steps:
         raise HandlerError(f"field Step: got {step!r}; expected one of {', '.join(steps)}")
@@ -123,8 +126,8 @@ def plan_items(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
         manifest = _load_manifest(s3, request)
         keys = _model_keys(manifest)
         stored = stored_keys(s3, request.model_bucket, request.model_prefix)
-        items = [{"Model": spec.name, "Key": keys[spec.name]} for spec in manifest.models
-                 if keys[spec.name] not in stored]
+        items = _placed_items(s3, request, manifest, keys,
+                              [spec for spec in manifest.models if keys[spec.name] not in stored])
         base = f"{request.model_prefix}/" if request.model_prefix else ""
         plan_key = f"{base}{PLANS_DIR}/{request.release_id}.json"
         s3.put_object(Bucket=request.model_bucket, Key=plan_key, Body=json.dumps(items).encode(),
@@ -136,3 +139,77 @@ def plan_items(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
         return {"Bucket": request.model_bucket, "Key": plan_key, "Count": len(items)}
     except (HandlerError, ModelBuildError) as error:
         raise _short(error) from None
+
+
+# ----------------------------------------------------------------------------------------------
+# Where each model builds, and the steps after a Processing job
+# ----------------------------------------------------------------------------------------------
+
+
+def _placed_items(s3: Any, request: Request, manifest: Any, keys: Mapping[str, str],
+                  specs: list[Any]) -> list[dict[str, Any]]:
+    """The Map's items: each model with its engine (``lambda`` or ``processing``, placed by
+    :mod:`model_build.build_engine` with S3 sources sized now) and, for a job, its ``Job``.
+    A model pinned to ``lambda`` that does not fit fails the plan, before any build starts."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from model_build.build_engine import EngineSettings
+    from model_build.handler.processing import placement_at_deploy, processing_item
+
+    raw = request.props.get("BuildEngine")
+    try:
+        settings = EngineSettings.from_properties(raw) if raw is not None else EngineSettings(runs_on="lambda")
+    except ValueError as error:
+        raise HandlerError(str(error)) from None
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        placements = list(pool.map(lambda spec: placement_at_deploy(s3, spec, settings), specs))
+    items = []
+    for spec, placement in zip(specs, placements, strict=True):
+        LOG.info("model %s %s", spec.name, placement.describe(settings))
+        job: dict[str, Any] = {}
+        if placement.engine == "processing":
+            job = processing_item(s3, bucket=request.model_bucket, request_props=request.props, manifest=manifest,
+                                  spec=spec, key=keys[spec.name], model_prefix=request.model_prefix,
+                                  release_id=request.release_id, placement=placement)
+        items.append({"Model": spec.name, "Key": keys[spec.name], "Engine": placement.engine, "Job": job})
+    return items
+
+
+def store_job(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
+    """After a Map item's Processing job: its unit into the store (``{"Request", "Model",
+    "Key", "Job"}``), as ``build_item`` stores a Lambda-built model."""
+    LOG.info("store_job %s %s", event.get("Model"), event.get("Key"))
+    try:
+        from model_build.handler.processing import store_unit
+
+        request = _item_request(event)
+        s3 = _s3()
+        job = event.get("Job")
+        if not isinstance(job, dict) or not isinstance(job.get("Output"), str):
+            raise HandlerError(f"field Job: got {job!r}; expected the Map item's job with its Output")
+        try:
+            store_unit(s3, bucket=request.model_bucket, model_prefix=request.model_prefix, output_uri=job["Output"],
+                       model=str(event.get("Model")), key=str(event.get("Key")))
+        except Exception as error:
+            _record_failure(s3, request, str(event.get("Model")), error)
+            raise
+        return {"Model": event.get("Model"), "Key": event.get("Key"), "Built": True}
+    except (HandlerError, ModelBuildError) as error:
+        raise _short(error) from None
+
+
+def job_failed(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
+    """A Map item's Processing job failed (``{"Request", "Model", "Error", "Cause"}``): record its
+    reason for ``is_complete`` and fail the item; no capacity raises
+    :class:`~model_build.handler.processing.ProcessingCapacityError`, which the state machine
+    retries with backoff (the reason stays recorded if every retry fails too)."""
+    from model_build.handler.processing import ProcessingCapacityError, failure_reason
+
+    request = _item_request(event)
+    model = str(event.get("Model"))
+    reason, capacity = failure_reason(model, event.get("Error"), event.get("Cause"))
+    LOG.info("job_failed %s: %s", model, reason)
+    _record_failure(_s3(), request, model, reason)
+    if capacity:
+        raise ProcessingCapacityError(reason)
+    raise HandlerError(reason)

@@ -120,6 +120,43 @@ Source = Annotated[
 ]
 
 
+
+# --------------------------------------------------------------------------------------------
+# Where a model builds
+# --------------------------------------------------------------------------------------------
+
+#: A SageMaker Processing instance type (``ml.<family>.<size>``); botocore's
+#: ``ProcessingInstanceType`` enum holds the values the API takes.
+PROCESSING_INSTANCE_TYPE = r"^ml\.[a-z0-9-]+\.[a-z0-9]+$"
+#: ``ProcessingClusterConfig.VolumeSizeInGB`` takes 1 to 16,384 GB (SageMaker API reference).
+MAX_PROCESSING_VOLUME_GB = 16_384
+
+
+class BuildPlacement(_Strict):
+    """Where one model builds: the build Lambda, a SageMaker Processing job, or the estimate decides.
+
+    ``None`` leaves the stack's setting (``mme:build_runs_on``, ``..._processing_instance_type``,
+    ``..._processing_volume_gb``). Where a model builds never changes what it builds into, so
+    this block is not part of the model key (docs/build.md, "Big builds")."""
+
+    #: ``auto``: processing when the model's estimated peak memory or build time does not fit the
+    #: build Lambda with the margins of :mod:`model_build.build_engine`; ``lambda``: always the
+    #: Lambda (refused at synth when the estimate does not fit); ``processing``: always a job.
+    runs_on: Literal["auto", "lambda", "processing"] | None = None
+    instance_type: str | None = Field(default=None, pattern=PROCESSING_INSTANCE_TYPE)
+    volume_gb: int | None = Field(default=None, ge=1, le=MAX_PROCESSING_VOLUME_GB)
+
+    @model_validator(mode="after")
+    def _only_for_processing(self) -> BuildPlacement:
+        if self.runs_on == "lambda":
+            given = [name for name in ("instance_type", "volume_gb") if getattr(self, name) is not None]
+            if given:
+                raise ValueError(
+                    f"build.{given[0]}: given with runs_on 'lambda'; it applies to SageMaker Processing "
+                    "(runs_on 'processing' or 'auto')"
+                )
+        return self
+
 # --------------------------------------------------------------------------------------------
 # Triton and ONNX Runtime settings
 # --------------------------------------------------------------------------------------------

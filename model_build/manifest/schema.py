@@ -15,6 +15,7 @@ from pydantic import Field, model_validator
 from model_build.manifest.fields import (
     DEFAULT_GATES,
     AccuracyGate,
+    BuildPlacement,
     DynamicBatching,
     ImageInputs,
     InstanceGroup,
@@ -91,6 +92,9 @@ class ModelSpec(_Strict):
     #: ``format: tensorrt_plan`` only: the TensorRT version, one plan per compute capability and
     #: the declared signature (a plan cannot be read on CPU).
     tensorrt_plan: TensorRTPlan | None = None
+    #: Where this model builds (the build Lambda or a SageMaker Processing job); ``None``: the
+    #: stack's settings. Not part of the model key: the engine never changes the bytes.
+    build: BuildPlacement | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelSpec:

@@ -44,7 +44,7 @@ PACKAGE = "model_build"
 #: Modules whose imports (followed transitively) are the code that produces a model's bytes.
 MODEL_ENTRY_MODULES = ("pipeline",)
 #: ... and the code that lays out a release (index format, copies, the Lambda's build path).
-RELEASE_ENTRY_MODULES = ("pipeline", "handler", "release", "release.store", "release.serving")
+RELEASE_ENTRY_MODULES = ("pipeline", "handler", "handler.processing_job", "release", "release.store", "release.serving")
 #: Never runtime, even if something imported them by mistake: what users run on their machine.
 TOOL_MODULES = ("__main__", "tools")
 #: Non-Python files that define the build image's toolchain (pins of torch and friends).
@@ -84,7 +84,8 @@ SERVED_HASH_CHARS = 12
 #: level gives other tarball bytes, so it is part of a model's key.
 DEFAULT_COMPRESSLEVEL = 1
 #: Fields of a manifest entry that do not change what it builds into.
-KEY_EXCLUDED_FIELDS = frozenset({"copies"})
+#: ``build`` says where a model builds, which gives the same bytes on every engine.
+KEY_EXCLUDED_FIELDS = frozenset({"copies", "build"})
 
 
 def _module_path(package_dir: Path, module: str) -> Path | None:
