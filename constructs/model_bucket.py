@@ -244,8 +244,14 @@ class ModelBucket(Construct):
 
     def _objects_grant(self, grantee: iam.IGrantable, prefix: str, actions: list[str], verb: str) -> iam.Grant:
         if not is_unresolved(prefix):
+            # A grant may name one of the build's own folders under the prefix (``<prefix>/_jobs``).
+            head, _, last = prefix.rpartition("/")
+            base, internal = (head, last) if last.startswith("_") else (prefix, "")
             try:
-                _key_prefix(prefix)
+                if base or not internal:
+                    _key_prefix(base)
+                if internal and not re.fullmatch(r"_[a-z]+", internal):
+                    raise ValueError(f"got {prefix!r}; a build folder is '_' and lowercase letters")
             except ValueError as error:
                 raise PropsError(f"prefix: {error}") from None
         resource = self.bucket.arn_for_objects(f"{prefix}/*")

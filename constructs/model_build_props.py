@@ -26,7 +26,7 @@ from constructs.provider_framework import (
     longest_total_seconds,
 )
 from constructs.sagemaker_limits import PropsError
-from model_build.build_engine import EngineSettings
+from model_build.manifest.build_engine import EngineSettings
 from model_build.manifest import Manifest
 from model_build.manifest.fields import MAX_PROCESSING_VOLUME_GB, PROCESSING_INSTANCE_TYPE
 from model_build.release import PACKAGE_DIR
@@ -101,7 +101,7 @@ class ModelBuildResourceProps(Props):
         default="auto",
         description="Where a model builds unless its manifest entry says (build.runs_on): auto builds on "
         "the Lambda when the model's estimated peak memory and time fit it with margins "
-        "(model_build/build_engine.py) and on a SageMaker Processing job otherwise; lambda or "
+        "(model_build/manifest/build_engine.py) and on a SageMaker Processing job otherwise; lambda or "
         "processing always there (lambda refuses at synth a model whose estimate does not fit).",
     )
     processing_instance_type: str = Field(
@@ -114,10 +114,21 @@ class ModelBuildResourceProps(Props):
         description="EBS volume of a Processing build job in GB (sources, export and tarball), encrypted with "
         "the model bucket's key, unless the entry says (build.volume_gb).",
     )
-    processing_max_runtime: Annotated[Duration, Between(60, CLOUDFORMATION_MAX_WAIT.to_seconds(), SECONDS)] = Field(
-        default_factory=lambda: Duration.minutes(40),
+    processing_max_runtime: Annotated[Duration | None, Between(60, CLOUDFORMATION_MAX_WAIT.to_seconds(), SECONDS)] = Field(
+        default=None,
         description="MaxRuntimeInSeconds of a Processing build job (SageMaker stops it then, and the build "
-        "fails naming the model); at most the total timeout, which every build shares.",
+        "fails naming the model); at most the total timeout, which every build shares. None: the total timeout.",
+    )
+    processing_network_isolation: bool = Field(
+        default=True,
+        description="Network isolation of a Processing build job: the endpoint's (the job needs no network: "
+        "SageMaker moves its inputs and outputs).",
+    )
+    processing_subnets: Sequence[Resource[ec2.ISubnet]] | None = Field(
+        default=None, description="Subnets of a Processing build job: the endpoint's. None: not in a VPC."
+    )
+    processing_security_groups: Sequence[Resource[ec2.ISecurityGroup]] | None = Field(
+        default=None, description="Security groups of a Processing build job (with processing_subnets): the endpoint's."
     )
     on_delete: Literal["retain", "destroy"] = Field(
         default="retain",
@@ -161,10 +172,10 @@ class ModelBuildResourceProps(Props):
                 f"{name('total_timeout')}: got {total.to_human_string()} with {name('query_interval')} "
                 f"{every.to_human_string()}; the total timeout must be a whole multiple of the query interval"
             )
-        runtime = self.processing_max_runtime.to_seconds()
-        if known(runtime, seconds[0]) and runtime > seconds[0]:
+        runtime = self.job_max_runtime.to_seconds()
+        if self.processing_max_runtime is not None and known(runtime, seconds[0]) and runtime > seconds[0]:
             raise PropsError(
-                f"{name('processing_max_runtime')}: got {self.processing_max_runtime.to_human_string()} with "
+                f"{name('processing_max_runtime')}: got {self.job_max_runtime.to_human_string()} with "
                 f"{name('total_timeout')} {total.to_human_string()}; a Processing build job must end within "
                 "the total timeout"
             )
@@ -179,12 +190,17 @@ class ModelBuildResourceProps(Props):
                 f"besides the interval): at most {longest} s ({longest / 60:g} minutes) with this interval"
             )
 
+    @property
+    def job_max_runtime(self) -> Duration:
+        """A Processing build job's MaxRuntime: the setting, or the total timeout."""
+        return self.processing_max_runtime or self.total_timeout
+
     def engine_settings(self) -> EngineSettings:
         """Where models build by default, for the estimate (synth) and the plan step (deploy)."""
         return EngineSettings(
             runs_on=self.runs_on, lambda_memory_mb=self.memory_size, lambda_timeout_s=int(self.timeout.to_seconds()),
             instance_type=self.processing_instance_type, volume_gb=self.processing_volume_gb,
-            max_runtime_s=int(self.processing_max_runtime.to_seconds()),
+            max_runtime_s=int(self.job_max_runtime.to_seconds()),
         )
 
     @model_validator(mode="after")

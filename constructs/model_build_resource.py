@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import jsii
 from aws_cdk import Aws, CustomResource, Fn, IgnoreMode, RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
@@ -24,6 +26,7 @@ from constructs.nag_acknowledgments import (
     skip_checkov,
     wildcard_policy,
 )
+from constructs.processing_build import ProcessingBuild, ProcessingBuildProps
 from constructs.provider_framework import (
     CLOUDFORMATION_MAX_WAIT,
     NO_KEY_REASON,
@@ -116,10 +119,19 @@ class ModelBuildResource(Construct):
         self.build_function = self._handler(
             "Build", BUILD_STEP_HANDLER, "Model release: builds one model, or plans / finishes a release"
         )
-        #: Plan, build each model (a Distributed Map of build_function runs), finish the release.
+        #: Builds the models too big for the Lambda: a SageMaker Processing job on the same image.
+        self.processing = ProcessingBuild(self, "Processing", props=ProcessingBuildProps(
+            image=ecr_assets.DockerImageAsset(self, "BuildImage", **self._image_options()),
+            encryption_key=props.model_bucket.encryption_key, max_runtime=props.job_max_runtime,
+            network_isolation=props.processing_network_isolation, subnets=props.processing_subnets,
+            security_groups=props.processing_security_groups,
+        ))
+        self._grant_source_reads(self.processing.role, props.manifest)
+        #: Plan, build each model (a Distributed Map of build_function runs or Processing jobs),
+        #: finish the release.
         self.build_state_machine = ModelBuildStateMachine(self, "BuildStateMachine", props=ModelBuildStateMachineProps(
             build_function=self.build_function, model_bucket=props.model_bucket, max_concurrency=props.max_concurrency,
-            timeout=props.total_timeout, log_retention=props.log_retention,
+            timeout=props.total_timeout, log_retention=props.log_retention, processing=self.processing,
         ))
         self.start_builds_policy = self._start_builds_policy()
         self.provider = self._provider()
@@ -245,6 +257,9 @@ class ModelBuildResource(Construct):
                 "RetiredTagKey": RETIRED_TAG_KEY,
                 "RetentionDays": str(props.unrouted_retention_days),
                 "Deployed": props.deployed_record,
+                # Where models build: the plan step places each model with these (the template
+                # does not grow with the manifest).
+                "BuildEngine": props.engine_settings().properties(),
             },
         )
         resource.node.add_dependency(self.start_builds_policy)
@@ -264,15 +279,16 @@ class ModelBuildResource(Construct):
             Fn.select(6, Fn.split(":", machine.state_machine_arn)), suffix,
         ])
 
+    def _image_options(self) -> dict[str, Any]:
+        """The build image's asset options: every user of the image gives the same, so CDK builds
+        and publishes one image (one asset hash) for the functions and the Processing jobs."""
+        return {"directory": str(self.props.build_context), "exclude": self._image_exclude,
+                "ignore_mode": IgnoreMode.DOCKER, "platform": ecr_assets.Platform.LINUX_AMD64}
+
     def _image_code(self, handler: str) -> lambda_.DockerImageCode:
         """The build image (one asset: same directory and build options) with ``handler``."""
-        return lambda_.DockerImageCode.from_image_asset(
-            str(self.props.build_context),
-            cmd=[handler],
-            exclude=self._image_exclude,
-            ignore_mode=IgnoreMode.DOCKER,
-            platform=ecr_assets.Platform.LINUX_AMD64,
-        )
+        options = self._image_options()
+        return lambda_.DockerImageCode.from_image_asset(options.pop("directory"), cmd=[handler], **options)
 
     def _handler(self, id: str, handler: str, description: str) -> lambda_.DockerImageFunction:
         """One of the functions: the build image with ``handler``, its own log group, the shared role."""

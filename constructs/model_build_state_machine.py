@@ -39,6 +39,7 @@ from constructs import Construct
 from constructs.cfn_hygiene import drop_referenced_dependencies
 from constructs.customer_key import logs_key
 from constructs.nag_acknowledgments import acknowledge_wildcard_resource, skip_checkov
+from constructs.processing_build import ProcessingBuild
 from constructs.props import Props, Resource
 
 #: Lambda errors worth retrying: throttling and the service's own transient failures. A build
@@ -56,6 +57,11 @@ RETRY_INTERVAL = Duration.seconds(2)
 #: A Distributed Map runs at most 10,000 child executions at once.
 MAX_CONCURRENCY_LIMIT = 10_000
 PLANS_DIR = "_plans"
+#: What ``job_failed`` raises for a job that got no instance (its class name is the error name).
+NO_CAPACITY_ERROR = "ProcessingCapacityError"
+#: A job without capacity runs again after 1, 2, 4 minutes (full jitter).
+CAPACITY_RETRY_INTERVAL = Duration.minutes(1)
+CAPACITY_RETRY_ATTEMPTS = 3
 #: Most models built at once (the Distributed Map's ``MaxConcurrency``).
 MaxConcurrency = Annotated[int, Field(ge=1, le=MAX_CONCURRENCY_LIMIT)]
 
@@ -74,6 +80,11 @@ class ModelBuildStateMachineProps(Props):
     timeout: Duration = Field(description="The execution's timeout (the custom resource's total timeout).")
     log_retention: logs.RetentionDays = Field(
         default=logs.RetentionDays.ONE_MONTH, description="Retention of the execution log."
+    )
+    processing: Resource[ProcessingBuild] | None = Field(
+        default=None,
+        description="Builds the Map items the plan placed on SageMaker Processing. None: every item "
+        "builds on the Lambda.",
     )
 
 
@@ -97,12 +108,14 @@ class ModelBuildStateMachine(Construct):
                 "Request.$": "$.Request",
                 "Model.$": "$$.Map.Item.Value.Model",
                 "Key.$": "$$.Map.Item.Value.Key",
+                "Engine.$": "$$.Map.Item.Value.Engine",
+                "Job.$": "$$.Map.Item.Value.Job",
             },
             max_concurrency=props.max_concurrency,
             tolerated_failure_count=0,
             result_path=sfn.JsonPath.DISCARD,
         )
-        build_models.item_processor(self._invoke("BuildModel", None, output_path=sfn.JsonPath.DISCARD))
+        build_models.item_processor(self._item_processor())
         finish = self._invoke("Finish", {"Step": "finish", "Request.$": "$.Request"})
 
         key = logs_key(model_bucket.encryption_key)
@@ -128,9 +141,33 @@ class ModelBuildStateMachine(Construct):
         if model_bucket.encryption_key is not None:
             model_bucket.encryption_key.grant_decrypt(self.state_machine)
         self._acknowledge(model_bucket)
+        if props.processing is not None:
+            props.processing.grant_run(self.state_machine)
         # cfn-lint W3005: the machine's GetAtt of its role already orders them.
         role = self.state_machine.role.node.default_child
         drop_referenced_dependencies(self.state_machine, [role])
+
+    def _item_processor(self) -> sfn.IChainable:
+        """One Map item: the Lambda builds it, or (``Engine`` processing) a Processing job builds it
+        and the Lambda stores its unit. A failed job's reason is recorded (``job_failed``); a job
+        without capacity is retried with backoff, the whole branch again under a new job name."""
+        on_lambda = self._invoke("BuildModel", None, output_path=sfn.JsonPath.DISCARD)
+        processing = self.props.processing
+        if processing is None:
+            return on_lambda
+        item = {"Request.$": "$.Request", "Model.$": "$.Model", "Key.$": "$.Key"}
+        job = processing.task(self, "RunBuildJob")
+        job.add_catch(self._invoke("JobFailed", {"Step": "job_failed", **item, "Error.$": "$.JobError.Error",
+                                                 "Cause.$": "$.JobError.Cause"}),
+                      errors=["States.ALL"], result_path="$.JobError")
+        store = self._invoke("StoreBuild", {"Step": "store_job", **item, "Job.$": "$.Job"})
+        on_processing = sfn.Parallel(self, "BuildOnProcessing", output_path=sfn.JsonPath.DISCARD,
+                                     comment="A Processing job builds the model; the Lambda stores its unit")
+        on_processing.branch(job.next(store))
+        on_processing.add_retry(errors=[NO_CAPACITY_ERROR], interval=CAPACITY_RETRY_INTERVAL,
+                                max_attempts=CAPACITY_RETRY_ATTEMPTS, backoff_rate=2, jitter_strategy=sfn.JitterType.FULL)
+        return sfn.Choice(self, "WhereItBuilds").when(
+            sfn.Condition.string_equals("$.Engine", "processing"), on_processing).otherwise(on_lambda)
 
     def _invoke(
         self, id: str, payload: dict[str, str] | None, *, result_path: str | None = None, output_path: str | None = None

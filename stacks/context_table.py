@@ -141,6 +141,10 @@ SETTINGS: dict[str, Setting] = {
     "build_total_timeout_minutes": Setting(ModelBuildResourceProps, "total_timeout", MINUTES),
     "build_query_interval_seconds": Setting(ModelBuildResourceProps, "query_interval", SECONDS),
     "build_max_concurrency": Setting(ModelBuildResourceProps, "max_concurrency"),
+    "build_runs_on": Setting(ModelBuildResourceProps, "runs_on"),
+    "build_processing_instance_type": Setting(ModelBuildResourceProps, "processing_instance_type"),
+    "build_processing_volume_gb": Setting(ModelBuildResourceProps, "processing_volume_gb"),
+    "build_processing_max_runtime_minutes": Setting(ModelBuildResourceProps, "processing_max_runtime", MINUTES),
     "artifacts_on_delete": Setting(ModelBuildResourceProps, "on_delete"),
     "unrouted_retention_days": Setting(ModelBuildResourceProps, "unrouted_retention_days"),
     # Alarms and notifications

@@ -27,6 +27,7 @@ from constructs.sagemaker_execution_role import SageMakerExecutionRole, SageMake
 from constructs.sagemaker_limits import PropsError, has_instance_storage
 from constructs.triton_image import TritonImage, TritonImageProps
 from constructs.triton_mme_endpoint import TritonMmeEndpoint, TritonMmeEndpointProps
+from model_build.handler.processing import JOBS_DIR
 from model_build.manifest import Manifest
 from model_build.package.tensorrt_plans import tensorrt_plan_problem, tensorrt_plan_unchecked
 from model_build.release import PACKAGE_DIR, routes_key, served_prefix
@@ -185,12 +186,22 @@ class TritonMmeStack(Stack):
         if network is not None and network.build_security_group is not None:
             in_vpc = {"vpc": network.vpc, "vpc_subnets": network.build_subnets,
                       "security_groups": [network.build_security_group]}
+        # A Processing build job gets the endpoint's network: its isolation, subnets and group.
+        endpoint_network: dict[str, Any] = {
+            "processing_network_isolation": settings.values(TritonMmeEndpointProps)["enable_network_isolation"]}
+        if self.network is not None:
+            endpoint_network.update(processing_subnets=self.network.model_subnets,
+                                    processing_security_groups=[self.network.model_security_group])
         build = ModelBuildResource(self, "ModelBuild", props=ModelBuildResourceProps(
             **settings.values(ModelBuildResourceProps), manifest=manifest, manifest_path=manifest_path,
             deployed_record=deployed_record(self, {self.triton_image.mapping: self.triton_image.mapping_values}),
-            model_bucket=self.model_bucket.bucket, build_context=build_context, **in_vpc,
+            model_bucket=self.model_bucket.bucket, build_context=build_context, **in_vpc, **endpoint_network,
         ))
         prefix = settings.model_prefix
+        # A Processing job reads its input and writes its unit under <prefix>/_jobs/ only.
+        jobs = f"{prefix}/{JOBS_DIR}" if prefix else JOBS_DIR
+        self.model_bucket.grant_read(build.processing.role, jobs)
+        self.model_bucket.grant_write(build.processing.role, jobs)
         self.model_bucket.grant_read(build, prefix)
         self.model_bucket.grant_write(build, prefix)
         self.model_bucket.grant_tag(build, prefix)

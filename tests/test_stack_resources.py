@@ -435,9 +435,12 @@ def test_build_custom_resource(default: Synth) -> None:
     assert set(props) == {
         "ServiceToken", "ServiceTimeout", "ManifestBucket", "ManifestKey", "ManifestSha256",
         "ModelBucket", "ModelPrefix", "ReleaseId", "CodeSha256", "OnDelete", "RetiredTagKey",
-        "BuildStateMachineArn", "RetentionDays", "Deployed",
+        "BuildStateMachineArn", "RetentionDays", "Deployed", "BuildEngine",
     }
     assert props["RetentionDays"] == "7"
+    # Where models build: the settings' defaults, which the plan step places each model with.
+    assert props["BuildEngine"] == {"RunsOn": "auto", "LambdaMemoryMb": "6144", "LambdaTimeoutSeconds": "900",
+                                    "InstanceType": "ml.m5.4xlarge", "VolumeGb": "100", "MaxRuntimeSeconds": "3000"}
     # The deployed record (what plan compares with): a string, so CloudFormation resolves nothing in it.
     record = json.loads(props["Deployed"])
     _, config = default.only("AWS::SageMaker::EndpointConfig")
@@ -535,9 +538,15 @@ def test_build_state_machine_plans_maps_and_finishes(default: Synth) -> None:
     assert build_map["ItemSelector"] == {
         "Step": "build", "Request.$": "$.Request",
         "Model.$": "$$.Map.Item.Value.Model", "Key.$": "$$.Map.Item.Value.Key",
+        "Engine.$": "$$.Map.Item.Value.Engine", "Job.$": "$$.Map.Item.Value.Job",
     }
-    tasks = [states["Plan"], states["Finish"], *build_map["ItemProcessor"]["States"].values()]
-    assert len(tasks) == 3
+    # Each item builds on the Lambda, or in a Processing job whose unit the Lambda stores
+    # (tests/test_processing_build.py reads that branch).
+    item_states = build_map["ItemProcessor"]["States"]
+    assert set(item_states) == {"WhereItBuilds", "BuildModel", "BuildOnProcessing"}
+    (branch,) = item_states["BuildOnProcessing"]["Branches"]
+    tasks = [states["Plan"], states["Finish"], item_states["BuildModel"],
+             branch["States"]["StoreBuild"], branch["States"]["JobFailed"]]
     for task in tasks:
         assert task["Resource"] == f"<{build_fn}.Arn>", "every task invokes the build function"
         (retry,) = task["Retry"]

@@ -149,11 +149,11 @@ def plan_items(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
 def _placed_items(s3: Any, request: Request, manifest: Any, keys: Mapping[str, str],
                   specs: list[Any]) -> list[dict[str, Any]]:
     """The Map's items: each model with its engine (``lambda`` or ``processing``, placed by
-    :mod:`model_build.build_engine` with S3 sources sized now) and, for a job, its ``Job``.
+    :mod:`model_build.manifest.build_engine` with S3 sources sized now) and, for a job, its ``Job``.
     A model pinned to ``lambda`` that does not fit fails the plan, before any build starts."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from model_build.build_engine import EngineSettings
+    from model_build.manifest.build_engine import EngineSettings
     from model_build.handler.processing import placement_at_deploy, processing_item
 
     raw = request.props.get("BuildEngine")

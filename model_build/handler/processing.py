@@ -1,5 +1,5 @@
 """The build function's side of a model built on SageMaker Processing: where it builds (the plan
-step places each model with :mod:`model_build.build_engine`), the job's input document, and the
+step places each model with :mod:`model_build.manifest.build_engine`), the job's input document, and the
 two steps after the job: ``store_job`` (the job's unit into the store, as a Lambda-built model
 is stored) and ``job_failed`` (the job's reason recorded for ``is_complete``; no capacity is
 raised as :class:`ProcessingCapacityError`, which the state machine retries with backoff).
@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from model_build.build_engine import EngineSettings, Placement, estimate, place, weight_bytes_of
+from model_build.manifest.build_engine import EngineSettings, Placement, estimate, place, weight_bytes_of
 from model_build.errors import ModelBuildError
 from model_build.manifest import Manifest, ModelSpec, OnnxFileSource, S3Source
 

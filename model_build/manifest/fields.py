@@ -140,7 +140,7 @@ class BuildPlacement(_Strict):
     this block is not part of the model key (docs/build.md, "Big builds")."""
 
     #: ``auto``: processing when the model's estimated peak memory or build time does not fit the
-    #: build Lambda with the margins of :mod:`model_build.build_engine`; ``lambda``: always the
+    #: build Lambda with the margins of :mod:`model_build.manifest.build_engine`; ``lambda``: always the
     #: Lambda (refused at synth when the estimate does not fit); ``processing``: always a job.
     runs_on: Literal["auto", "lambda", "processing"] | None = None
     instance_type: str | None = Field(default=None, pattern=PROCESSING_INSTANCE_TYPE)

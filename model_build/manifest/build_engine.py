@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Literal
 
 from model_build.errors import ManifestError
-from model_build.manifest import LocalSource, ModelSpec, OnnxFileSource, PackageSource
+from model_build.manifest.fields import LocalSource, OnnxFileSource, PackageSource
+from model_build.manifest.schema import ModelSpec
 
 Engine = Literal["lambda", "processing"]
 RunsOn = Literal["auto", "lambda", "processing"]
@@ -184,7 +185,7 @@ class EngineSettings:
     lambda_timeout_s: int = 900
     instance_type: str = "ml.m5.4xlarge"
     volume_gb: int = 100
-    max_runtime_s: int = 40 * 60
+    max_runtime_s: int = 50 * 60
 
     def properties(self) -> dict[str, str]:
         """The custom resource's ``BuildEngine`` property: the plan step places models with it."""
