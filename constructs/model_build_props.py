@@ -26,8 +26,8 @@ from constructs.provider_framework import (
     longest_total_seconds,
 )
 from constructs.sagemaker_limits import PropsError
-from model_build.manifest.build_engine import EngineSettings
 from model_build.manifest import Manifest
+from model_build.manifest.build_engine import EngineSettings
 from model_build.manifest.fields import MAX_PROCESSING_VOLUME_GB, PROCESSING_INSTANCE_TYPE
 from model_build.release import PACKAGE_DIR
 

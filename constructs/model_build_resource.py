@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import jsii
-from aws_cdk import Aws, CustomResource, Fn, IgnoreMode, RemovalPolicy, Stack
+from aws_cdk import Annotations, Aws, CustomResource, Fn, IgnoreMode, RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_iam as iam
@@ -33,6 +33,7 @@ from constructs.provider_framework import (
     tidy_framework,
 )
 from model_build.manifest import Manifest
+from model_build.manifest.build_engine import place_all
 from model_build.release import Release, build_code_sha256, compute_release
 
 RESOURCE_TYPE = "Custom::TritonModelRelease"
@@ -92,6 +93,14 @@ class ModelBuildResource(Construct):
             code_sha256=build_code_sha256(props.build_context),
             package_dir=props.build_context,
         )
+        #: Where each model builds (the Lambda or a Processing job), from the estimate; a model
+        #: pinned to the Lambda whose estimate does not fit is refused here, before any deploy.
+        self.placements = place_all(props.manifest.models, props.manifest_path.parent, props.engine_settings())
+        on_processing = [p.model for p in self.placements if p.engine == "processing"]
+        if on_processing:
+            Annotations.of(self).add_info(
+                f"models built on SageMaker Processing ({props.processing_instance_type} unless the entry says): "
+                f"{', '.join(on_processing[:10])}{' ...' if len(on_processing) > 10 else ''}")
         #: Docker-ignore patterns of the build image's context (one walk of the runtime, shared by the handlers).
         self._image_exclude = runtime_only_exclude(props.build_context)
         self.manifest_asset = s3_assets.Asset(self, "Manifest", path=str(props.manifest_path))

@@ -16,7 +16,7 @@ by :meth:`ProcessingBuild.grant_run`, as the Step Functions and SageMaker guides
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, Any
 
 from aws_cdk import ArnFormat, Aws, Duration, Stack
 from aws_cdk import aws_ec2 as ec2
@@ -28,7 +28,7 @@ from pydantic import Field
 
 from constructs import Construct
 from constructs.nag_acknowledgments import acknowledge_wildcard_resource, wildcard_policy
-from constructs.props import Props, Resource
+from constructs.props import SECONDS, Between, Props, Resource
 from constructs.triton_mme_endpoint import SAGEMAKER_VPC_ACTIONS
 from model_build.handler.processing import CONTAINER_OUTPUT
 
@@ -39,6 +39,8 @@ JOB_NAME_PREFIX = "mb-"
 #: The EventBridge rule Step Functions manages to learn that a Processing job ended (.sync).
 SYNC_RULE = "StepFunctionsGetEventsForSageMakerProcessingJobsRule"
 LOG_GROUP = "/aws/sagemaker/ProcessingJobs"
+#: ``ProcessingStoppingCondition.MaxRuntimeInSeconds`` is 1 to 777,600 (9 days; SageMaker API reference).
+MAX_RUNTIME_SECONDS = 777_600
 #: CreateProcessingJob errors worth retrying at once: the account's per-type instance limit and
 #: throttling (a job that started without capacity fails later; ``job_failed`` classifies it).
 TRANSIENT_API_ERRORS = ("SageMaker.ResourceLimitExceededException", "SageMaker.ThrottlingException")
@@ -54,7 +56,9 @@ class ProcessingBuildProps(Props):
         default=None, description="Encrypts the job's volume and output (the model bucket's key). None: "
         "SageMaker's default encryption."
     )
-    max_runtime: Duration = Field(description="The job's MaxRuntimeInSeconds.")
+    max_runtime: Annotated[Duration, Between(1, MAX_RUNTIME_SECONDS, SECONDS)] = Field(
+        description="The job's MaxRuntimeInSeconds (the API takes 1 s to 9 days)."
+    )
     network_isolation: bool = Field(default=True, description="The endpoint's network isolation.")
     subnets: Sequence[Resource[ec2.ISubnet]] | None = Field(
         default=None, description="The endpoint's subnets; None: not in a VPC."

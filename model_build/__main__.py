@@ -76,10 +76,14 @@ def _load(args: argparse.Namespace) -> tuple[Manifest, Release, Path]:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    manifest, release, _ = _load(args)
+    from model_build.manifest.build_engine import EngineSettings, place_all
+
+    manifest, release, base_dir = _load(args)
     table = Table(title=f"{args.manifest}: valid, release {release.release_id}")
-    for column in ("model", "source", "task", "format", "max batch", "copies", "targets"):
+    for column in ("model", "source", "task", "format", "max batch", "copies", "targets", "builds on (default settings)"):
         table.add_column(column)
+    settings = EngineSettings()
+    where = {p.model: p.describe(settings).removeprefix("builds on: ") for p in place_all(manifest.models, base_dir, settings)}
     for spec in manifest.models:
         targets = spec.target_names()
         shown = targets[0] if len(targets) == 1 else f"{targets[0]} .. {targets[-1]}"
@@ -91,6 +95,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             str(spec.max_batch_size),
             str(spec.copies),
             shown,
+            where[spec.name],
         )
     out.print(table)
     out.print(f"{manifest.target_count} target models in {len(manifest.models)} entries")

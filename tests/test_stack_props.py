@@ -13,6 +13,7 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk import Duration, RemovalPolicy, Size, Token
 from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk.assertions import Template
@@ -26,6 +27,7 @@ from constructs.endpoint_network import EndpointNetworkProps
 from constructs.model_bucket import ModelBucket, ModelBucketProps
 from constructs.model_build_resource import ModelBuildResourceProps
 from constructs.model_build_state_machine import ModelBuildStateMachineProps
+from constructs.processing_build import ProcessingBuildProps
 from constructs.props import Between, Props
 from constructs.rollout_policy import RolloutPolicyProps
 from constructs.sagemaker_execution_role import SageMakerExecutionRoleProps
@@ -54,6 +56,7 @@ class Resources:
         self.role = iam.Role(self.stack, "Role", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"))
         self.endpoint = TritonMmeEndpoint(self.stack, "Endpoint", props=self.endpoint_props())
         self.bucket = ModelBucket(self.stack, "Bucket").bucket
+        self.build_image = ecr_assets.DockerImageAsset(self.stack, "BuildImage", directory=str(ROOT / "model_build"))
         self.function = lambda_.Function.from_function_arn(
             self.stack, "Function", "arn:aws:lambda:eu-west-1:123456789012:function:build"
         )
@@ -87,6 +90,8 @@ REFUSED: list[tuple[str, Callable[[Resources], Callable[..., Props]], dict[str, 
     ("role", lambda r: SageMakerExecutionRoleProps, {"endpoint_name": "a_b"}, "endpoint_name: got 'a_b'; expected 1 to 63"),
     ("bucket", lambda r: ModelBucketProps, {"access_log_expiration": Duration.days(36501)},
      "access_log_expiration: got 36501 days; expected 1 to 36500 days"),
+    ("processing", lambda r: lambda **v: ProcessingBuildProps(image=r.build_image, **v),
+     {"max_runtime": Duration.days(10)}, "max_runtime: got 864000 s; expected 1 to 777600 s"),
     ("autoscaling", lambda r: lambda **v: EndpointAutoscalingProps(endpoint=r.endpoint, **v),
      {"invocations_scale_out_cooldown": Duration.days(2)},
      "invocations_scale_out_cooldown: got 172800 s; expected 0 to 86400 s"),

@@ -39,7 +39,7 @@ import os
 import tempfile
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -49,7 +49,8 @@ import torch
 
 from model_build.errors import ExportError
 from model_build.export.eager import input_names, output_names
-from model_build.export.fusion import _hf_model, check_runtime_compatible, fuse, should_fuse
+from model_build.export.fusion import _attention_shape, _hf_model, check_runtime_compatible, fuse, should_fuse
+from model_build.export.memory import release_memory
 from model_build.manifest import TEXT_TASKS, ModelSpec
 from model_build.types import NUMPY_TO_TRITON, ExportedModel, TensorSpec
 
@@ -124,10 +125,15 @@ def _quiet_tracing() -> Iterator[None]:
 
 
 def export_onnx(
-    spec: ModelSpec, module: torch.nn.Module, sample: dict[str, np.ndarray], out_path: Path
+    spec: ModelSpec, module: torch.nn.Module, sample: dict[str, np.ndarray], out_path: Path, *,
+    on_traced: Callable[[], None] | None = None,
 ) -> ExportedModel:
-    """Trace ``module`` on ``sample`` into ``out_path`` (opset :data:`OPSET`), FP16 if asked."""
+    """Trace ``module`` on ``sample`` into ``out_path`` (opset :data:`OPSET`), FP16 if asked.
+
+    ``on_traced`` is called once the trace is written and this function has let go of
+    ``module``: a caller that passed its last reference frees the module there (issue 36)."""
     fusing = should_fuse(spec, module)
+    attention = _attention_shape(module)
     with _scratch_beside(out_path) as scratch:
         raw = scratch / "model.onnx"
         try:
@@ -145,8 +151,11 @@ def export_onnx(
                 )
         except Exception as error:  # any exporter failure is an export error of this model
             raise _fail(spec, "onnx export", error) from error
-        model = onnx.load(str(raw))  # loads external data too, when the exporter wrote any
-    return _finish_onnx(spec, model, out_path, fusing=fusing, module=module)
+        del module
+        if on_traced is not None:
+            on_traced()
+        release_memory()  # the exporter's copies; the file is passed, so no frame here holds a proto
+        return _finish_onnx(spec, raw, out_path, fusing=fusing, attention=attention)
 
 
 @contextlib.contextmanager
@@ -170,12 +179,15 @@ def _eager_attention(module: torch.nn.Module) -> Iterator[None]:
 
 def import_onnx(spec: ModelSpec, source_path: Path, out_path: Path) -> ExportedModel:
     """Take a ready ``.onnx`` (an ``onnx`` source) as the model, converted to FP16 if asked."""
-    try:
-        model = onnx.load(str(source_path))
-    except Exception as error:  # a truncated or non-ONNX file
-        raise _fail(spec, f"reading {str(source_path)!r}", error) from error
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    return _finish_onnx(spec, model, out_path, fusing=should_fuse(spec, source_path))
+    return _finish_onnx(spec, source_path, out_path, fusing=should_fuse(spec, source_path))
+
+
+def _load(spec: ModelSpec, path: Path) -> onnx.ModelProto:
+    try:
+        return onnx.load(str(path))  # loads external data too, when the file has any
+    except Exception as error:  # a truncated or non-ONNX file
+        raise _fail(spec, f"reading {str(path)!r}", error) from error
 
 
 def _weight_bytes(model: onnx.ModelProto) -> int:
@@ -216,18 +228,14 @@ def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     The exporter declares every dimension it could not fold as a symbol (MiniLM's embedding came
     out as ``[batch, Divsentence_embedding_dim_1]``, not ``[batch, 384]``), and the Triton config
     is generated from the declared shapes. Inference is best effort: where it fails, the
-    exporter's own declaration stands. Above the 2 GiB protobuf limit, where the model cannot be
-    serialized whole for the inference, it runs on the graph's skeleton (:func:`_skeleton`) and its
-    results (every value's type and the outputs') are copied back onto the model, whose weights
-    never move: the same shapes as below the limit, and length grouping can apply.
+    exporter's own declaration stands. It runs on the graph's skeleton (:func:`_skeleton`), its
+    results (every value's type, the outputs) copied back onto the model, whose weights never move:
+    a whole model cannot be serialized above 2 GiB, and below it the copies set the peak memory.
     """
-    big = _over_proto_limit(model)
     try:
-        inferred = onnx.shape_inference.infer_shapes(_skeleton(model) if big else model, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(_skeleton(model), data_prop=True)
     except (onnx.shape_inference.InferenceError, ValueError):
         return model
-    if not big:
-        return inferred
     del model.graph.value_info[:]
     model.graph.value_info.extend(inferred.graph.value_info)
     for output, typed in zip(model.graph.output, inferred.graph.output, strict=True):
@@ -237,18 +245,18 @@ def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def _finish_onnx(
     spec: ModelSpec,
-    model: onnx.ModelProto,
+    source: Path,
     out_path: Path,
     *,
     fusing: bool = False,
-    module: torch.nn.Module | None = None,
+    attention: tuple[int, int] = (0, 0),
 ) -> ExportedModel:
-    """Shapes, then the offline fusions (``module`` gives heads and hidden size) and FP16.
+    """Shapes, then the offline fusions (``attention``: heads and hidden size) and FP16.
 
     Fusion precedes FP16 so the converter sees the fused ops; INT8 comes later, in the build's
     optimize step (:mod:`model_build.export.optimize`), as it needs calibration inputs.
     """
-    model = _infer_shapes(model)
+    model = _infer_shapes(_load(spec, source))
     if fusing and _over_proto_limit(model):
         # ONNX Runtime's offline optimizer serializes the model whole, which protobuf refuses
         # above 2 GiB ("graph fusion failed: InvalidProtobuf"). Unset, such a graph is served as
@@ -262,12 +270,22 @@ def _finish_onnx(
                 model=spec.name,
             )
         fusing = False
-    if fusing:
-        model, _ = fuse(spec, model, module)
+    if fusing:  # from a file: this proto is freed before ONNX Runtime loads its own copy
+        ir_version, shaped = model.ir_version, out_path.with_name(f".{out_path.name}.shaped")
+        try:  # external data: written tensor by tensor, never serialized whole
+            onnx.save_model(model, str(shaped), save_as_external_data=True, location=shaped.name + ".data")
+            del model
+            release_memory()
+            model, _ = fuse(spec, shaped, None, ir_version=ir_version, attention=attention)
+        finally:
+            shaped.unlink(missing_ok=True)
+            shaped.with_name(shaped.name + ".data").unlink(missing_ok=True)
     if spec.effective_precision == "fp16":
         model = _to_fp16(spec, model)
     check_runtime_compatible(model, name=spec.name)
     save_onnx(model, out_path)
+    del model
+    release_memory()
     inputs, outputs = onnx_signature(out_path, model_name=spec.name)
     return ExportedModel(name=spec.name, format="onnx", path=out_path, inputs=inputs, outputs=outputs)
 
@@ -323,7 +341,6 @@ def _tensor_spec(value: onnx.ValueInfoProto, model_name: str) -> TensorSpec:
             + ", ".join(NUMPY_TO_TRITON),
             model=model_name,
         )
-    # A symbolic or unknown dimension is variable for Triton: -1.
     shape = tuple(dim.dim_value if dim.HasField("dim_value") else -1 for dim in tensor.shape.dim)
     return TensorSpec(name=value.name, dtype=dtype, shape=shape)
 

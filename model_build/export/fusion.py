@@ -109,20 +109,26 @@ def _prune_opsets(model: onnx.ModelProto, ir_version: int) -> onnx.ModelProto:
     return model
 
 
-def fuse(spec: ModelSpec, model: onnx.ModelProto, module: torch.nn.Module | Path | None) -> tuple[
-    onnx.ModelProto, dict[str, int]
-]:
-    """Transformer fusions (see the module docstring); fails if no attention was fused."""
+def fuse(spec: ModelSpec, model: onnx.ModelProto | Path, module: torch.nn.Module | Path | None, *,
+         ir_version: int | None = None, attention: tuple[int, int] | None = None,
+         ) -> tuple[onnx.ModelProto, dict[str, int]]:
+    """Transformer fusions (see the module docstring); fails if no attention was fused.
+
+    ``model`` may be a saved file (then ``ir_version`` is the export's): the optimizer loads it
+    itself, so the caller need not hold the graph while ONNX Runtime holds its own copy;
+    ``attention`` (heads, hidden) in place of ``module``'s config."""
     from onnxruntime.transformers.optimizer import optimize_model
 
-    heads, hidden = _attention_shape(module)
-    ir_version = model.ir_version
+    heads, hidden = attention or _attention_shape(module)
+    if isinstance(model, onnx.ModelProto):
+        ir_version = model.ir_version
+    assert ir_version is not None, "fuse: a file needs the export's ir_version"
     try:
         # It prints (not logs) a failed symbolic shape inference on the graph's dynamic Expand
         # nodes; that only skips SkipLayerNormalization, which the serving session fuses itself.
         with warnings.catch_warnings(), _quiet_ort_logging(), contextlib.redirect_stdout(io.StringIO()):
             warnings.simplefilter("ignore")
-            optimized = optimize_model(model, model_type="bert", num_heads=heads, hidden_size=hidden,
+            optimized = optimize_model(str(model) if isinstance(model, Path) else model, model_type="bert", num_heads=heads, hidden_size=hidden,
                                        opt_level=1, use_gpu=False)
     except Exception as error:
         raise ExportError(f"graph fusion failed: {type(error).__name__}: {error}"[:400],

@@ -33,6 +33,7 @@ from model_build.export.eager import (
     text_batch,
 )
 from model_build.export.length_groups import group_lengths
+from model_build.export.memory import RecordedRunner, release_memory
 from model_build.export.optimize import (
     Runner,
     fmt_below,
@@ -202,11 +203,14 @@ def _source_onnx_runner(spec: ModelSpec, path: Path, exported: ExportedModel) ->
     return run
 
 
-def reference_runner(spec: ModelSpec, module: torch.nn.Module | Path, exported: ExportedModel) -> Runner:
-    """Eager PyTorch for a module; ONNX Runtime on the source file for an ``onnx`` source."""
+def reference_runner(spec: ModelSpec, module: torch.nn.Module | Path | Runner, exported: ExportedModel) -> Runner:
+    """Eager PyTorch for a module; ONNX Runtime on the source file for an ``onnx`` source; a
+    runner as it is (the eager outputs recorded before the module was freed)."""
     if isinstance(module, Path):
         return _source_onnx_runner(spec, module, exported)
-    return eager_runner(spec, module)
+    if isinstance(module, torch.nn.Module):
+        return eager_runner(spec, module)
+    return module
 
 
 # --------------------------------------------------------------------------------------------
@@ -216,7 +220,7 @@ def reference_runner(spec: ModelSpec, module: torch.nn.Module | Path, exported: 
 
 def validate_export(
     spec: ModelSpec,
-    module: torch.nn.Module | Path,
+    module: torch.nn.Module | Path | Runner,
     exported: ExportedModel,
     samples: Sequence[Batch],
     *,
@@ -292,16 +296,21 @@ def _retrieval_check(
     sentences = reference_sentences(spec)
     if len(sentences) < 3:
         return
-    chunk = 1 if spec.max_batch_size == 0 else min(8, spec.max_batch_size)
     got, want = [], []
-    for i in range(0, len(sentences), chunk):
-        batch = text_batch(spec, source_dir, sentences[i:i + chunk])
+    for batch in retrieval_batches(spec, source_dir):
         got.append(run(batch)[0])
         want.append(reference(batch)[0])
     actual, expected = np.concatenate(got), np.concatenate(want)
     cosines.append(float(row_cosines(actual, expected).min()))
     report.top_k = min(TOP_K, len(sentences) - 1)
     report.top_k_agreement = top_k_agreement(expected, actual, report.top_k)
+
+
+def retrieval_batches(spec: ModelSpec, source_dir: Path | None) -> list[Batch]:
+    """The sample sentences as the retrieval check batches them."""
+    sentences = reference_sentences(spec)
+    chunk = 1 if spec.max_batch_size == 0 else min(8, spec.max_batch_size)
+    return [text_batch(spec, source_dir, sentences[i:i + chunk]) for i in range(0, len(sentences), chunk)]
 
 
 def check_gates(spec: ModelSpec, report: ValidationReport) -> None:
@@ -419,23 +428,32 @@ def export_and_validate(
     if spec.effective_precision == "int8" and source_dir is not None:  # before the slow export
         refuse_int8_over_limit(spec, _weight_file_bytes(source_dir))
     samples = sample_inputs(spec, source_dir)
-    reference: torch.nn.Module | Path
+    # INT8's layer choice is calibrated on inputs disjoint from ``samples`` and the sample
+    # sentences, which the gates below judge it on.
+    calibration = calibration_inputs(spec, source_dir) if spec.effective_precision == "int8" else []
+    ref_inputs = reference_inputs(spec, source_dir)
+    reference: Path | Runner
     if isinstance(spec.source, OnnxFileSource):
         assert source_dir is not None
         exported = import_onnx(spec, source_dir, model_dir / "model.onnx")
         reference = source_dir
     else:
-        module = load_module(spec, source_dir)
-        if spec.format == "onnx":
-            exported = export_onnx(spec, module, trace_sample(samples), model_dir / "model.onnx")
+        # Every eager output the checks compare with is recorded first; the module is freed once
+        # exported, so ONNX Runtime's copy of the weights is never held beside PyTorch's (issue 36).
+        held = [load_module(spec, source_dir)]
+        recorded = RecordedRunner(eager_runner(spec, held[0]))
+        recorded.record([*samples, *calibration, ref_inputs, *(
+            retrieval_batches(spec, source_dir) if spec.task == "sentence-embedding" else [])])
+        if spec.format == "onnx":  # the export gets the last reference and lets go of it once traced
+            exported = export_onnx(spec, held.pop(), trace_sample(samples), model_dir / "model.onnx",
+                                   on_traced=recorded.drop)
         else:
-            exported = export_torchscript(spec, module, trace_sample(samples), model_dir / "model.pt")
-        reference = module
+            exported = export_torchscript(spec, held.pop(), trace_sample(samples), model_dir / "model.pt")
+        recorded.drop()
+        release_memory()
+        reference = recorded
     # The optimize step (INT8 where asked; fusion and FP16 were done by the export), then the
     # checks, on the file that is packaged.
-    # INT8's layer choice is calibrated on inputs disjoint from ``samples`` and the sample
-    # sentences, which the gates below judge it on.
-    calibration = calibration_inputs(spec, source_dir) if spec.effective_precision == "int8" else []
     exported, optimized = optimize_export(
         spec, exported, calibration, reference_runner(spec, reference, exported),
     )
@@ -451,7 +469,6 @@ def export_and_validate(
     report.fp32_matmuls = list(optimized.fp32_matmuls)
     report.calibration_min_cosine = optimized.calibration_min_cosine
 
-    ref_inputs = reference_inputs(spec, source_dir)
     ref_outputs = reference_runner(spec, reference, exported)(ref_inputs)
     reference_path = model_dir / REFERENCE_NAME
     write_reference(

@@ -153,8 +153,8 @@ def _placed_items(s3: Any, request: Request, manifest: Any, keys: Mapping[str, s
     A model pinned to ``lambda`` that does not fit fails the plan, before any build starts."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from model_build.manifest.build_engine import EngineSettings
     from model_build.handler.processing import placement_at_deploy, processing_item
+    from model_build.manifest.build_engine import EngineSettings
 
     raw = request.props.get("BuildEngine")
     try:

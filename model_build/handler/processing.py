@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from model_build.manifest.build_engine import EngineSettings, Placement, estimate, place, weight_bytes_of
 from model_build.errors import ModelBuildError
 from model_build.manifest import Manifest, ModelSpec, OnnxFileSource, S3Source
+from model_build.manifest.build_engine import EngineSettings, Placement, estimate, place, weight_bytes_of
 
 JOBS_DIR = "_jobs"
 #: Where the job finds its inputs and leaves its unit (the container's view).

@@ -137,7 +137,10 @@ def source_weight_bytes(spec: ModelSpec, base_dir: Path) -> tuple[int | None, st
             root = importlib.resources.files(source.package)
             path = Path(str(root)) / source.path if isinstance(root, Path) else None
     if path is None:
-        return None, f"a {source.kind} source is sized where it is read (at deploy, in the build's plan step)"
+        return None, {"s3": "an s3 source is sized at deploy, by the build's plan step",
+                      "synthetic": "a synthetic model is sized only once built",
+                      "onnx": "an onnx file on S3 is sized at deploy, by the build's plan step",
+                      }.get(source.kind, f"a {source.kind} source is not sized before its build downloads it")
     if not path.exists():
         return None, f"source {str(path)!r} does not exist"
     weights = weight_bytes_of(_folder_sizes(path))

@@ -205,8 +205,28 @@ def _plan_report(args: argparse.Namespace, engine: Any) -> Any:
     verdict = judge(new_template, deployed_template=deployed, deployed_where=deployed_where,
                     record=live.deployed if live is not None else None, live_routes=live is not None,
                     unknown_reason=unknown, engine=engine)
+    builds_on = _builds_on(manifest, models, new_template, manifest_path.parent if manifest_path else Path("."))
     return PlanReport(stack=settings.stack_name, models=models, verdict=verdict, routes_where=where,
-                      models_note=note)
+                      models_note=note, builds_on=builds_on)
+
+
+def _builds_on(manifest: Any, models: Any, template: dict[str, Any], base_dir: Path) -> dict[str, str]:
+    """Where each added or updated model builds, placed with the settings the synthesized
+    template gives the build (its custom resource's ``BuildEngine``)."""
+    from model_build.manifest.build_engine import EngineSettings, estimate, place, source_weight_bytes
+
+    engine = next((resource.get("Properties", {}).get("BuildEngine") for resource in
+                   template.get("Resources", {}).values() if resource.get("Type") == "Custom::TritonModelRelease"), None)
+    if manifest is None or engine is None:
+        return {}
+    settings = EngineSettings.from_properties(engine)
+    wanted = {item.logical_name for item in models.added} | {item.route.logical_name for item in models.updated}
+    labels = {}
+    for target, spec in manifest.targets():
+        if target in wanted:
+            weights, why = source_weight_bytes(spec, base_dir)
+            labels[target] = place(spec, estimate(spec, weights, why), settings).describe(settings)
+    return labels
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

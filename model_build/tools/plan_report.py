@@ -16,7 +16,7 @@ CI finds its one comment and updates it on every push (``python -m model_build p
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from model_build.release.routes import ModelPlan
@@ -56,6 +56,8 @@ class PlanReport:
     routes_where: str
     #: Why the models were not compared ("" when they were).
     models_note: str = ""
+    #: Where each added or updated model builds, with its estimate (model name -> text).
+    builds_on: dict[str, str] = field(default_factory=dict)
 
     @property
     def overall(self) -> str:
@@ -94,6 +96,7 @@ class PlanReport:
             "compared_with": {"routes": self.routes_where, "deployed": verdict.compared_with},
             "models": {
                 "note": self.models_note,
+                "builds_on": dict(self.builds_on),
                 "counts": {"added": len(models.added), "updated": len(models.updated),
                            "removed": len(models.removed), "unchanged": len(models.unchanged)},
                 "added": [{"name": item.logical_name, "entry_sha256": item.entry_sha256,
@@ -112,6 +115,10 @@ class PlanReport:
                       "findings": [f.as_json() for f in verdict.of("other")]},
         }
 
+    def _where(self, model: str) -> str:
+        where = self.builds_on.get(model)
+        return f"; {where}" if where else ""
+
     # -----------------------------------------------------------------------------------------
     # Text
     # -----------------------------------------------------------------------------------------
@@ -122,9 +129,9 @@ class PlanReport:
         lines = [f"plan against {where} ({self.routes_where}); deployed state: {self.verdict.compared_with}"]
         if self.models_note:
             lines.append(f"  models: {self.models_note}")
-        lines += [f"  + {item.logical_name}  (added)" for item in models.added]
+        lines += [f"  + {item.logical_name}  (added){self._where(item.logical_name)}" for item in models.added]
         lines += [f"  ~ {item.route.logical_name}  {item.route.target_model} -> new build ({item.reason})"
-                  for item in models.updated]
+                  f"{self._where(item.route.logical_name)}" for item in models.updated]
         lines += [f"  - {route.logical_name}  {route.target_model}  (unrouted; kept for the retention window)"
                   for route in models.removed]
         if verbose:
@@ -193,10 +200,10 @@ class PlanReport:
         if others:
             parts += ["", *_folded(f"Other resources that change ({len(others)})", others, keep, _finding)]
         parts += _folded(f"Added ({len(models.added)})", models.added, keep,
-                         lambda item: f"- `{item.logical_name}`")
+                         lambda item: f"- `{item.logical_name}`{_md(self._where(item.logical_name))}")
         parts += _folded(f"Updated ({len(models.updated)})", models.updated, keep,
                          lambda item: f"- `{item.route.logical_name}`: `{item.route.target_model}` -> new build "
-                                      f"({item.reason})")
+                                      f"({item.reason}){_md(self._where(item.route.logical_name))}")
         parts += _folded(f"Removed ({len(models.removed)})", models.removed, keep,
                          lambda route: f"- `{route.logical_name}`: `{route.target_model}` (unrouted, kept for "
                                        "the retention window)")
