@@ -104,6 +104,7 @@ class Resolver:
             ("AWS::Lambda::Function", "Arn"): f"arn:{PARTITION}:lambda:{REGION}:{ACCOUNT}:function:{name}",
             ("AWS::IAM::Role", "Arn"): f"arn:{PARTITION}:iam::{ACCOUNT}:role/{name}",
             ("AWS::S3::Bucket", "Arn"): f"arn:{PARTITION}:s3:::{name}",
+            ("AWS::KMS::Key", "Arn"): f"arn:{PARTITION}:kms:{REGION}:{ACCOUNT}:key/{name}",
         }
         if type_ == "AWS::StepFunctions::StateMachine" and attribute == "Arn":
             return self.ref(logical_id)
