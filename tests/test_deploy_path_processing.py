@@ -133,9 +133,11 @@ def _manifest(deployment: Any) -> Any:
     return _load_manifest(deployment.s3, Request({"RequestType": "Create", "ResourceProperties": props}))
 
 
-def _first_release(templates: Templates, aws: LocalAws) -> tuple[Any, dict[str, Any], str]:
-    """A first release (Lambda only) built and routed: what keeps serving when the next fails."""
-    first = aws.deploy(templates.get(tiny_manifest(1)))
+def _first_release(templates: Templates, aws: LocalAws, **settings: Any) -> tuple[Any, dict[str, Any], str]:
+    """A first release (Lambda only) built and routed: what keeps serving when the next fails.
+    (An update changes the custom resource's properties and assets, not the state machine: the
+    settings that shape it are given here.)"""
+    first = aws.deploy(templates.get(tiny_manifest(1), **settings))
     request, started, described = _build(first)
     assert described["status"] == "SUCCEEDED"
     _complete(request, started)
@@ -180,7 +182,7 @@ def test_a_failing_job_fails_the_build_with_its_reason_and_the_previous_routes_k
 def test_a_job_past_its_max_runtime_fails_the_build_naming_the_model(
     templates: Templates, aws: LocalAws, jobs: LocalProcessing
 ) -> None:
-    first, request, served = _first_release(templates, aws)
+    first, request, served = _first_release(templates, aws, build_processing_max_runtime_minutes="1")
     aws.runtime.reset()
     # One minute, scaled by the emulator's time scale (0.6 s): less than the job's start.
     manifest = on_processing(tiny_manifest(2), "unit-01")
