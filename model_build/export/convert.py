@@ -100,17 +100,15 @@ def _scratch_beside(out_path: Path) -> Iterator[Path]:
 
 @contextlib.contextmanager
 def _tracing(inner: contextlib.AbstractContextManager[T]) -> Iterator[T]:
-    """One trace: its turn of the export lock, no gradients, the known warnings silenced, and
-    ``inner`` (an exporter's own setting) around it."""
+    """One trace: the export lock, no gradients, known warnings silenced, ``inner`` around it."""
     with _EXPORT_LOCK, _quiet_tracing(), torch.no_grad(), inner as value:
         yield value
 
 
 @contextlib.contextmanager
 def _quiet_tracing() -> Iterator[None]:
-    # The tracer warns on every Python bool taken from a tensor inside transformers; those
-    # branches are shape-safe for these models, and validation on several batch sizes and
-    # lengths is what actually proves it. The legacy exporter's deprecation notice is known.
+    # The tracer warns on every Python bool taken from a tensor inside transformers (shape-safe
+    # here: validation on several shapes proves it); the exporter's deprecation notice is known.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         warnings.simplefilter("ignore", FutureWarning)  # transformers attribute renames
@@ -128,10 +126,8 @@ def export_onnx(
     spec: ModelSpec, module: torch.nn.Module, sample: dict[str, np.ndarray], out_path: Path, *,
     on_traced: Callable[[], None] | None = None,
 ) -> ExportedModel:
-    """Trace ``module`` on ``sample`` into ``out_path`` (opset :data:`OPSET`), FP16 if asked.
-
-    ``on_traced`` is called once the trace is written and this function has let go of
-    ``module``: a caller that passed its last reference frees the module there (issue 36)."""
+    """Trace ``module`` on ``sample`` into ``out_path`` (opset :data:`OPSET`), FP16 if asked;
+    ``on_traced`` is called once this has let go of ``module`` (a caller frees it there)."""
     fusing = should_fuse(spec, module)
     attention = _attention_shape(module)
     with _scratch_beside(out_path) as scratch:
@@ -185,7 +181,7 @@ def import_onnx(spec: ModelSpec, source_path: Path, out_path: Path) -> ExportedM
 
 def _load(spec: ModelSpec, path: Path) -> onnx.ModelProto:
     try:
-        return onnx.load(str(path))  # loads external data too, when the file has any
+        return onnx.load(str(path))  # with its external data, if any
     except Exception as error:  # a truncated or non-ONNX file
         raise _fail(spec, f"reading {str(path)!r}", error) from error
 
@@ -280,6 +276,7 @@ def _finish_onnx(
         finally:
             shaped.unlink(missing_ok=True)
             shaped.with_name(shaped.name + ".data").unlink(missing_ok=True)
+        release_memory()
     if spec.effective_precision == "fp16":
         model = _to_fp16(spec, model)
     check_runtime_compatible(model, name=spec.name)
@@ -319,14 +316,8 @@ def save_onnx(model: onnx.ModelProto, path: Path) -> None:
         side.unlink(missing_ok=True)  # a stale side file would end up in the package
         onnx.save_model(model, str(path))
         return
-    onnx.save_model(
-        model,
-        str(path),
-        save_as_external_data=True,
-        all_tensors_to_one_file=True,
-        location=side.name,
-        size_threshold=1024,
-    )
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=side.name, size_threshold=1024)
 
 
 def _tensor_spec(value: onnx.ValueInfoProto, model_name: str) -> TensorSpec:

