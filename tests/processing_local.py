@@ -53,7 +53,15 @@ class LocalProcessing:
     #: The next this many jobs get no instance.
     no_capacity: int = 0
     jobs: list[dict[str, Any]] = field(default_factory=list)
+    #: Every S3 call SageMaker's side made for the jobs (with the job's role): ``(operation, params)``.
+    s3_calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        def record(params: dict[str, Any], model: Any, **_: Any) -> None:
+            self.s3_calls.append((model.name, dict(params)))
+
+        self.s3.meta.events.register("provide-client-params.s3.*", record)
 
     def run(self, params: dict[str, Any]) -> dict[str, Any]:
         """Run one job to its end; its description (``ProcessingJobStatus`` Completed or not)."""

@@ -218,3 +218,61 @@ def test_a_job_that_gets_capacity_on_a_retry_builds_the_model(
     assert described["status"] == "SUCCEEDED", (described.get("error"), described.get("cause"))
     assert [job["ProcessingJobStatus"] for job in jobs.jobs] == ["Failed", "Completed"]
     assert _complete(request, started)["IsComplete"] is True
+
+
+def test_every_s3_call_of_a_job_with_an_s3_source_is_granted_to_its_roles(
+    templates: Templates, aws: LocalAws, jobs: LocalProcessing, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ResNet saved with ``save_pretrained`` on S3, built by a job: SageMaker's side (inputs
+    down, the unit up) must be what the template grants the job's role, and the Lambda's side
+    (the plan's job document, ``store_job``) what it grants the build role."""
+    import transformers
+
+    import model_build.aws_clients as aws_clients_module
+    from iam_grants import granted, role_s3_grants, s3_actions
+
+    handler_calls: list[tuple[str, dict[str, Any]]] = []
+    real_make = aws_clients_module.make_s3_client
+
+    def recording_client(**kwargs: Any) -> Any:
+        client = real_make(**kwargs)
+        client.meta.events.register("provide-client-params.s3.*",
+                                    lambda params, model, **_: handler_calls.append((model.name, dict(params))))
+        return client
+
+    monkeypatch.setattr(aws_clients_module, "make_s3_client", recording_client)
+    saved = tmp_path / "resnet"
+    config = transformers.ResNetConfig(embedding_size=8, hidden_sizes=[8, 8], depths=[1, 1], num_labels=3)
+    transformers.ResNetForImageClassification(config).save_pretrained(saved)
+    manifest = {"version": 1, "models": [{
+        "name": "resnet-s3", "source": {"kind": "s3", "uri": "s3://model-sources/resnet/"},
+        "task": "image-classification", "max_batch_size": 2, "image": {"image_size": 32, "channels": 3},
+        "build": {"runs_on": "processing"}}]}
+    template = templates.get(manifest)
+    deployment = aws.deploy(template)
+    deployment.s3.create_bucket(Bucket="model-sources")
+    for path in saved.iterdir():
+        deployment.s3.upload_file(str(path), "model-sources", f"resnet/{path.name}")
+    request, started, described = _build(deployment)
+    assert described["status"] == "SUCCEEDED", (described.get("error"), described.get("cause"), jobs.jobs[-1].get("Log"))
+    (job,) = jobs.jobs
+    assert [i["InputName"] for i in job_request(job)["ProcessingInputs"]] == ["request", "source"]
+    assert _complete(request, started)["IsComplete"] is True
+
+    model_bucket = request["ResourceProperties"]["ModelBucket"]
+
+    def arn(bucket: str) -> str:
+        return f"arn:aws:s3:::{'MODEL' if bucket == model_bucket else bucket}"
+
+    for role, calls in (("ModelBuildProcessingRole", jobs.s3_calls), ("ModelBuildRole", handler_calls)):
+        grants = role_s3_grants(template.data, role)
+        assert calls, role
+        denied = [f"{operation} needs {action} on {resource}" for operation, params in calls
+                  if params.get("Bucket") in (model_bucket, "model-sources")
+                  for action, resource, prefix in s3_actions(operation, params, arn)
+                  if not granted(grants, action, resource, prefix)]
+        assert denied == [], f"{role}:\n" + "\n".join(sorted(set(denied)))
+    # The job's role reads the source and <prefix>/_jobs only, and writes <prefix>/_jobs only.
+    touched = {(name, params["Bucket"], params.get("Key", params.get("Prefix", "")).split("/")[:2][-1])
+               for name, params in jobs.s3_calls}
+    assert {key for _, bucket, key in touched if bucket == model_bucket} == {"_jobs"}, touched

@@ -20,8 +20,6 @@ import subprocess
 import sys
 import tarfile
 import uuid
-from collections.abc import Mapping
-from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -29,6 +27,7 @@ from urllib.parse import unquote
 import numpy as np
 import pytest
 import yaml
+from iam_grants import granted, role_s3_grants, s3_actions
 from s3_faults import FaultProxy  # tests/ is on sys.path
 
 from model_build import handler
@@ -654,84 +653,19 @@ def test_build_jobs_a_failing_model_names_it_and_a_rerun_builds_only_what_is_mis
 # Least privilege: every S3 call of a Create and an Update is one the stack grants by default
 # ---------------------------------------------------------------------------------------------
 
-_HEX64 = re.compile(r"[0-9a-f]{64}")
-
-
-def _render(value: Any, model_bucket: str) -> str:
-    """A template ARN as a glob: the model bucket is ``MODEL``, the CDK asset bucket ``ASSET``,
-    the partition ``aws``, anything else ``*``."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict) and "Fn::Join" in value:
-        sep, parts = value["Fn::Join"]
-        return str(sep).join(_render(part, model_bucket) for part in parts)
-    if value == {"Fn::GetAtt": [model_bucket, "Arn"]}:
-        return "arn:aws:s3:::MODEL"
-    if value == {"Ref": "AWS::Partition"}:
-        return "aws"
-    if isinstance(value, dict) and "assets" in str(value.get("Fn::Sub", "")):
-        return "ASSET"
-    return "*"
-
-
-def _glob(pattern: str) -> re.Pattern[str]:
-    parts = _HEX64.split(pattern)  # an asset's content hash stands for any content hash
-    return re.compile("[0-9a-f]{64}".join(re.escape(p).replace(r"\*", ".*") for p in parts) + r"\Z")
-
-
 @pytest.fixture(scope="module")
 def build_role_grants(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, re.Pattern[str], list[str] | None]]:
     """The S3 actions the default stack grants the build role: ``(action, resource, s3:prefix
     condition)``, read from a synthesized template (default settings: ``artifacts_on_delete``
     is ``retain``)."""
-    from cdk_helpers import as_list, policy_of_role, synth
+    from cdk_helpers import synth
 
-    synthesized = synth(tmp_path_factory.mktemp("grants"), nag=False)
-    roles = [k for k, v in synthesized.data["Resources"].items()
-             if v["Type"] == "AWS::IAM::Role" and k.startswith("ModelBuildRole")]
-    assert len(roles) == 1, roles
-    model_bucket = next(k for k, v in synthesized.data["Resources"].items()
-                        if v["Type"] == "AWS::S3::Bucket" and k.startswith("ModelBucket"))
-    grants = []
-    for statement in policy_of_role(synthesized.data, roles[0]):
-        assert statement["Effect"] == "Allow"
-        prefixes = statement.get("Condition", {}).get("StringLike", {}).get("s3:prefix")
-        for action in as_list(statement["Action"]):
-            if action.startswith("s3:"):
-                for resource in as_list(statement["Resource"]):
-                    grants.append((action, _glob(_render(resource, model_bucket)), prefixes))
+    grants = role_s3_grants(synth(tmp_path_factory.mktemp("grants"), nag=False).data, "ModelBuildRole")
     assert {g[0] for g in grants} >= {"s3:GetObject", "s3:PutObject", "s3:ListBucket"}
     deletable = {pattern.pattern for action, pattern, _ in grants if action == "s3:DeleteObject"}
     assert deletable and all("/models/served/" in p for p in deletable), (
         "the default (retain) deletes only unrouted served objects", deletable)
     return grants
-
-
-def _needs(operation: str, params: Mapping[str, Any], arn: Any) -> list[tuple[str, str, str | None]]:
-    """The IAM actions an S3 API call needs (AWS's S3 action mapping): ``(action, resource, prefix)``."""
-    bucket, key = params.get("Bucket", ""), params.get("Key", "")
-    obj = f"{arn(bucket)}/{key}"
-    if operation in ("GetObject", "HeadObject"):
-        return [("s3:GetObject", obj, None)]
-    if operation in ("PutObject", "CreateMultipartUpload", "UploadPart", "CompleteMultipartUpload"):
-        return [("s3:PutObject", obj, None)]
-    if operation in ("AbortMultipartUpload", "GetObjectTagging", "PutObjectTagging", "DeleteObject"):
-        return [(f"s3:{operation}", obj, None)]
-    if operation in ("CopyObject", "UploadPartCopy"):
-        source = params["CopySource"]
-        if isinstance(source, str):
-            src_bucket, _, src_key = unquote(source).lstrip("/").partition("/")
-        else:
-            src_bucket, src_key = source["Bucket"], source["Key"]
-        src = f"{arn(src_bucket)}/{src_key}"
-        # The tags travel with a copy unless replaced: reading and writing them is checked too.
-        return [("s3:GetObject", src, None), ("s3:GetObjectTagging", src, None),
-                ("s3:PutObject", obj, None), ("s3:PutObjectTagging", obj, None)]
-    if operation in ("ListObjectsV2", "ListObjects"):
-        return [("s3:ListBucket", arn(bucket), str(params.get("Prefix", "")))]
-    if operation == "DeleteObjects":
-        return [("s3:DeleteObject", f"{arn(bucket)}/{item['Key']}", None) for item in params["Delete"]["Objects"]]
-    raise AssertionError(f"S3 operation {operation} is not mapped to IAM actions: add it to _needs")
 
 
 @pytest.mark.slow
@@ -815,10 +749,8 @@ def test_every_s3_call_of_a_create_and_an_update_is_granted_by_the_default_stack
     for operation, params in calls:
         if params.get("Bucket") in sources:
             continue
-        for action, resource, prefix in _needs(operation, params, arn):
-            if not any(granted == action and pattern.match(resource)
-                       and (prefix is None or conditions is None or any(fnmatch(prefix, c) for c in conditions))
-                       for granted, pattern, conditions in build_role_grants):
+        for action, resource, prefix in s3_actions(operation, params, arn):
+            if not granted(build_role_grants, action, resource, prefix):
                 denied.append(f"{operation} needs {action} on {resource}" + (f" (prefix {prefix!r})" if prefix else ""))
     assert denied == [], "\n".join(sorted(set(denied)))
 
