@@ -37,6 +37,7 @@ SECTION_TITLES = {
     "inference": "3. Serving the built artifact",
     "artifact": "4. Artifact size and load",
     "variants": "5. Fused graphs and precisions against the roofline",
+    "build_memory": "Build memory: peak RSS per byte of weights",
 }
 
 

@@ -66,7 +66,7 @@ def test_the_estimate_is_the_baseline_plus_the_measured_ratio_of_the_weights(tmp
     size, why = source_weight_bytes(entry, tmp_path)
     assert (size, why) == (3 * GIB, None)
     built = estimate(entry, size)
-    assert built.peak_mb == BASELINE_MB + round(RATIOS["onnx-fp32"].rss_per_weight_byte * 3 * 1024)
+    assert built.peak_mb == BASELINE_MB + round(RATIOS[("*", "onnx", "fp32")].rss_per_weight_byte * 3 * 1024)
     assert "3.00 GiB of weights" in built.describe()
     # An S3 source is sized at deploy; the estimate says so instead of guessing.
     s3 = spec()
@@ -177,3 +177,22 @@ def test_a_failed_jobs_reason_is_its_exit_message_or_its_failure_reason() -> Non
     from constructs.model_build_state_machine import NO_CAPACITY_ERROR
 
     assert ProcessingCapacityError.__name__ == NO_CAPACITY_ERROR
+
+
+def test_the_ratios_are_the_benchmarks_measurements() -> None:
+    """Each memory ratio is the build_memory benchmark's row (within 10%: a rerun moves it a little);
+    a rerun that moves it further must update the table."""
+    results = json.loads((ROOT / "benchmarks" / "results" / "build_memory.json").read_text())
+    rows = {row["row"]: row for row in results["measurements"]["rows"]}
+    measured_as = {
+        ("*", "onnx", "fp32"): "sentence-embedding/onnx/fp32",
+        ("text-classification", "onnx", "fp32"): "text-classification/onnx/fp32",
+        ("image-classification", "onnx", "fp32"): "image-classification/onnx/fp32",
+        ("*", "onnx", "fp16"): "sentence-embedding/onnx/fp16",
+        ("*", "onnx", "int8"): "feature-extraction/onnx/int8",
+        ("*", "torchscript", "fp32"): "feature-extraction/torchscript/fp32",
+    }
+    for key, row in measured_as.items():
+        assert RATIOS[key].rss_per_weight_byte == pytest.approx(rows[row]["ratio_over_baseline"], rel=0.1), key
+    assert set(RATIOS) - set(measured_as) == {("*", "tensorrt_plan", "fp32")}
+    assert BASELINE_MB * 1024**2 == pytest.approx(rows["sentence-embedding/onnx/fp32"]["baseline_rss"], rel=0.1)

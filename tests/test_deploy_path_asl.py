@@ -37,8 +37,8 @@ from model_build.release.store import stored_keys
 #: Slow: real builds through the executed state machine (make test runs it; make test-fast leaves it out).
 pytestmark = pytest.mark.slow
 
-#: Settings whose build state machine definitions differ from the default's (MaxConcurrency and
-#: TimeoutSeconds are the only settings in it): the ebs variant (30 minutes) and a small Map.
+#: Settings whose build state machine definitions differ from the default's (MaxConcurrency,
+#: TimeoutSeconds and a Processing job's MaxRuntime are the only settings in it): the ebs variant (30 minutes) and a small Map.
 VARIANTS: dict[str, dict[str, str]] = {
     "default": {},
     "ebs-timeout": {"build_total_timeout_minutes": "30", "build_query_interval_seconds": "30"},
@@ -94,11 +94,19 @@ def test_the_definitions_differ_only_in_the_settings_they_carry(templates: Templ
         logical_id = template.one("AWS::StepFunctions::StateMachine", "ModelBuildBuildStateMachine")
         resolved[name] = json.loads(Resolver(template).resolve(
             template.resources[logical_id]["Properties"]["DefinitionString"]))
-    carried = {name: (d["States"]["BuildModels"]["MaxConcurrency"], d["TimeoutSeconds"]) for name, d in resolved.items()}
-    assert carried == {"default": (50, 3000), "ebs-timeout": (50, 1800), "small-map": (3, 300)}
+    def job_runtime(definition: dict[str, Any]) -> dict[str, Any]:
+        (branch,) = definition["States"]["BuildModels"]["ItemProcessor"]["States"]["BuildOnProcessing"]["Branches"]
+        return dict(branch["States"]["RunBuildJob"]["Parameters"]["StoppingCondition"])
+
+    carried = {name: (d["States"]["BuildModels"]["MaxConcurrency"], d["TimeoutSeconds"],
+                      job_runtime(d)["MaxRuntimeInSeconds"]) for name, d in resolved.items()}
+    # A Processing job's MaxRuntime is the total timeout unless set.
+    assert carried == {"default": (50, 3000, 3000), "ebs-timeout": (50, 1800, 1800), "small-map": (3, 300, 300)}
     for definition in resolved.values():
         definition.pop("TimeoutSeconds")
         definition["States"]["BuildModels"].pop("MaxConcurrency")
+        (branch,) = definition["States"]["BuildModels"]["ItemProcessor"]["States"]["BuildOnProcessing"]["Branches"]
+        branch["States"]["RunBuildJob"]["Parameters"].pop("StoppingCondition")
     assert resolved["ebs-timeout"] == resolved["default"] == resolved["small-map"]
 
 
