@@ -50,10 +50,19 @@ GOAL_RATIO = 2.0
 #: Text model sizes by hidden size (each a fixed BERT shape below); ``resnet_depth``: the ResNet
 #: row's depth (0: no ResNet row); ``large_rows``: the rows built for the sizes after the first.
 SIZES: dict[str, dict[str, Any]] = {
-    "tiny": {"bert_hidden_sizes": [32], "resnet_depth": 0},
-    "quick": {"bert_hidden_sizes": [768], "resnet_depth": 50},
-    "full": {"bert_hidden_sizes": [768, 1024, 1536], "resnet_depth": 50},
+    "tiny": {"bert_hidden_sizes": [32], "resnet_depth": 0, "engine_hidden": 32},
+    "quick": {"bert_hidden_sizes": [768], "resnet_depth": 50, "engine_hidden": 768},
+    "full": {"bert_hidden_sizes": [768, 1024, 1536], "resnet_depth": 50, "engine_hidden": 1536},
 }
+#: The engines' row: the FP32 ONNX sentence-embedding model at ``engine_hidden`` (over 2 GB in
+#: full mode), built by the Processing job's entry point and compared with the Lambda's build.
+ENGINE_ROW = "sentence-embedding/onnx/fp32"
+#: The projection: a 1,000-model release, this share of it too big for the Lambda, at the
+#: stack's default Map concurrency, against the default total build budget (50 minutes).
+PROJECTED_MODELS, PROJECTED_ON_PROCESSING, MAP_CONCURRENCY, BUILD_BUDGET_S = 1000, 50, 50, 50 * 60
+#: Not measured here (no SageMaker on this machine): the minutes a Processing job spends getting
+#: and starting its instance and pulling the image before the entry point runs. An assumption.
+ASSUMED_JOB_START_S = 300
 #: BERT shapes by hidden size: tiny (the test suite's), base (~110M parameters), large (~335M)
 #: and one over the 2 GiB protobuf limit (24 layers of hidden 1536, ~0.6B parameters).
 BERT_SHAPES: dict[int, dict[str, Any]] = {
@@ -142,6 +151,25 @@ def _child(mode: str, manifest: Path, out: Path, result_path: Path) -> int:
         code = main(["build", "--manifest", str(manifest), "--out", str(out)])
         record.update(seconds=time.perf_counter() - started, exit=code)
         record["peak_rss"] = _hwm_bytes()
+    elif mode == "processing":  # the Processing job's entry point on the inputs a job gets
+        from model_build.handler.custom_resource import _model_key
+        from model_build.handler.processing_job import run as run_job
+        from model_build.manifest import load_manifest
+
+        document = load_manifest(manifest)
+        spec = document.models[0]
+        root = out / "opt-ml"
+        (root / "processing" / "input" / "request").mkdir(parents=True, exist_ok=True)
+        request = {"ManifestBucket": "bench", "ManifestKey": "models.yaml", "ManifestSha256": document.content_sha256(),
+                   "ModelBucket": "bench", "ModelPrefix": "models", "ReleaseId": "r-" + "0" * 16, "CodeSha256": "0" * 64}
+        (root / "processing" / "input" / "request" / "request.json").write_text(json.dumps({
+            "Request": request, "Model": spec.name, "Key": _model_key(spec), "Manifest": document.canonical_json(),
+            "Mounts": {}}), encoding="utf-8")
+        started = time.perf_counter()
+        record.update(exit=run_job(root), peak_rss=_hwm_bytes())
+        record["seconds"] = time.perf_counter() - started
+        tarballs = list((root / "processing" / "output" / "unit").glob("*.tar.gz"))
+        record["tarball_bytes"] = max((t.stat().st_size for t in tarballs), default=0)
     else:  # the build's imports, then the weights counted
         import onnxruntime.transformers.optimizer  # noqa: F401
         import transformers  # noqa: F401
@@ -246,7 +274,55 @@ def run(ctx: RunContext) -> dict[str, Any]:
         not_judged="" if judged else "stated for BERT-base-sized models and larger; this run built smaller ones",
     ))
     result["measurements"]["build_s"] = stats([m["build_s"] for m in measured])
+    engines = measure_engines(ctx, scratch, measured)
+    result["measurements"]["engines"] = engines
+    result["measurements"]["projection"] = projection(engines)
     return finish_result(result, started)
+
+
+def measure_engines(ctx: RunContext, scratch: Path, measured: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One model, both engines: the Lambda's build is the row already measured (``build_unit``,
+    what ``build_item`` runs, without its S3 upload, which streams the tarball); the Processing
+    job's is its entry point on the job's input folder (SageMaker's download and upload are
+    outside its process), in a fresh child."""
+    import yaml
+
+    hidden = int(ctx.sizes(SIZES)["engine_hidden"])
+    (on_lambda,) = [m for m in measured if m["row"] == ENGINE_ROW and m["size"] == SIZE_NAMES[hidden]]
+    item = entry(ENGINE_ROW, "sentence-embedding", "onnx", "fp32", hidden=hidden)
+    folder = scratch / "engines"
+    folder.mkdir(parents=True, exist_ok=True)
+    manifest = folder / "models.yaml"
+    manifest.write_text(yaml.safe_dump({"version": 1, "models": [item]}, sort_keys=False), encoding="utf-8")
+    built = _run_child("processing", manifest, folder / "processing")
+    if int(built["exit"]) != 0:
+        raise RuntimeError("build_memory: the Processing entry point's build failed")
+    weights, peak = on_lambda["weight_bytes"], int(built["peak_rss"])
+    rows = [{"engine": "lambda", **{k: on_lambda[k] for k in ("size", "row", "weight_bytes", "peak_rss", "ratio_total",
+                                                              "ratio_over_baseline", "build_s")}},
+            {"engine": "processing", "size": on_lambda["size"], "row": ENGINE_ROW, "weight_bytes": weights,
+             "peak_rss": peak, "ratio_total": round(peak / weights, 3),
+             "ratio_over_baseline": round((peak - on_lambda["baseline_rss"]) / weights, 3),
+             "build_s": round(float(built["seconds"]), 2)}]
+    log(f"build_memory: engine processing, {on_lambda['size']}: peak {peak / 1e6:.0f} MB, "
+        f"{rows[-1]['ratio_total']:.2f}x the weights, {rows[-1]['build_s']:.0f} s")
+    return rows
+
+
+def projection(engines: list[dict[str, Any]]) -> dict[str, Any]:
+    """A 1,000-model release with a mix of engines at the default Map concurrency: the Map's
+    slots busy for each model's build (and, on Processing, the assumed start of its job),
+    spread over the slots, against the default total build budget."""
+    by_engine = {row["engine"]: row for row in engines}
+    on_lambda = PROJECTED_MODELS - PROJECTED_ON_PROCESSING
+    lambda_s, job_s = by_engine["lambda"]["build_s"], by_engine["processing"]["build_s"] + ASSUMED_JOB_START_S
+    slot_seconds = on_lambda * lambda_s + PROJECTED_ON_PROCESSING * job_s
+    # The Map cannot finish before its longest item, nor before the slots have done the work.
+    wall = max(slot_seconds / MAP_CONCURRENCY, job_s, lambda_s)
+    return {"models": PROJECTED_MODELS, "on_processing": PROJECTED_ON_PROCESSING, "map_concurrency": MAP_CONCURRENCY,
+            "lambda_build_s": lambda_s, "processing_job_s": job_s, "assumed_job_start_s": ASSUMED_JOB_START_S,
+            "projected_s": round(wall), "budget_s": BUILD_BUDGET_S, "fits": wall <= BUILD_BUDGET_S,
+            "size": by_engine["lambda"]["size"]}
 
 
 def chart(result: dict[str, Any], path: Path) -> None:
@@ -287,7 +363,28 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         table(["size", "task / format / precision", "parameters", "weights MB", "peak RSS MB", "baseline MB",
                "ratio_total", "ratio_over_baseline", "build s"], body),
+        "",
+        "**Per engine** (one model, both engines: the Lambda's build, and the Processing job's entry point "
+        "`python -m model_build.handler.processing_job` on the job's input folder; SageMaker's own download and "
+        "upload are outside its process):",
+        "",
+        table(["engine", "size", "weights MB", "peak RSS MB", "peak / weights", "build s"],
+              [[e["engine"], e["size"], f"{e['weight_bytes'] / 1e6:.0f}", f"{e['peak_rss'] / 1e6:.0f}",
+                f"{e['ratio_total']:.2f}", f"{e['build_s']:.0f}"] for e in result["measurements"].get("engines", [])]),
+        "",
+        _projection_text(result["measurements"].get("projection")),
     ])
+
+
+def _projection_text(p: dict[str, Any] | None) -> str:
+    if not p:
+        return ""
+    return (f"**Projection.** A release of {p['models']} models, {p['on_processing']} of them on Processing, at "
+            f"MaxConcurrency {p['map_concurrency']}: each Lambda model holds a slot {p['lambda_build_s']:.0f} s and "
+            f"each job {p['processing_job_s']:.0f} s ({p['size']} build measured, plus {p['assumed_job_start_s']} s "
+            f"assumed for SageMaker to start the job: not measured here), about {p['projected_s'] / 60:.0f} minutes "
+            f"against the {p['budget_s'] // 60}-minute budget: {'fits' if p['fits'] else 'does not fit'}. "
+            "The account's Processing quota per instance type can hold jobs back further.")
 
 
 if __name__ == "__main__":
