@@ -162,7 +162,8 @@ def processing_jobs(s3: Any, workdir: Path, *, time_scale: float = 1.0) -> Itera
             if described["ProcessingJobStatus"] == "Completed":
                 env.stack.append(public)
                 return
-            details: Any = EventDetails(taskFailedEventDetails=TaskFailedEventDetails(
+            make: Any = EventDetails  # a TypedDict of every kind of detail; one is given
+            details = make(taskFailedEventDetails=TaskFailedEventDetails(
                 resource=self._get_sfn_resource(), resourceType=self._get_sfn_resource_type(),
                 error=StatesErrorNameType.StatesTaskFailed.to_name(), cause=to_json_str(public)))
             raise FailureEventException(FailureEvent(

@@ -242,7 +242,8 @@ def test_every_s3_call_of_a_job_with_an_s3_source_is_granted_to_its_roles(
 
     monkeypatch.setattr(aws_clients_module, "make_s3_client", recording_client)
     saved = tmp_path / "resnet"
-    config = transformers.ResNetConfig(embedding_size=8, hidden_sizes=[8, 8], depths=[1, 1], num_labels=3)
+    shape: dict[str, Any] = {"embedding_size": 8, "hidden_sizes": [8, 8], "depths": [1, 1], "num_labels": 3}
+    config = transformers.ResNetConfig(**shape)
     transformers.ResNetForImageClassification(config).save_pretrained(saved)
     manifest = {"version": 1, "models": [{
         "name": "resnet-s3", "source": {"kind": "s3", "uri": "s3://model-sources/resnet/"},
