@@ -196,3 +196,124 @@ def test_the_ratios_are_the_benchmarks_measurements() -> None:
         assert RATIOS[key].rss_per_weight_byte == pytest.approx(rows[row]["ratio_over_baseline"], rel=0.1), key
     assert set(RATIOS) - set(measured_as) == {("*", "tensorrt_plan", "fp32")}
     assert BASELINE_MB * 1024**2 == pytest.approx(rows["sentence-embedding/onnx/fp32"]["baseline_rss"], rel=0.1)
+
+
+# ---------------------------------------------------------------------------------------------
+# The synthesized Processing branch: the job's request, its network and the least-privilege roles
+# ---------------------------------------------------------------------------------------------
+
+
+def _token(value: Any) -> str:
+    """A template token as the string the tests compare: ``<{"Ref": ...}>``."""
+    return f"<{json.dumps(value, sort_keys=True)}>"
+
+
+def _job_state(data: dict[str, Any]) -> dict[str, Any]:
+    (machine,) = [k for k, v in data["Resources"].items() if v["Type"] == "AWS::StepFunctions::StateMachine"
+                  and k.startswith("ModelBuildBuildStateMachine")]
+    _, parts = data["Resources"][machine]["Properties"]["DefinitionString"]["Fn::Join"]
+    text = "".join(part if isinstance(part, str) else json.dumps(_token(part))[1:-1] for part in parts)
+    definition = json.loads(text)
+    item = definition["States"]["BuildModels"]["ItemProcessor"]["States"]
+    assert item["WhereItBuilds"]["Choices"] == [{"Variable": "$.Engine", "StringEquals": "processing",
+                                                 "Next": "BuildOnProcessing"}]
+    parallel = item["BuildOnProcessing"]
+    (retry,) = parallel["Retry"]
+    assert (retry["ErrorEquals"], retry["IntervalSeconds"], retry["MaxAttempts"], retry["BackoffRate"]) == (
+        ["ProcessingCapacityError"], 60, 3, 2)
+    (branch,) = parallel["Branches"]
+    job = branch["States"]["RunBuildJob"]
+    assert job["Resource"] == f"arn:{_token({'Ref': 'AWS::Partition'})}:states:::sagemaker:createProcessingJob.sync"
+    assert job["Next"] == "StoreBuild"
+    assert job["Catch"] == [{"ErrorEquals": ["States.ALL"], "ResultPath": "$.JobError", "Next": "JobFailed"}]
+    return dict(job["Parameters"])
+
+
+@pytest.mark.parametrize("variant", ["default", "isolated", "existing"])
+def test_a_job_gets_the_endpoints_network_and_the_buckets_key(variant: str, tmp_path: Path) -> None:
+    from cdk_helpers import VARIANTS
+
+    data = synth(tmp_path, nag=False, **VARIANTS.get(variant, {})).data
+    job = _job_state(data)
+    (model,) = [v["Properties"] for v in data["Resources"].values() if v["Type"] == "AWS::SageMaker::Model"]
+    network = job["NetworkConfig"]
+    assert network["EnableNetworkIsolation"] is model.get("EnableNetworkIsolation", False)
+    assert network["EnableNetworkIsolation"] is (variant != "existing")
+    if "VpcConfig" in model:
+        # The same subnets and security group as the model's.
+        vpc = model["VpcConfig"]
+        assert network["VpcConfig"] == {"Subnets": [s if isinstance(s, str) else _token(s) for s in vpc["Subnets"]],
+                                        "SecurityGroupIds": [g if isinstance(g, str) else _token(g)
+                                                             for g in vpc["SecurityGroupIds"]]}
+    else:
+        assert "VpcConfig" not in network
+    cluster = job["ProcessingResources"]["ClusterConfig"]
+    assert cluster["VolumeKmsKeyId"] == job["ProcessingOutputConfig"]["KmsKeyId"]
+    (key,) = [k for k, v in data["Resources"].items() if v["Type"] == "AWS::KMS::Key" and k.startswith("ModelBucketKey")]
+    assert cluster["VolumeKmsKeyId"] == _token({"Fn::GetAtt": [key, "Arn"]})
+    assert (cluster["InstanceType.$"], cluster["VolumeSizeInGB.$"], job["ProcessingInputs.$"]) == (
+        "$.Job.InstanceType", "$.Job.VolumeGb", "$.Job.Inputs")
+
+
+def test_the_job_role_and_the_state_machine_role_are_least_privilege(tmp_path: Path) -> None:
+    from cdk_helpers import as_list, policy_of_role
+
+    data = synth(tmp_path, nag=False).data
+    resources = data["Resources"]
+    (job_role,) = [k for k, v in resources.items() if v["Type"] == "AWS::IAM::Role" and k.startswith("ModelBuildProcessingRole")]
+    assert resources[job_role]["Properties"]["AssumeRolePolicyDocument"]["Statement"][0]["Principal"] == {
+        "Service": "sagemaker.amazonaws.com"}
+    actions = {a for s in policy_of_role(data, job_role) for a in as_list(s["Action"])}
+    assert actions == {
+        "ecr:BatchCheckLayerAvailability", "ecr:GetDownloadUrlForLayer", "ecr:BatchGetImage", "ecr:GetAuthorizationToken",
+        "logs:CreateLogGroup", "logs:CreateLogStream", "logs:DescribeLogStreams", "logs:PutLogEvents",
+        "cloudwatch:PutMetricData", "kms:CreateGrant", "kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey",
+        "s3:GetObject", "s3:ListBucket", "s3:PutObject", "s3:AbortMultipartUpload",
+    }, actions
+    for statement in policy_of_role(data, job_role):
+        if any(a.startswith("s3:") for a in as_list(statement["Action"])):
+            assert "_jobs" in json.dumps(statement), statement  # the job folders only
+    (machine_role,) = [k for k, v in resources.items() if v["Type"] == "AWS::IAM::Role"
+                       and k.startswith("ModelBuildBuildStateMachineRole")]
+    statements = policy_of_role(data, machine_role)
+    by_action = {a: s for s in statements for a in as_list(s["Action"])}
+    passes = by_action["iam:PassRole"]
+    assert passes["Resource"] == {"Fn::GetAtt": [job_role, "Arn"]}
+    assert passes["Condition"] == {"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}}
+    for action in ("sagemaker:CreateProcessingJob", "sagemaker:DescribeProcessingJob", "sagemaker:StopProcessingJob"):
+        assert "processing-job/mb-*" in json.dumps(by_action[action]["Resource"]), action
+    for action in ("events:PutTargets", "events:PutRule", "events:DescribeRule"):
+        assert "rule/StepFunctionsGetEventsForSageMakerProcessingJobsRule" in json.dumps(by_action[action]["Resource"])
+    assert "sagemaker:*" not in by_action and "iam:*" not in by_action
+
+
+def test_the_plan_step_refuses_a_model_pinned_to_a_lambda_it_does_not_fit_before_any_build() -> None:
+    import boto3
+    import yaml
+    from moto import mock_aws
+
+    from model_build import handler
+    from model_build.manifest import parse_manifest
+    from model_build.release import compute_release
+
+    data = {"version": 1, "models": [{"name": "big", "source": {"kind": "s3", "uri": "s3://sources/big/"},
+                                       "task": "feature-extraction", "build": {"runs_on": "lambda"}}]}
+    with mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        for bucket in ("sources", "models-bucket", "assets"):
+            s3.create_bucket(Bucket=bucket)
+        s3.put_object(Bucket="sources", Key="big/config.json", Body=b"{}")
+        s3.put_object(Bucket="sources", Key="big/model.safetensors", Body=b"0" * (64 * 1024**2))
+        s3.put_object(Bucket="assets", Key="m.yaml", Body=yaml.safe_dump(data).encode())
+        release = compute_release(parse_manifest(data))
+        engine = EngineSettings(runs_on="auto", lambda_memory_mb=512).properties()
+        props = {"ManifestBucket": "assets", "ManifestKey": "m.yaml", "ManifestSha256": release.manifest_sha256,
+                 "ModelBucket": "models-bucket", "ModelPrefix": "models", "ReleaseId": release.release_id,
+                 "CodeSha256": release.code_sha256, "BuildEngine": engine}
+        with pytest.raises(handler.HandlerError) as caught:
+            handler.build_step({"Step": "plan", "Request": props})
+        message = str(caught.value)
+        assert "model 'big': build.runs_on: got 'lambda'" in message and "512 MB" in message and "\n" not in message
+        assert "0.06 GiB of weights" in message
+        listed = s3.list_objects_v2(Bucket="models-bucket").get("Contents", [])
+        assert not [o for o in listed if "/_jobs/" in o["Key"] or "/_builds/" in o["Key"]], "nothing was built"
