@@ -130,6 +130,13 @@ def test_a_model_change_is_models_only(default: dict[str, Any], work: Path, caps
     (updated,) = report["models"]["updated"]
     assert updated["name"] == "resnet-synthetic-ts" and updated["reason"] == "manifest entry changed"
     assert updated["old"] == {"target": "resnet-synthetic-ts-000000000000.tar.gz", "sha256": "a" * 64, "size": 1234}
+    # Where each added or updated model builds, with the template's build settings (issue 36).
+    assert report["models"]["builds_on"] == {
+        "minilm-l6-text": "builds on: lambda 6 GB; estimated peak 0.8 GiB, 1 min for 0.08 GiB of weights",
+        "resnet-synthetic-ts": "builds on: lambda 6 GB; estimate unknown (a synthetic model is sized only once built)",
+    }
+    code = main(["plan", "--routes-file", str(work / "r-models.json"), "--template", template])
+    assert "+ minilm-l6-text  (added); builds on: lambda 6 GB; estimated peak" in capsys.readouterr().out
 
 
 def test_an_instance_type_change_replaces_the_fleet_and_names_the_property(
