@@ -178,6 +178,11 @@ class ModelBucket(Construct):
             ),
         ]
 
+    def expire(self, id: str, prefix: str, expiration: Duration) -> None:
+        """Expire the objects under ``prefix/`` ``expiration`` after they are written (a lifecycle
+        rule): for working folders nothing serves from, such as the build jobs' ``_jobs/``."""
+        self.bucket.add_lifecycle_rule(id=id, prefix=f"{prefix}/", expiration=expiration)
+
     # -----------------------------------------------------------------------------------------
     # Grants
     # -----------------------------------------------------------------------------------------

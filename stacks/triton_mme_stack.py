@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from aws_cdk import Annotations, Aws, CfnMapping, CfnOutput, Fn, Stack
+from aws_cdk import Annotations, Aws, CfnMapping, CfnOutput, Duration, Fn, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_sns as sns
 
@@ -36,6 +36,8 @@ from model_build.text_ensemble.serving_wheel import serving_python_problem
 from model_build.text_ensemble.shm import shm_problem
 from stacks.settings import MmeSettings
 
+#: Days a Processing build job's input and output folder is kept.
+JOB_FOLDER_DAYS = 7
 #: The model build's Docker build context (``model_build/`` with its Dockerfile).
 DEFAULT_BUILD_CONTEXT = PACKAGE_DIR
 #: Console domain by partition, for the dashboard URL.
@@ -202,6 +204,8 @@ class TritonMmeStack(Stack):
         jobs = f"{prefix}/{JOBS_DIR}" if prefix else JOBS_DIR
         self.model_bucket.grant_read(build.processing.role, jobs)
         self.model_bucket.grant_write(build.processing.role, jobs)
+        # A job's folder matters while its build runs (and for a look after a failure): a week.
+        self.model_bucket.expire("ExpireBuildJobFolders", jobs, Duration.days(JOB_FOLDER_DAYS))
         self.model_bucket.grant_read(build, prefix)
         self.model_bucket.grant_write(build, prefix)
         self.model_bucket.grant_tag(build, prefix)

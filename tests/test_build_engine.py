@@ -285,6 +285,12 @@ def test_the_job_role_and_the_state_machine_role_are_least_privilege(tmp_path: P
     for action in ("events:PutTargets", "events:PutRule", "events:DescribeRule"):
         assert "rule/StepFunctionsGetEventsForSageMakerProcessingJobsRule" in json.dumps(by_action[action]["Resource"])
     assert "sagemaker:*" not in by_action and "iam:*" not in by_action
+    # The job folders are working files: a lifecycle rule expires them after a week.
+    (bucket,) = [v["Properties"] for k, v in resources.items() if v["Type"] == "AWS::S3::Bucket"
+                 and k.startswith("ModelBucket") and "AccessLogs" not in k]
+    rules = {rule["Id"]: rule for rule in bucket["LifecycleConfiguration"]["Rules"]}
+    assert rules["ExpireBuildJobFolders"] == {"Id": "ExpireBuildJobFolders", "Prefix": "models/_jobs/",
+                                              "ExpirationInDays": 7, "Status": "Enabled"}
 
 
 def test_the_plan_step_refuses_a_model_pinned_to_a_lambda_it_does_not_fit_before_any_build() -> None:
