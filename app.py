@@ -25,6 +25,9 @@ from model_build.errors import ManifestError, ModelBuildError
 from model_build.manifest import Manifest, load_manifest
 from model_build.release.deployed import check_embedded
 from model_build.release.routes import RoutesError
+from stacks.pipeline_settings import SETTING_KEY as PIPELINE_KEY
+from stacks.pipeline_settings import PipelineSettings, pipeline_settings
+from stacks.pipeline_stack import TritonMmePipelineStack
 from stacks.settings import MmeSettings, SettingsError
 from stacks.triton_mme_stack import TritonMmeStack
 
@@ -53,9 +56,16 @@ def load_models(settings: MmeSettings, root: Path = ROOT) -> tuple[Manifest | No
 
 
 def build_app(app: cdk.App) -> TritonMmeStack:
-    """Compose the app from its context; raises one of ``EXPECTED_ERRORS`` on bad input."""
-    settings = load_settings(app.node.get_all_context())
+    """Compose the app from its context; raises one of ``EXPECTED_ERRORS`` on bad input.
+
+    With ``mme:pipeline`` (docs/pipelines.md) the app also holds the delivery pipeline's stack,
+    which deploys the endpoint stack to each of its stages; the endpoint stack is the same."""
+    context = dict(app.node.get_all_context())
+    pipeline = context.pop(PIPELINE_KEY, None)
+    settings = load_settings(context)
     manifest, manifest_path = load_models(settings)
+    if pipeline is not None:
+        build_pipeline(app, context, pipeline_settings(pipeline), settings, manifest, manifest_path)
     env = None
     if settings.account or settings.region:
         env = cdk.Environment(account=settings.account, region=settings.region)
@@ -70,6 +80,37 @@ def build_app(app: cdk.App) -> TritonMmeStack:
     )
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
     return stack
+
+
+def build_pipeline(app: cdk.App, context: Mapping[str, Any], pipeline: PipelineSettings, settings: MmeSettings,
+                   manifest: Manifest | None, manifest_path: Path | None) -> TritonMmePipelineStack:
+    """The pipeline's stack: each stage's endpoint stack gets the app's settings with the stage's
+    overrides (checked as ``mme:pipeline.stages[i].settings``) and the stage's account and region."""
+    stage_settings: dict[str, MmeSettings] = {}
+    for index, stage in enumerate(pipeline.stages):
+        overrides = {f"mme:{key}": value for key, value in stage.settings.items()}
+        overrides.update({"mme:account": stage.account, "mme:region": stage.region})
+        try:
+            stage_settings[stage.name] = load_settings({**context, **overrides})
+        except SettingsError as error:
+            raise SettingsError(f"mme:pipeline.stages[{index}].settings: {error}") from None
+    places: dict[tuple[str, str, str], str] = {}
+    for stage in pipeline.stages:
+        place = (stage.account, stage.region, stage_settings[stage.name].endpoint_name)
+        if place in places:
+            raise SettingsError(
+                f"mme:pipeline.stages: {places[place]!r} and {stage.name!r} deploy endpoint {place[2]!r} to the same "
+                f"account {place[0]} and region {place[1]}; give one stage its own endpoint_name in its settings")
+        places[place] = stage.name
+
+    def endpoint(scope: Any, stage_settings: MmeSettings, stack_name: str) -> TritonMmeStack:
+        return TritonMmeStack(scope, "Endpoint", stack_name=stack_name, settings=stage_settings, manifest=manifest,
+                              manifest_path=manifest_path,
+                              description="NVIDIA Triton models on an Amazon SageMaker multi-model GPU endpoint")
+
+    return TritonMmePipelineStack(app, f"{settings.stack_name}Pipeline", pipeline=pipeline, settings=settings,
+                                  stage_settings=stage_settings, build_endpoint=endpoint,
+                                  description="Delivery pipeline of the Triton multi-model endpoint (docs/pipelines.md)")
 
 
 def plan_line(stack: TritonMmeStack, template: Mapping[str, Any], root: Path = ROOT) -> str:

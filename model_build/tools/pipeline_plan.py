@@ -1,0 +1,101 @@
+"""The delivery pipeline's plan step: ``python -m model_build.tools.pipeline_plan STACK [-c mme:k=v ...]``.
+
+It plans one stage: the stage's template from the synthesized cloud assembly (``cdk.out``)
+against the stage's live routes (the bucket named by the stack's ``ModelBucketName`` output) and
+its deployed template, with ``python -m model_build plan``. It writes ``plan/plan.md`` and
+``plan/plan.json`` (the step's output, kept by the pipeline), prints the markdown (so the build's
+log, which the approval links, shows it) and writes ``plan/verdict.env``, which the buildspec
+sources so that CodeBuild exports ``PLAN_VERDICT``, ``PLAN_APPROVAL`` (``true`` unless the
+verdict is ``no-change`` or ``models-only``) and ``PLAN_BUILD_URL``.
+
+A stack that does not exist yet is a first deploy: verdict ``fleet-created``, which asks for a
+person. A plan that fails (exit 1: no credentials, a routes document of another stack...)
+fails the step with its error line: the pipeline stops before the approval and the deploy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+#: Verdicts that need nobody (the approval stage is skipped).
+NO_APPROVAL = ("no-change", "models-only")
+
+
+def find_template(cdk_out: Path, stack: str) -> Path:
+    """The template of the stack named ``stack`` in a cloud assembly (nested stage assemblies too)."""
+    for manifest in sorted(cdk_out.rglob("manifest.json")):
+        artifacts = json.loads(manifest.read_text(encoding="utf-8")).get("artifacts", {})
+        for artifact in artifacts.values():
+            properties = artifact.get("properties", {})
+            if artifact.get("type") == "aws:cloudformation:stack" and properties.get("stackName") == stack:
+                return manifest.parent / properties["templateFile"]
+    raise SystemExit(f"error: no stack named {stack!r} in the cloud assembly {cdk_out}")
+
+
+def stack_bucket(stack: str) -> str | None:
+    """The stack's ``ModelBucketName`` output; None when the stack does not exist (a first deploy)."""
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        described = boto3.client("cloudformation").describe_stacks(StackName=stack)["Stacks"][0]
+    except ClientError as error:
+        if "does not exist" in str(error):
+            return None
+        raise SystemExit(f"error: describe-stacks {stack}: {error}") from None
+    except BotoCoreError as error:
+        raise SystemExit(f"error: describe-stacks {stack}: {error}") from None
+    outputs = {o["OutputKey"]: o["OutputValue"] for o in described.get("Outputs", [])}
+    if "ModelBucketName" not in outputs:
+        raise SystemExit(f"error: stack {stack} has no ModelBucketName output; is it the endpoint stack?")
+    return outputs["ModelBucketName"]
+
+
+def run(stack: str, context: Sequence[str], cdk_out: Path, out: Path) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    template = find_template(cdk_out, stack)
+    bucket = stack_bucket(stack)
+    if bucket is None:
+        report: dict[str, Any] = {"verdict": "fleet-created", "stack": stack,
+                                  "summary": f"stack {stack} does not exist yet: a first deploy creates the fleet"}
+        (out / "plan.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        (out / "plan.md").write_text(f"## {stack}: first deploy\n\n{report['summary']}.\n", encoding="utf-8")
+    else:
+        flags = [part for item in context for part in ("-c", item)]
+        command = [sys.executable, "-m", "model_build", "plan", "--bucket", bucket, "--stack-name", stack,
+                   "--template", str(template), *flags, "--markdown-file", str(out / "plan.md"),
+                   "--json-file", str(out / "plan.json"), "--detailed-exitcode"]
+        done = subprocess.run(command, check=False)
+        if done.returncode not in (0, 3, 4):
+            raise SystemExit(done.returncode)  # plan printed its one error line
+        report = json.loads((out / "plan.json").read_text(encoding="utf-8"))
+    verdict = str(report["verdict"])
+    variables = {"PLAN_VERDICT": verdict, "PLAN_APPROVAL": "false" if verdict in NO_APPROVAL else "true",
+                 "PLAN_BUILD_URL": os.environ.get("CODEBUILD_BUILD_URL", "")}
+    (out / "verdict.env").write_text("".join(f"{k}={json.dumps(v)}\n" for k, v in variables.items()), encoding="utf-8")
+    print((out / "plan.md").read_text(encoding="utf-8"))
+    print(" ".join(f"{k}={v}" for k, v in variables.items()))
+    return variables
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m model_build.tools.pipeline_plan", description=__doc__.split("\n\n")[1])
+    parser.add_argument("stack", help="the stage's endpoint stack name")
+    parser.add_argument("-c", "--context", action="append", default=[], metavar="mme:KEY=VALUE",
+                        help="the stage's settings, as cdk synth takes them")
+    parser.add_argument("--cdk-out", type=Path, default=Path("cdk.out"), help="the cloud assembly (default cdk.out)")
+    parser.add_argument("--out", type=Path, default=Path("plan"), help="where plan.md, plan.json, verdict.env go")
+    args = parser.parse_args(argv)
+    run(args.stack, args.context, args.cdk_out, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""The cdk-nag findings of the delivery pipeline's stack, each acknowledged with its reason.
+
+CDK Pipelines writes the pipeline's roles and their policies itself: read and write of its own
+artifact bucket and key, CodeBuild's log streams and report groups of each project, assuming the
+CDK bootstrap roles. Their wildcards are CDK's grants of those resources, not choices of this
+app. :func:`acknowledge_pipeline_grants` walks every policy of the stack once it is built and
+acknowledges each wildcard it knows, by its exact finding id; a wildcard it does not know raises,
+so a new grant is read by a person before it is acknowledged.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from aws_cdk import Stack
+from aws_cdk import aws_iam as iam
+
+from constructs import IConstruct
+from constructs.nag_acknowledgments import acknowledge, acknowledge_wildcard_action, flatten_reference
+
+#: Wildcard actions CDK's bucket and key grants write, by prefix of the action.
+ACTION_REASONS: dict[str, str] = {
+    "s3:": "CDK's grant of the pipeline's own artifact bucket (Bucket.grantRead/grantReadWrite): these "
+           "object and bucket actions apply to that bucket and its objects only.",
+    "kms:": "CDK's grant of the artifact bucket's KMS key (Key.grantEncryptDecrypt): this key only.",
+}
+#: Wildcard resources, by a pattern of their flattened form.
+RESOURCE_REASONS: tuple[tuple[str, str], ...] = (
+    (r"^<Artifacts[A-Za-z0-9]*\.Arn>/\*$",
+     "The objects of the pipeline's own artifact bucket: their keys are chosen per execution."),
+    (r"^arn:[^:]+:logs:[^:]+:[0-9]+:log-group:/aws/codebuild/<[A-Za-z0-9]+>:\*$",
+     "The log streams of this CodeBuild project's own log group (CodeBuild names a stream per build)."),
+    (r"^arn:[^:]+:logs:[^:]+:[0-9]+:log-group:/aws/codebuild/\*$",
+     "CDK Pipelines' asset-publishing projects, one per asset, named at synth: their log groups."),
+    (r"^arn:[^:]+:codebuild:[^:]+:[0-9]+:report-group/<[A-Za-z0-9]+>-\*$",
+     "Test report groups of this CodeBuild project (CDK's default grant; named after the project)."),
+    (r"^arn:[^:]+:codebuild:[^:]+:[0-9]+:report-group/\*$",
+     "Report groups of CDK Pipelines' asset-publishing projects, one per asset, named at synth."),
+    (r"^arn:\*:iam::[0-9]+:role/\*$",
+     "Assumes the CDK bootstrap roles only (conditioned on their aws-cdk:bootstrap-role tag) to publish "
+     "assets and read the stack's state, the CDK Pipelines way."),
+    (r"^\*$", "The actions of this statement support no resource-level permissions."),
+)
+
+
+def _reason(resource: str) -> str | None:
+    return next((reason for pattern, reason in RESOURCE_REASONS if re.match(pattern, resource)), None)
+
+
+def acknowledge_pipeline_grants(stack: Stack) -> list[str]:
+    """Acknowledge every wildcard of every policy in ``stack``; returns the finding ids."""
+    found: list[str] = []
+    for node in stack.node.find_all():
+        if not isinstance(node, iam.CfnPolicy) or Stack.of(node) is not stack:
+            continue  # the stages' stacks acknowledge their own
+        document: Any = stack.resolve(node.policy_document)
+        for statement in document.get("Statement", []):
+            actions = statement.get("Action", [])
+            for action in [actions] if isinstance(actions, str) else actions:
+                if "*" in action:
+                    reason = next((r for prefix, r in ACTION_REASONS.items() if action.startswith(prefix)), None)
+                    if reason is None:
+                        raise ValueError(f"{node.node.path}: wildcard action {action} has no recorded reason")
+                    acknowledge_wildcard_action(node, action, reason)
+                    found.append(f"Action::{action}")
+            resources = statement.get("Resource", [])
+            for resource in [resources] if not isinstance(resources, list) else resources:
+                flat = flatten_reference(node, resource)
+                if "*" not in flat:
+                    continue
+                reason = _reason(flat)
+                if reason is None:
+                    raise ValueError(f"{node.node.path}: wildcard resource {flat} has no recorded reason")
+                _acknowledge_resource(node, flat, reason)
+                found.append(f"Resource::{flat}")
+    return found
+
+
+def _acknowledge_resource(scope: IConstruct, flat: str, reason: str) -> None:
+    acknowledge(scope, f"AwsSolutions-IAM5[Resource::{flat}]", reason)
