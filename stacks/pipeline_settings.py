@@ -21,6 +21,7 @@ naming the setting (``mme:pipeline.stages[1].account: ...``).
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -106,5 +107,8 @@ def pipeline_settings(value: Any) -> PipelineSettings:
         where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in first["loc"])
         given = first.get("input")
         message = str(first["msg"]).removeprefix("Value error, ")
+        named = re.match(r"^([a-z_]+): (.*)$", message) if first["type"] == "value_error" else None
+        if named:  # a rule between fields names its field first
+            where, message = f"{where}.{named.group(1)}", named.group(2)
         shown = f"got {given!r}; " if first["type"] != "missing" and not isinstance(given, dict) else ""
         raise SettingsError(f"{SETTING_KEY}{where}: {shown}{message}") from None

@@ -350,3 +350,50 @@ VARIANTS: dict[str, dict[str, Any]] = {
         alarm_latency_p99_ms="250",
     ),
 }
+
+
+# ---------------------------------------------------------------------------------------------
+# The delivery pipeline (mme:pipeline)
+# ---------------------------------------------------------------------------------------------
+
+#: A pipeline of two stages in two accounts, from a CodeStar connection, notifying a topic.
+PIPELINE: dict[str, Any] = {
+    "account": "111111111111", "region": "us-east-1",
+    "source": {"kind": "codestar", "repository": "my-org/triton-models", "branch": "main",
+               "connection_arn": "arn:aws:codeconnections:us-east-1:111111111111:connection/"
+                                 "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"},
+    "approval_topic_arn": "arn:aws:sns:us-east-1:111111111111:model-approvals",
+    "stages": [
+        {"name": "staging", "account": "222222222222", "region": "us-east-1",
+         "settings": {"instance_type": "ml.g4dn.xlarge", "max_instance_count": 1}},
+        {"name": "prod", "account": "333333333333", "region": "us-east-1"},
+    ],
+}
+
+
+@dataclass
+class PipelineSynth:
+    """The synthesized app with a pipeline: each stack's template by stack name."""
+
+    app: cdk.App
+    outdir: Path
+    templates: dict[str, dict[str, Any]]
+
+
+def synth_pipeline(outdir: Path, pipeline: Mapping[str, Any] | None = None, **settings: Any) -> PipelineSynth:
+    """The app as ``app.py`` composes it with ``mme:pipeline`` (with cdk-nag's checks, as app.py has)."""
+    from app import build_app
+
+    ctx = {**context(**settings), "mme:pipeline": dict(pipeline or PIPELINE)}
+    app = cdk.App(context=ctx, outdir=str(outdir), analytics_reporting=False)
+    build_app(app)
+    app.synth()
+    templates: dict[str, dict[str, Any]] = {}
+    for folder in [outdir, *sorted(outdir.glob("assembly-*"))]:
+        manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+        for artifact_id, artifact in manifest.get("artifacts", {}).items():
+            properties = artifact.get("properties", {})
+            if artifact.get("type") == "aws:cloudformation:stack":
+                path = folder / properties["templateFile"]
+                templates[properties.get("stackName") or artifact_id] = json.loads(path.read_text(encoding="utf-8"))
+    return PipelineSynth(app=app, outdir=outdir, templates=templates)

@@ -1,0 +1,207 @@
+"""The delivery pipeline (``mme:pipeline``), read from its synthesized stacks: the stages in order,
+the plan step's commands and exported variables, the condition on each approval, the deploy and
+the smoke step, the read-only roles in the targets; bad settings refused in one line; and the
+plan step's own command (taken from the synthesized buildspec) run against moto's server."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shlex
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cdk_helpers import PIPELINE, ROOT, PipelineSynth, as_list, policy_of_role, synth_pipeline
+
+from stacks.pipeline_settings import pipeline_settings
+from stacks.settings import SettingsError
+
+PIPELINE_STACK = "TritonMmePipeline"
+
+
+@pytest.fixture(scope="module")
+def synthesized(tmp_path_factory: pytest.TempPathFactory) -> PipelineSynth:
+    return synth_pipeline(tmp_path_factory.mktemp("pipeline") / "out")
+
+
+def _pipeline(synthesized: PipelineSynth) -> dict[str, Any]:
+    template = synthesized.templates[PIPELINE_STACK]
+    (pipeline,) = [r["Properties"] for r in template["Resources"].values() if r["Type"] == "AWS::CodePipeline::Pipeline"]
+    return dict(pipeline)
+
+
+def _buildspec(synthesized: PipelineSynth, project_ref: Any) -> dict[str, Any]:
+    template = synthesized.templates[PIPELINE_STACK]
+    project = template["Resources"][project_ref["Ref"]]["Properties"]
+    return dict(json.loads(project["Source"]["BuildSpec"]))
+
+
+def _stage(pipeline: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(stage for stage in pipeline["Stages"] if stage["Name"] == name)
+
+
+def test_each_target_is_access_plan_approval_then_deploy_and_smoke_in_order(synthesized: PipelineSynth) -> None:
+    pipeline = _pipeline(synthesized)
+    assert pipeline["PipelineType"] == "V2"
+    names = [stage["Name"] for stage in pipeline["Stages"]]
+    assert names[:3] == ["Source", "Build", "UpdatePipeline"]  # self-mutation before any target
+    targets = [n for n in names if n not in ("Source", "Build", "UpdatePipeline", "Assets")]
+    assert targets == ["staging-access", "staging-plan", "staging-approve", "staging",
+                       "prod-access", "prod-plan", "prod-approve", "prod"]
+    source = _stage(pipeline, "Source")["Actions"][0]
+    assert source["ActionTypeId"]["Provider"] == "CodeStarSourceConnection"
+    assert source["Configuration"]["FullRepositoryId"] == "my-org/triton-models"
+    assert source["Configuration"]["BranchName"] == "main"
+    for target, account in (("staging", "222222222222"), ("prod", "333333333333")):
+        actions = _stage(pipeline, target)["Actions"]
+        deploys = [a for a in actions if a["ActionTypeId"]["Provider"] == "CloudFormation"]
+        assert [a["Name"] for a in deploys] == [f"TritonMme-{target}.Prepare", f"TritonMme-{target}.Deploy"]
+        assert all(a["Configuration"]["StackName"] == f"TritonMme-{target}" for a in deploys)
+        assert all(account in json.dumps(a["RoleArn"]) for a in deploys), "deployed with the target's bootstrap role"
+        (smoke,) = [a for a in actions if a["Name"] == f"Smoke-{target}"]
+        assert smoke["RunOrder"] > max(a["RunOrder"] for a in deploys), "smoke runs after the deploy"
+        commands = _buildspec(synthesized, smoke["Configuration"]["ProjectName"])["phases"]["build"]["commands"]
+        assert commands[-1] == '.venv/bin/python -m model_build smoke --endpoint "$ENDPOINT_NAME" --region "$AWS_REGION"'
+        assert f"arn:aws:iam::{account}:role/TritonMme-{target}-smoke-reader" in " ".join(commands)
+        env = json.loads(smoke["Configuration"]["EnvironmentVariables"])
+        assert [v["name"] for v in env] == ["ENDPOINT_NAME"]
+
+
+def test_the_plan_step_exports_its_verdict_and_the_approval_is_entered_only_when_it_asks(
+    synthesized: PipelineSynth,
+) -> None:
+    pipeline = _pipeline(synthesized)
+    for target, account in (("staging", "222222222222"), ("prod", "333333333333")):
+        (plan,) = _stage(pipeline, f"{target}-plan")["Actions"]
+        assert plan["Namespace"] == f"plan-{target}"
+        spec = _buildspec(synthesized, plan["Configuration"]["ProjectName"])
+        assert spec["env"]["exported-variables"] == ["PLAN_VERDICT", "PLAN_APPROVAL", "PLAN_BUILD_URL"]
+        assert spec["artifacts"]["base-directory"] == "plan"  # plan.md and plan.json are kept
+        commands = spec["phases"]["build"]["commands"]
+        assert commands[0] == "make plan-setup"
+        assert f"--role-arn arn:aws:iam::{account}:role/TritonMme-{target}-plan-reader" in commands[1]
+        run = next(c for c in commands if "model_build.tools.pipeline_plan" in c)
+        assert shlex.split(run)[3] == f"TritonMme-{target}"
+        assert f"-c mme:stack_name=TritonMme-{target}" in run
+        assert commands[-1] == "set -a; . plan/verdict.env; set +a"
+        (approve,) = _stage(pipeline, f"{target}-approve")["Actions"]
+        assert approve["ActionTypeId"]["Provider"] == "Manual"
+        assert approve["Configuration"]["NotificationArn"] == PIPELINE["approval_topic_arn"]
+        assert f"#{{plan-{target}.PLAN_VERDICT}}" in approve["Configuration"]["CustomData"]
+        assert approve["Configuration"]["ExternalEntityLink"] == f"#{{plan-{target}.PLAN_BUILD_URL}}"
+        (condition,) = _stage(pipeline, f"{target}-approve")["BeforeEntry"]["Conditions"]
+        (rule,) = condition["Rules"]
+        assert condition["Result"] == "SKIP"
+        assert rule["RuleTypeId"] == {"Category": "Rule", "Owner": "AWS", "Provider": "VariableCheck", "Version": "1"}
+        assert rule["Configuration"] == {"Variable": f"#{{plan-{target}.PLAN_APPROVAL}}", "Value": "true",
+                                         "Operator": "EQ"}
+    # The staging plan carries the stage's own settings.
+    (plan,) = _stage(pipeline, "staging-plan")["Actions"]
+    run = _buildspec(synthesized, plan["Configuration"]["ProjectName"])["phases"]["build"]["commands"]
+    assert "-c mme:instance_type=ml.g4dn.xlarge -c mme:max_instance_count=1" in " ".join(run)
+
+
+def test_the_steps_roles_only_assume_the_targets_read_only_roles(synthesized: PipelineSynth) -> None:
+    template = synthesized.templates[PIPELINE_STACK]
+    for kind in ("plan", "smoke"):
+        (role_id,) = [k for k, v in template["Resources"].items() if v["Type"] == "AWS::IAM::Role"
+                      and v["Properties"].get("RoleName") == f"TritonMme-pipeline-{kind}"]
+        assumes = [s for s in policy_of_role(template, role_id) if "sts:AssumeRole" in as_list(s["Action"])]
+        (statement,) = assumes
+        targets = [json.dumps(r) for r in as_list(statement["Resource"])]
+        assert len(targets) == 2, targets
+        for (account, target), resource in zip((("222222222222", "staging"), ("333333333333", "prod")), targets,
+                                               strict=True):
+            assert f":iam::{account}:role/TritonMme-{target}-{kind}-reader" in resource, resource
+        others = [a for s in policy_of_role(template, role_id) for a in as_list(s["Action"])
+                  if a.startswith(("sagemaker:", "cloudformation:", "iam:"))]
+        assert others == [], others  # its own account: only CodeBuild's logs, reports and the artifacts
+    for target in ("staging", "prod"):
+        access = synthesized.templates[f"TritonMme-{target}-pipeline-access"]
+        roles = {v["Properties"]["RoleName"]: (k, v["Properties"]) for k, v in access["Resources"].items()
+                 if v["Type"] == "AWS::IAM::Role"}
+        assert set(roles) == {f"TritonMme-{target}-plan-reader", f"TritonMme-{target}-smoke-reader"}
+        expected = {
+            "plan": {"cloudformation:DescribeStacks", "cloudformation:GetTemplate", "s3:GetObject", "kms:Decrypt"},
+            "smoke": {"sagemaker:DescribeEndpoint", "sagemaker:InvokeEndpoint", "sagemaker:DescribeEndpointConfig",
+                      "sagemaker:DescribeModel", "s3:GetObject", "s3:ListBucket", "kms:Decrypt"},
+        }
+        for kind in ("plan", "smoke"):
+            logical_id, role = roles[f"TritonMme-{target}-{kind}-reader"]
+            (trust,) = role["AssumeRolePolicyDocument"]["Statement"]
+            assert json.dumps(trust["Principal"]).count(f":iam::111111111111:role/TritonMme-pipeline-{kind}") == 1
+            actions = {a for s in policy_of_role(access, logical_id) for a in as_list(s["Action"])}
+            assert actions == expected[kind], actions  # read-only: no Put, Delete, Create or Update
+            for statement in policy_of_role(access, logical_id):
+                if any(a.startswith("s3:") for a in as_list(statement["Action"])):
+                    assert statement["Condition"]["StringEquals"]["aws:ResourceAccount"] == {"Ref": "AWS::AccountId"}
+
+
+def test_cdk_nag_passes_on_every_stack_of_the_pipeline(synthesized: PipelineSynth) -> None:
+    report = json.loads((synthesized.outdir / "validation-report.json").read_text())
+    assert report["pluginReports"] == []
+
+
+def test_the_endpoint_stack_alone_stays_the_default(synthesized: PipelineSynth) -> None:
+    """With a pipeline the app still holds the endpoint stack as before (cdk deploy TritonMme)."""
+    assert "TritonMme" in synthesized.templates
+    stage = synthesized.templates["TritonMme-staging"]
+    (config,) = [r["Properties"] for r in stage["Resources"].values() if r["Type"] == "AWS::SageMaker::EndpointConfig"]
+    assert config["ProductionVariants"][0]["InstanceType"] == "ml.g4dn.xlarge"  # the stage's override
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda p: p["stages"][1].pop("account"), "mme:pipeline.stages[1].account: Field required"),
+    (lambda p: p["stages"][1].update(name="staging"), "mme:pipeline.stages: the name 'staging' is given twice"),
+    (lambda p: p["source"].update(kind="svn"), "mme:pipeline.source.kind: got 'svn'; Input should be 'codestar' or 'codecommit'"),
+    (lambda p: p["source"].update(connection_arn="arn:aws:iam::111111111111:role/x"),
+     "mme:pipeline.source.connection_arn: got 'arn:aws:iam::111111111111:role/x'; String should match pattern"),
+    (lambda p: p["stages"][0].update(region="mars-1"), "mme:pipeline.stages[0].region: got 'mars-1'"),
+])
+def test_bad_pipeline_settings_are_one_line_naming_the_setting(change: Any, message: str) -> None:
+    broken = copy.deepcopy(PIPELINE)
+    change(broken)
+    with pytest.raises(SettingsError) as caught:
+        pipeline_settings(broken)
+    text = str(caught.value)
+    assert text.startswith(message) and "\n" not in text, text
+
+
+def test_a_stage_setting_and_a_shared_endpoint_are_refused_at_synth(tmp_path: Path) -> None:
+    broken = copy.deepcopy(PIPELINE)
+    broken["stages"][0]["settings"] = {"instance_type": "ml.t2.medium"}
+    with pytest.raises(SettingsError, match=r"^mme:pipeline\.stages\[0\]\.settings: mme:instance_type"):
+        synth_pipeline(tmp_path / "a", broken)
+    same = copy.deepcopy(PIPELINE)
+    same["stages"][1]["account"] = same["stages"][0]["account"]
+    with pytest.raises(SettingsError, match=r"'staging' and 'prod' deploy endpoint .* to the same account 222222222222"):
+        synth_pipeline(tmp_path / "b", same)
+
+
+def test_the_plan_steps_command_runs_and_exports_what_the_condition_reads(
+    synthesized: PipelineSynth, endpoint: str, tmp_path: Path
+) -> None:
+    """The plan action's own command from the synthesized buildspec (the credential lines aside:
+    CodeBuild's role switch), run against moto's server: a stage whose stack does not exist yet
+    is a first deploy (fleet created: the approval is entered)."""
+    pipeline = _pipeline(synthesized)
+    (plan,) = _stage(pipeline, "staging-plan")["Actions"]
+    commands = _buildspec(synthesized, plan["Configuration"]["ProjectName"])["phases"]["build"]["commands"]
+    run = next(c for c in commands if "model_build.tools.pipeline_plan" in c)
+    work = tmp_path / "src"
+    work.mkdir()
+    (work / "cdk.out").symlink_to(synthesized.outdir)
+    (work / ".venv").symlink_to(ROOT / ".venv")
+    env = {**os.environ, "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1", "PYTHONPATH": str(ROOT),
+           "CODEBUILD_BUILD_URL": "https://console.aws.amazon.com/codesuite/codebuild/builds/plan-staging:1"}
+    script = "\n".join(["set -e", run, commands[-1], 'echo "verdict=$PLAN_VERDICT approval=$PLAN_APPROVAL url=$PLAN_BUILD_URL"'])
+    done = subprocess.run(["bash", "-c", script], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == (
+        "verdict=fleet-created approval=true url=https://console.aws.amazon.com/codesuite/codebuild/builds/plan-staging:1")
+    assert json.loads((work / "plan" / "plan.json").read_text())["verdict"] == "fleet-created"
+    assert "first deploy" in (work / "plan" / "plan.md").read_text()
