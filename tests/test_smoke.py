@@ -425,3 +425,56 @@ def test_sample_must_be_positive() -> None:
     with pytest.raises(ModelBuildError, match="sample: got 0"):
         select_targets(TARGETS, 0)
     assert select_targets(TARGETS, 10) == TARGETS
+
+
+# ---------------------------------------------------------------------------------------------
+# The delivery pipeline's smoke step: its own command, from the synthesized buildspec
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pipeline_smoke(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The staging smoke action's last command, as the synthesized pipeline holds it."""
+    from cdk_helpers import synth_pipeline
+
+    synthesized = synth_pipeline(tmp_path_factory.mktemp("pipeline") / "out")
+    template = synthesized.templates["TritonMmePipeline"]
+    (pipeline,) = [r["Properties"] for r in template["Resources"].values() if r["Type"] == "AWS::CodePipeline::Pipeline"]
+    (stage,) = [s for s in pipeline["Stages"] if s["Name"] == "staging"]
+    (action,) = [a for a in stage["Actions"] if a["Name"] == "Smoke-staging"]
+    project = template["Resources"][action["Configuration"]["ProjectName"]["Ref"]]["Properties"]
+    return str(json.loads(project["Source"]["BuildSpec"])["phases"]["build"]["commands"][-1])
+
+
+def _run_step(command: str, env: Env, endpoint_name: str, endpoint_url: str) -> Any:
+    """The step's command in a shell, with what CodeBuild gives it (the endpoint's name from the
+    stack's output, the region, the role's credentials) pointed at the local endpoint and S3."""
+    import os
+    import subprocess
+
+    from cdk_helpers import ROOT
+
+    variables = {**os.environ, "ENDPOINT_NAME": endpoint_name, "AWS_REGION": "us-east-1",
+                 "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                 "AWS_ENDPOINT_URL_SAGEMAKER": endpoint_url, "AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME": endpoint_url,
+                 "AWS_ENDPOINT_URL_S3": env.s3_url}
+    return subprocess.run(["bash", "-c", command], cwd=ROOT, env=variables, capture_output=True, text=True, timeout=300)
+
+
+@requires_triton
+def test_the_pipelines_smoke_step_invokes_every_routed_model(env: Env, pipeline_smoke: str) -> None:
+    done = _run_step(pipeline_smoke, env, ENDPOINT, env.url)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "3 of 3 targets passed" in done.stdout
+
+
+@requires_triton
+def test_a_smoke_step_that_cannot_reach_the_endpoint_fails_with_its_error(env: Env, pipeline_smoke: str) -> None:
+    """Nothing listens there: the step fails at once with the endpoint's error, not a timeout."""
+    started = time.monotonic()
+    done = _run_step(pipeline_smoke, env, ENDPOINT, "http://127.0.0.1:9")
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    (error,) = done.stderr.strip().splitlines()
+    assert error == ("error: endpoint 'local': describe_endpoint failed: Could not connect to the endpoint URL: "
+                     '"http://127.0.0.1:9/"'), error
+    assert time.monotonic() - started < 120
