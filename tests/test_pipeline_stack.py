@@ -205,3 +205,38 @@ def test_the_plan_steps_command_runs_and_exports_what_the_condition_reads(
         "verdict=fleet-created approval=true url=https://console.aws.amazon.com/codesuite/codebuild/builds/plan-staging:1")
     assert json.loads((work / "plan" / "plan.json").read_text())["verdict"] == "fleet-created"
     assert "first deploy" in (work / "plan" / "plan.md").read_text()
+
+
+def test_the_plan_step_plans_an_existing_stack_against_its_live_routes(
+    synthesized: PipelineSynth, endpoint: str, tmp_path: Path
+) -> None:
+    """A stage whose stack exists: its bucket from the stack's output, the routes read there, the
+    deployed template from CloudFormation; what is exported is the verdict plan.json holds."""
+    import boto3
+
+    pipeline = _pipeline(synthesized)
+    (plan,) = _stage(pipeline, "prod-plan")["Actions"]
+    commands = _buildspec(synthesized, plan["Configuration"]["ProjectName"])["phases"]["build"]["commands"]
+    run = next(c for c in commands if "model_build.tools.pipeline_plan" in c)
+    clients = {"endpoint_url": endpoint, "region_name": "us-east-1", "aws_access_key_id": "testing",
+               "aws_secret_access_key": "testing"}
+    deployed = {"Resources": {"Bucket": {"Type": "AWS::S3::Bucket"}},
+                "Outputs": {"ModelBucketName": {"Value": {"Ref": "Bucket"}}}}
+    boto3.client("cloudformation", **clients).create_stack(StackName="TritonMme-prod", TemplateBody=json.dumps(deployed))
+    work = tmp_path / "src"
+    work.mkdir()
+    (work / "cdk.out").symlink_to(synthesized.outdir)
+    (work / ".venv").symlink_to(ROOT / ".venv")
+    env = {**os.environ, "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1", "PYTHONPATH": str(ROOT)}
+    script = "\n".join(["set -e", run, commands[-1], 'echo "verdict=$PLAN_VERDICT approval=$PLAN_APPROVAL"'])
+    done = subprocess.run(["bash", "-c", script], cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    report = json.loads((work / "plan" / "plan.json").read_text())
+    assert report["stack"] == "TritonMme-prod" and report["compared_with"]["deployed"].startswith("the template of stack")
+    approval = "false" if report["verdict"] in ("no-change", "models-only") else "true"
+    assert done.stdout.strip().splitlines()[-1] == f"verdict={report['verdict']} approval={approval}"
+    # The deployed stack's one bucket is not in the stage's template: deleting it puts data at
+    # risk, so the approval is entered.
+    assert report["verdict"] == "data-at-risk" and approval == "true", report["summary"]
+    assert "Bucket deleted" in report["summary"]
