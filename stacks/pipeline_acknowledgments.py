@@ -17,7 +17,12 @@ from aws_cdk import Stack
 from aws_cdk import aws_iam as iam
 
 from constructs import IConstruct
-from constructs.nag_acknowledgments import acknowledge, acknowledge_wildcard_action, flatten_reference
+from constructs.nag_acknowledgments import (
+    acknowledge,
+    acknowledge_wildcard_action,
+    flatten_reference,
+    skip_checkov,
+)
 
 #: Wildcard actions CDK's bucket and key grants write, by prefix of the action.
 ACTION_REASONS: dict[str, str] = {
@@ -42,6 +47,15 @@ RESOURCE_REASONS: tuple[tuple[str, str], ...] = (
      "assets and read the stack's state, the CDK Pipelines way."),
     (r"^\*$", "The actions of this statement support no resource-level permissions."),
 )
+
+
+#: Why CDK Pipelines' asset-publishing roles may start builds on any project (checkov CKV_AWS_111).
+START_BUILDS = ("CDK Pipelines' asset-publishing role starts, stops and reads the builds of the publishing projects "
+                "it creates (one per asset, named at synth); CDK writes this grant with Resource '*'.")
+
+
+def as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
 
 
 def _reason(resource: str) -> str | None:
@@ -74,6 +88,8 @@ def acknowledge_pipeline_grants(stack: Stack) -> list[str]:
                     raise ValueError(f"{node.node.path}: wildcard resource {flat} has no recorded reason")
                 _acknowledge_resource(node, flat, reason)
                 found.append(f"Resource::{flat}")
+                if flat == "*" and any(str(a).startswith("codebuild:StartBuild") for a in as_list(actions)):
+                    skip_checkov(node, ["CKV_AWS_111"], START_BUILDS)
     return found
 
 

@@ -21,7 +21,7 @@ import pytest
 from aws_cdk import Validations
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
-from cdk_helpers import ROOT, VARIANTS, VENV_BIN, flatten_join, synth
+from cdk_helpers import ROOT, VARIANTS, VENV_BIN, flatten_join, synth, synth_pipeline
 
 from constructs.customer_key import LOGS_STATEMENT_SID, logs_key
 from constructs.model_build_resource import ModelBuildResource, ModelBuildResourceProps
@@ -31,6 +31,8 @@ from model_build.manifest import load_manifest
 CHECKOV = ROOT / ".venv-checkov" / "bin" / "checkov"
 #: The build construct on its own, with a bucket that has no customer key (not a settings variant).
 NO_KEY = "no-key"
+#: The delivery pipeline's stack and one target's access stack (mme:pipeline, cdk_helpers.PIPELINE).
+PIPELINE_TEMPLATES = ("pipeline", "pipeline-access")
 #: The page with the scanner tables (its "IaC scanner (checkov)" section).
 SECURITY_DOC = ROOT / "docs" / "security.md"
 
@@ -94,6 +96,9 @@ def scan(tmp_path_factory: pytest.TempPathFactory) -> Scan:
     without_skips.mkdir()
     texts = {name: synth(folder / name, nag=True, **settings).text for name, settings in VARIANTS.items()}
     texts[NO_KEY] = _no_key_template(folder / NO_KEY)
+    pipeline = synth_pipeline(folder / "pipeline")
+    texts["pipeline"] = json.dumps(pipeline.templates["TritonMmePipeline"], indent=1)
+    texts["pipeline-access"] = json.dumps(pipeline.templates["TritonMme-staging-pipeline-access"], indent=1)
     templates = {}
     for name, text in texts.items():
         (as_synthesized / f"{name}.template.json").write_text(text)
@@ -113,7 +118,7 @@ def scan(tmp_path_factory: pytest.TempPathFactory) -> Scan:
     )
 
 
-@pytest.mark.parametrize("name", [*VARIANTS, NO_KEY])
+@pytest.mark.parametrize("name", [*VARIANTS, NO_KEY, *PIPELINE_TEMPLATES])
 def test_no_failed_check_without_a_recorded_reason(scan: Scan, name: str) -> None:
     failed = [f"{c['check_id']} {c['resource']}: {c['check_name']}" for c in scan.failed.get(name, [])]
     assert failed == [], (
@@ -134,7 +139,7 @@ def test_every_skip_has_a_reason_a_reviewer_can_read(scan: Scan) -> None:
 def test_every_skip_answers_a_finding(scan: Scan) -> None:
     """Without the recorded skips, checkov fails exactly the skipped checks: none is stale, and
     every other finding is fixed."""
-    for name in [*VARIANTS, NO_KEY]:
+    for name in [*VARIANTS, NO_KEY, *PIPELINE_TEMPLATES]:
         skipped = sorted((c["check_id"], c["resource"]) for c in scan.skipped.get(name, []))
         assert sorted(scan.unexplained.get(name, [])) == skipped, name
 
@@ -145,7 +150,7 @@ def test_the_docs_table_is_the_scan(scan: Scan) -> None:
     section = text[text.index("\n## IaC scanner (checkov)\n"):]
     end = section.find("\n## ", 1)
     section = section if end == -1 else section[:end]
-    for name in VARIANTS:
+    for name in [*VARIANTS, *PIPELINE_TEMPLATES]:
         passed, skipped = len(scan.passed.get(name, [])), len(scan.skipped.get(name, []))
         row = re.search(rf"^\| {re.escape(name)} \| (\d+) \| \d+ \| (\d+) \| 0 \|$", section, re.M)
         assert row is not None, f"{SECURITY_DOC.name}: no row for the {name} template"
