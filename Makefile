@@ -117,6 +117,11 @@ lint: setup
 	$(CDK) synth --quiet
 	$(CHECKOV_VENV)/bin/checkov --file cdk.out/*.template.json --framework cloudformation \
 		--skip-download --compact --quiet $(CHECKOV_ARGS)
+	# The delivery pipeline (mme:pipeline) with the example of docs/pipelines.md: nag runs in its
+	# synth, checkov on its stacks (the pipeline, each stage's access and endpoint stacks).
+	$(CDK) synth --quiet --output cdk.out.pipeline -c "mme:pipeline=$$(tr -d '\n' < docs/pipeline.example.json)"
+	$(CHECKOV_VENV)/bin/checkov --directory cdk.out.pipeline --framework cloudformation \
+		--skip-download --compact --quiet $(CHECKOV_ARGS)
 
 # Quick by default: every benchmark and every row, smaller where the growth curve is what matters,
 # under 25 minutes on 2 cores. FULL=1 runs the sizes the goals are stated at. Each result file records

@@ -356,19 +356,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
 # The delivery pipeline (mme:pipeline)
 # ---------------------------------------------------------------------------------------------
 
-#: A pipeline of two stages in two accounts, from a CodeStar connection, notifying a topic.
-PIPELINE: dict[str, Any] = {
-    "account": "111111111111", "region": "us-east-1",
-    "source": {"kind": "codestar", "repository": "my-org/triton-models", "branch": "main",
-               "connection_arn": "arn:aws:codeconnections:us-east-1:111111111111:connection/"
-                                 "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"},
-    "approval_topic_arn": "arn:aws:sns:us-east-1:111111111111:model-approvals",
-    "stages": [
-        {"name": "staging", "account": "222222222222", "region": "us-east-1",
-         "settings": {"instance_type": "ml.g4dn.xlarge", "max_instance_count": 1}},
-        {"name": "prod", "account": "333333333333", "region": "us-east-1"},
-    ],
-}
+#: The example pipeline of docs/pipelines.md (and of make lint): two stages in two accounts, from a
+#: CodeStar connection, notifying a topic.
+PIPELINE: dict[str, Any] = json.loads((ROOT / "docs" / "pipeline.example.json").read_text(encoding="utf-8"))
 
 
 @dataclass
