@@ -26,6 +26,11 @@ from model_build.release import routes_key
 from stacks.settings import MmeSettings
 
 
+def step_role_name(base: str, kind: str) -> str:
+    """``<stack>-pipeline-<kind>``: the pipeline account's role of a step (plan, smoke)."""
+    return f"{base}-pipeline-{kind}"[:64]
+
+
 def access_role_name(base: str, stage: str, kind: str) -> str:
     """``<stack>-<stage>-<kind>-reader``: fixed, so the pipeline account's role can name it."""
     return f"{base}-{stage}-{kind}-reader"[:64]
@@ -44,7 +49,7 @@ class PipelineAccessStack(Stack):
         in_account = {"StringEquals": {"aws:ResourceAccount": Aws.ACCOUNT_ID}}
         #: The plan step's role: the stack's template and outputs, and the routes document.
         self.plan_role = self._role("PlanReader", access_role_name(base, stage, "plan"),
-                                    f"{base}-pipeline-plan", pipeline_account, "plan")
+                                    step_role_name(base, "plan"), pipeline_account, "plan")
         routes = f"arn:{Aws.PARTITION}:s3:::*/{routes_key(prefix)}"
         self.plan_role.add_to_policy(iam.PolicyStatement(
             sid="ReadStack", actions=["cloudformation:DescribeStacks", "cloudformation:GetTemplate"], resources=[stack_arn]))
@@ -55,7 +60,7 @@ class PipelineAccessStack(Stack):
             conditions=through_s3))
         #: The smoke step's role: the endpoint's description chain, invoking it, reading the prefix.
         self.smoke_role = self._role("SmokeReader", access_role_name(base, stage, "smoke"),
-                                     f"{base}-pipeline-smoke", pipeline_account, "smoke")
+                                     step_role_name(base, "smoke"), pipeline_account, "smoke")
         endpoint = settings.endpoint_name
         sagemaker = f"arn:{Aws.PARTITION}:sagemaker:{Aws.REGION}:{Aws.ACCOUNT_ID}"
         self.smoke_role.add_to_policy(iam.PolicyStatement(

@@ -37,13 +37,11 @@ from aws_cdk import aws_sns as sns
 
 from constructs import Construct
 from constructs.nag_acknowledgments import acknowledge
-from stacks.pipeline_access import PipelineAccessStack, access_role_name
+from stacks.pipeline_access import PipelineAccessStack, access_role_name, step_role_name
 from stacks.pipeline_acknowledgments import acknowledge_pipeline_grants
 from stacks.pipeline_settings import PipelineSettings, PipelineStage
 from stacks.settings import MmeSettings
 
-#: Verdicts that need nobody: the approval stage is skipped for these alone.
-NO_APPROVAL = ("no-change", "models-only")
 PLAN_VERDICT, PLAN_APPROVAL = "PLAN_VERDICT", "PLAN_APPROVAL"
 BUILD_IMAGE = codebuild.LinuxBuildImage.STANDARD_7_0
 SETUP = "make plan-setup"
@@ -100,8 +98,8 @@ class TritonMmePipelineStack(Stack):
         self.settings_base = base
         #: The roles the plan and smoke steps run with in this account: they may only assume
         #: the read-only roles of the targets.
-        self.plan_role = self._step_role("PlanRole", f"{base}-pipeline-plan", "plan", pipeline)
-        self.smoke_role = self._step_role("SmokeRole", f"{base}-pipeline-smoke", "smoke", pipeline)
+        self.plan_role = self._step_role("PlanRole", base, "plan", pipeline)
+        self.smoke_role = self._step_role("SmokeRole", base, "smoke", pipeline)
         topic = (sns.Topic.from_topic_arn(self, "ApprovalTopic", pipeline.approval_topic_arn)
                  if pipeline.approval_topic_arn else None)
         self.plan_steps: dict[str, pipelines.CodeBuildStep] = {}
@@ -143,17 +141,15 @@ class TritonMmePipelineStack(Stack):
         repository = codecommit.Repository.from_repository_name(self, "Repository", source.repository)
         return pipelines.CodePipelineSource.code_commit(repository, source.branch)
 
-    def _step_role(self, id: str, name: str, kind: str, pipeline: PipelineSettings) -> iam.Role:
-        role = iam.Role(self, id, role_name=name, assumed_by=iam.ServicePrincipal("codebuild.amazonaws.com"),
+    def _step_role(self, id: str, base: str, kind: str, pipeline: PipelineSettings) -> iam.Role:
+        """``<stack>-pipeline-<kind>``: a fixed name, which the targets' read-only roles trust."""
+        role = iam.Role(self, id, role_name=step_role_name(base, kind),
+                        assumed_by=iam.ServicePrincipal("codebuild.amazonaws.com"),
                         description=f"The pipeline's {kind} step: assumes the targets' read-only {kind} roles only")
         role.add_to_policy(iam.PolicyStatement(actions=["sts:AssumeRole"], resources=[
-            f"arn:{Aws.PARTITION}:iam::{stage.account}:role/{access_role_name(self._base(name), stage.name, kind)}"
+            f"arn:{Aws.PARTITION}:iam::{stage.account}:role/{access_role_name(base, stage.name, kind)}"
             for stage in pipeline.stages]))
         return role
-
-    @staticmethod
-    def _base(role_name: str) -> str:
-        return role_name.rsplit("-pipeline-", 1)[0]
 
     def _assume(self, stage: PipelineStage, base: str, kind: str) -> list[str]:
         """Commands that switch the step to the target's read-only role."""

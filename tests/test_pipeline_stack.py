@@ -240,3 +240,18 @@ def test_the_plan_step_plans_an_existing_stack_against_its_live_routes(
     # risk, so the approval is entered.
     assert report["verdict"] == "data-at-risk" and approval == "true", report["summary"]
     assert "Bucket deleted" in report["summary"]
+
+
+def test_a_codecommit_source_and_one_stage_without_approval_topic(tmp_path: Path) -> None:
+    single = copy.deepcopy(PIPELINE)
+    single.pop("approval_topic_arn")
+    single["source"] = {"kind": "codecommit", "repository": "triton-models", "branch": "release"}
+    single["stages"] = single["stages"][1:]
+    synthesized = synth_pipeline(tmp_path / "out", single)
+    pipeline = _pipeline(synthesized)
+    source = _stage(pipeline, "Source")["Actions"][0]
+    assert source["ActionTypeId"]["Provider"] == "CodeCommit"
+    assert (source["Configuration"]["RepositoryName"], source["Configuration"]["BranchName"]) == ("triton-models", "release")
+    (approve,) = _stage(pipeline, "prod-approve")["Actions"]
+    assert "NotificationArn" not in approve["Configuration"]
+    assert json.loads((synthesized.outdir / "validation-report.json").read_text())["pluginReports"] == []
