@@ -129,9 +129,11 @@ def test_isolated_variant_is_clean(isolated: Synth) -> None:
     nag_rules = {rule.split("[")[0] for rule in acknowledged if rule.startswith("AwsSolutions-")}
     assert nag_rules == {"AwsSolutions-IAM5", "AwsSolutions-S1", "AwsSolutions-SF2"}
     # The VPC adds one finding per network-interface policy (EC2 actions without resource-level
-    # permissions), acknowledged on that policy only.
+    # permissions: the build Lambda's, the model's and the Processing build job's), acknowledged on
+    # that policy only.
     vpc_policies = [c for c in isolated.app.node.find_all() if c.node.id == "VpcAccess"]
-    assert len(vpc_policies) == 2
+    assert sorted(p.node.path for p in vpc_policies) == [
+        "TritonMme/Endpoint/VpcAccess", "TritonMme/ModelBuild/Processing/VpcAccess", "TritonMme/ModelBuild/VpcAccess"]
     for policy in vpc_policies:
         rules = [dict(e.data) for e in policy.node.metadata if e.type == Validations.ACKNOWLEDGED_RULES_METADATA_KEY]
         ids = [re.sub(r"^annotation::", "", rule_id, flags=re.I) for r in rules for rule_id in r]
