@@ -48,9 +48,11 @@ import onnx
 import torch
 
 from model_build.errors import ExportError
+from model_build.export import onnx_weights
 from model_build.export.eager import input_names, output_names
 from model_build.export.fusion import _attention_shape, _hf_model, check_runtime_compatible, fuse, should_fuse
 from model_build.export.memory import release_memory
+from model_build.export.onnx_weights import EXTERNAL_DATA_SUFFIX, export_weights_aside, save_onnx
 from model_build.manifest import TEXT_TASKS, ModelSpec
 from model_build.types import NUMPY_TO_TRITON, ExportedModel, TensorSpec
 
@@ -59,7 +61,6 @@ from model_build.types import NUMPY_TO_TRITON, ExportedModel, TensorSpec
 OPSET = 18
 #: A protobuf message cannot exceed 2 GiB; bigger models keep their weights in one side file.
 _PROTO_LIMIT = 2**31 - 2**26
-EXTERNAL_DATA_SUFFIX = ".data"
 #: Both exporters keep process-wide state (torch.onnx's export globals, the TorchScript
 #: compilation unit swapped below), so exports from parallel build threads take turns.
 _EXPORT_LOCK = threading.Lock()
@@ -134,11 +135,10 @@ def export_onnx(
         raw = scratch / "model.onnx"
         try:
             with _tracing(_eager_attention(module) if fusing else contextlib.nullcontext()):
-                torch.onnx.export(
+                export_weights_aside(  # torch.onnx.export, the weights written tensor by tensor
                     module,
                     _tensors(spec, sample),
-                    str(raw),
-                    dynamo=False,
+                    raw,
                     opset_version=OPSET,
                     input_names=list(input_names(spec, sample)),
                     output_names=list(output_names(spec)),
@@ -151,7 +151,7 @@ def export_onnx(
         if on_traced is not None:
             on_traced()
         release_memory()  # the exporter's copies; the file is passed, so no frame here holds a proto
-        return _finish_onnx(spec, raw, out_path, fusing=fusing, attention=attention)
+        return _finish_onnx(spec, raw, out_path, fusing=fusing, attention=attention, weights_aside=True)
 
 
 @contextlib.contextmanager
@@ -179,20 +179,16 @@ def import_onnx(spec: ModelSpec, source_path: Path, out_path: Path) -> ExportedM
     return _finish_onnx(spec, source_path, out_path, fusing=should_fuse(spec, source_path))
 
 
-def _load(spec: ModelSpec, path: Path) -> onnx.ModelProto:
-    try:
-        return onnx.load(str(path))  # with its external data, if any
+def _load(spec: ModelSpec, path: Path, *, graph_only: bool = False) -> onnx.ModelProto:
+    try:  # with its external data, unless ``graph_only``
+        return onnx.load(str(path), load_external_data=not graph_only)
     except Exception as error:  # a truncated or non-ONNX file
         raise _fail(spec, f"reading {str(path)!r}", error) from error
 
 
-def _weight_bytes(model: onnx.ModelProto) -> int:
-    return sum(tensor.ByteSize() for tensor in model.graph.initializer)
-
-
-def _over_proto_limit(model: onnx.ModelProto) -> bool:
-    """Whether the weights exceed what one serialized protobuf may hold (they go to ``.data``)."""
-    return _weight_bytes(model) >= _PROTO_LIMIT
+def _external_from() -> int:
+    """Weights of at least this many bytes are saved to ``<file>.data`` (always above the protobuf limit)."""
+    return min(onnx_weights.EXTERNAL_DATA_MIN_BYTES, _PROTO_LIMIT)
 
 
 #: Initializers at most this big keep their values in the skeleton shape inference runs on: shape
@@ -246,41 +242,55 @@ def _finish_onnx(
     *,
     fusing: bool = False,
     attention: tuple[int, int] = (0, 0),
+    weights_aside: bool = False,
 ) -> ExportedModel:
     """Shapes, then the offline fusions (``attention``: heads and hidden size) and FP16.
 
+    ``weights_aside``: ``source`` is the export's graph with its weights in ``<source>.data``
+    (:func:`model_build.export.onnx_weights.export_weights_aside`); only the graph is read for
+    shape inference, and the weights once, by the optimizer or to be saved.
     Fusion precedes FP16 so the converter sees the fused ops; INT8 comes later, in the build's
     optimize step (:mod:`model_build.export.optimize`), as it needs calibration inputs.
     """
-    model = _infer_shapes(_load(spec, source))
-    if fusing and _over_proto_limit(model):
+    model = _infer_shapes(_load(spec, source, graph_only=weights_aside))
+    side = source.with_name(source.name + EXTERNAL_DATA_SUFFIX)
+    size = onnx_weights.weight_bytes(model) + (side.stat().st_size if weights_aside else 0)
+    if fusing and size >= _PROTO_LIMIT:
         # ONNX Runtime's offline optimizer serializes the model whole, which protobuf refuses
         # above 2 GiB ("graph fusion failed: InvalidProtobuf"). Unset, such a graph is served as
         # exported (the serving session still applies its own graph optimizations at load).
         if spec.optimize:
-            size = _weight_bytes(model) / 2**30
             raise ExportError(
-                f"optimize: got true, but the graph's weights are {size:.1f} GiB and ONNX Runtime's "
+                f"optimize: got true, but the graph's weights are {size / 2**30:.1f} GiB and ONNX Runtime's "
                 "offline optimizer serializes the model whole, which protobuf allows up to 2 GiB; "
                 "set optimize false (or leave it unset: such a graph is then served unfused)",
                 model=spec.name,
             )
         fusing = False
     if fusing:  # from a file: this proto is freed before ONNX Runtime loads its own copy
-        ir_version, shaped = model.ir_version, out_path.with_name(f".{out_path.name}.shaped")
-        try:  # external data: written tensor by tensor, never serialized whole
-            onnx.save_model(model, str(shaped), save_as_external_data=True, location=shaped.name + ".data")
+        ir_version = model.ir_version
+        if weights_aside:  # the shaped graph beside the weights file it refers to
+            shaped = source.with_name(f"shaped-{source.name}")
+            written = [shaped]
+            onnx.save_model(model, str(shaped))
+        else:  # external data: written tensor by tensor, never serialized whole
+            shaped = out_path.with_name(f".{out_path.name}.shaped")
+            written = [shaped, shaped.with_name(shaped.name + EXTERNAL_DATA_SUFFIX)]
+            onnx.save_model(model, str(shaped), save_as_external_data=True, location=written[1].name)
+        try:
             del model
             release_memory()
             model, _ = fuse(spec, shaped, None, ir_version=ir_version, attention=attention)
         finally:
-            shaped.unlink(missing_ok=True)
-            shaped.with_name(shaped.name + ".data").unlink(missing_ok=True)
+            for path in written:
+                path.unlink(missing_ok=True)
         release_memory()
+    elif weights_aside:
+        onnx.load_external_data_for_model(model, str(source.parent))
     if spec.effective_precision == "fp16":
         model = _to_fp16(spec, model)
     check_runtime_compatible(model, name=spec.name)
-    save_onnx(model, out_path)
+    save_onnx(model, out_path, external_from=_external_from())
     del model
     release_memory()
     inputs, outputs = onnx_signature(out_path, model_name=spec.name)
@@ -307,17 +317,6 @@ def _to_fp16(spec: ModelSpec, model: onnx.ModelProto) -> onnx.ModelProto:
         return converted
     except Exception as error:
         raise _fail(spec, "fp16 conversion", error) from error
-
-
-def save_onnx(model: onnx.ModelProto, path: Path) -> None:
-    """Save deterministically; above the 2 GiB protobuf limit weights go to ``<file>.data``."""
-    side = path.with_name(path.name + EXTERNAL_DATA_SUFFIX)
-    if not _over_proto_limit(model):
-        side.unlink(missing_ok=True)  # a stale side file would end up in the package
-        onnx.save_model(model, str(path))
-        return
-    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                    location=side.name, size_threshold=1024)
 
 
 def _tensor_spec(value: onnx.ValueInfoProto, model_name: str) -> TensorSpec:

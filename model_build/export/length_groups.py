@@ -285,7 +285,7 @@ def _group_in_place(graph: onnx.GraphProto, *, mask: str, min_saving_percent: in
 def _external_files(model: onnx.ModelProto) -> list[str]:
     """The external data files the graph's initializers point to (locations relative to the model
     file): a model over the 2 GiB protobuf limit keeps its weights in ``<file>.data``
-    (``model_build.export.convert.save_onnx``)."""
+    (``model_build.export.onnx_weights.save_onnx``)."""
     from onnx.external_data_helper import uses_external_data
 
     return sorted({entry.value for tensor in model.graph.initializer if uses_external_data(tensor)
@@ -296,7 +296,7 @@ def _save_rewritten(model: onnx.ModelProto, path: Path, external: Sequence[str],
     """Write the rewritten graph to ``path``. Weights inline: as the export saves them. Weights in
     external files: the graph alone, its references unchanged (the weights were never read, so
     ``onnx.save_model`` writes none of them); the files must lie next to ``path``."""
-    from model_build.export.convert import save_onnx
+    from model_build.export.onnx_weights import save_onnx
 
     if not external:
         save_onnx(model, path)

@@ -44,7 +44,7 @@ import onnx
 
 from model_build.errors import AccuracyGateError, ExportError
 from model_build.export import convert
-from model_build.export.convert import EXTERNAL_DATA_SUFFIX, onnx_signature, save_onnx
+from model_build.export.convert import onnx_signature
 from model_build.export.eager import Batch
 from model_build.export.fusion import (
     _prune_opsets,
@@ -52,6 +52,7 @@ from model_build.export.fusion import (
     check_runtime_compatible,
     contrib_op_counts,
 )
+from model_build.export.onnx_weights import EXTERNAL_DATA_SUFFIX, save_onnx
 from model_build.manifest import ModelSpec
 from model_build.types import ExportedModel
 
