@@ -7,9 +7,9 @@ Per target (``<name>``):
    plan and smoke steps assume (deployed through the bootstrapped trust, as every stack is).
 2. ``<name>-plan``: ``python -m model_build plan`` of the synthesized template against the live
    routes and the deployed template; keeps ``plan.md`` and ``plan.json`` as the step's output and
-   exports ``PLAN_VERDICT`` (and ``PLAN_APPROVAL``: ``true`` unless models only or no change).
+   exports ``PLAN_VERDICT`` (and ``PLAN_APPROVAL``: ``true`` where plan would exit 4).
 3. ``<name>-approve``: a manual approval, **entered only when the verdict needs a person**
-   (fleet replaced, created, updated or unknown, data at risk): a CodePipeline V2 ``beforeEntry``
+   (fleet replaced or unknown, data at risk: plan's exit 4): a CodePipeline V2 ``beforeEntry``
    condition with a ``VariableCheck`` rule on ``PLAN_APPROVAL``, result ``SKIP``. It links the
    plan's build (its log holds the markdown) and notifies ``approval_topic_arn``.
 4. ``<name>``: deploys the endpoint stack, then the **smoke step** invokes every routed model

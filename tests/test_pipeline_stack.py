@@ -186,7 +186,7 @@ def test_the_plan_steps_command_runs_and_exports_what_the_condition_reads(
 ) -> None:
     """The plan action's own command from the synthesized buildspec (the credential lines aside:
     CodeBuild's role switch), run against moto's server: a stage whose stack does not exist yet
-    is a first deploy (fleet created: the approval is entered)."""
+    is a first deploy (fleet created: plan's exit 3, the approval is skipped)."""
     pipeline = _pipeline(synthesized)
     (plan,) = _stage(pipeline, "staging-plan")["Actions"]
     commands = _buildspec(synthesized, plan["Configuration"]["ProjectName"])["phases"]["build"]["commands"]
@@ -202,7 +202,7 @@ def test_the_plan_steps_command_runs_and_exports_what_the_condition_reads(
     done = subprocess.run(["bash", "-c", script], cwd=work, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == (
-        "verdict=fleet-created approval=true url=https://console.aws.amazon.com/codesuite/codebuild/builds/plan-staging:1")
+        "verdict=fleet-created approval=false url=https://console.aws.amazon.com/codesuite/codebuild/builds/plan-staging:1")
     assert json.loads((work / "plan" / "plan.json").read_text())["verdict"] == "fleet-created"
     assert "first deploy" in (work / "plan" / "plan.md").read_text()
 
@@ -234,7 +234,7 @@ def test_the_plan_step_plans_an_existing_stack_against_its_live_routes(
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     report = json.loads((work / "plan" / "plan.json").read_text())
     assert report["stack"] == "TritonMme-prod" and report["compared_with"]["deployed"].startswith("the template of stack")
-    approval = "false" if report["verdict"] in ("no-change", "models-only") else "true"
+    approval = "true" if report["exit_code"] == 4 else "false"  # plan's exit 4: a person should look
     assert done.stdout.strip().splitlines()[-1] == f"verdict={report['verdict']} approval={approval}"
     # The deployed stack's one bucket is not in the stage's template: deleting it puts data at
     # risk, so the approval is entered.

@@ -5,11 +5,12 @@ against the stage's live routes (the bucket named by the stack's ``ModelBucketNa
 its deployed template, with ``python -m model_build plan``. It writes ``plan/plan.md`` and
 ``plan/plan.json`` (the step's output, kept by the pipeline), prints the markdown (so the build's
 log, which the approval links, shows it) and writes ``plan/verdict.env``, which the buildspec
-sources so that CodeBuild exports ``PLAN_VERDICT``, ``PLAN_APPROVAL`` (``true`` unless the
-verdict is ``no-change`` or ``models-only``) and ``PLAN_BUILD_URL``.
+sources so that CodeBuild exports ``PLAN_VERDICT``, ``PLAN_APPROVAL`` and ``PLAN_BUILD_URL``.
+``PLAN_APPROVAL`` is ``false`` for the verdicts ``plan --detailed-exitcode`` exits 0 or 3 with
+(no change, models only, the fleet updated in place or created) and ``true`` for those it exits 4
+with (the fleet replaced or unknown, data at risk), and for any verdict this module does not know.
 
-A stack that does not exist yet is a first deploy: verdict ``fleet-created``, which asks for a
-person. A plan that fails (exit 1: no credentials, a routes document of another stack...)
+A stack that does not exist yet is a first deploy: verdict ``fleet-created``. A plan that fails (exit 1: no credentials, a routes document of another stack...)
 fails the step with its error line: the pipeline stops before the approval and the deploy.
 """
 
@@ -24,8 +25,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-#: Verdicts that need nobody (the approval stage is skipped).
-NO_APPROVAL = ("no-change", "models-only")
+#: Verdicts that need nobody (the approval stage is skipped): plan's exits 0 and 3. Any other
+#: verdict (fleet-replaced, fleet-unknown, data-at-risk: exit 4; or one this module does not
+#: know) asks a person.
+NO_APPROVAL = ("no-change", "models-only", "fleet-updated", "fleet-created")
 
 
 def find_template(cdk_out: Path, stack: str) -> Path:
