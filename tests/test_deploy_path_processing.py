@@ -227,9 +227,9 @@ def test_every_s3_call_of_a_job_with_an_s3_source_is_granted_to_its_roles(
     down, the unit up) must be what the template grants the job's role, and the Lambda's side
     (the plan's job document, ``store_job``) what it grants the build role."""
     import transformers
+    from iam_grants import granted, role_s3_grants, s3_actions
 
     import model_build.aws_clients as aws_clients_module
-    from iam_grants import granted, role_s3_grants, s3_actions
 
     handler_calls: list[tuple[str, dict[str, Any]]] = []
     real_make = aws_clients_module.make_s3_client
