@@ -27,10 +27,10 @@ from constructs.sagemaker_execution_role import SageMakerExecutionRole, SageMake
 from constructs.sagemaker_limits import PropsError, has_instance_storage
 from constructs.triton_image import TritonImage, TritonImageProps
 from constructs.triton_mme_endpoint import TritonMmeEndpoint, TritonMmeEndpointProps
-from model_build.handler.processing import JOBS_DIR
 from model_build.manifest import Manifest
 from model_build.package.tensorrt_plans import tensorrt_plan_problem, tensorrt_plan_unchecked
 from model_build.release import PACKAGE_DIR, routes_key, served_prefix
+from model_build.release.identity import JOBS_DIR
 from model_build.text_ensemble.container import namespacing_problem
 from model_build.text_ensemble.serving_wheel import serving_python_problem
 from model_build.text_ensemble.shm import shm_problem

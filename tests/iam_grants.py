@@ -90,3 +90,21 @@ def s3_actions(operation: str, params: Mapping[str, Any], arn: Any) -> list[tupl
     raise AssertionError(f"S3 operation {operation} is not mapped to IAM actions: add it to s3_actions")
 
 
+
+
+def record_s3_calls(monkeypatch: Any) -> list[tuple[str, dict[str, Any]]]:
+    """Every S3 call the handlers' clients (``make_s3_client``) make from now on, as
+    ``(operation, params)``, recorded by a botocore hook before each call."""
+    import model_build.aws_clients as aws_clients_module
+
+    calls: list[tuple[str, dict[str, Any]]] = []
+    real_make = aws_clients_module.make_s3_client
+
+    def recording_client(**kwargs: Any) -> Any:
+        client = real_make(**kwargs)
+        client.meta.events.register("provide-client-params.s3.*",
+                                    lambda params, model, **_: calls.append((model.name, dict(params))))
+        return client
+
+    monkeypatch.setattr(aws_clients_module, "make_s3_client", recording_client)
+    return calls

@@ -227,20 +227,9 @@ def test_every_s3_call_of_a_job_with_an_s3_source_is_granted_to_its_roles(
     down, the unit up) must be what the template grants the job's role, and the Lambda's side
     (the plan's job document, ``store_job``) what it grants the build role."""
     import transformers
-    from iam_grants import granted, role_s3_grants, s3_actions
+    from iam_grants import granted, record_s3_calls, role_s3_grants, s3_actions
 
-    import model_build.aws_clients as aws_clients_module
-
-    handler_calls: list[tuple[str, dict[str, Any]]] = []
-    real_make = aws_clients_module.make_s3_client
-
-    def recording_client(**kwargs: Any) -> Any:
-        client = real_make(**kwargs)
-        client.meta.events.register("provide-client-params.s3.*",
-                                    lambda params, model, **_: handler_calls.append((model.name, dict(params))))
-        return client
-
-    monkeypatch.setattr(aws_clients_module, "make_s3_client", recording_client)
+    handler_calls = record_s3_calls(monkeypatch)
     saved = tmp_path / "resnet"
     shape: dict[str, Any] = {"embedding_size": 8, "hidden_sizes": [8, 8], "depths": [1, 1], "num_labels": 3}
     config = transformers.ResNetConfig(**shape)

@@ -27,7 +27,7 @@ from urllib.parse import unquote
 import numpy as np
 import pytest
 import yaml
-from iam_grants import granted, role_s3_grants, s3_actions
+from iam_grants import granted, record_s3_calls, role_s3_grants, s3_actions
 from s3_faults import FaultProxy  # tests/ is on sys.path
 
 from model_build import handler
@@ -490,7 +490,6 @@ def test_a_rerun_map_item_costs_one_listing_of_its_own_key_whatever_the_store_ho
 ) -> None:
     """A retried Map item finds its key stored with one LIST whose prefix is that key's index:
     not a listing of the whole store, which at thousands of models is pages per item."""
-    import model_build.aws_clients as aws_clients_module
 
     s3 = lambda_env
     bucket = f"item-{uuid.uuid4().hex[:12]}"
@@ -501,16 +500,7 @@ def test_a_rerun_map_item_costs_one_listing_of_its_own_key_whatever_the_store_ho
     (item,) = json.loads(s3.get_object(Bucket=bucket, Key=handler.plan_items({"Request": props})["Key"])["Body"].read())
     assert handler.build_item({"Request": props, **item})["Built"] is True
 
-    calls: list[tuple[str, dict[str, Any]]] = []
-    real_make = aws_clients_module.make_s3_client
-
-    def recording_client(**kwargs: Any) -> Any:
-        client = real_make(**kwargs)
-        client.meta.events.register("provide-client-params.s3.*",
-                                    lambda params, model, **_: calls.append((model.name, dict(params))))
-        return client
-
-    monkeypatch.setattr(aws_clients_module, "make_s3_client", recording_client)
+    calls = record_s3_calls(monkeypatch)
     assert handler.build_item({"Request": props, **item})["Built"] is False
     listings = [params for name, params in calls if name.startswith("ListObjects")]
     assert listings == [{"Bucket": bucket, "Prefix": f"{store_prefix(PREFIX, item['Key'])}/_index.json", "MaxKeys": 1}]
@@ -674,22 +664,8 @@ def test_every_s3_call_of_a_create_and_an_update_is_granted_by_the_default_stack
 ) -> None:
     """moto checks no IAM: record each S3 call the handler makes (a botocore hook on the real
     clients, before each call) and check it against the build role's grants in the template."""
-    import model_build.aws_clients as aws_clients_module
-
     monkeypatch.setenv("MODEL_BUILD_CLOUDFORMATION_ENDPOINT_URL", endpoint)  # no such stack: a supersede
-    calls: list[tuple[str, dict[str, Any]]] = []
-
-    def record(params: dict[str, Any], model: Any, **_: Any) -> None:
-        calls.append((model.name, dict(params)))
-
-    real_make = aws_clients_module.make_s3_client
-
-    def recording_client(**kwargs: Any) -> Any:
-        client = real_make(**kwargs)
-        client.meta.events.register("provide-client-params.s3.*", record)
-        return client
-
-    monkeypatch.setattr(aws_clients_module, "make_s3_client", recording_client)
+    calls = record_s3_calls(monkeypatch)
     s3 = lambda_env
     model_bucket = f"iam-{uuid.uuid4().hex[:12]}"
     asset_bucket = f"cdk-assets-{uuid.uuid4().hex[:12]}"

@@ -43,6 +43,7 @@ from model_build.export.optimize import (
 )
 from model_build.export.sources import resolve_source
 from model_build.manifest import ModelSpec, OnnxFileSource, SyntheticSource, Tolerance
+from model_build.manifest.build_engine import path_weight_bytes
 from model_build.reference import write_reference
 from model_build.types import ExportedModel, ValidationReport
 
@@ -395,24 +396,6 @@ def trace_sample(samples: Sequence[Batch]) -> Batch:
     return multi[0] if multi else samples[-1]
 
 
-#: The files a save_pretrained folder keeps its weights in, by preference: a folder may hold the
-#: same weights twice (safetensors and a PyTorch pickle); the first kind found is counted.
-_WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt")
-
-
-def _weight_file_bytes(source: Path) -> int:
-    """Bytes of the weights of a resolved source: one ``.onnx`` file and its external data, or the
-    first kind of weight files of :data:`_WEIGHT_PATTERNS` in a folder."""
-    if source.is_file():
-        side = source.with_name(source.name + ".data")
-        return source.stat().st_size + (side.stat().st_size if side.is_file() else 0)
-    for pattern in _WEIGHT_PATTERNS:
-        files = [path for path in source.glob(pattern) if path.is_file()]
-        if files:
-            return sum(path.stat().st_size for path in files)
-    return 0
-
-
 def export_and_validate(
     spec: ModelSpec, *, base_dir: Path, work_dir: Path, s3_client: object = None
 ) -> tuple[ExportedModel, ValidationReport, Path]:
@@ -426,7 +409,7 @@ def export_and_validate(
     source_dir = resolve_source(spec, base_dir=base_dir, work_dir=work_dir / "_sources" / spec.name,
                                 s3_client=s3_client)
     if spec.effective_precision == "int8" and source_dir is not None:  # before the slow export
-        refuse_int8_over_limit(spec, _weight_file_bytes(source_dir))
+        refuse_int8_over_limit(spec, path_weight_bytes(source_dir))
     samples = sample_inputs(spec, source_dir)
     # INT8's layer choice is calibrated on inputs disjoint from ``samples`` and the sample
     # sentences, which the gates below judge it on.

@@ -21,8 +21,8 @@ from typing import Any
 from model_build.errors import ModelBuildError
 from model_build.manifest import Manifest, ModelSpec, OnnxFileSource, S3Source
 from model_build.manifest.build_engine import EngineSettings, Placement, estimate, place, weight_bytes_of
+from model_build.release.identity import JOBS_DIR
 
-JOBS_DIR = "_jobs"
 #: Where the job finds its inputs and leaves its unit (the container's view).
 CONTAINER_INPUT = "/opt/ml/processing/input"
 CONTAINER_OUTPUT = "/opt/ml/processing/output/unit"

@@ -124,11 +124,13 @@ def weight_bytes_of(sizes: Iterable[tuple[str, int]]) -> int:
     return sum(size for name, size in files if name.endswith((".onnx", ".onnx.data", ".plan")))
 
 
-def _folder_sizes(path: Path) -> list[tuple[str, int]]:
+def path_weight_bytes(path: Path) -> int:
+    """Bytes of the weights of a source on disk: a ``.onnx`` file and its external data, or the
+    first kind of :data:`WEIGHT_PATTERNS` among a folder's files (0 when there are none)."""
     if path.is_file():
         side = path.with_name(path.name + ".data")
-        return [(path.name, path.stat().st_size)] + ([(side.name, side.stat().st_size)] if side.is_file() else [])
-    return [(item.name, item.stat().st_size) for item in path.rglob("*") if item.is_file()]
+        return path.stat().st_size + (side.stat().st_size if side.is_file() else 0)
+    return weight_bytes_of((item.name, item.stat().st_size) for item in path.iterdir() if item.is_file())
 
 
 def source_weight_bytes(spec: ModelSpec, base_dir: Path) -> tuple[int | None, str | None]:
@@ -154,7 +156,7 @@ def source_weight_bytes(spec: ModelSpec, base_dir: Path) -> tuple[int | None, st
                       }.get(source.kind, f"a {source.kind} source is not sized before its build downloads it")
     if not path.exists():
         return None, f"source {str(path)!r} does not exist"
-    weights = weight_bytes_of(_folder_sizes(path))
+    weights = path_weight_bytes(path)
     return (weights, None) if weights else (None, f"no weight files found in {str(path)!r}")
 
 

@@ -67,6 +67,8 @@ INDEX_NAME = "_index.json"
 REFERENCE_DIR = "_reference"
 #: Folder (under the model prefix) of the content-addressed store of built models.
 BUILDS_DIR = "_builds"
+#: Folder (under the model prefix) of the SageMaker Processing build jobs' inputs and outputs.
+JOBS_DIR = "_jobs"
 #: Folder (under the model prefix) the endpoint serves: its ``ModelDataUrl``, fixed for the life
 #: of the stack. It holds model tarballs only, each under an immutable content-named key (see
 #: :func:`served_name`), so no ``TargetModel`` can name a bookkeeping document.
