@@ -36,10 +36,16 @@ changes exactly those, each for a documented reason (and a sixth change is for s
 6. **One client per service.** The interpreter builds a boto3 client for every Lambda task and
    every item read (about 10 ms each, most of a Distributed Map's time over thousands of items);
    here one client per service and region serves the block. Speed only: the calls are the same.
+7. **One parse per JSONPath.** The interpreter parses a path each time it reads one
+   (``json_path.extract_json`` calls ``jsonpath_ng.ext.parse``, and ``ResultPath`` calls
+   ``jsonpath_ng.parse``: each builds a new PLY lexer and parser, about 40% of a Distributed
+   Map's CPU over thousands of items). Here each distinct path is parsed once for the block; a
+   parsed path is not changed by ``find`` or ``update_or_create``. Speed only.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 import time as real_time
 import uuid
@@ -89,7 +95,7 @@ def payload_bytes(value: Any) -> int:
 
 @contextmanager
 def aws_semantics(time_scale: float = 1.0) -> Iterator[Waits]:
-    """Apply the three changes of the module docstring for the duration of the block."""
+    """Apply the changes of the module docstring for the duration of the block."""
     from botocore.exceptions import ClientError
     from moto.stepfunctions.parser.api import ExecutionFailedEventDetails, HistoryEventType
     from moto.stepfunctions.parser.asl.component.common.error_name.custom_error_name import CustomErrorName
@@ -101,6 +107,7 @@ def aws_semantics(time_scale: float = 1.0) -> Iterator[Waits]:
     from moto.stepfunctions.parser.asl.component.common.error_name.states_error_name_type import (
         StatesErrorNameType,
     )
+    from moto.stepfunctions.parser.asl.component.common.path import result_path
     from moto.stepfunctions.parser.asl.component.common.retry import retrier_decl
     from moto.stepfunctions.parser.asl.component.state.exec.state_map.item_reader.eval import (
         resource_eval_s3 as item_reader_s3,
@@ -113,6 +120,7 @@ def aws_semantics(time_scale: float = 1.0) -> Iterator[Waits]:
         StateTaskLambda,
     )
     from moto.stepfunctions.parser.asl.eval.event.event_detail import EventDetails
+    from moto.stepfunctions.parser.asl.utils import json_path
     from moto.stepfunctions.parser.models import StepFunctionsParserBackend
 
     waits = Waits()
@@ -124,6 +132,7 @@ def aws_semantics(time_scale: float = 1.0) -> Iterator[Waits]:
     original_map_run = distributed.DistributedIterationComponent._map_run
     original_time = retrier_decl.time
     original_clients = lambda_eval_utils.boto_client_for, item_reader_s3.boto_client_for
+    original_parses = json_path.parse, result_path.parse
     clients: dict[tuple[str, str], Any] = {}
     clients_lock = threading.Lock()
 
@@ -176,6 +185,7 @@ def aws_semantics(time_scale: float = 1.0) -> Iterator[Waits]:
     retrier_decl.time = _ScaledTime(waits, time_scale)  # type: ignore[assignment]
     lambda_eval_utils.boto_client_for = client_for
     item_reader_s3.boto_client_for = client_for
+    json_path.parse, result_path.parse = (functools.lru_cache(maxsize=4096)(parse) for parse in original_parses)
     try:
         yield waits
     finally:
@@ -184,6 +194,7 @@ def aws_semantics(time_scale: float = 1.0) -> Iterator[Waits]:
         distributed.DistributedIterationComponent._map_run = original_map_run  # type: ignore[method-assign]
         retrier_decl.time = original_time
         lambda_eval_utils.boto_client_for, item_reader_s3.boto_client_for = original_clients
+        json_path.parse, result_path.parse = original_parses
 
 
 def wait_for(states: Any, execution_arn: str, timeout_s: float = 120.0) -> dict[str, Any]:
