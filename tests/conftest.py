@@ -7,7 +7,16 @@ endpoint) overrides these, as pytest does for any conftest fixture.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+
+# One thread per operator for PyTorch (OpenMP) in the test processes and the subprocesses they start
+# (set before any test module imports torch). `make test` runs a worker per core and one more, so
+# intra-op threads only compete with the other workers: OpenMP's threads spin while they wait, and
+# with 3 workers on 2 cores that spinning was 14% of the CPU time of the export-heavy files (their
+# wall time 161 s -> 135 s). The tests check results, never speed; the benchmarks set their own
+# thread counts (`--threads`). Give OMP_NUM_THREADS yourself to run with more.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 from hostile_helpers import stop_zygote
