@@ -399,6 +399,20 @@ TINY_BERT_SOURCE: dict[str, Any] = {
 }
 
 
+#: A ResNet config small enough to build in about a second: tiny runs use it in place of the
+#: ResNet of models.yaml (same task, settings and code; the image size is each benchmark's choice).
+TINY_RESNET: dict[str, Any] = {"embedding_size": 8, "hidden_sizes": [8, 8, 16, 16], "depths": [1, 1, 1, 1],
+                               "layer_type": "basic", "num_labels": 4}
+
+
+def tiny_resnet_entry(entry: dict[str, Any], image_size: int) -> dict[str, Any]:
+    """A ResNet entry of models.yaml with :data:`TINY_RESNET` weights at ``image_size`` (a copy)."""
+    out = copy.deepcopy(entry)
+    out["source"] = {**out["source"], "config": copy.deepcopy(TINY_RESNET)}
+    out["image"] = {**out.get("image", {}), "image_size": image_size}
+    return out
+
+
 def text_model_entry(tiny: bool, *, fp16: bool = False) -> dict[str, Any]:
     """The MiniLM entry of ``models.yaml`` (a tiny synthetic BERT with the same settings in
     tiny mode), optionally with FP16 weights."""

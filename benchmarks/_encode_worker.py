@@ -12,8 +12,11 @@ baseline is measured on purpose, in clean processes, both ways: as installed, an
 allocator tuned, rather than in whatever state the benchmark's own process happens to be in.
 
 Protocol, one JSON object per line: the parent writes ``{"texts": [...], "batch": n,
-"seconds": s, "min_calls": k}`` to stdin and reads ``{"durations": [...]}`` (seconds per call,
-timed here, so the pipe is not in them) or ``{"embeddings": [[...]]}`` for ``"seconds": 0``.
+"seconds": s, "min_calls": k, "model": i}`` to stdin and reads ``{"durations": [...]}`` (seconds
+per call, timed here, so the pipe is not in them) or ``{"embeddings": [[...]]}`` for
+``"seconds": 0``. A worker holds one model in a real run; a tiny run (the test suite's) starts
+one worker for every folder (``"model"``: which one), the same code at a third of the start-up
+cost (each worker imports torch and sentence-transformers, 4 to 5 s).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -32,14 +36,17 @@ TUNED_ALLOCATOR = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHO
 
 
 class EncodeWorker:
-    """A child process holding one ``SentenceTransformer``; ``time`` runs ``encode`` there."""
+    """A child process holding a ``SentenceTransformer`` per folder (one in a real run); ``time``
+    runs ``encode`` there (``model``: the folder's index)."""
 
-    def __init__(self, folder: Path, *, max_seq_length: int, threads: int | None, tuned: bool) -> None:
+    def __init__(self, folder: Path | Sequence[Path], *, max_seq_length: int, threads: int | None,
+                 tuned: bool) -> None:
         env = {key: value for key, value in os.environ.items() if key not in TUNED_ALLOCATOR}
         if tuned:
             env.update(TUNED_ALLOCATOR)
-        command = [sys.executable, "-m", "benchmarks._encode_worker", str(folder), str(max_seq_length),
-                   str(threads or 0)]
+        folders = [folder] if isinstance(folder, Path) else list(folder)
+        command = [sys.executable, "-m", "benchmarks._encode_worker", str(max_seq_length), str(threads or 0),
+                   *map(str, folders)]
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True,
                                         cwd=Path(__file__).resolve().parents[1])
         # Sent now, answered at the first call: workers started together load their models at once.
@@ -67,14 +74,19 @@ class EncodeWorker:
         answer: dict[str, Any] = json.loads(line)
         return answer
 
-    def time(self, texts: list[str], batch: int, seconds: float, min_calls: int) -> list[float]:
+    def time(self, texts: list[str], batch: int, seconds: float, min_calls: int, *, model: int = 0) -> list[float]:
         durations: list[float] = self._ask({"texts": texts, "batch": batch, "seconds": seconds,
-                                            "min_calls": min_calls})["durations"]
+                                            "min_calls": min_calls, "model": model})["durations"]
         return durations
 
-    def encode(self, texts: list[str], batch: int) -> list[list[float]]:
-        embeddings: list[list[float]] = self._ask({"texts": texts, "batch": batch, "seconds": 0})["embeddings"]
+    def encode(self, texts: list[str], batch: int, *, model: int = 0) -> list[list[float]]:
+        embeddings: list[list[float]] = self._ask({"texts": texts, "batch": batch, "seconds": 0,
+                                                   "model": model})["embeddings"]
         return embeddings
+
+    def model(self, index: int) -> EncodeModel:
+        """One of this worker's models, with ``time`` and ``encode`` of its own."""
+        return EncodeModel(self, index)
 
     def close(self) -> None:
         if self.process.stdin is not None:
@@ -93,8 +105,21 @@ class EncodeWorker:
         self.close()
 
 
+class EncodeModel:
+    """The model of index ``index`` in an :class:`EncodeWorker` (what a tiny run times per kind)."""
+
+    def __init__(self, worker: EncodeWorker, index: int) -> None:
+        self.worker, self.index = worker, index
+
+    def time(self, texts: list[str], batch: int, seconds: float, min_calls: int) -> list[float]:
+        return self.worker.time(texts, batch, seconds, min_calls, model=self.index)
+
+    def encode(self, texts: list[str], batch: int) -> list[list[float]]:
+        return self.worker.encode(texts, batch, model=self.index)
+
+
 def main(argv: list[str]) -> int:
-    folder, max_len, threads = argv[0], int(argv[1]), int(argv[2])
+    max_len, threads, folders = int(argv[0]), int(argv[1]), argv[2:]
     import torch
     from sentence_transformers import SentenceTransformer
 
@@ -102,13 +127,15 @@ def main(argv: list[str]) -> int:
 
     if threads:
         torch.set_num_threads(threads)
-    model = SentenceTransformer(folder, device="cpu", local_files_only=True)
-    model.max_seq_length = max_len
+    models = [SentenceTransformer(folder, device="cpu", local_files_only=True) for folder in folders]
+    for model in models:
+        model.max_seq_length = max_len
     for line in sys.stdin:
         request = json.loads(line)
         texts, batch = request["texts"], int(request["batch"])
+        model = models[int(request.get("model", 0))]
 
-        def encode(texts: list[str] = texts, batch: int = batch) -> Any:
+        def encode(texts: list[str] = texts, batch: int = batch, model: Any = model) -> Any:
             return model.encode(texts, batch_size=batch, convert_to_numpy=True, show_progress_bar=False)
 
         if request["seconds"]:

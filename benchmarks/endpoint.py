@@ -40,6 +40,7 @@ from benchmarks._common import (
     run_for,
     spec_from,
     stats,
+    tiny_resnet_entry,
 )
 
 NAME = "endpoint"
@@ -54,15 +55,21 @@ COLD_START_GOAL_S = 10.0
 #: Warm p99 at batch 1 of every model, seconds.
 WARM_P99_GOAL_S = 0.1
 #: Seconds of calls per warm measurement and calls per throughput run (each of 3 runs). The models
-#: and batches are the same in quick and full; a quick run measures each for half as long.
+#: and batches are the same in quick and full; a quick run measures each for half as long. A tiny
+#: run's measurements are their least number of calls (20 warm, 2 per body, one per client).
 SIZES: dict[str, dict[str, Any]] = {
-    "tiny": {"seconds_per_measurement": 0.5, "throughput_calls": 16},
+    "tiny": {"seconds_per_measurement": 0.1, "throughput_calls": 8},
     "quick": {"seconds_per_measurement": 4.0, "throughput_calls": 160},
     "full": {"seconds_per_measurement": 8.0, "throughput_calls": 320},
 }
 #: The sentence of every batch-1 text request; the token target gets its ids from the source's own
 #: tokenizer (MiniLM's: [101, 2023, 2003, 1037, 7099, 6251, 1012, 102]).
 SENTENCE = "This is a sample sentence."
+#: A tiny run's ResNets (:data:`~benchmarks._common.TINY_RESNET` weights) and their images: the ONNX
+#: one at the smallest image whose batch-8 JSON body (8 x 3 x 128 x 128 floats, about 7.9 MB) is
+#: still over the 6 MB limit, so the refusal and the largest fitting batch are measured as at 224;
+#: the TorchScript one, called at batch 1 only, at 32.
+TINY_IMAGES = {"resnet-synthetic": 128, "resnet-synthetic-ts": 32}
 
 
 def _request(name: str, array: np.ndarray, output: str, *, binary: bool) -> tuple[bytes, str]:
@@ -87,6 +94,8 @@ def _targets(ctx: RunContext) -> dict[str, dict[str, Any]]:
                                      ("resnet-synthetic-ts", "pixel_values__0", "logits__0")):
         entry = manifest_entry(name)
         entry["copies"] = 1
+        if ctx.tiny:
+            entry = tiny_resnet_entry(entry, TINY_IMAGES[name])
         out[name] = {"spec": spec_from(entry), "input": input_name, "output": output, "kind": "image"}
     text_specs = _specs(ctx)
     tokenizer = AutoTokenizer.from_pretrained(str(_source_folder(text_specs["tokens"], ctx)), local_files_only=True)
@@ -96,9 +105,11 @@ def _targets(ctx: RunContext) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _batch1(item: dict[str, Any], image: int, rng: np.random.Generator) -> tuple[bytes, str]:
-    """One batch-1 request for a target: binary+JSON for images, JSON for tokens and text."""
+def _batch1(item: dict[str, Any], rng: np.random.Generator) -> tuple[bytes, str]:
+    """One batch-1 request for a target: binary+JSON for images (of the target's size), JSON for
+    tokens and text."""
     if item["kind"] == "image":
+        image = item["spec"].image_inputs.image_size
         return _request(item["input"], rng.random((1, 3, image, image), dtype=np.float32), item["output"], binary=True)
     if item["kind"] == "tokens":
         ids = item["token_ids"]
@@ -131,6 +142,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
     started = time.perf_counter()
     chosen = ctx.sizes(SIZES)
     budget = float(chosen["seconds_per_measurement"])
+    body_calls = 2 if ctx.tiny else 5  # calls per body encoding at least (each a 6 MB body at most)
     targets = _targets(ctx)
     result = new_result(NAME, TITLE, ctx, {
         "models": list(targets), "repeats": ctx.repeats, "seconds_per_measurement": budget,
@@ -162,7 +174,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
             warm: dict[str, Any] = {}
             for name, item in targets.items():
                 target = f"{name}.tar.gz"
-                body, ctype = _batch1(item, image, rng)
+                body, ctype = _batch1(item, rng)
                 samples = []
                 for _ in range(ctx.repeats):
                     endpoint.cache.unload_all()
@@ -192,7 +204,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
                 refused.update(refused=True, status=error.response["ResponseMetadata"]["HTTPStatusCode"],
                                code=error.response["Error"]["Code"])
             batch8_binary = {**stats(run_for(lambda: invoke("resnet-synthetic.tar.gz", body8, ctype8), budget,
-                                             min_calls=5)), "request_bytes": len(body8)}
+                                             min_calls=body_calls)), "request_bytes": len(body8)}
             result["measurements"]["batch8_encodings_s"] = {"json": refused, "binary": batch8_binary}
             log(f"endpoint: batch 8 JSON body {len(json8)} bytes: "
                 f"{'refused ' + str(refused.get('status')) if refused['refused'] else 'accepted'}")
@@ -205,7 +217,8 @@ def run(ctx: RunContext) -> dict[str, Any]:
             for label, binary in (("json", False), ("binary", True)):
                 body, ctype = _request(onnx["input"], batch, onnx["output"], binary=binary)
                 encodings[label] = {**stats(run_for(partial(
-                    invoke, "resnet-synthetic.tar.gz", body, ctype), budget, min_calls=5)), "request_bytes": len(body)}
+                    invoke, "resnet-synthetic.tar.gz", body, ctype), budget, min_calls=body_calls)),
+                    "request_bytes": len(body)}
             result["measurements"]["encodings_s"] = encodings
             binary_vs_json = comparison(
                 "binary_vs_json", what=f"ResNet batch {fit} request latency through the endpoint "

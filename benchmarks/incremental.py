@@ -48,7 +48,7 @@ TITLE = "A 1000-entry manifest where one entry changes"
 #: them unjudged. The whole benchmark takes about two minutes at 1000 models on two cores, so a
 #: quick run keeps the full size.
 SIZES: dict[str, dict[str, Any]] = {
-    "tiny": {"models": 20},
+    "tiny": {"models": 5},
     "quick": {"models": 1000},
     "full": {"models": 1000},
 }

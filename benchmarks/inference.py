@@ -57,8 +57,8 @@ GOAL_BATCH = 8
 #: quick and full). Five runs in a full run: on a shared machine one disturbed run must not move
 #: the median; a quick run takes three, the least any real run takes.
 SIZES: dict[str, dict[str, Any]] = {
-    "tiny": {"repeats": 1, "cold_start_repeats": 1, "latency_budget_s_per_run": 0.2,
-             "throughput_budget_s_per_run": 0.2},
+    "tiny": {"repeats": 1, "cold_start_repeats": 1, "latency_budget_s_per_run": 0.05,
+             "throughput_budget_s_per_run": 0.05},
     "quick": {"repeats": 3, "cold_start_repeats": 3, "latency_budget_s_per_run": 2.0,
               "throughput_budget_s_per_run": 2.0},
     "full": {"repeats": 5, "cold_start_repeats": 5, "latency_budget_s_per_run": 2.0,

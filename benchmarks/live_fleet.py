@@ -8,7 +8,8 @@ routes say so. Measured: requests that failed (goal 0), p99 latency of the stead
 the change lands against before it (goal <= 1.5x), seconds from the publish to the new model's
 first answer. **The old way**, for comparison: the same three models under a new release prefix
 and the endpoint restarted on it (what a new ``ModelDataUrl`` means for a fleet), with the same
-clients running: requests failed, and seconds until every model answers again.
+clients running: requests failed, and seconds until every model answers again. (A tiny run, the
+test suite's, serves one steady model to one client: the same code, two cold loads fewer.)
 
 **A one-model change at scale.** ``N`` models (3000 in a full run) are stored and routed; then
 one model changes and the change is published and routed. Measured at moto's S3 server on
@@ -41,6 +42,7 @@ from benchmarks._common import (
     new_result,
     percentile,
     spec_from,
+    tiny_resnet_entry,
 )
 
 NAME = "live_fleet"
@@ -51,14 +53,13 @@ BINARY = "application/vnd.sagemaker-triton.binary+json;json-header-size={}"
 P99_GOAL = 1.5
 #: Seconds of steady load before and after the model is added, and models in the store for the
 #: one-model change. A quick run keeps more than 1000 models, so every listing of the store and
-#: of the served prefix still spans more than one page (S3 returns at most 1000 keys a page).
+#: of the served prefix still spans more than one page (S3 returns at most 1000 keys a page). A
+#: tiny run keeps half a second of load on each side of the change (a hundred requests or more).
 SIZES: dict[str, dict[str, Any]] = {
-    "tiny": {"phase_s": 2.0, "models_at_scale": 30},
+    "tiny": {"phase_s": 0.5, "models_at_scale": 5},
     "quick": {"phase_s": 6.0, "models_at_scale": 1200},
     "full": {"phase_s": 10.0, "models_at_scale": 3000},
 }
-TINY_RESNET = {"embedding_size": 8, "hidden_sizes": [8, 8, 16, 16], "depths": [1, 1, 1, 1], "layer_type": "basic",
-               "num_labels": 4}
 
 
 def _entry(ctx: RunContext, name: str, seed: int) -> dict[str, Any]:
@@ -67,8 +68,7 @@ def _entry(ctx: RunContext, name: str, seed: int) -> dict[str, Any]:
     entry.update(name=name, copies=1)
     entry["source"] = dict(entry["source"], seed=seed)
     if ctx.tiny:
-        entry["source"]["config"] = copy.deepcopy(TINY_RESNET)
-        entry["image"] = {"image_size": 32}
+        entry = tiny_resnet_entry(entry, 32)
     return entry
 
 
@@ -153,7 +153,9 @@ def _under_load(ctx: RunContext) -> dict[str, Any]:
     from model_build.tools.smoke_setup import make_runtime_client
 
     phase = float(ctx.sizes(SIZES)["phase_s"])
-    entries = [_entry(ctx, "steady-a", 0), _entry(ctx, "steady-b", 1), _entry(ctx, "added", 2)]
+    # A tiny run keeps one steady model (one client): each model is a cold load on both endpoints.
+    names = ["steady-a"] if ctx.tiny else ["steady-a", "steady-b"]
+    entries = [*(_entry(ctx, name, seed) for seed, name in enumerate(names)), _entry(ctx, "added", 2)]
     specs = [spec_from(entry) for entry in entries]
     built = {spec.name: ctx.build(spec) for spec in specs}
     image = specs[0].image_inputs.image_size
@@ -170,12 +172,12 @@ def _under_load(ctx: RunContext) -> dict[str, Any]:
         return {name: route.target_model for name, route in routes.routes.items()}
 
     port = _free_port()
-    out: dict[str, Any] = {"phase_s": phase, "image_size": image, "clients": 2}
+    out: dict[str, Any] = {"phase_s": phase, "image_size": image, "clients": len(names)}
     with local_s3() as url:
         s3 = make_s3_client(endpoint_url=url)
         s3.create_bucket(Bucket=BUCKET)
-        first = deploy(s3, ["steady-a", "steady-b"])
-        steady = [first["steady-a"], first["steady-b"]]
+        first = deploy(s3, names)
+        steady = [first[name] for name in names]
         with local_endpoint(s3_client=s3, bucket=BUCKET, model_prefix=PREFIX, port=port) as endpoint:
             runtime = make_runtime_client(endpoint_url=endpoint.url, timeout_seconds=120)
             for target in steady:  # loaded and warm before the measurement
@@ -184,7 +186,7 @@ def _under_load(ctx: RunContext) -> dict[str, Any]:
             with Load(endpoint.url, steady, body, content_type) as load:
                 time.sleep(phase)
                 published = time.monotonic()
-                second = deploy(s3, ["steady-a", "steady-b", "added"])
+                second = deploy(s3, [*names, "added"])
                 routed = time.monotonic()
                 first_answer = _wait_answer(lambda: runtime.invoke_endpoint(
                     EndpointName="local", TargetModel=second["added"], ContentType=content_type, Body=body))
@@ -206,7 +208,7 @@ def _under_load(ctx: RunContext) -> dict[str, Any]:
         release_id = "r-00000000000001d0"
         publish_release([built[n][0].artifact(built[n][1]) for n in built], s3_client=s3, bucket=BUCKET,
                         release_prefix=f"{PREFIX}/{release_id}", index_extra={"release_id": release_id})
-        old_way = Load(f"http://127.0.0.1:{port}", [f"{n}.tar.gz" for n in ("steady-a", "steady-b")], body,
+        old_way = Load(f"http://127.0.0.1:{port}", [f"{n}.tar.gz" for n in names], body,
                        content_type)
         with old_way:
             stopped = time.monotonic()
@@ -342,7 +344,9 @@ def run(ctx: RunContext) -> dict[str, Any]:
                     f"{scale['old_layout']['copied']} objects ({scale['old_layout']['seconds']:.1f} s)"),
     ]
     result["notes"] = [
-        "Failed requests count every steady-model request the two clients sent from the start of the load to its end.",
+        "Failed requests count every steady-model request the "
+        + ("two clients" if load["clients"] == 2 else f"{load['clients']} client(s)")
+        + " sent from the start of the load to its end.",
         "The old way restarts the endpoint on a new prefix: every model loads cold again on the new fleet.",
     ]
     return finish_result(result, started)

@@ -63,7 +63,7 @@ ORDER = ("pytorch", "exported", "fused", "int8")
 #: peak. Variants, sequence and batches are the same in quick and full; a quick run measures each
 #: for half as long.
 SIZES: dict[str, dict[str, Any]] = {
-    "tiny": {"budget_s_per_run": 0.3, "peak_gemm_size": 512},
+    "tiny": {"budget_s_per_run": 0.05, "peak_gemm_size": 256},
     "quick": {"budget_s_per_run": 2.0, "peak_gemm_size": 2048},
     "full": {"budget_s_per_run": 4.0, "peak_gemm_size": 2048},
 }

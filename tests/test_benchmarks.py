@@ -91,7 +91,8 @@ def test_tiny_chart_is_a_png(tiny_run: Path, name: str) -> None:
 @pytest.mark.slow
 def test_tiny_measurements_have_the_expected_shape(tiny_run: Path) -> None:
     synth = _result(tiny_run, "synth_scale")["measurements"]["by_size"]
-    assert set(synth) == {"1", "3", "none"}
+    assert set(synth) == {"3", "none"}  # one manifest (one entry of each kind in models.yaml) and none
+    assert synth["3"]["manifest_validation_s"]["n"] >= 1 and synth["none"]["resources"] < synth["3"]["resources"]
     for entry in synth.values():
         assert entry["resources"] > 0 and entry["template_bytes"] > 0
         assert entry["cli_s"]["n"] >= 1 and entry["in_process_s"]["n"] >= 1
@@ -121,6 +122,17 @@ def test_tiny_measurements_have_the_expected_shape(tiny_run: Path) -> None:
         # A cold call downloads, unpacks and loads: it cannot be as fast as a warm one.
         assert endpoint["cold_s"][model]["min"] > endpoint["warm_s"][model]["p50"] > 0
     assert endpoint["batch8_encodings_s"]["json"]["request_bytes"] > endpoint["batch8_encodings_s"]["binary"]["request_bytes"]
+    # The tiny ResNet's image is chosen so that the batch-8 JSON body is still refused (the 413 path).
+    assert endpoint["batch8_encodings_s"]["json"]["refused"] is True
+    assert endpoint["batch8_encodings_s"]["json"]["status"] == 413
+    assert 1 <= endpoint["encodings_s"]["batch"] < 8
+
+    live = _result(tiny_run, "live_fleet")["measurements"]
+    add = live["under_load"]["add"]
+    assert add["requests_before"] > 0 and add["requests_during"] > 0  # both p99s come from real requests
+    assert live["under_load"]["old_way"]["requests"] > 0
+    assert live["at_scale"]["models"] == 5 and live["at_scale"]["old_layout"]["copied"] == 5
+    assert all(change["copied_unchanged"] == 0 for change in live["at_scale"]["changes"])
 
     text = _result(tiny_run, "text_ensemble")
     rows = text["measurements"]["latency_s"]
