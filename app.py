@@ -162,9 +162,14 @@ def cdk_json_context(root: Path = ROOT) -> dict[str, Any]:
     return dict(context)
 
 
-def main() -> int:
+def main(context: Mapping[str, Any] | None = None, outdir: str | None = None) -> int:
+    """Synthesize; 1 with one error line for a refused input.
+
+    ``context`` and ``outdir`` stand for what the CDK CLI passes in ``CDK_CONTEXT_JSON`` and
+    ``CDK_OUTDIR``, which the app's Node.js process reads when it starts: the tests give them here to
+    run several apps in one process (``tests/hostile_helpers.run_app_refusals``)."""
     try:
-        app = cdk.App(context=cdk_json_context())
+        app = cdk.App(context={**cdk_json_context(), **(context or {})}, outdir=outdir)
         stack = build_app(app)
         # Once the stack is composed: a refused input prints its one error line only.
         template = app.synth().get_stack_by_name(stack.stack_name).template

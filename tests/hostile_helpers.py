@@ -6,7 +6,8 @@ any slow work: the process runs under an address-space limit (``RLIMIT_AS``) and
 bound, so an input that made the tool expand or loop fails the test instead of the machine.
 
 How a run is made. ``python app.py`` (synth: jsii starts node) and any run the zygote cannot
-give (below) is a plain fresh subprocess. ``python -m model_build ...`` and ``python -c CODE ...``
+give (below) is a plain fresh subprocess; a corpus of app refusals runs all but one of its
+entries in one process instead (:func:`run_app_refusals`, which says what its cases share). ``python -m model_build ...`` and ``python -c CODE ...``
 are forked from a fork server, the *zygote* (``tests/hostile_zygote.py``): one long-lived
 interpreter per test process, started at its first such run and stopped when the process exits
 (``atexit``, and ``pytest_sessionfinish`` in conftest.py). It has imported what a fresh
@@ -53,6 +54,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Address space a refusing CLI process may use. A bare `python -m model_build` needs about
@@ -253,3 +255,67 @@ def assert_refused(outcome: Outcome, *fragments: str, time_limit: float = TIME_L
     assert len(errors[0]) < 2000, "a refusal must be short, whatever the input's size"
     assert outcome.seconds < time_limit, f"took {outcome.seconds:.1f} s"
     return errors[0]
+
+
+#: The app's refusals in one process (:func:`run_app_refusals`): ``app.main(context, outdir)`` once
+#: per case (the context and output folder the CDK CLI would pass in ``CDK_CONTEXT_JSON`` and
+#: ``CDK_OUTDIR``, which the app's node process reads only when it starts), fd 1 and 2 pointed at the
+#: case's files (what the app and jsii's node print goes there, as in a fresh process), the
+#: traceback of an uncaught exception written there too (status 1), one JSON line per case.
+_APP_REFUSALS = """
+import json, os, sys, time, traceback
+sys.path.insert(0, os.getcwd())
+cases = json.loads(sys.stdin.read())
+import app
+for case in cases:
+    sys.stdout.flush(); sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    out = os.open(case["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    err = os.open(case["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(out, 1); os.dup2(err, 2)
+    start = time.perf_counter()
+    try:
+        code = app.main(context=case["context"], outdir=case["outdir"])
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    seconds = time.perf_counter() - start
+    sys.stdout.flush(); sys.stderr.flush()
+    os.dup2(saved[0], 1); os.dup2(saved[1], 2)
+    for fd in (out, err, *saved):
+        os.close(fd)
+    print(json.dumps({"returncode": code, "seconds": seconds}), flush=True)
+"""
+
+
+def run_app_refusals(cases: Mapping[str, tuple[Mapping[str, object], Path]], folder: Path) -> dict[str, Outcome]:
+    """``python app.py`` on each case's context and output folder (what ``cdk synth -c ...`` passes),
+    all in one process: the app's imports and jsii's node start once, not per case (about 1.5 s
+    of CPU each).
+
+    What this shares across cases, so what a test of it does not check per case: the interpreter,
+    the imports, jsii's node process and the app's module-level code. Each case still runs
+    ``app.main()`` with a new ``cdk.App`` on its own context (cdk.json's, then the case's, as the CLI
+    merges them) and output folder, and is timed alone. The whole process runs under
+    :data:`SYNTH_MEMORY_LIMIT_BYTES` of address space, so a case that made the app expand fails
+    its test (and the ones after it). Keep one case in a plain ``python app.py``
+    (``run_bounded(["app.py"], ...)``): the fresh-interpreter path, context from the environment,
+    stays covered."""
+    folder.mkdir(parents=True, exist_ok=True)
+    names = sorted(cases)
+    requests: list[dict[str, Any]] = [
+        {"context": dict(cases[name][0]), "outdir": str(cases[name][1]),
+         "stdout": str(folder / f"{index}.out"), "stderr": str(folder / f"{index}.err")}
+        for index, name in enumerate(names)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "CDK_"))}
+    result = subprocess.run(
+        [sys.executable, "-c", _APP_REFUSALS], cwd=ROOT, env=env, input=json.dumps(requests), capture_output=True,
+        text=True, timeout=SYNTH_TIME_LIMIT_S * 3 + 10 * len(names), preexec_fn=_limit_memory(SYNTH_MEMORY_LIMIT_BYTES),
+    )
+    replies = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert len(replies) == len(names), f"the app's refusals stopped after {len(replies)} of {len(names)}: {result.stderr[-3000:]}"
+    return {name: Outcome(reply["returncode"], Path(request["stdout"]).read_text(), Path(request["stderr"]).read_text(),
+                          reply["seconds"])
+            for name, reply, request in zip(names, replies, requests, strict=True)}

@@ -13,7 +13,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hostile_helpers import SYNTH_MEMORY_LIMIT_BYTES, SYNTH_TIME_LIMIT_S, assert_refused, run_bounded
+from hostile_helpers import (
+    SYNTH_MEMORY_LIMIT_BYTES,
+    SYNTH_TIME_LIMIT_S,
+    Outcome,
+    assert_refused,
+    run_app_refusals,
+    run_bounded,
+)
 
 from model_build.aws_clients import make_s3_client
 from model_build.manifest import MAX_MANIFEST_BYTES, MAX_MANIFEST_DEPTH, MAX_SCALAR_CHARS
@@ -117,17 +124,38 @@ def test_a_directory_is_not_a_manifest(tmp_path: Path) -> None:
     assert_refused(outcome, str(tmp_path), "is a directory")
 
 
-@pytest.mark.slow  # a CDK app (Node.js, jsii) per case; the same corpus runs through `validate` in test-fast
+def _synth_case(folder: Path, name: str) -> tuple[dict[str, object], Path]:
+    """The app's context for a corpus entry (``mme:manifest_path``, as ``cdk synth -c`` passes it)
+    and an output folder of its own."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return {"mme:manifest_path": str(_write(folder, name))}, folder / "cdk.out"
+
+
+@pytest.fixture(scope="module")
+def synth_refusals(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Outcome, Path]]:
+    """Every entry but :data:`FRESH` refused by the app in one process (``run_app_refusals``:
+    jsii's node starts once, not per entry)."""
+    root = tmp_path_factory.mktemp("synth")
+    cases = {name: _synth_case(root / name, name) for name in sorted(CORPUS) if name != FRESH}
+    outcomes = run_app_refusals(cases, root / "_runs")
+    return {name: (outcomes[name], root / name) for name in cases}
+
+
+@pytest.mark.slow  # a CDK app (Node.js, jsii); the same corpus runs through `validate` in test-fast
 @pytest.mark.parametrize("name", sorted(CORPUS))
-def test_synth_refuses_hostile_manifest(name: str, tmp_path: Path) -> None:
-    """The CDK app reads the manifest before it builds a construct: refused without a template
-    (``python app.py`` with the ``mme:manifest_path`` context, as ``cdk synth -c`` passes it)."""
-    path = _write(tmp_path, name)
-    out = tmp_path / "cdk.out"
-    context = {"mme:manifest_path": str(path)}
-    outcome = run_bounded(["app.py"], env={"CDK_OUTDIR": str(out), "CDK_CONTEXT_JSON": json.dumps(context)},
-                          memory_limit=SYNTH_MEMORY_LIMIT_BYTES, time_limit=SYNTH_TIME_LIMIT_S)
-    assert_refused(outcome, str(path), *CORPUS[name][1], time_limit=SYNTH_TIME_LIMIT_S)
+def test_synth_refuses_hostile_manifest(name: str, tmp_path: Path,
+                                        synth_refusals: dict[str, tuple[Outcome, Path]]) -> None:
+    """The CDK app reads the manifest before it builds a construct: refused without a template.
+    :data:`FRESH` runs as ``python app.py`` in a fresh process; the others share one."""
+    if name == FRESH:
+        context, out = _synth_case(tmp_path, name)
+        outcome = run_bounded(["app.py"], env={"CDK_OUTDIR": str(out), "CDK_CONTEXT_JSON": json.dumps(context)},
+                              memory_limit=SYNTH_MEMORY_LIMIT_BYTES, time_limit=SYNTH_TIME_LIMIT_S)
+        folder = tmp_path
+    else:
+        outcome, folder = synth_refusals[name]
+    assert_refused(outcome, str(folder / f"{name}.yaml"), *CORPUS[name][1], time_limit=SYNTH_TIME_LIMIT_S)
+    out = folder / "cdk.out"
     assert not out.exists() or not list(out.rglob("*.json")), "no template, no asset manifest"
 
 

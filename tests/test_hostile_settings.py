@@ -10,7 +10,14 @@ import json
 from pathlib import Path
 
 import pytest
-from hostile_helpers import SYNTH_MEMORY_LIMIT_BYTES, SYNTH_TIME_LIMIT_S, assert_refused, run_bounded
+from hostile_helpers import (
+    SYNTH_MEMORY_LIMIT_BYTES,
+    SYNTH_TIME_LIMIT_S,
+    Outcome,
+    assert_refused,
+    run_app_refusals,
+    run_bounded,
+)
 
 from app import cdk_json_context
 from stacks.settings import MAX_CONTEXT_VALUE_CHARS, SettingsError
@@ -33,13 +40,28 @@ CORPUS: dict[str, tuple[dict[str, str], tuple[str, ...]]] = {
 }
 
 
-@pytest.mark.slow  # a CDK app (Node.js, jsii) per case; tests/test_settings.py refuses wrong settings in-process
+#: The entry run as ``python app.py`` in a fresh process; the others share one (``run_app_refusals``).
+FRESH = min(CORPUS)
+
+
+@pytest.fixture(scope="module")
+def synth_refusals(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Outcome, Path]]:
+    root = tmp_path_factory.mktemp("synth")
+    cases = {name: (CORPUS[name][0], root / name / "cdk.out") for name in sorted(CORPUS) if name != FRESH}
+    outcomes = run_app_refusals(cases, root / "_runs")
+    return {name: (outcomes[name], cases[name][1]) for name in cases}
+
+
+@pytest.mark.slow  # a CDK app (Node.js, jsii); tests/test_settings.py refuses wrong settings in-process
 @pytest.mark.parametrize("name", sorted(CORPUS))
-def test_synth_refuses_context(name: str, tmp_path: Path) -> None:
+def test_synth_refuses_context(name: str, tmp_path: Path, synth_refusals: dict[str, tuple[Outcome, Path]]) -> None:
     context, fragments = CORPUS[name]
-    out = tmp_path / "cdk.out"
-    outcome = run_bounded(["app.py"], env={"CDK_OUTDIR": str(out), "CDK_CONTEXT_JSON": json.dumps(context)},
-                          memory_limit=SYNTH_MEMORY_LIMIT_BYTES, time_limit=SYNTH_TIME_LIMIT_S)
+    if name == FRESH:
+        out = tmp_path / "cdk.out"
+        outcome = run_bounded(["app.py"], env={"CDK_OUTDIR": str(out), "CDK_CONTEXT_JSON": json.dumps(context)},
+                              memory_limit=SYNTH_MEMORY_LIMIT_BYTES, time_limit=SYNTH_TIME_LIMIT_S)
+    else:
+        outcome, out = synth_refusals[name]
     assert_refused(outcome, *fragments, time_limit=SYNTH_TIME_LIMIT_S)
     assert not list(out.glob("*.template.json")), "a refused setting must not write a template"
 
