@@ -19,7 +19,8 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -361,6 +362,29 @@ class RunContext:
             self._builds[key] = (result, release_dir)
         result, release_dir = self._builds[key]
         return result, release_dir
+
+
+    @contextmanager
+    def served(self, specs: Iterable[Any], *, release_id: str, bucket: str) -> Iterator[Any]:
+        """``specs`` built (:meth:`build`), published as ``release_id`` to moto's S3 server on
+        loopback and served by the local endpoint (the real ``tritonserver``): what the endpoint
+        and text_ensemble benchmarks call through ``boto3``. Yields the ``LocalEndpoint``."""
+        from model_build.aws_clients import make_s3_client
+        from model_build.release.publish import publish_release
+        from model_build.tools.endpoint import local_endpoint
+        from model_build.tools.local_s3 import local_s3
+
+        artifacts = []
+        for spec in specs:
+            built, release_dir = self.build(spec)
+            artifacts.append(built.artifact(release_dir))
+        with local_s3() as url:
+            s3 = make_s3_client(endpoint_url=url)
+            s3.create_bucket(Bucket=bucket)
+            publish_release(artifacts, s3_client=s3, bucket=bucket, release_prefix=f"models/{release_id}",
+                            index_extra={"release_id": release_id})
+            with local_endpoint(s3_client=s3, bucket=bucket, release_id=release_id) as endpoint:
+                yield endpoint
 
 
 def manifest_entry(name: str, manifest_path: Path = ROOT / "models.yaml") -> dict[str, Any]:

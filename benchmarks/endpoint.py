@@ -133,10 +133,7 @@ def _largest_fitting_batch(onnx: dict[str, Any], image: int, rng: np.random.Gene
 def run(ctx: RunContext) -> dict[str, Any]:
     from botocore.exceptions import ClientError
 
-    from model_build.aws_clients import make_s3_client
-    from model_build.release.publish import publish_release
-    from model_build.tools.endpoint import MAX_BODY_BYTES, local_endpoint
-    from model_build.tools.local_s3 import local_s3
+    from model_build.tools.endpoint import MAX_BODY_BYTES
     from model_build.tools.smoke_setup import make_runtime_client
 
     started = time.perf_counter()
@@ -150,101 +147,92 @@ def run(ctx: RunContext) -> dict[str, Any]:
         "path": "boto3 sagemaker-runtime -> local endpoint -> tritonserver 2.51 (python-based backends, CPU)",
         "batching": "8 clients each sending batch-1 requests, against 1 client; dynamic batching as in models.yaml",
     })
-    artifacts = []
-    for item in targets.values():
-        built, release_dir = ctx.build(item["spec"])
-        artifacts.append(built.artifact(release_dir))
-    release_id = "r-bench00000000000"
-    with local_s3() as url:
-        s3 = make_s3_client(endpoint_url=url)
-        s3.create_bucket(Bucket=BUCKET)
-        publish_release(artifacts, s3_client=s3, bucket=BUCKET, release_prefix=f"models/{release_id}",
-                        index_extra={"release_id": release_id})
-        with local_endpoint(s3_client=s3, bucket=BUCKET, release_id=release_id) as endpoint:
-            log(f"endpoint: {endpoint.ready_line()}")
-            runtime = make_runtime_client(endpoint_url=endpoint.url, timeout_seconds=300)
-            image = targets["resnet-synthetic"]["spec"].image_inputs.image_size
-            rng = np.random.default_rng(0)
+    specs = [item["spec"] for item in targets.values()]
+    with ctx.served(specs, release_id="r-bench00000000000", bucket=BUCKET) as endpoint:
+        log(f"endpoint: {endpoint.ready_line()}")
+        runtime = make_runtime_client(endpoint_url=endpoint.url, timeout_seconds=300)
+        image = targets["resnet-synthetic"]["spec"].image_inputs.image_size
+        rng = np.random.default_rng(0)
 
-            def invoke(target: str, body: bytes, content_type: str) -> None:
-                runtime.invoke_endpoint(EndpointName="local", TargetModel=target, ContentType=content_type,
-                                        Body=body)["Body"].read()
+        def invoke(target: str, body: bytes, content_type: str) -> None:
+            runtime.invoke_endpoint(EndpointName="local", TargetModel=target, ContentType=content_type,
+                                    Body=body)["Body"].read()
 
-            cold: dict[str, Any] = {}
-            warm: dict[str, Any] = {}
-            for name, item in targets.items():
-                target = f"{name}.tar.gz"
-                body, ctype = _batch1(item, rng)
-                samples = []
-                for _ in range(ctx.repeats):
-                    endpoint.cache.unload_all()
+        cold: dict[str, Any] = {}
+        warm: dict[str, Any] = {}
+        for name, item in targets.items():
+            target = f"{name}.tar.gz"
+            body, ctype = _batch1(item, rng)
+            samples = []
+            for _ in range(ctx.repeats):
+                endpoint.cache.unload_all()
+                t0 = time.perf_counter()
+                invoke(target, body, ctype)
+                samples.append(time.perf_counter() - t0)
+            cold[name] = stats(samples)
+            latencies = run_for(partial(invoke, target, body, ctype),
+                                budget, min_calls=20)
+            warm[name] = {**stats(latencies), "p50": percentile(latencies, 50), "p99": percentile(latencies, 99),
+                          "calls": len(latencies)}
+            log(f"endpoint: {name}: cold {cold[name]['median'] * 1000:.0f} ms, warm p50 "
+                f"{warm[name]['p50'] * 1000:.1f} ms p99 {warm[name]['p99'] * 1000:.1f} ms")
+        result["measurements"]["cold_s"] = cold
+        result["measurements"]["warm_s"] = warm
+
+        onnx = targets["resnet-synthetic"]
+        # Batch 8: the binary body fits the 6 MB limit and is measured; the JSON one is refused.
+        batch8 = rng.random((8, 3, image, image), dtype=np.float32)
+        body8, ctype8 = _request(onnx["input"], batch8, onnx["output"], binary=True)
+        json8, json8_type = _request(onnx["input"], batch8, onnx["output"], binary=False)
+        refused: dict[str, Any] = {"request_bytes": len(json8), "limit_bytes": MAX_BODY_BYTES}
+        try:
+            invoke("resnet-synthetic.tar.gz", json8, json8_type)
+            refused["refused"] = False
+        except ClientError as error:
+            refused.update(refused=True, status=error.response["ResponseMetadata"]["HTTPStatusCode"],
+                           code=error.response["Error"]["Code"])
+        batch8_binary = {**stats(run_for(lambda: invoke("resnet-synthetic.tar.gz", body8, ctype8), budget,
+                                         min_calls=body_calls)), "request_bytes": len(body8)}
+        result["measurements"]["batch8_encodings_s"] = {"json": refused, "binary": batch8_binary}
+        log(f"endpoint: batch 8 JSON body {len(json8)} bytes: "
+            f"{'refused ' + str(refused.get('status')) if refused['refused'] else 'accepted'}")
+
+        fit = _largest_fitting_batch(onnx, image, rng, MAX_BODY_BYTES)
+        if fit == 0:
+            raise RuntimeError(f"even a batch-1 JSON body of a {image}x{image} image exceeds {MAX_BODY_BYTES} bytes")
+        batch = rng.random((fit, 3, image, image), dtype=np.float32)
+        encodings: dict[str, Any] = {"batch": fit}
+        for label, binary in (("json", False), ("binary", True)):
+            body, ctype = _request(onnx["input"], batch, onnx["output"], binary=binary)
+            encodings[label] = {**stats(run_for(partial(
+                invoke, "resnet-synthetic.tar.gz", body, ctype), budget, min_calls=body_calls)),
+                "request_bytes": len(body)}
+        result["measurements"]["encodings_s"] = encodings
+        binary_vs_json = comparison(
+            "binary_vs_json", what=f"ResNet batch {fit} request latency through the endpoint "
+            "(the largest batch whose JSON body fits the 6 MB limit)", unit="s",
+            baseline_label="JSON", baseline=encodings["json"], candidate_label="binary+JSON",
+            candidate=encodings["binary"], lower_is_better=True)
+        result["comparisons"].append(binary_vs_json)
+
+        body, ctype = _request(onnx["input"], rng.random((1, 3, image, image), dtype=np.float32),
+                               onnx["output"], binary=True)
+        throughput = {}
+        for clients in (1, 8):
+            rates = []
+            for _ in range(ctx.repeats):
+                calls = int(chosen["throughput_calls"])
+                with ThreadPoolExecutor(clients) as pool:
                     t0 = time.perf_counter()
-                    invoke(target, body, ctype)
-                    samples.append(time.perf_counter() - t0)
-                cold[name] = stats(samples)
-                latencies = run_for(partial(invoke, target, body, ctype),
-                                    budget, min_calls=20)
-                warm[name] = {**stats(latencies), "p50": percentile(latencies, 50), "p99": percentile(latencies, 99),
-                              "calls": len(latencies)}
-                log(f"endpoint: {name}: cold {cold[name]['median'] * 1000:.0f} ms, warm p50 "
-                    f"{warm[name]['p50'] * 1000:.1f} ms p99 {warm[name]['p99'] * 1000:.1f} ms")
-            result["measurements"]["cold_s"] = cold
-            result["measurements"]["warm_s"] = warm
-
-            onnx = targets["resnet-synthetic"]
-            # Batch 8: the binary body fits the 6 MB limit and is measured; the JSON one is refused.
-            batch8 = rng.random((8, 3, image, image), dtype=np.float32)
-            body8, ctype8 = _request(onnx["input"], batch8, onnx["output"], binary=True)
-            json8, json8_type = _request(onnx["input"], batch8, onnx["output"], binary=False)
-            refused: dict[str, Any] = {"request_bytes": len(json8), "limit_bytes": MAX_BODY_BYTES}
-            try:
-                invoke("resnet-synthetic.tar.gz", json8, json8_type)
-                refused["refused"] = False
-            except ClientError as error:
-                refused.update(refused=True, status=error.response["ResponseMetadata"]["HTTPStatusCode"],
-                               code=error.response["Error"]["Code"])
-            batch8_binary = {**stats(run_for(lambda: invoke("resnet-synthetic.tar.gz", body8, ctype8), budget,
-                                             min_calls=body_calls)), "request_bytes": len(body8)}
-            result["measurements"]["batch8_encodings_s"] = {"json": refused, "binary": batch8_binary}
-            log(f"endpoint: batch 8 JSON body {len(json8)} bytes: "
-                f"{'refused ' + str(refused.get('status')) if refused['refused'] else 'accepted'}")
-
-            fit = _largest_fitting_batch(onnx, image, rng, MAX_BODY_BYTES)
-            if fit == 0:
-                raise RuntimeError(f"even a batch-1 JSON body of a {image}x{image} image exceeds {MAX_BODY_BYTES} bytes")
-            batch = rng.random((fit, 3, image, image), dtype=np.float32)
-            encodings: dict[str, Any] = {"batch": fit}
-            for label, binary in (("json", False), ("binary", True)):
-                body, ctype = _request(onnx["input"], batch, onnx["output"], binary=binary)
-                encodings[label] = {**stats(run_for(partial(
-                    invoke, "resnet-synthetic.tar.gz", body, ctype), budget, min_calls=body_calls)),
-                    "request_bytes": len(body)}
-            result["measurements"]["encodings_s"] = encodings
-            binary_vs_json = comparison(
-                "binary_vs_json", what=f"ResNet batch {fit} request latency through the endpoint "
-                "(the largest batch whose JSON body fits the 6 MB limit)", unit="s",
-                baseline_label="JSON", baseline=encodings["json"], candidate_label="binary+JSON",
-                candidate=encodings["binary"], lower_is_better=True)
-            result["comparisons"].append(binary_vs_json)
-
-            body, ctype = _request(onnx["input"], rng.random((1, 3, image, image), dtype=np.float32),
-                                   onnx["output"], binary=True)
-            throughput = {}
-            for clients in (1, 8):
-                rates = []
-                for _ in range(ctx.repeats):
-                    calls = int(chosen["throughput_calls"])
-                    with ThreadPoolExecutor(clients) as pool:
-                        t0 = time.perf_counter()
-                        list(pool.map(lambda _: invoke("resnet-synthetic.tar.gz", body, ctype), range(calls)))
-                        rates.append(calls / (time.perf_counter() - t0))
-                throughput[str(clients)] = stats(rates)
-            result["measurements"]["throughput_rps"] = throughput
-            batching = comparison(
-                "throughput_8_clients_vs_1", what="ResNet batch-1 requests per second", unit="requests/s",
-                baseline_label="1 client", baseline=throughput["1"], candidate_label="8 clients",
-                candidate=throughput["8"], lower_is_better=False)
-            result["comparisons"].append(batching)
+                    list(pool.map(lambda _: invoke("resnet-synthetic.tar.gz", body, ctype), range(calls)))
+                    rates.append(calls / (time.perf_counter() - t0))
+            throughput[str(clients)] = stats(rates)
+        result["measurements"]["throughput_rps"] = throughput
+        batching = comparison(
+            "throughput_8_clients_vs_1", what="ResNet batch-1 requests per second", unit="requests/s",
+            baseline_label="1 client", baseline=throughput["1"], candidate_label="8 clients",
+            candidate=throughput["8"], lower_is_better=False)
+        result["comparisons"].append(batching)
 
     worst_cold = max(cold, key=lambda n: cold[n]["median"])
     worst_p99 = max(warm, key=lambda n: warm[n]["p99"])

@@ -196,10 +196,6 @@ def run(ctx: RunContext) -> dict[str, Any]:
     from botocore.config import Config
     from transformers import AutoTokenizer
 
-    from model_build.aws_clients import make_s3_client
-    from model_build.release.publish import publish_release
-    from model_build.tools.endpoint import local_endpoint
-    from model_build.tools.local_s3 import local_s3
     from model_build.tools.verify import SAGEMAKER_BINARY_CONTENT_TYPE, parse_response
 
     started = time.perf_counter()
@@ -232,88 +228,78 @@ def run(ctx: RunContext) -> dict[str, Any]:
         # start after the cold start is measured (below): nothing else may run during that.
         shared = early.enter_context(EncodeWorker([folders[kind] for kind in specs], max_seq_length=max_len,
                                                   threads=ctx.threads, tuned=False)) if ctx.tiny else None
-        artifacts = []
-        for spec in specs.values():
-            built, release_dir = ctx.build(spec)
-            artifacts.append(built.artifact(release_dir))
-        release_id = "r-benchtext0000000"
-        with local_s3() as url:
-            s3 = make_s3_client(endpoint_url=url)
-            s3.create_bucket(Bucket=BUCKET)
-            publish_release(artifacts, s3_client=s3, bucket=BUCKET, release_prefix=f"models/{release_id}",
-                            index_extra={"release_id": release_id})
-            with local_endpoint(s3_client=s3, bucket=BUCKET, release_id=release_id) as endpoint:
-                runtime = boto3.client("sagemaker-runtime", endpoint_url=endpoint.url, region_name="us-east-1",
-                                       aws_access_key_id="bench", aws_secret_access_key="bench",
-                                       config=Config(retries={"max_attempts": 1}, read_timeout=300))
+        with ctx.served(specs.values(), release_id="r-benchtext0000000", bucket=BUCKET) as endpoint:
+            runtime = boto3.client("sagemaker-runtime", endpoint_url=endpoint.url, region_name="us-east-1",
+                                   aws_access_key_id="bench", aws_secret_access_key="bench",
+                                   config=Config(retries={"max_attempts": 1}, read_timeout=300))
 
-                def invoke(target: str, texts: list[str]) -> np.ndarray:
-                    body = {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [len(texts), 1], "data": texts}]}
-                    answer = runtime.invoke_endpoint(EndpointName="local", TargetModel=target,
-                                                     ContentType="application/json", Body=json.dumps(body))
-                    out = json.loads(answer["Body"].read())["outputs"][0]
-                    return np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
+            def invoke(target: str, texts: list[str]) -> np.ndarray:
+                body = {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [len(texts), 1], "data": texts}]}
+                answer = runtime.invoke_endpoint(EndpointName="local", TargetModel=target,
+                                                 ContentType="application/json", Body=json.dumps(body))
+                out = json.loads(answer["Body"].read())["outputs"][0]
+                return np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
 
-                def invoke_binary(target: str, texts: list[str]) -> np.ndarray:
-                    """What a tritonclient user sends: the strings and the answer as binary sections."""
-                    text = httpclient.InferInput("TEXT", [len(texts), 1], "BYTES")
-                    text.set_data_from_numpy(np.array([[t.encode("utf-8")] for t in texts], dtype=np.object_),
-                                             binary_data=True)
-                    body, length = httpclient.InferenceServerClient.generate_request_body(
-                        [text], outputs=[httpclient.InferRequestedOutput(OUTPUT, binary_data=True)])
-                    answer = runtime.invoke_endpoint(EndpointName="local", TargetModel=target, Body=body,
-                                                     ContentType=SAGEMAKER_BINARY_CONTENT_TYPE.format(length))
-                    header = answer["ContentType"].rsplit("=", 1)[-1] if "json-header-size" in answer["ContentType"] else None
-                    result = parse_response(answer["Body"].read(), None if header is None else int(header))
-                    return result.as_numpy(OUTPUT)
+            def invoke_binary(target: str, texts: list[str]) -> np.ndarray:
+                """What a tritonclient user sends: the strings and the answer as binary sections."""
+                text = httpclient.InferInput("TEXT", [len(texts), 1], "BYTES")
+                text.set_data_from_numpy(np.array([[t.encode("utf-8")] for t in texts], dtype=np.object_),
+                                         binary_data=True)
+                body, length = httpclient.InferenceServerClient.generate_request_body(
+                    [text], outputs=[httpclient.InferRequestedOutput(OUTPUT, binary_data=True)])
+                answer = runtime.invoke_endpoint(EndpointName="local", TargetModel=target, Body=body,
+                                                 ContentType=SAGEMAKER_BINARY_CONTENT_TYPE.format(length))
+                header = answer["ContentType"].rsplit("=", 1)[-1] if "json-header-size" in answer["ContentType"] else None
+                result = parse_response(answer["Body"].read(), None if header is None else int(header))
+                return result.as_numpy(OUTPUT)
 
-                for _ in range(ctx.repeats):  # the first invocation of the MiniLM text ensemble, cold
-                    endpoint.cache.unload_all()
-                    t0 = time.perf_counter()
-                    invoke(f"{specs['wordpiece'].name}.tar.gz", list(SENTENCES[:1]))
-                    cold.append(time.perf_counter() - t0)
-                log(f"text_ensemble: cold start of {specs['wordpiece'].name}: {statistics.median(cold):.2f} s")
-                # All six load at once; each waits on its pipe while it is not timed. The tiny run (the test
-                # suite's smoke run, whose numbers mean nothing) has one worker, the allocator as installed,
-                # holding the three kinds' models, and times both baselines on it: the same code path at a
-                # sixth of the start-up cost.
-                with ExitStack() as workers:
-                    baselines: dict[str, tuple[Any, Any]]
-                    if shared is not None:
-                        baselines = {kind: (shared.model(i),) * 2 for i, kind in enumerate(specs)}
-                    else:
-                        baselines = {kind: (workers.enter_context(EncodeWorker(
-                            folders[kind], max_seq_length=max_len, threads=ctx.threads, tuned=True)),
-                            workers.enter_context(EncodeWorker(
-                                folders[kind], max_seq_length=max_len, threads=ctx.threads, tuned=False)))
-                            for kind in specs}
-                    for kind, spec in specs.items():
-                        target = f"{spec.name}.tar.gz"
-                        tuned, plain = baselines[kind]
-                        tokenizer = AutoTokenizer.from_pretrained(str(folders[kind]), local_files_only=True)
-                        for batch in (1, 8):
-                            texts = list(SENTENCES[:batch])
-                            wanted = np.asarray(plain.encode(texts, batch), dtype=np.float32)
-                            diff = float(np.max(np.abs(invoke(target, texts) - wanted)))  # also loads the target
-                            diff = max(diff, float(np.max(np.abs(invoke_binary(target, texts) - wanted))))
-                            row: dict[str, Any] = {"max_abs_diff": diff,
-                                                   "positions": _positions(tokenizer, texts, max_len, spec.groups_by_length)}
-                            samples = _interleaved({
-                                "sentence_transformers": partial(tuned.time, texts, batch),
-                                "sentence_transformers_default": partial(plain.time, texts, batch),
-                                "ensemble": _in_process(partial(invoke_binary, target, texts)),
-                                "ensemble_json": _in_process(partial(invoke, target, texts)),
-                            }, budget, slices)
-                            for label, values in samples.items():
-                                row[label] = {**stats(values), "p50": percentile(values, 50),
-                                              "p99": percentile(values, 99),
-                                              "texts_per_s": round(batch / statistics.median(values), 2)}
-                            rows[f"{kind}/batch{batch}"] = row
-                            log(f"text_ensemble: {kind} batch {batch}: sentence-transformers "
-                                f"{row['sentence_transformers']['p50'] * 1000:.1f} ms (as installed "
-                                f"{row['sentence_transformers_default']['p50'] * 1000:.1f} ms), ensemble "
-                                f"{row['ensemble']['p50'] * 1000:.1f} ms (p99 {row['ensemble']['p99'] * 1000:.1f} ms; JSON "
-                                f"{row['ensemble_json']['p50'] * 1000:.1f} ms), max |diff| {diff:.1e}")
+            for _ in range(ctx.repeats):  # the first invocation of the MiniLM text ensemble, cold
+                endpoint.cache.unload_all()
+                t0 = time.perf_counter()
+                invoke(f"{specs['wordpiece'].name}.tar.gz", list(SENTENCES[:1]))
+                cold.append(time.perf_counter() - t0)
+            log(f"text_ensemble: cold start of {specs['wordpiece'].name}: {statistics.median(cold):.2f} s")
+            # All six load at once; each waits on its pipe while it is not timed. The tiny run (the test
+            # suite's smoke run, whose numbers mean nothing) has one worker, the allocator as installed,
+            # holding the three kinds' models, and times both baselines on it: the same code path at a
+            # sixth of the start-up cost.
+            with ExitStack() as workers:
+                baselines: dict[str, tuple[Any, Any]]
+                if shared is not None:
+                    baselines = {kind: (shared.model(i),) * 2 for i, kind in enumerate(specs)}
+                else:
+                    baselines = {kind: (workers.enter_context(EncodeWorker(
+                        folders[kind], max_seq_length=max_len, threads=ctx.threads, tuned=True)),
+                        workers.enter_context(EncodeWorker(
+                            folders[kind], max_seq_length=max_len, threads=ctx.threads, tuned=False)))
+                        for kind in specs}
+                for kind, spec in specs.items():
+                    target = f"{spec.name}.tar.gz"
+                    tuned, plain = baselines[kind]
+                    tokenizer = AutoTokenizer.from_pretrained(str(folders[kind]), local_files_only=True)
+                    for batch in (1, 8):
+                        texts = list(SENTENCES[:batch])
+                        wanted = np.asarray(plain.encode(texts, batch), dtype=np.float32)
+                        diff = float(np.max(np.abs(invoke(target, texts) - wanted)))  # also loads the target
+                        diff = max(diff, float(np.max(np.abs(invoke_binary(target, texts) - wanted))))
+                        row: dict[str, Any] = {"max_abs_diff": diff,
+                                               "positions": _positions(tokenizer, texts, max_len, spec.groups_by_length)}
+                        samples = _interleaved({
+                            "sentence_transformers": partial(tuned.time, texts, batch),
+                            "sentence_transformers_default": partial(plain.time, texts, batch),
+                            "ensemble": _in_process(partial(invoke_binary, target, texts)),
+                            "ensemble_json": _in_process(partial(invoke, target, texts)),
+                        }, budget, slices)
+                        for label, values in samples.items():
+                            row[label] = {**stats(values), "p50": percentile(values, 50),
+                                          "p99": percentile(values, 99),
+                                          "texts_per_s": round(batch / statistics.median(values), 2)}
+                        rows[f"{kind}/batch{batch}"] = row
+                        log(f"text_ensemble: {kind} batch {batch}: sentence-transformers "
+                            f"{row['sentence_transformers']['p50'] * 1000:.1f} ms (as installed "
+                            f"{row['sentence_transformers_default']['p50'] * 1000:.1f} ms), ensemble "
+                            f"{row['ensemble']['p50'] * 1000:.1f} ms (p99 {row['ensemble']['p99'] * 1000:.1f} ms; JSON "
+                            f"{row['ensemble_json']['p50'] * 1000:.1f} ms), max |diff| {diff:.1e}")
     result["measurements"]["latency_s"] = rows
     result["measurements"]["cold_start_s"] = {"after": stats(cold), "before_median": COLD_BEFORE_S}
     tuned_label = "SentenceTransformer.encode, its own process, allocator tuned (" + ", ".join(
