@@ -290,7 +290,8 @@ for case in cases:
 """
 
 
-def run_app_refusals(cases: Mapping[str, tuple[Mapping[str, object], Path]], folder: Path) -> dict[str, Outcome]:
+def run_app_refusals(cases: Mapping[str, tuple[Mapping[str, object], Path]], folder: Path, *,
+                     fresh: str) -> dict[str, Outcome]:
     """``python app.py`` on each case's context and output folder (what ``cdk synth -c ...`` passes),
     all in one process: the app's imports and jsii's node start once, not per case (about 1.5 s
     of CPU each).
@@ -300,11 +301,14 @@ def run_app_refusals(cases: Mapping[str, tuple[Mapping[str, object], Path]], fol
     ``app.main()`` with a new ``cdk.App`` on its own context (cdk.json's, then the case's, as the CLI
     merges them) and output folder, and is timed alone. The whole process runs under
     :data:`SYNTH_MEMORY_LIMIT_BYTES` of address space, so a case that made the app expand fails
-    its test (and the ones after it). Keep one case in a plain ``python app.py``
-    (``run_bounded(["app.py"], ...)``): the fresh-interpreter path, context from the environment,
-    stays covered."""
+    its test (and the ones after it). The case named ``fresh`` runs as a plain ``python app.py``
+    instead (``run_bounded``, its context in ``CDK_CONTEXT_JSON`` and its folder in ``CDK_OUTDIR``):
+    the fresh-interpreter path, context from the environment, stays covered."""
     folder.mkdir(parents=True, exist_ok=True)
-    names = sorted(cases)
+    context, outdir = cases[fresh]
+    alone = run_bounded(["app.py"], env={"CDK_OUTDIR": str(outdir), "CDK_CONTEXT_JSON": json.dumps(context)},
+                        memory_limit=SYNTH_MEMORY_LIMIT_BYTES, time_limit=SYNTH_TIME_LIMIT_S)
+    names = sorted(name for name in cases if name != fresh)
     requests: list[dict[str, Any]] = [
         {"context": dict(cases[name][0]), "outdir": str(cases[name][1]),
          "stdout": str(folder / f"{index}.out"), "stderr": str(folder / f"{index}.err")}
@@ -316,6 +320,7 @@ def run_app_refusals(cases: Mapping[str, tuple[Mapping[str, object], Path]], fol
     )
     replies = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     assert len(replies) == len(names), f"the app's refusals stopped after {len(replies)} of {len(names)}: {result.stderr[-3000:]}"
-    return {name: Outcome(reply["returncode"], Path(request["stdout"]).read_text(), Path(request["stderr"]).read_text(),
-                          reply["seconds"])
-            for name, reply, request in zip(names, replies, requests, strict=True)}
+    outcomes = {name: Outcome(reply["returncode"], Path(request["stdout"]).read_text(),
+                              Path(request["stderr"]).read_text(), reply["seconds"])
+                for name, reply, request in zip(names, replies, requests, strict=True)}
+    return {fresh: alone, **outcomes}

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 from hostile_helpers import (
-    SYNTH_MEMORY_LIMIT_BYTES,
     SYNTH_TIME_LIMIT_S,
     Outcome,
     assert_refused,
@@ -133,27 +132,19 @@ def _synth_case(folder: Path, name: str) -> tuple[dict[str, object], Path]:
 
 @pytest.fixture(scope="module")
 def synth_refusals(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Outcome, Path]]:
-    """Every entry but :data:`FRESH` refused by the app in one process (``run_app_refusals``:
-    jsii's node starts once, not per entry)."""
+    """Every entry refused by the app: :data:`FRESH` as ``python app.py`` in a fresh process, the
+    others in one process (``run_app_refusals``: jsii's node starts once, not per entry)."""
     root = tmp_path_factory.mktemp("synth")
-    cases = {name: _synth_case(root / name, name) for name in sorted(CORPUS) if name != FRESH}
-    outcomes = run_app_refusals(cases, root / "_runs")
+    cases = {name: _synth_case(root / name, name) for name in sorted(CORPUS)}
+    outcomes = run_app_refusals(cases, root / "_runs", fresh=FRESH)
     return {name: (outcomes[name], root / name) for name in cases}
 
 
 @pytest.mark.slow  # a CDK app (Node.js, jsii); the same corpus runs through `validate` in test-fast
 @pytest.mark.parametrize("name", sorted(CORPUS))
-def test_synth_refuses_hostile_manifest(name: str, tmp_path: Path,
-                                        synth_refusals: dict[str, tuple[Outcome, Path]]) -> None:
-    """The CDK app reads the manifest before it builds a construct: refused without a template.
-    :data:`FRESH` runs as ``python app.py`` in a fresh process; the others share one."""
-    if name == FRESH:
-        context, out = _synth_case(tmp_path, name)
-        outcome = run_bounded(["app.py"], env={"CDK_OUTDIR": str(out), "CDK_CONTEXT_JSON": json.dumps(context)},
-                              memory_limit=SYNTH_MEMORY_LIMIT_BYTES, time_limit=SYNTH_TIME_LIMIT_S)
-        folder = tmp_path
-    else:
-        outcome, folder = synth_refusals[name]
+def test_synth_refuses_hostile_manifest(name: str, synth_refusals: dict[str, tuple[Outcome, Path]]) -> None:
+    """The CDK app reads the manifest before it builds a construct: refused without a template."""
+    outcome, folder = synth_refusals[name]
     assert_refused(outcome, str(folder / f"{name}.yaml"), *CORPUS[name][1], time_limit=SYNTH_TIME_LIMIT_S)
     out = folder / "cdk.out"
     assert not out.exists() or not list(out.rglob("*.json")), "no template, no asset manifest"
