@@ -9,6 +9,7 @@ get the same clients with the credential rule of :func:`client_session`.
 from __future__ import annotations
 
 import ipaddress
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
@@ -36,6 +37,20 @@ def is_local_endpoint(endpoint_url: str | None) -> bool:
         return False
 
 
+@lru_cache(maxsize=4)
+def _data_loader(data_path: str | None) -> Any:
+    """One botocore data loader per process (per ``AWS_DATA_PATH``), shared by every session.
+
+    Each botocore session otherwise makes its own loader, and each loader parses the endpoint
+    table and the S3 service model from JSON again: about 0.1 s of CPU per client, which a Lambda
+    that makes a client per call and the tests (hundreds of clients) both paid. The loader holds
+    only botocore's shipped data files, never credentials or settings, so sharing it changes no
+    client's behaviour."""
+    from botocore.loaders import create_loader
+
+    return create_loader(data_path)
+
+
 def client_session(endpoint_url: str | None, region: str | None) -> tuple[Any, dict[str, str], str | None]:
     """The boto3 session, explicit credentials and region for a client of ``endpoint_url``.
 
@@ -50,6 +65,7 @@ def client_session(endpoint_url: str | None, region: str | None) -> tuple[Any, d
 
     local = is_local_endpoint(endpoint_url)
     core = botocore.session.get_session()
+    core.register_component("data_loader", _data_loader(core.get_config_variable("data_path")))
     credentials: dict[str, str] = {}
     if local:
         resolver = core.get_component("credential_provider")
