@@ -51,7 +51,7 @@ from model_build.errors import ExportError
 from model_build.export import onnx_weights
 from model_build.export.eager import input_names, output_names
 from model_build.export.fusion import _attention_shape, _hf_model, check_runtime_compatible, fuse, should_fuse
-from model_build.export.memory import release_memory
+from model_build.export.memory import module_bytes, release_memory
 from model_build.export.onnx_weights import EXTERNAL_DATA_SUFFIX, export_weights_aside, save_onnx
 from model_build.manifest import TEXT_TASKS, ModelSpec
 from model_build.types import NUMPY_TO_TRITON, ExportedModel, TensorSpec
@@ -147,10 +147,11 @@ def export_onnx(
                 )
         except Exception as error:  # any exporter failure is an export error of this model
             raise _fail(spec, "onnx export", error) from error
+        weights = module_bytes(module)
         del module
         if on_traced is not None:
             on_traced()
-        release_memory()  # the exporter's copies; the file is passed, so no frame here holds a proto
+        release_memory(weights)  # the exporter's copies; the file is passed, so no frame here holds a proto
         return _finish_onnx(spec, raw, out_path, fusing=fusing, attention=attention, weights_aside=True)
 
 
@@ -279,12 +280,12 @@ def _finish_onnx(
             onnx.save_model(model, str(shaped), save_as_external_data=True, location=written[1].name)
         try:
             del model
-            release_memory()
+            release_memory(size)
             model, _ = fuse(spec, shaped, None, ir_version=ir_version, attention=attention)
         finally:
             for path in written:
                 path.unlink(missing_ok=True)
-        release_memory()
+        release_memory(size)
     elif weights_aside:
         onnx.load_external_data_for_model(model, str(source.parent))
     if spec.effective_precision == "fp16":
@@ -292,7 +293,7 @@ def _finish_onnx(
     check_runtime_compatible(model, name=spec.name)
     save_onnx(model, out_path, external_from=_external_from())
     del model
-    release_memory()
+    release_memory(size)
     inputs, outputs = onnx_signature(out_path, model_name=spec.name)
     return ExportedModel(name=spec.name, format="onnx", path=out_path, inputs=inputs, outputs=outputs)
 

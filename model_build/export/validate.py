@@ -33,7 +33,7 @@ from model_build.export.eager import (
     text_batch,
 )
 from model_build.export.length_groups import group_lengths
-from model_build.export.memory import RecordedRunner, release_memory
+from model_build.export.memory import RecordedRunner, module_bytes, release_memory
 from model_build.export.optimize import (
     Runner,
     fmt_below,
@@ -424,6 +424,7 @@ def export_and_validate(
         # Every eager output the checks compare with is recorded first; the module is freed once
         # exported, so ONNX Runtime's copy of the weights is never held beside PyTorch's (issue 36).
         held = [load_module(spec, source_dir)]
+        weights = module_bytes(held[0])
         recorded = RecordedRunner(eager_runner(spec, held[0]))
         recorded.record([*samples, *calibration, ref_inputs, *(
             retrieval_batches(spec, source_dir) if spec.task == "sentence-embedding" else [])])
@@ -433,7 +434,7 @@ def export_and_validate(
         else:
             exported = export_torchscript(spec, held.pop(), trace_sample(samples), model_dir / "model.pt")
         recorded.drop()
-        release_memory()
+        release_memory(weights)
         reference = recorded
     # The optimize step (INT8 where asked; fusion and FP16 were done by the export), then the
     # checks, on the file that is packaged.
