@@ -287,6 +287,10 @@ def safe_extract(tarball: Path, dest: Path, *, model: str | None = None, limits:
 
     Every member is checked before anything is written (so a refused archive leaves nothing
     behind); a failure while writing removes the entries this call created.
+
+    The second read extracts each checked member as its header comes by, so the stream only ever
+    seeks forward: a gzip stream cannot seek back without decompressing again from its start, and
+    listing the members first (``getmembers``) then extracting them read the archive three times.
     """
     limits = limits or Limits()
     tarball = Path(tarball)
@@ -297,8 +301,14 @@ def safe_extract(tarball: Path, dest: Path, *, model: str | None = None, limits:
     try:
         raw, stream = _open_stream(tarball, limits, data_reads=True)
         with raw, tarfile.open(fileobj=stream, mode="r:") as tar:
-            by_name = {m.name: m for m in tar.getmembers()}
-            tar.extractall(dest, members=[by_name[m.name] for m in members], filter="data")
+            checked = {m.name for m in members}
+            extracted = 0
+            for info in tar:
+                if info.name in checked:
+                    tar.extract(info, dest, filter="data")
+                    extracted += 1
+        if extracted != len(members):
+            raise KeyError(f"{len(members) - extracted} checked member(s) gone on the second read")
     except BaseException as error:
         for entry in dest.iterdir():
             if entry.name not in before:
