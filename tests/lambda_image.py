@@ -11,10 +11,12 @@ what it unpacks to, so the image's size is measured without downloading gigabyte
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import re
 import shutil
+import ssl
 import subprocess
 import sys
 import urllib.request
@@ -103,6 +105,13 @@ def _pip_settings() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith("PIP_") or k in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")}
 
 
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """One TLS context for every request: ``urlopen`` without one builds a new context and loads
+    the system's CA bundle each time (about 0.2 s of CPU, 12 s over the wheels' range reads)."""
+    return ssl.create_default_context()
+
+
 class _HttpRange(io.RawIOBase):
     """A read-only, seekable file over HTTP range requests (what zipfile needs to read a directory)."""
 
@@ -110,7 +119,7 @@ class _HttpRange(io.RawIOBase):
         self.url = url
         self.position = 0
         request = urllib.request.Request(url, method="HEAD")
-        with urllib.request.urlopen(request, timeout=60) as response:
+        with urllib.request.urlopen(request, timeout=60, context=_tls()) as response:
             self.size = int(response.headers["Content-Length"])
 
     def seekable(self) -> bool:
@@ -132,7 +141,7 @@ class _HttpRange(io.RawIOBase):
             return 0
         end = min(self.size, self.position + len(buffer)) - 1
         request = urllib.request.Request(self.url, headers={"Range": f"bytes={self.position}-{end}"})
-        with urllib.request.urlopen(request, timeout=60) as response:
+        with urllib.request.urlopen(request, timeout=60, context=_tls()) as response:
             data = response.read()
         buffer[: len(data)] = data
         self.position += len(data)
