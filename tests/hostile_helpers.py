@@ -305,15 +305,19 @@ def run_app_refusals(cases: Mapping[str, tuple[Mapping[str, object], Path]], fol
     instead (``run_bounded``, its context in ``CDK_CONTEXT_JSON`` and its folder in ``CDK_OUTDIR``):
     the fresh-interpreter path, context from the environment, stays covered."""
     folder.mkdir(parents=True, exist_ok=True)
+    # The project's Node.js first, as `make` puts it (another node on PATH makes jsii print a
+    # banner on stderr before the app's error).
+    path = f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
     context, outdir = cases[fresh]
-    alone = run_bounded(["app.py"], env={"CDK_OUTDIR": str(outdir), "CDK_CONTEXT_JSON": json.dumps(context)},
+    alone = run_bounded(["app.py"], env={"CDK_OUTDIR": str(outdir), "CDK_CONTEXT_JSON": json.dumps(context),
+                                         "PATH": path},
                         memory_limit=SYNTH_MEMORY_LIMIT_BYTES, time_limit=SYNTH_TIME_LIMIT_S)
     names = sorted(name for name in cases if name != fresh)
     requests: list[dict[str, Any]] = [
         {"context": dict(cases[name][0]), "outdir": str(cases[name][1]),
          "stdout": str(folder / f"{index}.out"), "stderr": str(folder / f"{index}.err")}
         for index, name in enumerate(names)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "CDK_"))}
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "CDK_"))}, "PATH": path}
     result = subprocess.run(
         [sys.executable, "-c", _APP_REFUSALS], cwd=ROOT, env=env, input=json.dumps(requests), capture_output=True,
         text=True, timeout=SYNTH_TIME_LIMIT_S * 3 + 10 * len(names), preexec_fn=_limit_memory(SYNTH_MEMORY_LIMIT_BYTES),

@@ -11,7 +11,8 @@ from pathlib import Path
 import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_s3 as s3
-from cdk_helpers import ROOT, SNAPSHOTS, mask, run_app, subprocess_env
+from cdk_helpers import ROOT, SNAPSHOTS, mask, subprocess_env
+from hostile_helpers import Outcome, run_app_refusals
 
 import app as cdk_app
 
@@ -117,32 +118,48 @@ SYNTHETIC = {"kind": "synthetic", "architecture": "resnet"}
 MODEL = {"task": "image-classification", "image": {"image_size": 32}}
 
 
-@pytest.mark.parametrize(
-    ("case", "expected"),
-    [
-        ("unknown key", "error: mme:foo: unknown setting; known settings: mme:stack_name"),
-        ("instance type", "error: mme:instance_type: got 'ml.m5.xlarge'; a GPU multi-model endpoint runs on one of"),
-        ("duplicate models", "models: target model name 'bert' is given twice"),
-        ("local source", "models[0](mine).source: kind 'local' with path 'exports/mine' is a file on this machine"),
-    ],
-)
-def test_bad_input_exits_1_with_one_message(tmp_path: Path, case: str, expected: str) -> None:
+#: Each bad input's expected message; the first runs as a fresh ``python app.py``, the others in one
+#: process (``run_app_refusals``: jsii's node starts once, not per case).
+BAD_INPUT = {
+    "unknown key": "error: mme:foo: unknown setting; known settings: mme:stack_name",
+    "instance type": "error: mme:instance_type: got 'ml.m5.xlarge'; a GPU multi-model endpoint runs on one of",
+    "duplicate models": "models: target model name 'bert' is given twice",
+    "local source": "models[0](mine).source: kind 'local' with path 'exports/mine' is a file on this machine",
+}
+
+
+def _bad_settings(folder: Path, case: str) -> dict[str, object]:
     if case == "unknown key":
-        settings: dict[str, object] = {"foo": "1"}
-    elif case == "instance type":
-        settings = {"instance_type": "ml.m5.xlarge"}
-    elif case == "duplicate models":
-        settings = {"manifest_path": _manifest(tmp_path, [
+        return {"foo": "1"}
+    if case == "instance type":
+        return {"instance_type": "ml.m5.xlarge"}
+    folder.mkdir(parents=True, exist_ok=True)
+    if case == "duplicate models":
+        return {"manifest_path": _manifest(folder, [
             {**MODEL, "name": "bert", "source": SYNTHETIC}, {**MODEL, "name": "bert", "source": SYNTHETIC}])}
-    else:
-        settings = {"manifest_path": _manifest(tmp_path, [
-            {**MODEL, "name": "mine", "source": {"kind": "local", "path": "exports/mine"}}])}
-    result = run_app(tmp_path / "out", settings)
+    return {"manifest_path": _manifest(folder, [
+        {**MODEL, "name": "mine", "source": {"kind": "local", "path": "exports/mine"}}])}
+
+
+@pytest.fixture(scope="module")
+def bad_inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Outcome, Path]]:
+    root = tmp_path_factory.mktemp("bad-input")
+    cases = {}
+    for index, case in enumerate(BAD_INPUT):
+        settings = _bad_settings(root / f"case{index}", case)
+        cases[case] = ({f"mme:{k}": v for k, v in settings.items()}, root / f"case{index}" / "out")
+    outcomes = run_app_refusals(cases, root / "_runs", fresh="unknown key")
+    return {case: (outcomes[case], cases[case][1]) for case in cases}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUT))
+def test_bad_input_exits_1_with_one_message(bad_inputs: dict[str, tuple[Outcome, Path]], case: str) -> None:
+    result, out = bad_inputs[case]
     assert result.returncode == 1, result.stderr
-    assert expected in result.stderr
+    assert BAD_INPUT[case] in result.stderr
     assert "Traceback" not in result.stderr and "jsii" not in result.stderr
     assert result.stderr.startswith("error: ")
-    assert not (tmp_path / "out" / "TritonMme.template.json").exists()
+    assert not (out / "TritonMme.template.json").exists()
 
 
 def test_missing_manifest_file_names_the_setting(tmp_path: Path) -> None:
