@@ -96,6 +96,17 @@ def test_the_runtime_is_what_the_build_and_the_handler_import() -> None:
         "release/__init__.py", "release/identity.py"}, model_names
 
 
+def test_an_edited_import_changes_the_runtime_files(package: Path) -> None:
+    """The import scan is cached by each file's text: the same path with an added import is
+    scanned again, and the module it names joins the runtime (and the keys' hashes)."""
+    before = {p.relative_to(package).as_posix() for p in runtime_files(package)}
+    (package / "extra_step.py").write_text("VALUE = 1\n")
+    assert "extra_step.py" not in before
+    _append(package / "pipeline" / "build.py", "\nfrom model_build import extra_step  # noqa\n")
+    after = {p.relative_to(package).as_posix() for p in runtime_files(package)}
+    assert after == before | {"extra_step.py"}
+
+
 def test_editing_a_tool_changes_no_model_key_and_no_release_id(package: Path) -> None:
     manifest = load_manifest(ROOT / "models.yaml")
     before = compute_release(manifest, base_dir=ROOT, package_dir=package)

@@ -541,6 +541,17 @@ def test_make_s3_client_sets_retries_and_dummy_credentials_on_that_client_only(
     assert make_s3_client(endpoint_url="http://127.0.0.1:9")._request_signer._credentials.access_key == "AKIAREALKEY"
 
 
+def test_clients_share_botocores_data_loader_and_nothing_else() -> None:
+    """One data loader per process (the endpoint table and S3's service model parsed once, not per
+    client); each client keeps its own session, configuration, region and credentials (above)."""
+    first = make_s3_client(endpoint_url="http://127.0.0.1:9")
+    second = make_s3_client(endpoint_url="https://s3.example.com", region="eu-west-1", max_attempts=3)
+    assert first._loader is second._loader
+    assert first.meta.config is not second.meta.config
+    assert (first.meta.region_name, second.meta.region_name) == ("us-east-1", "eu-west-1")
+    assert second.meta.config.retries == {"mode": "standard", "total_max_attempts": 3}
+
+
 def test_local_s3_serves_on_loopback_and_stops() -> None:
     with local_s3() as url:
         assert url.startswith("http://127.0.0.1:")
