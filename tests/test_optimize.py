@@ -7,6 +7,7 @@ tighten a gate past what a variant reaches and check the typed failure.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from pathlib import Path
 from typing import Any
@@ -354,3 +355,42 @@ def test_the_serving_level_finishes_what_the_offline_step_left(fp32_fused, int8,
     assert served["SkipLayerNormalization"] >= 2 * LAYERS - 1 and served["Attention"] == LAYERS
     served_int8 = online_ops(int8[0].path, "int8.onnx")
     assert served_int8["DynamicQuantizeMatMul"] == int8[1].quantized_matmuls
+
+
+@pytest.mark.parametrize("task", ["sentence-embedding", "text-classification"])
+def test_fusion_is_the_same_with_shape_inference_on_the_skeleton(
+    task: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The optimizer's symbolic shape inference runs on the graph's skeleton (issue 36: its
+    copies of the whole model were a BERT build's peak memory). The fused graph is byte for byte
+    the one the optimizer makes with shape inference on the whole model."""
+    from model_build.export import fusion
+    from model_build.export.convert import export_onnx
+    from model_build.export.eager import load_module, sample_inputs
+    from model_build.export.validate import trace_sample
+
+    spec = tiny_bert(task=task)
+    saved: dict[str, bytes] = {}
+    for mode in ("skeleton", "whole"):
+        if mode == "whole":
+            monkeypatch.setattr(fusion, "_shape_inference_on_skeletons", contextlib.nullcontext)
+        (tmp_path / mode).mkdir()
+        sample = trace_sample(sample_inputs(spec, None))
+        exported = export_onnx(spec, load_module(spec, None), sample, tmp_path / mode / "model.onnx")
+        saved[mode] = exported.path.read_bytes()
+        assert ("com.microsoft", "Attention") in _ops(exported.path), mode
+    assert saved["skeleton"] == saved["whole"]
+
+
+def test_the_skeleton_patch_reaches_the_optimizers_bert_model() -> None:
+    """The patched class is the base of the class the optimizer builds for BERT (its tools import
+    each other by bare module name), and the patch is undone after."""
+    import sys
+
+    from model_build.export import fusion
+
+    with fusion._shape_inference_on_skeletons():
+        base = sys.modules["onnx_model"].OnnxModel
+        assert base.infer_runtime_shape.__name__ == "on_skeleton"
+        assert base in sys.modules["onnx_model_bert"].BertOnnxModel.__mro__
+    assert base.infer_runtime_shape.__name__ == "infer_runtime_shape"

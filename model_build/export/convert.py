@@ -192,41 +192,18 @@ def _external_from() -> int:
     return min(onnx_weights.EXTERNAL_DATA_MIN_BYTES, _PROTO_LIMIT)
 
 
-#: Initializers at most this big keep their values in the skeleton shape inference runs on: shape
-#: constants (a Reshape's target, a Gather's indices) are small, and inference reads their values.
-_SKELETON_KEEP_BYTES = 1 << 16
-
-
-def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The graph without its big weights: each initializer above :data:`_SKELETON_KEEP_BYTES` keeps
-    its name, type and dims but no values. Shape inference needs only those, and the skeleton of a
-    model over the 2 GiB protobuf limit is a few megabytes (no copy of the weights is made)."""
-    graph = onnx.GraphProto(name=model.graph.name)
-    for field in ("node", "input", "output", "value_info", "sparse_initializer"):
-        getattr(graph, field).extend(getattr(model.graph, field))
-    for tensor in model.graph.initializer:
-        if tensor.ByteSize() <= _SKELETON_KEEP_BYTES:
-            graph.initializer.append(tensor)
-        else:
-            graph.initializer.append(onnx.TensorProto(name=tensor.name, data_type=tensor.data_type, dims=tensor.dims))
-    skeleton = onnx.ModelProto(ir_version=model.ir_version, graph=graph)
-    skeleton.opset_import.extend(model.opset_import)
-    skeleton.functions.extend(model.functions)
-    return skeleton
-
-
 def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     """ONNX shape inference, so static output dims are declared as numbers.
 
     The exporter declares every dimension it could not fold as a symbol (MiniLM's embedding came
     out as ``[batch, Divsentence_embedding_dim_1]``, not ``[batch, 384]``), and the Triton config
     is generated from the declared shapes. Inference is best effort: where it fails, the
-    exporter's own declaration stands. It runs on the graph's skeleton (:func:`_skeleton`), its
+    exporter's own declaration stands. It runs on the graph's skeleton (:func:`onnx_weights.skeleton`), its
     results (every value's type, the outputs) copied back onto the model, whose weights never move:
     a whole model cannot be serialized above 2 GiB, and below it the copies set the peak memory.
     """
     try:
-        inferred = onnx.shape_inference.infer_shapes(_skeleton(model), data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(onnx_weights.skeleton(model), data_prop=True)
     except (onnx.shape_inference.InferenceError, ValueError):
         return model
     del model.graph.value_info[:]

@@ -21,6 +21,7 @@ import onnx
 import torch
 
 from model_build.errors import ExportError
+from model_build.export.onnx_weights import skeleton
 from model_build.manifest import TEXT_TASKS, ModelSpec, SyntheticSource
 
 #: Model types whose fusion is verified (exported, fused, validated in the test suite: BERT in
@@ -126,7 +127,8 @@ def fuse(spec: ModelSpec, model: onnx.ModelProto | Path, module: torch.nn.Module
     try:
         # It prints (not logs) a failed symbolic shape inference on the graph's dynamic Expand
         # nodes; that only skips SkipLayerNormalization, which the serving session fuses itself.
-        with warnings.catch_warnings(), _quiet_ort_logging(), contextlib.redirect_stdout(io.StringIO()):
+        with warnings.catch_warnings(), _quiet_ort_logging(), contextlib.redirect_stdout(io.StringIO()), \
+                _shape_inference_on_skeletons():
             warnings.simplefilter("ignore")
             optimized = optimize_model(str(model) if isinstance(model, Path) else model, model_type="bert", num_heads=heads, hidden_size=hidden,
                                        opt_level=1, use_gpu=False)
@@ -141,6 +143,44 @@ def fuse(spec: ModelSpec, model: onnx.ModelProto | Path, module: torch.nn.Module
             model=spec.name,
         )
     return _prune_opsets(optimized.model, ir_version), counts
+
+
+@contextlib.contextmanager
+def _shape_inference_on_skeletons() -> Iterator[None]:
+    """The optimizer's symbolic shape inference runs on the graph's skeleton, not on the model.
+
+    Several fusions (the casts' removal, SkipLayerNormalization, EmbedLayerNormalization,
+    Attention) each ask ``OnnxModel.infer_runtime_shape(update=True)``, which hands the whole model
+    to ``SymbolicShapeInferenceHelper``: it copies the model, runs ONNX shape inference on the copy
+    (serializing it whole) and keeps the copy, and each fusion keeps its helper. On BERT-base that
+    was the build's peak, up to 2.5 GB above the model's own 440 MB (issue 36). The helper only
+    answers shapes (``get_edge_shape``), and shapes need the weights' dims, not their values: given
+    :func:`onnx_weights.skeleton` (big initializers without data, small ones whole) it answers
+    the same, at a few megabytes a copy. Patched on the class for the optimizer's call only: the
+    class of the optimizer's own top-level ``onnx_model`` module (ONNX Runtime's transformer tools
+    import their modules by bare name, so that class is not the package module's)."""
+    import sys
+
+    import onnxruntime.transformers.optimizer  # noqa: F401  (puts the tools' modules in sys.modules)
+
+    OnnxModel = sys.modules["onnx_model"].OnnxModel
+    original = OnnxModel.infer_runtime_shape
+
+    def on_skeleton(self: Any, dynamic_axis_mapping: dict[str, int] | None = None, update: bool = False) -> Any:
+        if not self.enable_shape_infer or (self.shape_infer_helper is not None and not update):
+            return original(self, dynamic_axis_mapping or {}, update)
+        model = self.model
+        self.model = skeleton(model)
+        try:
+            return original(self, dynamic_axis_mapping or {}, update)
+        finally:
+            self.model = model
+
+    OnnxModel.infer_runtime_shape = on_skeleton
+    try:
+        yield
+    finally:
+        OnnxModel.infer_runtime_shape = original
 
 
 class _quiet_ort_logging:

@@ -46,6 +46,29 @@ def weight_bytes(model: onnx.ModelProto) -> int:
     return sum(tensor.ByteSize() for tensor in model.graph.initializer)
 
 
+#: Initializers at most this big keep their values in the skeleton shape inference runs on: shape
+#: constants (a Reshape's target, a Gather's indices) are small, and inference reads their values.
+SKELETON_KEEP_BYTES = 1 << 16
+
+
+def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The graph without its big weights: each initializer above :data:`SKELETON_KEEP_BYTES` keeps
+    its name, type and dims but no values. Shape inference needs only those, and the skeleton of a
+    model over the 2 GiB protobuf limit is a few megabytes (no copy of the weights is made)."""
+    graph = onnx.GraphProto(name=model.graph.name)
+    for field in ("node", "input", "output", "value_info", "sparse_initializer"):
+        getattr(graph, field).extend(getattr(model.graph, field))
+    for tensor in model.graph.initializer:
+        if tensor.ByteSize() <= SKELETON_KEEP_BYTES:
+            graph.initializer.append(tensor)
+        else:
+            graph.initializer.append(onnx.TensorProto(name=tensor.name, data_type=tensor.data_type, dims=tensor.dims))
+    skeleton = onnx.ModelProto(ir_version=model.ir_version, graph=graph)
+    skeleton.opset_import.extend(model.opset_import)
+    skeleton.functions.extend(model.functions)
+    return skeleton
+
+
 def save_onnx(model: onnx.ModelProto, path: Path, *, external_from: int = EXTERNAL_DATA_MIN_BYTES) -> None:
     """Save deterministically; from ``external_from`` bytes of weights on (:data:`EXTERNAL_DATA_MIN_BYTES`,
     so always above the 2 GiB protobuf limit) the weights go to ``<file>.data``, tensor by tensor.
