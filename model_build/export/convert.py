@@ -203,9 +203,16 @@ def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     a whole model cannot be serialized above 2 GiB, and below it the copies set the peak memory.
     """
     try:
-        inferred = onnx.shape_inference.infer_shapes(onnx_weights.skeleton(model), data_prop=True)
+        return _with_inferred_shapes(model, data_prop=True)
     except (onnx.shape_inference.InferenceError, ValueError):
         return model
+
+
+def _with_inferred_shapes(model: onnx.ModelProto, *, data_prop: bool) -> onnx.ModelProto:
+    """``model`` with the value types and outputs ``onnx.shape_inference.infer_shapes`` gives it,
+    inferred on its skeleton (:func:`onnx_weights.skeleton`): the weights are neither serialized
+    nor copied. Raises what shape inference raises."""
+    inferred = onnx.shape_inference.infer_shapes(onnx_weights.skeleton(model), data_prop=data_prop)
     del model.graph.value_info[:]
     model.graph.value_info.extend(inferred.graph.value_info)
     for output, typed in zip(model.graph.output, inferred.graph.output, strict=True):
@@ -279,7 +286,10 @@ def _to_fp16(spec: ModelSpec, model: onnx.ModelProto) -> onnx.ModelProto:
     """Weights and compute in FP16, inputs and outputs still FP32 (clients need not change).
 
     onnxruntime's own converter knows which ops must stay FP32 and inserts the casts; a
-    hand-written conversion gets those wrong.
+    hand-written conversion gets those wrong. Its own first step, ONNX shape inference on the
+    whole model, serialized the model and parsed a copy back (the FP16 build's peak: two more
+    copies of the FP32 weights); the same inference runs here on the skeleton instead, and the
+    converter then works on ``model`` itself.
     """
     from onnxruntime.transformers.float16 import convert_float_to_float16
     from onnxruntime.transformers.onnx_model import OnnxModel
@@ -287,7 +297,8 @@ def _to_fp16(spec: ModelSpec, model: onnx.ModelProto) -> onnx.ModelProto:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "values clipped to the FP16 range" is expected
-            converted = convert_float_to_float16(model, keep_io_types=True)
+            converted = convert_float_to_float16(_with_inferred_shapes(model, data_prop=False),
+                                                 keep_io_types=True, disable_shape_infer=True)
         # The converter appends the input casts at the end of the node list; ONNX Runtime sorts
         # on load, but the ONNX checker (and TensorRT's parser) want a topologically sorted graph.
         # onnxruntime's own sort is deterministic for a given node list.
