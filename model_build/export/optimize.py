@@ -100,16 +100,11 @@ def row_cosines(actual: np.ndarray, expected: np.ndarray) -> np.ndarray:
     return np.where(same_zero, 1.0, cos)
 
 
-def _weight_matmuls(model: onnx.ModelProto) -> list[tuple[str, str, np.ndarray]]:
-    """(node name, activation input, 2-D weight) of every MatMul with a constant weight."""
+def _weight_matmuls(model: onnx.ModelProto) -> list[tuple[str, str, onnx.TensorProto]]:
+    """(node name, activation input, 2-D weight initializer) of every MatMul with a constant weight."""
     weights = {t.name: t for t in model.graph.initializer}
-    found = []
-    for node in model.graph.node:
-        if node.op_type == "MatMul" and node.input[1] in weights:
-            weight = onnx.numpy_helper.to_array(weights[node.input[1]])
-            if weight.ndim == 2:
-                found.append((node.name, node.input[0], weight))
-    return found
+    return [(node.name, node.input[0], weights[node.input[1]]) for node in model.graph.node
+            if node.op_type == "MatMul" and node.input[1] in weights and len(weights[node.input[1]].dims) == 2]
 
 
 def matmul_sensitivity(model_path: Path, batches: Sequence[Batch]) -> list[tuple[str, float]]:
@@ -119,22 +114,30 @@ def matmul_sensitivity(model_path: Path, batches: Sequence[Batch]) -> list[tuple
     in numpy both exactly and as the dynamic quantizer does it (activation uint8 asymmetric per
     tensor, weight int8 symmetric per output channel). Layers fed by outlier activations (the
     FFN output after GELU in BERT) show the largest error: those are the ones to keep in FP32.
+
+    Memory (issue 36): the graph is read without its weights where they are external data (the
+    saved model keeps them in ``<file>.data`` from 256 MiB on), the probe with the exposed
+    outputs is written beside the model so that it refers to the same weights file, and each
+    weight is read as an array only for its own MatMul: no copy of the weights is held beside
+    ONNX Runtime's, and none is serialized whole.
     """
-    model = onnx.load(str(model_path))
+    model = onnx.load(str(model_path), load_external_data=False)
     matmuls = _weight_matmuls(model)
     exposed = {activation for _, activation, _ in matmuls}
     known = {o.name for o in model.graph.output}
     for name in sorted(exposed - known):
         model.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
-    with tempfile.TemporaryDirectory() as scratch:
-        probe = Path(scratch) / "probe.onnx"
-        onnx.save_model(model, str(probe))
-        session = _session(probe)
+    folder = model_path.parent
+    with tempfile.NamedTemporaryFile(dir=folder, prefix=".probe-", suffix=".onnx") as probe:
+        onnx.save_model(model, probe.name)
+        session = _session(Path(probe.name))
         names = [o.name for o in session.get_outputs()]  # type: ignore[attr-defined]
         runs = [dict(zip(names, session.run(None, _feeds(session, b)), strict=True))  # type: ignore[attr-defined]
                 for b in batches]
+        del session
     errors: list[tuple[str, float]] = []
-    for node, activation, weight in matmuls:
+    for node, activation, tensor in matmuls:
+        weight = onnx.numpy_helper.to_array(tensor, base_dir=str(folder))
         scale_w = np.abs(weight).max(axis=0) / 127.0
         scale_w[scale_w == 0] = 1.0
         wq = np.round(weight / scale_w) * scale_w
