@@ -77,7 +77,7 @@ def test_the_estimate_is_the_baseline_plus_the_measured_ratio_of_the_weights(tmp
 
 def test_auto_places_what_does_not_fit_the_lambda_on_processing_and_refuses_a_pinned_lambda() -> None:
     settings = EngineSettings(lambda_memory_mb=10240)
-    small, big = estimate(spec(), 100 * 1024**2), estimate(spec(), 4 * GIB)
+    small, big = estimate(spec(), 100 * 1024**2), estimate(spec(), 5 * GIB)
     assert place(spec(), small, settings).engine == "lambda"
     placed = place(spec(), big, settings)
     assert (placed.engine, placed.instance_type, placed.volume_gb) == ("processing", "ml.m5.4xlarge", 100)
