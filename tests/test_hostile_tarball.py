@@ -154,6 +154,23 @@ def test_safe_extract_unpacks_a_good_archive(tmp_path: Path) -> None:
     assert (tmp_path / "dest" / "m" / "config.pbtxt").read_bytes() == b"name:"
 
 
+def test_safe_extract_sets_a_directorys_attributes_after_its_files(tmp_path: Path) -> None:
+    """Members are extracted as the one read reaches them, and directories get their attributes
+    last, as ``extractall`` does: a directory whose mode in the archive is read-only is filled
+    before its mode is set (as a user without root, writing into it first would fail). Seen
+    here through its time: set before its file was written, it would be the time of the write."""
+    from model_build.package.tarball import safe_extract
+
+    folder = _info("m", tarfile.DIRTYPE)
+    folder.mode, folder.mtime = 0o555, 1_000_000_000
+    tarball = tmp_path / "read-only.tar.gz"
+    _tar(tarball, [(folder, None), (_info("m/config.pbtxt", size=5), b"name:")])
+    safe_extract(tarball, tmp_path / "dest")
+    unpacked = tmp_path / "dest" / "m"
+    assert (unpacked / "config.pbtxt").read_bytes() == b"name:"
+    assert unpacked.stat().st_mtime == 1_000_000_000
+
+
 def test_inspect_tarball_is_bounded_on_a_bomb(tmp_path: Path) -> None:
     """Listing a bomb costs no more than refusing it (inspect shares the limits)."""
     from model_build.package.tarball import TarballError, inspect_tarball

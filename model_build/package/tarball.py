@@ -26,7 +26,7 @@ import re
 import shutil
 import tarfile
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO
@@ -302,13 +302,19 @@ def safe_extract(tarball: Path, dest: Path, *, model: str | None = None, limits:
         raw, stream = _open_stream(tarball, limits, data_reads=True)
         with raw, tarfile.open(fileobj=stream, mode="r:") as tar:
             checked = {m.name for m in members}
-            extracted = 0
-            for info in tar:
-                if info.name in checked:
-                    tar.extract(info, dest, filter="data")
-                    extracted += 1
-        if extracted != len(members):
-            raise KeyError(f"{len(members) - extracted} checked member(s) gone on the second read")
+            extracted: list[str] = []
+
+            def as_read() -> Iterator[tarfile.TarInfo]:
+                for info in tar:
+                    if info.name in checked:
+                        extracted.append(info.name)
+                        yield info
+
+            # extractall takes each member as the iteration reaches it, and still sets the
+            # directories' modes last (a read-only directory is filled before it is closed).
+            tar.extractall(dest, members=as_read(), filter="data")
+        if len(extracted) != len(members):
+            raise KeyError(f"{len(members) - len(extracted)} checked member(s) gone on the second read")
     except BaseException as error:
         for entry in dest.iterdir():
             if entry.name not in before:
