@@ -33,6 +33,7 @@ Every step is a pure function of the graph and the seeded inputs: two builds giv
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import warnings
 from collections.abc import Callable, Sequence
@@ -261,13 +262,17 @@ def optimize_export(
         side = exported.path.with_name(exported.path.name + EXTERNAL_DATA_SUFFIX)
         if side.is_file():  # save_onnx wrote the weights beside the graph: over the protobuf limit
             refuse_int8_over_limit(spec, side.stat().st_size)
-        model = onnx.load(str(exported.path))
+        # The FP32 files are copied, not loaded: a loaded graph held the weights once more through
+        # the whole quantization, its peak (issue 36).
+        ir_version = onnx.load(str(exported.path), load_external_data=False).ir_version
         with tempfile.TemporaryDirectory(dir=exported.path.parent, prefix=".int8-") as scratch:
-            fp32_path = Path(scratch) / "fp32.onnx"
-            save_onnx(model, fp32_path)
+            fp32_path = Path(scratch) / exported.path.name
+            shutil.copyfile(exported.path, fp32_path)
+            if side.is_file():
+                shutil.copyfile(side, Path(scratch) / side.name)
             quantized = quantize_int8(spec, fp32_path, Path(scratch) / "int8.onnx", calibration,
                                       reference, report)
-            quantized = _prune_opsets(quantized, model.ir_version)
+            quantized = _prune_opsets(quantized, ir_version)
         check_runtime_compatible(quantized, name=spec.name)
         save_onnx(quantized, exported.path)
         inputs, outputs = onnx_signature(exported.path, model_name=spec.name)
