@@ -48,7 +48,8 @@ def weight_bytes(model: onnx.ModelProto) -> int:
 
 #: Initializers at most this big keep their values in the skeleton shape inference runs on: shape
 #: constants (a Reshape's target, a Gather's indices) are small, and inference reads their values.
-SKELETON_KEEP_BYTES = 1 << 16
+#: The export keeps exactly these inline (:data:`INLINE_MAX_BYTES`), so the two cannot drift apart.
+SKELETON_KEEP_BYTES = INLINE_MAX_BYTES
 
 
 def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
