@@ -27,10 +27,24 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from benchmarks.gpu_cases import (
+    CPU_ORT_VARIANTS,
+    ORT_VARIANTS,
+    SEQUENCE,
+    Case,
+    _batches,
+    _imported_ort_version,
+    log,
+    not_measured,
+    ort_cases,
+    ort_providers,
+    preload_cuda_libraries,
+    torch_case,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT_PATH = ROOT / "benchmarks" / "results" / "gpu_check.json"
@@ -38,9 +52,6 @@ DOCS_PATH = ROOT / "docs" / "benchmarks.md"
 SCHEMA = "triton-mme/gpu-check/1"
 #: Warm iterations per batch size (after 5 unmeasured ones); p99 of 100 is its second-largest.
 ITERATIONS = int(__import__("os").environ.get("GPU_CHECK_ITERATIONS", "100"))
-BATCH_SIZES = (1, 8)
-#: Sequence length of the text batches (every row padded to it: the fleet's worst case per request).
-SEQUENCE = 128
 DIFFERS_FROM_SAGEMAKER = (
     "Runtimes: PyTorch eager and ONNX Runtime in one Python process, not Triton's C++ onnxruntime / "
     "pytorch backends inside the sagemaker-tritonserver image; no HTTP, no dynamic batcher, no "
@@ -50,10 +61,6 @@ DIFFERS_FROM_SAGEMAKER = (
     "GPU: whatever this machine has; the fleet runs T4 (g4dn), A10G (g5) or V100 (p3), whose "
     "latencies and memory differ.",
 )
-
-
-def log(message: str) -> None:
-    print(f"gpu-check: {message}", file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -75,21 +82,15 @@ def parity(candidate: Any, reference: Any) -> dict[str, float]:
     a = np.asarray(candidate, dtype=np.float64).reshape(len(candidate), -1)
     b = np.asarray(reference, dtype=np.float64).reshape(len(reference), -1)
     cosine = (a * b).sum(axis=1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-30)
-    return {"min_cosine": round(float(cosine.min()), 7), "max_abs_diff": float(f"{float(np.abs(a - b).max()):.3e}")}
+    return {
+        "min_cosine": round(float(cosine.min()), 7),
+        "max_abs_diff": float(f"{float(np.abs(a - b).max()):.3e}"),
+    }
 
 
-@dataclass
-class Case:
-    """One model in one runtime and precision: how to load it and how to call it on a batch."""
-
-    model: str
-    variant: str
-    runtime: str
-    #: Loads onto the GPU; returns the callable (batch -> numpy outputs).
-    load: Callable[[], Callable[[dict[str, Any]], Any]]
-
-
-def measure(case: Case, batches: dict[int, dict[str, Any]], reference: Any, gpu: Any) -> tuple[dict[str, Any], Any]:
+def measure(
+    case: Case, batches: dict[int, dict[str, Any]], reference: Any, gpu: Any
+) -> tuple[dict[str, Any], Any]:
     """Cold start, memory, warm latency and parity of one case (the reference: PyTorch FP32's
     outputs on the batch of 8; None for PyTorch FP32 itself), and its outputs on that batch."""
     row: dict[str, Any] = {"model": case.model, "variant": case.variant, "runtime": case.runtime}
@@ -113,12 +114,10 @@ def measure(case: Case, batches: dict[int, dict[str, Any]], reference: Any, gpu:
     outputs = call(batches[8])
     row["parity_vs_pytorch_fp32"] = None if reference is None else parity(outputs, reference)
     del call
+    if case.build_validation:
+        row["build_validation_refused"] = case.build_validation
     row["status"] = "measured"
     return row, outputs
-
-
-def not_measured(model: str, variant: str, runtime: str, reason: str) -> dict[str, Any]:
-    return {"model": model, "variant": variant, "runtime": runtime, "status": "not measured", "reason": reason}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -155,18 +154,33 @@ class Gpu:
     def describe(self) -> dict[str, Any]:
         props = self.properties
         if props is None:
-            return {"name": "cpu", "compute_capability": "", "memory_gib": 0, "torch_cuda": None, "driver": None}
-        return {"name": props.name, "compute_capability": f"{props.major}.{props.minor}",
-                "memory_gib": round(props.total_memory / 2**30, 1), "torch_cuda": self.torch.version.cuda,
-                "driver": _driver_version()}
+            return {
+                "name": "cpu",
+                "compute_capability": "",
+                "memory_gib": 0,
+                "torch_cuda": None,
+                "driver": None,
+            }
+        return {
+            "name": props.name,
+            "compute_capability": f"{props.major}.{props.minor}",
+            "memory_gib": round(props.total_memory / 2**30, 1),
+            "torch_cuda": self.torch.version.cuda,
+            "driver": _driver_version(),
+        }
 
 
 def _driver_version() -> str | None:
     import subprocess
 
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30, check=True)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip().splitlines()[0] if out.stdout.strip() else None
@@ -194,100 +208,6 @@ def _version(name: str) -> str | None:
         return None
 
 
-def ort_providers() -> list[str]:
-    try:
-        import onnxruntime as ort
-    except ImportError:
-        return []
-    return list(ort.get_available_providers())
-
-
-# ---------------------------------------------------------------------------------------------
-# The models: the default manifest's sources, and the variants the fleet would serve
-# ---------------------------------------------------------------------------------------------
-
-
-def _batches(spec: Any, source_dir: Path | None) -> dict[int, dict[str, Any]]:
-    """Batches of 1 and 8 as numpy arrays: real sentences padded to :data:`SEQUENCE`, or pixels."""
-    import numpy as np
-
-    from model_build.export.eager import DEFAULT_SENTENCES, text_batch
-
-    out: dict[int, dict[str, Any]] = {}
-    for size in BATCH_SIZES:
-        if spec.task == "image-classification":
-            image = spec.image_inputs
-            rng = np.random.default_rng(size)
-            out[size] = {"pixel_values": rng.standard_normal((size, image.channels, image.image_size, image.image_size),
-                                                             dtype=np.float32)}
-            continue
-        texts = [DEFAULT_SENTENCES[i % len(DEFAULT_SENTENCES)] for i in range(size)]
-        batch = text_batch(spec, source_dir, texts)
-        padded = {}
-        for name, array in batch.items():
-            full = np.zeros((size, SEQUENCE), dtype=array.dtype)
-            full[:, : min(SEQUENCE, array.shape[1])] = array[:, :SEQUENCE]
-            padded[name] = full
-        out[size] = padded
-    return out
-
-
-def torch_case(spec: Any, source_dir: Path | None, torch: Any, *, half: bool, device: str = "cuda") -> Case:
-    """The manifest entry's eager module (model_build.export.eager, the one the export traces) on the GPU."""
-    from model_build.export.eager import input_names, load_module
-
-    def load() -> Callable[[dict[str, Any]], Any]:
-        # .float(): a source saved in FP16 (a copy carried to the GPU machine) still computes in FP32 here.
-        module = load_module(spec, source_dir).float().to(device)
-        if half:
-            module = module.half()
-        names = input_names(spec)
-
-        def call(batch: dict[str, Any]) -> Any:
-            tensors = []
-            for name in names:
-                tensor = torch.from_numpy(batch[name]).to(device, non_blocking=True)
-                tensors.append(tensor.half() if half and tensor.is_floating_point() else tensor)
-            with torch.inference_mode():
-                result = module(*tensors)
-            first = result[0] if isinstance(result, tuple) else result
-            return first.float().cpu().numpy()
-
-        return call
-
-    return Case(spec.name, "fp16" if half else "fp32", f"pytorch-{device}", load)
-
-
-def ort_case(spec: Any, onnx_path: Path, provider: str, variant: str) -> Case:
-    """The exported ONNX graph in ONNX Runtime with one GPU execution provider (no CPU fallback
-    is counted as GPU: a session whose first provider is not ``provider`` is an error)."""
-    import onnxruntime as ort
-
-    def load() -> Callable[[dict[str, Any]], Any]:
-        options: dict[str, Any] = {}
-        if provider == "TensorrtExecutionProvider":
-            options = {"trt_fp16_enable": variant == "tensorrt-fp16"}
-        session = ort.InferenceSession(str(onnx_path), providers=[(provider, options), "CPUExecutionProvider"])
-        if session.get_providers()[0] != provider:
-            raise RuntimeError(f"{provider} was not used: the session runs on {session.get_providers()}")
-        names = [item.name for item in session.get_inputs()]
-
-        def call(batch: dict[str, Any]) -> Any:
-            return session.run(None, {name: batch[name] for name in names})[0]
-
-        return call
-
-    return Case(spec.name, variant, f"onnxruntime-{provider.removesuffix('ExecutionProvider').lower()}", load)
-
-
-def _export(spec: Any, manifest_dir: Path, work: Path) -> Path:
-    """The manifest entry's ONNX graph as the build writes it (export, fusions, validation on CPU)."""
-    from model_build.export.validate import export_and_validate
-
-    exported, _report, _reference = export_and_validate(spec, base_dir=manifest_dir, work_dir=work)
-    return Path(exported.path)
-
-
 def run(manifest_path: Path, sources: dict[str, Path], torch: Any, device: str = "cuda") -> dict[str, Any]:
     """Every row of the check on this machine's GPU (``device="cpu"``: the same code on the CPU)."""
     from model_build.export.sources import resolve_source
@@ -295,12 +215,18 @@ def run(manifest_path: Path, sources: dict[str, Path], torch: Any, device: str =
 
     gpu = Gpu(torch, device)
     if device == "cuda":  # the process's CUDA context and cuBLAS handle are the server's start, not a model's
+        # The reference is FP32 as computed on a CPU: PyTorch's cuDNN convolutions default to TF32.
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
         square = torch.ones(64, 64, device="cuda")
         (square @ square).sum().item()
         (square.half() @ square.half()).sum().item()
         gpu.synchronize()
     manifest = load_manifest(manifest_path)
     providers = ort_providers()
+    preload = preload_cuda_libraries() if device == "cuda" and "CUDAExecutionProvider" in providers else ""
+    if preload:
+        log(f"CUDA libraries not preloaded: {preload}")
     rows: list[dict[str, Any]] = []
     seen: set[str] = set()
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as scratch:
@@ -310,7 +236,9 @@ def run(manifest_path: Path, sources: dict[str, Path], torch: Any, device: str =
                 continue
             seen.add(key)
             work = Path(scratch) / spec.name
-            source_dir = sources.get(spec.name) or resolve_source(spec, base_dir=manifest_path.parent, work_dir=work)
+            source_dir = sources.get(spec.name) or resolve_source(
+                spec, base_dir=manifest_path.parent, work_dir=work
+            )
             log(f"{spec.name}: source {source_dir or 'synthetic'}")
             batches = _batches(spec, source_dir)
             fp32 = torch_case(spec, source_dir, torch, half=False, device=device)
@@ -319,38 +247,68 @@ def run(manifest_path: Path, sources: dict[str, Path], torch: Any, device: str =
                 row, reference = measure(fp32, batches, None, gpu)
                 rows.append(row)
             except Exception as error:
-                rows.append(not_measured(spec.name, "fp32", f"pytorch-{device}", f"{type(error).__name__}: {error}"))
+                rows.append(
+                    not_measured(spec.name, "fp32", f"pytorch-{device}", f"{type(error).__name__}: {error}")
+                )
             gpu.empty_cache()
-            cases = [torch_case(spec, source_dir, torch, half=True, device=device)] if device == "cuda" else []
-            if device == "cuda" and ("CUDAExecutionProvider" in providers or "TensorrtExecutionProvider" in providers):
-                onnx_path = _export(spec.model_copy(update={"copies": 1}), manifest_path.parent, work / "export")
-                for provider, variant in (("CUDAExecutionProvider", "fp32"), ("TensorrtExecutionProvider", "tensorrt-fp16")):
-                    if provider in providers:
-                        cases.append(ort_case(spec, onnx_path, provider, variant))
-                    else:
-                        rows.append(not_measured(spec.name, variant, provider,
-                                                 f"onnxruntime has no {provider} (providers: {providers})"))
+            cases = (
+                [torch_case(spec, source_dir, torch, half=True, device=device)] if device == "cuda" else []
+            )
+            gpu_providers = {"CUDAExecutionProvider", "TensorrtExecutionProvider"} & set(providers)
+            if device == "cpu":
+                more, skipped = ort_cases(
+                    spec, source_dir, manifest_path.parent, work, CPU_ORT_VARIANTS, providers
+                )
+            elif gpu_providers:
+                more, skipped = ort_cases(
+                    spec, source_dir, manifest_path.parent, work, ORT_VARIANTS, providers
+                )
             else:
-                why = (f"onnxruntime {_version('onnxruntime') or '(not installed)'} has providers {providers}; the "
-                       "CUDA and TensorRT providers come with onnxruntime-gpu (make gpu-check installs it)")
-                rows += [not_measured(spec.name, "fp32", "onnxruntime-cuda", why),
-                         not_measured(spec.name, "tensorrt-fp16", "onnxruntime-tensorrt", why)]
+                why = (
+                    f"onnxruntime {_version('onnxruntime') or '(not installed)'} has providers {providers}; the "
+                    "CUDA and TensorRT providers come with onnxruntime-gpu (make gpu-check installs it)"
+                )
+                more, skipped = (
+                    [],
+                    [
+                        not_measured(
+                            spec.name,
+                            variant,
+                            f"onnxruntime-{p.removesuffix('ExecutionProvider').lower()}",
+                            why,
+                        )
+                        for p, variant, _ in ORT_VARIANTS
+                    ],
+                )
+            cases += more
+            rows += skipped
             for case in cases:
                 try:
                     row, _ = measure(case, batches, reference, gpu)
                     if case.runtime == "onnxruntime-tensorrt":
-                        row["tensorrt_first_load_s"] = row["cold_start_s"]  # session + engine build + first run
+                        row["tensorrt_first_load_s"] = row[
+                            "cold_start_s"
+                        ]  # session + engine build + first run
                     rows.append(row)
                 except Exception as error:
-                    rows.append(not_measured(case.model, case.variant, case.runtime, f"{type(error).__name__}: {error}"))
+                    rows.append(
+                        not_measured(
+                            case.model, case.variant, case.runtime, f"{type(error).__name__}: {error}"
+                        )
+                    )
                 gpu.empty_cache()
     return {
         "schema": SCHEMA,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "manifest": str(manifest_path.relative_to(ROOT) if manifest_path.is_relative_to(ROOT) else manifest_path),
+        "manifest": str(
+            manifest_path.relative_to(ROOT) if manifest_path.is_relative_to(ROOT) else manifest_path
+        ),
         "gpu": gpu.describe(),
-        "versions": {name: _version(name) for name in ("torch", "onnxruntime", "onnxruntime-gpu", "tensorrt",
-                                                         "transformers")},
+        "versions": {
+            name: _version(name)
+            for name in ("torch", "onnxruntime", "onnxruntime-gpu", "tensorrt", "transformers")
+        },
+        "onnxruntime_imported": _imported_ort_version(),
         "onnxruntime_providers": providers,
         "iterations": ITERATIONS,
         "sequence_length": SEQUENCE,
@@ -370,18 +328,28 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         f"Run {result['started_at']} on one {gpu['name']} (compute capability {gpu['compute_capability']}, "
         f"{gpu['memory_gib']} GiB, driver {gpu['driver']}, CUDA {gpu['torch_cuda']} of torch "
-        f"{result['versions'].get('torch')}); ONNX Runtime providers: {', '.join(result['onnxruntime_providers']) or 'none'}. "
+        f"{result['versions'].get('torch')}); ONNX Runtime {result.get('onnxruntime_imported') or '(none)'} with providers "
+        f"{', '.join(result['onnxruntime_providers']) or 'none'}. "
         f"Text batches padded to {result['sequence_length']} tokens; {result['iterations']} warm calls per batch size. "
         "Cold start: the weights already in host memory, to the GPU and the first answer (for the TensorRT "
         "provider: the session, its engine build and the first answer). Memory: the device's used memory "
-        "after the load minus before. Parity: against PyTorch FP32 on the same GPU, batch of 8.",
+        "after the load minus before. Parity: against PyTorch FP32 on the same GPU with TF32 off (strict "
+        "FP32), batch of 8.",
+        "",
+        "Variants: `fp32` and `fp16` under pytorch-cuda are the eager module in FP32 and in half precision; "
+        "under onnxruntime-cuda, `fp32` is the build's FP32 graph with the CUDA provider's defaults (TF32 "
+        "on Ampere and newer GPUs: A10G, H100, H200; T4 and V100 have none), `fp32-no-tf32` the same graph "
+        "with `use_tf32=0` (as the build's validation runs it), `fp16` the graph `precision: fp16` builds; "
+        "`tensorrt-fp16` is the FP32 graph in the TensorRT provider with its FP16 mode.",
         "",
         "| model | variant | runtime | cold start s | p50 / p99 ms, batch 1 | p50 / p99 ms, batch 8 | GPU MiB | min cosine | max abs diff |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in result["rows"]:
         if row["status"] != "measured":
-            lines.append(f"| {row['model']} | {row['variant']} | {row['runtime']} | not measured: {row['reason']} | | | | | |")
+            lines.append(
+                f"| {row['model']} | {row['variant']} | {row['runtime']} | not measured: {row['reason']} | | | | | |"
+            )
             continue
         par = row.get("parity_vs_pytorch_fp32") or {}
         b1, b8 = row["batch1"], row["batch8"]
@@ -390,27 +358,52 @@ def markdown(result: dict[str, Any]) -> str:
             f"{b1['p50_ms']} / {b1['p99_ms']} | {b8['p50_ms']} / {b8['p99_ms']} | {row['gpu_memory_mib']} | "
             f"{par.get('min_cosine', '')} | {par.get('max_abs_diff', '')} |"
         )
-    lines += ["", "What differs from the SageMaker image:", ""] + [f"- {item}" for item in result["differs_from_sagemaker"]]
+    lines += ["", "What differs from the SageMaker image:", ""] + [
+        f"- {item}" for item in result["differs_from_sagemaker"]
+    ]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.gpu_check", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--manifest", type=Path, default=ROOT / "models.yaml")
-    parser.add_argument("--out", type=Path, default=RESULT_PATH, help=f"the JSON result (default {RESULT_PATH})")
-    parser.add_argument("--docs", type=Path, default=DOCS_PATH, help="the page whose GPU check section is rewritten")
-    parser.add_argument("--source", action="append", default=[], metavar="NAME=DIR",
-                        help="a model's source folder instead of the manifest's (a copy carried to the GPU machine)")
-    parser.add_argument("--cpu", action="store_true",
-                        help="run the PyTorch FP32 rows on the CPU, to test the check itself (needs --out; never the docs)")
+    parser.add_argument(
+        "--out", type=Path, default=RESULT_PATH, help=f"the JSON result (default {RESULT_PATH})"
+    )
+    parser.add_argument(
+        "--docs", type=Path, default=DOCS_PATH, help="the page whose GPU check section is rewritten"
+    )
+    parser.add_argument(
+        "--source",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="a model's source folder instead of the manifest's (a copy carried to the GPU machine)",
+    )
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="run the PyTorch FP32 rows on the CPU, to test the check itself (needs --out; never the docs)",
+    )
     args = parser.parse_args(argv)
+    sources = {}
+    for item in args.source:
+        name, sep, folder = item.partition("=")
+        if not sep or not Path(folder).is_dir():
+            print(
+                f"error: --source: got {item!r}; expected NAME=DIR with an existing folder", file=sys.stderr
+            )
+            return 2
+        sources[name] = Path(folder).resolve()
     if args.cpu:
         import torch as cpu_torch
 
         if args.out == RESULT_PATH:
             print("error: --cpu: give --out; a CPU run never replaces the GPU result", file=sys.stderr)
             return 2
-        result = run(args.manifest.resolve(), {}, cpu_torch, device="cpu")
+        result = run(args.manifest.resolve(), sources, cpu_torch, device="cpu")
         args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
         print(markdown(result))
         return 0
@@ -418,13 +411,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if torch is None:
         print(f"gpu-check: no CUDA GPU on this machine ({why}); nothing measured")
         return 0
-    sources = {}
-    for item in args.source:
-        name, sep, folder = item.partition("=")
-        if not sep or not Path(folder).is_dir():
-            print(f"error: --source: got {item!r}; expected NAME=DIR with an existing folder", file=sys.stderr)
-            return 2
-        sources[name] = Path(folder)
     result = run(args.manifest.resolve(), sources, torch)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

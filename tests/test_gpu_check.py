@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks import gpu_check
+from benchmarks import gpu_cases, gpu_check
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -59,11 +59,46 @@ def test_the_check_measures_and_reports_on_the_cpu(tmp_path: Path) -> None:
     for size in (1, 8):
         assert 0 < measured[f"batch{size}"]["p50_ms"] <= measured[f"batch{size}"]["p99_ms"]
     assert measured["cold_start_s"] > 0
-    # Without onnxruntime-gpu the ONNX Runtime rows say why, with no number.
-    for key in (("fp32", "onnxruntime-cuda"), ("tensorrt-fp16", "onnxruntime-tensorrt")):
-        assert rows[key]["status"] == "not measured" and "onnxruntime-gpu" in rows[key]["reason"]
-        assert "cold_start_s" not in rows[key]
+    # The ONNX Runtime path (the build's export, a session, the same timers) on the CPU provider:
+    # the exported graph agrees with the eager module.
+    exported = rows[("fp32", "onnxruntime-cpu")]
+    assert exported["status"] == "measured" and exported["parity_vs_pytorch_fp32"]["min_cosine"] > 0.9999
+    assert exported["parity_vs_pytorch_fp32"]["max_abs_diff"] < 1e-4
+    assert not any(runtime in ("onnxruntime-cuda", "onnxruntime-tensorrt") for _, runtime in rows)
     assert "| resnet-tiny | fp32 | pytorch-cpu |" in done.stdout
+
+
+def test_gpu_provider_rows_say_why_they_cannot_run_here(tmp_path: Path) -> None:
+    """Without onnxruntime-gpu's providers (this machine) each GPU row is 'not measured' with the
+    reason, and nothing is exported for it."""
+    from model_build.manifest import load_manifest
+
+    manifest = tmp_path / "models.yaml"
+    manifest.write_text(TINY_MANIFEST, encoding="utf-8")
+    spec = load_manifest(manifest).models[0]
+    cases, rows = gpu_cases.ort_cases(spec, None, tmp_path, tmp_path / "work", gpu_cases.ORT_VARIANTS,
+                                      ["CPUExecutionProvider"])
+    assert cases == [] and not (tmp_path / "work").exists()
+    assert [(row["variant"], row["runtime"], row["status"]) for row in rows] == [
+        ("fp32", "onnxruntime-cuda", "not measured"), ("fp32-no-tf32", "onnxruntime-cuda", "not measured"),
+        ("fp16", "onnxruntime-cuda", "not measured"), ("tensorrt-fp16", "onnxruntime-tensorrt", "not measured")]
+    assert "onnxruntime has no CUDAExecutionProvider" in rows[0]["reason"]
+    # With the provider but not the TensorRT library, the row names the library.
+    _, rows = gpu_cases.ort_cases(spec, None, tmp_path, tmp_path / "work", gpu_cases.ORT_VARIANTS[3:],
+                                  ["TensorrtExecutionProvider", "CPUExecutionProvider"])
+    assert gpu_cases.TENSORRT_LIBRARY in rows[0]["reason"] and "TensorRT is not on this machine" in rows[0]["reason"]
+
+
+def test_a_graph_refused_by_the_cpu_gate_is_still_measured_and_says_so(tmp_path: Path) -> None:
+    from model_build.errors import ValidationMismatchError
+
+    spec = type("Spec", (), {"name": "m"})()
+    refused = ValidationMismatchError("largest |difference| 0.00013", model="m", output="y", max_abs_diff=1.3e-4)
+    assert gpu_cases._exported_despite(refused, spec, tmp_path) is None  # nothing written
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "model.onnx").write_bytes(b"graph")
+    assert gpu_cases._exported_despite(refused, spec, tmp_path) == tmp_path / "m" / "model.onnx"
+    assert gpu_cases._exported_despite(RuntimeError("export failed"), spec, tmp_path) is None
 
 
 def test_a_cpu_run_never_replaces_the_gpu_result() -> None:

@@ -111,10 +111,20 @@ def exported_feeds(exported: ExportedModel, sample: Batch) -> Batch:
     return feeds
 
 
-def onnx_providers() -> list[str]:
-    """CUDA first where onnxruntime has it (the endpoint's provider), CPU always."""
+#: The CUDA provider's options for validation: FP32 computed as FP32. ONNX Runtime's default,
+#: ``use_tf32=1``, rounds FP32 MatMul and Conv inputs to TF32 (10-bit mantissa) on Ampere and newer
+#: GPUs; on an H200 that moved MiniLM's embedding by 1.3e-4 and failed the FP32 tolerance of a
+#: graph that is exact on the CPU (gpu-check, 2026-11-26). Validation judges the graph; TF32 is
+#: the serving runtime's choice, reported by ``make gpu-check``.
+VALIDATION_CUDA_OPTIONS = {"use_tf32": "0"}
+
+
+def onnx_providers() -> list[str | tuple[str, dict[str, str]]]:
+    """CUDA first where onnxruntime has it (the endpoint's provider; TF32 off), CPU always."""
     available = ort.get_available_providers()
-    return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
+    cuda: list[str | tuple[str, dict[str, str]]] = (
+        [("CUDAExecutionProvider", dict(VALIDATION_CUDA_OPTIONS))] if "CUDAExecutionProvider" in available else [])
+    return [*cuda, "CPUExecutionProvider"]
 
 
 #: The manifest's ``onnxruntime.graph_optimization_level`` as an ONNX Runtime level.
