@@ -18,7 +18,8 @@ records:
 
 ``ratio_total = peak / weights`` is what a build machine must hold per byte of weights;
 ``ratio_over_baseline = (peak - baseline) / weights`` is the part that grows with the model. The
-goal (issue 36): ``ratio_total <= 2`` on BERT-base-sized and larger models.
+goal (issue 36's benchmark): ``ratio_total <= 2`` for a model over 2 GB, per engine (full mode);
+smaller models are reported beside it.
 """
 
 from __future__ import annotations
@@ -84,8 +85,9 @@ TEXT_ROWS: tuple[tuple[str, str, str, str], ...] = (
     ("text-classification/onnx/fp32", "text-classification", "onnx", "fp32"),
     ("feature-extraction/torchscript/fp32", "feature-extraction", "torchscript", "fp32"),
 )
-#: Larger text sizes build the FP32 ONNX row only.
-LARGE_ROWS = ("sentence-embedding/onnx/fp32",)
+#: Larger text sizes build FP32 and FP16 ONNX and TorchScript (INT8 over 2 GiB is refused; text
+#: classification builds like the FP32 row).
+LARGE_ROWS = ("sentence-embedding/onnx/fp32", "sentence-embedding/onnx/fp16", "feature-extraction/torchscript/fp32")
 #: The tiny run builds one row (the test suite's time).
 TINY_ROWS = ("sentence-embedding/onnx/fp32",)
 
@@ -257,27 +259,48 @@ def run(ctx: RunContext) -> dict[str, Any]:
             "candidate_spread": [item["peak_rss"], item["peak_rss"]],
             "ratio": item["ratio_total"], "ratio_definition": "candidate / baseline",
         })
-    judged = [m for m in measured if m["weight_bytes"] >= 400e6 and m["row"] == "sentence-embedding/onnx/fp32"]
-    worst = max(judged, key=lambda m: m["ratio_total"], default=None)
-    at = ", ".join(f"{m['size']} {m['ratio_total']:.2f}x" for m in judged)
-    result["goals"].append(goal(
-        "peak_rss_ratio",
-        "a model build's peak RSS at most 2x the model's weight bytes (FP32 ONNX, BERT-base and larger)",
-        target=f"peak RSS / weight bytes <= {GOAL_RATIO:g}",
-        measured=None if worst is None else worst["ratio_total"],
-        met=None if worst is None else worst["ratio_total"] <= GOAL_RATIO,
-        detail=f"measured: {at}." if at else "",
-        limit="" if worst is None else (
-            f"{worst['size']}: the imports alone hold {worst['baseline_rss'] / 1e6:.0f} MB "
-            f"({worst['baseline_rss'] / worst['weight_bytes']:.2f}x the weights); the build adds "
-            f"{worst['ratio_over_baseline']:.2f}x the weights on top"),
-        not_judged="" if judged else "stated for BERT-base-sized models and larger; this run built smaller ones",
-    ))
     result["measurements"]["build_s"] = stats([m["build_s"] for m in measured])
     engines = measure_engines(ctx, scratch, measured)
     result["measurements"]["engines"] = engines
     result["measurements"]["projection"] = projection(engines, measured)
+    result["goals"].append(peak_goal(engines, measured))
     return finish_result(result, started)
+
+
+#: The goal's models: over 2 GB of weights (issue 36's benchmark row; smaller ones are reported).
+GOAL_FROM_BYTES = 2e9
+
+
+def peak_goal(engines: list[dict[str, Any]], measured: list[dict[str, Any]]) -> dict[str, Any]:
+    """Issue 36's goal for big models: every build of a model over 2 GB (each row of that size,
+    and the same model through the Processing job's entry point) peaks at most
+    :data:`GOAL_RATIO` times the weight bytes. Smaller FP32 rows are reported beside it, not
+    judged: below ~1 GB the imported libraries alone (~440 MB) are a large share of the ratio."""
+    judged = [{"what": f"{m['size']} {m['row']}", **m} for m in measured if m["weight_bytes"] > GOAL_FROM_BYTES]
+    judged += [{"what": f"{e['size']} {e['row']} (processing entry)", **e} for e in engines
+               if e["engine"] == "processing" and e["weight_bytes"] > GOAL_FROM_BYTES]
+    worst = max(judged, key=lambda m: m["ratio_total"], default=None)
+    smaller = [m for m in measured if m["row"] == ENGINE_ROW and m["weight_bytes"] <= GOAL_FROM_BYTES]
+    beside = "; not judged: " + ", ".join(
+        f"{m['size']} {m['ratio_total']:.2f}x (the imports alone {m['baseline_rss'] / m['weight_bytes']:.2f}x)"
+        for m in smaller) if smaller else ""
+    floor = min((m["baseline_rss"] for m in measured), default=0)
+    return goal(
+        "peak_rss_ratio",
+        "a build's peak RSS at most 2x the model's weight bytes, for a model over 2 GB (every format and "
+        "engine built at that size)",
+        target=f"peak RSS / weight bytes <= {GOAL_RATIO:g}",
+        measured=None if worst is None else worst["ratio_total"],
+        met=None if worst is None else worst["ratio_total"] <= GOAL_RATIO,
+        detail=("measured: " + ", ".join(f"{m['what']} {m['ratio_total']:.2f}x" for m in judged)
+                + beside + ".") if judged else "",
+        limit="" if worst is None else (
+            f"{worst['what']}: the imports alone hold {floor / 1e6:.0f} MB; "
+            f"the build adds {worst['ratio_over_baseline']:.2f}x the weights on top"),
+        not_judged="" if judged else (
+            "stated for a model over 2 GB (full mode: python -m benchmarks --only build_memory --full); "
+            "this run built smaller ones" + beside),
+    )
 
 
 def measure_engines(ctx: RunContext, scratch: Path, measured: list[dict[str, Any]]) -> list[dict[str, Any]]:

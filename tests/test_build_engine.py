@@ -183,7 +183,8 @@ def test_the_ratios_are_the_benchmarks_measurements() -> None:
     """Each memory ratio is the build_memory benchmark's row (within 10%: a rerun moves it a little);
     a rerun that moves it further must update the table."""
     results = json.loads((ROOT / "benchmarks" / "results" / "build_memory.json").read_text())
-    rows = {row["row"]: row for row in results["measurements"]["rows"]}
+    # The table's ratios are BERT-base's and ResNet-50's (a full run adds larger FP32 rows).
+    rows = {row["row"]: row for row in results["measurements"]["rows"] if row["size"] in ("bert-base", "resnet-50")}
     measured_as = {
         ("*", "onnx", "fp32"): "sentence-embedding/onnx/fp32",
         ("text-classification", "onnx", "fp32"): "text-classification/onnx/fp32",

@@ -250,6 +250,28 @@ def test_torchscript_reexport_in_process_is_byte_identical(resnet_ts, specs, tmp
     assert sha256(first.path) == sha256(second.path) == sha256(exported.path)
 
 
+def test_both_exports_let_go_of_the_module_before_reading_the_file_back(specs, tmp_path):
+    """Issue 36: ``on_traced`` runs once the exporter holds neither the eager module nor its trace,
+    so a caller that frees the module there never has its weights beside the read-back's."""
+    import gc
+    import weakref
+
+    for name, export, file in ((RESNET_TS, export_torchscript, "model.pt"), (RESNET, export_onnx, "model.onnx")):
+        spec = specs[name]
+        sample = trace_sample(sample_inputs(spec, None))
+        held = [load_module(spec, None)]
+        alive = weakref.ref(held[0])
+        seen: list[bool] = []
+
+        def traced(alive: Any = alive, seen: list[bool] = seen) -> None:
+            gc.collect()
+            seen.append(alive() is None)
+
+        exported = export(spec, held.pop(), sample, tmp_path / name / file, on_traced=traced)
+        assert seen == [True], name
+        assert exported.path.is_file() and exported.outputs
+
+
 def test_torchscript_trace_that_depends_on_batch_size_is_refused(specs, tmp_path):
     class Branchy(torch.nn.Module):
         def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:

@@ -442,7 +442,8 @@ def export_and_validate(
             exported = export_onnx(spec, held.pop(), trace_sample(samples), model_dir / "model.onnx",
                                    on_traced=recorded.drop)
         else:
-            exported = export_torchscript(spec, held.pop(), trace_sample(samples), model_dir / "model.pt")
+            exported = export_torchscript(spec, held.pop(), trace_sample(samples), model_dir / "model.pt",
+                                          on_traced=recorded.drop)
         recorded.drop()
         release_memory(weights)
         reference = recorded
