@@ -46,7 +46,7 @@ def not_measured(model: str, variant: str, runtime: str, reason: str) -> dict[st
     }
 
 
-def _imported_ort_version() -> str | None:
+def imported_ort_version() -> str | None:
     """The version of the ``onnxruntime`` module this process imports (onnxruntime-gpu installs
     the same module name, so the distributions' versions alone do not say which one runs)."""
     try:
@@ -69,7 +69,7 @@ def ort_providers() -> list[str]:
 # ---------------------------------------------------------------------------------------------
 
 
-def _batches(spec: Any, source_dir: Path | None) -> dict[int, dict[str, Any]]:
+def model_batches(spec: Any, source_dir: Path | None) -> dict[int, dict[str, Any]]:
     """Batches of 1 and 8 as numpy arrays: real sentences padded to :data:`SEQUENCE`, or pixels."""
     import numpy as np
 
@@ -163,7 +163,7 @@ def _export(spec: Any, manifest_dir: Path, work: Path) -> Path:
     return Path(exported.path)
 
 
-def _exported_despite(error: Exception, spec: Any, work: Path) -> Path | None:
+def exported_despite(error: Exception, spec: Any, work: Path) -> Path | None:
     """The graph the export wrote before its CPU validation refused it (a build here would stop;
     the GPU rows still measure it, against PyTorch FP32 on the GPU, and say so)."""
     from model_build.errors import ValidationMismatchError
@@ -245,7 +245,7 @@ def ort_cases(
             try:
                 graphs[precision] = _export(entry, manifest_dir, work / f"export-{precision}")
             except Exception as error:
-                graphs[precision] = _exported_despite(error, entry, work / f"export-{precision}") or (
+                graphs[precision] = exported_despite(error, entry, work / f"export-{precision}") or (
                     f"the {precision} export failed: {type(error).__name__}: {error}"
                 )
                 if isinstance(graphs[precision], Path):

@@ -36,9 +36,9 @@ from benchmarks.gpu_cases import (
     ORT_VARIANTS,
     SEQUENCE,
     Case,
-    _batches,
-    _imported_ort_version,
+    imported_ort_version,
     log,
+    model_batches,
     not_measured,
     ort_cases,
     ort_providers,
@@ -240,7 +240,7 @@ def run(manifest_path: Path, sources: dict[str, Path], torch: Any, device: str =
                 spec, base_dir=manifest_path.parent, work_dir=work
             )
             log(f"{spec.name}: source {source_dir or 'synthetic'}")
-            batches = _batches(spec, source_dir)
+            batches = model_batches(spec, source_dir)
             fp32 = torch_case(spec, source_dir, torch, half=False, device=device)
             reference = None
             try:
@@ -308,7 +308,7 @@ def run(manifest_path: Path, sources: dict[str, Path], torch: Any, device: str =
             name: _version(name)
             for name in ("torch", "onnxruntime", "onnxruntime-gpu", "tensorrt", "transformers")
         },
-        "onnxruntime_imported": _imported_ort_version(),
+        "onnxruntime_imported": imported_ort_version(),
         "onnxruntime_providers": providers,
         "iterations": ITERATIONS,
         "sequence_length": SEQUENCE,

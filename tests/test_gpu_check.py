@@ -94,11 +94,11 @@ def test_a_graph_refused_by_the_cpu_gate_is_still_measured_and_says_so(tmp_path:
 
     spec = type("Spec", (), {"name": "m"})()
     refused = ValidationMismatchError("largest |difference| 0.00013", model="m", output="y", max_abs_diff=1.3e-4)
-    assert gpu_cases._exported_despite(refused, spec, tmp_path) is None  # nothing written
+    assert gpu_cases.exported_despite(refused, spec, tmp_path) is None  # nothing written
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "model.onnx").write_bytes(b"graph")
-    assert gpu_cases._exported_despite(refused, spec, tmp_path) == tmp_path / "m" / "model.onnx"
-    assert gpu_cases._exported_despite(RuntimeError("export failed"), spec, tmp_path) is None
+    assert gpu_cases.exported_despite(refused, spec, tmp_path) == tmp_path / "m" / "model.onnx"
+    assert gpu_cases.exported_despite(RuntimeError("export failed"), spec, tmp_path) is None
 
 
 def test_a_cpu_run_never_replaces_the_gpu_result() -> None:
