@@ -113,11 +113,50 @@ def measure(
         row[f"batch{size}"] = percentiles(samples)
     outputs = call(batches[8])
     row["parity_vs_pytorch_fp32"] = None if reference is None else parity(outputs, reference)
+    if reference is not None:
+        row["gate"] = judge(outputs, reference, case.variant)
     del call
     if case.build_validation:
         row["build_validation_refused"] = case.build_validation
     row["status"] = "measured"
     return row, outputs
+
+
+def judge(outputs: Any, reference: Any, variant: str) -> dict[str, Any]:
+    """Whether a variant's answers on the GPU are within what the fleet accepts of its precision
+    (``fp16`` in the variant's name: FP16, else FP32): the smoke test's tolerance for an answer
+    served at that precision (:func:`model_build.compare.served_tolerance`) and the build's lowest
+    cosine (:data:`model_build.manifest.fields.DEFAULT_GATES`), against PyTorch FP32 on the GPU."""
+    import numpy as np
+
+    from model_build.compare import compare_arrays, served_tolerance
+    from model_build.manifest.fields import DEFAULT_GATES
+
+    precision = "fp16" if "fp16" in variant else "fp32"
+    atol, rtol = served_tolerance(precision)
+    lowest = DEFAULT_GATES[precision][0]
+    problems = []
+    comparison = compare_arrays("output", np.asarray(outputs), np.asarray(reference), atol=atol, rtol=rtol)
+    if comparison.problem:
+        problems.append(comparison.problem)
+    cosine = parity(outputs, reference)["min_cosine"]
+    if cosine < lowest:
+        problems.append(f"min cosine {cosine} is below the {precision} gate {lowest}")
+    return {"precision": precision, "atol": atol, "rtol": rtol, "min_cosine": lowest, "passed": not problems,
+            "problem": "; ".join(problems) or None}
+
+
+def outside_gates(result: dict[str, Any]) -> list[str]:
+    """One line per measured row whose answers are outside its precision's gates."""
+    return [f"{row['model']} {row['variant']} ({row['runtime']}): {row['gate']['problem']}"
+            for row in result["rows"] if row.get("gate") and not row["gate"]["passed"]]
+
+
+def _gate_cell(gate: dict[str, Any] | None) -> str:
+    if not gate:
+        return "(the reference)"
+    rule = f"{gate['precision']}: atol/rtol {gate['atol']:g}, cosine >= {gate['min_cosine']:g}"
+    return f"yes ({rule})" if gate["passed"] else f"**no** ({rule})"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -340,15 +379,18 @@ def markdown(result: dict[str, Any]) -> str:
         "under onnxruntime-cuda, `fp32` is the build's FP32 graph with the CUDA provider's defaults (TF32 "
         "on Ampere and newer GPUs: A10G, H100, H200; T4 and V100 have none), `fp32-no-tf32` the same graph "
         "with `use_tf32=0` (as the build's validation runs it), `fp16` the graph `precision: fp16` builds; "
-        "`tensorrt-fp16` is the FP32 graph in the TensorRT provider with its FP16 mode.",
+        "`tensorrt-fp16` is the FP32 graph in the TensorRT provider with its FP16 mode. Within its gates: "
+        "the smoke test's tolerance for an answer served at the variant's precision and the build's lowest "
+        "cosine for it; a row outside them makes `make gpu-check` exit 1.",
         "",
-        "| model | variant | runtime | cold start s | p50 / p99 ms, batch 1 | p50 / p99 ms, batch 8 | GPU MiB | min cosine | max abs diff |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| model | variant | runtime | cold start s | p50 / p99 ms, batch 1 | p50 / p99 ms, batch 8 | GPU MiB "
+        "| min cosine | max abs diff | within its gates |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in result["rows"]:
         if row["status"] != "measured":
             lines.append(
-                f"| {row['model']} | {row['variant']} | {row['runtime']} | not measured: {row['reason']} | | | | | |"
+                f"| {row['model']} | {row['variant']} | {row['runtime']} | not measured: {row['reason']} | | | | | | |"
             )
             continue
         par = row.get("parity_vs_pytorch_fp32") or {}
@@ -356,7 +398,7 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(
             f"| {row['model']} | {row['variant']} | {row['runtime']} | {row['cold_start_s']} | "
             f"{b1['p50_ms']} / {b1['p99_ms']} | {b8['p50_ms']} / {b8['p99_ms']} | {row['gpu_memory_mib']} | "
-            f"{par.get('min_cosine', '')} | {par.get('max_abs_diff', '')} |"
+            f"{par.get('min_cosine', '')} | {par.get('max_abs_diff', '')} | {_gate_cell(row.get('gate'))} |"
         )
     lines += ["", "What differs from the SageMaker image:", ""] + [
         f"- {item}" for item in result["differs_from_sagemaker"]
@@ -406,7 +448,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = run(args.manifest.resolve(), sources, cpu_torch, device="cpu")
         args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
         print(markdown(result))
-        return 0
+        return _verdict(result)
     torch, why = probe_cuda()
     if torch is None:
         print(f"gpu-check: no CUDA GPU on this machine ({why}); nothing measured")
@@ -421,7 +463,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         write_docs(args.out.parent, args.docs)
         log(f"rewrote {args.docs}")
-    return 0
+    return _verdict(result)
+
+
+def _verdict(result: dict[str, Any]) -> int:
+    """0, or 1 with one line per row outside its precision's gates (after the result is written)."""
+    outside = outside_gates(result)
+    for line in outside:
+        print(f"gpu-check: outside the gates: {line}", file=sys.stderr)
+    return 1 if outside else 0
 
 
 if __name__ == "__main__":

@@ -64,6 +64,8 @@ def test_the_check_measures_and_reports_on_the_cpu(tmp_path: Path) -> None:
     exported = rows[("fp32", "onnxruntime-cpu")]
     assert exported["status"] == "measured" and exported["parity_vs_pytorch_fp32"]["min_cosine"] > 0.9999
     assert exported["parity_vs_pytorch_fp32"]["max_abs_diff"] < 1e-4
+    assert exported["gate"]["passed"] and exported["gate"]["precision"] == "fp32"
+    assert "gate" not in measured  # the reference itself
     assert not any(runtime in ("onnxruntime-cuda", "onnxruntime-tensorrt") for _, runtime in rows)
     assert "| resnet-tiny | fp32 | pytorch-cpu |" in done.stdout
 
@@ -126,3 +128,24 @@ def test_the_docs_show_the_committed_gpu_result() -> None:
     page = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
     assert "## GPU check (`make gpu-check`)" in page
     assert gpu_check.markdown(result).rstrip() in page
+
+
+def test_each_variant_is_judged_by_its_precisions_gates() -> None:
+    rng = np.random.default_rng(0)
+    reference = rng.standard_normal((8, 16))
+    assert gpu_check.judge(reference, reference, "fp32")["passed"]
+    drifted = reference + 5e-3  # TF32-sized drift is 1e-4; this is 5x the FP32 tolerance
+    fp32 = gpu_check.judge(drifted, reference, "fp32")
+    assert not fp32["passed"] and "exceeds the tolerance" in fp32["problem"]
+    assert gpu_check.judge(drifted, reference, "fp16")["passed"]  # FP16 allows 2e-2
+    swapped = gpu_check.judge(reference[::-1], reference, "tensorrt-fp16")
+    assert not swapped["passed"] and "below the fp16 gate 0.999" in swapped["problem"]
+    result = {"rows": [
+        {"model": "m", "variant": "fp16", "runtime": "onnxruntime-cuda", "status": "measured", "gate": swapped},
+        {"model": "m", "variant": "fp32", "runtime": "onnxruntime-cuda", "status": "measured",
+         "gate": gpu_check.judge(reference, reference, "fp32")},
+        {"model": "m", "variant": "tensorrt-fp16", "runtime": "onnxruntime-tensorrt", "status": "not measured"},
+    ]}
+    (line,) = gpu_check.outside_gates(result)
+    assert line.startswith("m fp16 (onnxruntime-cuda): ")
+    assert gpu_check._verdict(result) == 1 and gpu_check._verdict({"rows": result["rows"][1:]}) == 0
