@@ -82,3 +82,28 @@ def test_save_onnx_puts_weights_aside_from_the_threshold_and_removes_a_stale_sid
     again.CopyFrom(onnx.helper.make_model(graph))
     save_onnx(again, path, external_from=1000)
     assert (path.read_bytes(), side.read_bytes()) == first  # deterministic, not appended to
+
+
+def test_the_single_file_save_writes_what_serializing_the_whole_model_writes(tmp_path: Path) -> None:
+    """``write_model`` streams the model one initializer at a time: the bytes must be exactly
+    ``SerializeToString()``'s, for a real export and for a model using every later field."""
+    import io
+
+    from model_build.export.onnx_weights import save_onnx, write_model
+
+    exported = _export(tmp_path, aside=False)
+    exported.doc_string, exported.producer_name, exported.model_version = "doc", "test", 3
+    onnx.helper.set_model_props(exported, {"key": "value"})  # metadata_props: a field after graph
+    exported.graph.doc_string = "after the initializers"
+    exported.graph.value_info.append(onnx.helper.make_tensor_value_info("v", onnx.TensorProto.FLOAT, [1]))
+    exported.functions.append(onnx.helper.make_function("local", "f", ["a"], ["b"],
+                                                        [onnx.helper.make_node("Identity", ["a"], ["b"])],
+                                                        [onnx.helper.make_opsetid("", 18)]))
+    no_graph = onnx.ModelProto(ir_version=9, producer_name="empty")
+    for model in (exported, no_graph):
+        out = io.BytesIO()
+        write_model(model, out)
+        assert out.getvalue() == model.SerializeToString()
+    path = tmp_path / "saved.onnx"
+    save_onnx(exported, path, external_from=10**9)
+    assert path.read_bytes() == exported.SerializeToString() and len(exported.graph.initializer) > 10

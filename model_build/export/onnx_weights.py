@@ -22,9 +22,9 @@ Written deterministically: same tensors, same order, same offsets.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import onnx
@@ -41,9 +41,22 @@ INLINE_MAX_BYTES = 1 << 16
 _ALIGN = 4096
 
 
+def tensor_bytes(tensor: onnx.TensorProto) -> int:
+    """About the bytes a tensor holds in memory: its element count times the element size
+    (external data counts nothing: it is not held). ``ByteSize()`` is exact, but upb computes it by
+    serializing the tensor, which held 3.5 times the tensor's bytes for a moment (a BERT-base
+    embedding: 330 MB); it is used only where the element size is unknown (strings)."""
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        return 0
+    if tensor.data_type in (onnx.TensorProto.STRING, onnx.TensorProto.UNDEFINED):
+        return int(tensor.ByteSize())
+    elements = int(np.prod(tensor.dims, dtype=np.int64)) if len(tensor.dims) else 1
+    return elements * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+
+
 def weight_bytes(model: onnx.ModelProto) -> int:
-    """Bytes of the initializers as held in ``model`` (external ones count their references only)."""
-    return sum(tensor.ByteSize() for tensor in model.graph.initializer)
+    """Bytes of the initializers as held in ``model`` (external ones count nothing)."""
+    return sum(tensor_bytes(tensor) for tensor in model.graph.initializer)
 
 
 #: Initializers at most this big keep their values in the skeleton shape inference runs on: shape
@@ -60,7 +73,9 @@ def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     for field in ("node", "input", "output", "value_info", "sparse_initializer"):
         getattr(graph, field).extend(getattr(model.graph, field))
     for tensor in model.graph.initializer:
-        if tensor.ByteSize() <= SKELETON_KEEP_BYTES:
+        # Exact size where it can be near the threshold (an int64 shape constant's varints take
+        # fewer bytes than its elements); a tensor 16 times over it is over it in any encoding.
+        if tensor_bytes(tensor) <= 16 * SKELETON_KEEP_BYTES and tensor.ByteSize() <= SKELETON_KEEP_BYTES:
             graph.initializer.append(tensor)
         else:
             graph.initializer.append(onnx.TensorProto(name=tensor.name, data_type=tensor.data_type, dims=tensor.dims))
@@ -81,10 +96,83 @@ def save_onnx(model: onnx.ModelProto, path: Path, *, external_from: int = EXTERN
     side = path.with_name(path.name + EXTERNAL_DATA_SUFFIX)
     side.unlink(missing_ok=True)  # a stale side file would end up in the package (or be appended to)
     if weight_bytes(model) < external_from:
-        onnx.save_model(model, str(path))
+        if any(tensor.data_location == onnx.TensorProto.EXTERNAL for tensor in model.graph.initializer):
+            onnx.save_model(model, str(path))  # onnx writes the loaded ones out; none is serialized whole
+            return
+        with open(path, "wb") as out:
+            write_model(model, out)
         return
     onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                     location=side.name, size_threshold=1024)
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _field_header(message: Any, name: str, size: int) -> bytes:
+    """A length-delimited field's tag and length: what precedes its payload on the wire."""
+    number = message.DESCRIPTOR.fields_by_name[name].number
+    return _varint(number << 3 | 2) + _varint(size)
+
+
+def _is_repeated(field: Any) -> bool:
+    """``FieldDescriptor.is_repeated`` (protobuf 6.31 on; ``label`` before, now deprecated)."""
+    repeated = getattr(field, "is_repeated", None)
+    return bool(repeated) if repeated is not None else field.label == field.LABEL_REPEATED
+
+
+def _fields(message: Any, keep: Callable[[int], bool]) -> bytes:
+    """The wire bytes of ``message``'s set fields whose numbers ``keep`` accepts, in field order."""
+    part = type(message)()
+    for field, value in message.ListFields():
+        if not keep(field.number):
+            continue
+        target = getattr(part, field.name)
+        if _is_repeated(field):
+            target.extend(value)
+        elif field.message_type is not None:
+            target.CopyFrom(value)
+        else:
+            setattr(part, field.name, value)
+    return part.SerializeToString()
+
+
+def write_model(model: onnx.ModelProto, out: BinaryIO) -> None:
+    """Write ``model`` as ``model.SerializeToString()`` would, one initializer at a time.
+
+    Protobuf writes a message's fields in field-number order, and a message's bytes are its
+    fields' bytes one after another, so the model is written as: its fields before ``graph``, the
+    graph's header (its size from ``ByteSize``, which copies nothing), the graph's fields before
+    ``initializer``, each initializer, the graph's later fields, then the model's (each tensor is
+    serialized twice, once for the graph's size: CPU, not memory). Serializing the
+    whole model held the weights three more times at once (the C++ buffer, the Python bytes, the
+    write), which set an FP16 BERT-base build's peak (issue 36); this holds one tensor's bytes.
+    The result is byte-identical (tested)."""
+    graph_number = model.DESCRIPTOR.fields_by_name["graph"].number
+    out.write(_fields(model, lambda number: number < graph_number))
+    if model.HasField("graph"):
+        graph = model.graph
+        initializer_number = graph.DESCRIPTOR.fields_by_name["initializer"].number
+        before = _fields(graph, lambda number: number < initializer_number)
+        after = _fields(graph, lambda number: number > initializer_number)
+        # The graph's size, without graph.ByteSize(): upb computes that by serializing the graph.
+        sizes = [len(tensor.SerializeToString()) for tensor in graph.initializer]
+        size = len(before) + len(after) + sum(len(_field_header(graph, "initializer", n)) + n for n in sizes)
+        out.write(_field_header(model, "graph", size))
+        out.write(before)
+        for tensor, length in zip(graph.initializer, sizes, strict=True):
+            data = tensor.SerializeToString()
+            out.write(_field_header(graph, "initializer", length))
+            out.write(data)
+            del data
+        out.write(after)
+    out.write(_fields(model, lambda number: number > graph_number))
 
 
 @contextlib.contextmanager
