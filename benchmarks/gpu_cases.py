@@ -172,15 +172,15 @@ def exported_despite(error: Exception, spec: Any, work: Path) -> Path | None:
     return graph if isinstance(error, ValidationMismatchError) and graph.is_file() else None
 
 
+#: ONNX Runtime's CUDA provider with ``use_tf32=0``: FP32 MatMul and Conv inputs not rounded to TF32.
+FP32_NO_TF32 = "fp32-no-tf32"
 #: The ONNX Runtime rows per model: (provider, variant, the build's precision of the graph it runs).
 ORT_VARIANTS = (
     ("CUDAExecutionProvider", "fp32", "fp32"),  # the provider's defaults, as served: TF32 on Ampere and newer
-    ("CUDAExecutionProvider", "fp32-no-tf32", "fp32"),  # use_tf32=0, as the build's validation runs it
+    ("CUDAExecutionProvider", FP32_NO_TF32, "fp32"),  # use_tf32=0, as the build's validation runs it
     ("CUDAExecutionProvider", "fp16", "fp16"),  # the graph ``precision: fp16`` builds
     ("TensorrtExecutionProvider", "tensorrt-fp16", "fp32"),  # the provider's own FP16 (trt_fp16_enable)
 )
-#: ONNX Runtime's CUDA provider with ``use_tf32=0``: FP32 MatMul and Conv inputs not rounded to TF32.
-FP32_NO_TF32 = "fp32-no-tf32"
 #: ``--cpu``: the same ONNX Runtime path on the CPU provider, to test the check itself.
 CPU_ORT_VARIANTS = (("CPUExecutionProvider", "fp32", "fp32"),)
 #: The TensorRT runtime that onnxruntime-gpu's TensorRT provider loads (TensorRT 10).
