@@ -123,6 +123,11 @@ def torch_case(spec: Any, source_dir: Path | None, torch: Any, *, half: bool, de
     return Case(spec.name, "fp16" if half else "fp32", f"pytorch-{device}", load)
 
 
+def ort_runtime(provider: str) -> str:
+    """A row's runtime name for an ONNX Runtime provider: ``CUDAExecutionProvider`` -> ``onnxruntime-cuda``."""
+    return f"onnxruntime-{provider.removesuffix('ExecutionProvider').lower()}"
+
+
 def ort_case(spec: Any, onnx_path: Path, provider: str, variant: str, note: str | None = None) -> Case:
     """An ONNX graph of the build in ONNX Runtime with one execution provider (no CPU fallback is
     counted as GPU: a session whose first provider is not ``provider`` is an error)."""
@@ -148,7 +153,7 @@ def ort_case(spec: Any, onnx_path: Path, provider: str, variant: str, note: str 
     return Case(
         spec.name,
         variant,
-        f"onnxruntime-{provider.removesuffix('ExecutionProvider').lower()}",
+        ort_runtime(provider),
         load,
         build_validation=note,
     )
@@ -232,7 +237,7 @@ def ort_cases(
     graphs: dict[str, Path | str] = {}
     refused: dict[str, str] = {}  # precision -> the CPU validation's refusal of a graph measured anyway
     for provider, variant, precision in variants:
-        runtime = f"onnxruntime-{provider.removesuffix('ExecutionProvider').lower()}"
+        runtime = ort_runtime(provider)
         why = "" if provider in providers else f"onnxruntime has no {provider} (providers: {list(providers)})"
         if not why and provider == "TensorrtExecutionProvider":
             why = tensorrt_missing()

@@ -42,6 +42,7 @@ from benchmarks.gpu_cases import (
     not_measured,
     ort_cases,
     ort_providers,
+    ort_runtime,
     preload_cuda_libraries,
     torch_case,
 )
@@ -313,7 +314,7 @@ def run(manifest_path: Path, sources: dict[str, Path], torch: Any, device: str =
                         not_measured(
                             spec.name,
                             variant,
-                            f"onnxruntime-{p.removesuffix('ExecutionProvider').lower()}",
+                            ort_runtime(p),
                             why,
                         )
                         for p, variant, _ in ORT_VARIANTS
