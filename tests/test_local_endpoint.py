@@ -401,6 +401,18 @@ def test_a_root_config_is_localized_too(tmp_path: Path) -> None:
         assert "KIND_CPU" in text and "KIND_GPU" not in text and "gpus" not in text, text
 
 
+def test_a_server_with_gpu_runtimes_keeps_the_published_kinds(tmp_path: Path) -> None:
+    from model_build.tools.mme import CpuUnservable, localize_configs
+
+    published = 'name: "m"\nbackend: "onnxruntime"\ninstance_group { kind: KIND_GPU count: 1 gpus: 0 }\n'
+    (tmp_path / "config.pbtxt").write_text(published)
+    localize_configs(tmp_path, gpu=True)
+    assert (tmp_path / "config.pbtxt").read_text() == published  # the bytes as published
+    (tmp_path / "config.pbtxt").write_text('name: "p"\nplatform: "tensorrt_plan"\n')
+    with pytest.raises(CpuUnservable):  # no tensorrt backend in the local server, GPU or not
+        localize_configs(tmp_path, gpu=True)
+
+
 @pytest.mark.parametrize(("mutate", "words"), [
     (lambda e: e.pop("sha256"), "missing field(s) sha256"),
     (lambda e: e.update(size="12"), "field 'size' must be a non-negative integer"),

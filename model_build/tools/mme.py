@@ -111,8 +111,9 @@ class CpuUnservable(ModelBuildError):
     """A model no CPU can run (a TensorRT plan), found in a tarball's config before it is loaded."""
 
 
-def localize_configs(model_root: Path) -> None:
-    """``KIND_GPU`` -> ``KIND_CPU`` in every config of an unpacked tarball (this machine has no GPU).
+def localize_configs(model_root: Path, *, gpu: bool = False) -> None:
+    """``KIND_GPU`` -> ``KIND_CPU`` in every config of an unpacked tarball (this machine has no GPU);
+    with ``gpu`` (a server with GPU runtimes: ``make gpu-check``) the kinds stay as published.
 
     The configs are ``<model>/config.pbtxt`` of each model folder and a ``config.pbtxt`` at the
     tarball's root (a tarball packed from inside its model folder). One that does not parse raises
@@ -134,7 +135,7 @@ def localize_configs(model_root: Path) -> None:
         if config.platform == "tensorrt_plan" or config.backend == "tensorrt":
             raise CpuUnservable(f"{path.relative_to(model_root)}: a TensorRT plan")
         changed = False
-        for group in config.instance_group:
+        for group in () if gpu else config.instance_group:
             if group.kind == mc.ModelInstanceGroup.KIND_GPU:
                 group.kind = mc.ModelInstanceGroup.KIND_CPU
                 del group.gpus[:]

@@ -88,4 +88,14 @@ def execute(pb_utils, requests: list, inputs: list[str], outputs: list[str], run
 
 
 def kind_is_gpu(args: dict) -> bool:
+    """Whether Triton placed this instance on a GPU (``KIND_GPU``, or ``KIND_AUTO`` with one present).
+
+    The local endpoint keeps ``KIND_GPU`` only when it serves on a GPU (``localize_configs``); on
+    CPU it has rewritten every group to ``KIND_CPU`` before the load.
+    """
     return args.get("model_instance_kind") == "GPU"
+
+
+def device_id(args: dict) -> int:
+    """The GPU Triton gave this instance (``model_instance_device_id``; 0 when absent)."""
+    return parse_int("model_instance_device_id", str(args.get("model_instance_device_id", "0") or "0"))

@@ -1,9 +1,16 @@
-"""Triton's ``onnxruntime`` backend, played by the python backend on CPU for the local endpoint.
+"""Triton's ``onnxruntime`` backend, played by the python backend for the local endpoint.
 
 It reads the config the way ``onnxruntime_backend/src/onnxruntime.cc`` does: the model-level
 ``parameters`` it knows (others ignored, as there), ``optimization { graph { level } }``, the CPU
 accelerators (only ``openvino`` exists; anything else is refused) and the tensorrt accelerator's
-keys (an unknown key is refused; the accelerator itself needs a GPU and is not applied here).
+keys (an unknown key is refused). A ``KIND_CPU`` instance runs on ONNX Runtime's CPU provider. A
+``KIND_GPU`` instance (the endpoint keeps that kind only when it serves on a GPU, with
+onnxruntime-gpu in the triton environment) gets the providers the C++ backend gives it: the
+TensorRT provider first where the config asks for the ``tensorrt`` accelerator (its keys mapped as
+the backend maps them), then CUDA on the instance's device with the ``cuda`` accelerator's and the
+model-level CUDA keys. A provider this ONNX Runtime lacks, or a session that did not take the
+provider asked for first (ONNX Runtime falls back to the CPU with only a warning), is a load error
+that names it: the model never answers from another device than its config says.
 ``memory.enable_memory_arena_shrinkage`` is a run option there and here: passed as given to every
 ``run`` (ONNX Runtime checks the value, e.g. ``cpu:0``, and fails the request that carries a bad one).
 Like the backend's ``ValidateInputs``, the config must list as many (non-optional) inputs as the
@@ -146,13 +153,85 @@ def check_io(session: ort.InferenceSession, config: dict) -> None:
                 )
 
 
+def trt_options(params: dict[str, str]) -> dict[str, str]:
+    """The tensorrt accelerator's keys as TensorRT provider options, as the backend maps them
+    (the build's gate, ``model_build.package.backend._trt_options``, maps them the same way; a test
+    holds the two together)."""
+    options: dict[str, str] = {}
+    for key, value in params.items():
+        if key == "precision_mode":
+            flag = {"FP16": "trt_fp16_enable", "BF16": "trt_bf16_enable", "INT8": "trt_int8_enable"}
+            if value in flag:
+                options[flag[value]] = "1"
+        elif key == "max_workspace_size_bytes":
+            options["trt_max_workspace_size"] = value
+        elif key in {"int8_calibration_table_name", "int8_use_native_calibration_table"}:
+            options["trt_" + key] = value
+        elif value:
+            options[key] = value
+    return options
+
+
+def providers(config: dict, *, gpu: bool, device: int, available: list[str]) -> list:
+    """The session's providers for one instance: the CPU provider, or (on a GPU instance)
+    TensorRT where asked, then CUDA on ``device``, then the CPU for what neither runs."""
+    if not gpu:
+        return ["CPUExecutionProvider"]
+    if "CUDAExecutionProvider" not in available:
+        raise common.ConfigError(
+            f"instance kind GPU (device {device}): onnxruntime {ort.__version__} in this environment has no "
+            f"CUDAExecutionProvider (providers: {available}); install onnxruntime-gpu into the triton "
+            "environment, or serve the model with KIND_CPU"
+        )
+    params = common.parameters(config)
+    result: list = []
+    cuda: dict[str, str] = {"device_id": str(device)}
+    accelerators = config.get("optimization", {}).get("execution_accelerators", {})
+    for acc in accelerators.get("gpu_execution_accelerator", []):
+        if acc.get("name") == "tensorrt":
+            if "TensorrtExecutionProvider" not in available:
+                raise common.ConfigError(
+                    f"the tensorrt accelerator: onnxruntime {ort.__version__} in this environment has no "
+                    f"TensorrtExecutionProvider (providers: {available})"
+                )
+            result.append(("TensorrtExecutionProvider",
+                           {"device_id": str(device), **trt_options(acc.get("parameters", {}))}))
+        elif acc.get("name") == "cuda":
+            cuda.update(acc.get("parameters", {}))
+    for key, names in (("cudnn_conv_algo_search", ("EXHAUSTIVE", "HEURISTIC", "DEFAULT")),
+                       ("arena_extend_strategy", ("kNextPowerOfTwo", "kSameAsRequested"))):
+        if key in params:
+            index = common.parse_int(key, params[key])
+            if not 0 <= index < len(names):
+                raise common.ConfigError(f"unsupported {key} '{index}' (expected 0 to {len(names) - 1})")
+            cuda[key] = names[index]
+    for key in ("gpu_mem_limit", "do_copy_in_default_stream"):
+        if key in params:
+            cuda[key] = params[key]
+    return [*result, ("CUDAExecutionProvider", cuda), "CPUExecutionProvider"]
+
+
+def open_session(path: str, options: ort.SessionOptions, chosen: list) -> ort.InferenceSession:
+    """A session on ``chosen``; a load error when ONNX Runtime did not take the first of them."""
+    session = ort.InferenceSession(path, sess_options=options, providers=chosen)
+    wanted = chosen[0] if isinstance(chosen[0], str) else chosen[0][0]
+    if session.get_providers()[0] != wanted:
+        raise common.ConfigError(
+            f"onnxruntime did not use {wanted} (the session runs on {session.get_providers()}); "
+            "its log above says why (a CUDA, cuDNN or TensorRT library it could not load)"
+        )
+    return session
+
+
 class TritonPythonModel:
     def initialize(self, args: dict) -> None:
         self.config = common.load_args(args)
         check_accelerators(self.config)
         options = session_options(self.config)
         path = common.model_path(args, self.config, "model.onnx")
-        self.session = ort.InferenceSession(path, sess_options=options, providers=["CPUExecutionProvider"])
+        chosen = providers(self.config, gpu=common.kind_is_gpu(args), device=common.device_id(args),
+                           available=ort.get_available_providers())
+        self.session = open_session(path, options, chosen)
         check_io(self.session, self.config)
         self.inputs = [tensor["name"] for tensor in self.config.get("input", [])]
         self.outputs = [tensor["name"] for tensor in self.config.get("output", [])]

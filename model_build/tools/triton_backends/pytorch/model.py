@@ -1,9 +1,11 @@
-"""Triton's ``pytorch`` (libtorch) backend, played by the python backend on CPU for the local endpoint.
+"""Triton's ``pytorch`` (libtorch) backend, played by the python backend for the local endpoint.
 
 Like ``pytorch_backend/src/libtorch.cc`` it loads ``<version>/model.pt`` with ``torch.jit.load``,
 feeds the inputs positionally in the order of their ``<name>__<index>`` suffix, reads the outputs
 by the same suffix, runs under ``torch.inference_mode`` (``INFERENCE_MODE`` parameter, default on
 in 24.10) and takes the thread counts from ``INTRA_OP_THREAD_COUNT`` / ``INTER_OP_THREAD_COUNT``.
+A ``KIND_GPU`` instance (kept only when the endpoint serves on a GPU) loads the module onto the
+instance's device and runs there, as libtorch.cc does; a torch without CUDA is then a load error.
 """
 
 from __future__ import annotations
@@ -52,7 +54,14 @@ class TritonPythonModel:
             count = common.parse_int("INTRA_OP_THREAD_COUNT", params["INTRA_OP_THREAD_COUNT"])
             if count > 0:
                 torch.set_num_threads(count)
-        self.module = torch.jit.load(common.model_path(args, self.config, "model.pt"), map_location="cpu")
+        self.device = torch.device("cpu")
+        if common.kind_is_gpu(args):
+            if not torch.cuda.is_available():
+                raise common.ConfigError(
+                    f"instance kind GPU: torch {torch.__version__} in this environment sees no CUDA device; "
+                    "install torch's CUDA build into the triton environment, or serve the model with KIND_CPU")
+            self.device = torch.device("cuda", common.device_id(args))
+        self.module = torch.jit.load(common.model_path(args, self.config, "model.pt"), map_location=self.device)
         self.module.eval()
         self.inputs = _order([t["name"] for t in self.config.get("input", [])], "input")
         self.outputs = _order([t["name"] for t in self.config.get("output", [])], "output")
@@ -62,8 +71,8 @@ class TritonPythonModel:
         def run(feeds: dict) -> list:
             context = torch.inference_mode() if self.inference_mode else torch.no_grad()
             with context:
-                result = self.module(*[torch.from_numpy(feeds[name]) for name in self.inputs])
+                result = self.module(*[torch.from_numpy(feeds[name]).to(self.device) for name in self.inputs])
             results = result if isinstance(result, (tuple, list)) else [result]
-            return [tensor.numpy() for tensor in results[: len(self.outputs)]]
+            return [tensor.cpu().numpy() for tensor in results[: len(self.outputs)]]
 
         return common.execute(pb_utils, requests, self.inputs, self.outputs, run, batched=self.batched)

@@ -1,0 +1,119 @@
+"""The local endpoint's python-based onnxruntime backend on a GPU instance: which providers it gives
+the session, and that it never answers from another device than the config says.
+
+On this CPU machine a ``KIND_GPU`` instance cannot be started (Triton itself refuses it without a
+GPU), so these tests call the backend's module directly, with Triton's own
+``triton_python_backend_utils`` (from the triton environment) and this project's ONNX Runtime;
+``make gpu-check`` runs the same code inside the real tritonserver on a GPU.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import onnxruntime as ort
+import pytest
+from triton_helpers import requires_triton  # tests/ is on sys.path
+
+from model_build.manifest.fields import TensorRTAccelerator
+from model_build.package.backend import _trt_options
+from model_build.tools.triton_server import BACKENDS_SOURCE, TritonEnvironment
+
+pytestmark = requires_triton
+
+
+@pytest.fixture(scope="module")
+def backend() -> ModuleType:
+    """``triton_backends/onnxruntime/model.py`` as the stub imports it (its folder and Triton's
+    utils on the path)."""
+    utils = TritonEnvironment.find().package / "backends" / "python"
+    sys.path.insert(0, str(utils))
+    try:
+        spec = importlib.util.spec_from_file_location("local_onnxruntime_backend",
+                                                      BACKENDS_SOURCE / "onnxruntime" / "model.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.path.insert(0, str(BACKENDS_SOURCE))  # local_backend_common, copied beside model.py there
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(utils))
+        if str(BACKENDS_SOURCE) in sys.path:
+            sys.path.remove(str(BACKENDS_SOURCE))
+
+
+GPU_PROVIDERS = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
+
+
+def test_a_cpu_instance_runs_on_the_cpu_provider(backend: ModuleType) -> None:
+    assert backend.providers({}, gpu=False, device=0, available=GPU_PROVIDERS) == ["CPUExecutionProvider"]
+
+
+def test_a_gpu_instance_gets_tensorrt_then_cuda_on_its_device(backend: ModuleType) -> None:
+    trt = TensorRTAccelerator(precision_mode="FP16", engine_cache=True).parameters(cache_folder="m-0123456789ab")
+    config = {
+        "parameters": {"cudnn_conv_algo_search": {"string_value": "1"}, "gpu_mem_limit": {"string_value": "1024"}},
+        "optimization": {"execution_accelerators": {"gpu_execution_accelerator": [
+            {"name": "tensorrt", "parameters": trt},
+            {"name": "cuda", "parameters": {"cudnn_conv_use_max_workspace": "1"}},
+        ]}},
+    }
+    chosen = backend.providers(config, gpu=True, device=1, available=GPU_PROVIDERS)
+    assert chosen == [
+        ("TensorrtExecutionProvider", {"device_id": "1", **_trt_options(trt)}),
+        ("CUDAExecutionProvider", {"device_id": "1", "cudnn_conv_use_max_workspace": "1",
+                                   "cudnn_conv_algo_search": "HEURISTIC", "gpu_mem_limit": "1024"}),
+        "CPUExecutionProvider",
+    ]
+    assert chosen[0][1]["trt_fp16_enable"] == "1" and chosen[0][1]["trt_engine_cache_enable"] == "true"
+    # Without accelerators: CUDA on the instance's device, then the CPU for what CUDA does not run.
+    assert backend.providers({}, gpu=True, device=0, available=GPU_PROVIDERS) == [
+        ("CUDAExecutionProvider", {"device_id": "0"}), "CPUExecutionProvider"]
+
+
+@pytest.mark.parametrize("params", [
+    {"precision_mode": "FP16", "max_workspace_size_bytes": "1073741824"},
+    {"precision_mode": "INT8", "int8_calibration_table_name": "t.cache", "int8_use_native_calibration_table": "1"},
+    {"precision_mode": "FP32", "trt_builder_optimization_level": "3", "trt_dump_subgraphs": ""},
+    TensorRTAccelerator(precision_mode="BF16", engine_cache=True).parameters(cache_folder="x-0"),
+])
+def test_the_tensorrt_keys_map_as_the_builds_gate_maps_them(backend: ModuleType, params: dict[str, str]) -> None:
+    assert backend.trt_options(params) == _trt_options(params)
+
+
+def test_a_gpu_instance_without_the_gpu_providers_is_one_load_error(backend: ModuleType) -> None:
+    common = sys.modules["local_backend_common"]
+    with pytest.raises(common.ConfigError, match=r"instance kind GPU \(device 0\): onnxruntime .* has no "
+                                                 r"CUDAExecutionProvider .*install onnxruntime-gpu"):
+        backend.providers({}, gpu=True, device=0, available=["CPUExecutionProvider"])
+    config = {"optimization": {"execution_accelerators": {"gpu_execution_accelerator": [{"name": "tensorrt"}]}}}
+    with pytest.raises(common.ConfigError, match=r"the tensorrt accelerator: .* no TensorrtExecutionProvider"):
+        backend.providers(config, gpu=True, device=0, available=["CUDAExecutionProvider", "CPUExecutionProvider"])
+    bad = {"parameters": {"arena_extend_strategy": {"string_value": "7"}}}
+    with pytest.raises(common.ConfigError, match=r"unsupported arena_extend_strategy '7' \(expected 0 to 1\)"):
+        backend.providers(bad, gpu=True, device=0, available=GPU_PROVIDERS)
+
+
+def test_a_session_that_fell_back_to_the_cpu_is_refused(backend: ModuleType, tmp_path: Path) -> None:
+    """ONNX Runtime without CUDA (this machine's) only warns when CUDA is asked for and runs on the
+    CPU: the backend refuses that session instead of answering from the CPU."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / "model.onnx"
+    onnx.save(model, path)
+    common = sys.modules["local_backend_common"]
+    with pytest.raises(common.ConfigError, match=r"onnxruntime did not use CUDAExecutionProvider "
+                                                 r"\(the session runs on \['CPUExecutionProvider'\]\)"):
+        backend.open_session(str(path), ort.SessionOptions(),
+                             [("CUDAExecutionProvider", {"device_id": "0"}), "CPUExecutionProvider"])
+    session = backend.open_session(str(path), ort.SessionOptions(), ["CPUExecutionProvider"])
+    assert session.get_providers() == ["CPUExecutionProvider"]
