@@ -221,6 +221,18 @@ def tensorrt_missing() -> str:
     return ""
 
 
+def variant_entry(spec: Any, source_dir: Path | None, **update: Any) -> Any:
+    """The manifest entry with ``update`` applied (one copy, FP16 only through ``precision``),
+    validated as the manifest validates it; its source the folder the check was given (a copy
+    carried to the GPU machine) instead of a fetch."""
+    from model_build.manifest.fields import LocalSource
+
+    fields = {"copies": 1, "fp16": False, **update}
+    if source_dir is not None and spec.source.kind in ("package", "huggingface", "s3"):
+        fields["source"] = LocalSource(kind="local", path=str(source_dir))
+    return type(spec).model_validate({**dict(spec), **fields})
+
+
 def ort_cases(
     spec: Any,
     source_dir: Path | None,
@@ -230,8 +242,6 @@ def ort_cases(
     providers: Sequence[str],
 ) -> tuple[list[Case], list[dict[str, Any]]]:
     """The ONNX Runtime cases of one model, and a not-measured row for each that cannot run here."""
-    from model_build.manifest.fields import LocalSource
-
     cases: list[Case] = []
     rows: list[dict[str, Any]] = []
     graphs: dict[str, Path | str] = {}
@@ -242,10 +252,7 @@ def ort_cases(
         if not why and provider == "TensorrtExecutionProvider":
             why = tensorrt_missing()
         if not why and precision not in graphs:
-            entry = spec.model_copy(update={"copies": 1, "precision": precision, "fp16": False})
-            if source_dir is not None and spec.source.kind in ("package", "huggingface", "s3"):
-                # the folder the check was given (a copy carried to the GPU machine), not a fetch
-                entry = entry.model_copy(update={"source": LocalSource(kind="local", path=str(source_dir))})
+            entry = variant_entry(spec, source_dir, precision=precision)
             log(f"{spec.name}: exporting the {precision} graph from its {entry.source.kind} source")
             try:
                 graphs[precision] = _export(entry, manifest_dir, work / f"export-{precision}")
@@ -264,3 +271,84 @@ def ort_cases(
             assert isinstance(graph, Path)
             cases.append(ort_case(spec, graph, provider, variant, refused.get(precision)))
     return cases, rows
+
+
+# ---------------------------------------------------------------------------------------------
+# The GPU and the runtimes
+# ---------------------------------------------------------------------------------------------
+
+
+class Gpu:
+    """The one CUDA device of the run (through torch, which every path has).
+
+    ``device="cpu"`` runs the same code on the CPU, to test the check itself without a GPU: its
+    memory column is then 0 and the result says ``cpu``; it is never written to the docs."""
+
+    def __init__(self, torch: Any, device: str = "cuda") -> None:
+        self.torch = torch
+        self.device = device
+        self.properties = torch.cuda.get_device_properties(0) if device == "cuda" else None
+
+    def synchronize(self) -> None:
+        if self.device == "cuda":
+            self.torch.cuda.synchronize()
+
+    def used_bytes(self) -> int:
+        """Memory in use on the device by every allocator (PyTorch's and ONNX Runtime's alike)."""
+        if self.device != "cuda":
+            return 0
+        free, total = self.torch.cuda.mem_get_info()
+        return int(total - free)
+
+    def empty_cache(self) -> None:
+        if self.device == "cuda":
+            self.torch.cuda.empty_cache()
+
+    def describe(self) -> dict[str, Any]:
+        props = self.properties
+        if props is None:
+            return {
+                "name": "cpu",
+                "compute_capability": "",
+                "memory_gib": 0,
+                "torch_cuda": None,
+                "driver": None,
+            }
+        return {
+            "name": props.name,
+            "compute_capability": f"{props.major}.{props.minor}",
+            "memory_gib": round(props.total_memory / 2**30, 1),
+            "torch_cuda": self.torch.version.cuda,
+            "driver": _driver_version(),
+        }
+
+
+def _driver_version() -> str | None:
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.stdout.strip() else None
+
+
+def probe_cuda() -> tuple[Any, str]:
+    """(torch, "") where torch sees a CUDA GPU, else (None, why not)."""
+    import shutil
+
+    if shutil.which("nvidia-smi") is None:
+        return None, "no NVIDIA driver: nvidia-smi is not on PATH"
+    try:
+        import torch
+    except ImportError as error:
+        return None, f"torch is not importable ({error})"
+    if not torch.cuda.is_available():
+        return None, f"torch {torch.__version__} reports torch.cuda.is_available() = False"
+    return torch, ""

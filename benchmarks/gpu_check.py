@@ -14,8 +14,10 @@ One run writes ``benchmarks/results/gpu_check.json`` and the "GPU check" table o
 never a number from something else. On a machine without a CUDA GPU it prints one line and exits
 0, before any model is loaded.
 
-What differs from the SageMaker image is written into the result (:data:`DIFFERS_FROM_SAGEMAKER`):
-the runtimes here are PyTorch eager and ONNX Runtime in this process, not Triton's C++ backends.
+Then every entry is built by the project's build and served by the local endpoint's real
+``tritonserver`` with GPU runtimes (:mod:`benchmarks.gpu_served`): the ``tritonserver-*`` rows.
+
+What differs from the SageMaker image is written into the result (:data:`DIFFERS_FROM_SAGEMAKER`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from benchmarks.gpu_cases import (
     ORT_VARIANTS,
     SEQUENCE,
     Case,
+    Gpu,
     imported_ort_version,
     log,
     model_batches,
@@ -44,8 +47,10 @@ from benchmarks.gpu_cases import (
     ort_providers,
     ort_runtime,
     preload_cuda_libraries,
+    probe_cuda,
     torch_case,
 )
+from benchmarks.gpu_served import served_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT_PATH = ROOT / "benchmarks" / "results" / "gpu_check.json"
@@ -54,9 +59,14 @@ SCHEMA = "triton-mme/gpu-check/1"
 #: Warm iterations per batch size (after 5 unmeasured ones); p99 of 100 is its second-largest.
 ITERATIONS = int(__import__("os").environ.get("GPU_CHECK_ITERATIONS", "100"))
 DIFFERS_FROM_SAGEMAKER = (
-    "Runtimes: PyTorch eager and ONNX Runtime in one Python process, not Triton's C++ onnxruntime / "
-    "pytorch backends inside the sagemaker-tritonserver image; no HTTP, no dynamic batcher, no "
-    "SageMaker model download or unpack.",
+    "pytorch-* and onnxruntime-* rows: PyTorch eager and ONNX Runtime in the check's own process; no "
+    "HTTP, no dynamic batcher, no SageMaker model download or unpack.",
+    "tritonserver-* rows: the build's tarball in tritonserver 2.51 of nvidia-pytriton over its SageMaker "
+    "API (load, invoke), as the local endpoint serves it. Its onnxruntime and pytorch backends are the "
+    "local endpoint's python-based stand-ins (model_build/tools/triton_backends): each model instance "
+    "runs in a python backend stub process with its own CUDA context (counted in its GPU memory) and "
+    "tensors pass through shared memory; the image's C++ backends run inside the server's process. "
+    "The SageMaker front, its download and unpack are not measured.",
     "Versions: the CUDA, cuDNN and TensorRT of the installed wheels (see machine), not the image's "
     "(model_build/gpu_hosts.py lists each image's CUDA and TensorRT).",
     "GPU: whatever this machine has; the fleet runs T4 (g4dn), A10G (g5) or V100 (p3), whose "
@@ -160,87 +170,6 @@ def _gate_cell(gate: dict[str, Any] | None) -> str:
     return f"yes ({rule})" if gate["passed"] else f"**no** ({rule})"
 
 
-# ---------------------------------------------------------------------------------------------
-# The GPU and the runtimes
-# ---------------------------------------------------------------------------------------------
-
-
-class Gpu:
-    """The one CUDA device of the run (through torch, which every path has).
-
-    ``device="cpu"`` runs the same code on the CPU, to test the check itself without a GPU: its
-    memory column is then 0 and the result says ``cpu``; it is never written to the docs."""
-
-    def __init__(self, torch: Any, device: str = "cuda") -> None:
-        self.torch = torch
-        self.device = device
-        self.properties = torch.cuda.get_device_properties(0) if device == "cuda" else None
-
-    def synchronize(self) -> None:
-        if self.device == "cuda":
-            self.torch.cuda.synchronize()
-
-    def used_bytes(self) -> int:
-        """Memory in use on the device by every allocator (PyTorch's and ONNX Runtime's alike)."""
-        if self.device != "cuda":
-            return 0
-        free, total = self.torch.cuda.mem_get_info()
-        return int(total - free)
-
-    def empty_cache(self) -> None:
-        if self.device == "cuda":
-            self.torch.cuda.empty_cache()
-
-    def describe(self) -> dict[str, Any]:
-        props = self.properties
-        if props is None:
-            return {
-                "name": "cpu",
-                "compute_capability": "",
-                "memory_gib": 0,
-                "torch_cuda": None,
-                "driver": None,
-            }
-        return {
-            "name": props.name,
-            "compute_capability": f"{props.major}.{props.minor}",
-            "memory_gib": round(props.total_memory / 2**30, 1),
-            "torch_cuda": self.torch.version.cuda,
-            "driver": _driver_version(),
-        }
-
-
-def _driver_version() -> str | None:
-    import subprocess
-
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip().splitlines()[0] if out.stdout.strip() else None
-
-
-def probe_cuda() -> tuple[Any, str]:
-    """(torch, "") where torch sees a CUDA GPU, else (None, why not)."""
-    import shutil
-
-    if shutil.which("nvidia-smi") is None:
-        return None, "no NVIDIA driver: nvidia-smi is not on PATH"
-    try:
-        import torch
-    except ImportError as error:
-        return None, f"torch is not importable ({error})"
-    if not torch.cuda.is_available():
-        return None, f"torch {torch.__version__} reports torch.cuda.is_available() = False"
-    return torch, ""
-
-
 def _version(name: str) -> str | None:
     try:
         return importlib.metadata.version(name)
@@ -269,6 +198,10 @@ def run(manifest_path: Path, sources: dict[str, Path], torch: Any, device: str =
         log(f"CUDA libraries not preloaded: {preload}")
     rows: list[dict[str, Any]] = []
     seen: set[str] = set()
+    #: Per source: PyTorch FP32's outputs on the batch of 8 and the batches, for the served rows.
+    references: dict[str, tuple[Any, dict[int, dict[str, Any]]]] = {}
+    resolved: dict[str, Path | None] = {}
+    served_by: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as scratch:
         for spec in manifest.models:
             key = spec.source.model_dump_json()
@@ -280,12 +213,14 @@ def run(manifest_path: Path, sources: dict[str, Path], torch: Any, device: str =
                 spec, base_dir=manifest_path.parent, work_dir=work
             )
             log(f"{spec.name}: source {source_dir or 'synthetic'}")
+            resolved[spec.name] = source_dir
             batches = model_batches(spec, source_dir)
             fp32 = torch_case(spec, source_dir, torch, half=False, device=device)
             reference = None
             try:
                 row, reference = measure(fp32, batches, None, gpu)
                 rows.append(row)
+                references[key] = (reference, batches)
             except Exception as error:
                 rows.append(
                     not_measured(spec.name, "fp32", f"pytorch-{device}", f"{type(error).__name__}: {error}")
@@ -337,6 +272,9 @@ def run(manifest_path: Path, sources: dict[str, Path], torch: Any, device: str =
                         )
                     )
                 gpu.empty_cache()
+        served, served_by = served_rows(manifest_path, list(manifest.models), resolved, references, gpu,
+                                        Path(scratch) / "served")
+        rows += served
     return {
         "schema": SCHEMA,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -352,6 +290,7 @@ def run(manifest_path: Path, sources: dict[str, Path], torch: Any, device: str =
         "onnxruntime_providers": providers,
         "iterations": ITERATIONS,
         "sequence_length": SEQUENCE,
+        "served_by": served_by,
         "differs_from_sagemaker": list(DIFFERS_FROM_SAGEMAKER),
         "rows": rows,
     }
@@ -360,6 +299,11 @@ def run(manifest_path: Path, sources: dict[str, Path], torch: Any, device: str =
 # ---------------------------------------------------------------------------------------------
 # The table
 # ---------------------------------------------------------------------------------------------
+
+
+def _cold_cell(row: dict[str, Any]) -> str:
+    cached = row.get("tensorrt_cached_load_s")
+    return f"{row['cold_start_s']} (engine cached: {cached})" if cached is not None else str(row["cold_start_s"])
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -383,6 +327,20 @@ def markdown(result: dict[str, Any]) -> str:
         "`tensorrt-fp16` is the FP32 graph in the TensorRT provider with its FP16 mode. Within its gates: "
         "the smoke test's tolerance for an answer served at the variant's precision and the build's lowest "
         "cosine for it; a row outside them makes `make gpu-check` exit 1.",
+    ]
+    served = result.get("served_by")
+    if served is not None:
+        lines += ["", (f"Served by tritonserver {served['tritonserver']} ({served['environment']}, Python "
+                       f"{served['python']}, python-backend SHM {served['shm_byte_sizes']} from {served['shm_from']}). "
+                       if served else "No tritonserver ran (see the rows). ") + (
+        "`tritonserver-*` rows: the entry built by the project's build and served by the local endpoint's "
+        "tritonserver with its config as published (KIND_GPU), called over the SageMaker API (`POST /models`, "
+        "`/models/<name>/invoke`, tritonclient's binary+JSON body). Cold start: the load and the first "
+        "answer (the download and unpack excluded); for `tensorrt-fp16` (`tensorrt: {precision_mode: FP16, "
+        "engine_cache: true}`) that includes the TensorRT provider's engine compile, and the load after an "
+        "unload with the engine cache warm follows in brackets. Latency is over HTTP "
+        "on loopback. GPU memory includes the python backend stub's CUDA context.")]
+    lines += [
         "",
         "| model | variant | runtime | cold start s | p50 / p99 ms, batch 1 | p50 / p99 ms, batch 8 | GPU MiB "
         "| min cosine | max abs diff | within its gates |",
@@ -397,7 +355,7 @@ def markdown(result: dict[str, Any]) -> str:
         par = row.get("parity_vs_pytorch_fp32") or {}
         b1, b8 = row["batch1"], row["batch8"]
         lines.append(
-            f"| {row['model']} | {row['variant']} | {row['runtime']} | {row['cold_start_s']} | "
+            f"| {row['model']} | {row['variant']} | {row['runtime']} | {_cold_cell(row)} | "
             f"{b1['p50_ms']} / {b1['p99_ms']} | {b8['p50_ms']} / {b8['p99_ms']} | {row['gpu_memory_mib']} | "
             f"{par.get('min_cosine', '')} | {par.get('max_abs_diff', '')} | {_gate_cell(row.get('gate'))} |"
         )

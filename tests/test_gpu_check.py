@@ -26,6 +26,14 @@ models:
     task: image-classification
     image: {image_size: 32, channels: 3}
     copies: 2
+  - name: resnet-tiny-ts
+    source:
+      kind: synthetic
+      architecture: resnet
+      config: {embedding_size: 8, hidden_sizes: [8, 8, 8, 8], depths: [1, 1, 1, 1], layer_type: basic, num_labels: 4}
+    task: image-classification
+    image: {image_size: 32, channels: 3}
+    format: torchscript
 """
 
 
@@ -68,6 +76,40 @@ def test_the_check_measures_and_reports_on_the_cpu(tmp_path: Path) -> None:
     assert "gate" not in measured  # the reference itself
     assert not any(runtime in ("onnxruntime-cuda", "onnxruntime-tensorrt") for _, runtime in rows)
     assert "| resnet-tiny | fp32 | pytorch-cpu |" in done.stdout
+    # The served rows: each tarball the build wrote, in the local endpoint's real tritonserver
+    # (KIND_CPU here), called over its SageMaker API; the TorchScript entry through the pytorch backend.
+    assert result["served_by"]["tritonserver"] == "2.51.0" and result["served_by"]["shm_byte_sizes"][0] > 0
+    for model, runtime in (("resnet-tiny", "tritonserver-onnxruntime-cpu"),
+                           ("resnet-tiny-ts", "tritonserver-pytorch-cpu")):
+        served = next(row for row in result["rows"] if row["model"] == model and row["runtime"] == runtime)
+        assert served["status"] == "measured", served
+        assert 0 < served["load_s"] < served["cold_start_s"]
+        assert 0 < served["batch1"]["p50_ms"] <= served["batch1"]["p99_ms"]
+        assert served["gate"]["passed"] and served["parity_vs_pytorch_fp32"]["max_abs_diff"] < 1e-4
+        assert "tensorrt_first_load_s" not in served
+    assert f"| resnet-tiny-ts | fp32 | tritonserver-pytorch-cpu | {served['cold_start_s']} |" in done.stdout
+
+
+def test_the_served_entries_are_the_manifest_as_built_and_minilms_variants(tmp_path: Path) -> None:
+    from benchmarks.gpu_served import TENSORRT_VARIANT, served_entries
+    from model_build.manifest import load_manifest
+
+    models = list(load_manifest(ROOT / "models.yaml").models)
+    entries, rows = served_entries(models, {}, gpu=True)
+    assert [(e.spec.name, e.variant) for e in entries] == [
+        ("minilm-l6-embedding", "fp32"), ("minilm-l6-embedding", "fp16"), ("minilm-l6-embedding", "tensorrt-fp16"),
+        ("resnet-synthetic", "fp32"), ("resnet-synthetic-ts", "fp32")]  # the raw-text target: the same graph
+    assert rows == []
+    fp16, trt = entries[1].spec, entries[2].spec
+    assert fp16.precision == "fp16" and fp16.copies == 1
+    assert trt.precision == "fp32" and trt.tensorrt.engine_cache and trt.tensorrt.precision_mode == "FP16"
+    assert TENSORRT_VARIANT["engine_cache"] is True
+    assert len({e.reference_key for e in entries}) == 2  # one PyTorch reference per source
+    entries, rows = served_entries(models, {"minilm-l6-embedding": tmp_path}, gpu=False)
+    assert [(e.spec.name, e.variant) for e in entries] == [
+        ("minilm-l6-embedding", "fp32"), ("resnet-synthetic", "fp32"), ("resnet-synthetic-ts", "fp32")]
+    assert entries[0].spec.source.kind == "local" and entries[0].spec.source.path == str(tmp_path)
+    assert [(r["variant"], r["status"]) for r in rows] == [("fp16", "not measured"), ("tensorrt-fp16", "not measured")]
 
 
 def test_gpu_provider_rows_say_why_they_cannot_run_here(tmp_path: Path) -> None:

@@ -117,3 +117,19 @@ def test_a_session_that_fell_back_to_the_cpu_is_refused(backend: ModuleType, tmp
                              [("CUDAExecutionProvider", {"device_id": "0"}), "CPUExecutionProvider"])
     session = backend.open_session(str(path), ort.SessionOptions(), ["CPUExecutionProvider"])
     assert session.get_providers() == ["CPUExecutionProvider"]
+
+
+def test_the_stubs_libpython_is_looked_for_beside_the_base_python(tmp_path: Path) -> None:
+    """A GPU machine's Python may live in its own prefix (not the system's): the server is started
+    with that prefix's lib on its library path, and a Python whose shared library is nowhere is one
+    clear reason instead of a stub that never starts."""
+    site = tmp_path / "env" / "lib" / "python3.99" / "site-packages"
+    site.mkdir(parents=True)
+    env = TritonEnvironment(root=tmp_path / "env", site_packages=site)
+    missing = env.missing_libpython()
+    assert missing.startswith("no libpython3.99.so.1.0 on this machine") and "apt-get install libpython3.99" in missing
+    (tmp_path / "base" / "bin").mkdir(parents=True)
+    (tmp_path / "base" / "lib").mkdir()
+    (tmp_path / "base" / "lib" / "libpython3.99.so.1.0").write_bytes(b"")
+    (tmp_path / "env" / "pyvenv.cfg").write_text(f"home = {tmp_path / 'base' / 'bin'}\nversion = 3.99.0\n")
+    assert env.python_library_dirs == [tmp_path / "base" / "lib"] and env.missing_libpython() == ""

@@ -79,6 +79,31 @@ class TritonEnvironment:
     def python_version(self) -> str:
         return self.site_packages.parent.name.removeprefix("python")
 
+    @property
+    def python_library_dirs(self) -> list[Path]:
+        """Folders beside the environment's base Python that hold its ``libpython3.X.so.1.0``
+        (a Python installed in its own prefix, not the system's): the stub links that library."""
+        home = ""
+        with suppress(OSError):
+            for line in (self.root / "pyvenv.cfg").read_text().splitlines():
+                key, _, value = line.partition("=")
+                if key.strip() == "home":
+                    home = value.strip()
+        library = f"libpython{self.python_version}.so.1.0"
+        return [folder for folder in ([Path(home).parent / "lib"] if home else []) if (folder / library).is_file()]
+
+    def missing_libpython(self) -> str:
+        """Why the python backend stub cannot start here ("" when its libpython is found)."""
+        library = f"libpython{self.python_version}.so.1.0"
+        if self.python_library_dirs:
+            return ""
+        with suppress(OSError, subprocess.SubprocessError):
+            listed = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=30).stdout
+            if library in listed:
+                return ""
+        return (f"no {library} on this machine: the python backend stub links the shared library of the "
+                f"environment's Python {self.python_version} (Debian/Ubuntu: apt-get install libpython{self.python_version})")
+
     @classmethod
     def find(cls, root: Path | None = None) -> TritonEnvironment:
         root = Path(root or os.environ.get(ENV_VARIABLE) or DEFAULT_ENV)
@@ -306,7 +331,8 @@ def triton_server(
     # as its executable, virtualenv included: the triton environment's ``bin`` goes first, so every
     # python model runs with that environment (numpy 1.26, ONNX Runtime 1.19, torch), never with
     # the project venv a caller may have put first (numpy 2 there breaks the python backend).
-    environment = {**os.environ, "LD_LIBRARY_PATH": str(env.libraries),
+    libraries = os.pathsep.join(str(folder) for folder in (env.libraries, *env.python_library_dirs))
+    environment = {**os.environ, "LD_LIBRARY_PATH": libraries,
                    "PATH": f"{env.root / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment,

@@ -21,6 +21,7 @@ Batching is Triton's own: the dynamic batcher hands this file several requests p
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -153,23 +154,25 @@ def check_io(session: ort.InferenceSession, config: dict) -> None:
                 )
 
 
+#: ``precision_mode`` -> the TensorRT provider's flag for it (FP32 sets none).
+_TRT_PRECISION_FLAGS = {"FP16": "trt_fp16_enable", "BF16": "trt_bf16_enable", "INT8": "trt_int8_enable"}
+#: Accelerator keys the backend passes under another provider option name (even when empty).
+_TRT_RENAMED = {"max_workspace_size_bytes": "trt_max_workspace_size",
+                "int8_calibration_table_name": "trt_int8_calibration_table_name",
+                "int8_use_native_calibration_table": "trt_int8_use_native_calibration_table"}
+
+
 def trt_options(params: dict[str, str]) -> dict[str, str]:
-    """The tensorrt accelerator's keys as TensorRT provider options, as the backend maps them
-    (the build's gate, ``model_build.package.backend._trt_options``, maps them the same way; a test
-    holds the two together)."""
-    options: dict[str, str] = {}
-    for key, value in params.items():
-        if key == "precision_mode":
-            flag = {"FP16": "trt_fp16_enable", "BF16": "trt_bf16_enable", "INT8": "trt_int8_enable"}
-            if value in flag:
-                options[flag[value]] = "1"
-        elif key == "max_workspace_size_bytes":
-            options["trt_max_workspace_size"] = value
-        elif key in {"int8_calibration_table_name", "int8_use_native_calibration_table"}:
-            options["trt_" + key] = value
-        elif value:
-            options[key] = value
-    return options
+    """The tensorrt accelerator's keys as TensorRT provider options, as the backend maps them:
+    the precision as its flag, three keys renamed, every other non-empty key as given. (The
+    build's gate, ``model_build.package.backend._trt_options``, maps them too: this file runs in
+    the stub and imports nothing of the project; a test holds the two to the same answers.)"""
+    mode = params.get("precision_mode")
+    flags = {_TRT_PRECISION_FLAGS[mode]: "1"} if mode in _TRT_PRECISION_FLAGS else {}
+    renamed = {_TRT_RENAMED[key]: value for key, value in params.items() if key in _TRT_RENAMED}
+    passed = {key: value for key, value in params.items()
+              if value and key != "precision_mode" and key not in _TRT_RENAMED}
+    return {**flags, **renamed, **passed}
 
 
 def providers(config: dict, *, gpu: bool, device: int, available: list[str]) -> list:
@@ -229,7 +232,14 @@ class TritonPythonModel:
         check_accelerators(self.config)
         options = session_options(self.config)
         path = common.model_path(args, self.config, "model.onnx")
-        chosen = providers(self.config, gpu=common.kind_is_gpu(args), device=common.device_id(args),
+        gpu = common.kind_is_gpu(args)
+        if gpu and hasattr(ort, "preload_dlls"):
+            # CUDA, cuDNN and cuBLAS from the pip-installed NVIDIA packages, which are on no library
+            # path here (the image has them in the system's); a library still missing shows as the
+            # provider refusal below.
+            with contextlib.suppress(Exception):  # the refusal below names the provider that did not load
+                ort.preload_dlls()
+        chosen = providers(self.config, gpu=gpu, device=common.device_id(args),
                            available=ort.get_available_providers())
         self.session = open_session(path, options, chosen)
         check_io(self.session, self.config)
