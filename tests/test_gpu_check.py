@@ -15,26 +15,17 @@ from benchmarks import gpu_cases, gpu_check
 
 ROOT = Path(__file__).resolve().parents[1]
 
-TINY_MANIFEST = """\
-version: 1
-models:
-  - name: resnet-tiny
+_TINY_RESNET = """\
     source:
       kind: synthetic
       architecture: resnet
       config: {embedding_size: 8, hidden_sizes: [8, 8, 8, 8], depths: [1, 1, 1, 1], layer_type: basic, num_labels: 4}
     task: image-classification
     image: {image_size: 32, channels: 3}
-    copies: 2
-  - name: resnet-tiny-ts
-    source:
-      kind: synthetic
-      architecture: resnet
-      config: {embedding_size: 8, hidden_sizes: [8, 8, 8, 8], depths: [1, 1, 1, 1], layer_type: basic, num_labels: 4}
-    task: image-classification
-    image: {image_size: 32, channels: 3}
-    format: torchscript
 """
+#: A tiny ResNet twice: as ONNX with two copies (one row), and as TorchScript (the pytorch backend).
+TINY_MANIFEST = (f"version: 1\nmodels:\n  - name: resnet-tiny\n{_TINY_RESNET}    copies: 2\n"
+                 f"  - name: resnet-tiny-ts\n{_TINY_RESNET}    format: torchscript\n")
 
 
 def test_make_gpu_check_without_a_gpu_says_so_in_one_line_and_exits_0(tmp_path: Path) -> None:
