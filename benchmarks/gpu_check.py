@@ -182,6 +182,7 @@ def run(manifest_path: Path, sources: dict[str, Path], torch: Any, device: str =
     from model_build.export.sources import resolve_source
     from model_build.manifest import load_manifest
 
+    started_at, started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), time.monotonic()
     gpu = Gpu(torch, device)
     if device == "cuda":  # the process's CUDA context and cuBLAS handle are the server's start, not a model's
         # The reference is FP32 as computed on a CPU: PyTorch's cuDNN convolutions default to TF32.
@@ -277,7 +278,9 @@ def run(manifest_path: Path, sources: dict[str, Path], torch: Any, device: str =
         rows += served
     return {
         "schema": SCHEMA,
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "started_at": started_at,
+        #: The whole check, exports and builds included (the goal: under 10 minutes on one GPU).
+        "elapsed_s": round(time.monotonic() - started, 1),
         "manifest": str(
             manifest_path.relative_to(ROOT) if manifest_path.is_relative_to(ROOT) else manifest_path
         ),
@@ -314,7 +317,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"{gpu['memory_gib']} GiB, driver {gpu['driver']}, CUDA {gpu['torch_cuda']} of torch "
         f"{result['versions'].get('torch')}); ONNX Runtime {result.get('onnxruntime_imported') or '(none)'} with providers "
         f"{', '.join(result['onnxruntime_providers']) or 'none'}. "
-        f"Text batches padded to {result['sequence_length']} tokens; {result['iterations']} warm calls per batch size. "
+        + (f"The check took {result['elapsed_s']:.0f} s, exports and builds included. " if "elapsed_s" in result else "")
+        + f"Text batches padded to {result['sequence_length']} tokens; {result['iterations']} warm calls per batch size. "
         "Cold start: the weights already in host memory, to the GPU and the first answer (for the TensorRT "
         "provider: the session, its engine build and the first answer). Memory: the device's used memory "
         "after the load minus before. Parity: against PyTorch FP32 on the same GPU with TF32 off (strict "

@@ -52,6 +52,7 @@ def test_the_check_measures_and_reports_on_the_cpu(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     result = json.loads(out.read_text(encoding="utf-8"))
     assert result["schema"] == gpu_check.SCHEMA and result["gpu"]["name"] == "cpu"
+    assert result["elapsed_s"] > 0 and f"The check took {result['elapsed_s']:.0f} s" in done.stdout
     rows = {(row["variant"], row["runtime"]): row for row in result["rows"]}
     measured = rows[("fp32", "pytorch-cpu")]
     assert measured["status"] == "measured" and measured["model"] == "resnet-tiny"  # two copies, one row
