@@ -23,8 +23,7 @@ import json
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,7 +81,7 @@ def triton_environment() -> tuple[Any, str]:
     from model_build.tools.triton_server import ENV_VARIABLE, TritonEnvironment, TritonEnvironmentError
 
     own = Path(sys.prefix)
-    root = None if os.environ.get(ENV_VARIABLE) or not list(own.glob("lib/python3.*/site-packages/pytriton")) else own
+    root = None if os.environ.get(ENV_VARIABLE) or not any(own.glob("lib/python3.*/site-packages/pytriton")) else own
     try:
         env = TritonEnvironment.find(root)
     except TritonEnvironmentError as error:
@@ -99,10 +98,6 @@ def shm_settings() -> tuple[tuple[int, int], str]:
         return stack_shm_settings(), "the stack's (cdk.json)"
     except ImportError as error:
         return CONSTRUCT_SHM, f"the endpoint construct's defaults (the stack's settings need the CDK: {error})"
-
-
-def _outputs(config: Any) -> list[str]:
-    return [output.name for output in config.output]
 
 
 def _engine_cache_folders(config: Any) -> list[Path]:
@@ -156,33 +151,29 @@ class ServedModel:
         """A call of ``batch`` (body encoded once): returns the first output as numpy."""
         import re
 
-        from model_build.tools.verify import SAGEMAKER_BINARY_CONTENT_TYPE, build_request, parse_response
+        from model_build.tools.verify import (
+            SAGEMAKER_BINARY_CONTENT_TYPE,
+            build_request,
+            header_length,
+            parse_response,
+        )
 
-        first = _outputs(self.config)[0]
+        first = self.config.output[0].name
         # A TorchScript config names its tensors ``<name>__<index>`` (the pytorch backend's rule).
-        feeds = {io.name: batch[io.name] if io.name in batch else batch[re.sub(r"__\d+$", "", io.name)]
-                 for io in self.config.input if io.name in batch or re.sub(r"__\d+$", "", io.name) in batch}
-        body, header_length = build_request(self.config, feeds, outputs=[first])
-        headers = {"Content-Type": SAGEMAKER_BINARY_CONTENT_TYPE.format(header_length)}
+        named = {io.name: re.sub(r"__\d+$", "", io.name) for io in self.config.input}
+        feeds = {name: batch[name if name in batch else plain] for name, plain in named.items()
+                 if name in batch or plain in batch}
+        body, length = build_request(self.config, feeds, outputs=[first])
+        headers = {"Content-Type": SAGEMAKER_BINARY_CONTENT_TYPE.format(length)}
         path = f"/models/{self.name}/invoke"
 
         def call() -> Any:
             answer = self.server.request("POST", path, body, headers=headers, timeout=600)
             if answer.status != 200:
                 raise RuntimeError(f"invoke answered {answer.status}: {answer.body.decode(errors='replace')[:500]}")
-            kind = answer.headers.get("Content-Type", "")
-            match = re.search(r"json-header-size=(\d+)", kind)
-            return parse_response(answer.body, int(match.group(1)) if match else None).as_numpy(first)
+            return parse_response(answer.body, header_length(answer.headers.get("Content-Type", ""))).as_numpy(first)
 
         return call
-
-
-@contextmanager
-def _server(env: Any, work: Path, shm: tuple[int, int]) -> Iterator[Any]:
-    from model_build.tools.triton_server import triton_server
-
-    with triton_server(work_dir=work, env=env, shm_default_byte_size=shm[0], shm_growth_byte_size=shm[1]) as server:
-        yield server
 
 
 def measure_served(model: ServedModel, row: dict[str, Any], batches: dict[int, dict[str, Any]], reference: Any,
@@ -233,6 +224,7 @@ def served_rows(manifest_path: Path, models: list[Any], sources: dict[str, Path 
                 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Every served row, and what the server was (its version, environment, SHM sizes)."""
     from model_build.pipeline import BuildOptions, build_model
+    from model_build.tools.triton_server import triton_server
 
     on_gpu = gpu.device == "cuda"
     entries, rows = served_entries(models, sources, gpu=on_gpu)
@@ -244,29 +236,28 @@ def served_rows(manifest_path: Path, models: list[Any], sources: dict[str, Path 
     shown = env.root.relative_to(root) if env.root.is_relative_to(root) else env.root
     server_info: dict[str, Any] = {"environment": str(shown), "python": env.python_version,
                                    "shm_byte_sizes": list(shm), "shm_from": shm_source}
-    with _server(env, work / "server", shm) as server:
+    with triton_server(work_dir=work / "server", env=env, shm_default_byte_size=shm[0],
+                       shm_growth_byte_size=shm[1]) as server:
         server_info["tritonserver"] = server.version
         for entry in entries:
             name, runtime = entry.spec.name, "tritonserver"
             reference = references.get(entry.reference_key)
-            why = "" if reference is not None else "no PyTorch FP32 reference was measured"
-            if not why and entry.spec.tensorrt is not None:
-                why = tensorrt_missing()
-            if why:
-                rows.append(not_measured(name, entry.variant, runtime, why))
+            why = tensorrt_missing() if entry.spec.tensorrt is not None else ""
+            if reference is None or why:
+                rows.append(not_measured(name, entry.variant, runtime, why or "no PyTorch FP32 reference was measured"))
                 continue
+            outputs, batches = reference
             try:
                 log(f"{name} {entry.variant}: building and serving it on tritonserver {server.version}")
-                built = build_model(entry.spec, BuildOptions(base_dir=manifest_path.parent),
-                                    release_dir=work / "release" / entry.variant, work_dir=work / "build")
                 release = work / "release" / entry.variant
+                built = build_model(entry.spec, BuildOptions(base_dir=manifest_path.parent),
+                                    release_dir=release, work_dir=work / "build")
                 model = ServedModel(server, f"{name}/{entry.variant}", release / built.tarball,
                                     (release / built.config).read_text(), work / "models", gpu=on_gpu)
                 runtime = runtime_name(model.config, on_gpu)
                 row = {"model": name, "variant": entry.variant, "runtime": runtime}
                 try:
-                    assert reference is not None
-                    rows.append(measure_served(model, row, reference[1], reference[0], gpu))
+                    rows.append(measure_served(model, row, batches, outputs, gpu))
                 finally:
                     model.unload()
             except Exception as error:

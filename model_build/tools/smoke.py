@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import math
 import random
-import re
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -56,7 +55,6 @@ from model_build.tools.smoke_setup import (
 #: GPUs (g5), FP16 weights and TensorRT FP16 engines move outputs by 1e-3 to 1e-2 relative. A wrong
 #: model, garbled bytes or a swapped output differ by orders of magnitude more.
 DEFAULT_ATOL, DEFAULT_RTOL = UNKNOWN_PRECISION_TOLERANCE
-_HEADER_SIZE = re.compile(r"json-header-size\s*=\s*(\d+)", re.IGNORECASE)
 
 Progress = Callable[["TargetResult"], None]
 
@@ -194,12 +192,10 @@ def _invoke(
 
 def _parse_answer(body: bytes, content_type: str) -> Any:
     """A tritonclient ``InferResult`` from a binary+json answer or a plain JSON one."""
-    from model_build.tools.verify import parse_response
+    from model_build.tools.verify import header_length, parse_response
 
-    match = _HEADER_SIZE.search(content_type)
-    header_length = int(match.group(1)) if match else None
     try:
-        return parse_response(body, header_length)
+        return parse_response(body, header_length(content_type))
     except Exception as error:  # tritonclient raises JSON, index and its own errors
         raise _CallFailed(
             "response",

@@ -9,6 +9,7 @@ pre-publish gate the build runs is ``model_build.package.gate``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -81,6 +82,15 @@ def build_request(
     if header_length is None:  # no binary section at all (a model without inputs)
         header_length = len(body)
     return bytes(body), int(header_length)
+
+
+_HEADER_SIZE = re.compile(r"json-header-size\s*=\s*(\d+)", re.IGNORECASE)
+
+
+def header_length(content_type: str) -> int | None:
+    """The JSON header's length that a binary+JSON answer's ``Content-Type`` names (None: all JSON)."""
+    match = _HEADER_SIZE.search(content_type)
+    return int(match.group(1)) if match else None
 
 
 def parse_response(body: bytes, header_length: int | None) -> httpclient.InferResult:
