@@ -193,6 +193,7 @@ def measure_served(model: ServedModel, row: dict[str, Any], batches: dict[int, d
     calls[1]()
     row["first_answer_s"] = round(time.perf_counter() - started, 4)
     row["cold_start_s"] = round(row["load_s"] + row["first_answer_s"], 4)
+    row["gpu_memory_mib"] = round((gpu.used_bytes() - used_before) / 2**20, 1)  # as the in-process rows
     for size, call in calls.items():
         for _ in range(5):
             call()
@@ -202,7 +203,6 @@ def measure_served(model: ServedModel, row: dict[str, Any], batches: dict[int, d
             call()
             samples.append(time.perf_counter() - begin)
         row[f"batch{size}"] = percentiles(samples)
-    row["gpu_memory_mib"] = round((gpu.used_bytes() - used_before) / 2**20, 1)
     outputs = calls[8]()
     row["parity_vs_pytorch_fp32"] = parity(outputs, reference)
     row["gate"] = judge(outputs, reference, row["variant"])
