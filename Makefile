@@ -137,8 +137,11 @@ SAGEMAKER_ENDPOINT_URL ?=
 S3_ENDPOINT_URL ?=
 # The prepared GPU check (issue 37, benchmarks/gpu_check.py): on a machine without an NVIDIA GPU it
 # prints one line and exits 0 before installing anything. With one, the GPU runtimes (PyTorch's CUDA
-# wheel, onnxruntime-gpu: requirements-gpu.txt) go into their own environment, and the check writes
-# benchmarks/results/gpu_check.json and the "GPU check" section of docs/benchmarks.md.
+# wheel, onnxruntime-gpu, nvidia-pytriton's tritonserver: requirements-gpu.txt) go into their own
+# environment, and the check writes benchmarks/results/gpu_check.json and the "GPU check" section of
+# docs/benchmarks.md. The tritonserver's python backend stub links the shared libpython of the Python
+# that makes the environment: where the loader does not know it and apt-get is there, it is installed
+# first (as for .venv-triton); where that fails, the served rows say what is missing.
 GPU_VENV := .venv-gpu
 gpu-check:
 	@if nvidia-smi -L >/dev/null 2>&1; then \
@@ -148,6 +151,11 @@ gpu-check:
 	fi
 
 $(GPU_VENV)/.installed: requirements-gpu.txt
+	@version=$$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
+	if ! ldconfig -p | grep -q "libpython$$version.so.1.0" && command -v apt-get >/dev/null; then \
+		echo "installing libpython$$version, which the tritonserver's python backend stub links"; \
+		{ apt-get update -qq && apt-get install -y -qq "libpython$$version"; } \
+			|| echo "could not install libpython$$version: the check's served rows will say so"; fi
 	$(call python_env,$(GPU_VENV),requirements-gpu.txt)
 
 smoke: setup
