@@ -202,7 +202,6 @@ def run(manifest_path: Path, sources: dict[str, Path], torch: Any, device: str =
     #: Per source: PyTorch FP32's outputs on the batch of 8 and the batches, for the served rows.
     references: dict[str, tuple[Any, dict[int, dict[str, Any]]]] = {}
     resolved: dict[str, Path | None] = {}
-    served_by: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as scratch:
         for spec in manifest.models:
             key = spec.source.model_dump_json()
