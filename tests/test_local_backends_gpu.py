@@ -20,7 +20,7 @@ from triton_helpers import requires_triton  # tests/ is on sys.path
 
 from model_build.manifest.fields import TensorRTAccelerator
 from model_build.package.backend import _trt_options
-from model_build.tools.triton_server import BACKENDS_SOURCE, TritonEnvironment
+from model_build.tools.triton_server import BACKENDS_SOURCE, TritonEnvironment, library_path
 
 pytestmark = requires_triton
 
@@ -126,10 +126,43 @@ def test_the_stubs_libpython_is_looked_for_beside_the_base_python(tmp_path: Path
     site = tmp_path / "env" / "lib" / "python3.99" / "site-packages"
     site.mkdir(parents=True)
     env = TritonEnvironment(root=tmp_path / "env", site_packages=site)
-    missing = env.missing_libpython()
+    missing = env.missing_libpython(inherited="")
     assert missing.startswith("no libpython3.99.so.1.0 on this machine") and "apt-get install libpython3.99" in missing
     (tmp_path / "base" / "bin").mkdir(parents=True)
     (tmp_path / "base" / "lib").mkdir()
     (tmp_path / "base" / "lib" / "libpython3.99.so.1.0").write_bytes(b"")
     (tmp_path / "env" / "pyvenv.cfg").write_text(f"home = {tmp_path / 'base' / 'bin'}\nversion = 3.99.0\n")
     assert env.python_library_dirs == [tmp_path / "base" / "lib"] and env.missing_libpython() == ""
+
+
+def test_the_servers_library_path_keeps_the_callers_after_its_own(tmp_path: Path) -> None:
+    """A GPU container may reach the driver's libcuda only through the inherited LD_LIBRARY_PATH:
+    the server keeps it, after pytriton's libraries and the stub's libpython, without repeats."""
+    site = tmp_path / "env" / "lib" / "python3.99" / "site-packages"
+    site.mkdir(parents=True)
+    (tmp_path / "base" / "bin").mkdir(parents=True)
+    (tmp_path / "base" / "lib").mkdir()
+    (tmp_path / "base" / "lib" / "libpython3.99.so.1.0").write_bytes(b"")
+    (tmp_path / "env" / "pyvenv.cfg").write_text(f"home = {tmp_path / 'base' / 'bin'}\n")
+    env = TritonEnvironment(root=tmp_path / "env", site_packages=site)
+    own = [str(site / "nvidia_pytriton.libs"), str(tmp_path / "base" / "lib")]
+    assert library_path(env, "").split(":") == own
+    inherited = f"/usr/local/nvidia/lib64::{tmp_path / 'base' / 'lib'}:/usr/local/cuda/lib64"
+    assert library_path(env, inherited).split(":") == [*own, "/usr/local/nvidia/lib64", "/usr/local/cuda/lib64"]
+
+
+def test_a_libpython_on_the_servers_library_path_is_found_there(tmp_path: Path) -> None:
+    """Where the loader's cache lacks it, a libpython in pytriton's library folder or on the
+    caller's LD_LIBRARY_PATH is on the server's path too: the stub can start."""
+    site = tmp_path / "env" / "lib" / "python3.99" / "site-packages"
+    site.mkdir(parents=True)
+    env = TritonEnvironment(root=tmp_path / "env", site_packages=site)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    assert env.missing_libpython(inherited=str(elsewhere)).startswith("no libpython3.99.so.1.0")
+    (elsewhere / "libpython3.99.so.1.0").write_bytes(b"")
+    assert env.missing_libpython(inherited=str(elsewhere)) == ""
+    assert env.missing_libpython(inherited="").startswith("no libpython3.99.so.1.0")
+    env.libraries.mkdir()
+    (env.libraries / "libpython3.99.so.1.0").write_bytes(b"")
+    assert env.missing_libpython(inherited="") == ""

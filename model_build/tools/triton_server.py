@@ -92,13 +92,18 @@ class TritonEnvironment:
         library = f"libpython{self.python_version}.so.1.0"
         return [folder for folder in ([Path(home).parent / "lib"] if home else []) if (folder / library).is_file()]
 
-    def missing_libpython(self) -> str:
-        """Why the python backend stub cannot start here ("" when its libpython is found)."""
+    def missing_libpython(self, inherited: str | None = None) -> str:
+        """Why the python backend stub cannot start here ("" when its libpython is found): looked
+        for along the server's library path (:func:`library_path`, with ``inherited`` or this
+        process's ``LD_LIBRARY_PATH``), then in the loader's cache."""
         library = f"libpython{self.python_version}.so.1.0"
-        if self.python_library_dirs:
+        path = library_path(self, os.environ.get("LD_LIBRARY_PATH", "") if inherited is None else inherited)
+        if any((Path(folder) / library).is_file() for folder in path.split(os.pathsep)):
             return ""
         with suppress(OSError, subprocess.SubprocessError):
-            listed = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=30).stdout
+            # /sbin is off a non-root user's PATH on Debian and Ubuntu
+            ldconfig = shutil.which("ldconfig") or "/sbin/ldconfig"
+            listed = subprocess.run([ldconfig, "-p"], capture_output=True, text=True, timeout=30).stdout
             if library in listed:
                 return ""
         return (f"no {library} on this machine: the python backend stub links the shared library of the "
@@ -227,6 +232,15 @@ class TritonServer:
         return self.process.poll() is None
 
 
+def library_path(env: TritonEnvironment, inherited: str) -> str:
+    """The server's ``LD_LIBRARY_PATH``: pytriton's bundled libraries and the stub's libpython
+    first, then the caller's own. A GPU container often reaches the driver's ``libcuda.so.1``
+    only through that inherited path (``/usr/local/nvidia/lib64``); dropping it would leave the
+    stub's CUDA providers without a driver."""
+    folders = [str(folder) for folder in (env.libraries, *env.python_library_dirs)]
+    return os.pathsep.join([*folders, *(part for part in inherited.split(os.pathsep) if part and part not in folders)])
+
+
 def _command(env: TritonEnvironment, backends: Path, repository: Path, port: int,
              shm_default_byte_size: int, shm_growth_byte_size: int, log_verbose: int) -> list[str]:
     return [
@@ -331,8 +345,7 @@ def triton_server(
     # as its executable, virtualenv included: the triton environment's ``bin`` goes first, so every
     # python model runs with that environment (numpy 1.26, ONNX Runtime 1.19, torch), never with
     # the project venv a caller may have put first (numpy 2 there breaks the python backend).
-    libraries = os.pathsep.join(str(folder) for folder in (env.libraries, *env.python_library_dirs))
-    environment = {**os.environ, "LD_LIBRARY_PATH": libraries,
+    environment = {**os.environ, "LD_LIBRARY_PATH": library_path(env, os.environ.get("LD_LIBRARY_PATH", "")),
                    "PATH": f"{env.root / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment,
