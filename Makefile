@@ -6,6 +6,10 @@ PY := $(VENV)/bin/python
 # system Python 3.11 whose libpython the stub links (see model_build/tools/triton_server.py).
 TRITON_VENV := .venv-triton
 SYSTEM_PY := /usr/bin/python3.11
+# Exits 0 where the Python that runs it has its shared libpython3.X.so.1.0 (the stub links it): in its
+# own prefix's lib (pyenv, uv, conda) or known to the loader (ctypes reads /sbin/ldconfig, which is on
+# no PATH of a non-root user on Debian and Ubuntu).
+LIBPYTHON_FOUND := import ctypes.util, os, sys, sysconfig; v = "%d.%d" % sys.version_info[:2]; sys.exit(0 if os.path.isfile(os.path.join(sysconfig.get_config_var("LIBDIR") or "", f"libpython{v}.so.1.0")) or ctypes.util.find_library(f"python{v}") else 1)
 # The tokenizers wheel every raw-text tarball carries for the Triton image's Python (pinned by hash in
 # model_build/text_ensemble/serving-wheels.txt; the build reads it from here, the build image from its own copy).
 WHEELHOUSE := .wheelhouse
@@ -42,7 +46,7 @@ $(VENV)/.installed: requirements.txt constraints.txt
 	touch $@
 
 $(TRITON_VENV)/.installed: requirements-triton.txt
-	@if ! $(SYSTEM_PY) -c 'import ensurepip' 2>/dev/null || ! ldconfig -p | grep -q 'libpython3.11.so.1.0'; then \
+	@if ! $(SYSTEM_PY) -c 'import ensurepip' 2>/dev/null || ! $(SYSTEM_PY) -c '$(LIBPYTHON_FOUND)'; then \
 		echo "installing the system Python 3.11 runtime the Triton python backend stub links"; \
 		apt-get update -qq && apt-get install -y -qq python3.11 python3.11-venv libpython3.11; fi
 	rm -rf $(TRITON_VENV)
@@ -152,7 +156,7 @@ gpu-check:
 
 $(GPU_VENV)/.installed: requirements-gpu.txt
 	@version=$$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
-	if ! ldconfig -p | grep -q "libpython$$version.so.1.0" && command -v apt-get >/dev/null; then \
+	if ! python3 -c '$(LIBPYTHON_FOUND)' && command -v apt-get >/dev/null; then \
 		echo "installing libpython$$version, which the tritonserver's python backend stub links"; \
 		{ apt-get update -qq && apt-get install -y -qq "libpython$$version"; } \
 			|| echo "could not install libpython$$version: the check's served rows will say so"; fi
