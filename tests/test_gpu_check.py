@@ -193,3 +193,30 @@ def test_the_served_rows_fallback_shm_sizes_are_the_endpoint_constructs_defaults
 
     fields = TritonMmeEndpointProps.model_fields
     assert (fields["shm_default_byte_size"].default, fields["shm_growth_byte_size"].default) == CONSTRUCT_SHM
+
+
+def test_the_tensorrt_variant_is_served_as_published_with_its_engine_cache(tmp_path: Path) -> None:
+    """What the served TensorRT row loads on a GPU, prepared here: the build's config keeps
+    ``KIND_GPU`` and the provider's keys in the unpacked folder, the row is named for the provider,
+    and the engine cache it clears before the first load (and counts after the second) is the
+    model's own folder under the cache root."""
+    from benchmarks.gpu_served import TENSORRT_VARIANT, ServedModel, _engine_cache_folders, runtime_name
+    from model_build.manifest import load_manifest
+    from model_build.manifest.fields import ENGINE_CACHE_ROOT
+    from model_build.pipeline import BuildOptions, build_model
+
+    manifest = tmp_path / "models.yaml"
+    manifest.write_text(TINY_MANIFEST, encoding="utf-8")
+    spec = gpu_cases.variant_entry(load_manifest(manifest).models[0], None, precision="fp32", tensorrt=TENSORRT_VARIANT)
+    release = tmp_path / "release"
+    built = build_model(spec, BuildOptions(base_dir=tmp_path), release_dir=release, work_dir=tmp_path / "work")
+    served = ServedModel(None, "resnet-tiny/tensorrt-fp16", release / built.tarball,
+                         (release / built.config).read_text(), tmp_path / "models", gpu=True)
+    assert runtime_name(served.config, True) == "tritonserver-onnxruntime-tensorrt"
+    assert runtime_name(served.config, False) == "tritonserver-onnxruntime-cpu"
+    [cache] = _engine_cache_folders(served.config)
+    assert cache.parent == Path(ENGINE_CACHE_ROOT) and cache.name.startswith("resnet-tiny-")
+    [unpacked] = served.directory.rglob("config.pbtxt")
+    text = unpacked.read_text()
+    assert "KIND_GPU" in text and 'name: "tensorrt"' in text and f'value: "{cache}"' in text
+    assert not served.loaded
