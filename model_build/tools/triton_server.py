@@ -101,7 +101,7 @@ class TritonEnvironment:
         if any((Path(folder) / library).is_file() for folder in path.split(os.pathsep)):
             return ""
         with suppress(OSError, subprocess.SubprocessError):
-            # /sbin is off a non-root user's PATH on Debian and Ubuntu
+            # /sbin is off a non-root user's default PATH on Debian
             ldconfig = shutil.which("ldconfig") or "/sbin/ldconfig"
             listed = subprocess.run([ldconfig, "-p"], capture_output=True, text=True, timeout=30).stdout
             if library in listed:
