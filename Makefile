@@ -8,7 +8,7 @@ TRITON_VENV := .venv-triton
 SYSTEM_PY := /usr/bin/python3.11
 # Exits 0 where the Python that runs it has its shared libpython3.X.so.1.0 (the stub links it): in its
 # own prefix's lib (pyenv, uv, conda) or known to the loader (ctypes reads /sbin/ldconfig, which is on
-# the default PATH of a non-root user on Debian).
+# no default PATH of a non-root user on Debian).
 LIBPYTHON_FOUND := import ctypes.util, os, sys, sysconfig; v = "%d.%d" % sys.version_info[:2]; sys.exit(0 if os.path.isfile(os.path.join(sysconfig.get_config_var("LIBDIR") or "", f"libpython{v}.so.1.0")) or ctypes.util.find_library(f"python{v}") else 1)
 # The tokenizers wheel every raw-text tarball carries for the Triton image's Python (pinned by hash in
 # model_build/text_ensemble/serving-wheels.txt; the build reads it from here, the build image from its own copy).
