@@ -119,44 +119,48 @@ def test_a_session_that_fell_back_to_the_cpu_is_refused(backend: ModuleType, tmp
     assert session.get_providers() == ["CPUExecutionProvider"]
 
 
+def _fake_environment(root: Path) -> TritonEnvironment:
+    """A triton environment of Python 3.99 (no such libpython anywhere) under ``root/env``."""
+    site = root / "env" / "lib" / "python3.99" / "site-packages"
+    site.mkdir(parents=True)
+    return TritonEnvironment(root=root / "env", site_packages=site)
+
+
+def _fake_base_python(root: Path) -> Path:
+    """``root/base``: a Python prefix with its libpython3.99 in ``lib``, the environment's ``home``."""
+    (root / "base" / "bin").mkdir(parents=True)
+    (root / "base" / "lib").mkdir()
+    (root / "base" / "lib" / "libpython3.99.so.1.0").write_bytes(b"")
+    (root / "env" / "pyvenv.cfg").write_text(f"home = {root / 'base' / 'bin'}\nversion = 3.99.0\n")
+    return root / "base" / "lib"
+
+
 def test_the_stubs_libpython_is_looked_for_beside_the_base_python(tmp_path: Path) -> None:
     """A GPU machine's Python may live in its own prefix (not the system's): the server is started
     with that prefix's lib on its library path, and a Python whose shared library is nowhere is one
     clear reason instead of a stub that never starts."""
-    site = tmp_path / "env" / "lib" / "python3.99" / "site-packages"
-    site.mkdir(parents=True)
-    env = TritonEnvironment(root=tmp_path / "env", site_packages=site)
+    env = _fake_environment(tmp_path)
     missing = env.missing_libpython(inherited="")
     assert missing.startswith("no libpython3.99.so.1.0 on this machine") and "apt-get install libpython3.99" in missing
-    (tmp_path / "base" / "bin").mkdir(parents=True)
-    (tmp_path / "base" / "lib").mkdir()
-    (tmp_path / "base" / "lib" / "libpython3.99.so.1.0").write_bytes(b"")
-    (tmp_path / "env" / "pyvenv.cfg").write_text(f"home = {tmp_path / 'base' / 'bin'}\nversion = 3.99.0\n")
-    assert env.python_library_dirs == [tmp_path / "base" / "lib"] and env.missing_libpython() == ""
+    base_lib = _fake_base_python(tmp_path)
+    assert env.python_library_dirs == [base_lib] and env.missing_libpython() == ""
 
 
 def test_the_servers_library_path_keeps_the_callers_after_its_own(tmp_path: Path) -> None:
     """A GPU container may reach the driver's libcuda only through the inherited LD_LIBRARY_PATH:
     the server keeps it, after pytriton's libraries and the stub's libpython, without repeats."""
-    site = tmp_path / "env" / "lib" / "python3.99" / "site-packages"
-    site.mkdir(parents=True)
-    (tmp_path / "base" / "bin").mkdir(parents=True)
-    (tmp_path / "base" / "lib").mkdir()
-    (tmp_path / "base" / "lib" / "libpython3.99.so.1.0").write_bytes(b"")
-    (tmp_path / "env" / "pyvenv.cfg").write_text(f"home = {tmp_path / 'base' / 'bin'}\n")
-    env = TritonEnvironment(root=tmp_path / "env", site_packages=site)
-    own = [str(site / "nvidia_pytriton.libs"), str(tmp_path / "base" / "lib")]
+    env = _fake_environment(tmp_path)
+    base_lib = _fake_base_python(tmp_path)
+    own = [str(env.site_packages / "nvidia_pytriton.libs"), str(base_lib)]
     assert library_path(env, "").split(":") == own
-    inherited = f"/usr/local/nvidia/lib64::{tmp_path / 'base' / 'lib'}:/usr/local/cuda/lib64"
+    inherited = f"/usr/local/nvidia/lib64::{base_lib}:/usr/local/cuda/lib64"
     assert library_path(env, inherited).split(":") == [*own, "/usr/local/nvidia/lib64", "/usr/local/cuda/lib64"]
 
 
 def test_a_libpython_on_the_servers_library_path_is_found_there(tmp_path: Path) -> None:
     """Where the loader's cache lacks it, a libpython in pytriton's library folder or on the
     caller's LD_LIBRARY_PATH is on the server's path too: the stub can start."""
-    site = tmp_path / "env" / "lib" / "python3.99" / "site-packages"
-    site.mkdir(parents=True)
-    env = TritonEnvironment(root=tmp_path / "env", site_packages=site)
+    env = _fake_environment(tmp_path)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     assert env.missing_libpython(inherited=str(elsewhere)).startswith("no libpython3.99.so.1.0")
