@@ -37,12 +37,15 @@ setup: $(VENV)/.installed node_modules/.installed $(TRITON_VENV)/.installed $(CH
 # .github/workflows/triton-mme-plan.yml): the Python environment and the CDK's diff engine.
 plan-setup: $(VENV)/.installed node_modules/.installed
 
-$(VENV)/.installed: requirements.txt constraints.txt
+$(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first and alone: 2.13.0 is the CPU wheel; any other torch pulls GBs of CUDA packages.
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -r requirements.txt -c constraints.txt
+	# The checkout itself, as the package triton_mme_cdk (editable: it maps the import name to
+	# triton_mme_cdk/, whose links are constructs/, stacks/ and model_build/; nothing under build/).
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation --editable .
 	touch $@
 
 $(TRITON_VENV)/.installed: requirements-triton.txt

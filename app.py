@@ -20,16 +20,16 @@ from typing import Any
 import aws_cdk as cdk
 from cdk_nag import AwsSolutionsChecks
 
-from constructs.sagemaker_limits import PropsError
-from model_build.errors import ManifestError, ModelBuildError
-from model_build.manifest import Manifest, load_manifest
-from model_build.release.deployed import check_embedded
-from model_build.release.routes import RoutesError
-from stacks.pipeline_settings import SETTING_KEY as PIPELINE_KEY
-from stacks.pipeline_settings import PipelineSettings, pipeline_settings
-from stacks.pipeline_stack import TritonMmePipelineStack
-from stacks.settings import MmeSettings, SettingsError
-from stacks.triton_mme_stack import TritonMmeStack
+from triton_mme_cdk.constructs.sagemaker_limits import PropsError
+from triton_mme_cdk.model_build.errors import ManifestError, ModelBuildError
+from triton_mme_cdk.model_build.manifest import Manifest, load_manifest
+from triton_mme_cdk.model_build.release.deployed import check_embedded
+from triton_mme_cdk.model_build.release.routes import RoutesError
+from triton_mme_cdk.stacks.pipeline_settings import SETTING_KEY as PIPELINE_KEY
+from triton_mme_cdk.stacks.pipeline_settings import PipelineSettings, pipeline_settings
+from triton_mme_cdk.stacks.pipeline_stack import TritonMmePipelineStack
+from triton_mme_cdk.stacks.settings import MmeSettings, SettingsError
+from triton_mme_cdk.stacks.triton_mme_stack import TritonMmeStack
 
 ROOT = Path(__file__).resolve().parent
 #: Errors a user causes with a setting or the manifest; anything else is a bug (traceback).
@@ -127,9 +127,9 @@ def plan_line(stack: TritonMmeStack, template: Mapping[str, Any], root: Path = R
         return (f"models: {len(manifest.models)} entries, {manifest.target_count} targets; a model change never "
                 "replaces the fleet; review the change: python -m model_build plan --bucket <ModelBucketName> "
                 f"--stack-name {settings.stack_name}")
-    from model_build.release.routes import parse_routes, plan_manifest
-    from model_build.tools.plan_report import PlanReport
-    from model_build.tools.plan_verdict import judge
+    from triton_mme_cdk.model_build.release.routes import parse_routes, plan_manifest
+    from triton_mme_cdk.model_build.tools.plan_report import PlanReport
+    from triton_mme_cdk.model_build.tools.plan_verdict import judge
 
     path = Path(settings.plan_routes_file)
     path = path if path.is_absolute() else root / path

@@ -350,7 +350,7 @@ class RunContext:
         (the MiniLM tarball for inference and artifact) share one build."""
         key = spec.model_dump_json()
         if key not in self._builds:
-            from model_build.pipeline import BuildOptions, build_model
+            from triton_mme_cdk.model_build.pipeline import BuildOptions, build_model
 
             release_dir = self.scratch(f"release-{len(self._builds)}")
             seconds, result = timed(
@@ -369,10 +369,10 @@ class RunContext:
         """``specs`` built (:meth:`build`), published as ``release_id`` to moto's S3 server on
         loopback and served by the local endpoint (the real ``tritonserver``): what the endpoint
         and text_ensemble benchmarks call through ``boto3``. Yields the ``LocalEndpoint``."""
-        from model_build.aws_clients import make_s3_client
-        from model_build.release.publish import publish_release
-        from model_build.tools.endpoint import local_endpoint
-        from model_build.tools.local_s3 import local_s3
+        from triton_mme_cdk.model_build.aws_clients import make_s3_client
+        from triton_mme_cdk.model_build.release.publish import publish_release
+        from triton_mme_cdk.model_build.tools.endpoint import local_endpoint
+        from triton_mme_cdk.model_build.tools.local_s3 import local_s3
 
         artifacts = []
         for spec in specs:
@@ -401,7 +401,7 @@ def manifest_entry(name: str, manifest_path: Path = ROOT / "models.yaml") -> dic
 
 def spec_from(entry: Mapping[str, Any]) -> Any:
     """Validate one entry through the manifest schema (the same checks ``cdk synth`` runs)."""
-    from model_build.manifest import parse_manifest
+    from triton_mme_cdk.model_build.manifest import parse_manifest
 
     return parse_manifest({"version": 1, "models": [dict(entry)]}, origin="benchmark spec").models[0]
 

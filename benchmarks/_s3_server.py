@@ -44,7 +44,7 @@ def _serve(conn: Connection, tests_dir: str) -> None:
     sys.path.insert(0, tests_dir)
     from s3_faults import FaultProxy
 
-    from model_build.tools.local_s3 import local_s3
+    from triton_mme_cdk.model_build.tools.local_s3 import local_s3
 
     proxy: FaultProxy | None = None
     with local_s3() as endpoint:

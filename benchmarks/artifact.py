@@ -50,15 +50,15 @@ SIZES: dict[str, dict[str, Any]] = {
 
 
 def _current_default() -> int:
-    from model_build.pipeline import DEFAULT_COMPRESSLEVEL
+    from triton_mme_cdk.model_build.pipeline import DEFAULT_COMPRESSLEVEL
 
     return int(DEFAULT_COMPRESSLEVEL)
 
 
 def _contents(tarball: Path, dest: Path) -> tuple[Path, str, str]:
     """The model file, config text and model directory name inside a built tarball."""
-    from model_build.package.gate import locate_model
-    from model_build.package.tarball import safe_extract
+    from triton_mme_cdk.model_build.package.gate import locate_model
+    from triton_mme_cdk.model_build.package.tarball import safe_extract
 
     safe_extract(tarball, dest)
     model_dir, name = locate_model(dest)
@@ -67,10 +67,10 @@ def _contents(tarball: Path, dest: Path) -> tuple[Path, str, str]:
 
 
 def _measure_variant(tarball: Path, repeats: int, scratch: Path, threads: int) -> dict[str, Any]:
-    from model_build.package.backend import open_model
-    from model_build.package.pack import package_model
-    from model_build.package.tarball import safe_extract
-    from model_build.package.triton_config import check_config
+    from triton_mme_cdk.model_build.package.backend import open_model
+    from triton_mme_cdk.model_build.package.pack import package_model
+    from triton_mme_cdk.model_build.package.tarball import safe_extract
+    from triton_mme_cdk.model_build.package.triton_config import check_config
 
     model_file, config_text, name = _contents(tarball, scratch / "source")
     samples: dict[int, dict[str, list[float]]] = {lvl: {"pack_s": [], "unpack_s": []} for lvl in LEVELS}
@@ -156,9 +156,9 @@ def run(ctx: RunContext) -> dict[str, Any]:
         "repeats": repeats,
         "current_default_level": _current_default(),
         "size_tolerance": SIZE_TOLERANCE,
-        "pack": "model_build.package.package_model (reproducible tar, gzip)",
-        "unpack": "model_build.tarball.safe_extract (Python tarfile + gzip)",
-        "load": "model_build.package.backend.open_model, ONNX Runtime CPU provider",
+        "pack": "triton_mme_cdk.model_build.package.package_model (reproducible tar, gzip)",
+        "unpack": "triton_mme_cdk.model_build.tarball.safe_extract (Python tarfile + gzip)",
+        "load": "triton_mme_cdk.model_build.package.backend.open_model, ONNX Runtime CPU provider",
     })
     variants: dict[str, Any] = {}
     for key, spec in specs.items():

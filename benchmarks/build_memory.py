@@ -147,16 +147,16 @@ def _hwm_bytes() -> int:
 def _child(mode: str, manifest: Path, out: Path, result_path: Path) -> int:
     record: dict[str, Any] = {}
     if mode == "build":
-        from model_build.__main__ import main
+        from triton_mme_cdk.model_build.__main__ import main
 
         started = time.perf_counter()
         code = main(["build", "--manifest", str(manifest), "--out", str(out)])
         record.update(seconds=time.perf_counter() - started, exit=code)
         record["peak_rss"] = _hwm_bytes()
     elif mode == "processing":  # the Processing job's entry point on the inputs a job gets
-        from model_build.handler.custom_resource import _model_key
-        from model_build.handler.processing_job import run as run_job
-        from model_build.manifest import load_manifest
+        from triton_mme_cdk.model_build.handler.custom_resource import _model_key
+        from triton_mme_cdk.model_build.handler.processing_job import run as run_job
+        from triton_mme_cdk.model_build.manifest import load_manifest
 
         document = load_manifest(manifest)
         spec = document.models[0]
@@ -177,15 +177,15 @@ def _child(mode: str, manifest: Path, out: Path, result_path: Path) -> int:
         import transformers  # noqa: F401
         from transformers import BertModel, ResNetForImageClassification  # noqa: F401
 
-        import model_build.__main__
-        import model_build.export.validate
-        import model_build.package.gate
-        import model_build.package.pack
-        import model_build.pipeline.steps  # noqa: F401
+        import triton_mme_cdk.model_build.__main__
+        import triton_mme_cdk.model_build.export.validate
+        import triton_mme_cdk.model_build.package.gate
+        import triton_mme_cdk.model_build.package.pack
+        import triton_mme_cdk.model_build.pipeline.steps  # noqa: F401
 
         record["peak_rss"] = _hwm_bytes()
-        from model_build.export.eager import load_module
-        from model_build.manifest import load_manifest
+        from triton_mme_cdk.model_build.export.eager import load_module
+        from triton_mme_cdk.model_build.manifest import load_manifest
 
         spec = load_manifest(manifest).models[0]
         module = load_module(spec, None)

@@ -133,8 +133,8 @@ def _largest_fitting_batch(onnx: dict[str, Any], image: int, rng: np.random.Gene
 def run(ctx: RunContext) -> dict[str, Any]:
     from botocore.exceptions import ClientError
 
-    from model_build.tools.endpoint import MAX_BODY_BYTES
-    from model_build.tools.smoke_setup import make_runtime_client
+    from triton_mme_cdk.model_build.tools.endpoint import MAX_BODY_BYTES
+    from triton_mme_cdk.model_build.tools.smoke_setup import make_runtime_client
 
     started = time.perf_counter()
     chosen = ctx.sizes(SIZES)

@@ -73,7 +73,7 @@ def model_batches(spec: Any, source_dir: Path | None) -> dict[int, dict[str, Any
     """Batches of 1 and 8 as numpy arrays: real sentences padded to :data:`SEQUENCE`, or pixels."""
     import numpy as np
 
-    from model_build.export.eager import DEFAULT_SENTENCES, text_batch
+    from triton_mme_cdk.model_build.export.eager import DEFAULT_SENTENCES, text_batch
 
     out: dict[int, dict[str, Any]] = {}
     for size in BATCH_SIZES:
@@ -99,7 +99,7 @@ def model_batches(spec: Any, source_dir: Path | None) -> dict[int, dict[str, Any
 
 def torch_case(spec: Any, source_dir: Path | None, torch: Any, *, half: bool, device: str = "cuda") -> Case:
     """The manifest entry's eager module (model_build.export.eager, the one the export traces) on the GPU."""
-    from model_build.export.eager import input_names, load_module
+    from triton_mme_cdk.model_build.export.eager import input_names, load_module
 
     def load() -> Callable[[dict[str, Any]], Any]:
         # .float(): a source saved in FP16 (a copy carried to the GPU machine) still computes in FP32 here.
@@ -162,7 +162,7 @@ def ort_case(spec: Any, onnx_path: Path, provider: str, variant: str, note: str 
 def _export(spec: Any, manifest_dir: Path, work: Path) -> Path:
     """The manifest entry's ONNX graph as the build writes it (export, fusions, FP16 where the
     entry asks, validation on CPU)."""
-    from model_build.export.validate import export_and_validate
+    from triton_mme_cdk.model_build.export.validate import export_and_validate
 
     exported, _report, _reference = export_and_validate(spec, base_dir=manifest_dir, work_dir=work)
     return Path(exported.path)
@@ -171,7 +171,7 @@ def _export(spec: Any, manifest_dir: Path, work: Path) -> Path:
 def exported_despite(error: Exception, spec: Any, work: Path) -> Path | None:
     """The graph the export wrote before its CPU validation refused it (a build here would stop;
     the GPU rows still measure it, against PyTorch FP32 on the GPU, and say so)."""
-    from model_build.errors import ValidationMismatchError
+    from triton_mme_cdk.model_build.errors import ValidationMismatchError
 
     graph = work / spec.name / "model.onnx"
     return graph if isinstance(error, ValidationMismatchError) and graph.is_file() else None
@@ -225,7 +225,7 @@ def variant_entry(spec: Any, source_dir: Path | None, **update: Any) -> Any:
     """The manifest entry with ``update`` applied (one copy, FP16 only through ``precision``),
     validated as the manifest validates it; its source the folder the check was given (a copy
     carried to the GPU machine) instead of a fetch."""
-    from model_build.manifest.fields import LocalSource
+    from triton_mme_cdk.model_build.manifest.fields import LocalSource
 
     fields = {"copies": 1, "fp16": False, **update}
     if source_dir is not None and spec.source.kind in ("package", "huggingface", "s3"):

@@ -140,8 +140,8 @@ def judge(outputs: Any, reference: Any, variant: str) -> dict[str, Any]:
     cosine (:data:`model_build.manifest.fields.DEFAULT_GATES`), against PyTorch FP32 on the GPU."""
     import numpy as np
 
-    from model_build.compare import compare_arrays, served_tolerance
-    from model_build.manifest.fields import DEFAULT_GATES
+    from triton_mme_cdk.model_build.compare import compare_arrays, served_tolerance
+    from triton_mme_cdk.model_build.manifest.fields import DEFAULT_GATES
 
     precision = "fp16" if "fp16" in variant else "fp32"
     atol, rtol = served_tolerance(precision)
@@ -179,8 +179,8 @@ def _version(name: str) -> str | None:
 
 def run(manifest_path: Path, sources: dict[str, Path], torch: Any, device: str = "cuda") -> dict[str, Any]:
     """Every row of the check on this machine's GPU (``device="cpu"``: the same code on the CPU)."""
-    from model_build.export.sources import resolve_source
-    from model_build.manifest import load_manifest
+    from triton_mme_cdk.model_build.export.sources import resolve_source
+    from triton_mme_cdk.model_build.manifest import load_manifest
 
     started_at, started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), time.monotonic()
     gpu = Gpu(torch, device)

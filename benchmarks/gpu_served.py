@@ -78,7 +78,11 @@ def triton_environment() -> tuple[Any, str]:
     onnxruntime-gpu and CUDA torch), else ``.venv-triton``; (env, "") or (None, why not)."""
     import os
 
-    from model_build.tools.triton_server import ENV_VARIABLE, TritonEnvironment, TritonEnvironmentError
+    from triton_mme_cdk.model_build.tools.triton_server import (
+        ENV_VARIABLE,
+        TritonEnvironment,
+        TritonEnvironmentError,
+    )
 
     own = Path(sys.prefix)
     root = None if os.environ.get(ENV_VARIABLE) or not any(own.glob("lib/python3.*/site-packages/pytriton")) else own
@@ -93,7 +97,7 @@ def triton_environment() -> tuple[Any, str]:
 def shm_settings() -> tuple[tuple[int, int], str]:
     """The stack's python-backend SHM sizes, or the construct's defaults where the CDK is missing."""
     try:
-        from model_build.tools.triton_server import stack_shm_settings
+        from triton_mme_cdk.model_build.tools.triton_server import stack_shm_settings
 
         return stack_shm_settings(), "the stack's (cdk.json)"
     except ImportError as error:
@@ -118,9 +122,9 @@ class ServedModel:
     """One built tarball unpacked into the server's model folder; load, invoke, unload."""
 
     def __init__(self, server: Any, target: str, tarball: Path, config_text: str, root: Path, *, gpu: bool) -> None:
-        from model_build.package.tarball import safe_extract
-        from model_build.package.triton_config import parse_config
-        from model_build.tools.mme import localize_configs, model_name_for
+        from triton_mme_cdk.model_build.package.tarball import safe_extract
+        from triton_mme_cdk.model_build.package.triton_config import parse_config
+        from triton_mme_cdk.model_build.tools.mme import localize_configs, model_name_for
 
         self.server = server
         self.config = parse_config(config_text)
@@ -151,7 +155,7 @@ class ServedModel:
         """A call of ``batch`` (body encoded once): returns the first output as numpy."""
         import re
 
-        from model_build.tools.verify import (
+        from triton_mme_cdk.model_build.tools.verify import (
             SAGEMAKER_BINARY_CONTENT_TYPE,
             build_request,
             header_length,
@@ -223,8 +227,8 @@ def served_rows(manifest_path: Path, models: list[Any], sources: dict[str, Path 
                 references: dict[str, tuple[Any, dict[int, dict[str, Any]]]], gpu: Any, work: Path
                 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Every served row, and what the server was (its version, environment, SHM sizes)."""
-    from model_build.pipeline import BuildOptions, build_model
-    from model_build.tools.triton_server import triton_server
+    from triton_mme_cdk.model_build.pipeline import BuildOptions, build_model
+    from triton_mme_cdk.model_build.tools.triton_server import triton_server
 
     on_gpu = gpu.device == "cuda"
     entries, rows = served_entries(models, sources, gpu=on_gpu)

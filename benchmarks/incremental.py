@@ -71,7 +71,7 @@ def _minilm_build_seconds(ctx: RunContext) -> dict[str, Any]:
     or read from an existing build record (a ``--tiny`` run never builds it)."""
     import json
 
-    from model_build.manifest import load_manifest
+    from triton_mme_cdk.model_build.manifest import load_manifest
 
     if ctx.tiny:
         for record in sorted((ROOT / "build").glob("r-*/build.json")):
@@ -80,7 +80,7 @@ def _minilm_build_seconds(ctx: RunContext) -> dict[str, Any]:
                     return {"model": MINILM_MODEL, "seconds": float(model["seconds"]),
                             "source": f"build record {record.relative_to(ROOT)}"}
         return {"model": MINILM_MODEL, "seconds": None, "source": "not measured (--tiny, no build record)"}
-    from model_build.pipeline import BuildOptions, build_model
+    from triton_mme_cdk.model_build.pipeline import BuildOptions, build_model
 
     spec = next(m for m in load_manifest(ROOT / "models.yaml").models if m.name == MINILM_MODEL)
     seconds, _ = timed(lambda: build_model(spec, BuildOptions(base_dir=ROOT), release_dir=ctx.scratch("incremental-minilm"),
@@ -114,12 +114,17 @@ def _as_key(artifact: Any, name: str, targets: tuple[str, ...]) -> Any:
 
 
 def run(ctx: RunContext) -> dict[str, Any]:
-    from model_build.aws_clients import make_s3_client
-    from model_build.manifest import parse_manifest
-    from model_build.release import compute_release, store_prefix
-    from model_build.release.publish import delete_release, publish_release
-    from model_build.release.serving import activate_release
-    from model_build.release.store import ReleaseTarget, publish_incremental, publish_unit, stored_keys
+    from triton_mme_cdk.model_build.aws_clients import make_s3_client
+    from triton_mme_cdk.model_build.manifest import parse_manifest
+    from triton_mme_cdk.model_build.release import compute_release, store_prefix
+    from triton_mme_cdk.model_build.release.publish import delete_release, publish_release
+    from triton_mme_cdk.model_build.release.serving import activate_release
+    from triton_mme_cdk.model_build.release.store import (
+        ReleaseTarget,
+        publish_incremental,
+        publish_unit,
+        stored_keys,
+    )
 
     started = time.perf_counter()
     count = int(ctx.sizes(SIZES)["models"])
@@ -146,7 +151,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
     })
 
     # The one real build, timed: the per-model time of the projection.
-    from model_build.pipeline import BuildOptions, build_model
+    from triton_mme_cdk.model_build.pipeline import BuildOptions, build_model
 
     spec = second.models[changed_index]
     build_times: list[float] = []

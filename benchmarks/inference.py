@@ -76,9 +76,9 @@ Call = Callable[[], Any]
 
 def _unpack(tarball: Path, dest: Path) -> tuple[Path, Any]:
     """Unpack as the container does; returns the model file and the parsed config."""
-    from model_build.package.gate import locate_model
-    from model_build.package.tarball import safe_extract
-    from model_build.package.triton_config import check_config, default_filename
+    from triton_mme_cdk.model_build.package.gate import locate_model
+    from triton_mme_cdk.model_build.package.tarball import safe_extract
+    from triton_mme_cdk.model_build.package.triton_config import check_config, default_filename
 
     safe_extract(tarball, dest)
     model_dir, name = locate_model(dest)
@@ -89,7 +89,7 @@ def _unpack(tarball: Path, dest: Path) -> tuple[Path, Any]:
 def _with_threads(config: Any, threads: int, *, cpu: bool) -> Any:
     """A copy of the config with ``intra_op_thread_count`` set (and KIND_CPU for the CPU runs, so
     that on a GPU machine the same options run on the CPU provider)."""
-    from model_build.package.triton_config import mc
+    from triton_mme_cdk.model_build.package.triton_config import mc
 
     copy = mc.ModelConfig()
     copy.CopyFrom(config)
@@ -101,7 +101,7 @@ def _with_threads(config: Any, threads: int, *, cpu: bool) -> Any:
 
 
 def _open_tuned(model_path: Path, config: Any, name: str) -> Any:
-    from model_build.package.backend import open_model
+    from triton_mme_cdk.model_build.package.backend import open_model
 
     return open_model(model_path, config, model=name)
 
@@ -315,8 +315,8 @@ def _gemm_ms(profile: dict[str, Any], ops: frozenset[str]) -> float:
 def run(ctx: RunContext) -> dict[str, Any]:
     import torch
 
-    from model_build.export.eager import load_module
-    from model_build.export.sources import resolve_source
+    from triton_mme_cdk.model_build.export.eager import load_module
+    from triton_mme_cdk.model_build.export.sources import resolve_source
 
     started = time.perf_counter()
     threads = ctx.threads or usable_cores()
@@ -340,7 +340,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
         "throughput_budget_s_per_run": throughput_budget,
         "onnx": "the built tarball, opened by model_build.package.backend.open_model from its config.pbtxt "
                 "(intra_op_thread_count set to the thread count; instance_group KIND_CPU for the CPU runs)",
-        "pytorch": "model_build.export.eager.load_module (the eager module the export traced), torch.inference_mode",
+        "pytorch": "triton_mme_cdk.model_build.export.eager.load_module (the eager module the export traced), torch.inference_mode",
     })
     built, release_dir = ctx.build(spec)
     tarball = release_dir / built.tarball
@@ -547,7 +547,7 @@ def _gpu(
             f"no CUDA: onnxruntime {ort.__version__} has providers {providers} and torch "
             f"{torch.__version__} reports torch.cuda.is_available() = {torch.cuda.is_available()}"
         )}
-    from model_build.package.triton_config import mc
+    from triton_mme_cdk.model_build.package.triton_config import mc
 
     scratch = ctx.scratch("inference-gpu")
     out: dict[str, Any] = {"providers": providers}

@@ -92,7 +92,7 @@ class Load:
         self._threads = [threading.Thread(target=self._client, args=(target,), daemon=True) for target in targets]
 
     def _client(self, target: str) -> None:
-        from model_build.tools.smoke_setup import make_runtime_client
+        from triton_mme_cdk.model_build.tools.smoke_setup import make_runtime_client
 
         runtime = make_runtime_client(endpoint_url=self.url, timeout_seconds=60)
         deadline = time.monotonic() + 900  # bounded whatever happens
@@ -141,16 +141,16 @@ def _wait_answer(invoke: Callable[[], Any], limit_s: float = 300.0) -> float:
 
 
 def _under_load(ctx: RunContext) -> dict[str, Any]:
-    from model_build.aws_clients import make_s3_client
-    from model_build.manifest import parse_manifest
-    from model_build.release import compute_release
-    from model_build.release.index import read_routes
-    from model_build.release.publish import publish_release
-    from model_build.release.serving import activate_release
-    from model_build.release.store import ReleaseTarget, publish_incremental
-    from model_build.tools.endpoint import local_endpoint
-    from model_build.tools.local_s3 import local_s3
-    from model_build.tools.smoke_setup import make_runtime_client
+    from triton_mme_cdk.model_build.aws_clients import make_s3_client
+    from triton_mme_cdk.model_build.manifest import parse_manifest
+    from triton_mme_cdk.model_build.release import compute_release
+    from triton_mme_cdk.model_build.release.index import read_routes
+    from triton_mme_cdk.model_build.release.publish import publish_release
+    from triton_mme_cdk.model_build.release.serving import activate_release
+    from triton_mme_cdk.model_build.release.store import ReleaseTarget, publish_incremental
+    from triton_mme_cdk.model_build.tools.endpoint import local_endpoint
+    from triton_mme_cdk.model_build.tools.local_s3 import local_s3
+    from triton_mme_cdk.model_build.tools.smoke_setup import make_runtime_client
 
     phase = float(ctx.sizes(SIZES)["phase_s"])
     # A tiny run keeps one steady model (one client): each model is a cold load on both endpoints.
@@ -236,10 +236,10 @@ def _payload(i: int, version: int) -> bytes:
 def _at_scale(ctx: RunContext, count: int) -> dict[str, Any]:
     from concurrent.futures import ThreadPoolExecutor
 
-    from model_build.aws_clients import make_s3_client
-    from model_build.release import Release, served_prefix
-    from model_build.release.serving import activate_release
-    from model_build.release.store import (
+    from triton_mme_cdk.model_build.aws_clients import make_s3_client
+    from triton_mme_cdk.model_build.release import Release, served_prefix
+    from triton_mme_cdk.model_build.release.serving import activate_release
+    from triton_mme_cdk.model_build.release.store import (
         ReleaseTarget,
         StoredModel,
         assemble_release,
@@ -248,8 +248,8 @@ def _at_scale(ctx: RunContext, count: int) -> dict[str, Any]:
         publish_unit,
         served_object,
     )
-    from model_build.tools.local_s3 import local_s3
-    from model_build.types import Artifact
+    from triton_mme_cdk.model_build.tools.local_s3 import local_s3
+    from triton_mme_cdk.model_build.types import Artifact
 
     work = ctx.scratch("live-fleet-scale")
 

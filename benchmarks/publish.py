@@ -160,7 +160,7 @@ def _one_latency(
 ) -> dict[str, Any]:
     """``repeats`` rounds of: the project's publish, its re-publish, and the baseline, each into a
     fresh bucket, through a proxy that adds ``latency_ms`` to every request."""
-    from model_build.release.publish import publish_naive, publish_release
+    from triton_mme_cdk.model_build.release.publish import publish_naive, publish_release
 
     samples: dict[str, list[float]] = {k: [] for k in _SAMPLE_KEYS}
     requests: dict[str, dict[str, int]] = {}
@@ -222,7 +222,7 @@ def _one_latency(
 
 
 def run(ctx: RunContext) -> dict[str, Any]:
-    from model_build.aws_clients import make_s3_client
+    from triton_mme_cdk.model_build.aws_clients import make_s3_client
 
     started = time.perf_counter()
     chosen = ctx.sizes(SIZES)
@@ -246,8 +246,8 @@ def run(ctx: RunContext) -> dict[str, Any]:
             "endpoint": "moto S3 server on 127.0.0.1 behind tests/s3_faults.FaultProxy (fixed latency per "
                         "request), both in one child process",
             "proxy_tcp_nodelay": NODELAY,
-            "baseline": "model_build.release.publish.publish_naive: put_object per copy, in turn",
-            "candidate": "model_build.release.publish.publish_release (concurrency 16)",
+            "baseline": "triton_mme_cdk.model_build.release.publish.publish_naive: put_object per copy, in turn",
+            "candidate": "triton_mme_cdk.model_build.release.publish.publish_release (concurrency 16)",
         },
     )
     built, release_dir = ctx.build(spec)

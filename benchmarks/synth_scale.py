@@ -201,7 +201,7 @@ def _validation_parts(path: Path, repeats: int) -> dict[str, Any]:
     PyYAML was built with it, and the schema alone (``parse_manifest`` on the parsed data)."""
     import yaml
 
-    from model_build.manifest import load_manifest, parse_manifest
+    from triton_mme_cdk.model_build.manifest import load_manifest, parse_manifest
 
     text = path.read_text(encoding="utf-8")
     data = yaml.safe_load(text)
@@ -225,10 +225,10 @@ def _validation_parts(path: Path, repeats: int) -> dict[str, Any]:
 def plan_timing(ctx: RunContext, folder: Path) -> dict[str, Any]:
     """``python -m model_build plan`` against a routes file of ``models`` routes (1% of the entries
     changed since, so the plan has updates to list), the template synthesized beforehand."""
-    from model_build.manifest import load_manifest
-    from model_build.release import entry_sha256, model_code_sha256
-    from model_build.release.deployed import record_from_template
-    from model_build.release.routes import Route, Routes
+    from triton_mme_cdk.model_build.manifest import load_manifest
+    from triton_mme_cdk.model_build.release import entry_sha256, model_code_sha256
+    from triton_mme_cdk.model_build.release.deployed import record_from_template
+    from triton_mme_cdk.model_build.release.routes import Route, Routes
 
     chosen = ctx.sizes(PLAN_SIZES)
     count, repeats = int(chosen["models"]), int(chosen["repeats"])
@@ -267,7 +267,7 @@ def plan_timing(ctx: RunContext, folder: Path) -> dict[str, Any]:
     # Its parts, each timed alone (what a missed goal is explained with): a new process that loads
     # the app's settings (aws-cdk-lib and jsii), and the manifest read and checked in this one.
     settings_s = [timed(lambda: subprocess.run(
-        [sys.executable, "-c", "from model_build.tools.triton_server import app_settings; app_settings({})"],
+        [sys.executable, "-c", "from triton_mme_cdk.model_build.tools.triton_server import app_settings; app_settings({})"],
         cwd=ROOT, capture_output=True, timeout=300, check=True))[0] for _ in range(repeats)]
     manifest_s = [timed(lambda: load_manifest(manifest_path))[0] for _ in range(repeats)]
     return {"models": count, "routes": len(routes), "repeats": repeats, "seconds": stats(seconds),

@@ -52,7 +52,7 @@ from benchmarks._common import (
     stats,
 )
 from benchmarks._encode_worker import TUNED_ALLOCATOR, EncodeWorker
-from model_build.text_ensemble.tokenizer_model import PAD_MULTIPLE
+from triton_mme_cdk.model_build.text_ensemble.tokenizer_model import PAD_MULTIPLE
 
 NAME = "text_ensemble"
 OUTPUT = "sentence_embedding"
@@ -100,7 +100,7 @@ TINY_MAX_LENGTH = 32
 def _made_source(ctx: RunContext, kind: str, max_length: int) -> Path:
     """A sentence-transformers folder of ``kind`` with seeded random weights, at :data:`TINY_SHAPE`
     in a tiny run and :data:`MINILM_SHAPE` otherwise (made offline, once per run)."""
-    from model_build.tools.text_sources import make_text_source
+    from triton_mme_cdk.model_build.tools.text_sources import make_text_source
 
     shape = TINY_SHAPE if ctx.tiny else MINILM_SHAPE
     folder = ctx.scratch(f"source-{kind}-tiny" if ctx.tiny else f"source-{kind}") / "model"
@@ -170,7 +170,7 @@ def _interleaved(sides: dict[str, Turn], budget_s: float, slices: int) -> dict[s
 
 
 def _source_folder(spec: Any, ctx: RunContext) -> Path:
-    from model_build.export.sources import resolve_source
+    from triton_mme_cdk.model_build.export.sources import resolve_source
 
     folder = resolve_source(spec, base_dir=Path(__file__).resolve().parents[1], work_dir=ctx.scratch("text-source"))
     if folder is None:  # every text_ensemble source is a folder (a package's or a local one)
@@ -183,7 +183,7 @@ def _positions(tokenizer: Any, texts: list[str], max_len: int, grouped: bool) ->
     a token, how many sentence-transformers computes and how many the served model computes
     (``grouped``: in its length groups, ``model_build.export.length_groups.plan_groups``).
     ``tokenizer`` is the source's ``AutoTokenizer``, which the served tokenizer equals by construction."""
-    from model_build.export.length_groups import plan_groups
+    from triton_mme_cdk.model_build.export.length_groups import plan_groups
 
     mask = np.asarray(tokenizer(texts, padding=True, truncation=True, max_length=max_len)["attention_mask"])
     served = sum((end - start) * width for start, end, width in plan_groups(mask).groups) if grouped else mask.size
@@ -196,7 +196,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
     from botocore.config import Config
     from transformers import AutoTokenizer
 
-    from model_build.tools.verify import SAGEMAKER_BINARY_CONTENT_TYPE, parse_response
+    from triton_mme_cdk.model_build.tools.verify import SAGEMAKER_BINARY_CONTENT_TYPE, parse_response
 
     started = time.perf_counter()
     budget = float(ctx.sizes(SIZES)["seconds_per_measurement"])

@@ -98,7 +98,7 @@ def graph_flops(model_path: Path, batch: int, seq: int) -> dict[str, float]:
     a 2-D weight, and per Attention node its QKV projection plus QK^T and attention x V."""
     import onnx
 
-    from model_build.export.fusion import iter_nodes
+    from triton_mme_cdk.model_build.export.fusion import iter_nodes
 
     graph = onnx.load(str(model_path)).graph
     shapes = {t.name: tuple(t.dims) for t in graph.initializer}
@@ -168,7 +168,7 @@ def _int8_share(model_path: Path, batch: int, seq: int) -> float:
     """Share of the INT8 graph's GEMM FLOPs that run in INT8 (the rest stays FP32)."""
     import onnx
 
-    from model_build.export.fusion import iter_nodes
+    from triton_mme_cdk.model_build.export.fusion import iter_nodes
 
     graph = onnx.load(str(model_path)).graph
     shapes = {t.name: tuple(t.dims) for t in graph.initializer}
@@ -185,7 +185,7 @@ def _int8_share(model_path: Path, batch: int, seq: int) -> float:
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    from model_build.export.optimize import row_cosines
+    from triton_mme_cdk.model_build.export.optimize import row_cosines
 
     return float(row_cosines(a, b).min())
 
@@ -193,10 +193,10 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
 def run(ctx: RunContext) -> dict[str, Any]:
     import torch
 
-    from model_build.export.eager import load_module
-    from model_build.export.sources import resolve_source
-    from model_build.export.validate import onnx_providers
-    from model_build.package.backend import open_model
+    from triton_mme_cdk.model_build.export.eager import load_module
+    from triton_mme_cdk.model_build.export.sources import resolve_source
+    from triton_mme_cdk.model_build.export.validate import onnx_providers
+    from triton_mme_cdk.model_build.package.backend import open_model
 
     started = time.perf_counter()
     threads = ctx.threads or usable_cores()
@@ -341,13 +341,13 @@ def _through_triton(ctx: RunContext, built: dict[str, Any], specs: dict[str, Any
                     budget: float) -> dict[str, Any]:
     """Each variant's tarball published to a local S3 and served by the local endpoint (the real
     tritonserver, python-based ONNX Runtime 1.19 backend on CPU): batch latency through boto3."""
-    from model_build.aws_clients import make_s3_client
-    from model_build.package.triton_config import parse_config
-    from model_build.release.publish import publish_release
-    from model_build.tools.endpoint import local_endpoint
-    from model_build.tools.local_s3 import local_s3
-    from model_build.tools.smoke_setup import make_runtime_client
-    from model_build.tools.verify import SAGEMAKER_BINARY_CONTENT_TYPE, build_request
+    from triton_mme_cdk.model_build.aws_clients import make_s3_client
+    from triton_mme_cdk.model_build.package.triton_config import parse_config
+    from triton_mme_cdk.model_build.release.publish import publish_release
+    from triton_mme_cdk.model_build.tools.endpoint import local_endpoint
+    from triton_mme_cdk.model_build.tools.local_s3 import local_s3
+    from triton_mme_cdk.model_build.tools.smoke_setup import make_runtime_client
+    from triton_mme_cdk.model_build.tools.verify import SAGEMAKER_BINARY_CONTENT_TYPE, build_request
 
     release_id = "r-variants00000000"
     artifacts = [built[key].artifact(ctx.build(specs[key])[1]) for key in built]
@@ -378,7 +378,7 @@ def _gpu(ctx: RunContext, entries: dict[str, dict[str, Any]], module: Any, vocab
          budget: float) -> dict[str, Any]:
     """Fused FP32 and fused FP16 (CUDA provider, the configs as built: KIND_GPU) against PyTorch
     FP32 eager on CUDA, batch 1 and 8."""
-    from model_build.package.backend import open_model
+    from triton_mme_cdk.model_build.package.backend import open_model
 
     fp16_entry = copy.deepcopy(entries["fused"])
     fp16_entry.update(name=fp16_entry["name"].replace("-fused", "-fp16"), precision="fp16")

@@ -11,8 +11,8 @@ from aws_cdk import aws_sns as sns
 from pydantic import AfterValidator, Field
 
 from constructs import Construct
-from constructs.customer_key import customer_key
-from constructs.props import Props, is_unresolved
+from triton_mme_cdk.constructs.customer_key import customer_key
+from triton_mme_cdk.constructs.props import Props, is_unresolved
 
 #: A plain e-mail address (what an SNS ``email`` subscription takes).
 EMAIL_PATTERN = r"^[^@\s]+@[^@\s]+\.[^@\s]+$"

@@ -16,7 +16,7 @@ from typing import Any
 import jsii
 from aws_cdk import CfnMapping, CfnResource, IStableStringProducer, Lazy, Stack
 
-from model_build.release.deployed import RECORD_TYPES, make_record, record_json, references
+from triton_mme_cdk.model_build.release.deployed import RECORD_TYPES, make_record, record_json, references
 
 #: ``CfnDeletionPolicy`` members as the template writes them.
 _POLICIES = {"DELETE": "Delete", "RETAIN": "Retain", "SNAPSHOT": "Snapshot",

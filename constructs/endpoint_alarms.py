@@ -39,9 +39,9 @@ from aws_cdk import aws_sns as sns
 from pydantic import AfterValidator, Field
 
 from constructs import Construct
-from constructs.props import Props, Resource, unique
-from constructs.sagemaker_limits import ALARM_NAME_MAX_LENGTH
-from constructs.triton_mme_endpoint import TritonMmeEndpoint
+from triton_mme_cdk.constructs.props import Props, Resource, unique
+from triton_mme_cdk.constructs.sagemaker_limits import ALARM_NAME_MAX_LENGTH
+from triton_mme_cdk.constructs.triton_mme_endpoint import TritonMmeEndpoint
 
 #: The alarms, by key (the keys of ``mme:rollback_alarms``), in dashboard order.
 AlarmKey = Literal[

@@ -11,8 +11,8 @@ from aws_cdk import aws_iam as iam
 from pydantic import Field
 
 from constructs import Construct
-from constructs.props import SECONDS, Between, Props
-from constructs.triton_mme_endpoint import TritonMmeEndpoint
+from triton_mme_cdk.constructs.props import SECONDS, Between, Props
+from triton_mme_cdk.constructs.triton_mme_endpoint import TritonMmeEndpoint
 
 SCALABLE_DIMENSION = "sagemaker:variant:DesiredInstanceCount"
 #: Application Auto Scaling creates this service-linked role on first use.

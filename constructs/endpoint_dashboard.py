@@ -12,9 +12,9 @@ from aws_cdk import aws_cloudwatch as cloudwatch
 from pydantic import AfterValidator, Field
 
 from constructs import Construct
-from constructs.endpoint_metrics import RESOLUTION, MetricOptions
-from constructs.props import Props, Resource
-from constructs.triton_mme_endpoint import TritonMmeEndpoint
+from triton_mme_cdk.constructs.endpoint_metrics import RESOLUTION, MetricOptions
+from triton_mme_cdk.constructs.props import Props, Resource
+from triton_mme_cdk.constructs.triton_mme_endpoint import TritonMmeEndpoint
 
 DASHBOARD_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,255}$"
 WIDTH = 24

@@ -20,7 +20,7 @@ from typing import Any, Protocol, TypedDict, Unpack, overload
 from aws_cdk import Duration
 from aws_cdk import aws_cloudwatch as cloudwatch
 
-from constructs.sagemaker_limits import INSTANCE_NAMESPACE, INVOCATION_NAMESPACE
+from triton_mme_cdk.constructs.sagemaker_limits import INSTANCE_NAMESPACE, INVOCATION_NAMESPACE
 
 #: SageMaker's resolution: the default period of every metric.
 RESOLUTION = Duration.minutes(1)

@@ -32,11 +32,11 @@ from aws_cdk import aws_logs as logs
 from pydantic import AfterValidator, Field
 
 from constructs import Construct
-from constructs.cfn_hygiene import drop_provider_role_dependency
-from constructs.customer_key import logs_key
-from constructs.nag_acknowledgments import acknowledge, skip_cdk_provider_checks, skip_checkov
-from constructs.props import Props, Resource, unique
-from constructs.sagemaker_limits import PropsError
+from triton_mme_cdk.constructs.cfn_hygiene import drop_provider_role_dependency
+from triton_mme_cdk.constructs.customer_key import logs_key
+from triton_mme_cdk.constructs.nag_acknowledgments import acknowledge, skip_cdk_provider_checks, skip_checkov
+from triton_mme_cdk.constructs.props import Props, Resource, unique
+from triton_mme_cdk.constructs.sagemaker_limits import PropsError
 
 #: Interface endpoints that may be created in a new VPC, by their name in ``com.amazonaws.<region>.``.
 InterfaceEndpoint = Literal["ecr.api", "ecr.dkr", "logs", "monitoring", "sts", "cloudformation", "sagemaker.runtime"]

@@ -11,15 +11,15 @@ from aws_cdk import aws_s3 as s3
 from pydantic import AfterValidator, Field
 
 from constructs import Construct
-from constructs.cfn_hygiene import drop_provider_role_dependency
-from constructs.customer_key import customer_key
-from constructs.nag_acknowledgments import (
+from triton_mme_cdk.constructs.cfn_hygiene import drop_provider_role_dependency
+from triton_mme_cdk.constructs.customer_key import customer_key
+from triton_mme_cdk.constructs.nag_acknowledgments import (
     acknowledge,
     acknowledge_wildcard_resource,
     skip_cdk_provider_checks,
 )
-from constructs.props import DAYS, Between, Props, is_unresolved
-from constructs.sagemaker_limits import PropsError
+from triton_mme_cdk.constructs.props import DAYS, Between, Props, is_unresolved
+from triton_mme_cdk.constructs.sagemaker_limits import PropsError
 
 #: A key prefix: path segments of letters, digits, ``_``, ``.``, ``-``; no leading/trailing ``/``.
 PREFIX_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)*$"

@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from model_build.errors import ManifestError
-from model_build.manifest import LocalSource, Manifest, OnnxFileSource, S3Source
-from model_build.release import runtime_files
+from triton_mme_cdk.model_build.errors import ManifestError
+from triton_mme_cdk.model_build.manifest import LocalSource, Manifest, OnnxFileSource, S3Source
+from triton_mme_cdk.model_build.release import runtime_files
 
 #: Left out of the build image whatever the context holds: caches and byte code.
 IMAGE_EXCLUDE = ["__pycache__", "**/__pycache__", ".pytest_cache", "**/*.pyc"]

@@ -14,22 +14,22 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from pydantic import AfterValidator, Field, model_validator
 
-from constructs.model_bucket import KeyPrefix
-from constructs.model_build_inputs import refuse_local_sources
-from constructs.model_build_state_machine import MaxConcurrency
-from constructs.props import MEBIBYTES, SECONDS, Between, Namer, Props, Resource, known
-from constructs.provider_framework import (
+from triton_mme_cdk.constructs.model_bucket import KeyPrefix
+from triton_mme_cdk.constructs.model_build_inputs import refuse_local_sources
+from triton_mme_cdk.constructs.model_build_state_machine import MaxConcurrency
+from triton_mme_cdk.constructs.props import MEBIBYTES, SECONDS, Between, Namer, Props, Resource, known
+from triton_mme_cdk.constructs.provider_framework import (
     CLOUDFORMATION_MAX_WAIT,
     FINAL_ANSWER_ALLOWANCE_SECONDS,
     WAITER_ATTEMPT_ALLOWANCE_SECONDS,
     last_answer_seconds,
     longest_total_seconds,
 )
-from constructs.sagemaker_limits import PropsError
-from model_build.manifest import Manifest
-from model_build.manifest.build_engine import EngineSettings
-from model_build.manifest.fields import MAX_PROCESSING_VOLUME_GB, PROCESSING_INSTANCE_TYPE
-from model_build.release import PACKAGE_DIR
+from triton_mme_cdk.constructs.sagemaker_limits import PropsError
+from triton_mme_cdk.model_build.manifest import Manifest
+from triton_mme_cdk.model_build.manifest.build_engine import EngineSettings
+from triton_mme_cdk.model_build.manifest.fields import MAX_PROCESSING_VOLUME_GB, PROCESSING_INSTANCE_TYPE
+from triton_mme_cdk.model_build.release import PACKAGE_DIR
 
 #: The default build budget: its last answer (50 polls a minute apart) reaches CloudFormation
 #: before its one-hour wait ends (tests/test_custom_resource_protocol.py).

@@ -16,30 +16,33 @@ from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import custom_resources as cr
 
 from constructs import Construct
-from constructs.customer_key import logs_key
-from constructs.model_bucket import RETIRED_TAG_KEY
-from constructs.model_build_inputs import runtime_only_exclude, s3_source_keys
-from constructs.model_build_props import ModelBuildResourceProps
-from constructs.model_build_state_machine import ModelBuildStateMachine, ModelBuildStateMachineProps
-from constructs.nag_acknowledgments import (
+from triton_mme_cdk.constructs.customer_key import logs_key
+from triton_mme_cdk.constructs.model_bucket import RETIRED_TAG_KEY
+from triton_mme_cdk.constructs.model_build_inputs import runtime_only_exclude, s3_source_keys
+from triton_mme_cdk.constructs.model_build_props import ModelBuildResourceProps
+from triton_mme_cdk.constructs.model_build_state_machine import (
+    ModelBuildStateMachine,
+    ModelBuildStateMachineProps,
+)
+from triton_mme_cdk.constructs.nag_acknowledgments import (
     acknowledge_wildcard_resource,
     skip_checkov,
     wildcard_policy,
 )
-from constructs.processing_build import ProcessingBuild, ProcessingBuildProps
-from constructs.provider_framework import (
+from triton_mme_cdk.constructs.processing_build import ProcessingBuild, ProcessingBuildProps
+from triton_mme_cdk.constructs.provider_framework import (
     CLOUDFORMATION_MAX_WAIT,
     NO_KEY_REASON,
     tidy_framework,
 )
-from model_build.manifest import Manifest
-from model_build.manifest.build_engine import place_all
-from model_build.release import Release, build_code_sha256, compute_release
+from triton_mme_cdk.model_build.manifest import Manifest
+from triton_mme_cdk.model_build.manifest.build_engine import place_all
+from triton_mme_cdk.model_build.release import Release, build_code_sha256, compute_release
 
 RESOURCE_TYPE = "Custom::TritonModelRelease"
-ON_EVENT_HANDLER = "model_build.handler.on_event"
-IS_COMPLETE_HANDLER = "model_build.handler.is_complete"
-BUILD_STEP_HANDLER = "model_build.handler.build_step"
+ON_EVENT_HANDLER = "triton_mme_cdk.model_build.handler.on_event"
+IS_COMPLETE_HANDLER = "triton_mme_cdk.model_build.handler.is_complete"
+BUILD_STEP_HANDLER = "triton_mme_cdk.model_build.handler.build_step"
 #: What Lambda needs to run a function in a VPC (the actions of the AWS managed policy
 #: AWSLambdaVPCAccessExecutionRole, which CDK attaches only to roles it creates itself).
 LAMBDA_VPC_ACTIONS: tuple[str, ...] = (

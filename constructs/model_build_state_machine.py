@@ -36,11 +36,11 @@ from aws_cdk import aws_stepfunctions_tasks as tasks
 from pydantic import Field
 
 from constructs import Construct
-from constructs.cfn_hygiene import drop_referenced_dependencies
-from constructs.customer_key import logs_key
-from constructs.nag_acknowledgments import acknowledge_wildcard_resource, skip_checkov
-from constructs.processing_build import ProcessingBuild
-from constructs.props import Props, Resource
+from triton_mme_cdk.constructs.cfn_hygiene import drop_referenced_dependencies
+from triton_mme_cdk.constructs.customer_key import logs_key
+from triton_mme_cdk.constructs.nag_acknowledgments import acknowledge_wildcard_resource, skip_checkov
+from triton_mme_cdk.constructs.processing_build import ProcessingBuild
+from triton_mme_cdk.constructs.props import Props, Resource
 
 #: Lambda errors worth retrying: throttling and the service's own transient failures. A build
 #: error (the model's fault) is not retried: it would fail the same way again.

@@ -27,13 +27,13 @@ from aws_cdk import aws_stepfunctions as sfn
 from pydantic import Field
 
 from constructs import Construct
-from constructs.nag_acknowledgments import acknowledge_wildcard_resource, wildcard_policy
-from constructs.props import SECONDS, Between, Props, Resource
-from constructs.triton_mme_endpoint import SAGEMAKER_VPC_ACTIONS
-from model_build.handler.processing import CONTAINER_OUTPUT
+from triton_mme_cdk.constructs.nag_acknowledgments import acknowledge_wildcard_resource, wildcard_policy
+from triton_mme_cdk.constructs.props import SECONDS, Between, Props, Resource
+from triton_mme_cdk.constructs.triton_mme_endpoint import SAGEMAKER_VPC_ACTIONS
+from triton_mme_cdk.model_build.handler.processing import CONTAINER_OUTPUT
 
 #: The job's entry point in the build image (the Lambda's is the runtime interface client).
-ENTRY_POINT = ("python3", "-m", "model_build.handler.processing_job")
+ENTRY_POINT = ("python3", "-m", "triton_mme_cdk.model_build.handler.processing_job")
 #: Every build job's name starts so (``mb-<key hex>-<uuid>``): the grants are scoped to it.
 JOB_NAME_PREFIX = "mb-"
 #: The EventBridge rule Step Functions manages to learn that a Processing job ended (.sync).

@@ -42,8 +42,8 @@ from pydantic import (
 )
 from pydantic_core import CoreSchema, core_schema
 
-from constructs.sagemaker_limits import PropsError
-from model_build.validation_messages import problem_line
+from triton_mme_cdk.constructs.sagemaker_limits import PropsError
+from triton_mme_cdk.model_build.validation_messages import problem_line
 
 #: Turns a field's name (``size``, or ``fleet.minimum`` for a field of a nested props value) into
 #: the name a message shows.

@@ -19,8 +19,12 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import custom_resources as cr
 
 from constructs import IConstruct
-from constructs.cfn_hygiene import drop_referenced_dependencies
-from constructs.nag_acknowledgments import acknowledge, acknowledge_wildcard_resource, skip_checkov
+from triton_mme_cdk.constructs.cfn_hygiene import drop_referenced_dependencies
+from triton_mme_cdk.constructs.nag_acknowledgments import (
+    acknowledge,
+    acknowledge_wildcard_resource,
+    skip_checkov,
+)
 
 #: CloudFormation waits at most this long for a custom resource (ServiceTimeout: 1 to 3600 s).
 CLOUDFORMATION_MAX_WAIT = Duration.hours(1)

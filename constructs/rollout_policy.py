@@ -25,8 +25,8 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_sagemaker as sagemaker
 from pydantic import Field, model_validator
 
-from constructs.props import SECONDS, Between, Namer, Props, Resource, is_unresolved, known
-from constructs.sagemaker_limits import (
+from triton_mme_cdk.constructs.props import SECONDS, Between, Namer, Props, Resource, is_unresolved, known
+from triton_mme_cdk.constructs.sagemaker_limits import (
     ALARM_NAME_MAX_LENGTH,
     CANARY_MAX_PERCENT,
     LINEAR_MAX_PERCENT,
@@ -43,7 +43,7 @@ from constructs.sagemaker_limits import (
     PropsError,
     TrafficRoutingType,
 )
-from constructs.triton_mme_endpoint import FleetSize, TritonMmeEndpoint
+from triton_mme_cdk.constructs.triton_mme_endpoint import FleetSize, TritonMmeEndpoint
 
 
 class RolloutPolicyProps(Props):

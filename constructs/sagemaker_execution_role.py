@@ -10,9 +10,9 @@ from aws_cdk import aws_iam as iam
 from pydantic import Field
 
 from constructs import Construct
-from constructs.nag_acknowledgments import acknowledge_wildcard_resource
-from constructs.props import Props
-from constructs.sagemaker_limits import INSTANCE_NAMESPACE, SageMakerName
+from triton_mme_cdk.constructs.nag_acknowledgments import acknowledge_wildcard_resource
+from triton_mme_cdk.constructs.props import Props
+from triton_mme_cdk.constructs.sagemaker_limits import INSTANCE_NAMESPACE, SageMakerName
 
 
 class SageMakerExecutionRoleProps(Props):

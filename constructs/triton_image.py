@@ -21,10 +21,10 @@ from aws_cdk import aws_iam as iam
 from pydantic import AfterValidator, Field, model_validator
 
 from constructs import Construct
-from constructs.nag_acknowledgments import acknowledge_wildcard_resource
-from constructs.props import Namer, Props, is_unresolved
-from constructs.sagemaker_limits import InferenceAmiVersion, InstanceType, PropsError
-from model_build.gpu_hosts import (
+from triton_mme_cdk.constructs.nag_acknowledgments import acknowledge_wildcard_resource
+from triton_mme_cdk.constructs.props import Namer, Props, is_unresolved
+from triton_mme_cdk.constructs.sagemaker_limits import InferenceAmiVersion, InstanceType, PropsError
+from triton_mme_cdk.model_build.gpu_hosts import (
     INFERENCE_AMIS,
     TRITON_RELEASES,
     HostVerdict,

@@ -14,10 +14,10 @@ from aws_cdk import aws_sagemaker as sagemaker
 from pydantic import AfterValidator, Field, model_validator
 
 from constructs import Construct
-from constructs.endpoint_metrics import EndpointMetrics
-from constructs.nag_acknowledgments import skip_checkov, wildcard_policy
-from constructs.props import SECONDS, Between, Namer, Props, Resource, is_unresolved, known
-from constructs.sagemaker_limits import (
+from triton_mme_cdk.constructs.endpoint_metrics import EndpointMetrics
+from triton_mme_cdk.constructs.nag_acknowledgments import skip_checkov, wildcard_policy
+from triton_mme_cdk.constructs.props import SECONDS, Between, Namer, Props, Resource, is_unresolved, known
+from triton_mme_cdk.constructs.sagemaker_limits import (
     ENVIRONMENT_KEY_PATTERN,
     ENVIRONMENT_MAX_ENTRIES,
     ENVIRONMENT_VALUE_MAX_LENGTH,
@@ -40,7 +40,7 @@ from constructs.sagemaker_limits import (
     SageMakerName,
     has_instance_storage,
 )
-from constructs.triton_image import FleetHost, TritonImage, load_image_table, resolve_host
+from triton_mme_cdk.constructs.triton_image import FleetHost, TritonImage, load_image_table, resolve_host
 
 #: What SageMaker needs to attach the model's network interfaces to a VPC (developer guide, "Give
 #: SageMaker hosted endpoints access to resources in your Amazon VPC"). None of these actions

@@ -25,3 +25,8 @@ them. A model's key hashes the code ``pipeline`` reaches (not ``handler``, nor `
 ``identity``); the build image holds everything but ``tools`` and ``__main__``
 (:func:`model_build.release.identity.runtime_files`).
 """
+
+if __name__ == "model_build":  # the checkout's folder by its own name: `python -m` runs its CLI (triton_mme_cdk.checkout)
+    from triton_mme_cdk.checkout import run_by_folder_name
+
+    run_by_folder_name("model_build")

@@ -22,13 +22,13 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from model_build.errors import ModelBuildError, PublishError
-from model_build.manifest import Manifest, load_manifest
-from model_build.release import DEFAULT_COMPRESSLEVEL, Release, compute_release, served_prefix
-from model_build.release.routes import DEFAULT_RETENTION_DAYS
-from model_build.tools.endpoint import add_endpoint_parser
-from model_build.tools.plan_cli import add_plan_parsers
-from model_build.tools.smoke_cli import add_smoke_parser
+from triton_mme_cdk.model_build.errors import ModelBuildError, PublishError
+from triton_mme_cdk.model_build.manifest import Manifest, load_manifest
+from triton_mme_cdk.model_build.release import DEFAULT_COMPRESSLEVEL, Release, compute_release, served_prefix
+from triton_mme_cdk.model_build.release.routes import DEFAULT_RETENTION_DAYS
+from triton_mme_cdk.model_build.tools.endpoint import add_endpoint_parser
+from triton_mme_cdk.model_build.tools.plan_cli import add_plan_parsers
+from triton_mme_cdk.model_build.tools.smoke_cli import add_smoke_parser
 
 # Wide when not a terminal, so logs and CI output keep each table row and message on one line.
 # Progress bars of our own only: the libraries' weight-loading bars and notices are noise here.
@@ -76,7 +76,7 @@ def _load(args: argparse.Namespace) -> tuple[Manifest, Release, Path]:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from model_build.manifest.build_engine import EngineSettings, place_all
+    from triton_mme_cdk.model_build.manifest.build_engine import EngineSettings, place_all
 
     manifest, release, base_dir = _load(args)
     table = Table(title=f"{args.manifest}: valid, release {release.release_id}")
@@ -111,8 +111,8 @@ def _build_options(args: argparse.Namespace, base_dir: Path, s3_client: Any) -> 
     """The ``BuildOptions`` of a command's flags (``--jobs``, ``--compresslevel``, the S3 endpoint)."""
     from functools import partial
 
-    from model_build.aws_clients import make_s3_client
-    from model_build.pipeline import BuildOptions
+    from triton_mme_cdk.model_build.aws_clients import make_s3_client
+    from triton_mme_cdk.model_build.pipeline import BuildOptions
 
     return BuildOptions(
         base_dir=base_dir,
@@ -126,7 +126,7 @@ def _build_options(args: argparse.Namespace, base_dir: Path, s3_client: Any) -> 
 
 
 def _build(args: argparse.Namespace, s3_client: Any = None) -> tuple[Any, Path, Release]:
-    from model_build.pipeline import build_release
+    from triton_mme_cdk.model_build.pipeline import build_release
 
     manifest, release, base_dir = _load(args)
     with _progress() as progress:
@@ -198,14 +198,14 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def _s3(args: argparse.Namespace) -> Any:
-    from model_build.aws_clients import make_s3_client
+    from triton_mme_cdk.model_build.aws_clients import make_s3_client
 
     return make_s3_client(endpoint_url=args.endpoint_url, region=args.region)
 
 
 def _local_record(args: argparse.Namespace, release: Release) -> tuple[Any, Path] | None:
     """The complete local build of this release, if ``build`` or ``publish`` left one."""
-    from model_build.pipeline import BuildRecord
+    from triton_mme_cdk.model_build.pipeline import BuildRecord
 
     release_dir = Path(args.out) / release.release_id
     record = BuildRecord.read(release_dir)
@@ -221,9 +221,14 @@ def _build_missing_and_publish(args: argparse.Namespace, s3_client: Any, manifes
     the release by server-side copies. Returns the report, the models built here and how many
     models' keys the bucket already held."""
 
-    from model_build.pipeline import build_missing, read_unit
-    from model_build.release import BUILDS_DIR
-    from model_build.release.store import ReleaseTarget, publish_from_store, stored_keys, stored_models
+    from triton_mme_cdk.model_build.pipeline import build_missing, read_unit
+    from triton_mme_cdk.model_build.release import BUILDS_DIR
+    from triton_mme_cdk.model_build.release.store import (
+        ReleaseTarget,
+        publish_from_store,
+        stored_keys,
+        stored_models,
+    )
 
     keys = dict(release.model_keys)
     store_dir = Path(args.out) / BUILDS_DIR
@@ -259,7 +264,7 @@ def _build_missing_and_publish(args: argparse.Namespace, s3_client: Any, manifes
 
 def _publish(args: argparse.Namespace, s3_client: Any, record: Any, release_dir: Path,
              release: Release) -> Any:
-    from model_build.release.store import ReleaseTarget, publish_incremental
+    from triton_mme_cdk.model_build.release.store import ReleaseTarget, publish_incremental
 
     targets = sum(len(m.targets) for m in record.models)
     with _progress() as progress:
@@ -287,7 +292,7 @@ def _publish_line(report: Any, bucket: str, prefix: str) -> str:
 
 def _route(args: argparse.Namespace, s3_client: Any, release: Release) -> Any:
     """Route the published release (the routes document, written last) and say what changed."""
-    from model_build.release.serving import activate_release
+    from triton_mme_cdk.model_build.release.serving import activate_release
 
     report = activate_release(s3_client, args.bucket, args.prefix, release.release_id,
                               retention_days=getattr(args, "retention_days", DEFAULT_RETENTION_DAYS),
@@ -335,10 +340,10 @@ def _serve_and_check(args: argparse.Namespace, s3_client: Any, release: Release)
     The answers are compared with the references recorded at build time, by the same code the
     smoke test runs against a deployed endpoint; the table shows the cold and the warm call.
     """
-    from model_build.tools.endpoint import ENDPOINT_NAME, local_endpoint
-    from model_build.tools.smoke import run_smoke
-    from model_build.tools.smoke_cli import smoke_table
-    from model_build.tools.smoke_setup import make_client, make_runtime_client
+    from triton_mme_cdk.model_build.tools.endpoint import ENDPOINT_NAME, local_endpoint
+    from triton_mme_cdk.model_build.tools.smoke import run_smoke
+    from triton_mme_cdk.model_build.tools.smoke_cli import smoke_table
+    from triton_mme_cdk.model_build.tools.smoke_setup import make_client, make_runtime_client
 
     with local_endpoint(s3_client=s3_client, bucket=args.bucket, release_id=release.release_id,
                         model_prefix=args.prefix) as endpoint:
@@ -364,8 +369,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     With ``--bucket`` the published release is served from there; without, the local build is
     published to a local S3 endpoint first (moto's server, for the run).
     """
-    from model_build.pipeline import BuildRecord
-    from model_build.tools.local_s3 import local_s3
+    from triton_mme_cdk.model_build.pipeline import BuildRecord
+    from triton_mme_cdk.model_build.tools.local_s3 import local_s3
 
     _, release, _ = _load(args)
     if args.bucket:
@@ -394,7 +399,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Build, publish to S3 (local unless --bucket), serve on the real tritonserver, invoke every target."""
-    from model_build.tools.local_s3 import local_s3
+    from triton_mme_cdk.model_build.tools.local_s3 import local_s3
 
     started = time.perf_counter()
     local = args.bucket is None

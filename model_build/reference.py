@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from model_build.errors import VerifyError
+from triton_mme_cdk.model_build.errors import VerifyError
 
 #: The zip entries' date (the earliest a zip can hold): no build time in the bytes.
 _ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)

@@ -18,17 +18,17 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from aws_cdk import RemovalPolicy
 from pydantic import Field
 
-from constructs.alarm_topic import AlarmTopicProps
-from constructs.endpoint_alarms import AlarmThresholds, EndpointAlarmsProps
-from constructs.endpoint_autoscaling import EndpointAutoscalingProps
-from constructs.endpoint_dashboard import EndpointDashboardProps
-from constructs.endpoint_network import EndpointNetworkProps
-from constructs.model_bucket import ModelBucketProps
-from constructs.model_build_resource import ModelBuildResourceProps
-from constructs.props import DAYS, MEBIBYTES, MINUTES, SECONDS, Between, Props, Unit
-from constructs.rollout_policy import RolloutPolicyProps
-from constructs.triton_image import TritonImageProps
-from constructs.triton_mme_endpoint import FleetSize, TritonMmeEndpointProps
+from triton_mme_cdk.constructs.alarm_topic import AlarmTopicProps
+from triton_mme_cdk.constructs.endpoint_alarms import AlarmThresholds, EndpointAlarmsProps
+from triton_mme_cdk.constructs.endpoint_autoscaling import EndpointAutoscalingProps
+from triton_mme_cdk.constructs.endpoint_dashboard import EndpointDashboardProps
+from triton_mme_cdk.constructs.endpoint_network import EndpointNetworkProps
+from triton_mme_cdk.constructs.model_bucket import ModelBucketProps
+from triton_mme_cdk.constructs.model_build_resource import ModelBuildResourceProps
+from triton_mme_cdk.constructs.props import DAYS, MEBIBYTES, MINUTES, SECONDS, Between, Props, Unit
+from triton_mme_cdk.constructs.rollout_policy import RolloutPolicyProps
+from triton_mme_cdk.constructs.triton_image import TritonImageProps
+from triton_mme_cdk.constructs.triton_mme_endpoint import FleetSize, TritonMmeEndpointProps
 
 CONTEXT_PREFIX = "mme:"
 

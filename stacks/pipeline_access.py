@@ -21,9 +21,9 @@ from aws_cdk import Aws, Stack
 from aws_cdk import aws_iam as iam
 
 from constructs import Construct
-from constructs.nag_acknowledgments import acknowledge_wildcard_resource
-from model_build.release import routes_key
-from stacks.settings import MmeSettings
+from triton_mme_cdk.constructs.nag_acknowledgments import acknowledge_wildcard_resource
+from triton_mme_cdk.model_build.release import routes_key
+from triton_mme_cdk.stacks.settings import MmeSettings
 
 
 def step_role_name(base: str, kind: str) -> str:

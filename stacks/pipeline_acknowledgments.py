@@ -17,7 +17,7 @@ from aws_cdk import Stack
 from aws_cdk import aws_iam as iam
 
 from constructs import IConstruct
-from constructs.nag_acknowledgments import (
+from triton_mme_cdk.constructs.nag_acknowledgments import (
     acknowledge,
     acknowledge_wildcard_action,
     flatten_reference,

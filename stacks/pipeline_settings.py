@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from stacks.settings import SettingsError
+from triton_mme_cdk.stacks.settings import SettingsError
 
 ACCOUNT = r"^[0-9]{12}$"
 REGION = r"^[a-z]{2}(-gov|-iso[a-z]*)?-[a-z]+-[0-9]$"

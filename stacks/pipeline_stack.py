@@ -36,11 +36,11 @@ from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sns as sns
 
 from constructs import Construct
-from constructs.nag_acknowledgments import acknowledge
-from stacks.pipeline_access import PipelineAccessStack, access_role_name, step_role_name
-from stacks.pipeline_acknowledgments import acknowledge_pipeline_grants
-from stacks.pipeline_settings import PipelineSettings, PipelineStage
-from stacks.settings import MmeSettings
+from triton_mme_cdk.constructs.nag_acknowledgments import acknowledge
+from triton_mme_cdk.stacks.pipeline_access import PipelineAccessStack, access_role_name, step_role_name
+from triton_mme_cdk.stacks.pipeline_acknowledgments import acknowledge_pipeline_grants
+from triton_mme_cdk.stacks.pipeline_settings import PipelineSettings, PipelineStage
+from triton_mme_cdk.stacks.settings import MmeSettings
 
 PLAN_VERDICT, PLAN_APPROVAL = "PLAN_VERDICT", "PLAN_APPROVAL"
 BUILD_IMAGE = codebuild.LinuxBuildImage.STANDARD_7_0

@@ -41,10 +41,10 @@ from pydantic import (
     model_validator,
 )
 
-from constructs.props import Namer, Props, format_errors
-from constructs.triton_image import FleetHost, load_image_table, resolve_host
-from model_build.validation_messages import clip
-from stacks.context_table import (
+from triton_mme_cdk.constructs.props import Namer, Props, format_errors
+from triton_mme_cdk.constructs.triton_image import FleetHost, load_image_table, resolve_host
+from triton_mme_cdk.model_build.validation_messages import clip
+from triton_mme_cdk.stacks.context_table import (
     CONTEXT_PREFIX,
     PROPS,
     SETTINGS,

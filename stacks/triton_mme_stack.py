@@ -12,29 +12,32 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_sns as sns
 
 from constructs import Construct
-from constructs.alarm_topic import AlarmTopic, AlarmTopicProps
-from constructs.cost_tags import apply_cost_tags
-from constructs.deployed_record import deployed_record
-from constructs.endpoint_alarms import EndpointAlarms, EndpointAlarmsProps
-from constructs.endpoint_autoscaling import EndpointAutoscaling, EndpointAutoscalingProps
-from constructs.endpoint_dashboard import EndpointDashboard, EndpointDashboardProps
-from constructs.endpoint_network import EndpointNetwork, EndpointNetworkProps
-from constructs.model_bucket import ModelBucket, ModelBucketProps
-from constructs.model_build_inputs import internet_sources
-from constructs.model_build_resource import ModelBuildResource, ModelBuildResourceProps
-from constructs.rollout_policy import RolloutPolicy, RolloutPolicyProps
-from constructs.sagemaker_execution_role import SageMakerExecutionRole, SageMakerExecutionRoleProps
-from constructs.sagemaker_limits import PropsError, has_instance_storage
-from constructs.triton_image import TritonImage, TritonImageProps
-from constructs.triton_mme_endpoint import TritonMmeEndpoint, TritonMmeEndpointProps
-from model_build.manifest import Manifest
-from model_build.package.tensorrt_plans import tensorrt_plan_problem, tensorrt_plan_unchecked
-from model_build.release import PACKAGE_DIR, routes_key, served_prefix
-from model_build.release.identity import JOBS_DIR
-from model_build.text_ensemble.container import namespacing_problem
-from model_build.text_ensemble.serving_wheel import serving_python_problem
-from model_build.text_ensemble.shm import shm_problem
-from stacks.settings import MmeSettings
+from triton_mme_cdk.constructs.alarm_topic import AlarmTopic, AlarmTopicProps
+from triton_mme_cdk.constructs.cost_tags import apply_cost_tags
+from triton_mme_cdk.constructs.deployed_record import deployed_record
+from triton_mme_cdk.constructs.endpoint_alarms import EndpointAlarms, EndpointAlarmsProps
+from triton_mme_cdk.constructs.endpoint_autoscaling import EndpointAutoscaling, EndpointAutoscalingProps
+from triton_mme_cdk.constructs.endpoint_dashboard import EndpointDashboard, EndpointDashboardProps
+from triton_mme_cdk.constructs.endpoint_network import EndpointNetwork, EndpointNetworkProps
+from triton_mme_cdk.constructs.model_bucket import ModelBucket, ModelBucketProps
+from triton_mme_cdk.constructs.model_build_inputs import internet_sources
+from triton_mme_cdk.constructs.model_build_resource import ModelBuildResource, ModelBuildResourceProps
+from triton_mme_cdk.constructs.rollout_policy import RolloutPolicy, RolloutPolicyProps
+from triton_mme_cdk.constructs.sagemaker_execution_role import (
+    SageMakerExecutionRole,
+    SageMakerExecutionRoleProps,
+)
+from triton_mme_cdk.constructs.sagemaker_limits import PropsError, has_instance_storage
+from triton_mme_cdk.constructs.triton_image import TritonImage, TritonImageProps
+from triton_mme_cdk.constructs.triton_mme_endpoint import TritonMmeEndpoint, TritonMmeEndpointProps
+from triton_mme_cdk.model_build.manifest import Manifest
+from triton_mme_cdk.model_build.package.tensorrt_plans import tensorrt_plan_problem, tensorrt_plan_unchecked
+from triton_mme_cdk.model_build.release import PACKAGE_DIR, routes_key, served_prefix
+from triton_mme_cdk.model_build.release.identity import JOBS_DIR
+from triton_mme_cdk.model_build.text_ensemble.container import namespacing_problem
+from triton_mme_cdk.model_build.text_ensemble.serving_wheel import serving_python_problem
+from triton_mme_cdk.model_build.text_ensemble.shm import shm_problem
+from triton_mme_cdk.stacks.settings import MmeSettings
 
 #: Days a Processing build job's input and output folder is kept.
 JOB_FOLDER_DAYS = 7

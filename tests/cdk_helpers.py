@@ -28,8 +28,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from app import cdk_json_context, load_models  # noqa: E402
-from stacks.settings import MmeSettings  # noqa: E402
-from stacks.triton_mme_stack import TritonMmeStack  # noqa: E402
+from triton_mme_cdk.stacks.settings import MmeSettings  # noqa: E402
+from triton_mme_cdk.stacks.triton_mme_stack import TritonMmeStack  # noqa: E402
 
 _HEX64 = re.compile(r"\b[0-9a-f]{64}\b")
 _RELEASE = re.compile(r"\br-[0-9a-f]{16}\b")

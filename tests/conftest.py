@@ -23,7 +23,7 @@ import pytest
 from hostile_helpers import stop_zygote
 from s3_faults import FaultProxy  # tests/ is on sys.path; a site-packages "tests" shadows tests.
 
-from model_build.tools.local_s3 import local_s3
+from triton_mme_cdk.model_build.tools.local_s3 import local_s3
 
 
 @pytest.fixture(scope="module")

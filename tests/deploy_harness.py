@@ -23,9 +23,9 @@ from cdk_helpers import synth
 from cfn_local import REGION, STACK_ID, LocalDeployment, Template
 from local_lambda import LocalLambda
 
-BUILD_STEP = "model_build.handler.build_step"
-ON_EVENT = "model_build.handler.on_event"
-IS_COMPLETE = "model_build.handler.is_complete"
+BUILD_STEP = "triton_mme_cdk.model_build.handler.build_step"
+ON_EVENT = "triton_mme_cdk.model_build.handler.on_event"
+IS_COMPLETE = "triton_mme_cdk.model_build.handler.is_complete"
 RESOURCE_TYPE = "Custom::TritonModelRelease"
 
 TINY = {

@@ -69,7 +69,7 @@ def _start() -> tuple[int, int]:
     sys.path[0] = os.getcwd()  # as `python -m` sets it (`python -c` sets "")
     import tempfile
 
-    import model_build.__main__  # noqa: F401  (its imports, as a fresh `python -m model_build` makes them)
+    import triton_mme_cdk.model_build.__main__  # noqa: F401  (its imports, as a fresh `python -m model_build` makes them)
 
     heavy = sorted(name for name in sys.modules if name.partition(".")[0] in HEAVY)
     if heavy:
@@ -108,12 +108,14 @@ def _run(args: list[str]) -> int:
         if args[0] == "-m":
             sys.argv = ["-m", *args[2:]]  # run_module puts the module's path in argv[0]
             sys.path[0] = os.getcwd()
+            # `python -m model_build[.x]` runs triton_mme_cdk.model_build[.x] (triton_mme_cdk.checkout).
+            module = f"triton_mme_cdk.{args[1]}" if args[1].split(".")[0] == "model_build" else args[1]
             # A fresh interpreter has not imported the package's __main__ (runpy would warn).
-            sys.modules.pop(f"{args[1]}.__main__", None)
-            package = sys.modules.get(args[1])
+            sys.modules.pop(f"{module}.__main__", None)
+            package = sys.modules.get(module)
             if package is not None and hasattr(package, "__main__"):
                 delattr(package, "__main__")
-            runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
         else:
             sys.argv = ["-c", *args[2:]]
             sys.path[0] = ""

@@ -95,7 +95,7 @@ def s3_actions(operation: str, params: Mapping[str, Any], arn: Any) -> list[tupl
 def record_s3_calls(monkeypatch: Any) -> list[tuple[str, dict[str, Any]]]:
     """Every S3 call the handlers' clients (``make_s3_client``) make from now on, as
     ``(operation, params)``, recorded by a botocore hook before each call."""
-    import model_build.aws_clients as aws_clients_module
+    import triton_mme_cdk.model_build.aws_clients as aws_clients_module
 
     calls: list[tuple[str, dict[str, Any]]] = []
     real_make = aws_clients_module.make_s3_client

@@ -100,7 +100,7 @@ class LocalLambda:
     """The functions registered from a template, and every invocation of them."""
 
     node_environment: dict[str, str] = field(default_factory=dict)
-    serial: frozenset[str] = frozenset({"model_build.handler.build_step"})
+    serial: frozenset[str] = frozenset({"triton_mme_cdk.model_build.handler.build_step"})
     functions: dict[str, Function] = field(default_factory=dict)
     calls: list[Invocation] = field(default_factory=list)
     _stand_ins: dict[str, StandIn] = field(default_factory=dict)

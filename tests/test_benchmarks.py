@@ -307,7 +307,7 @@ def test_a_goal_not_judged_at_this_size_is_never_met() -> None:
 
 def test_generated_manifests_are_valid_and_distinct() -> None:
     from benchmarks.synth_scale import generated_manifest
-    from model_build.manifest import parse_manifest
+    from triton_mme_cdk.model_build.manifest import parse_manifest
 
     manifest = parse_manifest(generated_manifest(7))
     assert manifest.target_count == 7
@@ -338,7 +338,7 @@ def test_cli_refuses_unknown_benchmarks() -> None:
 
 def test_cpu_differences_ignore_cuda_only_settings() -> None:
     from benchmarks.inference import cpu_differences
-    from model_build.package.triton_config import mc
+    from triton_mme_cdk.model_build.package.triton_config import mc
 
     config = mc.ModelConfig()
     for key, value in (("cudnn_conv_algo_search", "1"), ("arena_extend_strategy", "1"),

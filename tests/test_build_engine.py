@@ -11,11 +11,15 @@ from typing import Any
 import pytest
 from cdk_helpers import ROOT, synth
 
-from model_build.errors import ManifestError
-from model_build.handler.processing import ProcessingCapacityError, failure_reason, s3_weight_bytes
-from model_build.handler.processing_job import MountedSources
-from model_build.manifest import ModelSpec, load_manifest_bytes
-from model_build.manifest.build_engine import (
+from triton_mme_cdk.model_build.errors import ManifestError
+from triton_mme_cdk.model_build.handler.processing import (
+    ProcessingCapacityError,
+    failure_reason,
+    s3_weight_bytes,
+)
+from triton_mme_cdk.model_build.handler.processing_job import MountedSources
+from triton_mme_cdk.model_build.manifest import ModelSpec, load_manifest_bytes
+from triton_mme_cdk.model_build.manifest.build_engine import (
     BASELINE_MB,
     MEMORY_MARGIN,
     RATIOS,
@@ -25,7 +29,7 @@ from model_build.manifest.build_engine import (
     place,
     source_weight_bytes,
 )
-from model_build.release.identity import entry_model_key
+from triton_mme_cdk.model_build.release.identity import entry_model_key
 
 GIB = 1024**3
 
@@ -174,7 +178,7 @@ def test_a_failed_jobs_reason_is_its_exit_message_or_its_failure_reason() -> Non
     reason, is_capacity = failure_reason("m", "SageMaker.ResourceLimitExceededException", "quota of ml.m5.4xlarge")
     assert is_capacity and "quota of ml.m5.4xlarge" in reason
     # The state machine retries the class's name.
-    from constructs.model_build_state_machine import NO_CAPACITY_ERROR
+    from triton_mme_cdk.constructs.model_build_state_machine import NO_CAPACITY_ERROR
 
     assert ProcessingCapacityError.__name__ == NO_CAPACITY_ERROR
 
@@ -299,9 +303,9 @@ def test_the_plan_step_refuses_a_model_pinned_to_a_lambda_it_does_not_fit_before
     import yaml
     from moto import mock_aws
 
-    from model_build import handler
-    from model_build.manifest import parse_manifest
-    from model_build.release import compute_release
+    from triton_mme_cdk.model_build import handler
+    from triton_mme_cdk.model_build.manifest import parse_manifest
+    from triton_mme_cdk.model_build.release import compute_release
 
     data = {"version": 1, "models": [{"name": "big", "source": {"kind": "s3", "uri": "s3://sources/big/"},
                                        "task": "feature-extraction", "build": {"runs_on": "lambda"}}]}

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import yaml
 
-from model_build.aws_clients import make_s3_client
-from model_build.manifest import load_manifest
-from model_build.release import compute_release
-from model_build.tools.local_s3 import local_s3
+from triton_mme_cdk.model_build.aws_clients import make_s3_client
+from triton_mme_cdk.model_build.manifest import load_manifest
+from triton_mme_cdk.model_build.release import compute_release
+from triton_mme_cdk.model_build.tools.local_s3 import local_s3
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -27,11 +27,11 @@ from pathlib import Path
 import pytest
 from triton_helpers import requires_triton  # tests/ is on sys.path
 
-from model_build.errors import ModelBuildError
-from model_build.manifest import parse_manifest
-from model_build.package.gate import check_repository
-from model_build.pipeline import BuildOptions, build_model
-from model_build.tools.triton_server import TritonServer, triton_server
+from triton_mme_cdk.model_build.errors import ModelBuildError
+from triton_mme_cdk.model_build.manifest import parse_manifest
+from triton_mme_cdk.model_build.package.gate import check_repository
+from triton_mme_cdk.model_build.pipeline import BuildOptions, build_model
+from triton_mme_cdk.model_build.tools.triton_server import TritonServer, triton_server
 
 pytestmark = [pytest.mark.slow, requires_triton]
 

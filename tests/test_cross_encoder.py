@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from model_build.errors import ManifestError, SourceError
-from model_build.manifest import parse_manifest
-from model_build.tools.text_sources import CORPUS, make_cross_encoder_source, make_text_source
+from triton_mme_cdk.model_build.errors import ManifestError, SourceError
+from triton_mme_cdk.model_build.manifest import parse_manifest
+from triton_mme_cdk.model_build.tools.text_sources import CORPUS, make_cross_encoder_source, make_text_source
 
 MAX_LEN = 48
 #: Pairs across scripts and lengths, the second member sometimes far longer than the first (the
@@ -93,7 +93,7 @@ def test_a_lower_precision_is_allowed_with_a_tolerance_for_the_logits():
 # --------------------------------------------------------------------------------------------
 
 def test_an_encoder_checkpoint_without_a_head_is_refused_naming_the_missing_weights(tmp_path):
-    from model_build.export.eager import load_module
+    from triton_mme_cdk.model_build.export.eager import load_module
 
     folder = make_text_source("wordpiece", tmp_path / "source", pooling=None, max_length=MAX_LEN).path
     spec = parse_manifest({"models": [entry()]}).models[0]
@@ -118,7 +118,7 @@ def test_the_export_takes_token_types_where_the_tokenizer_gives_them_and_equals_
     import onnxruntime as ort
     from transformers import AutoTokenizer
 
-    from model_build.export.validate import export_and_validate
+    from triton_mme_cdk.model_build.export.validate import export_and_validate
 
     labels, types = KINDS[kind]
     make_cross_encoder_source(kind, tmp_path / "source", num_labels=labels, max_length=MAX_LEN)
@@ -149,8 +149,8 @@ def test_pairs_in_logits_out_on_the_local_endpoint_like_cross_encoder(tmp_path, 
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
     from triton_helpers import served_manifest
 
-    from model_build.tools.smoke import run_smoke
-    from model_build.tools.smoke_setup import make_client, make_runtime_client
+    from triton_mme_cdk.model_build.tools.smoke import run_smoke
+    from triton_mme_cdk.model_build.tools.smoke_setup import make_client, make_runtime_client
 
     entries = []
     for kind, (labels, _) in KINDS.items():
@@ -216,10 +216,10 @@ def test_the_build_check_refuses_a_served_tokenizer_whose_pairs_differ_naming_th
     pairs do not; the check names the token type ids and the pair, before anything is packaged."""
     import dataclasses
 
-    from model_build.errors import ValidationMismatchError
-    from model_build.export.validate import export_and_validate
-    from model_build.text_ensemble.check import check_text_ensemble
-    from model_build.text_ensemble.served_tokenizer import prepare_tokenizer
+    from triton_mme_cdk.model_build.errors import ValidationMismatchError
+    from triton_mme_cdk.model_build.export.validate import export_and_validate
+    from triton_mme_cdk.model_build.text_ensemble.check import check_text_ensemble
+    from triton_mme_cdk.model_build.text_ensemble.served_tokenizer import prepare_tokenizer
 
     make_cross_encoder_source("wordpiece", tmp_path / "source", max_length=MAX_LEN)
     spec = parse_manifest({"models": [entry()]}).models[0]

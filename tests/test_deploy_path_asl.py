@@ -29,10 +29,10 @@ from deploy_harness import (
     tiny_manifest,
 )
 
-from model_build import handler
-from model_build.handler import build_steps
-from model_build.release.index import read_index
-from model_build.release.store import stored_keys
+from triton_mme_cdk.model_build import handler
+from triton_mme_cdk.model_build.handler import build_steps
+from triton_mme_cdk.model_build.release.index import read_index
+from triton_mme_cdk.model_build.release.store import stored_keys
 
 #: Slow: real builds through the executed state machine (make test runs it; make test-fast leaves it out).
 pytestmark = pytest.mark.slow

@@ -21,10 +21,10 @@ from asl_moto import wait_for
 from deploy_harness import BUILD_STEP, LocalAws, Templates, cfn_request, local_aws, tiny_manifest
 from processing_local import CAPACITY_REASON, LocalProcessing, job_request, processing_jobs
 
-from model_build import handler
-from model_build.pipeline import BuildOptions, build_unit
-from model_build.release.index import read_index, read_routes
-from model_build.release.store import stored_keys
+from triton_mme_cdk.model_build import handler
+from triton_mme_cdk.model_build.pipeline import BuildOptions, build_unit
+from triton_mme_cdk.model_build.release.index import read_index, read_routes
+from triton_mme_cdk.model_build.release.store import stored_keys
 
 #: Slow: real builds, one of them in a subprocess as the job runs it.
 pytestmark = pytest.mark.slow
@@ -106,7 +106,7 @@ def test_a_model_built_on_processing_is_stored_as_the_lambda_would_store_it(
                  if r["Type"] == "AWS::Lambda::Function" and r["Properties"].get("PackageType") == "Image"]
     lambda_image = json.dumps(functions[0]["Code"]["ImageUri"]).split(":")[-1].strip('"}')
     assert sent["AppSpecification"]["ImageUri"].endswith(lambda_image)
-    assert sent["AppSpecification"]["ContainerEntrypoint"] == ["python3", "-m", "model_build.handler.processing_job"]
+    assert sent["AppSpecification"]["ContainerEntrypoint"] == ["python3", "-m", "triton_mme_cdk.model_build.handler.processing_job"]
 
     # The Lambda stored the job's unit: the key the plan gave, and the bytes a local build makes.
     (stored,) = _steps(aws, "store_job")
@@ -127,7 +127,7 @@ def test_a_model_built_on_processing_is_stored_as_the_lambda_would_store_it(
 
 
 def _manifest(deployment: Any) -> Any:
-    from model_build.handler.request import Request, _load_manifest
+    from triton_mme_cdk.model_build.handler.request import Request, _load_manifest
 
     props = deployment.custom_resource_properties()
     return _load_manifest(deployment.s3, Request({"RequestType": "Create", "ResourceProperties": props}))

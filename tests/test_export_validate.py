@@ -24,19 +24,19 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from model_build.errors import ExportError, SourceError, ValidationMismatchError, VerifyError
-from model_build.export.convert import export_onnx, export_torchscript, load_torchscript
-from model_build.export.eager import load_module, sample_inputs, text_batch
-from model_build.export.sources import resolve_source
-from model_build.export.validate import (
+from triton_mme_cdk.model_build.errors import ExportError, SourceError, ValidationMismatchError, VerifyError
+from triton_mme_cdk.model_build.export.convert import export_onnx, export_torchscript, load_torchscript
+from triton_mme_cdk.model_build.export.eager import load_module, sample_inputs, text_batch
+from triton_mme_cdk.model_build.export.sources import resolve_source
+from triton_mme_cdk.model_build.export.validate import (
     check_onnx,
     compare_outputs,
     export_and_validate,
     trace_sample,
     validate_export,
 )
-from model_build.manifest import ModelSpec, Tolerance, load_manifest, parse_manifest
-from model_build.reference import read_reference, write_reference
+from triton_mme_cdk.model_build.manifest import ModelSpec, Tolerance, load_manifest, parse_manifest
+from triton_mme_cdk.model_build.reference import read_reference, write_reference
 
 pytestmark = pytest.mark.slow
 
@@ -350,11 +350,11 @@ _EXPORT_SCRIPT = textwrap.dedent(
     """
     import json, sys
     from pathlib import Path
-    from model_build.export.convert import export_onnx, export_torchscript, load_torchscript
-    from model_build.export.eager import load_module, sample_inputs
-    from model_build.export.sources import resolve_source
-    from model_build.export.validate import trace_sample
-    from model_build.manifest import Tolerance, load_manifest
+    from triton_mme_cdk.model_build.export.convert import export_onnx, export_torchscript, load_torchscript
+    from triton_mme_cdk.model_build.export.eager import load_module, sample_inputs
+    from triton_mme_cdk.model_build.export.sources import resolve_source
+    from triton_mme_cdk.model_build.export.validate import trace_sample
+    from triton_mme_cdk.model_build.manifest import Tolerance, load_manifest
 
     root, out = Path(sys.argv[1]), Path(sys.argv[2])
     specs = {s.name: s for s in load_manifest(root / "models.yaml").models}

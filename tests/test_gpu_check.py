@@ -84,7 +84,7 @@ def test_the_check_measures_and_reports_on_the_cpu(tmp_path: Path) -> None:
 
 def test_the_served_entries_are_the_manifest_as_built_and_minilms_variants(tmp_path: Path) -> None:
     from benchmarks.gpu_served import TENSORRT_VARIANT, served_entries
-    from model_build.manifest import load_manifest
+    from triton_mme_cdk.model_build.manifest import load_manifest
 
     models = list(load_manifest(ROOT / "models.yaml").models)
     entries, rows = served_entries(models, {}, gpu=True)
@@ -107,7 +107,7 @@ def test_the_served_entries_are_the_manifest_as_built_and_minilms_variants(tmp_p
 def test_gpu_provider_rows_say_why_they_cannot_run_here(tmp_path: Path) -> None:
     """Without onnxruntime-gpu's providers (this machine) each GPU row is 'not measured' with the
     reason, and nothing is exported for it."""
-    from model_build.manifest import load_manifest
+    from triton_mme_cdk.model_build.manifest import load_manifest
 
     manifest = tmp_path / "models.yaml"
     manifest.write_text(TINY_MANIFEST, encoding="utf-8")
@@ -126,7 +126,7 @@ def test_gpu_provider_rows_say_why_they_cannot_run_here(tmp_path: Path) -> None:
 
 
 def test_a_graph_refused_by_the_cpu_gate_is_still_measured_and_says_so(tmp_path: Path) -> None:
-    from model_build.errors import ValidationMismatchError
+    from triton_mme_cdk.model_build.errors import ValidationMismatchError
 
     spec = type("Spec", (), {"name": "m"})()
     refused = ValidationMismatchError("largest |difference| 0.00013", model="m", output="y", max_abs_diff=1.3e-4)
@@ -189,7 +189,7 @@ def test_the_served_rows_fallback_shm_sizes_are_the_endpoint_constructs_defaults
     """Where the GPU environment cannot read the stack's settings (no CDK there), the served rows
     use the construct's defaults: this holds the copy in gpu_served to them."""
     from benchmarks.gpu_served import CONSTRUCT_SHM
-    from constructs.triton_mme_endpoint import TritonMmeEndpointProps
+    from triton_mme_cdk.constructs.triton_mme_endpoint import TritonMmeEndpointProps
 
     fields = TritonMmeEndpointProps.model_fields
     assert (fields["shm_default_byte_size"].default, fields["shm_growth_byte_size"].default) == CONSTRUCT_SHM
@@ -201,9 +201,9 @@ def test_the_tensorrt_variant_is_served_as_published_with_its_engine_cache(tmp_p
     and the engine cache it clears before the first load (and counts after the second) is the
     model's own folder under the cache root."""
     from benchmarks.gpu_served import TENSORRT_VARIANT, ServedModel, _engine_cache_folders, runtime_name
-    from model_build.manifest import load_manifest
-    from model_build.manifest.fields import ENGINE_CACHE_ROOT
-    from model_build.pipeline import BuildOptions, build_model
+    from triton_mme_cdk.model_build.manifest import load_manifest
+    from triton_mme_cdk.model_build.manifest.fields import ENGINE_CACHE_ROOT
+    from triton_mme_cdk.model_build.pipeline import BuildOptions, build_model
 
     manifest = tmp_path / "models.yaml"
     manifest.write_text(TINY_MANIFEST, encoding="utf-8")

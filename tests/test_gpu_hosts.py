@@ -15,10 +15,10 @@ import pytest
 from aws_cdk.assertions import Annotations, Match, Template
 from cdk_helpers import context  # (also puts the project root on sys.path)
 
-from constructs.sagemaker_limits import MME_GPU_INSTANCE_TYPES, InferenceAmiVersion
-from constructs.triton_image import TritonImage, TritonImageProps, load_image_table
-from constructs.triton_mme_endpoint import TritonMmeEndpoint, TritonMmeEndpointProps
-from model_build.gpu_hosts import (
+from triton_mme_cdk.constructs.sagemaker_limits import MME_GPU_INSTANCE_TYPES, InferenceAmiVersion
+from triton_mme_cdk.constructs.triton_image import TritonImage, TritonImageProps, load_image_table
+from triton_mme_cdk.constructs.triton_mme_endpoint import TritonMmeEndpoint, TritonMmeEndpointProps
+from triton_mme_cdk.model_build.gpu_hosts import (
     INFERENCE_AMIS,
     INSTANCE_GPUS,
     TRITON_RELEASES,
@@ -27,7 +27,7 @@ from model_build.gpu_hosts import (
     gpu_of,
     host_verdict,
 )
-from stacks.settings import MmeSettings, SettingsError
+from triton_mme_cdk.stacks.settings import MmeSettings, SettingsError
 
 NEWEST_AMI = "al2023-ami-sagemaker-inference-gpu-4-1"
 DOCUMENTED_AMI = "al2-ami-sagemaker-inference-gpu-2"

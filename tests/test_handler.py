@@ -20,13 +20,13 @@ from urllib.parse import parse_qs
 import pytest
 import yaml
 
-from model_build import handler
-from model_build.aws_clients import make_s3_client
-from model_build.handler import custom_resource
-from model_build.manifest import parse_manifest
-from model_build.release import compute_release
-from model_build.release.index import read_index
-from model_build.tools.local_s3 import local_s3
+from triton_mme_cdk.model_build import handler
+from triton_mme_cdk.model_build.aws_clients import make_s3_client
+from triton_mme_cdk.model_build.handler import custom_resource
+from triton_mme_cdk.model_build.manifest import parse_manifest
+from triton_mme_cdk.model_build.release import compute_release
+from triton_mme_cdk.model_build.release.index import read_index
+from triton_mme_cdk.model_build.tools.local_s3 import local_s3
 
 MANIFEST: dict[str, Any] = {
     "version": 1,

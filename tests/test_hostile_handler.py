@@ -17,15 +17,15 @@ from typing import Any
 import pytest
 from hostile_helpers import assert_refused, run_bounded
 
-from model_build.aws_clients import make_s3_client
-from model_build.manifest import MAX_MANIFEST_BYTES
-from model_build.tools.local_s3 import local_s3
+from triton_mme_cdk.model_build.aws_clients import make_s3_client
+from triton_mme_cdk.model_build.manifest import MAX_MANIFEST_BYTES
+from triton_mme_cdk.model_build.tools.local_s3 import local_s3
 
 ASSETS = "hostile-assets"
 MODELS = "hostile-models"
 RUNNER = """
 import json, sys
-from model_build import handler
+from triton_mme_cdk.model_build import handler
 try:
     result = getattr(handler, sys.argv[1])(json.loads(sys.argv[2]))
 except handler.HandlerError as error:

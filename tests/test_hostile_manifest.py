@@ -21,9 +21,9 @@ from hostile_helpers import (
     run_bounded,
 )
 
-from model_build.aws_clients import make_s3_client
-from model_build.manifest import MAX_MANIFEST_BYTES, MAX_MANIFEST_DEPTH, MAX_SCALAR_CHARS
-from model_build.tools.local_s3 import local_s3
+from triton_mme_cdk.model_build.aws_clients import make_s3_client
+from triton_mme_cdk.model_build.manifest import MAX_MANIFEST_BYTES, MAX_MANIFEST_DEPTH, MAX_SCALAR_CHARS
+from triton_mme_cdk.model_build.tools.local_s3 import local_s3
 
 VALID = (
     "version: 1\n"
@@ -153,7 +153,7 @@ def test_synth_refuses_hostile_manifest(name: str, synth_refusals: dict[str, tup
 #: The custom resource's Lambda, in a subprocess: CloudFormation shows ``error: <reason>``.
 HANDLER_RUNNER = """
 import json, sys
-from model_build import handler
+from triton_mme_cdk.model_build import handler
 try:
     result = getattr(handler, sys.argv[1])(json.loads(sys.argv[2]))
 except handler.HandlerError as error:

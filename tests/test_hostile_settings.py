@@ -17,7 +17,7 @@ from hostile_helpers import (
 )
 
 from app import cdk_json_context
-from stacks.settings import MAX_CONTEXT_VALUE_CHARS, SettingsError
+from triton_mme_cdk.stacks.settings import MAX_CONTEXT_VALUE_CHARS, SettingsError
 
 #: name -> (context, fragments the error line must hold)
 CORPUS: dict[str, tuple[dict[str, str], tuple[str, ...]]] = {

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from hostile_helpers import assert_refused, run_bounded
 
-from model_build.aws_clients import make_s3_client
-from model_build.tools.local_s3 import local_s3
+from triton_mme_cdk.model_build.aws_clients import make_s3_client
+from triton_mme_cdk.model_build.tools.local_s3 import local_s3
 
 SOURCES = "hostile-sources"
 MODELS = "hostile-release"

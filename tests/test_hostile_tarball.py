@@ -18,13 +18,18 @@ from typing import Any
 import pytest
 from hostile_helpers import assert_refused, run_bounded
 
-from model_build.package.tarball import MAX_HEADER_BYTES, MAX_MEMBERS, MAX_RATIO, MAX_UNPACKED_BYTES
+from triton_mme_cdk.model_build.package.tarball import (
+    MAX_HEADER_BYTES,
+    MAX_MEMBERS,
+    MAX_RATIO,
+    MAX_UNPACKED_BYTES,
+)
 
 RUNNER = """
 import sys
 from pathlib import Path
-from model_build.errors import ModelBuildError
-from model_build.package.tarball import safe_extract
+from triton_mme_cdk.model_build.errors import ModelBuildError
+from triton_mme_cdk.model_build.package.tarball import safe_extract
 try:
     safe_extract(Path(sys.argv[1]), Path(sys.argv[2]), model="m")
 except ModelBuildError as error:
@@ -159,7 +164,7 @@ def test_safe_extract_sets_a_directorys_attributes_after_its_files(tmp_path: Pat
     last, as ``extractall`` does: a directory whose mode in the archive is read-only is filled
     before its mode is set (as a user without root, writing into it first would fail). Seen
     here through its time: set before its file was written, it would be the time of the write."""
-    from model_build.package.tarball import safe_extract
+    from triton_mme_cdk.model_build.package.tarball import safe_extract
 
     folder = _info("m", tarfile.DIRTYPE)
     folder.mode, folder.mtime = 0o555, 1_000_000_000
@@ -173,7 +178,7 @@ def test_safe_extract_sets_a_directorys_attributes_after_its_files(tmp_path: Pat
 
 def test_inspect_tarball_is_bounded_on_a_bomb(tmp_path: Path) -> None:
     """Listing a bomb costs no more than refusing it (inspect shares the limits)."""
-    from model_build.package.tarball import TarballError, inspect_tarball
+    from triton_mme_cdk.model_build.package.tarball import TarballError, inspect_tarball
 
     tarball = tmp_path / "bomb.tar.gz"
     _lying_header(tarball)
@@ -183,7 +188,7 @@ def test_inspect_tarball_is_bounded_on_a_bomb(tmp_path: Path) -> None:
 
 def test_read_member_reads_one_file_and_refuses_a_bomb(tmp_path: Path) -> None:
     """What the smoke test's fallback reads ``config.pbtxt`` with: bounded like ``safe_extract``."""
-    from model_build.package.tarball import TarballError, read_member
+    from triton_mme_cdk.model_build.package.tarball import TarballError, read_member
 
     good = tmp_path / "good.tar.gz"
     _good(good)
@@ -239,10 +244,10 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path,
     published next to each hostile tarball, so verify gets as far as unpacking it)."""
     import yaml
 
-    from model_build.manifest import load_manifest
-    from model_build.pipeline import BuildOptions, build_release
-    from model_build.release import compute_release
-    from model_build.tools.local_s3 import local_s3
+    from triton_mme_cdk.model_build.manifest import load_manifest
+    from triton_mme_cdk.model_build.pipeline import BuildOptions, build_release
+    from triton_mme_cdk.model_build.release import compute_release
+    from triton_mme_cdk.model_build.tools.local_s3 import local_s3
 
     folder = tmp_path_factory.mktemp("verify")
     manifest = folder / "models.yaml"
@@ -265,8 +270,8 @@ def test_verify_refuses_a_published_hostile_tarball(name: str, tmp_path: Path, b
     import re
     from dataclasses import replace
 
-    from model_build.aws_clients import make_s3_client
-    from model_build.release.store import ReleaseTarget, publish_incremental
+    from triton_mme_cdk.model_build.aws_clients import make_s3_client
+    from triton_mme_cdk.model_build.release.store import ReleaseTarget, publish_incremental
 
     endpoint, manifest, release, artifact = built
     writer = _not_onnx(artifact.path) if name == "onnx-not-onnx" else CORPUS[name][0]

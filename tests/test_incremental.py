@@ -30,13 +30,13 @@ import yaml
 from iam_grants import granted, record_s3_calls, role_s3_grants, s3_actions
 from s3_faults import FaultProxy  # tests/ is on sys.path
 
-from model_build import handler
-from model_build.aws_clients import make_s3_client
-from model_build.errors import PublishError
-from model_build.handler import custom_resource
-from model_build.manifest import load_manifest, parse_manifest
-from model_build.pipeline import BuildOptions, build_release, build_unit
-from model_build.release import (
+from triton_mme_cdk.model_build import handler
+from triton_mme_cdk.model_build.aws_clients import make_s3_client
+from triton_mme_cdk.model_build.errors import PublishError
+from triton_mme_cdk.model_build.handler import custom_resource
+from triton_mme_cdk.model_build.manifest import load_manifest, parse_manifest
+from triton_mme_cdk.model_build.pipeline import BuildOptions, build_release, build_unit
+from triton_mme_cdk.model_build.release import (
     PACKAGE_DIR,
     build_code_sha256,
     compute_release,
@@ -47,10 +47,10 @@ from model_build.release import (
     served_prefix,
     store_prefix,
 )
-from model_build.release.identity import MODEL_ENTRY_MODULES
-from model_build.release.index import read_index
-from model_build.release.publish import download_release
-from model_build.release.store import (
+from triton_mme_cdk.model_build.release.identity import MODEL_ENTRY_MODULES
+from triton_mme_cdk.model_build.release.index import read_index
+from triton_mme_cdk.model_build.release.publish import download_release
+from triton_mme_cdk.model_build.release.store import (
     ReleaseTarget,
     StoredModel,
     assemble_release,
@@ -59,7 +59,7 @@ from model_build.release.store import (
     publish_unit,
     stored_keys,
 )
-from model_build.types import Artifact
+from triton_mme_cdk.model_build.types import Artifact
 
 ROOT = Path(__file__).resolve().parents[1]
 PREFIX = "models"
@@ -102,7 +102,7 @@ def test_an_edited_import_changes_the_runtime_files(package: Path) -> None:
     before = {p.relative_to(package).as_posix() for p in runtime_files(package)}
     (package / "extra_step.py").write_text("VALUE = 1\n")
     assert "extra_step.py" not in before
-    _append(package / "pipeline" / "build.py", "\nfrom model_build import extra_step  # noqa\n")
+    _append(package / "pipeline" / "build.py", "\nfrom triton_mme_cdk.model_build import extra_step  # noqa\n")
     after = {p.relative_to(package).as_posix() for p in runtime_files(package)}
     assert after == before | {"extra_step.py"}
 
@@ -318,13 +318,13 @@ def _tiny_manifest(count: int, *, broken: str | None = None) -> dict[str, Any]:
 RUNTIME_ONLY_BUILD = """
 import json, sys
 from pathlib import Path
-import model_build
-import model_build.handler  # the module of every entry point the image's CMD names
-from model_build.pipeline import BuildOptions, build_unit
-from model_build.manifest import parse_manifest
+import triton_mme_cdk.model_build
+import triton_mme_cdk.model_build.handler  # the module of every entry point the image's CMD names
+from triton_mme_cdk.model_build.pipeline import BuildOptions, build_unit
+from triton_mme_cdk.model_build.manifest import parse_manifest
 spec = parse_manifest(json.loads(sys.argv[1])).models[0]
 result, built = build_unit(spec, "k-runtime", BuildOptions(base_dir=Path.cwd()), store_dir=Path.cwd() / "store")
-print(json.dumps({"package": model_build.__file__, "built": built, "sha256": result.sha256}))
+print(json.dumps({"package": triton_mme_cdk.model_build.__file__, "built": built, "sha256": result.sha256}))
 """
 
 
@@ -334,17 +334,18 @@ def test_the_runtime_files_alone_build_a_model(tmp_path: Path) -> None:
     or reading a file that is not runtime, fails here)."""
     image = tmp_path / "image"
     for path in runtime_files():
-        target = image / "model_build" / path.relative_to(PACKAGE_DIR)
+        target = image / "triton_mme_cdk" / "model_build" / path.relative_to(PACKAGE_DIR)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, target)
-    assert not (image / "model_build" / "tools").exists()
+    assert not (image / "triton_mme_cdk" / "model_build" / "tools").exists()
+    (image / "triton_mme_cdk" / "__init__.py").write_text("")  # as the Dockerfile writes it: no re-export
     data = _tiny_manifest(1)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     result = subprocess.run([sys.executable, "-c", RUNTIME_ONLY_BUILD, json.dumps(data)], cwd=image, env=env,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout.splitlines()[-1])
-    assert Path(out["package"]).parent == image / "model_build"
+    assert Path(out["package"]).parent == image / "triton_mme_cdk" / "model_build"
     assert out["built"] is True
     whole, _ = build_unit(parse_manifest(data).models[0], "k-whole", BuildOptions(base_dir=tmp_path),
                           store_dir=tmp_path / "store")
@@ -632,7 +633,7 @@ def test_build_jobs_a_failing_model_names_it_and_a_rerun_builds_only_what_is_mis
 ) -> None:
     from functools import partial
 
-    from model_build.errors import ModelBuildError
+    from triton_mme_cdk.model_build.errors import ModelBuildError
 
     broken = parse_manifest(_tiny_manifest(1, broken="gone"))
     release = compute_release(broken, base_dir=tmp_path)
@@ -811,7 +812,7 @@ def _pins(text: str) -> dict[str, str]:
 def test_the_lambda_image_pins_every_keyed_library_to_the_project_constraints() -> None:
     from importlib import metadata
 
-    from model_build.release import BYTE_LIBRARIES
+    from triton_mme_cdk.model_build.release import BYTE_LIBRARIES
 
     constraints = _pins((ROOT / "constraints.txt").read_text())
     lambda_pins = _pins((ROOT / "model_build" / "requirements-lambda.txt").read_text())

@@ -23,7 +23,9 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE = "model_build"
+#: The package's folder, and the import name its modules have (triton_mme_cdk.checkout).
+FOLDER = "model_build"
+PACKAGE = "triton_mme_cdk.model_build"
 #: The most lines a module of model_build/, constructs/ or stacks/ may have.
 LINE_BUDGET = 500
 #: The folders the line budget applies to.
@@ -34,8 +36,8 @@ SHARED = "shared"
 def package_modules(root: Path) -> dict[str, Path]:
     """``dotted name -> file`` of every module of the package under ``root``."""
     found = {}
-    for path in sorted((root / PACKAGE).rglob("*.py")):
-        parts = list(path.relative_to(root).with_suffix("").parts)
+    for path in sorted((root / FOLDER).rglob("*.py")):
+        parts = [PACKAGE, *path.relative_to(root / FOLDER).with_suffix("").parts]
         if parts[-1] == "__init__":
             parts = parts[:-1]
         found[".".join(parts)] = path
@@ -47,14 +49,18 @@ def import_edges(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     edges: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
-            edges.update(alias.name for alias in node.names if alias.name.split(".")[0] == PACKAGE)
+            edges.update(alias.name for alias in node.names if in_package(alias.name))
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            if node.module.split(".")[0] != PACKAGE:
+            if not in_package(node.module):
                 continue
             for alias in node.names:
                 submodule = f"{node.module}.{alias.name}"
                 edges.add(submodule if submodule in modules else node.module)
     return {edge for edge in edges if edge != name}
+
+
+def in_package(module: str) -> bool:
+    return module == PACKAGE or module.startswith(PACKAGE + ".")
 
 
 def import_graph(root: Path) -> dict[str, set[str]]:
@@ -86,21 +92,21 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def unit_of(module: str) -> str:
-    """``export`` for ``model_build.export.convert``, ``errors`` for ``model_build.errors``."""
-    parts = module.split(".")
+    """``export`` for ``triton_mme_cdk.model_build.export.convert``, ``errors`` for ``...model_build.errors``."""
+    parts = module[len(PACKAGE):].split(".")
     return parts[1] if len(parts) > 1 else ""
 
 
 def subpackages(root: Path) -> list[str]:
-    return sorted(p.parent.name for p in (root / PACKAGE).glob("*/__init__.py"))
+    return sorted(p.parent.name for p in (root / FOLDER).glob("*/__init__.py"))
 
 
 def shared_modules(root: Path) -> set[str]:
-    return {p.stem for p in (root / PACKAGE).glob("*.py")} - {"__init__", "__main__"}
+    return {p.stem for p in (root / FOLDER).glob("*.py")} - {"__init__", "__main__"}
 
 
 def unit_docstring(root: Path, unit: str) -> str:
-    return ast.get_docstring(ast.parse((root / PACKAGE / unit / "__init__.py").read_text())) or ""
+    return ast.get_docstring(ast.parse((root / FOLDER / unit / "__init__.py").read_text())) or ""
 
 
 def may_import(docstring: str) -> set[str]:
@@ -220,23 +226,24 @@ def _tree(root: Path, files: dict[str, str]) -> Path:
 def test_a_lazy_import_that_closes_a_cycle_is_found(tmp_path: Path) -> None:
     root = _tree(tmp_path, {
         "model_build/__init__.py": "",
-        "model_build/a.py": "from model_build.b import B\nA = 1\n",
-        "model_build/b.py": "B = 2\n\ndef f():\n    from model_build import a\n    return a.A\n",
+        "model_build/a.py": "from triton_mme_cdk.model_build.b import B\nA = 1\n",
+        "model_build/b.py": "B = 2\n\ndef f():\n    from triton_mme_cdk.model_build import a\n    return a.A\n",
     })
-    assert find_cycle(import_graph(root)) == ["model_build.a", "model_build.b", "model_build.a"]
+    assert find_cycle(import_graph(root)) == ["triton_mme_cdk.model_build.a", "triton_mme_cdk.model_build.b", "triton_mme_cdk.model_build.a"]
 
 
 def test_an_import_the_docstring_does_not_allow_is_found(tmp_path: Path) -> None:
     root = _tree(tmp_path, {
         "model_build/__init__.py": "",
-        "model_build/errors.py": "from model_build.low import x\n",
+        "model_build/errors.py": "from triton_mme_cdk.model_build.low import x\n",
         "model_build/low/__init__.py": '"""Owns: x.\n\nMay import: ``shared``.\n"""\n',
-        "model_build/low/x.py": "from model_build.high import y\nfrom model_build.errors import E\n",
+        "model_build/low/x.py": ("from triton_mme_cdk.model_build.high import y\n"
+                                 "from triton_mme_cdk.model_build.errors import E\n"),
         "model_build/high/__init__.py": '"""Owns: y.\n\nMay import: ``shared``, ``low``.\n"""\n',
-        "model_build/high/y.py": "from model_build.low.x import X\n",
+        "model_build/high/y.py": "from triton_mme_cdk.model_build.low.x import X\n",
     })
-    assert layering_violations(root) == ["model_build.errors -> model_build.low.x",
-                                         "model_build.low.x -> model_build.high.y"]
+    assert layering_violations(root) == ["triton_mme_cdk.model_build.errors -> triton_mme_cdk.model_build.low.x",
+                                         "triton_mme_cdk.model_build.low.x -> triton_mme_cdk.model_build.high.y"]
 
 
 def test_a_module_over_the_budget_is_found(tmp_path: Path) -> None:

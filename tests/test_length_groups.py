@@ -30,14 +30,19 @@ import pytest
 from onnx import TensorProto
 from onnx import helper as oh
 
-from model_build.errors import ExportError, ManifestError, ValidationMismatchError
-from model_build.export.convert import onnx_signature
-from model_build.export.fusion import iter_nodes
-from model_build.export.length_groups import MIN_SAVING_PERCENT, group_by_length, group_lengths, plan_groups
-from model_build.export.validate import exported_runner
-from model_build.manifest import parse_manifest
-from model_build.tools.text_sources import KINDS, make_text_source
-from model_build.types import ExportedModel
+from triton_mme_cdk.model_build.errors import ExportError, ManifestError, ValidationMismatchError
+from triton_mme_cdk.model_build.export.convert import onnx_signature
+from triton_mme_cdk.model_build.export.fusion import iter_nodes
+from triton_mme_cdk.model_build.export.length_groups import (
+    MIN_SAVING_PERCENT,
+    group_by_length,
+    group_lengths,
+    plan_groups,
+)
+from triton_mme_cdk.model_build.export.validate import exported_runner
+from triton_mme_cdk.model_build.manifest import parse_manifest
+from triton_mme_cdk.model_build.tools.text_sources import KINDS, make_text_source
+from triton_mme_cdk.model_build.types import ExportedModel
 
 MAX_LEN = 48
 
@@ -59,7 +64,7 @@ def _session(model: onnx.ModelProto | Path) -> ort.InferenceSession:
 @pytest.fixture(scope="module", params=KINDS)
 def plain(request, tmp_path_factory):
     """The build's plain export (grouping off) of a small random model of each kind's architecture."""
-    from model_build.export.validate import export_and_validate
+    from triton_mme_cdk.model_build.export.validate import export_and_validate
 
     base = tmp_path_factory.mktemp(request.param)
     make_text_source(request.param, base / "source", pooling="mean", max_length=MAX_LEN)
@@ -249,7 +254,7 @@ def test_a_graph_without_attention_mask(tmp_path):
 def test_a_grouped_build_is_recorded_and_served_equal_to_the_plain_one(tmp_path):
     """The build's own path: on by default for KIND_CPU, its line in the report, and the grouped
     file's outputs equal the plain build's on a batch that splits."""
-    from model_build.export.validate import export_and_validate
+    from triton_mme_cdk.model_build.export.validate import export_and_validate
 
     make_text_source("wordpiece", tmp_path / "source", pooling="mean", max_length=MAX_LEN)
     grouped, report, _ = export_and_validate(spec_for(), base_dir=tmp_path, work_dir=tmp_path / "grouped")

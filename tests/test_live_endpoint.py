@@ -24,17 +24,17 @@ import tritonclient.http as httpclient
 from botocore.exceptions import ClientError
 from triton_helpers import requires_triton  # tests/ is on sys.path
 
-from model_build.aws_clients import make_s3_client
-from model_build.manifest import parse_manifest
-from model_build.pipeline import BuildOptions, build_release
-from model_build.reference import read_reference
-from model_build.release import compute_release
-from model_build.release.index import read_routes
-from model_build.release.serving import activate_release
-from model_build.release.store import ReleaseTarget, publish_incremental
-from model_build.tools.endpoint import local_endpoint
-from model_build.tools.local_s3 import local_s3
-from model_build.tools.smoke_setup import make_runtime_client
+from triton_mme_cdk.model_build.aws_clients import make_s3_client
+from triton_mme_cdk.model_build.manifest import parse_manifest
+from triton_mme_cdk.model_build.pipeline import BuildOptions, build_release
+from triton_mme_cdk.model_build.reference import read_reference
+from triton_mme_cdk.model_build.release import compute_release
+from triton_mme_cdk.model_build.release.index import read_routes
+from triton_mme_cdk.model_build.release.serving import activate_release
+from triton_mme_cdk.model_build.release.store import ReleaseTarget, publish_incremental
+from triton_mme_cdk.model_build.tools.endpoint import local_endpoint
+from triton_mme_cdk.model_build.tools.local_s3 import local_s3
+from triton_mme_cdk.model_build.tools.smoke_setup import make_runtime_client
 
 pytestmark = [pytest.mark.slow, requires_triton]
 BUCKET = "live-endpoint"

@@ -29,19 +29,19 @@ import yaml
 from cdk_helpers import subprocess_env, synth
 from s3_faults import FaultProxy, Rule
 
-from model_build.aws_clients import make_s3_client
-from model_build.release import Release, routes_key, served_name
-from model_build.release.index import read_index, read_routes
-from model_build.release.routes import RouteResolver, RoutesError, parse_routes
-from model_build.release.serving import (
+from triton_mme_cdk.model_build.aws_clients import make_s3_client
+from triton_mme_cdk.model_build.release import Release, routes_key, served_name
+from triton_mme_cdk.model_build.release.index import read_index, read_routes
+from triton_mme_cdk.model_build.release.routes import RouteResolver, RoutesError, parse_routes
+from triton_mme_cdk.model_build.release.serving import (
     ActivationReport,
     activate_release,
     delete_legacy_release,
     legacy_releases,
 )
-from model_build.release.store import ReleaseTarget, assemble_release, publish_unit
-from model_build.tools.local_s3 import local_s3
-from model_build.types import Artifact
+from triton_mme_cdk.model_build.release.store import ReleaseTarget, assemble_release, publish_unit
+from triton_mme_cdk.model_build.tools.local_s3 import local_s3
+from triton_mme_cdk.model_build.types import Artifact
 
 ROOT = Path(__file__).resolve().parents[1]
 FLEET_TYPES = {"AWS::SageMaker::Model", "AWS::SageMaker::EndpointConfig", "AWS::SageMaker::Endpoint",
@@ -113,7 +113,7 @@ def _artifact(tmp: Path, name: str, payload: bytes) -> Artifact:
 
 def _release(s3: Any, bucket: str, tmp: Path, models: dict[str, bytes], release_id: str) -> Release:
     """Store each model, place the release in the served prefix and write its index (no routing)."""
-    from model_build.release.store import StoredModel
+    from triton_mme_cdk.model_build.release.store import StoredModel
 
     stored = []
     for name, payload in models.items():
@@ -194,7 +194,7 @@ def test_a_served_object_with_other_bytes_is_refused_and_the_previous_routes_kee
     assert caught.value.model == "n" and key in message and "previous routes keep serving" in message
     assert s3.get_object(Bucket=bucket, Key=routes_key(PREFIX))["Body"].read() == before
     # The publish itself never overwrites it either.
-    from model_build.errors import PublishError
+    from triton_mme_cdk.model_build.errors import PublishError
 
     with pytest.raises(PublishError) as refused:
         _release(s3, bucket, tmp_path, {"n": b"N1"}, "r-000000000000000c")
@@ -402,10 +402,10 @@ def _plan(*args: str) -> subprocess.CompletedProcess[str]:
 def test_plan_lists_the_model_changes_with_exit_codes(tmp_path: Path) -> None:
     """The model side of ``plan`` from the command line (tests/test_plan.py judges the fleet and
     the data): entries added, updated and removed, each with its exit code."""
-    from model_build.manifest import parse_manifest
-    from model_build.release import compute_release, entry_sha256, model_code_sha256
-    from model_build.release.deployed import record_from_template
-    from model_build.release.routes import Route, Routes
+    from triton_mme_cdk.model_build.manifest import parse_manifest
+    from triton_mme_cdk.model_build.release import compute_release, entry_sha256, model_code_sha256
+    from triton_mme_cdk.model_build.release.deployed import record_from_template
+    from triton_mme_cdk.model_build.release.routes import Route, Routes
 
     base: dict[str, Any] = {"version": 1, "models": [_entry("a", 0), _entry("b", 1, copies=2), _entry("c", 2)]}
     manifest = parse_manifest(copy.deepcopy(base))
@@ -471,10 +471,10 @@ def test_synth_prints_the_plan_against_a_routes_file(tmp_path: Path) -> None:
     the routes, after the synth (the template is what is judged)."""
     from cdk_helpers import run_app
 
-    from model_build.manifest import load_manifest
-    from model_build.release import compute_release, entry_sha256, model_code_sha256
-    from model_build.release.deployed import record_from_template
-    from model_build.release.routes import Route, Routes
+    from triton_mme_cdk.model_build.manifest import load_manifest
+    from triton_mme_cdk.model_build.release import compute_release, entry_sha256, model_code_sha256
+    from triton_mme_cdk.model_build.release.deployed import record_from_template
+    from triton_mme_cdk.model_build.release.routes import Route, Routes
 
     manifest = load_manifest(ROOT / "models.yaml")
     release = compute_release(manifest, base_dir=ROOT)
@@ -505,8 +505,8 @@ def test_names_that_could_collide_are_refused_before_any_build(names: list[str],
     """Logical names are lowercase and start with a letter or digit (``MODEL_NAME_PATTERN``): two
     names that differ only in case, or a bookkeeping name (``_routes``, ``_releases``), cannot be
     written; a name twice is refused; each names the entry."""
-    from model_build.errors import ManifestError
-    from model_build.manifest import parse_manifest
+    from triton_mme_cdk.model_build.errors import ManifestError
+    from triton_mme_cdk.model_build.manifest import parse_manifest
 
     with pytest.raises(ManifestError) as caught:
         parse_manifest({"version": 1, "models": [_entry(name, i) for i, name in enumerate(names)]})

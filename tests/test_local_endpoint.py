@@ -32,16 +32,16 @@ import tritonclient.http as httpclient
 from botocore.exceptions import ClientError
 from triton_helpers import requires_triton  # tests/ is on sys.path
 
-from model_build.aws_clients import make_s3_client
-from model_build.manifest import parse_manifest
-from model_build.pipeline import BuildOptions, build_release
-from model_build.reference import read_reference
-from model_build.release import INDEX_NAME, compute_release
-from model_build.release.publish import publish_release
-from model_build.tools.endpoint import LocalEndpoint, local_endpoint
-from model_build.tools.local_s3 import local_s3
-from model_build.tools.smoke import run_smoke
-from model_build.tools.smoke_setup import make_client, make_runtime_client
+from triton_mme_cdk.model_build.aws_clients import make_s3_client
+from triton_mme_cdk.model_build.manifest import parse_manifest
+from triton_mme_cdk.model_build.pipeline import BuildOptions, build_release
+from triton_mme_cdk.model_build.reference import read_reference
+from triton_mme_cdk.model_build.release import INDEX_NAME, compute_release
+from triton_mme_cdk.model_build.release.publish import publish_release
+from triton_mme_cdk.model_build.tools.endpoint import LocalEndpoint, local_endpoint
+from triton_mme_cdk.model_build.tools.local_s3 import local_s3
+from triton_mme_cdk.model_build.tools.smoke import run_smoke
+from triton_mme_cdk.model_build.tools.smoke_setup import make_client, make_runtime_client
 
 ROOT = Path(__file__).resolve().parents[1]
 BUCKET = "local-endpoint"
@@ -329,7 +329,7 @@ def test_a_507_load_unloads_the_least_recently_used_model_and_then_succeeds(
 def test_a_model_always_out_of_memory_unloads_at_most_max_oom_retries_models(
     endpoint: LocalEndpoint, release: dict[str, Any]
 ) -> None:
-    from model_build.tools.mme import MAX_OOM_RETRIES
+    from triton_mme_cdk.model_build.tools.mme import MAX_OOM_RETRIES
 
     runtime = make_runtime_client(endpoint_url=endpoint.url, timeout_seconds=120)
     endpoint.cache.unload_all()
@@ -375,7 +375,7 @@ def test_thread_counts_of_the_pytorch_backend_load_and_answer(endpoint: LocalEnd
 
 
 def test_a_body_over_the_6_mb_invoke_limit_is_a_413_validation_error(endpoint: LocalEndpoint) -> None:
-    from model_build.tools.endpoint import MAX_BODY_BYTES
+    from triton_mme_cdk.model_build.tools.endpoint import MAX_BODY_BYTES
 
     assert MAX_BODY_BYTES == 6291456  # botocore's sagemaker-runtime BodyBlob max
     response = _error(endpoint, "tiny-ts.tar.gz", body=b" " * (MAX_BODY_BYTES + 1))
@@ -388,7 +388,7 @@ def test_a_body_over_the_6_mb_invoke_limit_is_a_413_validation_error(endpoint: L
 
 
 def test_a_root_config_is_localized_too(tmp_path: Path) -> None:
-    from model_build.tools.mme import localize_configs
+    from triton_mme_cdk.model_build.tools.mme import localize_configs
 
     (tmp_path / "1").mkdir()
     (tmp_path / "config.pbtxt").write_text('name: "m"\nbackend: "onnxruntime"\n'
@@ -402,7 +402,7 @@ def test_a_root_config_is_localized_too(tmp_path: Path) -> None:
 
 
 def test_a_server_with_gpu_runtimes_keeps_the_published_kinds(tmp_path: Path) -> None:
-    from model_build.tools.mme import CpuUnservable, localize_configs
+    from triton_mme_cdk.model_build.tools.mme import CpuUnservable, localize_configs
 
     published = 'name: "m"\nbackend: "onnxruntime"\ninstance_group { kind: KIND_GPU count: 1 gpus: 0 }\n'
     (tmp_path / "config.pbtxt").write_text(published)
@@ -420,8 +420,8 @@ def test_a_server_with_gpu_runtimes_keeps_the_published_kinds(tmp_path: Path) ->
     (lambda e: e.update(key=e["key"].rpartition("/")[0] + "/../../escape.tar.gz"), "is not under the release prefix"),
 ])
 def test_a_malformed_index_entry_is_one_clear_error(release: dict[str, Any], mutate: Any, words: str) -> None:
-    from model_build.errors import ModelBuildError
-    from model_build.tools.served_release import read_release
+    from triton_mme_cdk.model_build.errors import ModelBuildError
+    from triton_mme_cdk.model_build.tools.served_release import read_release
 
     release_id = "r-malformed0000000"
     index = json.loads(json.dumps(release["index"]))

@@ -18,9 +18,14 @@ from typing import Any
 import pytest
 import yaml
 
-from model_build.errors import ManifestError
-from model_build.manifest import TENSORRT_KEYS, load_manifest, load_manifest_bytes, parse_manifest
-from model_build.release import build_code_sha256, compute_release
+from triton_mme_cdk.model_build.errors import ManifestError
+from triton_mme_cdk.model_build.manifest import (
+    TENSORRT_KEYS,
+    load_manifest,
+    load_manifest_bytes,
+    parse_manifest,
+)
+from triton_mme_cdk.model_build.release import build_code_sha256, compute_release
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = yaml.safe_load((ROOT / "models.yaml").read_text())
@@ -76,7 +81,7 @@ def test_build_code_hash_changes_with_the_code(tmp_path: Path) -> None:
     package = tmp_path / "model_build"
     package.mkdir()
     # Runtime code is what the build reaches through its imports (tools are not part of it).
-    (package / "pipeline.py").write_text("from model_build.export import A\n")  # an entry module
+    (package / "pipeline.py").write_text("from triton_mme_cdk.model_build.export import A\n")  # an entry module
     (package / "export.py").write_text("A = 1\n")
     before = build_code_sha256(package)
     (package / "__pycache__").mkdir()
@@ -263,7 +268,7 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
 def test_cli_usage_line_lists_every_subcommand() -> None:
     """Issue 38: ``--help`` opened with a hand-written line listing 7 of the 9 subcommands; the line
     and the module's docstring are now filled from the parser, and each subcommand runs its own func."""
-    import model_build.__main__ as cli
+    import triton_mme_cdk.model_build.__main__ as cli
 
     commands = _subcommands(cli._parser())
     assert {"validate", "build", "publish", "verify", "demo", "smoke", "endpoint", "plan", "releases"} <= set(commands)
@@ -279,7 +284,7 @@ def test_cli_usage_line_lists_every_subcommand() -> None:
 
 def test_cli_usage_line_follows_a_new_subcommand(monkeypatch: pytest.MonkeyPatch) -> None:
     """A subcommand added by a tool's parser appears in the usage line with no other edit."""
-    import model_build.__main__ as cli
+    import triton_mme_cdk.model_build.__main__ as cli
 
     original = cli.add_plan_parsers
 
@@ -354,7 +359,7 @@ YAML_FORMS = {
 def test_one_pass_reader_builds_what_yaml_load_builds(name: str) -> None:
     """The manifest's one event pass constructs the data itself (issue 38): the same values of the
     same types as ``yaml.load`` on the loader the project uses, for every scalar form."""
-    from model_build.manifest import loading
+    from triton_mme_cdk.model_build.manifest import loading
 
     text = YAML_FORMS[name]
     expected = yaml.load(text, Loader=loading._SafeLoader)

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from model_build.export.memory import COLLECT_FROM_BYTES, module_bytes, release_memory
+from triton_mme_cdk.model_build.export.memory import COLLECT_FROM_BYTES, module_bytes, release_memory
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ class _Tiny(torch.nn.Module):
 
 
 def _export(tmp_path: Path, aside: bool) -> onnx.ModelProto:
-    from model_build.export.onnx_weights import export_weights_aside
+    from triton_mme_cdk.model_build.export.onnx_weights import export_weights_aside
 
     module = _Tiny()
     args = (torch.randint(0, 1000, (2, 8)), torch.ones(2, 8, dtype=torch.long))
@@ -60,7 +60,7 @@ def test_weights_aside_is_the_exporters_graph_with_the_same_weights(tmp_path: Pa
 
 
 def test_save_onnx_puts_weights_aside_from_the_threshold_and_removes_a_stale_side_file(tmp_path: Path) -> None:
-    from model_build.export.onnx_weights import save_onnx
+    from triton_mme_cdk.model_build.export.onnx_weights import save_onnx
 
     weights = numpy_helper.from_array(np.arange(4096, dtype=np.float32).reshape(64, 64), "w")
     graph = onnx.helper.make_graph([onnx.helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
@@ -89,7 +89,7 @@ def test_the_single_file_save_writes_what_serializing_the_whole_model_writes(tmp
     ``SerializeToString()``'s, for a real export and for a model using every later field."""
     import io
 
-    from model_build.export.onnx_weights import save_onnx, write_model
+    from triton_mme_cdk.model_build.export.onnx_weights import save_onnx, write_model
 
     exported = _export(tmp_path, aside=False)
     exported.doc_string, exported.producer_name, exported.model_version = "doc", "test", 3

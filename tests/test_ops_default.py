@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from cdk_helpers import Synth, flatten_join, synth, taggable_types, untagged
 
-from constructs.endpoint_alarms import ALARM_KEYS, DEFAULT_ROLLBACK_ALARMS
+from triton_mme_cdk.constructs.endpoint_alarms import ALARM_KEYS, DEFAULT_ROLLBACK_ALARMS
 
 ALARM = "AWS::CloudWatch::Alarm"
 DIMENSIONS = [{"Name": "EndpointName", "Value": "triton-mme"}, {"Name": "VariantName", "Value": "AllTraffic"}]

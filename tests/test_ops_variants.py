@@ -33,23 +33,31 @@ from cdk_helpers import (
     write_manifest,
 )
 
-from constructs.alarm_topic import AlarmTopicProps
-from constructs.endpoint_alarms import AlarmThresholds, EndpointAlarms, EndpointAlarmsProps
-from constructs.endpoint_dashboard import EndpointDashboardProps
-from constructs.endpoint_network import PLACEHOLDER_ID_RULES, EndpointNetwork, EndpointNetworkProps
-from constructs.model_bucket import ModelBucket
-from constructs.model_build_resource import LAMBDA_VPC_ACTIONS, ModelBuildResource, ModelBuildResourceProps
-from constructs.rollout_policy import RolloutPolicy, RolloutPolicyProps
-from constructs.sagemaker_limits import PropsError
-from constructs.triton_image import TritonImage
-from constructs.triton_mme_endpoint import (
+from triton_mme_cdk.constructs.alarm_topic import AlarmTopicProps
+from triton_mme_cdk.constructs.endpoint_alarms import AlarmThresholds, EndpointAlarms, EndpointAlarmsProps
+from triton_mme_cdk.constructs.endpoint_dashboard import EndpointDashboardProps
+from triton_mme_cdk.constructs.endpoint_network import (
+    PLACEHOLDER_ID_RULES,
+    EndpointNetwork,
+    EndpointNetworkProps,
+)
+from triton_mme_cdk.constructs.model_bucket import ModelBucket
+from triton_mme_cdk.constructs.model_build_resource import (
+    LAMBDA_VPC_ACTIONS,
+    ModelBuildResource,
+    ModelBuildResourceProps,
+)
+from triton_mme_cdk.constructs.rollout_policy import RolloutPolicy, RolloutPolicyProps
+from triton_mme_cdk.constructs.sagemaker_limits import PropsError
+from triton_mme_cdk.constructs.triton_image import TritonImage
+from triton_mme_cdk.constructs.triton_mme_endpoint import (
     SAGEMAKER_VPC_ACTIONS,
     FleetSize,
     TritonMmeEndpoint,
     TritonMmeEndpointProps,
 )
-from model_build.manifest import load_manifest
-from model_build.release import PACKAGE_DIR
+from triton_mme_cdk.model_build.manifest import load_manifest
+from triton_mme_cdk.model_build.release import PACKAGE_DIR
 
 SG = "AWS::EC2::SecurityGroup"
 
@@ -575,7 +583,7 @@ def test_bad_rollout_setting_fails_the_app(tmp_path: Path) -> None:
 def test_the_deployed_record_is_the_templates_own_in_a_vpc(variant: str, request: pytest.FixtureRequest) -> None:
     """With a created or an existing VPC the Model names subnets and security groups: the record
     holds them (their replacement replaces the Model) and equals the template's resources."""
-    from model_build.release.deployed import check_embedded, parse_record
+    from triton_mme_cdk.model_build.release.deployed import check_embedded, parse_record
 
     s: Synth = request.getfixturevalue(variant)
     check_embedded(s.data)

@@ -17,19 +17,29 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from model_build.errors import AccuracyGateError, ManifestError
-from model_build.export.eager import (
+from triton_mme_cdk.model_build.errors import AccuracyGateError, ManifestError
+from triton_mme_cdk.model_build.export.eager import (
     CALIBRATION_SENTENCES,
     calibration_inputs,
     load_module,
     reference_sentences,
     sample_inputs,
 )
-from model_build.export.fusion import ALLOWED_CONTRIB_OPS, MAX_IR_VERSION, MAX_OPSET, iter_nodes
-from model_build.export.optimize import fmt_below, matmul_sensitivity, row_cosines
-from model_build.export.validate import check_gates, export_and_validate, top_k_agreement, validate_export
-from model_build.manifest import DEFAULT_GATES, ModelSpec, parse_manifest
-from model_build.types import ValidationReport
+from triton_mme_cdk.model_build.export.fusion import (
+    ALLOWED_CONTRIB_OPS,
+    MAX_IR_VERSION,
+    MAX_OPSET,
+    iter_nodes,
+)
+from triton_mme_cdk.model_build.export.optimize import fmt_below, matmul_sensitivity, row_cosines
+from triton_mme_cdk.model_build.export.validate import (
+    check_gates,
+    export_and_validate,
+    top_k_agreement,
+    validate_export,
+)
+from triton_mme_cdk.model_build.manifest import DEFAULT_GATES, ModelSpec, parse_manifest
+from triton_mme_cdk.model_build.types import ValidationReport
 
 pytestmark = pytest.mark.slow
 
@@ -308,7 +318,7 @@ def test_tightened_gates_are_taken():
 
 
 def test_auto_fusion_is_off_where_the_serving_level_would_not_finish_it():
-    from model_build.export.fusion import should_fuse
+    from triton_mme_cdk.model_build.export.fusion import should_fuse
 
     assert should_fuse(tiny_bert(), None)
     assert should_fuse(tiny_bert(onnxruntime={"graph_optimization_level": "extended"}), None)
@@ -364,10 +374,10 @@ def test_fusion_is_the_same_with_shape_inference_on_the_skeleton(
     """The optimizer's symbolic shape inference runs on the graph's skeleton (issue 36: its
     copies of the whole model were a BERT build's peak memory). The fused graph is byte for byte
     the one the optimizer makes with shape inference on the whole model."""
-    from model_build.export import fusion
-    from model_build.export.convert import export_onnx
-    from model_build.export.eager import load_module, sample_inputs
-    from model_build.export.validate import trace_sample
+    from triton_mme_cdk.model_build.export import fusion
+    from triton_mme_cdk.model_build.export.convert import export_onnx
+    from triton_mme_cdk.model_build.export.eager import load_module, sample_inputs
+    from triton_mme_cdk.model_build.export.validate import trace_sample
 
     spec = tiny_bert(task=task)
     saved: dict[str, bytes] = {}
@@ -387,7 +397,7 @@ def test_the_skeleton_patch_reaches_the_optimizers_bert_model() -> None:
     each other by bare module name), and the patch is undone after."""
     import sys
 
-    from model_build.export import fusion
+    from triton_mme_cdk.model_build.export import fusion
 
     with fusion._shape_inference_on_skeletons():
         base = sys.modules["onnx_model"].OnnxModel

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from model_build.manifest import parse_manifest
-from model_build.pipeline import (
+from triton_mme_cdk.model_build.manifest import parse_manifest
+from triton_mme_cdk.model_build.pipeline import (
     PIPELINE,
     TEXT_CHECK,
     Artifacts,

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from cdk_helpers import PIPELINE, ROOT, PipelineSynth, as_list, policy_of_role, synth_pipeline
 
-from stacks.pipeline_settings import pipeline_settings
-from stacks.settings import SettingsError
+from triton_mme_cdk.stacks.pipeline_settings import pipeline_settings
+from triton_mme_cdk.stacks.settings import SettingsError
 
 PIPELINE_STACK = "TritonMmePipeline"
 
@@ -83,7 +83,7 @@ def test_the_plan_step_exports_its_verdict_and_the_approval_is_entered_only_when
         commands = spec["phases"]["build"]["commands"]
         assert commands[0] == "make plan-setup"
         assert f"--role-arn arn:aws:iam::{account}:role/TritonMme-{target}-plan-reader" in commands[1]
-        run = next(c for c in commands if "model_build.tools.pipeline_plan" in c)
+        run = next(c for c in commands if "-m model_build.tools.pipeline_plan" in c)
         assert shlex.split(run)[3] == f"TritonMme-{target}"
         assert f"-c mme:stack_name=TritonMme-{target}" in run
         assert commands[-1] == "set -a; . plan/verdict.env; set +a"
@@ -190,7 +190,7 @@ def test_the_plan_steps_command_runs_and_exports_what_the_condition_reads(
     pipeline = _pipeline(synthesized)
     (plan,) = _stage(pipeline, "staging-plan")["Actions"]
     commands = _buildspec(synthesized, plan["Configuration"]["ProjectName"])["phases"]["build"]["commands"]
-    run = next(c for c in commands if "model_build.tools.pipeline_plan" in c)
+    run = next(c for c in commands if "-m model_build.tools.pipeline_plan" in c)
     work = tmp_path / "src"
     work.mkdir()
     (work / "cdk.out").symlink_to(synthesized.outdir)
@@ -217,7 +217,7 @@ def test_the_plan_step_plans_an_existing_stack_against_its_live_routes(
     pipeline = _pipeline(synthesized)
     (plan,) = _stage(pipeline, "prod-plan")["Actions"]
     commands = _buildspec(synthesized, plan["Configuration"]["ProjectName"])["phases"]["build"]["commands"]
-    run = next(c for c in commands if "model_build.tools.pipeline_plan" in c)
+    run = next(c for c in commands if "-m model_build.tools.pipeline_plan" in c)
     clients = {"endpoint_url": endpoint, "region_name": "us-east-1", "aws_access_key_id": "testing",
                "aws_secret_access_key": "testing"}
     deployed = {"Resources": {"Bucket": {"Type": "AWS::S3::Bucket"}},

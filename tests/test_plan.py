@@ -22,18 +22,18 @@ import jsonschema
 import pytest
 from cdk_helpers import subprocess_env, synth
 
-from model_build.__main__ import main
-from model_build.manifest import load_manifest
-from model_build.release import compute_release, entry_sha256, model_code_sha256
-from model_build.release.deployed import (
+from triton_mme_cdk.model_build.__main__ import main
+from triton_mme_cdk.model_build.manifest import load_manifest
+from triton_mme_cdk.model_build.release import compute_release, entry_sha256, model_code_sha256
+from triton_mme_cdk.model_build.release.deployed import (
     FLEET_TYPES,
     DeployedRecordError,
     check_embedded,
     record_from_template,
 )
-from model_build.release.routes import ModelPlan, Planned, Route, Routes, Updated
-from model_build.tools.plan_report import GITHUB_COMMENT_LIMIT, PlanReport, marker
-from model_build.tools.plan_verdict import Finding, Verdict
+from triton_mme_cdk.model_build.release.routes import ModelPlan, Planned, Route, Routes, Updated
+from triton_mme_cdk.model_build.tools.plan_report import GITHUB_COMMENT_LIMIT, PlanReport, marker
+from triton_mme_cdk.model_build.tools.plan_verdict import Finding, Verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((ROOT / "model_build" / "tools" / "plan.schema.json").read_text())
@@ -65,7 +65,7 @@ def bigger(work: Path) -> dict[str, Any]:
 def new_default_variable(work: Path) -> Iterator[dict[str, Any]]:
     """A change in construct code, not in any setting: the endpoint gains a default container
     variable (here by renaming the log-verbosity key, as an upgrade of the construct would)."""
-    import constructs.triton_mme_endpoint as endpoint_module
+    import triton_mme_cdk.constructs.triton_mme_endpoint as endpoint_module
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(endpoint_module, "LOG_VERBOSE_KEY", "SAGEMAKER_TRITON_LOG_INFO")
@@ -132,7 +132,12 @@ def test_a_model_change_is_models_only(default: dict[str, Any], work: Path, caps
     assert updated["old"] == {"target": "resnet-synthetic-ts-000000000000.tar.gz", "sha256": "a" * 64, "size": 1234}
     # Where each added or updated model builds, with the template's build settings (issue 36).
     # (The estimate's numbers follow the measured ratios: they come from the same placement.)
-    from model_build.manifest.build_engine import EngineSettings, estimate, place, source_weight_bytes
+    from triton_mme_cdk.model_build.manifest.build_engine import (
+        EngineSettings,
+        estimate,
+        place,
+        source_weight_bytes,
+    )
 
     minilm = next(spec for spec in load_manifest(ROOT / "models.yaml").models if spec.name == "minilm-l6-text")
     settings = EngineSettings(lambda_memory_mb=6144)
@@ -193,7 +198,7 @@ def test_a_construct_code_change_of_the_environment_replaces_the_fleet(
 
 def test_a_first_deploy_creates_the_fleet(endpoint: str, default: dict[str, Any], work: Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:
-    from model_build.aws_clients import make_s3_client
+    from triton_mme_cdk.model_build.aws_clients import make_s3_client
 
     make_s3_client(endpoint_url=endpoint).create_bucket(Bucket="plan-first")
     code, report, _ = _plan(capsys, "--bucket", "plan-first", "--endpoint-url", endpoint, "--template",
@@ -333,7 +338,7 @@ def test_online_reads_the_stacks_template_from_cloudformation(
     CloudFormation on loopback); a stack that does not exist, with no routes, is a first deploy."""
     import boto3
 
-    from model_build.aws_clients import make_s3_client
+    from triton_mme_cdk.model_build.aws_clients import make_s3_client
 
     for name, value in (("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test"),
                         ("AWS_ENDPOINT_URL_CLOUDFORMATION", endpoint)):

@@ -24,9 +24,9 @@ import yaml
 from cdk_helpers import subprocess_env, synth
 from test_plan import _routes
 
-from model_build.release import model_code_sha256
-from model_build.release.deployed import record_from_template
-from model_build.tools.plan_report import marker
+from triton_mme_cdk.model_build.release import model_code_sha256
+from triton_mme_cdk.model_build.release.deployed import record_from_template
+from triton_mme_cdk.model_build.tools.plan_report import marker
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOW = ROOT / ".github" / "workflows" / "triton-mme-plan.yml"

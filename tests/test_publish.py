@@ -37,11 +37,11 @@ import pytest
 from boto3.s3.transfer import TransferConfig
 from s3_faults import FaultProxy, Rule  # tests/ is on sys.path; a site-packages "tests" shadows tests.
 
-from model_build.aws_clients import make_s3_client
-from model_build.errors import PublishError
-from model_build.release import transfer
-from model_build.release.index import index_body, read_index
-from model_build.release.publish import (
+from triton_mme_cdk.model_build.aws_clients import make_s3_client
+from triton_mme_cdk.model_build.errors import PublishError
+from triton_mme_cdk.model_build.release import transfer
+from triton_mme_cdk.model_build.release.index import index_body, read_index
+from triton_mme_cdk.model_build.release.publish import (
     PublishReport,
     delete_release,
     download_release,
@@ -49,8 +49,8 @@ from model_build.release.publish import (
     publish_release,
     retire_release,
 )
-from model_build.tools.local_s3 import local_s3
-from model_build.types import Artifact
+from triton_mme_cdk.model_build.tools.local_s3 import local_s3
+from triton_mme_cdk.model_build.types import Artifact
 
 MIB = 1024**2
 PREFIX = "models/r-0123456789abcdef"
@@ -573,7 +573,7 @@ def test_read_index_tells_a_missing_index_from_a_refused_one_when_s3_answers_403
     """Without an unconditioned s3:ListBucket (the build role lists only under its prefix), S3
     answers a GET of a missing key with 403 AccessDenied, not 404: the index is then looked up
     by a listing, so a new release reads as "no index" and a real refusal still fails."""
-    from model_build.release.index import read_index
+    from triton_mme_cdk.model_build.release.index import read_index
 
     missing = f"{PREFIX}/_index.json"
     proxy.add(Rule("error", method="GET", path=r"/_index\.json", status=403, code="AccessDenied", times=2))

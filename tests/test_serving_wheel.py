@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from model_build.errors import PackageError
-from model_build.text_ensemble import serving_wheel
-from model_build.text_ensemble.serving_wheel import (
+from triton_mme_cdk.model_build.errors import PackageError
+from triton_mme_cdk.model_build.text_ensemble import serving_wheel
+from triton_mme_cdk.model_build.text_ensemble.serving_wheel import (
     IMAGE_PYTHON,
     PIN_FILE,
     WHEELHOUSE_VARIABLE,
@@ -94,7 +94,7 @@ def test_abi3_wheel_loads_on_every_image_python_and_a_too_old_or_foreign_one_doe
 
 
 def test_every_image_version_the_stack_accepts_has_a_known_python():
-    from constructs.triton_image import load_image_table
+    from triton_mme_cdk.constructs.triton_image import load_image_table
 
     for version in load_image_table().versions:
         row = image_python(version)
@@ -114,8 +114,8 @@ def test_synth_refuses_a_text_manifest_on_an_image_of_unknown_python(tmp_path, m
     """The check runs at synth (not on the endpoint), and only when a target takes raw text."""
     from cdk_helpers import context, synth
 
-    from constructs.sagemaker_limits import PropsError
-    from stacks.settings import MmeSettings
+    from triton_mme_cdk.constructs.sagemaker_limits import PropsError
+    from triton_mme_cdk.stacks.settings import MmeSettings
 
     newest = MmeSettings.from_context(context()).fleet_host().image_version  # the default fleet's image
     monkeypatch.setattr(serving_wheel, "IMAGE_PYTHON",
@@ -138,7 +138,7 @@ def test_the_build_image_and_make_setup_download_the_pin_with_hashes_required():
 
 
 def test_the_pin_is_runtime_so_changing_it_changes_every_model_key(tmp_path):
-    from model_build.release import PACKAGE_DIR, model_code_sha256, runtime_files
+    from triton_mme_cdk.model_build.release import PACKAGE_DIR, model_code_sha256, runtime_files
 
     assert PIN_FILE in runtime_files(PACKAGE_DIR)
     copy = tmp_path / "model_build"

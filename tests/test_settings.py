@@ -8,9 +8,9 @@ import pytest
 from cdk_helpers import ROOT  # (also puts the project root on sys.path)
 from pydantic import ValidationError
 
-from constructs.sagemaker_limits import MME_GPU_INSTANCE_TYPES, TRITON_EXTRA_KEYS
-from constructs.triton_image import load_image_table
-from stacks.settings import MmeSettings, SettingsError
+from triton_mme_cdk.constructs.sagemaker_limits import MME_GPU_INSTANCE_TYPES, TRITON_EXTRA_KEYS
+from triton_mme_cdk.constructs.triton_image import load_image_table
+from triton_mme_cdk.stacks.settings import MmeSettings, SettingsError
 
 
 def settings(**values: object) -> MmeSettings:

@@ -26,19 +26,19 @@ import numpy as np
 import pytest
 from triton_helpers import requires_triton  # tests/ is on sys.path
 
-from model_build.aws_clients import make_s3_client
-from model_build.errors import ModelBuildError
-from model_build.manifest import parse_manifest
-from model_build.pipeline import BuildOptions, build_model
-from model_build.reference import read_reference, write_reference
-from model_build.release import INDEX_NAME
-from model_build.release.publish import publish_release
-from model_build.tools.endpoint import LocalEndpoint, local_endpoint
-from model_build.tools.local_s3 import local_s3
-from model_build.tools.smoke import run_smoke, select_targets
-from model_build.tools.smoke_cli import add_smoke_parser, cmd_smoke, main
-from model_build.tools.smoke_setup import make_client, make_runtime_client
-from model_build.types import Artifact
+from triton_mme_cdk.model_build.aws_clients import make_s3_client
+from triton_mme_cdk.model_build.errors import ModelBuildError
+from triton_mme_cdk.model_build.manifest import parse_manifest
+from triton_mme_cdk.model_build.pipeline import BuildOptions, build_model
+from triton_mme_cdk.model_build.reference import read_reference, write_reference
+from triton_mme_cdk.model_build.release import INDEX_NAME
+from triton_mme_cdk.model_build.release.publish import publish_release
+from triton_mme_cdk.model_build.tools.endpoint import LocalEndpoint, local_endpoint
+from triton_mme_cdk.model_build.tools.local_s3 import local_s3
+from triton_mme_cdk.model_build.tools.smoke import run_smoke, select_targets
+from triton_mme_cdk.model_build.tools.smoke_cli import add_smoke_parser, cmd_smoke, main
+from triton_mme_cdk.model_build.tools.smoke_setup import make_client, make_runtime_client
+from triton_mme_cdk.model_build.types import Artifact
 
 #: Slow: the real tritonserver behind the local endpoint (make test-fast leaves it out).
 pytestmark = [requires_triton, pytest.mark.slow]

@@ -91,7 +91,7 @@ def test_snapshot(two_synths: Synths) -> None:
 def test_the_build_image_context_holds_the_runtime_and_no_tool(two_synths: Synths) -> None:
     """The Docker context CDK stages for the build image is ``runtime_files()``: what the keys
     hash is what the image runs, and a tool edit changes no image asset (issue 9)."""
-    from model_build.release import PACKAGE_DIR, runtime_files
+    from triton_mme_cdk.model_build.release import PACKAGE_DIR, runtime_files
 
     (result, outdir), _ = two_synths
     assert result.returncode == 0, result.stderr

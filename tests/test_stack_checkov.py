@@ -24,10 +24,10 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from cdk_helpers import ROOT, VARIANTS, VENV_BIN, flatten_join, synth, synth_pipeline
 
-from constructs.customer_key import LOGS_STATEMENT_SID, logs_key
-from constructs.model_build_resource import ModelBuildResource, ModelBuildResourceProps
-from constructs.nag_acknowledgments import CHECKOV_METADATA_KEY, acknowledge, skip_checkov
-from model_build.manifest import load_manifest
+from triton_mme_cdk.constructs.customer_key import LOGS_STATEMENT_SID, logs_key
+from triton_mme_cdk.constructs.model_build_resource import ModelBuildResource, ModelBuildResourceProps
+from triton_mme_cdk.constructs.nag_acknowledgments import CHECKOV_METADATA_KEY, acknowledge, skip_checkov
+from triton_mme_cdk.model_build.manifest import load_manifest
 
 CHECKOV = ROOT / ".venv-checkov" / "bin" / "checkov"
 #: The build construct on its own, with a bucket that has no customer key (not a settings variant).

@@ -11,7 +11,12 @@ import pytest
 from aws_cdk.assertions import Template
 from cdk_helpers import ROOT  # noqa: F401  (puts the project root on sys.path)
 
-from constructs.triton_image import TritonImage, TritonImageProps, image_table_path, load_image_table
+from triton_mme_cdk.constructs.triton_image import (
+    TritonImage,
+    TritonImageProps,
+    image_table_path,
+    load_image_table,
+)
 
 #: Regions of several partitions and registries (commercial, opt-in, China where listed).
 SAMPLE_REGIONS = ("us-east-1", "eu-west-1", "ap-southeast-2", "af-south-1", "il-central-1",

@@ -19,24 +19,24 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk.assertions import Template
 from cdk_helpers import ROOT, write_manifest
 
-from constructs.alarm_topic import AlarmTopicProps
-from constructs.endpoint_alarms import AlarmThresholds, EndpointAlarms, EndpointAlarmsProps
-from constructs.endpoint_autoscaling import EndpointAutoscalingProps
-from constructs.endpoint_dashboard import EndpointDashboardProps
-from constructs.endpoint_network import EndpointNetworkProps
-from constructs.model_bucket import ModelBucket, ModelBucketProps
-from constructs.model_build_resource import ModelBuildResourceProps
-from constructs.model_build_state_machine import ModelBuildStateMachineProps
-from constructs.processing_build import ProcessingBuildProps
-from constructs.props import Between, Props
-from constructs.rollout_policy import RolloutPolicyProps
-from constructs.sagemaker_execution_role import SageMakerExecutionRoleProps
-from constructs.sagemaker_limits import PropsError
-from constructs.triton_image import TritonImage, TritonImageProps
-from constructs.triton_mme_endpoint import FleetSize, TritonMmeEndpoint, TritonMmeEndpointProps
-from model_build.manifest import load_manifest
-from stacks.context_table import PROPS, SETTINGS, Setting, context_name
-from stacks.settings import MmeSettings
+from triton_mme_cdk.constructs.alarm_topic import AlarmTopicProps
+from triton_mme_cdk.constructs.endpoint_alarms import AlarmThresholds, EndpointAlarms, EndpointAlarmsProps
+from triton_mme_cdk.constructs.endpoint_autoscaling import EndpointAutoscalingProps
+from triton_mme_cdk.constructs.endpoint_dashboard import EndpointDashboardProps
+from triton_mme_cdk.constructs.endpoint_network import EndpointNetworkProps
+from triton_mme_cdk.constructs.model_bucket import ModelBucket, ModelBucketProps
+from triton_mme_cdk.constructs.model_build_resource import ModelBuildResourceProps
+from triton_mme_cdk.constructs.model_build_state_machine import ModelBuildStateMachineProps
+from triton_mme_cdk.constructs.processing_build import ProcessingBuildProps
+from triton_mme_cdk.constructs.props import Between, Props
+from triton_mme_cdk.constructs.rollout_policy import RolloutPolicyProps
+from triton_mme_cdk.constructs.sagemaker_execution_role import SageMakerExecutionRoleProps
+from triton_mme_cdk.constructs.sagemaker_limits import PropsError
+from triton_mme_cdk.constructs.triton_image import TritonImage, TritonImageProps
+from triton_mme_cdk.constructs.triton_mme_endpoint import FleetSize, TritonMmeEndpoint, TritonMmeEndpointProps
+from triton_mme_cdk.model_build.manifest import load_manifest
+from triton_mme_cdk.stacks.context_table import PROPS, SETTINGS, Setting, context_name
+from triton_mme_cdk.stacks.settings import MmeSettings
 
 
 def number() -> float:

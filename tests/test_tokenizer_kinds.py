@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from model_build.errors import PackageError, SourceError, TokenizerCheckError
-from model_build.manifest import parse_manifest
-from model_build.text_ensemble.served_tokenizer import encoder_for, prepare_tokenizer
-from model_build.text_ensemble.tokenizer_model import PAIR_INPUT, TokenizerError
-from model_build.tools.text_sources import CORPUS, KINDS, make_text_source
+from triton_mme_cdk.model_build.errors import PackageError, SourceError, TokenizerCheckError
+from triton_mme_cdk.model_build.manifest import parse_manifest
+from triton_mme_cdk.model_build.text_ensemble.served_tokenizer import encoder_for, prepare_tokenizer
+from triton_mme_cdk.model_build.text_ensemble.tokenizer_model import PAIR_INPUT, TokenizerError
+from triton_mme_cdk.model_build.tools.text_sources import CORPUS, KINDS, make_text_source
 
 MAX_LEN = 48
 LONG = " ".join(CORPUS) * 3
@@ -89,7 +89,7 @@ def test_pairs_are_encoded_as_autotokenizer_encodes_them(source, reference):
 def test_bucket_padding_pads_to_the_longest_row_rounded_up_like_pad_to_multiple_of(source, reference, rows):
     """The default padding: a request's width is its longest row rounded up to PAD_MULTIPLE (at most
     the maximum), what AutoTokenizer gives with padding="longest", pad_to_multiple_of=PAD_MULTIPLE."""
-    from model_build.text_ensemble.tokenizer_model import PAD_MULTIPLE
+    from triton_mme_cdk.model_build.text_ensemble.tokenizer_model import PAD_MULTIPLE
 
     spec = spec_for(text={"max_sequence_length": MAX_LEN, "truncation": "truncate", "padding": "bucket"})
     served = prepare_tokenizer(spec, source.path)
@@ -161,7 +161,7 @@ def test_graph_pooling_follows_modules_json_like_sentence_transformers(tmp_path,
     from sentence_transformers import SentenceTransformer
     from transformers import AutoModel
 
-    from model_build.export.pooling import SentenceEmbedding, pooling_config
+    from triton_mme_cdk.model_build.export.pooling import SentenceEmbedding, pooling_config
 
     folder = make_text_source("bpe", tmp_path / "st", pooling=modes, normalize=normalize).path
     pooling = pooling_config(folder, "tiny")
@@ -186,8 +186,8 @@ def test_each_kind_is_fused_by_default_and_matches_pytorch(source, tmp_path):
 
     import onnx
 
-    from model_build.export.fusion import iter_nodes
-    from model_build.export.validate import export_and_validate
+    from triton_mme_cdk.model_build.export.fusion import iter_nodes
+    from triton_mme_cdk.model_build.export.validate import export_and_validate
 
     shutil.copytree(source.path, tmp_path / "source")
     spec = spec_for(inputs="tokens", text={"max_sequence_length": MAX_LEN})
@@ -211,10 +211,10 @@ def test_a_graph_over_the_protobuf_limit_is_served_unfused_by_default_and_true_i
     error naming the field."""
     import onnx
 
-    from model_build.errors import ExportError
-    from model_build.export import convert
-    from model_build.export.fusion import iter_nodes
-    from model_build.export.validate import export_and_validate
+    from triton_mme_cdk.model_build.errors import ExportError
+    from triton_mme_cdk.model_build.export import convert
+    from triton_mme_cdk.model_build.export.fusion import iter_nodes
+    from triton_mme_cdk.model_build.export.validate import export_and_validate
 
     make_text_source("wordpiece", tmp_path / "source", pooling="mean", max_length=MAX_LEN)
     monkeypatch.setattr(convert, "_PROTO_LIMIT", 100_000)  # the model's ~180 KB of weights are "over"
@@ -239,9 +239,9 @@ def test_int8_over_the_protobuf_limit_is_refused_before_the_export(tmp_path: Pat
     """INT8's sensitivity search and ONNX Runtime's quantizer need the graph in one protobuf: over
     2 GiB of weights it failed deep in the search. Refused now with the size, from the source's
     weight files, before the export (the limit lowered so that a small real model is "over")."""
-    from model_build.errors import ExportError
-    from model_build.export import convert
-    from model_build.export.validate import export_and_validate
+    from triton_mme_cdk.model_build.errors import ExportError
+    from triton_mme_cdk.model_build.export import convert
+    from triton_mme_cdk.model_build.export.validate import export_and_validate
 
     make_text_source("wordpiece", tmp_path / "source", pooling="mean", max_length=MAX_LEN)
     monkeypatch.setattr(convert, "_PROTO_LIMIT", 100_000)
@@ -255,7 +255,7 @@ def test_int8_over_the_protobuf_limit_is_refused_before_the_export(tmp_path: Pat
 
 
 def test_a_source_without_modules_json_gets_mean_pooling_and_normalisation(source):
-    from model_build.export.pooling import DEFAULT_POOLING, pooling_config
+    from triton_mme_cdk.model_build.export.pooling import DEFAULT_POOLING, pooling_config
 
     assert pooling_config(source.path, "tiny") == DEFAULT_POOLING
     assert DEFAULT_POOLING.modes == ("mean",) and DEFAULT_POOLING.normalize
@@ -268,7 +268,7 @@ def _rewrite_json(path: Path, change: Callable[[Any], object]) -> None:
 
 
 def test_modules_the_graph_cannot_reproduce_are_refused_naming_them(tmp_path):
-    from model_build.export.pooling import pooling_config
+    from triton_mme_cdk.model_build.export.pooling import pooling_config
 
     folder = make_text_source("wordpiece", tmp_path / "st", pooling="mean").path
     _rewrite_json(folder / "modules.json", lambda m: m.insert(2, {"idx": 2, "name": "2", "path": "2_Dense",
@@ -280,7 +280,7 @@ def test_modules_the_graph_cannot_reproduce_are_refused_naming_them(tmp_path):
 
 
 def test_a_default_prompt_is_refused(tmp_path):
-    from model_build.export.pooling import pooling_config
+    from triton_mme_cdk.model_build.export.pooling import pooling_config
 
     folder = make_text_source("wordpiece", tmp_path / "st", pooling="mean").path
     _rewrite_json(folder / "config_sentence_transformers.json",
@@ -441,7 +441,7 @@ def test_a_tokenizer_class_that_rebuilds_its_pipeline_serves_what_autotokenizer_
 
 
 def test_the_served_steps_own_errors_reach_the_build_as_one_line(tmp_path):
-    from model_build.text_ensemble.served_tokenizer import tokenizer_errors
+    from triton_mme_cdk.model_build.text_ensemble.served_tokenizer import tokenizer_errors
 
     folder = make_text_source("bpe", tmp_path / "source", pooling=None).path
     served = prepare_tokenizer(spec_for(), folder)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from model_build.tools.triton_server import TritonServer
+from triton_mme_cdk.model_build.tools.triton_server import TritonServer
 
 
 @contextmanager

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from model_build.tools.triton_server import TritonEnvironment, TritonEnvironmentError
+from triton_mme_cdk.model_build.tools.triton_server import TritonEnvironment, TritonEnvironmentError
 
 
 def _missing() -> str:
@@ -41,12 +41,12 @@ def served_manifest(manifest: Any, base_dir: Path, work_dir: Path, bucket: str) 
     import boto3
     from botocore.config import Config
 
-    from model_build.aws_clients import make_s3_client
-    from model_build.pipeline import BuildOptions, build_release
-    from model_build.release import compute_release
-    from model_build.release.publish import publish_release
-    from model_build.tools.endpoint import local_endpoint
-    from model_build.tools.local_s3 import local_s3
+    from triton_mme_cdk.model_build.aws_clients import make_s3_client
+    from triton_mme_cdk.model_build.pipeline import BuildOptions, build_release
+    from triton_mme_cdk.model_build.release import compute_release
+    from triton_mme_cdk.model_build.release.publish import publish_release
+    from triton_mme_cdk.model_build.tools.endpoint import local_endpoint
+    from triton_mme_cdk.model_build.tools.local_s3 import local_s3
 
     release = compute_release(manifest, base_dir=base_dir)
     record, release_dir = build_release(manifest, release, BuildOptions(base_dir=base_dir), out_dir=work_dir)

@@ -47,14 +47,24 @@ import numpy as np
 import onnx
 import torch
 
-from model_build.errors import ExportError
-from model_build.export import onnx_weights
-from model_build.export.eager import input_names, output_names
-from model_build.export.fusion import _attention_shape, _hf_model, check_runtime_compatible, fuse, should_fuse
-from model_build.export.memory import module_bytes, release_memory
-from model_build.export.onnx_weights import EXTERNAL_DATA_SUFFIX, export_weights_aside, save_onnx
-from model_build.manifest import TEXT_TASKS, ModelSpec
-from model_build.types import NUMPY_TO_TRITON, ExportedModel, TensorSpec
+from triton_mme_cdk.model_build.errors import ExportError
+from triton_mme_cdk.model_build.export import onnx_weights
+from triton_mme_cdk.model_build.export.eager import input_names, output_names
+from triton_mme_cdk.model_build.export.fusion import (
+    _attention_shape,
+    _hf_model,
+    check_runtime_compatible,
+    fuse,
+    should_fuse,
+)
+from triton_mme_cdk.model_build.export.memory import module_bytes, release_memory
+from triton_mme_cdk.model_build.export.onnx_weights import (
+    EXTERNAL_DATA_SUFFIX,
+    export_weights_aside,
+    save_onnx,
+)
+from triton_mme_cdk.model_build.manifest import TEXT_TASKS, ModelSpec
+from triton_mme_cdk.model_build.types import NUMPY_TO_TRITON, ExportedModel, TensorSpec
 
 #: ONNX opset of every exported graph. 18 is run by ONNX Runtime >= 1.14 (every Triton image
 #: SageMaker offers, 23.12 onwards, ships a newer one); the exporter writes IR version 8.

@@ -22,8 +22,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from model_build.errors import SourceError
-from model_build.manifest import (
+from triton_mme_cdk.model_build.errors import SourceError
+from triton_mme_cdk.model_build.manifest import (
     PAIR_TASKS,
     TEXT_TASKS,
     TOKENIZER_FILES,
@@ -179,7 +179,7 @@ def _check_positions(spec: ModelSpec, inner: nn.Module) -> None:
 
 def _wrap(spec: ModelSpec, inner: nn.Module, source_dir: Path | None) -> nn.Module:
     if spec.task == "sentence-embedding":
-        from model_build.export.pooling import SentenceEmbedding, pooling_config
+        from triton_mme_cdk.model_build.export.pooling import SentenceEmbedding, pooling_config
 
         return SentenceEmbedding(inner, pooling_config(source_dir, spec.name))
     if spec.task == "feature-extraction":

@@ -20,9 +20,9 @@ from typing import Any
 import onnx
 import torch
 
-from model_build.errors import ExportError
-from model_build.export.onnx_weights import skeleton
-from model_build.manifest import TEXT_TASKS, ModelSpec, SyntheticSource
+from triton_mme_cdk.model_build.errors import ExportError
+from triton_mme_cdk.model_build.export.onnx_weights import skeleton
+from triton_mme_cdk.model_build.manifest import TEXT_TASKS, ModelSpec, SyntheticSource
 
 #: Model types whose fusion is verified (exported, fused, validated in the test suite: BERT in
 #: tests/test_optimize.py, RoBERTa and XLM-R in tests/test_tokenizer_kinds.py). ONNX Runtime's

@@ -45,11 +45,11 @@ import onnx
 from onnx import TensorProto
 from onnx import helper as oh
 
-from model_build.errors import ExportError, ValidationMismatchError
-from model_build.export.eager import Batch
-from model_build.export.optimize import Runner, row_cosines
-from model_build.manifest import PAIR_TASKS, ModelSpec
-from model_build.types import ExportedModel
+from triton_mme_cdk.model_build.errors import ExportError, ValidationMismatchError
+from triton_mme_cdk.model_build.export.eager import Batch
+from triton_mme_cdk.model_build.export.optimize import Runner, row_cosines
+from triton_mme_cdk.model_build.manifest import PAIR_TASKS, ModelSpec
+from triton_mme_cdk.model_build.types import ExportedModel
 
 #: Split only when the two groups compute at least this share of the batch's positions fewer.
 #: Measured (the benchmark's Unigram model, ONNX Runtime 1.19, 2 cores): runs of 4x27 and 4x50
@@ -296,7 +296,7 @@ def _save_rewritten(model: onnx.ModelProto, path: Path, external: Sequence[str],
     """Write the rewritten graph to ``path``. Weights inline: as the export saves them. Weights in
     external files: the graph alone, its references unchanged (the weights were never read, so
     ``onnx.save_model`` writes none of them); the files must lie next to ``path``."""
-    from model_build.export.onnx_weights import save_onnx
+    from triton_mme_cdk.model_build.export.onnx_weights import save_onnx
 
     if not external:
         save_onnx(model, path)

@@ -43,19 +43,19 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from model_build.errors import AccuracyGateError, ExportError
-from model_build.export import convert
-from model_build.export.convert import onnx_signature
-from model_build.export.eager import Batch
-from model_build.export.fusion import (
+from triton_mme_cdk.model_build.errors import AccuracyGateError, ExportError
+from triton_mme_cdk.model_build.export import convert
+from triton_mme_cdk.model_build.export.convert import onnx_signature
+from triton_mme_cdk.model_build.export.eager import Batch
+from triton_mme_cdk.model_build.export.fusion import (
     _prune_opsets,
     _quiet_ort_logging,
     check_runtime_compatible,
     contrib_op_counts,
 )
-from model_build.export.onnx_weights import EXTERNAL_DATA_SUFFIX, save_onnx
-from model_build.manifest import ModelSpec
-from model_build.types import ExportedModel
+from triton_mme_cdk.model_build.export.onnx_weights import EXTERNAL_DATA_SUFFIX, save_onnx
+from triton_mme_cdk.model_build.manifest import ModelSpec
+from triton_mme_cdk.model_build.types import ExportedModel
 
 Runner = Callable[[Batch], list[np.ndarray]]
 

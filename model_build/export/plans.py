@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from model_build.errors import SourceError
-from model_build.manifest import LocalSource, ModelSpec, S3Source, TensorRTPlan
-from model_build.types import ExportedModel, TensorSpec
+from triton_mme_cdk.model_build.errors import SourceError
+from triton_mme_cdk.model_build.manifest import LocalSource, ModelSpec, S3Source, TensorRTPlan
+from triton_mme_cdk.model_build.types import ExportedModel, TensorSpec
 
 #: What a plan's build record says about verification, instead of a measured difference.
 NOT_VERIFIED = ("not verified: a TensorRT plan cannot run on CPU; its files and declared signature were "
@@ -73,7 +73,7 @@ def _check_plan_file(file: Path, name: str, where: str, spec: ModelSpec) -> None
 def _download_plans(spec: ModelSpec, plan: TensorRTPlan, source: S3Source, work_dir: Path, s3_client: Any) -> Path:
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from model_build.export.sources import _s3, _split_s3
+    from triton_mme_cdk.model_build.export.sources import _s3, _split_s3
 
     bucket, prefix = _split_s3(source.uri)
     prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"

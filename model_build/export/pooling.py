@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from model_build.errors import SourceError
+from triton_mme_cdk.model_build.errors import SourceError
 
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
 #: modules.json module class names (the last part of ``type``; its package path moved between

@@ -18,8 +18,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import urlparse
 
-from model_build.errors import SourceError
-from model_build.manifest import (
+from triton_mme_cdk.model_build.errors import SourceError
+from triton_mme_cdk.model_build.manifest import (
     TOKENIZER_SOURCE_FILES,
     HuggingFaceSource,
     LocalSource,

@@ -19,10 +19,15 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from model_build.compare import compare_arrays
-from model_build.errors import AccuracyGateError, ExportError, ValidationMismatchError
-from model_build.export.convert import export_onnx, export_torchscript, import_onnx, load_torchscript
-from model_build.export.eager import (
+from triton_mme_cdk.model_build.compare import compare_arrays
+from triton_mme_cdk.model_build.errors import AccuracyGateError, ExportError, ValidationMismatchError
+from triton_mme_cdk.model_build.export.convert import (
+    export_onnx,
+    export_torchscript,
+    import_onnx,
+    load_torchscript,
+)
+from triton_mme_cdk.model_build.export.eager import (
     Batch,
     calibration_inputs,
     input_names,
@@ -32,20 +37,20 @@ from model_build.export.eager import (
     sample_inputs,
     text_batch,
 )
-from model_build.export.length_groups import group_lengths
-from model_build.export.memory import RecordedRunner, module_bytes, release_memory
-from model_build.export.optimize import (
+from triton_mme_cdk.model_build.export.length_groups import group_lengths
+from triton_mme_cdk.model_build.export.memory import RecordedRunner, module_bytes, release_memory
+from triton_mme_cdk.model_build.export.optimize import (
     Runner,
     fmt_below,
     optimize_export,
     refuse_int8_over_limit,
     row_cosines,
 )
-from model_build.export.sources import resolve_source
-from model_build.manifest import ModelSpec, OnnxFileSource, SyntheticSource, Tolerance
-from model_build.manifest.build_engine import path_weight_bytes
-from model_build.reference import write_reference
-from model_build.types import ExportedModel, ValidationReport
+from triton_mme_cdk.model_build.export.sources import resolve_source
+from triton_mme_cdk.model_build.manifest import ModelSpec, OnnxFileSource, SyntheticSource, Tolerance
+from triton_mme_cdk.model_build.manifest.build_engine import path_weight_bytes
+from triton_mme_cdk.model_build.reference import write_reference
+from triton_mme_cdk.model_build.types import ExportedModel, ValidationReport
 
 REFERENCE_NAME = "reference.npz"
 #: Neighbours compared by the retrieval gate (fewer when there are fewer sample sentences).
@@ -359,7 +364,7 @@ def reference_normalizes(spec: ModelSpec, source_dir: Path) -> bool:
     """``normalize_embeddings`` for ``SentenceTransformer.encode`` to mean what the graph computes:
     a folder with ``modules.json`` normalises (or not) in its own pipeline; without one,
     sentence-transformers mean-pools unnormalised and the graph's default pooling normalises."""
-    from model_build.export.pooling import pooling_config
+    from triton_mme_cdk.model_build.export.pooling import pooling_config
 
     pooling = pooling_config(source_dir, spec.name)
     return pooling.normalize and not pooling.from_modules

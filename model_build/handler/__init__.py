@@ -36,9 +36,9 @@ Owns: the Lambda side of the deploy. It composes the build and the release; noth
 May import: ``shared``, ``manifest``, ``pipeline``, ``release``.
 """
 
-from model_build.handler.build_steps import build_item, build_step, finish_release, plan_items
-from model_build.handler.custom_resource import is_complete, on_event
-from model_build.handler.request import HandlerError, Request, request_type
+from triton_mme_cdk.model_build.handler.build_steps import build_item, build_step, finish_release, plan_items
+from triton_mme_cdk.model_build.handler.custom_resource import is_complete, on_event
+from triton_mme_cdk.model_build.handler.request import HandlerError, Request, request_type
 
 __all__ = [
     "HandlerError",

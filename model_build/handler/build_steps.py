@@ -10,8 +10,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from model_build.errors import ModelBuildError
-from model_build.handler.custom_resource import (
+from triton_mme_cdk.model_build.errors import ModelBuildError
+from triton_mme_cdk.model_build.handler.custom_resource import (
     PLANS_DIR,
     _build_and_store,
     _clear_failure,
@@ -21,7 +21,7 @@ from model_build.handler.custom_resource import (
     _model_keys,
     _write_index,
 )
-from model_build.handler.request import LOG, HandlerError, Request, _load_manifest, _s3, _short
+from triton_mme_cdk.model_build.handler.request import LOG, HandlerError, Request, _load_manifest, _s3, _short
 
 # ----------------------------------------------------------------------------------------------
 # The per-model unit and the final step, as separate Lambda entry points (one Map item each)
@@ -44,7 +44,7 @@ def build_item(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
     storing under it would mislabel the bytes."""
     LOG.info("build_item %s %s", event.get("Model"), event.get("Key"))
     try:
-        from model_build.release.store import is_stored
+        from triton_mme_cdk.model_build.release.store import is_stored
 
         request = _item_request(event)
         s3 = _s3()
@@ -118,7 +118,7 @@ def plan_items(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
     """Write the Map's item source: the models whose key is not stored yet, as a JSON array at
     ``<prefix>/_plans/<release_id>.json`` (under the model prefix, the only place the build
     writes). Returns where it is and how many items it holds."""
-    from model_build.release.store import stored_keys
+    from triton_mme_cdk.model_build.release.store import stored_keys
 
     try:
         request = _item_request(event)
@@ -153,8 +153,8 @@ def _placed_items(s3: Any, request: Request, manifest: Any, keys: Mapping[str, s
     A model pinned to ``lambda`` that does not fit fails the plan, before any build starts."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from model_build.handler.processing import placement_at_deploy, processing_item
-    from model_build.manifest.build_engine import EngineSettings
+    from triton_mme_cdk.model_build.handler.processing import placement_at_deploy, processing_item
+    from triton_mme_cdk.model_build.manifest.build_engine import EngineSettings
 
     raw = request.props.get("BuildEngine")
     try:
@@ -180,7 +180,7 @@ def store_job(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
     "Key", "Job"}``), as ``build_item`` stores a Lambda-built model."""
     LOG.info("store_job %s %s", event.get("Model"), event.get("Key"))
     try:
-        from model_build.handler.processing import store_unit
+        from triton_mme_cdk.model_build.handler.processing import store_unit
 
         request = _item_request(event)
         s3 = _s3()
@@ -203,7 +203,7 @@ def job_failed(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
     reason for ``is_complete`` and fail the item; no capacity raises
     :class:`~model_build.handler.processing.ProcessingCapacityError`, which the state machine
     retries with backoff (the reason stays recorded if every retry fails too)."""
-    from model_build.handler.processing import ProcessingCapacityError, failure_reason
+    from triton_mme_cdk.model_build.handler.processing import ProcessingCapacityError, failure_reason
 
     request = _item_request(event)
     model = str(event.get("Model"))

@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from model_build.handler.request import (
+from triton_mme_cdk.model_build.handler.request import (
     LOG,
     HandlerError,
     Request,
@@ -29,8 +29,8 @@ from model_build.handler.request import (
     _shown,
     request_type,
 )
-from model_build.manifest import Manifest, ModelSpec
-from model_build.release import Release, compute_release, entry_model_key
+from triton_mme_cdk.model_build.manifest import Manifest, ModelSpec
+from triton_mme_cdk.model_build.release import Release, compute_release, entry_model_key
 
 #: Seconds kept free at the end of a Lambda run (upload of the last artifact, the response).
 SAFETY_MARGIN_SECONDS = 60.0
@@ -61,7 +61,7 @@ def on_event(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
         response: dict[str, Any] = {"PhysicalResourceId": request.physical_id}
         machine = request.props.get("BuildStateMachineArn")
         if machine:
-            from model_build.release.index import read_index
+            from triton_mme_cdk.model_build.release.index import read_index
 
             if read_index(s3, request.model_bucket, request.release.index_key(request.model_prefix)) is None:
                 response["Data"] = {"BuildExecutionArn": _start_build(request, str(machine), event)}
@@ -154,8 +154,8 @@ def _model_key(spec: ModelSpec) -> str:
 
 def _build_and_store(s3: Any, request: Request, spec: ModelSpec, key: str) -> None:
     """The per-model unit: build one entry and store it under ``<prefix>/_builds/<key>/``."""
-    from model_build.pipeline import BuildOptions, build_unit
-    from model_build.release.store import publish_unit
+    from triton_mme_cdk.model_build.pipeline import BuildOptions, build_unit
+    from triton_mme_cdk.model_build.release.store import publish_unit
 
     work = Path(tempfile.mkdtemp(prefix=f"build-{spec.name}-", dir=os.environ.get("TMPDIR")))
     try:
@@ -173,7 +173,7 @@ def _build_and_store(s3: Any, request: Request, spec: ModelSpec, key: str) -> No
 
 def _write_index(s3: Any, request: Request, manifest: Manifest, computed: Release) -> None:
     """The final step: assemble the release from the store (server-side copies, index last)."""
-    from model_build.release.store import ReleaseTarget, assemble_release, stored_models
+    from triton_mme_cdk.model_build.release.store import ReleaseTarget, assemble_release, stored_models
 
     release = replace(request.release, model_keys=dict(computed.model_keys),
                       model_code_sha256=computed.model_code_sha256, entry_hashes=computed.entry_hashes)
@@ -209,7 +209,7 @@ def _delete(event: dict[str, Any]) -> dict[str, Any]:
       prefix changed, an update's rollback, or the per-release resource of an earlier version of
       this stack, superseded by the fixed prefix): nothing is deleted. Old per-release prefixes
       are listed and deleted on request with ``python -m model_build releases``."""
-    from model_build.release.serving import destroy_served
+    from triton_mme_cdk.model_build.release.serving import destroy_served
 
     physical = event.get("PhysicalResourceId", "")
     try:
@@ -243,8 +243,8 @@ def is_complete(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
 
 
 def _build_step(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    from model_build.release.index import read_index
-    from model_build.release.store import stored_keys
+    from triton_mme_cdk.model_build.release.index import read_index
+    from triton_mme_cdk.model_build.release.store import stored_keys
 
     request = Request(event)
     s3 = _s3()

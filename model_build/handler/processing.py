@@ -18,10 +18,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from model_build.errors import ModelBuildError
-from model_build.manifest import Manifest, ModelSpec, OnnxFileSource, S3Source
-from model_build.manifest.build_engine import EngineSettings, Placement, estimate, place, weight_bytes_of
-from model_build.release.identity import JOBS_DIR
+from triton_mme_cdk.model_build.errors import ModelBuildError
+from triton_mme_cdk.model_build.manifest import Manifest, ModelSpec, OnnxFileSource, S3Source
+from triton_mme_cdk.model_build.manifest.build_engine import (
+    EngineSettings,
+    Placement,
+    estimate,
+    place,
+    weight_bytes_of,
+)
+from triton_mme_cdk.model_build.release.identity import JOBS_DIR
 
 #: Where the job finds its inputs and leaves its unit (the container's view).
 CONTAINER_INPUT = "/opt/ml/processing/input"
@@ -110,8 +116,8 @@ def _s3_input(name: str, uri: str, local: str) -> dict[str, Any]:
 def store_unit(s3: Any, *, bucket: str, model_prefix: str, output_uri: str, model: str, key: str) -> None:
     """Store the job's unit under ``<prefix>/_builds/<key>/`` as :func:`publish_unit` stores a
     Lambda-built one (same bytes, checksums, reference and index written last)."""
-    from model_build.release.store import publish_unit
-    from model_build.types import Artifact
+    from triton_mme_cdk.model_build.release.store import publish_unit
+    from triton_mme_cdk.model_build.types import Artifact
 
     out_bucket, _, out_prefix = output_uri[len("s3://"):].partition("/")
     work = Path(tempfile.mkdtemp(prefix=f"job-{model}-"))

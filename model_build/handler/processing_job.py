@@ -80,11 +80,11 @@ def _local(root: Path, container_path: str) -> Path:
 def run(root: Path) -> int:
     """Build the one model of the request into the output folder; 0, or 1 with the reason in
     ``output/message``."""
-    from model_build.errors import ModelBuildError
-    from model_build.handler.custom_resource import _model_key
-    from model_build.handler.request import HandlerError, Request, _short
-    from model_build.manifest import load_manifest_bytes
-    from model_build.pipeline import BuildOptions, build_unit
+    from triton_mme_cdk.model_build.errors import ModelBuildError
+    from triton_mme_cdk.model_build.handler.custom_resource import _model_key
+    from triton_mme_cdk.model_build.handler.request import HandlerError, Request, _short
+    from triton_mme_cdk.model_build.manifest import load_manifest_bytes
+    from triton_mme_cdk.model_build.pipeline import BuildOptions, build_unit
 
     work = root / "processing" / "work"
     out = root / "processing" / "output" / "unit"

@@ -11,12 +11,12 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from model_build.errors import ManifestError, ModelBuildError
-from model_build.manifest import MAX_MANIFEST_BYTES, Manifest, load_manifest_bytes
-from model_build.release import Release, routes_key, served_prefix
-from model_build.release.deployed import DeployedRecordError, parse_record
+from triton_mme_cdk.model_build.errors import ManifestError, ModelBuildError
+from triton_mme_cdk.model_build.manifest import MAX_MANIFEST_BYTES, Manifest, load_manifest_bytes
+from triton_mme_cdk.model_build.release import Release, routes_key, served_prefix
+from triton_mme_cdk.model_build.release.deployed import DeployedRecordError, parse_record
 
-LOG = logging.getLogger("model_build.handler")
+LOG = logging.getLogger("triton_mme_cdk.model_build.handler")
 LOG.setLevel(logging.INFO)
 RELEASE_ID = re.compile(r"^r-[0-9a-f]{16}$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -135,7 +135,7 @@ class Request:
 
     def activate(self, s3: Any) -> Any:
         """Route this request's release (its index exists)."""
-        from model_build.release.serving import activate_release
+        from triton_mme_cdk.model_build.release.serving import activate_release
 
         report = activate_release(
             s3, self.model_bucket, self.model_prefix, self.release_id, stack=self.stack_id, deployed=self.deployed,
@@ -149,7 +149,7 @@ class Request:
 
 
 def _s3() -> Any:
-    from model_build.aws_clients import make_s3_client
+    from triton_mme_cdk.model_build.aws_clients import make_s3_client
 
     return make_s3_client(endpoint_url=os.environ.get("MODEL_BUILD_S3_ENDPOINT_URL"))
 

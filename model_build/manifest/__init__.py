@@ -14,7 +14,7 @@ the tokenizer files a raw-text source must hold). Callers import the names below
 May import: ``shared``.
 """
 
-from model_build.manifest.fields import (
+from triton_mme_cdk.model_build.manifest.fields import (
     DEFAULT_GATES,
     TENSORRT_KEYS,
     AccuracyGate,
@@ -35,7 +35,7 @@ from model_build.manifest.fields import (
     TextInputs,
     Tolerance,
 )
-from model_build.manifest.loading import (
+from triton_mme_cdk.model_build.manifest.loading import (
     MAX_MANIFEST_BYTES,
     MAX_MANIFEST_DEPTH,
     MAX_SCALAR_CHARS,
@@ -48,8 +48,8 @@ from model_build.manifest.loading import (
     load_manifest_bytes,
     parse_manifest,
 )
-from model_build.manifest.plans import TENSORRT_DATA_TYPES, PlanTensor, TensorRTPlan
-from model_build.manifest.schema import (
+from triton_mme_cdk.model_build.manifest.plans import TENSORRT_DATA_TYPES, PlanTensor, TensorRTPlan
+from triton_mme_cdk.model_build.manifest.schema import (
     MAX_TARGETS,
     MODEL_NAME_MAX,
     MODEL_NAME_PATTERN,

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from model_build.errors import ManifestError
-from model_build.manifest.fields import LocalSource, OnnxFileSource, PackageSource
-from model_build.manifest.schema import ModelSpec
+from triton_mme_cdk.model_build.errors import ManifestError
+from triton_mme_cdk.model_build.manifest.fields import LocalSource, OnnxFileSource, PackageSource
+from triton_mme_cdk.model_build.manifest.schema import ModelSpec
 
 Engine = Literal["lambda", "processing"]
 RunsOn = Literal["auto", "lambda", "processing"]

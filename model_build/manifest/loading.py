@@ -11,10 +11,10 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from model_build.errors import ManifestError
-from model_build.manifest.fields import LocalSource, PackageSource, Source
-from model_build.manifest.schema import Manifest
-from model_build.validation_messages import problem_line
+from triton_mme_cdk.model_build.errors import ManifestError
+from triton_mme_cdk.model_build.manifest.fields import LocalSource, PackageSource, Source
+from triton_mme_cdk.model_build.manifest.schema import Manifest
+from triton_mme_cdk.model_build.validation_messages import problem_line
 
 # --------------------------------------------------------------------------------------------
 # Loading

@@ -14,7 +14,7 @@ from typing import Literal, get_args
 
 from pydantic import model_validator
 
-from model_build.manifest.fields import _Strict
+from triton_mme_cdk.model_build.manifest.fields import _Strict
 
 #: Data types Triton's TensorRT backend maps to a TensorRT type (tensorrt_backend
 #: ``src/tensorrt_utils.cc``, ``ConvertDatatypeToTrtType``), in config.pbtxt spelling.

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from model_build.manifest.fields import (
+from triton_mme_cdk.model_build.manifest.fields import (
     DEFAULT_GATES,
     AccuracyGate,
     BuildPlacement,
@@ -29,7 +29,7 @@ from model_build.manifest.fields import (
     Tolerance,
     _Strict,
 )
-from model_build.manifest.plans import TensorRTPlan
+from triton_mme_cdk.model_build.manifest.plans import TensorRTPlan
 
 #: A model name becomes the Triton model directory and, with ``copies``, the stem of each
 #: ``TargetModel`` (``<name>-<i>.tar.gz``). Lowercase letters, digits, ``-`` and ``_`` are safe

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from model_build.errors import ModelBuildError, VerifyError
-from model_build.package.backend import open_model
-from model_build.package.pack import onnx_external_data_files
-from model_build.package.signature import check_signature, onnx_signature
-from model_build.package.triton_config import ModelConfig, config_backend
+from triton_mme_cdk.model_build.errors import ModelBuildError, VerifyError
+from triton_mme_cdk.model_build.package.backend import open_model
+from triton_mme_cdk.model_build.package.pack import onnx_external_data_files
+from triton_mme_cdk.model_build.package.signature import check_signature, onnx_signature
+from triton_mme_cdk.model_build.package.triton_config import ModelConfig, config_backend
 
 # --------------------------------------------------------------------------------------------
 # Unpacking
@@ -87,7 +87,7 @@ def check_ensemble_repository(root: Path, *, model: str | None = None) -> str:
     loads each model its steps name, by folder, and a member's config ``name`` must be its folder's.
     Returns the ensemble's folder name.
     """
-    from model_build.package.triton_config import parse_config
+    from triton_mme_cdk.model_build.package.triton_config import parse_config
 
     who = f"model {model!r}: " if model else ""
     folders = sorted(p for p in root.iterdir() if p.is_dir())
@@ -137,7 +137,7 @@ def check_repository(path: Path, *, model: str) -> str:
     if path.is_file():
         import tempfile
 
-        from model_build.package.tarball import safe_extract
+        from triton_mme_cdk.model_build.package.tarball import safe_extract
 
         with tempfile.TemporaryDirectory(prefix=".gate-", dir=path.parent) as tmp:
             # The one reader of tarballs: the same limits and member checks as every other unpack.
@@ -176,7 +176,7 @@ def gate_tarball(out_path: Path, *, model: str) -> None:
 
 def _check_model_folder(folder: Path, model: str, member: str | None) -> ModelConfig:
     """Steps 2-4 of :func:`check_repository` for one model folder."""
-    from model_build.package.triton_config import check_repository_config, default_filename
+    from triton_mme_cdk.model_build.package.triton_config import check_repository_config, default_filename
 
     label = model if member is None else f"{model}/{member}"
     config = check_repository_config((folder / "config.pbtxt").read_text(encoding="utf-8", errors="replace"),
@@ -221,7 +221,7 @@ def _check_plans(config: ModelConfig, version: Path, label: str, model: str) -> 
     and the fleet check at synth compares the declared capabilities and TensorRT version. Unlike
     the other rules, these are not confirmed on tritonserver here (its TensorRT backend needs a GPU).
     """
-    from model_build.package.triton_config import default_filename
+    from triton_mme_cdk.model_build.package.triton_config import default_filename
 
     names = sorted(set(config.cc_model_filenames.values())) or [default_filename(config)]
     for name in names:

@@ -16,10 +16,10 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from model_build.errors import TritonConfigError
-from model_build.manifest import ModelSpec
-from model_build.package.triton_config import FORMAT_BACKEND, check_config
-from model_build.types import ExportedModel, TensorSpec
+from triton_mme_cdk.model_build.errors import TritonConfigError
+from triton_mme_cdk.model_build.manifest import ModelSpec
+from triton_mme_cdk.model_build.package.triton_config import FORMAT_BACKEND, check_config
+from triton_mme_cdk.model_build.types import ExportedModel, TensorSpec
 
 #: ``optimization { graph { level } }`` values the ONNX Runtime backend maps to an ORT level.
 #: ``all`` is the backend's default when the block is absent, so it is rendered as no block.

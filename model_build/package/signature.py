@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from model_build.errors import VerifyError
-from model_build.package.triton_config import ModelConfig, wire_datatype
-from model_build.package.triton_config import mc as _mc
+from triton_mme_cdk.model_build.errors import VerifyError
+from triton_mme_cdk.model_build.package.triton_config import ModelConfig, wire_datatype
+from triton_mme_cdk.model_build.package.triton_config import mc as _mc
 
 #: One graph tensor: name, wire data type (``FP32``...), shape (``-1`` or a name where variable).
 GraphTensor = tuple[str, str, list[Any]]

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO
 
-from model_build.errors import VerifyError
+from triton_mme_cdk.model_build.errors import VerifyError
 
 #: Most members one archive may hold (a Triton model directory holds a handful).
 MAX_MEMBERS = 10_000

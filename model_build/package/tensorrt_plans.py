@@ -12,8 +12,8 @@ Standard library, the manifest and ``gpu_hosts`` only: the app imports it at syn
 
 from __future__ import annotations
 
-from model_build.gpu_hosts import gpu_of, triton_release, version_tuple
-from model_build.manifest import Manifest
+from triton_mme_cdk.model_build.gpu_hosts import gpu_of, triton_release, version_tuple
+from triton_mme_cdk.model_build.manifest import Manifest
 
 
 def _same_tensorrt(built: str, image: str) -> bool:

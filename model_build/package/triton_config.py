@@ -23,9 +23,9 @@ from typing import TypeAlias
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from model_build.errors import TritonConfigError
-from model_build.manifest import TENSORRT_DATA_TYPES, TENSORRT_KEYS
-from model_build.manifest.plans import COMPUTE_CAPABILITY_PATTERN, PLAN_FILE_PATTERN
+from triton_mme_cdk.model_build.errors import TritonConfigError
+from triton_mme_cdk.model_build.manifest import TENSORRT_DATA_TYPES, TENSORRT_KEYS
+from triton_mme_cdk.model_build.manifest.plans import COMPUTE_CAPABILITY_PATTERN, PLAN_FILE_PATTERN
 
 #: The generated protobuf class (untyped for mypy: the package ships no stubs).
 ModelConfig: TypeAlias = mc.ModelConfig

@@ -16,7 +16,7 @@ cheap (the steps import torch and onnx when they run), so callers import the nam
 May import: ``shared``, ``manifest``, ``export``, ``package``, ``text_ensemble``, ``release.identity``.
 """
 
-from model_build.pipeline.build import (
+from triton_mme_cdk.model_build.pipeline.build import (
     BUILD_RECORD,
     DEFAULT_COMPRESSLEVEL,
     UNIT_RECORD,
@@ -28,7 +28,7 @@ from model_build.pipeline.build import (
     build_unit,
     read_unit,
 )
-from model_build.pipeline.steps import (
+from triton_mme_cdk.model_build.pipeline.steps import (
     PIPELINE,
     TEXT_CHECK,
     Artifacts,

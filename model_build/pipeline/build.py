@@ -24,11 +24,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from model_build.errors import ModelBuildError
-from model_build.manifest import Manifest, ModelSpec
-from model_build.pipeline.steps import BuildOptions
-from model_build.release.identity import BUILDS_DIR, DEFAULT_COMPRESSLEVEL, Release
-from model_build.types import Artifact
+from triton_mme_cdk.model_build.errors import ModelBuildError
+from triton_mme_cdk.model_build.manifest import Manifest, ModelSpec
+from triton_mme_cdk.model_build.pipeline.steps import BuildOptions
+from triton_mme_cdk.model_build.release.identity import BUILDS_DIR, DEFAULT_COMPRESSLEVEL, Release
+from triton_mme_cdk.model_build.types import Artifact
 
 __all__ = [
     "DEFAULT_COMPRESSLEVEL", "BuildOptions", "BuildRecord", "ModelBuildResult", "build_missing", "build_model", "build_release",
@@ -141,7 +141,7 @@ def build_model(
 ) -> ModelBuildResult:
     """Run the pipeline (``model_build.pipeline``) for one manifest entry into
     ``release_dir/<name>.tar.gz``, and record its reference ``.npz``, its config and what it measured."""
-    from model_build.pipeline.steps import BuildInputs, run_pipeline
+    from triton_mme_cdk.model_build.pipeline.steps import BuildInputs, run_pipeline
 
     started = time.perf_counter()
     model_work = work_dir / spec.name
@@ -325,7 +325,7 @@ def build_missing(
                     if read_unit(store_dir, key) is None}.values())[::-1]
     in_process = options.jobs == 1 or len(missing) <= 1
     if on_plan is not None:
-        from model_build.pipeline.steps import steps_for
+        from triton_mme_cdk.model_build.pipeline.steps import steps_for
 
         on_plan(sum(len(steps_for(spec)) for spec, _ in missing) if in_process else len(missing))
     if in_process:

@@ -21,12 +21,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from model_build.manifest import ModelSpec, S3Source
-from model_build.release.identity import DEFAULT_COMPRESSLEVEL
+from triton_mme_cdk.model_build.manifest import ModelSpec, S3Source
+from triton_mme_cdk.model_build.release.identity import DEFAULT_COMPRESSLEVEL
 
 if TYPE_CHECKING:  # the heavy modules are imported by the steps that use them
-    from model_build.text_ensemble.served_tokenizer import ServedTokenizer
-    from model_build.types import ExportedModel, ValidationReport
+    from triton_mme_cdk.model_build.text_ensemble.served_tokenizer import ServedTokenizer
+    from triton_mme_cdk.model_build.types import ExportedModel, ValidationReport
 
 T = TypeVar("T")
 
@@ -123,8 +123,8 @@ def _is_exported(spec: ModelSpec) -> bool:
 def check_tokenizer(inputs: BuildInputs, done: Artifacts) -> Artifacts:
     """Raw-text targets: the tokenizer, loaded, checked and serialized before the slow export for
     every source kind (an S3 source: its tokenizer files alone, before the weights are downloaded)."""
-    from model_build.export.sources import resolve_source, s3_tokenizer_files
-    from model_build.text_ensemble.served_tokenizer import prepare_tokenizer
+    from triton_mme_cdk.model_build.export.sources import resolve_source, s3_tokenizer_files
+    from triton_mme_cdk.model_build.text_ensemble.served_tokenizer import prepare_tokenizer
 
     spec, options = inputs.spec, inputs.options
     folder: Path | None
@@ -139,7 +139,7 @@ def check_tokenizer(inputs: BuildInputs, done: Artifacts) -> Artifacts:
 
 def export_optimize_validate(inputs: BuildInputs, done: Artifacts) -> Artifacts:
     """Resolve the source, export, optimize and validate against PyTorch; write the reference."""
-    from model_build.export.validate import export_and_validate
+    from triton_mme_cdk.model_build.export.validate import export_and_validate
 
     exported, report, reference = export_and_validate(
         inputs.spec, base_dir=inputs.options.base_dir, work_dir=inputs.work_dir, s3_client=inputs.options.s3_client
@@ -150,9 +150,14 @@ def export_optimize_validate(inputs: BuildInputs, done: Artifacts) -> Artifacts:
 def fetch_plan_files(inputs: BuildInputs, done: Artifacts) -> Artifacts:
     """A prebuilt TensorRT plan: the declared files fetched and checked (never run: no GPU here), a
     reference of declared-shape zero inputs and no outputs, and a report that says it was not verified."""
-    from model_build.export.plans import NOT_VERIFIED, fetch_plans, plan_model, plan_sample_inputs
-    from model_build.reference import write_reference
-    from model_build.types import ValidationReport
+    from triton_mme_cdk.model_build.export.plans import (
+        NOT_VERIFIED,
+        fetch_plans,
+        plan_model,
+        plan_sample_inputs,
+    )
+    from triton_mme_cdk.model_build.reference import write_reference
+    from triton_mme_cdk.model_build.types import ValidationReport
 
     spec, options = inputs.spec, inputs.options
     folder = fetch_plans(spec, base_dir=options.base_dir, work_dir=inputs.work_dir / "_plans",
@@ -166,7 +171,7 @@ def fetch_plan_files(inputs: BuildInputs, done: Artifacts) -> Artifacts:
 def render_model_config(inputs: BuildInputs, done: Artifacts) -> Artifacts:
     """The exported model's ``config.pbtxt`` (``render_config`` checks it as Triton would); a
     plan's from its declared signature (``render_plan_config``)."""
-    from model_build.package.render import render_config, render_plan_config
+    from triton_mme_cdk.model_build.package.render import render_config, render_plan_config
 
     exported = done.need("exported", "config")
     text = render_plan_config(inputs.spec) if _is_plan(inputs.spec) else render_config(inputs.spec, exported)
@@ -179,10 +184,10 @@ TEXT_CHECK = "strings -> ensemble vs sentence-transformers"
 def check_text_ensemble(inputs: BuildInputs, done: Artifacts) -> Artifacts:
     """Raw-text targets: strings through the ensemble's tokenizer and model against
     sentence-transformers; the reference becomes strings in, the ensemble's outputs out."""
-    from model_build.reference import write_reference
-    from model_build.text_ensemble.check import check_text_ensemble as check
-    from model_build.text_ensemble.ensemble import render_ensemble_configs
-    from model_build.text_ensemble.served_tokenizer import prepare_tokenizer, tokenizer_errors
+    from triton_mme_cdk.model_build.reference import write_reference
+    from triton_mme_cdk.model_build.text_ensemble.check import check_text_ensemble as check
+    from triton_mme_cdk.model_build.text_ensemble.ensemble import render_ensemble_configs
+    from triton_mme_cdk.model_build.text_ensemble.served_tokenizer import prepare_tokenizer, tokenizer_errors
 
     spec, exported = inputs.spec, done.need("exported", TEXT_CHECK)
     tokenizer = done.need("tokenizer", TEXT_CHECK)
@@ -207,20 +212,20 @@ def package(inputs: BuildInputs, done: Artifacts) -> Artifacts:
     tarball = inputs.out_dir / f"{spec.name}.tar.gz"
     exported = done.need("exported", "package")
     if _is_plan(spec):
-        from model_build.package.pack import package_plans
+        from triton_mme_cdk.model_build.package.pack import package_plans
 
         sha256, size = package_plans(model_name=spec.name, config_text=done.need("member_config_text", "package"),
                                      plan_dir=exported.path, out_path=tarball,
                                      compresslevel=inputs.options.compresslevel)
     elif _is_text(spec):
-        from model_build.text_ensemble.ensemble import package_text_ensemble
+        from triton_mme_cdk.model_build.text_ensemble.ensemble import package_text_ensemble
 
         sha256, size = package_text_ensemble(
             spec=spec, exported=exported, tokenizer=done.need("tokenizer", "package"), out_path=tarball,
             truncation=spec.text_inputs.truncation, compresslevel=inputs.options.compresslevel,
         )
     else:
-        from model_build.package.pack import package_model
+        from triton_mme_cdk.model_build.package.pack import package_model
 
         sha256, size = package_model(
             model_name=spec.name, config_text=done.need("member_config_text", "package"),
@@ -232,7 +237,7 @@ def package(inputs: BuildInputs, done: Artifacts) -> Artifacts:
 def pre_publish_gate(inputs: BuildInputs, done: Artifacts) -> Artifacts:
     """Everything Triton checks when it loads the tarball (``model_build.package.gate.check_repository``);
     a tarball the gate refuses is removed."""
-    from model_build.package.gate import gate_tarball
+    from triton_mme_cdk.model_build.package.gate import gate_tarball
 
     gate_tarball(done.need("tarball", "pre-publish gate"), model=inputs.spec.name)
     return done

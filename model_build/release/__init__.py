@@ -24,7 +24,7 @@ and the S3 modules import boto3; callers import the other modules by name.
 May import: ``shared``, ``manifest``.
 """
 
-from model_build.release.identity import (
+from triton_mme_cdk.model_build.release.identity import (
     BUILDS_DIR,
     BYTE_LIBRARIES,
     DEFAULT_COMPRESSLEVEL,

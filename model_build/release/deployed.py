@@ -29,8 +29,8 @@ import json
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from model_build.errors import ModelBuildError
-from model_build.release.documents import schema_document
+from triton_mme_cdk.model_build.errors import ModelBuildError
+from triton_mme_cdk.model_build.release.documents import schema_document
 
 #: The record's format; a reader refuses another.
 DEPLOYED_SCHEMA = "triton-mme/deployed/1"

@@ -37,10 +37,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from model_build.manifest import LocalSource, Manifest, ModelSpec, OnnxFileSource
+from triton_mme_cdk.model_build.manifest import LocalSource, Manifest, ModelSpec, OnnxFileSource
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
-PACKAGE = "model_build"
+#: The import name of the package ``model_build/`` is (whose imports are followed).
+PACKAGE = "triton_mme_cdk.model_build"
 #: Modules whose imports (followed transitively) are the code that produces a model's bytes.
 MODEL_ENTRY_MODULES = ("pipeline",)
 #: ... and the code that lays out a release (index format, copies, the Lambda's build path).

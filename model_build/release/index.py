@@ -14,12 +14,12 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from model_build.errors import PublishError
-from model_build.release.documents import schema_document
-from model_build.release.identity import routes_key
-from model_build.release.routes import MAX_ROUTES_BYTES, Routes, RoutesError, parse_routes
-from model_build.release.transfer import _error_code, _normalise_prefix
-from model_build.types import Artifact
+from triton_mme_cdk.model_build.errors import PublishError
+from triton_mme_cdk.model_build.release.documents import schema_document
+from triton_mme_cdk.model_build.release.identity import routes_key
+from triton_mme_cdk.model_build.release.routes import MAX_ROUTES_BYTES, Routes, RoutesError, parse_routes
+from triton_mme_cdk.model_build.release.transfer import _error_code, _normalise_prefix
+from triton_mme_cdk.model_build.types import Artifact
 
 #: Version of the index layout; a reader refuses an index of a schema it does not know.
 INDEX_SCHEMA = 1

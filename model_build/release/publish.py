@@ -38,10 +38,10 @@ from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import BotoCoreError, ClientError
 from s3transfer.manager import TransferManager
 
-from model_build.errors import PublishError
-from model_build.release.identity import INDEX_NAME, REFERENCE_DIR
-from model_build.release.index import index_body, read_index
-from model_build.release.transfer import (
+from triton_mme_cdk.model_build.errors import PublishError
+from triton_mme_cdk.model_build.release.identity import INDEX_NAME, REFERENCE_DIR
+from triton_mme_cdk.model_build.release.index import index_body, read_index
+from triton_mme_cdk.model_build.release.transfer import (
     _READ_BLOCK,
     Progress,
     _error_code,
@@ -56,7 +56,7 @@ from model_build.release.transfer import (
     _transfer_config,
     _Worker,
 )
-from model_build.types import Artifact
+from triton_mme_cdk.model_build.types import Artifact
 
 _RESERVED_INDEX_FIELDS = frozenset({"schema", "models", "references"})
 

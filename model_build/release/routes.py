@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from model_build.errors import ModelBuildError
+from triton_mme_cdk.model_build.errors import ModelBuildError
 
 #: The document's format; a reader refuses another.
 ROUTES_SCHEMA = "triton-mme/routes/1"
@@ -185,7 +185,7 @@ def parse_routes(body: bytes, *, where: str, stack: str = "") -> Routes:
 
 
 def _deployed(value: Any, where: str) -> dict[str, Any] | None:
-    from model_build.release.deployed import DeployedRecordError, parse_record
+    from triton_mme_cdk.model_build.release.deployed import DeployedRecordError, parse_record
 
     if value is None:
         return None
@@ -285,7 +285,7 @@ def plan(wanted: list[Planned], live: Routes | None, *, model_code_sha256: str) 
 def plan_manifest(manifest: Any, live: Routes | None, *, base_dir: Any) -> ModelPlan:
     """:func:`plan` of every target of ``manifest`` (entry hashes of its local sources read from
     ``base_dir``) with this build code's hash."""
-    from model_build.release.identity import entry_sha256, model_code_sha256
+    from triton_mme_cdk.model_build.release.identity import entry_sha256, model_code_sha256
 
     wanted = [Planned(target, entry_sha256(spec, base_dir)) for spec in manifest.models for target in spec.target_names()]
     return plan(wanted, live, model_code_sha256=model_code_sha256())

@@ -38,11 +38,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from model_build.errors import PublishError
-from model_build.release.identity import RELEASES_DIR, Release, routes_key, served_prefix, store_prefix
-from model_build.release.index import read_index, read_routes_tagged, write_routes
-from model_build.release.publish import delete_release
-from model_build.release.routes import (
+from triton_mme_cdk.model_build.errors import PublishError
+from triton_mme_cdk.model_build.release.identity import (
+    RELEASES_DIR,
+    Release,
+    routes_key,
+    served_prefix,
+    store_prefix,
+)
+from triton_mme_cdk.model_build.release.index import read_index, read_routes_tagged, write_routes
+from triton_mme_cdk.model_build.release.publish import delete_release
+from triton_mme_cdk.model_build.release.routes import (
     DEFAULT_RETENTION_DAYS,
     Route,
     Routes,
@@ -52,8 +58,8 @@ from model_build.release.routes import (
     now_iso,
     routes_from_index,
 )
-from model_build.release.store import STORE_TARGET, copy_served, served_object
-from model_build.release.transfer import SHA256_METADATA, _list_sizes, head_matches
+from triton_mme_cdk.model_build.release.store import STORE_TARGET, copy_served, served_object
+from triton_mme_cdk.model_build.release.transfer import SHA256_METADATA, _list_sizes, head_matches
 
 #: A release prefix of the layout before the fixed served prefix (``<prefix>/r-<16 hex>/``).
 LEGACY_RELEASE = re.compile(r"^r-[0-9a-f]{16}$")

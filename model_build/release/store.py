@@ -19,9 +19,9 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 from s3transfer.manager import TransferManager
 
-from model_build.errors import PublishError
-from model_build.manifest import Manifest
-from model_build.release.identity import (
+from triton_mme_cdk.model_build.errors import PublishError
+from triton_mme_cdk.model_build.manifest import Manifest
+from triton_mme_cdk.model_build.release.identity import (
     BUILDS_DIR,
     INDEX_NAME,
     REFERENCE_DIR,
@@ -30,10 +30,10 @@ from model_build.release.identity import (
     served_prefix,
     store_prefix,
 )
-from model_build.release.index import read_index, read_routes, served_index_body
-from model_build.release.publish import PublishReport, _put_index, publish_release
-from model_build.release.routes import RoutesError
-from model_build.release.transfer import (
+from triton_mme_cdk.model_build.release.index import read_index, read_routes, served_index_body
+from triton_mme_cdk.model_build.release.publish import PublishReport, _put_index, publish_release
+from triton_mme_cdk.model_build.release.routes import RoutesError
+from triton_mme_cdk.model_build.release.transfer import (
     Progress,
     _error_code,
     _iter_objects,
@@ -44,7 +44,7 @@ from model_build.release.transfer import (
     _transfer_config,
     _Worker,
 )
-from model_build.types import Artifact
+from triton_mme_cdk.model_build.types import Artifact
 
 # ---------------------------------------------------------------------------------------------
 # The content-addressed store and releases assembled from it

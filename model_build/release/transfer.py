@@ -27,7 +27,7 @@ from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import BotoCoreError, ClientError
 from s3transfer.manager import TransferManager
 
-from model_build.errors import PublishError
+from triton_mme_cdk.model_build.errors import PublishError
 
 #: User-metadata key (``x-amz-meta-sha256``) holding the full-object hex SHA-256.
 SHA256_METADATA = "sha256"

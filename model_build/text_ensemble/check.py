@@ -33,12 +33,16 @@ from typing import Any
 
 import numpy as np
 
-from model_build.errors import ValidationMismatchError
-from model_build.manifest import PAIR_TASKS, ModelSpec, Tolerance
-from model_build.text_ensemble.ensemble import MASK_TASKS
-from model_build.text_ensemble.served_tokenizer import ServedTokenizer, encoder_for, refuse_tokenless_texts
-from model_build.text_ensemble.tokenizer_model import PAIR_INPUT, TEXT_INPUT
-from model_build.types import ExportedModel
+from triton_mme_cdk.model_build.errors import ValidationMismatchError
+from triton_mme_cdk.model_build.manifest import PAIR_TASKS, ModelSpec, Tolerance
+from triton_mme_cdk.model_build.text_ensemble.ensemble import MASK_TASKS
+from triton_mme_cdk.model_build.text_ensemble.served_tokenizer import (
+    ServedTokenizer,
+    encoder_for,
+    refuse_tokenless_texts,
+)
+from triton_mme_cdk.model_build.text_ensemble.tokenizer_model import PAIR_INPUT, TEXT_INPUT
+from triton_mme_cdk.model_build.types import ExportedModel
 
 #: Texts in other scripts checked for every raw-text target, besides the manifest's samples.
 OTHER_SCRIPTS: tuple[str, ...] = (
@@ -73,8 +77,8 @@ def check_text_ensemble(spec: ModelSpec, exported: ExportedModel, tokenizer: Ser
     """Run both checks of the module docstring; raise on the first text that differs."""
     from transformers import AutoTokenizer
 
-    from model_build.export.eager import reference_sentences
-    from model_build.export.validate import (
+    from triton_mme_cdk.model_build.export.eager import reference_sentences
+    from triton_mme_cdk.model_build.export.validate import (
         _has_sentence_transformers_reference,
         compare_outputs,
         elementwise_tolerance_applies,
@@ -178,7 +182,7 @@ def _check_cross_encoder(spec: ModelSpec, exported: ExportedModel, source_dir: P
     import torch
     from sentence_transformers import CrossEncoder
 
-    from model_build.export.validate import compare_outputs
+    from triton_mme_cdk.model_build.export.validate import compare_outputs
 
     model = CrossEncoder(str(source_dir), device="cpu", local_files_only=True,
                          max_length=spec.text_inputs.max_sequence_length)

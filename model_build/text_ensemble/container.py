@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from model_build.manifest import Manifest
+from triton_mme_cdk.model_build.manifest import Manifest
 
 NAMESPACING_KEY = "SAGEMAKER_TRITON_DISABLE_MODEL_NAMESPACING"
 

@@ -31,16 +31,16 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from model_build.compare import SERVED_PRECISION_KEY
-from model_build.errors import PackageError
-from model_build.manifest import PAIR_TASKS, TEXT_TASKS, ModelSpec
-from model_build.package.pack import onnx_external_data_files, write_tarball
-from model_build.package.render import render_config
-from model_build.package.triton_config import check_config, default_filename
-from model_build.text_ensemble import tokenizer_model
-from model_build.text_ensemble.served_tokenizer import ServedTokenizer
-from model_build.text_ensemble.serving_wheel import vendored_files
-from model_build.text_ensemble.tokenizer_model import (
+from triton_mme_cdk.model_build.compare import SERVED_PRECISION_KEY
+from triton_mme_cdk.model_build.errors import PackageError
+from triton_mme_cdk.model_build.manifest import PAIR_TASKS, TEXT_TASKS, ModelSpec
+from triton_mme_cdk.model_build.package.pack import onnx_external_data_files, write_tarball
+from triton_mme_cdk.model_build.package.render import render_config
+from triton_mme_cdk.model_build.package.triton_config import check_config, default_filename
+from triton_mme_cdk.model_build.text_ensemble import tokenizer_model
+from triton_mme_cdk.model_build.text_ensemble.served_tokenizer import ServedTokenizer
+from triton_mme_cdk.model_build.text_ensemble.serving_wheel import vendored_files
+from triton_mme_cdk.model_build.text_ensemble.tokenizer_model import (
     KNOWN_OUTPUTS,
     PAIR_INPUT,
     TEXT_INPUT,
@@ -48,7 +48,7 @@ from model_build.text_ensemble.tokenizer_model import (
     TRUNCATION_MODES,
     VENDOR_DIR,
 )
-from model_build.types import ExportedModel
+from triton_mme_cdk.model_build.types import ExportedModel
 
 ENSEMBLE = "ensemble"
 TOKENIZER = "tokenizer"

@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from model_build.errors import TokenizerCheckError
-from model_build.manifest import SLOW_TOKENIZER_FILES as SLOW_FILES
-from model_build.manifest import ModelSpec
-from model_build.text_ensemble.tokenizer_model import TOKENIZER_FILE
+from triton_mme_cdk.model_build.errors import TokenizerCheckError
+from triton_mme_cdk.model_build.manifest import SLOW_TOKENIZER_FILES as SLOW_FILES
+from triton_mme_cdk.model_build.manifest import ModelSpec
+from triton_mme_cdk.model_build.text_ensemble.tokenizer_model import TOKENIZER_FILE
 
 #: sentence-transformers' settings of its Transformer module (``do_lower_case``).
 SENTENCE_BERT_CONFIG = "sentence_bert_config.json"
@@ -128,7 +128,7 @@ def prepare_tokenizer(spec: ModelSpec, source_dir: Path | None) -> ServedTokeniz
                     f"{reference.pad_token_id}, outside the tokenizer's vocabulary of {size} tokens (ids 0 to "
                     f"{size - 1}): padded rows would look up an id the model has no embedding for; save the "
                     "tokenizer again with its pad token in the vocabulary")
-    from model_build.export.eager import reference_sentences
+    from triton_mme_cdk.model_build.export.eager import reference_sentences
 
     samples = reference_sentences(spec)
     refuse_tokenless_texts(spec, backend, [text.lower() for text in samples] if lowercase else samples,
@@ -218,7 +218,7 @@ def tokenizer_errors(spec: ModelSpec, served: ServedTokenizer) -> Iterator[None]
     """The served tokenizer step's own errors (a :class:`~model_build.text_ensemble.tokenizer_model.
     TokenizerError`, written for a client's request) raised by a build check, as one
     :class:`TokenizerCheckError` naming the source and the file."""
-    from model_build.text_ensemble.tokenizer_model import TokenizerError
+    from triton_mme_cdk.model_build.text_ensemble.tokenizer_model import TokenizerError
 
     try:
         yield
@@ -233,7 +233,7 @@ def encoder_for(served: ServedTokenizer, spec: ModelSpec, *, truncate: bool | No
     ``truncate`` and ``padding`` default to the entry's ``text`` settings."""
     import tokenizers
 
-    from model_build.text_ensemble.tokenizer_model import TextEncoder
+    from triton_mme_cdk.model_build.text_ensemble.tokenizer_model import TextEncoder
 
     truncation = spec.text_inputs.truncation if truncate is None else ("truncate" if truncate else "refuse")
     parameters = {**served.parameters, "max_sequence_length": str(spec.text_inputs.max_sequence_length),

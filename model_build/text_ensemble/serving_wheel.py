@@ -33,7 +33,7 @@ from pathlib import Path
 from packaging.tags import Tag, cpython_tags
 from packaging.utils import parse_wheel_filename
 
-from model_build.errors import PackageError
+from triton_mme_cdk.model_build.errors import PackageError
 
 PIN_FILE = Path(__file__).resolve().parent / "serving-wheels.txt"
 #: Where the build looks for the pinned wheel: this variable, else the checkout's ``.wheelhouse``

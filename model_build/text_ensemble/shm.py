@@ -10,7 +10,7 @@ small ``/dev/shm``) is found out. Only the manifest is imported here: synth stay
 
 from __future__ import annotations
 
-from model_build.manifest import PAIR_TASKS, Manifest, ModelSpec
+from triton_mme_cdk.model_build.manifest import PAIR_TASKS, Manifest, ModelSpec
 
 #: Outputs of the tokenizer per position: input_ids, attention_mask, token_type_ids (int64 each).
 ID_TENSORS = 3

@@ -33,10 +33,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import unquote
 
-from model_build.errors import ModelBuildError
-from model_build.tools.mme import EndpointError, ModelCache, validation_error
-from model_build.tools.served_release import Release, read_release
-from model_build.tools.triton_server import (
+from triton_mme_cdk.model_build.errors import ModelBuildError
+from triton_mme_cdk.model_build.tools.mme import EndpointError, ModelCache, validation_error
+from triton_mme_cdk.model_build.tools.served_release import Release, read_release
+from triton_mme_cdk.model_build.tools.triton_server import (
     TritonServer,
     check_port_free,
     stack_shm_settings,
@@ -268,7 +268,7 @@ def add_endpoint_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def cmd_endpoint(args: argparse.Namespace) -> int:
-    from model_build.aws_clients import make_s3_client
+    from triton_mme_cdk.model_build.aws_clients import make_s3_client
 
     if not 1 <= args.port <= 65535:
         raise ModelBuildError(f"--port: got {args.port}; expected 1..65535")

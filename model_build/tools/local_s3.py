@@ -14,8 +14,8 @@ import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from model_build.aws_clients import LOOPBACK
-from model_build.errors import PublishError
+from triton_mme_cdk.model_build.aws_clients import LOOPBACK
+from triton_mme_cdk.model_build.errors import PublishError
 
 
 @contextmanager

@@ -45,9 +45,9 @@ from typing import Any
 
 from google.protobuf import text_format
 
-from model_build.errors import ModelBuildError
-from model_build.tools.served_release import Entry, Release
-from model_build.tools.triton_server import TritonServer
+from triton_mme_cdk.model_build.errors import ModelBuildError
+from triton_mme_cdk.model_build.tools.served_release import Entry, Release
+from triton_mme_cdk.model_build.tools.triton_server import TritonServer
 
 #: How long one load may take before the call fails (a python stub that never starts hangs the load).
 LOAD_TIMEOUT_SECONDS = 300.0
@@ -270,7 +270,7 @@ class ModelCache:
         """Download, check the digest, unpack safely, localize the configs."""
         from botocore.exceptions import ClientError
 
-        from model_build.package.tarball import safe_extract
+        from triton_mme_cdk.model_build.package.tarball import safe_extract
 
         tarball = directory.parent / "model.tar.gz"
         digest = hashlib.sha256()

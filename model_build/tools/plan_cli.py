@@ -29,8 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from model_build.errors import ModelBuildError
-from model_build.tools.pr_comment import add_pr_comment_parser
+from triton_mme_cdk.model_build.errors import ModelBuildError
+from triton_mme_cdk.model_build.tools.pr_comment import add_pr_comment_parser
 
 
 def _context(overrides: list[str]) -> dict[str, str]:
@@ -46,7 +46,7 @@ def _context(overrides: list[str]) -> dict[str, str]:
 def _settings(overrides: list[str]) -> Any:
     """The app's settings: ``cdk.json``'s context with ``-c mme:key=value`` overrides (the one
     definition of each setting, its default and its checks)."""
-    from model_build.tools.triton_server import app_settings
+    from triton_mme_cdk.model_build.tools.triton_server import app_settings
 
     return app_settings(_context(overrides))
 
@@ -55,7 +55,7 @@ def synthesized_template(overrides: list[str]) -> dict[str, Any]:
     """The template this checkout synthesizes with ``-c`` overrides (in process, no AWS call)."""
     import tempfile
 
-    from model_build.tools.triton_server import app_settings
+    from triton_mme_cdk.model_build.tools.triton_server import app_settings
 
     app_settings({})  # the repository on sys.path, the virtualenv's Node.js on PATH
     import aws_cdk as cdk
@@ -118,7 +118,7 @@ def stack_template(stack_name: str, region: str | None) -> dict[str, Any] | None
 
 def _check_stack(live: Any, stack_name: str, where: str) -> None:
     """Routes written by another stack are another stack's plan: one error, no verdict."""
-    from model_build.release.routes import RoutesError
+    from triton_mme_cdk.model_build.release.routes import RoutesError
 
     writer = str(live.stack or "")
     name = writer.split(":stack/")[-1].split("/")[0] if ":stack/" in writer else writer
@@ -129,7 +129,7 @@ def _check_stack(live: Any, stack_name: str, where: str) -> None:
 
 def plan_report(args: argparse.Namespace) -> Any:
     """The plan of ``args`` (:class:`~model_build.tools.plan_report.PlanReport`)."""
-    from model_build.tools.plan_verdict import start_engine
+    from triton_mme_cdk.model_build.tools.plan_verdict import start_engine
 
     # The settings come from the app (importing aws-cdk-lib starts jsii: seconds, mostly waiting on
     # Node.js), so they load in a thread while this one reads the inputs that do not need them: at
@@ -144,12 +144,12 @@ def plan_report(args: argparse.Namespace) -> Any:
 
 
 def _plan_report(args: argparse.Namespace, engine: Any) -> Any:
-    from model_build.manifest import load_manifest
-    from model_build.release.index import read_routes
-    from model_build.release.routes import ModelPlan, Routes, parse_routes, plan_manifest
-    from model_build.tools.plan_report import PlanReport
-    from model_build.tools.plan_verdict import judge
-    from model_build.tools.triton_server import REPO_ROOT
+    from triton_mme_cdk.model_build.manifest import load_manifest
+    from triton_mme_cdk.model_build.release.index import read_routes
+    from triton_mme_cdk.model_build.release.routes import ModelPlan, Routes, parse_routes, plan_manifest
+    from triton_mme_cdk.model_build.tools.plan_report import PlanReport
+    from triton_mme_cdk.model_build.tools.plan_verdict import judge
+    from triton_mme_cdk.model_build.tools.triton_server import REPO_ROOT
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="plan-settings") as pool:
         pending = pool.submit(_settings, args.context or [])
@@ -171,8 +171,8 @@ def _plan_report(args: argparse.Namespace, engine: Any) -> Any:
             raise ModelBuildError(f"--routes-file: got {str(path)!r}; no such file")
         live, where = parse_routes(path.read_bytes(), where=str(path)), str(path)
     elif args.bucket:
-        from model_build.aws_clients import make_s3_client
-        from model_build.release import routes_key
+        from triton_mme_cdk.model_build.aws_clients import make_s3_client
+        from triton_mme_cdk.model_build.release import routes_key
 
         where = f"s3://{args.bucket}/{routes_key(prefix)}"
         live = read_routes(make_s3_client(endpoint_url=args.endpoint_url, region=args.region), args.bucket, prefix)
@@ -213,7 +213,12 @@ def _plan_report(args: argparse.Namespace, engine: Any) -> Any:
 def _builds_on(manifest: Any, models: Any, template: dict[str, Any], base_dir: Path) -> dict[str, str]:
     """Where each added or updated model builds, placed with the settings the synthesized
     template gives the build (its custom resource's ``BuildEngine``)."""
-    from model_build.manifest.build_engine import EngineSettings, estimate, place, source_weight_bytes
+    from triton_mme_cdk.model_build.manifest.build_engine import (
+        EngineSettings,
+        estimate,
+        place,
+        source_weight_bytes,
+    )
 
     engine = next((resource.get("Properties", {}).get("BuildEngine") for resource in
                    template.get("Resources", {}).values() if resource.get("Type") == "Custom::TritonModelRelease"), None)
@@ -243,8 +248,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_releases(args: argparse.Namespace) -> int:
-    from model_build.aws_clients import make_s3_client
-    from model_build.release.serving import delete_legacy_release, legacy_releases
+    from triton_mme_cdk.model_build.aws_clients import make_s3_client
+    from triton_mme_cdk.model_build.release.serving import delete_legacy_release, legacy_releases
 
     s3 = make_s3_client(endpoint_url=args.endpoint_url, region=args.region)
     found = legacy_releases(s3, args.bucket, args.prefix)

@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from model_build.release.routes import ModelPlan
-from model_build.tools.plan_verdict import Finding, Verdict
+from triton_mme_cdk.model_build.release.routes import ModelPlan
+from triton_mme_cdk.model_build.tools.plan_verdict import Finding, Verdict
 
 PLAN_SCHEMA = "triton-mme/plan/1"
 #: GitHub's limit on a comment's body, and what the plan allows itself (room for a CI's own lines).

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from model_build.errors import ModelBuildError
-from model_build.release.deployed import (
+from triton_mme_cdk.model_build.errors import ModelBuildError
+from triton_mme_cdk.model_build.release.deployed import (
     DATA_TYPES,
     FLEET_IN_PLACE_TYPES,
     FLEET_REPLACED_TYPES,
@@ -46,7 +46,7 @@ from model_build.release.deployed import (
     record_ids,
     references,
 )
-from model_build.tools.triton_server import REPO_ROOT
+from triton_mme_cdk.model_build.tools.triton_server import REPO_ROOT
 
 DIFF_SCRIPT = Path(__file__).with_name("cfn_diff.js")
 #: The engine's impacts that replace or remove the physical resource.

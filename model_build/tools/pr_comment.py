@@ -22,8 +22,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from model_build.errors import ModelBuildError
-from model_build.tools.plan_report import GITHUB_COMMENT_LIMIT
+from triton_mme_cdk.model_build.errors import ModelBuildError
+from triton_mme_cdk.model_build.tools.plan_report import GITHUB_COMMENT_LIMIT
 
 PAGE = 100
 

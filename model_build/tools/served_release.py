@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from model_build.errors import ModelBuildError
+from triton_mme_cdk.model_build.errors import ModelBuildError
 
 
 @dataclass
@@ -63,8 +63,8 @@ class Release:
 def read_served(s3_client: Any, bucket: str, model_prefix: str, *, required: bool = True) -> Release:
     """The fixed served prefix and what its routes document says (routed and retained objects).
     A missing document is an error when ``required``, else nothing is known yet."""
-    from model_build.release import routes_key, served_prefix
-    from model_build.release.index import read_routes
+    from triton_mme_cdk.model_build.release import routes_key, served_prefix
+    from triton_mme_cdk.model_build.release.index import read_routes
 
     served = served_prefix(model_prefix)
     release = Release(bucket=bucket, prefix=served, release_id="(none routed)", model_prefix=model_prefix)
@@ -95,9 +95,9 @@ def read_release(s3_client: Any, bucket: str, model_prefix: str, release_id: str
     - ``release_id`` of the earlier per-release layout (its index in ``<prefix>/<id>/``): that prefix.
 
     A release with neither index is an error naming both places looked at."""
-    from model_build.release import INDEX_NAME, served_prefix
-    from model_build.release import Release as ReleaseId
-    from model_build.release.index import read_index
+    from triton_mme_cdk.model_build.release import INDEX_NAME, served_prefix
+    from triton_mme_cdk.model_build.release import Release as ReleaseId
+    from triton_mme_cdk.model_build.release.index import read_index
 
     served = served_prefix(model_prefix)
     if not release_id:

@@ -38,9 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from model_build.compare import UNKNOWN_PRECISION_TOLERANCE, compare_arrays
-from model_build.tools.mme import CANNOT_SERVE_ON_CPU
-from model_build.tools.smoke_setup import (
+from triton_mme_cdk.model_build.compare import UNKNOWN_PRECISION_TOLERANCE, compare_arrays
+from triton_mme_cdk.model_build.tools.mme import CANNOT_SERVE_ON_CPU
+from triton_mme_cdk.model_build.tools.smoke_setup import (
     DEFAULT_TIMEOUT_SECONDS,
     _CallFailed,
     _fail,
@@ -192,7 +192,7 @@ def _invoke(
 
 def _parse_answer(body: bytes, content_type: str) -> Any:
     """A tritonclient ``InferResult`` from a binary+json answer or a plain JSON one."""
-    from model_build.tools.verify import header_length, parse_response
+    from triton_mme_cdk.model_build.tools.verify import header_length, parse_response
 
     try:
         return parse_response(body, header_length(content_type))
@@ -207,7 +207,7 @@ def _parse_answer(body: bytes, content_type: str) -> Any:
 def _check_answer(result: Any, reference: _Reference, atol: float, rtol: float) -> float | None:
     """Every config output present with the config's datatype and shape, values near the reference
     (``None``: no values compared, where the reference has no outputs: a TensorRT plan's)."""
-    from model_build.package.triton_config import wire_datatype
+    from triton_mme_cdk.model_build.package.triton_config import wire_datatype
 
     config = reference.config
     worst = 0.0
@@ -351,7 +351,7 @@ def run_smoke(
     its model or the release index cannot be found. Problems with single targets are rows of the
     report, never exceptions.
     """
-    from model_build.release.index import read_index
+    from triton_mme_cdk.model_build.release.index import read_index
 
     if timeout_seconds <= 0:
         raise _fail(f"timeout: got {timeout_seconds:g} s; expected more than 0")

@@ -13,9 +13,19 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from model_build.errors import ModelBuildError
-from model_build.tools.smoke import DEFAULT_ATOL, DEFAULT_RTOL, SmokeReport, TargetResult, run_smoke
-from model_build.tools.smoke_setup import DEFAULT_TIMEOUT_SECONDS, make_client, make_runtime_client
+from triton_mme_cdk.model_build.errors import ModelBuildError
+from triton_mme_cdk.model_build.tools.smoke import (
+    DEFAULT_ATOL,
+    DEFAULT_RTOL,
+    SmokeReport,
+    TargetResult,
+    run_smoke,
+)
+from triton_mme_cdk.model_build.tools.smoke_setup import (
+    DEFAULT_TIMEOUT_SECONDS,
+    make_client,
+    make_runtime_client,
+)
 
 # --------------------------------------------------------------------------------------------
 # CLI

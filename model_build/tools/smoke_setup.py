@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from model_build.compare import config_served_precision, served_tolerance
-from model_build.errors import ModelBuildError, TritonConfigError, VerifyError
-from model_build.reference import read_reference
-from model_build.release import INDEX_NAME, REFERENCE_DIR
+from triton_mme_cdk.model_build.compare import config_served_precision, served_tolerance
+from triton_mme_cdk.model_build.errors import ModelBuildError, TritonConfigError, VerifyError
+from triton_mme_cdk.model_build.reference import read_reference
+from triton_mme_cdk.model_build.release import INDEX_NAME, REFERENCE_DIR
 
 #: Per-invocation limit; SageMaker itself gives a model 60 s to answer an invocation.
 DEFAULT_TIMEOUT_SECONDS = 60.0
@@ -88,7 +88,7 @@ def make_client(
     from botocore.config import Config
     from botocore.exceptions import NoRegionError
 
-    from model_build.aws_clients import client_session, make_s3_client
+    from triton_mme_cdk.model_build.aws_clients import client_session, make_s3_client
 
     if service == "s3":
         return make_s3_client(endpoint_url=endpoint_url, region=region)
@@ -193,8 +193,8 @@ def _index_location(s3_client: Any, model_data_url: str, release: str | None) ->
     (``<prefix>/_routes/routes.json``) names the release routed now, whose index is in
     ``<prefix>/_releases/<id>/``; ``release`` picks another release's index there. A release
     prefix of the earlier layout holds its own index."""
-    from model_build.release import SERVED_DIR, Release, routes_key
-    from model_build.release.index import read_routes
+    from triton_mme_cdk.model_build.release import SERVED_DIR, Release, routes_key
+    from triton_mme_cdk.model_build.release.index import read_routes
 
     bucket, prefix = split_model_data_url(model_data_url)
     parent, _, last = prefix.rpartition("/")
@@ -266,8 +266,8 @@ def _config_from_tarball(s3_client: Any, bucket: str, key: str) -> str | None:
     """
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from model_build.errors import ModelBuildError
-    from model_build.package.tarball import read_member
+    from triton_mme_cdk.model_build.errors import ModelBuildError
+    from triton_mme_cdk.model_build.package.tarball import read_member
 
     try:
         body = s3_client.get_object(Bucket=bucket, Key=key)["Body"]
@@ -299,8 +299,8 @@ def _prepare_reference(
     ``digests`` maps object keys to the sha256 the index records for them (its ``references``):
     a reference that changed after the release was published would make every verdict meaningless.
     """
-    from model_build.package.triton_config import check_config, parse_config
-    from model_build.tools.verify import SAGEMAKER_BINARY_CONTENT_TYPE, build_request
+    from triton_mme_cdk.model_build.package.triton_config import check_config, parse_config
+    from triton_mme_cdk.model_build.tools.verify import SAGEMAKER_BINARY_CONTENT_TYPE, build_request
 
     # The index names where each reference is (the store); an index of the earlier layout had them
     # in the release's own _reference/ folder.

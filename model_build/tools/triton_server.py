@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from model_build.errors import ModelBuildError
+from triton_mme_cdk.model_build.errors import ModelBuildError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 #: Where ``make setup`` puts the triton environment; ``MME_TRITON_ENV`` points elsewhere.
@@ -370,7 +370,7 @@ def app_settings(overrides: Mapping[str, Any] | None = None) -> Any:
     if str(REPO_ROOT) not in sys.path:
         sys.path.insert(0, str(REPO_ROOT))
     from app import cdk_json_context, load_settings
-    from stacks.settings import SettingsError
+    from triton_mme_cdk.stacks.settings import SettingsError
 
     try:
         return load_settings({**cdk_json_context(), **(overrides or {})})

@@ -21,8 +21,8 @@ from tritonclient.utils import (
     triton_to_np_dtype,
 )
 
-from model_build.errors import VerifyError
-from model_build.package.triton_config import ModelConfig, wire_datatype
+from triton_mme_cdk.model_build.errors import VerifyError
+from triton_mme_cdk.model_build.package.triton_config import ModelConfig, wire_datatype
 
 #: ``Content-Type`` of a binary request to the SageMaker Triton container.
 SAGEMAKER_BINARY_CONTENT_TYPE = "application/vnd.sagemaker-triton.binary+json;json-header-size={}"
