@@ -1,4 +1,5 @@
-"""The deployed record (:mod:`model_build.release.deployed`) of a stack, computed while it synthesizes.
+"""The deployed record (:mod:`model_build.release.deployed`) of one endpoint, computed while its stack
+synthesizes: the recorded resources under the endpoint's construct, and what they reference.
 
 Why a lazy value: the record is what the template will say about the fleet and the data, and that
 is only known once every construct, aspect and tag has been applied. The value is produced when
@@ -16,6 +17,7 @@ from typing import Any
 import jsii
 from aws_cdk import CfnMapping, CfnResource, IStableStringProducer, Lazy, Stack
 
+from constructs import Construct
 from triton_mme_cdk.model_build.release.deployed import RECORD_TYPES, make_record, record_json, references
 
 #: ``CfnDeletionPolicy`` members as the template writes them.
@@ -25,17 +27,18 @@ _POLICIES = {"DELETE": "Delete", "RETAIN": "Retain", "SNAPSHOT": "Snapshot",
 
 @jsii.implements(IStableStringProducer)
 class _RecordProducer:
-    def __init__(self, stack: Stack, mappings: Mapping[CfnMapping, Mapping[str, Any]]) -> None:
-        self._stack = stack
+    def __init__(self, scope: Construct, mappings: Mapping[CfnMapping, Mapping[str, Any]]) -> None:
+        self._scope = scope
         self._mappings = mappings
 
     def produce(self) -> str:
-        stack = self._stack
+        stack = Stack.of(self._scope)
         by_id: dict[str, CfnResource] = {}
         for node in stack.node.find_all():
             if isinstance(node, CfnResource) and Stack.of(node) is stack:
                 by_id[stack.resolve(node.logical_id)] = node
-        todo = [lid for lid, node in by_id.items() if node.cfn_resource_type in RECORD_TYPES]
+        todo = [stack.resolve(node.logical_id) for node in self._scope.node.find_all()
+                if isinstance(node, CfnResource) and Stack.of(node) is stack and node.cfn_resource_type in RECORD_TYPES]
         rendered: dict[str, dict[str, Any]] = {}
         while todo:
             lid = todo.pop()
@@ -61,7 +64,8 @@ def _rendered(stack: Stack, node: CfnResource) -> dict[str, Any]:
     return resource
 
 
-def deployed_record(stack: Stack, mappings: Mapping[CfnMapping, Mapping[str, Any]]) -> str:
-    """A token for ``stack``'s deployed record (JSON text). ``mappings``: the content of every
-    mapping a recorded resource reads (the synth fails naming one that is missing)."""
-    return Lazy.string(_RecordProducer(stack, mappings))
+def deployed_record(scope: Construct, mappings: Mapping[CfnMapping, Mapping[str, Any]]) -> str:
+    """A token for the deployed record of the resources under ``scope`` (JSON text): an endpoint's
+    construct, or a whole stack. ``mappings``: the content of every mapping a recorded resource
+    reads (the synth fails naming one that is missing)."""
+    return Lazy.string(_RecordProducer(scope, mappings))

@@ -82,6 +82,16 @@ class EndpointNetworkProps(Props):
     vpc: Resource[ec2.IVpc] | None = Field(
         default=None, description="An existing VPC (e.g. ec2.Vpc.from_lookup). Unset: a VPC is created."
     )
+    subnets: Resource[ec2.SubnetSelection] | None = Field(
+        default=None,
+        description="The model's subnets in the given VPC (private or isolated, in at least two "
+        "Availability Zones). Unset: its isolated subnets, else its private ones.",
+    )
+    security_groups: list[Resource[ec2.ISecurityGroup]] | None = Field(
+        default=None,
+        description="The model's security groups (they must let it reach S3 over HTTPS). Unset: one is "
+        "created with no inbound rule and HTTPS out only.",
+    )
     cidr: Annotated[str, AfterValidator(_private_cidr)] = Field(
         default="10.0.0.0/16", description="IPv4 range of the created VPC (a private /16 to /24)."
     )
@@ -144,18 +154,31 @@ class EndpointNetwork(Construct):
         if self.pending_lookup:
             self._acknowledge_placeholders()
         isolated, egress = list(self.vpc.isolated_subnets), list(self.vpc.private_subnets)
-        model_subnets = isolated if len(_zones(isolated)) >= 2 else egress
+        if props.subnets is not None:
+            model_subnets = list(self.vpc.select_subnets(props.subnets).subnets)
+            public = {subnet.subnet_id for subnet in self.vpc.public_subnets}
+            if any(subnet.subnet_id in public for subnet in model_subnets):
+                raise PropsError("vpc_subnets: selects public subnets; the model goes to private or isolated "
+                                 "subnets only (SubnetType.PRIVATE_ISOLATED or PRIVATE_WITH_EGRESS)")
+        else:
+            model_subnets = isolated if len(_zones(isolated)) >= 2 else egress
         if len(_zones(model_subnets)) < 2:
             raise PropsError(
-                f"vpc: {self.vpc.vpc_id} has no isolated or private subnets in two Availability Zones; "
-                "SageMaker needs the model's subnets in at least two (public subnets are not used)"
+                f"vpc: {self.vpc.vpc_id} has no isolated or private subnets in two Availability Zones"
+                + (" among those vpc_subnets selects" if props.subnets is not None else "")
+                + "; SageMaker needs the model's subnets in at least two (public subnets are not used)"
             )
         #: Subnets of the model's network interfaces.
         self.model_subnets: list[ec2.ISubnet] = model_subnets
-        #: Security group of the model: no inbound rule, HTTPS out only.
-        self.model_security_group = self._security_group(
-            "ModelSecurityGroup", "Triton multi-model endpoint model: no inbound, HTTPS out"
-        )
+        #: Security group created for the model (no inbound rule, HTTPS out only); None when given.
+        self.model_security_group: ec2.SecurityGroup | None = None
+        if props.security_groups is None:
+            self.model_security_group = self._security_group(
+                "ModelSecurityGroup", "Triton multi-model endpoint model: no inbound, HTTPS out"
+            )
+        #: The model's security groups: the given ones, or the created one.
+        self.model_security_groups: list[ec2.ISecurityGroup] = (
+            list(props.security_groups) if props.security_groups is not None else [self.model_security_group])
         #: Subnets and security group of the model build (None without ``build_access``).
         self.build_subnets: list[ec2.ISubnet] | None = None
         self.build_security_group: ec2.SecurityGroup | None = None
@@ -201,7 +224,7 @@ class EndpointNetwork(Construct):
             description="Interface VPC endpoints: HTTPS from the model and the build only",
             allow_all_outbound=False,
         )
-        for source in (self.model_security_group, self.build_security_group):
+        for source in (*self.model_security_groups, self.build_security_group):
             if source is not None:
                 group.add_ingress_rule(source, HTTPS, f"HTTPS from {source.node.id}")
         self.endpoint_security_group = group

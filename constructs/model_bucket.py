@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Self
 
-from aws_cdk import Duration, RemovalPolicy
+from aws_cdk import Annotations, Duration, RemovalPolicy, Token
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, model_validator
 
 from constructs import Construct
 from triton_mme_cdk.constructs.cfn_hygiene import drop_provider_role_dependency
@@ -18,7 +19,7 @@ from triton_mme_cdk.constructs.nag_acknowledgments import (
     acknowledge_wildcard_resource,
     skip_cdk_provider_checks,
 )
-from triton_mme_cdk.constructs.props import DAYS, Between, Props, is_unresolved
+from triton_mme_cdk.constructs.props import DAYS, Between, Props, Resource, is_unresolved
 from triton_mme_cdk.constructs.sagemaker_limits import PropsError
 
 #: A key prefix: path segments of letters, digits, ``_``, ``.``, ``-``; no leading/trailing ``/``.
@@ -68,6 +69,31 @@ class ModelBucketProps(Props):
         description="RETAIN: the buckets and the KMS key stay when the stack is deleted; DESTROY: they "
         "are emptied and deleted (adds CDK's auto-delete-objects custom resource).",
     )
+    bucket: Resource[s3.IBucket] | None = Field(
+        default=None,
+        description="An existing bucket for the artifacts (yours: its versioning, logging, policy and "
+        "lifecycle stay yours; the expiry rules are added where the bucket is defined in this app, "
+        "else synth warns with them). Needs encryption_key unless it carries its own key. Unset: "
+        "a bucket, its KMS key and an access-log bucket are created.",
+    )
+    encryption_key: Resource[kms.IKey] | None = Field(
+        default=None,
+        description="The KMS key that encrypts the artifacts: the key of an existing bucket, or the key a "
+        "created bucket uses instead of a created one. Grants of read and write include its use. Unset: "
+        "the bucket's own key, or a created key (yearly rotation).",
+    )
+
+    @model_validator(mode="after")
+    def _bucket_and_key(self) -> Self:
+        if self.bucket is not None and self.encryption_key is None and self.bucket.encryption_key is None:
+            name = self.bucket.bucket_name
+            shown = "a bucket" if Token.is_unresolved(name) else f"bucket {name!r}"
+            raise ValueError(
+                f"encryption_key: missing with {shown}; the endpoint's role and the build decrypt and "
+                "encrypt the artifacts with the bucket's KMS key: pass it as encryption_key (kms.IKey), or "
+                "a bucket that carries it (s3.Bucket.from_bucket_attributes(..., encryption_key=key))"
+            )
+        return self
 
 
 class ModelBucket(Construct):
@@ -86,6 +112,11 @@ class ModelBucket(Construct):
     - ``RemovalPolicy.DESTROY`` deletes both buckets, emptying them first (CDK's
       auto-delete-objects custom resource), and the key enters its 7-day deletion window.
 
+    With ``bucket`` given (yours), nothing of the above is created: its encryption, versioning,
+    logging and policy stay yours; only the rule that expires a superseded release's objects is
+    added, where the bucket is defined in this app (else synth warns with the rule). With
+    ``encryption_key`` given, that key replaces the created one.
+
     Grants (``grant_read``, ``grant_write``, ``grant_tag``, ``grant_delete``) are scoped to a key
     prefix and include the matching KMS permissions on the bucket key.
     """
@@ -97,12 +128,33 @@ class ModelBucket(Construct):
         # Grant S3 log delivery through the log bucket's policy, not an ACL: both buckets enforce
         # bucket-owner object ownership, which disables ACLs.
         self.node.set_context(SERVER_ACCESS_LOGS_USE_BUCKET_POLICY, True)
-        self.key = customer_key(
-            self,
-            "Key",
-            description="Encrypts the model artifacts of the Triton multi-model endpoint and its stack's log groups",
-            removal_policy=props.removal_policy,
-        )
+        #: Whether the bucket (with its key and its access-log bucket) was created here.
+        self.created = props.bucket is None
+        #: The bucket's access-log bucket (None for a bucket brought in).
+        self.access_log_bucket: s3.Bucket | None = None
+        if props.bucket is not None:
+            self.key: kms.IKey = props.encryption_key or props.bucket.encryption_key  # type: ignore[assignment]
+            self.bucket: s3.IBucket = props.bucket
+            self._lifecycle_on_existing()
+        else:
+            self.key = props.encryption_key or customer_key(
+                self,
+                "Key",
+                description="Encrypts the model artifacts of the Triton multi-model endpoint and its stack's log groups",
+                removal_policy=props.removal_policy,
+            )
+            self.bucket = self._create(props)
+        #: The bucket as the build's grants and resources read it: with its key.
+        self.encrypted_bucket: s3.IBucket = (
+            self.bucket if self.bucket.encryption_key is not None
+            else s3.Bucket.from_bucket_attributes(self, "WithKey", bucket_arn=self.bucket.bucket_arn,
+                                                  encryption_key=self.key))
+        #: Name of the model bucket.
+        self.bucket_name: str = self.bucket.bucket_name
+        #: ARN of the model bucket.
+        self.bucket_arn: str = self.bucket.bucket_arn
+
+    def _create(self, props: ModelBucketProps) -> s3.Bucket:
         self.access_log_bucket = self._bucket(
             "AccessLogs",
             # S3 server access logging can only deliver to a bucket with SSE-S3.
@@ -125,7 +177,7 @@ class ModelBucket(Construct):
             "its own accesses would need a third bucket and recurse.",
             checkov=["CKV_AWS_18"],
         )
-        self.bucket = self._bucket(
+        bucket = self._bucket(
             "Resource",
             encryption=s3.BucketEncryption.KMS,
             encryption_key=self.key,
@@ -143,10 +195,7 @@ class ModelBucket(Construct):
                 "empties a bucket before CloudFormation deletes it",
                 "the S3 API (list and delete the object versions of the buckets it is given)",
             )
-        #: Name of the model bucket.
-        self.bucket_name: str = self.bucket.bucket_name
-        #: ARN of the model bucket.
-        self.bucket_arn: str = self.bucket.bucket_arn
+        return bucket
 
     def _bucket(self, id: str, **options: object) -> s3.Bucket:
         """A private, TLS-only bucket that follows the removal policy."""
@@ -181,7 +230,31 @@ class ModelBucket(Construct):
     def expire(self, id: str, prefix: str, expiration: Duration) -> None:
         """Expire the objects under ``prefix/`` ``expiration`` after they are written (a lifecycle
         rule): for working folders nothing serves from, such as the build jobs' ``_jobs/``."""
-        self.bucket.add_lifecycle_rule(id=id, prefix=f"{prefix}/", expiration=expiration)
+        self._add_lifecycle_rule(s3.LifecycleRule(id=id, prefix=f"{prefix}/", expiration=expiration))
+
+    def _lifecycle_on_existing(self) -> None:
+        # A superseded release's objects expire; the bucket's versions and uploads stay the owner's.
+        for rule in self._lifecycle_rules():
+            if rule.id == "ExpireRetiredReleases":
+                self._add_lifecycle_rule(rule)
+
+    def _add_lifecycle_rule(self, rule: s3.LifecycleRule) -> None:
+        """Add ``rule`` to the bucket where this app defines it; on a bucket defined elsewhere,
+        a synth warning names the rule to add there."""
+        if isinstance(self.bucket, s3.Bucket):
+            self.bucket.add_lifecycle_rule(**{
+                name: getattr(rule, name) for name in (
+                    "id", "prefix", "expiration", "noncurrent_version_expiration", "tag_filters",
+                    "abort_incomplete_multipart_upload_after", "expired_object_delete_marker")
+                if getattr(rule, name) is not None})
+            return
+        what = ", ".join(f"{name}={getattr(rule, name)!r}" for name in (
+            "prefix", "tag_filters", "expiration", "noncurrent_version_expiration", "expired_object_delete_marker")
+            if getattr(rule, name) is not None)
+        Annotations.of(self).add_warning_v2(
+            f"triton-mme:lifecycle-{rule.id}",
+            f"bucket: defined outside this app, so its lifecycle rules are yours: add {rule.id} ({what}) "
+            "there, or these objects are kept forever")
 
     # -----------------------------------------------------------------------------------------
     # Grants

@@ -26,13 +26,11 @@ from __future__ import annotations
 import difflib
 import json
 import re
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Annotated, Any, Self, TypeVar
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Self
 
 from pydantic import (
     AfterValidator,
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     ValidationInfo,
@@ -41,17 +39,16 @@ from pydantic import (
     model_validator,
 )
 
-from triton_mme_cdk.constructs.props import Namer, Props, format_errors
-from triton_mme_cdk.constructs.triton_image import FleetHost, load_image_table, resolve_host
-from triton_mme_cdk.model_build.validation_messages import clip
-from triton_mme_cdk.stacks.context_table import (
-    CONTEXT_PREFIX,
-    PROPS,
+from triton_mme_cdk.constructs.endpoint_settings import (
+    ALARM_TOPIC_ENABLED,
+    CREATE_VPC,
     SETTINGS,
-    context_name,
-    from_context_value,
-    nested_props,
+    EndpointSettingsBase,
 )
+from triton_mme_cdk.constructs.props import format_errors
+from triton_mme_cdk.constructs.triton_image import load_image_table
+from triton_mme_cdk.model_build.validation_messages import clip
+from triton_mme_cdk.stacks.context_table import CONTEXT_PREFIX, from_context_value
 
 #: Longest context value read (characters, or JSON characters for a non-string from cdk.json).
 MAX_CONTEXT_VALUE_CHARS = 8192
@@ -60,7 +57,6 @@ RELEASE_ID_PATTERN = r"^r-[0-9a-f]{16}$"
 #: Tag values SageMaker, S3 and the other tagged services accept: letters, digits, spaces and
 #: ``_ . : / = + - @`` (the AWS tag value pattern), 1 to 256 characters here, not ``aws:...``.
 TAG_VALUE_PATTERN = r"^(?!(?i:aws:))[\w .:/=+\-@]{1,256}$"
-P = TypeVar("P", bound=Props)
 
 
 class SettingsError(ValueError):
@@ -92,14 +88,16 @@ TagValue = Annotated[str, _matching(TAG_VALUE_PATTERN, "1 to 256 letters, digits
                                                        "not starting with 'aws:'")]
 
 
-class AppSettings(BaseModel):
-    """The settings that are not a construct's props field, with the behaviour of each default.
+class AppSettings(EndpointSettingsBase):
+    """The app's own settings (stack, environment, manifest or release, existing VPC and topic,
+    tags), with the behaviour of each default, on the endpoint's settings of
+    :class:`~triton_mme_cdk.constructs.endpoint_settings.EndpointSettingsBase`.
 
     :class:`MmeSettings` adds one field per row of :data:`SETTINGS`. Immutable; unknown fields
     are refused. Construct it with :meth:`from_context` to read the ``mme:`` keys of a CDK context.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True, allow_inf_nan=False)
+    prefix: ClassVar[str] = CONTEXT_PREFIX
 
     stack_name: str = Field(
         default="TritonMme", pattern=r"^[A-Za-z][A-Za-z0-9-]*$", max_length=128, description="Name of the CloudFormation stack."
@@ -130,11 +128,7 @@ class AppSettings(BaseModel):
         "against the deployed record the routes carry). Empty: synth prints the model count and how to run "
         "the plan.",
     )
-    alarm_topic_enabled: bool = Field(
-        default=False,
-        description="Create an SNS topic (its own KMS key, TLS-only policy) that every alarm notifies on "
-        "ALARM and OK. Implied by alarm_emails.",
-    )
+    alarm_topic_enabled: bool = ALARM_TOPIC_ENABLED
     alarm_topic_arn: TopicArn | None = Field(
         default=None,
         description="An existing SNS topic the alarms notify instead of a created one. Its policy (and "
@@ -146,20 +140,12 @@ class AppSettings(BaseModel):
         "isolated subnets, else its private ones; it must route S3 itself. Unset: no VPC (the stack "
         "stays environment-agnostic).",
     )
-    create_vpc: bool = Field(
-        default=False,
-        description="Place the model in a new VPC: 2 AZs, isolated subnets only, flow logs, the S3 gateway "
-        "endpoint and vpc_interface_endpoints. Exclusive with vpc_id.",
-    )
+    create_vpc: bool = CREATE_VPC
     tag_project: TagValue = Field(default="triton-mme", description="Value of the Project tag on every taggable resource.")
     tag_environment: TagValue = Field(default="dev", description="Value of the Environment tag on every taggable resource.")
     tag_owner: TagValue = Field(
         default="unassigned", description="Value of the Owner tag on every taggable resource (a team or an address)."
     )
-
-    if TYPE_CHECKING:
-        # The fields MmeSettings derives from SETTINGS; typed by their props.
-        def __getattr__(self, name: str) -> Any: ...
 
     @field_validator("*", mode="before")
     @classmethod
@@ -172,21 +158,18 @@ class AppSettings(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
-        for props in PROPS:
-            self._unchecked(props).check(self._namer(props))
-        host = self.fleet_host()
         if self.region is not None:
-            load_image_table().row(host.image_version).check_region(self.region, f"{CONTEXT_PREFIX}region")
+            load_image_table().row(self.fleet_host().image_version).check_region(self.region, f"{CONTEXT_PREFIX}region")
         self._check_release()
         self._check_notifications()
         self._check_network()
         return self
 
-    def fleet_host(self) -> FleetHost:
-        """The Triton image and inference AMI the fleet runs (chosen where unset, checked together)."""
-        return resolve_host(load_image_table().versions, version=self.triton_image_version,
-                            instance_type=self.instance_type, ami=self.inference_ami_version,
-                            name=lambda setting: CONTEXT_PREFIX + setting)
+    def has_vpc(self) -> bool:
+        return self.create_vpc or self.vpc_id is not None
+
+    def vpc_hint(self) -> str:
+        return "set mme:vpc_id or mme:create_vpc true"
 
     def _check_release(self) -> None:
         if not self.manifest_path and self.release_id is None:
@@ -221,53 +204,11 @@ class AppSettings(BaseModel):
                 f"mme:vpc_id: got {self.vpc_id!r} without {missing}; an existing VPC is looked up "
                 "(ec2.Vpc.from_lookup) in one account and region: set mme:account and mme:region"
             )
-        for key, what in (("vpc_cidr", "the range is for a created VPC"),
-                          ("vpc_interface_endpoints", "endpoints are only added to a created VPC (an "
-                                                      "existing one keeps its own)")):
-            if key in self.model_fields_set and not self.create_vpc:
-                raise ValueError(f"mme:{key}: got {getattr(self, key)!r} without mme:create_vpc true; {what}")
-        if self.build_in_vpc and self.vpc_id is None and not self.create_vpc:
-            raise ValueError("mme:build_in_vpc: got true without a VPC; set mme:vpc_id or mme:create_vpc true")
         if self.build_in_vpc and not self.manifest_path:
             raise ValueError(
                 "mme:build_in_vpc: got true with an empty mme:manifest_path; there is no build to place in "
                 "the VPC (the release is published out of band)"
             )
-
-    # -----------------------------------------------------------------------------------------
-    # The props values
-    # -----------------------------------------------------------------------------------------
-
-    def values(self, props: type[Props]) -> dict[str, Any]:
-        """The fields of ``props`` the settings give, as the props take them: each field a setting
-        maps onto (converted), and each field holding a props value that settings give whole
-        (``FleetSize``, ``AlarmThresholds``). The stack adds the resources."""
-        return self._values(props, self.build)
-
-    def build(self, props: type[P]) -> P:
-        """A props value the settings give whole (``FleetSize``, ``AlarmThresholds``)."""
-        return props(**self.values(props))
-
-    def _values(self, props: type[Props], nested: Callable[[type[Props]], Props]) -> dict[str, Any]:
-        given = {
-            field: setting.prop_value(getattr(self, key))
-            for key, setting in SETTINGS.items()
-            for target, field in setting.targets
-            if target is props
-        }
-        for field, info in props.model_fields.items():
-            held = nested_props(info.annotation)
-            if field not in given and held in PROPS:
-                given[field] = nested(held)
-        return given
-
-    def _unchecked(self, props: type[Props]) -> Props:
-        """A props value for checking the rules, before its own rules were checked."""
-        return props.model_construct(**self._values(props, self._unchecked))
-
-    @staticmethod
-    def _namer(props: type[Props]) -> Namer:
-        return lambda path: context_name(props, path)
 
     # -----------------------------------------------------------------------------------------
     # Construction from the CDK context

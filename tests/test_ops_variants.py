@@ -141,7 +141,8 @@ def test_isolated_variant_is_clean(isolated: Synth) -> None:
     # that policy only.
     vpc_policies = [c for c in isolated.app.node.find_all() if c.node.id == "VpcAccess"]
     assert sorted(p.node.path for p in vpc_policies) == [
-        "TritonMme/Endpoint/VpcAccess", "TritonMme/ModelBuild/Processing/VpcAccess", "TritonMme/ModelBuild/VpcAccess"]
+        "TritonMme/Default/Endpoint/VpcAccess", "TritonMme/Default/ModelBuild/Processing/VpcAccess",
+        "TritonMme/Default/ModelBuild/VpcAccess"]
     for policy in vpc_policies:
         rules = [dict(e.data) for e in policy.node.metadata if e.type == Validations.ACKNOWLEDGED_RULES_METADATA_KEY]
         ids = [re.sub(r"^annotation::", "", rule_id, flags=re.I) for r in rules for rule_id in r]
@@ -217,7 +218,7 @@ def test_model_in_the_vpc(isolated: Synth) -> None:
 
 
 def test_build_in_the_vpc(isolated: Synth) -> None:
-    build = cast(ModelBuildResource, isolated.stack.node.find_child("ModelBuild"))
+    build = cast(ModelBuildResource, isolated.stack.endpoint_construct.node.find_child("ModelBuild"))
     build_group = ref_id(isolated, network_of(isolated).build_security_group)
     policy = ref_id(isolated, build.vpc_access_policy)
     images = {k: v for k, v in isolated.resources("AWS::Lambda::Function").items()

@@ -24,6 +24,7 @@ from triton_mme_cdk.constructs.endpoint_alarms import AlarmThresholds, EndpointA
 from triton_mme_cdk.constructs.endpoint_autoscaling import EndpointAutoscalingProps
 from triton_mme_cdk.constructs.endpoint_dashboard import EndpointDashboardProps
 from triton_mme_cdk.constructs.endpoint_network import EndpointNetworkProps
+from triton_mme_cdk.constructs.endpoint_settings import PROPS, SETTINGS, Setting
 from triton_mme_cdk.constructs.model_bucket import ModelBucket, ModelBucketProps
 from triton_mme_cdk.constructs.model_build_resource import ModelBuildResourceProps
 from triton_mme_cdk.constructs.model_build_state_machine import ModelBuildStateMachineProps
@@ -35,7 +36,7 @@ from triton_mme_cdk.constructs.sagemaker_limits import PropsError
 from triton_mme_cdk.constructs.triton_image import TritonImage, TritonImageProps
 from triton_mme_cdk.constructs.triton_mme_endpoint import FleetSize, TritonMmeEndpoint, TritonMmeEndpointProps
 from triton_mme_cdk.model_build.manifest import load_manifest
-from triton_mme_cdk.stacks.context_table import PROPS, SETTINGS, Setting, context_name
+from triton_mme_cdk.stacks.context_table import context_name
 from triton_mme_cdk.stacks.settings import MmeSettings
 
 

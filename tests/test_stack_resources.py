@@ -30,7 +30,7 @@ def default(tmp_path_factory: pytest.TempPathFactory) -> Synth:
 
 def logical_id(s: Synth, construct_path_suffix: str) -> str:
     """Logical id of the CloudFormation resource at ``<stack>/<suffix>``."""
-    node = s.stack.node.find_child(construct_path_suffix.split("/")[0])
+    node = s.stack.endpoint_construct.node.find_child(construct_path_suffix.split("/")[0])
     for part in construct_path_suffix.split("/")[1:]:
         node = node.node.find_child(part)
     return s.stack.resolve(s.stack.get_logical_id(node))  # type: ignore[arg-type]
@@ -423,7 +423,7 @@ def test_scaling_policies(default: Synth) -> None:
 def test_build_custom_resource(default: Synth) -> None:
     manifest = load_manifest(ROOT / "models.yaml")
     # The release the construct computed at synth (the build code may change while tests run).
-    release = cast(ModelBuildResource, default.stack.node.find_child("ModelBuild")).release
+    release = cast(ModelBuildResource, default.stack.endpoint_construct.node.find_child("ModelBuild")).release
     assert release.manifest_sha256 == manifest.content_sha256()
     again = compute_release(manifest, base_dir=ROOT, code_sha256=release.code_sha256,
                             model_code=release.model_code_sha256)

@@ -135,7 +135,7 @@ def test_destroy_policies(ebs: Synth) -> None:
     ebs.template.has_resource("AWS::KMS::Key", {"DeletionPolicy": "Delete", "Properties": Match.object_like({"PendingWindowInDays": 7})})
     props = ebs.only("Custom::TritonModelRelease")[1]["Properties"]
     assert props["OnDelete"] == "destroy"
-    build = cast(ModelBuildResource, ebs.stack.node.find_child("ModelBuild"))
+    build = cast(ModelBuildResource, ebs.stack.endpoint_construct.node.find_child("ModelBuild"))
     role = ebs.stack.resolve(ebs.stack.get_logical_id(cast(cdk.CfnElement, build.role.node.default_child)))
     actions = {a for s in policy_of_role(ebs.data, role) for a in as_list(s["Action"])}
     assert {"s3:DeleteObject", "s3:DeleteObjectVersion", "s3:ListBucketVersions", "s3:GetBucketVersioning"} <= actions

@@ -15,14 +15,34 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from triton_mme_cdk.constructs.endpoint_settings import SETTING_NAMES, EndpointSettings
+    from triton_mme_cdk.constructs.multi_model_endpoint import ModelSource, TritonMultiModelEndpoint
+    from triton_mme_cdk.constructs.sagemaker_limits import PropsError
+    from triton_mme_cdk.model_build.errors import ManifestError, ModelBuildError
     from triton_mme_cdk.stacks.triton_mme_stack import TritonMmeStack
 
 #: Public name -> the module that defines it.
 _EXPORTS = {
+    "TritonMultiModelEndpoint": "triton_mme_cdk.constructs.multi_model_endpoint",
+    "ModelSource": "triton_mme_cdk.constructs.multi_model_endpoint",
+    "EndpointSettings": "triton_mme_cdk.constructs.endpoint_settings",
+    "SETTING_NAMES": "triton_mme_cdk.constructs.endpoint_settings",
+    "PropsError": "triton_mme_cdk.constructs.sagemaker_limits",
+    "ManifestError": "triton_mme_cdk.model_build.errors",
+    "ModelBuildError": "triton_mme_cdk.model_build.errors",
     "TritonMmeStack": "triton_mme_cdk.stacks.triton_mme_stack",
 }
 
-__all__ = ["TritonMmeStack"]
+__all__ = [
+    "SETTING_NAMES",
+    "EndpointSettings",
+    "ManifestError",
+    "ModelBuildError",
+    "ModelSource",
+    "PropsError",
+    "TritonMmeStack",
+    "TritonMultiModelEndpoint",
+]
 
 
 def __getattr__(name: str) -> Any:

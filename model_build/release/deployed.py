@@ -226,19 +226,30 @@ def _inline(value: Any, mappings: Mapping[str, Any]) -> Any:
 
 def check_embedded(template: Mapping[str, Any], resource_type: str = "Custom::TritonModelRelease",
                    prop: str = "Deployed") -> None:
-    """The record a synthesized template carries (property ``prop`` of its ``resource_type``) must
-    be the record of that template itself; raises :class:`DeployedRecordError` naming the first
-    resource that differs. A raw property override (``add_property_override``) on a recorded
-    resource is the known way to break this: the record renders the properties the constructs set."""
-    for lid, resource in (template.get("Resources") or {}).items():
+    """The records a synthesized template carries (property ``prop`` of each ``resource_type``: one
+    per endpoint built from a manifest) must be the template's own: each recorded resource as the
+    template holds it, and, when every endpoint of the template carries one, each recorded resource
+    of the template in one of them. Raises :class:`DeployedRecordError` naming the first resource
+    that differs. A raw property override (``add_property_override``) on a recorded resource is the
+    known way to break this: the record renders the properties the constructs set."""
+    resources = template.get("Resources") or {}
+    expected = record_from_template(template)
+    covered: set[str] = set()
+    carriers = 0
+    for lid, resource in resources.items():
         if resource.get("Type") != resource_type or not (resource.get("Properties") or {}).get(prop):
             continue
+        carriers += 1
         carried = parse_record(resource["Properties"][prop], where=f"{lid}.{prop}")
-        expected = record_from_template(template)
-        for name in sorted(set(carried["resources"]) | set(expected["resources"])):
-            if carried["resources"].get(name) != expected["resources"].get(name):
+        for name in sorted(carried["resources"]):
+            if carried["resources"][name] != expected["resources"].get(name):
                 raise DeployedRecordError(
                     f"deployed record {lid}.{prop}: resource {name} differs from the template (a raw property "
                     "override on it? give the value through its construct instead)")
-        if carried["mappings"] != expected["mappings"]:
+        covered.update(carried["resources"])
+        if any(expected["mappings"].get(name) != content for name, content in carried["mappings"].items()):
             raise DeployedRecordError(f"deployed record {lid}.{prop}: its mappings differ from the template's")
+    endpoints = sum(1 for resource in resources.values() if resource.get("Type") == "AWS::SageMaker::Endpoint")
+    if carriers and carriers >= endpoints:
+        for name in sorted(set(expected["resources"]) - covered):
+            raise DeployedRecordError(f"deployed record: resource {name} of the template is in no endpoint's record")

@@ -1,0 +1,382 @@
+"""``TritonMultiModelEndpoint``: NVIDIA Triton models on one SageMaker multi-model GPU endpoint, with
+the build that publishes them, as one construct for your own stack.
+
+It composes the project's building blocks: the model bucket (yours or created), the execution role,
+the Triton image, the build custom resource (with a manifest), the endpoint with its autoscaling,
+the network (in your VPC or a created one), the alarms (to your topic or a created one), the
+dashboard and the blue/green rollout policy. Everything that belongs to one endpoint is a keyword:
+the resources as interfaces (``IBucket``, ``IKey``, ``IVpc``, ``ITopic``) and every setting of
+docs/settings.md by its name (without ``mme:``), with the same type, unit, default and check.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aws_cdk import Annotations, Aws, CfnMapping, Duration, Fn, Stack
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_sns as sns
+
+from constructs import Construct
+from triton_mme_cdk.constructs.alarm_topic import AlarmTopic, AlarmTopicProps
+from triton_mme_cdk.constructs.deployed_record import deployed_record
+from triton_mme_cdk.constructs.endpoint_alarms import EndpointAlarms, EndpointAlarmsProps
+from triton_mme_cdk.constructs.endpoint_autoscaling import EndpointAutoscaling, EndpointAutoscalingProps
+from triton_mme_cdk.constructs.endpoint_dashboard import EndpointDashboard, EndpointDashboardProps
+from triton_mme_cdk.constructs.endpoint_metrics import EndpointMetrics
+from triton_mme_cdk.constructs.endpoint_network import EndpointNetwork, EndpointNetworkProps
+from triton_mme_cdk.constructs.endpoint_settings import EndpointSettingsBase, endpoint_settings
+from triton_mme_cdk.constructs.model_bucket import ModelBucket, ModelBucketProps
+from triton_mme_cdk.constructs.model_build_inputs import internet_sources
+from triton_mme_cdk.constructs.model_build_resource import ModelBuildResource, ModelBuildResourceProps
+from triton_mme_cdk.constructs.rollout_policy import RolloutPolicy, RolloutPolicyProps
+from triton_mme_cdk.constructs.sagemaker_execution_role import (
+    SageMakerExecutionRole,
+    SageMakerExecutionRoleProps,
+)
+from triton_mme_cdk.constructs.sagemaker_limits import PropsError, has_instance_storage
+from triton_mme_cdk.constructs.triton_image import TritonImage, TritonImageProps
+from triton_mme_cdk.constructs.triton_mme_endpoint import TritonMmeEndpoint, TritonMmeEndpointProps
+from triton_mme_cdk.model_build.errors import ManifestError
+from triton_mme_cdk.model_build.manifest import Manifest, load_manifest
+from triton_mme_cdk.model_build.package.tensorrt_plans import tensorrt_plan_problem, tensorrt_plan_unchecked
+from triton_mme_cdk.model_build.release import PACKAGE_DIR, routes_key, served_prefix
+from triton_mme_cdk.model_build.release.identity import JOBS_DIR
+from triton_mme_cdk.model_build.text_ensemble.container import namespacing_problem
+from triton_mme_cdk.model_build.text_ensemble.serving_wheel import serving_python_problem
+from triton_mme_cdk.model_build.text_ensemble.shm import shm_problem
+
+#: A release id as ``triton-mme publish`` prints it.
+RELEASE_ID_PATTERN = r"r-[0-9a-f]{16}"
+#: Days a Processing build job's input and output folder is kept.
+JOB_FOLDER_DAYS = 7
+#: The model build's Docker build context (``model_build/`` with its Dockerfile).
+DEFAULT_BUILD_CONTEXT = PACKAGE_DIR
+#: Console domain by partition, for the dashboard URL.
+CONSOLE_DOMAINS = {"aws": "console.aws.amazon.com", "aws-cn": "console.amazonaws.cn"}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """What an endpoint serves: a manifest built and published at deploy, or a release published
+    out of band. Make one with :meth:`from_manifest` or :meth:`from_release`."""
+
+    manifest: Manifest | None
+    manifest_path: Path | None
+    release_id: str | None
+
+    @classmethod
+    def from_manifest(cls, path: str | Path) -> ModelSource:
+        """Build the models of the manifest at ``path`` when the stack deploys, and serve them.
+
+        The manifest is read and checked now (at synth): a missing file or a bad entry raises one
+        error line. Its local model sources are paths relative to its folder."""
+        manifest_path = Path(path)
+        if not manifest_path.is_file():
+            raise PropsError(f"models: ModelSource.from_manifest got {str(path)!r}; no such file (a models "
+                             "manifest, docs/manifest.md)")
+        try:
+            manifest = load_manifest(manifest_path)
+        except ManifestError as error:
+            raise PropsError(f"models: {error}") from None
+        return cls(manifest=manifest, manifest_path=manifest_path.resolve(), release_id=None)
+
+    @classmethod
+    def from_release(cls, release_id: str) -> ModelSource:
+        """Serve a release published out of band (``triton-mme publish`` prints its id): no build
+        resource; the routes of that release must be in the bucket under the model prefix."""
+        if not isinstance(release_id, str) or not re.fullmatch(RELEASE_ID_PATTERN, release_id):
+            raise PropsError(f"models: ModelSource.from_release got {release_id!r}; expected a release id as "
+                             "`triton-mme publish` prints it: 'r-' and 16 lowercase hex digits")
+        return cls(manifest=None, manifest_path=None, release_id=release_id)
+
+
+class TritonMultiModelEndpoint(EndpointMetrics, Construct):
+    """NVIDIA Triton models on a SageMaker multi-model GPU endpoint, with the build that publishes them.
+
+    - ``bucket``: the artifacts bucket. Yours (an ``IBucket``, with ``encryption_key`` unless it
+      carries its key), or created: KMS, versioned, access-logged, TLS only.
+    - With ``ModelSource.from_manifest``, a build custom resource builds the manifest's models at
+      deploy, places each under an immutable content-named key in the fixed served prefix
+      ``<model_prefix>/served/`` and routes the release (``<model_prefix>/_routes/routes.json``).
+      The SageMaker Model's ``ModelDataUrl`` is that fixed prefix: nothing of SageMaker or its
+      autoscaling reads what changes with the model set, so a model change never replaces the
+      fleet. The endpoint waits for the first build only.
+    - The execution role (reads the served prefix only), the Triton image (chosen for the fleet's
+      GPU where ``triton_image_version`` is unset), the endpoint and its autoscaling on
+      ``InvocationsPerInstance`` and ``GPUUtilization``.
+    - ``vpc`` (yours, with ``vpc_subnets`` and ``security_groups`` optional), or ``create_vpc``: the
+      model's network interfaces in private or isolated subnets. Unset: no VPC.
+    - Alarms, to ``alarm_topic`` (yours) or a created topic (``alarm_topic_enabled`` or
+      ``alarm_emails``); a dashboard; the blue/green ``DeploymentConfig`` rolling back on the
+      chosen alarms.
+    - Every other keyword is a setting of docs/settings.md by its name without ``mme:``
+      (``instance_type``, ``min_instance_count``, ``max_instance_count``, ``endpoint_name``,
+      ``model_prefix``...), with the same type, unit, default and check: a refused value raises
+      one ``PropsError`` line naming the keyword.
+
+    Two endpoints in one stack need their own ``endpoint_name`` (and, on one bucket, their own
+    ``model_prefix``). Construct ids are stable: the stack of this project creates it with the id
+    ``Default``, which keeps the logical ids of the stack it replaces.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        models: ModelSource,
+        bucket: s3.IBucket | None = None,
+        encryption_key: kms.IKey | None = None,
+        vpc: ec2.IVpc | None = None,
+        vpc_subnets: ec2.SubnetSelection | None = None,
+        security_groups: Sequence[ec2.ISecurityGroup] | None = None,
+        alarm_topic: sns.ITopic | None = None,
+        build_context: Path | None = None,
+        **settings: Any,
+    ) -> None:
+        if not isinstance(models, ModelSource):
+            raise PropsError(f"models: got {type(models).__name__}; expected ModelSource.from_manifest(path) "
+                             "or ModelSource.from_release(release_id)")
+        options = endpoint_settings(settings, has_vpc=vpc is not None or bool(settings.get("create_vpc")))
+        _check_resources(options, vpc=vpc, vpc_subnets=vpc_subnets, security_groups=security_groups,
+                         alarm_topic=alarm_topic, models=models)
+        _check_name_free(scope, id, options.endpoint_name)
+        super().__init__(scope, id)
+        #: The validated settings, and what the endpoint serves.
+        self.settings = options
+        self.models = models
+        self.model_bucket = ModelBucket(self, "ModelBucket", props=ModelBucketProps(
+            **options.values(ModelBucketProps), bucket=bucket, encryption_key=encryption_key))
+        self.network = self._network(vpc, vpc_subnets, security_groups)
+        self.triton_image = TritonImage(self, "TritonImage", props=TritonImageProps(
+            **options.values(TritonImageProps), instance_type=options.instance_type,
+            inference_ami_version=options.inference_ami_version,
+        ))
+        note = options.fleet_host().note
+        if note:  # an older image than the newest, for the fleet's GPU: synth says which and why
+            Annotations.of(self.triton_image).add_info(note)
+        self.execution_role = SageMakerExecutionRole(
+            self, "ExecutionRole", props=SageMakerExecutionRoleProps(endpoint_name=options.endpoint_name)
+        )
+        served = served_prefix(options.model_prefix)
+        role_grants = [
+            self.model_bucket.grant_read(self.execution_role, served),
+            self.triton_image.grant_pull(self.execution_role),
+        ]
+        #: The endpoint's fixed ``ModelDataUrl`` (the served prefix) and the routes document's URL.
+        self.model_data_url = self.model_bucket.s3_url(f"{served}/")
+        self.routes_url = self.model_bucket.s3_url(routes_key(options.model_prefix))
+        self.build: ModelBuildResource | None = None
+        if models.manifest is not None and models.manifest_path is not None:
+            self.build = self._build(models.manifest, models.manifest_path, build_context or DEFAULT_BUILD_CONTEXT)
+            #: The release this deploy routes (from the manifest and the build code).
+            self.release_id: str = self.build.release_id
+        else:
+            self.release_id = str(models.release_id)
+        self.endpoint = self._endpoint()
+        if self.build is not None:
+            # The first build finishes before the endpoint is created; later releases only change
+            # the routes (a dependency orders the resources, it passes no value).
+            self.endpoint.node.add_dependency(self.build)
+        # SageMaker checks the role's access when it creates the model and the endpoint.
+        for grant in role_grants:
+            grant.apply_before(self.endpoint)
+        self.autoscaling = EndpointAutoscaling(self, "Autoscaling", props=EndpointAutoscalingProps(
+            **options.values(EndpointAutoscalingProps), endpoint=self.endpoint))
+        self._operations(alarm_topic)
+
+    # -----------------------------------------------------------------------------------------
+    # What it exposes
+    # -----------------------------------------------------------------------------------------
+
+    @property
+    def endpoint_name(self) -> str:
+        """The endpoint's name (invoke it with ``TargetModel=<name>-<hash>.tar.gz``, the routes say which)."""
+        return self.endpoint.endpoint_name
+
+    @property
+    def endpoint_arn(self) -> str:
+        return self.endpoint.endpoint_arn
+
+    @property
+    def bucket(self) -> s3.IBucket:
+        """The artifacts bucket (yours, or the created one)."""
+        return self.model_bucket.bucket
+
+    @property
+    def encryption_key(self) -> kms.IKey:
+        """The KMS key of the artifacts."""
+        return self.model_bucket.key
+
+    @property
+    def metric_endpoint_name(self) -> str:
+        return self.endpoint.metric_endpoint_name
+
+    @property
+    def variant_name(self) -> str:
+        return self.endpoint.variant_name
+
+    @functools.cached_property
+    def dashboard_url(self) -> str:
+        """The console link to the endpoint's CloudWatch dashboard. The first use adds the mapping of
+        console domains by partition (``ConsoleDomains``) that the link reads."""
+        consoles = CfnMapping(self, "ConsoleDomains", mapping={
+            partition: {"Domain": domain} for partition, domain in CONSOLE_DOMAINS.items()
+        })
+        return Fn.join("", [
+            "https://", consoles.find_in_map(Aws.PARTITION, "Domain"),
+            "/cloudwatch/home?region=", Aws.REGION, "#dashboards:name=", self.dashboard.dashboard_name,
+        ])
+
+    def grant_invoke(self, grantee: iam.IGrantable) -> iam.Grant:
+        """Let ``grantee`` invoke the endpoint and read which ``TargetModel`` serves each model:
+        ``sagemaker:InvokeEndpoint`` on the endpoint, ``s3:GetObject`` on the routes document and
+        ``kms:Decrypt`` on the bucket's key."""
+        invoke = self.endpoint.grant_invoke(grantee)
+        routes = iam.Grant.add_to_principal(
+            grantee=grantee, actions=["s3:GetObject"],
+            resource_arns=[self.model_bucket.bucket.arn_for_objects(routes_key(self.settings.model_prefix))])
+        decrypt = iam.Grant.add_to_principal(grantee=grantee, actions=["kms:Decrypt"],
+                                             resource_arns=[self.model_bucket.key.key_arn])
+        return invoke.combine(routes).combine(decrypt)
+
+    # -----------------------------------------------------------------------------------------
+    # Network, build, endpoint
+    # -----------------------------------------------------------------------------------------
+
+    def _network(self, vpc: ec2.IVpc | None, subnets: ec2.SubnetSelection | None,
+                 security_groups: Sequence[ec2.ISecurityGroup] | None) -> EndpointNetwork | None:
+        if vpc is None and not self.settings.create_vpc:
+            return None
+        # The created VPC's flow logs are encrypted with the bucket's key.
+        return EndpointNetwork(self, "Network", props=EndpointNetworkProps(
+            **self.settings.values(EndpointNetworkProps), vpc=vpc, log_key=self.model_bucket.key, subnets=subnets,
+            security_groups=list(security_groups) if security_groups is not None else None,
+        ))
+
+    def _build(self, manifest: Manifest, manifest_path: Path, build_context: Path) -> ModelBuildResource:
+        options = self.settings
+        # Raw-text targets: the tokenizer's largest request must fit the python backend's pool,
+        # the ensembles' shared member names need Triton's model namespacing, and the tarball's
+        # tokenizers wheel must load on the image's Python.
+        image_version = self.triton_image.version
+        has_text = any(spec.inputs == "text" for spec in manifest.models)
+        for problem in (shm_problem(manifest, options.shm_default_byte_size, options.name("shm_default_byte_size")),
+                        namespacing_problem(manifest, options.triton_environment),
+                        serving_python_problem(image_version) if has_text else None,
+                        # Prebuilt TensorRT plans: one for the fleet's GPU, built with the image's TensorRT.
+                        tensorrt_plan_problem(manifest, instance_type=options.instance_type,
+                                              image_version=image_version)):
+            if problem is not None:
+                raise PropsError(problem)
+        unchecked = tensorrt_plan_unchecked(manifest, image_version=image_version)
+        if unchecked is not None:
+            Annotations.of(self).add_warning_v2("triton-mme:tensorrt-plan-unchecked", unchecked)
+        network = self.network if options.build_in_vpc else None
+        online = internet_sources(manifest)
+        if network is not None and not network.build_has_internet and online:
+            raise PropsError(
+                f"{options.name('build_in_vpc')}: got true, but the build subnets have no route to the internet "
+                f"and the manifest downloads {', '.join(online)} from the Hugging Face hub; use a VPC with a NAT "
+                "gateway, publish those models out of band, or leave the build out of the VPC"
+            )
+        in_vpc: dict[str, Any] = {}
+        if network is not None and network.build_security_group is not None:
+            in_vpc = {"vpc": network.vpc, "vpc_subnets": network.build_subnets,
+                      "security_groups": [network.build_security_group]}
+        # A Processing build job gets the endpoint's network: its isolation, subnets and groups.
+        endpoint_network: dict[str, Any] = {
+            "processing_network_isolation": options.values(TritonMmeEndpointProps)["enable_network_isolation"]}
+        if self.network is not None:
+            endpoint_network.update(processing_subnets=self.network.model_subnets,
+                                    processing_security_groups=self.network.model_security_groups)
+        build = ModelBuildResource(self, "ModelBuild", props=ModelBuildResourceProps(
+            **options.values(ModelBuildResourceProps), manifest=manifest, manifest_path=manifest_path,
+            deployed_record=deployed_record(self, {self.triton_image.mapping: self.triton_image.mapping_values}),
+            model_bucket=self.model_bucket.encrypted_bucket, build_context=build_context, **in_vpc,
+            **endpoint_network,
+        ))
+        prefix = options.model_prefix
+        # A Processing job reads its input and writes its unit under <prefix>/_jobs/ only.
+        jobs = f"{prefix}/{JOBS_DIR}" if prefix else JOBS_DIR
+        self.model_bucket.grant_read(build.processing.role, jobs)
+        self.model_bucket.grant_write(build.processing.role, jobs)
+        # A job's folder matters while its build runs (and for a look after a failure): a week.
+        self.model_bucket.expire("ExpireBuildJobFolders", jobs, Duration.days(JOB_FOLDER_DAYS))
+        self.model_bucket.grant_read(build, prefix)
+        self.model_bucket.grant_write(build, prefix)
+        self.model_bucket.grant_tag(build, prefix)
+        # Unrouted served objects are deleted after the retention window; destroy removes more.
+        self.model_bucket.grant_delete(build, prefix if options.artifacts_on_delete == "destroy" else served_prefix(prefix))
+        return build
+
+    def _endpoint(self) -> TritonMmeEndpoint:
+        network, values = self.network, self.settings.values(TritonMmeEndpointProps)
+        return TritonMmeEndpoint(self, "Endpoint", props=TritonMmeEndpointProps(
+            **values,
+            image=self.triton_image,
+            execution_role=self.execution_role.role,
+            model_data_url=self.model_data_url,
+            # EBS-backed types (p2/p3) take a KMS key for the volume; instance stores refuse one.
+            volume_kms_key=None if has_instance_storage(values["instance_type"]) else self.model_bucket.key,
+            subnets=network.model_subnets if network else None,
+            security_groups=network.model_security_groups if network else None,
+        ))
+
+    # -----------------------------------------------------------------------------------------
+    # Operations: notifications, alarms, dashboard, safe rollouts
+    # -----------------------------------------------------------------------------------------
+
+    def _operations(self, alarm_topic: sns.ITopic | None) -> None:
+        options = self.settings
+        #: The created alarm topic (None when yours, or none, is notified).
+        self.alarm_topic: AlarmTopic | None = None
+        topic = alarm_topic
+        if topic is None and (options.alarm_topic_enabled or options.alarm_emails):
+            self.alarm_topic = AlarmTopic(self, "AlarmTopic", props=AlarmTopicProps(**options.values(AlarmTopicProps)))
+            topic = self.alarm_topic.topic
+        #: The topic the alarms notify (yours, the created one, or None).
+        self.notified_topic: sns.ITopic | None = topic
+        self.alarms = EndpointAlarms(self, "Alarms", props=EndpointAlarmsProps(
+            **options.values(EndpointAlarmsProps), endpoint=self.endpoint, topic=topic))
+        self.dashboard = EndpointDashboard(self, "Dashboard", props=EndpointDashboardProps(
+            **options.values(EndpointDashboardProps), endpoint=self.endpoint, alarms=list(self.alarms.alarms.values())
+        ))
+        self.rollout = RolloutPolicy(props=RolloutPolicyProps(
+            **options.values(RolloutPolicyProps), endpoint=self.endpoint, rollback_alarms=self.alarms.rollback_alarms
+        ))
+
+
+def _check_resources(options: EndpointSettingsBase, *, vpc: ec2.IVpc | None, vpc_subnets: ec2.SubnetSelection | None,
+                     security_groups: Sequence[ec2.ISecurityGroup] | None, alarm_topic: sns.ITopic | None,
+                     models: ModelSource) -> None:
+    """The rules between the resources passed in and the settings (one line each, before any construct)."""
+    if vpc is not None and options.create_vpc:
+        raise PropsError("create_vpc: got true with vpc; place the model in your VPC or in a created one, not both")
+    for name, value in (("vpc_subnets", vpc_subnets), ("security_groups", security_groups)):
+        if value is not None and vpc is None:
+            raise PropsError(f"{name}: given without vpc; pass the VPC they belong to as vpc (ec2.IVpc)")
+    if alarm_topic is not None and (options.alarm_topic_enabled or options.alarm_emails):
+        given = "alarm_emails" if options.alarm_emails else "alarm_topic_enabled true"
+        raise PropsError(f"alarm_topic: given with {given}; the alarms notify either your topic or a created one: "
+                         "drop one of them (subscribe the addresses to your topic)")
+    if options.build_in_vpc and models.manifest is None:
+        raise PropsError("build_in_vpc: got true with ModelSource.from_release; there is no build to place in "
+                         "the VPC (the release is published out of band)")
+
+
+def _check_name_free(scope: Construct, id: str, name: str) -> None:
+    """Two endpoints of one stack may not share a name (the second would replace the first)."""
+    for other in Stack.of(scope).node.find_all():
+        if isinstance(other, TritonMultiModelEndpoint) and other.settings.endpoint_name == name:
+            raise PropsError(f"endpoint_name: got {name!r} for {scope.node.path}/{id}, but {other.node.path} in the "
+                             "same stack has it; give each endpoint its own endpoint_name")

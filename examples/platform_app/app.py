@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""A platform team's own CDK app with a Triton multi-model endpoint from ``pip install triton-mme-cdk``.
+
+The team brings its VPC, its bucket and KMS key, and its alarm topic; a Lambda function of its own
+is granted invoke. Run it as any CDK app: ``cdk synth`` (or ``python app.py``) in this folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import aws_cdk as cdk
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_sns as sns
+from cdk_nag import AwsSolutionsChecks
+
+from constructs import Construct
+from triton_mme_cdk import ModelSource, TritonMultiModelEndpoint
+from triton_mme_cdk.constructs.nag_acknowledgments import acknowledge_wildcard_resource
+
+HERE = Path(__file__).resolve().parent
+
+CLIENT_CODE = """
+import json, os, boto3
+runtime = boto3.client("sagemaker-runtime")
+def handler(event, context):
+    # event: {"target_model": "<name>-<hash>.tar.gz" from the routes document, "body": {...}}
+    answer = runtime.invoke_endpoint(EndpointName=os.environ["ENDPOINT_NAME"], TargetModel=event["target_model"],
+                                     ContentType="application/json", Body=json.dumps(event["body"]))
+    return json.loads(answer["Body"].read())
+"""
+
+
+class PlatformStack(cdk.Stack):
+    def __init__(self, scope: Construct, id: str, **kwargs: object) -> None:
+        super().__init__(scope, id, **kwargs)  # type: ignore[arg-type]
+        # What the platform team already has: a key, a VPC without internet access, a bucket, a topic.
+        key = kms.Key(self, "PlatformKey", enable_key_rotation=True)
+        vpc = ec2.Vpc(self, "Vpc", max_azs=2, nat_gateways=0, subnet_configuration=[
+            ec2.SubnetConfiguration(name="isolated", subnet_type=ec2.SubnetType.PRIVATE_ISOLATED)])
+        vpc.add_gateway_endpoint("S3", service=ec2.GatewayVpcEndpointAwsService.S3)
+        vpc.add_flow_log("FlowLogs")
+        access_logs = s3.Bucket(self, "AccessLogs", enforce_ssl=True, versioned=True,
+                                block_public_access=s3.BlockPublicAccess.BLOCK_ALL)
+        bucket = s3.Bucket(self, "Models", encryption=s3.BucketEncryption.KMS, encryption_key=key,
+                           enforce_ssl=True, versioned=True, block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+                           server_access_logs_bucket=access_logs, server_access_logs_prefix="models/")
+        topic = sns.Topic(self, "Alarms", master_key=key, enforce_ssl=True)
+        key.grant_encrypt_decrypt(iam.ServicePrincipal("cloudwatch.amazonaws.com"))  # alarms publish to the topic
+
+        endpoint = TritonMultiModelEndpoint(
+            self, "Embeddings",
+            models=ModelSource.from_manifest(HERE / "models.yaml"),
+            bucket=bucket, vpc=vpc, alarm_topic=topic,
+            endpoint_name="platform-embeddings", model_prefix="embeddings",
+            instance_type="ml.g5.xlarge", min_instance_count=1, max_instance_count=2,
+        )
+
+        # The team's client: a role of its own (writes its own log group only), granted invoke.
+        client_role = iam.Role(self, "ClientRole", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"))
+        client_logs = logs.LogGroup(self, "ClientLogs", retention=logs.RetentionDays.ONE_MONTH)
+        client = lambda_.Function(
+            self, "Client", runtime=lambda_.Runtime.PYTHON_3_14, handler="index.handler", role=client_role,
+            code=lambda_.Code.from_inline(CLIENT_CODE), log_group=client_logs,
+            environment={"ENDPOINT_NAME": endpoint.endpoint_name, "ROUTES_URL": endpoint.routes_url})
+        client_logs.grant_write(client_role)
+        acknowledge_wildcard_resource(client_role, client_logs.log_group_arn, "The client writes the log streams "
+                                      "of its own log group only; Lambda names each stream at run time.")
+        endpoint.grant_invoke(client)
+        cdk.CfnOutput(self, "EndpointName", value=endpoint.endpoint_name)
+        cdk.CfnOutput(self, "RoutesUrl", value=endpoint.routes_url)
+
+
+app = cdk.App()
+PlatformStack(app, "PlatformEmbeddings")
+# cdk-nag as the platform's own gate: a finding fails the synth (cdk.out/validation-report.json names it).
+cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+app.synth()

@@ -1,0 +1,268 @@
+"""``TritonMultiModelEndpoint`` in stacks of one's own (issue 48): your bucket, key, VPC and topic; a
+function granted invoke; two endpoints in one stack; a CDK Pipelines ``Stage``; the metrics; bad
+input as one line at synth; and the upgrade of an existing deployment (the project's own ``plan``
+against the template the previous version synthesized).
+
+Everything is synthesized for real (aws-cdk-lib through jsii); nothing is deployed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import aws_cdk as cdk
+import pytest
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_s3 as s3
+from aws_cdk import aws_sns as sns
+from cdk_helpers import synth
+from cdk_nag import AwsSolutionsChecks
+
+from triton_mme_cdk import ModelSource, PropsError, TritonMultiModelEndpoint
+from triton_mme_cdk.model_build.release.deployed import check_embedded, parse_record
+
+ROOT = Path(__file__).resolve().parents[1]
+#: The default app's template as version 0.1.0 synthesized it (before the construct), for the upgrade.
+PREVIOUS_TEMPLATE = ROOT / "tests" / "snapshots" / "TritonMme.0.1.0.template.json"
+
+pytestmark = pytest.mark.slow  # real synths (a few seconds each)
+
+
+def _synthetic_manifest(folder: Path, name: str, copies: int = 1) -> Path:
+    """A manifest of one synthetic ResNet (no file, no download)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.yaml"
+    path.write_text(json.dumps({"version": 1, "models": [{
+        "name": name, "source": {"kind": "synthetic", "architecture": "resnet", "seed": 0, "config": {
+            "embedding_size": 8, "hidden_sizes": [8, 8, 8, 8], "depths": [1, 1, 1, 1], "layer_type": "basic",
+            "num_labels": 4}},
+        "task": "image-classification", "format": "onnx", "max_batch_size": 4,
+        "image": {"image_size": 32, "channels": 3}, "copies": copies}]}))
+    return path
+
+
+def _resources(template: dict[str, Any], kind: str) -> dict[str, dict[str, Any]]:
+    return {lid: r for lid, r in template["Resources"].items() if r["Type"] == kind}
+
+
+class PlatformStack(cdk.Stack):
+    """A platform team's stack: its key, isolated VPC, bucket and topic; the endpoint; a client."""
+
+    def __init__(self, scope: cdk.App | cdk.Stage, id: str, manifest: Path, **options: Any) -> None:
+        super().__init__(scope, id)
+        self.key = kms.Key(self, "PlatformKey", enable_key_rotation=True)
+        self.vpc = ec2.Vpc(self, "Vpc", max_azs=2, nat_gateways=0, subnet_configuration=[
+            ec2.SubnetConfiguration(name="isolated", subnet_type=ec2.SubnetType.PRIVATE_ISOLATED)])
+        self.bucket = s3.Bucket(self, "Models", encryption=s3.BucketEncryption.KMS, encryption_key=self.key,
+                                enforce_ssl=True, versioned=True)
+        self.topic = sns.Topic(self, "Alarms", master_key=self.key)
+        self.endpoint = TritonMultiModelEndpoint(
+            self, "Embeddings", models=ModelSource.from_manifest(manifest), bucket=self.bucket, vpc=self.vpc,
+            alarm_topic=self.topic, endpoint_name="platform-embeddings", model_prefix="embeddings", **options)
+        self.client = lambda_.Function(self, "Client", runtime=lambda_.Runtime.PYTHON_3_14, handler="index.handler",
+                                       code=lambda_.Code.from_inline("def handler(event, context): return None"))
+        self.grant = self.endpoint.grant_invoke(self.client)
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory: pytest.TempPathFactory) -> tuple[PlatformStack, dict[str, Any], Path]:
+    work = tmp_path_factory.mktemp("platform")
+    app = cdk.App(outdir=str(work / "out"), analytics_reporting=False)
+    stack = PlatformStack(app, "Platform", _synthetic_manifest(work, "resnet"))
+    cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
+    try:
+        app.synth()
+    except RuntimeError as error:  # cdk-nag failed the synth: the findings are in the report
+        assert "ValidationFailed" in str(error), error
+    template = json.loads((work / "out" / "Platform.template.json").read_text())
+    return stack, template, work / "out"
+
+
+def test_your_bucket_key_vpc_and_topic_are_used_and_none_is_created(
+        platform: tuple[PlatformStack, dict[str, Any], Path]) -> None:
+    stack, template, _ = platform
+    resolve = stack.resolve
+    bucket, key = resolve(stack.bucket.bucket_name), resolve(stack.key.key_arn)
+    # The construct created no bucket and no key: the two are the team's.
+    assert list(_resources(template, "AWS::S3::Bucket")) == [resolve(stack.bucket.node.default_child.logical_id)]
+    assert list(_resources(template, "AWS::KMS::Key")) == [resolve(stack.key.node.default_child.logical_id)]
+    (model,) = _resources(template, "AWS::SageMaker::Model").values()
+    assert model["Properties"]["PrimaryContainer"]["ModelDataUrl"] == {
+        "Fn::Join": ["", ["s3://", bucket, "/embeddings/served/"]]}
+    subnets = [resolve(subnet.subnet_id) for subnet in stack.vpc.isolated_subnets]
+    assert model["Properties"]["VpcConfig"]["Subnets"] == subnets
+    statements = [s for policy in _resources(template, "AWS::IAM::Policy").values()
+                  for s in policy["Properties"]["PolicyDocument"]["Statement"]]
+    kms_resources = [s["Resource"] for s in statements if any(str(a).startswith("kms:") for a in
+                                                              ([s["Action"]] if isinstance(s["Action"], str)
+                                                               else s["Action"]))]
+    assert kms_resources and all(resource == key for resource in kms_resources), kms_resources
+    topic = resolve(stack.topic.topic_arn)
+    alarms = _resources(template, "AWS::CloudWatch::Alarm").values()
+    assert alarms and all(alarm["Properties"]["AlarmActions"] == [topic] for alarm in alarms)
+
+
+def test_a_function_granted_invoke_may_invoke_and_read_the_routes(
+        platform: tuple[PlatformStack, dict[str, Any], Path]) -> None:
+    stack, template, _ = platform
+    assert isinstance(stack.grant, iam.Grant) and stack.grant.success
+    role = stack.resolve(stack.client.role.node.default_child.logical_id)  # type: ignore[union-attr]
+    (policy,) = [p for p in _resources(template, "AWS::IAM::Policy").values()
+                 if p["Properties"]["Roles"] == [{"Ref": role}]]
+    actions = {s["Action"]: s["Resource"] for s in policy["Properties"]["PolicyDocument"]["Statement"]}
+    assert actions["sagemaker:InvokeEndpoint"] == stack.resolve(stack.endpoint.endpoint_arn)
+    assert actions["s3:GetObject"] == {"Fn::Join": ["", [stack.resolve(stack.bucket.bucket_arn),
+                                                         "/embeddings/_routes/routes.json"]]}
+    assert actions["kms:Decrypt"] == stack.resolve(stack.key.key_arn)
+
+
+def test_cdk_nag_finds_nothing_on_the_constructs_resources(
+        platform: tuple[PlatformStack, dict[str, Any], Path]) -> None:
+    """The team's own resources are the team's business (the test's VPC has no flow log, its
+    function a managed policy); nothing under the endpoint's construct may be reported."""
+    _, _, out = platform
+    report = out / "validation-report.json"
+    paths = []
+    if report.exists():
+        for plugin in json.loads(report.read_text())["pluginReports"]:
+            for violation in plugin["violations"]:
+                paths += [(violation["ruleName"], c["constructPath"]) for c in violation.get("violatingConstructs", [])]
+    assert paths, "the team's own resources have findings: the report was read"
+    assert not [p for p in paths if p[1].startswith("Platform/Embeddings")], paths
+
+
+def test_metrics_are_named_after_the_services_metrics(platform: tuple[PlatformStack, dict[str, Any], Path]) -> None:
+    stack, _, _ = platform
+    endpoint = stack.endpoint
+    names = {
+        "metric_invocations": ("AWS/SageMaker", "Invocations"),
+        "metric_model_latency": ("AWS/SageMaker", "ModelLatency"),
+        "metric_model_cache_hit": ("AWS/SageMaker", "ModelCacheHit"),
+        "metric_gpu_utilization": ("/aws/sagemaker/Endpoints", "GPUUtilization"),
+        "metric_gpu_memory_utilization": ("/aws/sagemaker/Endpoints", "GPUMemoryUtilization"),
+        "metric_loaded_model_count": ("/aws/sagemaker/Endpoints", "LoadedModelCount"),
+    }
+    for method, (namespace, name) in names.items():
+        metric = getattr(endpoint, method)()
+        assert (metric.namespace, metric.metric_name) == (namespace, name), method
+        assert metric.dimensions["EndpointName"] == "platform-embeddings"
+
+
+def test_two_endpoints_in_one_stack_each_with_its_manifest_and_record(tmp_path: Path) -> None:
+    app = cdk.App(outdir=str(tmp_path / "out"), analytics_reporting=False)
+    stack = cdk.Stack(app, "Fleet")
+    small = TritonMultiModelEndpoint(
+        stack, "Small", models=ModelSource.from_manifest(_synthetic_manifest(tmp_path / "s", "small", copies=3)),
+        endpoint_name="small-models", model_prefix="small", instance_type="ml.g4dn.xlarge")
+    big = TritonMultiModelEndpoint(
+        stack, "Big", models=ModelSource.from_manifest(_synthetic_manifest(tmp_path / "b", "big")),
+        endpoint_name="big-models", model_prefix="big", instance_type="ml.g5.2xlarge", max_instance_count=2)
+    template = app.synth().get_stack_by_name("Fleet").template
+    configs = _resources(template, "AWS::SageMaker::EndpointConfig").values()
+    assert sorted(c["Properties"]["ProductionVariants"][0]["InstanceType"] for c in configs) == [
+        "ml.g4dn.xlarge", "ml.g5.2xlarge"]
+    releases = _resources(template, "Custom::TritonModelRelease")
+    assert sorted(r["Properties"]["ModelPrefix"] for r in releases.values()) == ["big", "small"]
+    assert small.release_id != big.release_id
+    # Each endpoint's record covers its own fleet, not the other's; together they cover the template.
+    check_embedded(template)
+    endpoints = {stack.resolve(e.endpoint.node.default_child.logical_id): e for e in (small, big)}
+    for release in releases.values():
+        recorded = set(parse_record(release["Properties"]["Deployed"], where="test")["resources"])
+        own = [lid for lid in endpoints if lid in recorded]
+        assert len(own) == 1, (own, sorted(recorded))
+
+
+def test_in_a_cdk_pipelines_stage(tmp_path: Path) -> None:
+    app = cdk.App(outdir=str(tmp_path / "out"), analytics_reporting=False)
+    stage = cdk.Stage(app, "Prod", env=cdk.Environment(account="123456789012", region="eu-west-1"))
+    PlatformStack(stage, "Platform", _synthetic_manifest(tmp_path, "resnet"))
+    assembly = app.synth()
+    stage_assembly = assembly.get_nested_assembly(f"assembly-{stage.node.path}")
+    template = stage_assembly.get_stack_by_name("Prod-Platform").template
+    assert _resources(template, "AWS::SageMaker::Endpoint")
+
+
+def test_from_release_serves_without_a_build(tmp_path: Path) -> None:
+    app = cdk.App(outdir=str(tmp_path / "out"), analytics_reporting=False)
+    stack = cdk.Stack(app, "Served")
+    endpoint = TritonMultiModelEndpoint(stack, "Mme", models=ModelSource.from_release("r-0123456789abcdef"))
+    template = app.synth().get_stack_by_name("Served").template
+    assert not _resources(template, "Custom::TritonModelRelease") and endpoint.build is None
+    assert endpoint.release_id == "r-0123456789abcdef"
+
+
+def _refusal(tmp_path: Path, case: str) -> str:
+    stack = cdk.Stack(cdk.App(outdir=str(tmp_path / "out")), "Refused")
+    release = ModelSource.from_release("r-0123456789abcdef")
+    if case == "bucket-without-key":
+        bucket = s3.Bucket.from_bucket_name(stack, "Theirs", "their-models")
+        TritonMultiModelEndpoint(stack, "Mme", models=release, bucket=bucket)
+    elif case == "vpc-without-private-subnets":
+        vpc = ec2.Vpc(stack, "Public", max_azs=2, nat_gateways=0, subnet_configuration=[
+            ec2.SubnetConfiguration(name="public", subnet_type=ec2.SubnetType.PUBLIC)])
+        TritonMultiModelEndpoint(stack, "Mme", models=release, vpc=vpc)
+    elif case == "missing-manifest":
+        ModelSource.from_manifest(tmp_path / "no-such-models.yaml")
+    elif case == "not-a-release-id":
+        ModelSource.from_release("release-1")
+    elif case == "two-endpoints-one-name":
+        TritonMultiModelEndpoint(stack, "One", models=release, endpoint_name="shared")
+        TritonMultiModelEndpoint(stack, "Two", models=release, endpoint_name="shared", model_prefix="two")
+    elif case == "unknown-keyword":
+        TritonMultiModelEndpoint(stack, "Mme", models=release, instace_type="ml.g5.xlarge")
+    elif case == "bad-value":
+        TritonMultiModelEndpoint(stack, "Mme", models=release, max_instance_count=0)
+    elif case == "subnets-without-vpc":
+        TritonMultiModelEndpoint(stack, "Mme", models=release,
+                                 vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_ISOLATED))
+    raise AssertionError(f"{case}: not refused")
+
+
+@pytest.mark.parametrize(("case", "expected"), [
+    ("bucket-without-key", "encryption_key: missing with bucket 'their-models'; "),
+    ("vpc-without-private-subnets", "vpc: ${Token["),
+    ("missing-manifest", "models: ModelSource.from_manifest got "),
+    ("not-a-release-id", "models: ModelSource.from_release got 'release-1'; expected a release id"),
+    ("two-endpoints-one-name", "endpoint_name: got 'shared' for Refused/Two, but Refused/One in the same stack has it"),
+    ("unknown-keyword", "instace_type: unknown keyword; did you mean instance_type?"),
+    ("bad-value", "max_instance_count: got 0;"),
+    ("subnets-without-vpc", "vpc_subnets: given without vpc;"),
+])
+def test_bad_input_is_one_line_naming_the_prop(tmp_path: Path, case: str, expected: str) -> None:
+    with pytest.raises(PropsError) as caught:
+        _refusal(tmp_path, case)
+    message = str(caught.value)
+    assert message.startswith(expected), message
+    assert "\n" not in message
+
+
+def test_the_upgrade_from_0_1_0_replaces_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The default app's template keeps every logical id of the template 0.1.0 synthesized (its
+    stack built the resources itself; now it holds the construct as ``Default``): the project's
+    own plan of the new template against the previous one finds no data at risk and no fleet
+    replaced. Only the build code moved (model keys and the release id with it: models-only)."""
+    from triton_mme_cdk.model_build.__main__ import main
+    from triton_mme_cdk.model_build.release.deployed import record_from_template
+    from triton_mme_cdk.model_build.release.routes import Routes
+
+    previous = json.loads(PREVIOUS_TEMPLATE.read_text())
+    current = synth(tmp_path / "current", nag=False).data
+    assert set(previous["Resources"]) - {"CDKMetadata"} == set(current["Resources"]) - {"CDKMetadata"}
+    routes = Routes("r-0000000000000000", "s3://b/models/served/", "k", {},
+                    stack="arn:aws:cloudformation:eu-west-1:123456789012:stack/TritonMme/0a1b2c3d",
+                    model_code_sha256="0" * 64, deployed=record_from_template(previous))
+    (tmp_path / "routes.json").write_bytes(routes.body())
+    (tmp_path / "current.json").write_text(json.dumps(current))
+    code = main(["plan", "--format", "json", "--routes-file", str(tmp_path / "routes.json"),
+                 "--template", str(tmp_path / "current.json"), "--deployed-template", str(PREVIOUS_TEMPLATE)])
+    report = json.loads(capsys.readouterr().out)
+    assert report["data"]["verdict"] == "safe", report["data"]
+    assert report["fleet"]["verdict"] in ("unchanged", "updated"), report["fleet"]
+    assert report["verdict"] not in ("data-at-risk", "fleet-replaced"), report["summary"]
+    assert code == 0
