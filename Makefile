@@ -24,7 +24,7 @@ BUILD_DIR ?= build
 BUCKET ?=
 ENDPOINT_URL ?=
 
-.PHONY: setup plan-setup demo test test-fast lint synth bench gpu-check smoke lock clean
+.PHONY: setup plan-setup demo test test-fast lint synth bench gpu-check smoke image-table lock clean
 
 # What Lambda's Node.js runtime gives the CDK provider framework (the AWS SDK v3), for the
 # custom-resource protocol tests (tests/test_custom_resource_protocol.py runs the framework's code).
@@ -171,6 +171,10 @@ smoke: setup
 		$(if $(RUNTIME_ENDPOINT_URL),--runtime-endpoint-url $(RUNTIME_ENDPOINT_URL)) \
 		$(if $(SAGEMAKER_ENDPOINT_URL),--sagemaker-endpoint-url $(SAGEMAKER_ENDPOINT_URL)) \
 		$(if $(S3_ENDPOINT_URL),--s3-endpoint-url $(S3_ENDPOINT_URL))
+
+# The Triton image table the constructs synthesize from: a copy of the pinned sagemaker SDK's (after a new pin).
+image-table: $(VENV)/.installed
+	$(PY) -c 'from triton_mme_cdk.constructs.triton_image import IMAGE_TABLE, sdk_image_table_path; import shutil; shutil.copyfile(sdk_image_table_path(), IMAGE_TABLE)'
 
 # Re-pin every transitive dependency after changing requirements.txt.
 lock: $(VENV)/.installed

@@ -1,8 +1,10 @@
 """The SageMaker Triton inference image, resolved per region by a CloudFormation mapping.
 
 The image URIs come from the table the sagemaker SDK ships
-(``sagemaker/core/image_uri_config/sagemaker-tritonserver.json``). The file is read directly:
-importing the sagemaker package takes seconds and is not needed to synthesize. The whole table of
+(``sagemaker/core/image_uri_config/sagemaker-tritonserver.json``), as a copy of the pinned SDK's
+file beside this module (``make image-table`` refreshes it; ``tests/test_stack_image.py`` checks
+it is the installed SDK's): a synth needs neither the SDK (sagemaker-core brings pandas, scipy and
+more) nor its import time. The whole table of
 one version becomes a ``CfnMapping`` keyed by region, so one template deploys in every region the
 SDK lists, and the ECR repository ARN the execution role may pull from comes from the same row.
 """
@@ -102,19 +104,25 @@ class ImageTable:
         return self.rows[chosen]
 
 
+#: The copy of the SDK's table this package synthesizes from.
+IMAGE_TABLE = Path(__file__).with_name(f"{FRAMEWORK}.json")
+
+
 def image_table_path() -> Path:
-    """Locate the table in the installed sagemaker SDK without importing the package."""
+    """The table this package synthesizes from (a copy of the pinned SDK's)."""
+    return IMAGE_TABLE
+
+
+def sdk_image_table_path() -> Path | None:
+    """The table in the installed sagemaker SDK, found without importing the package; None
+    where the SDK is not installed (it is not needed to synthesize)."""
     spec = importlib.util.find_spec("sagemaker")
     locations = list(spec.submodule_search_locations or []) if spec else []
     for location in locations:
         candidate = Path(location).joinpath(*_TABLE_PARTS)
         if candidate.is_file():
             return candidate
-    raise PropsError(
-        "triton image: the sagemaker SDK's image table (sagemaker/"
-        + "/".join(_TABLE_PARTS)
-        + ") was not found; install the pinned sagemaker package (requirements.txt)"
-    )
+    return None
 
 
 @functools.lru_cache(maxsize=1)

