@@ -194,8 +194,8 @@ class TritonMmeEndpointProps(Props):
         "python-backend model (no effect on pure ONNX models).",
     )
     shm_growth_byte_size: ByteSize = Field(
-        default=SHM_GROWTH_BYTE_SIZE,
-        description="SAGEMAKER_TRITON_SHM_GROWTH_BYTE_SIZE: growth step of that shared memory.",
+        default=SHM_GROWTH_BYTE_SIZE, description="SAGEMAKER_TRITON_SHM_GROWTH_BYTE_SIZE: growth step of that "
+        "shared memory."
     )
     log_verbose: bool = Field(
         default=False,

@@ -6,6 +6,8 @@ replaced, the property named), a first deploy (fleet created), routes published 
 (fleet unknown, exit 4), a bucket replacement and a removed log group (data at risk), the stack's
 template read from CloudFormation (moto on loopback); the JSON
 against its schema; the markdown's size at 3,000 models; bad input as one line, never a verdict.
+Without ``--template`` plan runs the app's ``cdk.json`` command as ``cdk synth`` does (the bigger
+instance type's template is that synth's): an app that refuses its input is its one error line.
 """
 
 from __future__ import annotations
@@ -310,6 +312,20 @@ def test_an_app_that_refuses_its_settings_is_its_one_error_line(work: Path, caps
     code, _, err = _plan(capsys, "--routes-file", routes, "--manifest", str(ROOT / "models.yaml"))
     assert (code, err.strip()) == (1, f"error: plan: no cdk.json in {work}, so no app to synthesize; run plan in "
                                       "the app's folder, or give --template FILE (the template cdk synth wrote)")
+
+
+def test_an_app_that_is_a_cloud_assembly_is_read_as_it_is(default: dict[str, Any], work: Path,
+                                                          capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """``"app"`` naming a cloud assembly folder (as ``cdk --app cdk.out`` takes one): plan reads its
+    endpoint stack, with nothing synthesized (here the assembly the ``default`` fixture wrote)."""
+    folder = work / "assembly-app"
+    folder.mkdir()
+    (folder / "cdk.json").write_text(json.dumps({"app": str(work / "default")}))
+    monkeypatch.chdir(folder)
+    routes = _write(work / "r-assembly.json", json.loads(_routes(deployed=record_from_template(default)).body()))
+    code, report, _ = _plan(capsys, "--routes-file", routes, "--manifest", str(ROOT / "models.yaml"))
+    assert (code, report["verdict"], report["stack"]) == (0, "no-change", "TritonMme")
 
 
 def test_online_without_credentials_is_one_line(default: dict[str, Any], work: Path) -> None:

@@ -232,9 +232,13 @@ class Synth:
             bin_dir = str(Path(sys.executable).parent)
             env = {**os.environ, "CDK_OUTDIR": str(self.outdir), "CDK_CONTEXT_JSON": json.dumps(dict(config.context)),
                    "PATH": os.pathsep.join([bin_dir, os.environ.get("PATH", "")])}
-            self.process = subprocess.Popen(self.command, shell=True, cwd=self.folder, env=env,
-                                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self._log,
-                                            text=True, start_new_session=True)
+            try:
+                self.process = subprocess.Popen(self.command, shell=True, cwd=self.folder, env=env,
+                                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                                stderr=self._log, text=True, start_new_session=True)
+            except OSError as error:
+                self.close()
+                raise ModelBuildError(f"synth: `{self.command}` cannot be started ({error})") from None
 
     def stacks(self) -> list[StackTemplate]:
         try:
