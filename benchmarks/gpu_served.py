@@ -30,9 +30,6 @@ from typing import Any
 
 from benchmarks.gpu_cases import log, not_measured, tensorrt_missing, variant_entry
 
-#: The python backend's shared memory when the stack's own setting cannot be read (the check's GPU
-#: environment has no CDK): the endpoint construct's defaults (constructs/triton_mme_endpoint.py).
-CONSTRUCT_SHM = (16 * 1024 * 1024, 1024 * 1024)
 #: What the TensorRT row sets: the provider's FP16 with the engine cache the manifest offers.
 TENSORRT_VARIANT = {"precision_mode": "FP16", "engine_cache": True}
 
@@ -95,13 +92,10 @@ def triton_environment() -> tuple[Any, str]:
 
 
 def shm_settings() -> tuple[tuple[int, int], str]:
-    """The stack's python-backend SHM sizes, or the construct's defaults where the CDK is missing."""
-    try:
-        from triton_mme_cdk.model_build.tools.triton_server import stack_shm_settings
+    """The stack's python-backend SHM sizes: the app's cdk.json, else the endpoint's defaults (no CDK needed)."""
+    from triton_mme_cdk.model_build.tools.triton_server import stack_shm_settings
 
-        return stack_shm_settings(), "the stack's (cdk.json)"
-    except ImportError as error:
-        return CONSTRUCT_SHM, f"the endpoint construct's defaults (the stack's settings need the CDK: {error})"
+    return stack_shm_settings(), "the stack's (cdk.json, else the endpoint's defaults)"
 
 
 def _engine_cache_folders(config: Any) -> list[Path]:

@@ -41,6 +41,11 @@ from triton_mme_cdk.constructs.sagemaker_limits import (
     has_instance_storage,
 )
 from triton_mme_cdk.constructs.triton_image import FleetHost, TritonImage, load_image_table, resolve_host
+from triton_mme_cdk.model_build.text_ensemble.shm import (
+    SHM_DEFAULT_BYTE_SIZE,
+    SHM_GROWTH_BYTE_SIZE,
+    SHM_MAX_BYTE_SIZE,
+)
 
 #: What SageMaker needs to attach the model's network interfaces to a VPC (developer guide, "Give
 #: SageMaker hosted endpoints access to resources in your Amazon VPC"). None of these actions
@@ -115,7 +120,7 @@ def _model_data_url(url: str) -> str:
 #: ``ModelDataDownloadTimeoutInSeconds`` and ``ContainerStartupHealthCheckTimeoutInSeconds``.
 ContainerTimeout = Annotated[Duration, Between(TIMEOUT_MIN_SECONDS, TIMEOUT_MAX_SECONDS, SECONDS)]
 #: A shared-memory size of the python backend, in bytes.
-ByteSize = Annotated[int, Field(ge=1, le=2**63 - 1)]
+ByteSize = Annotated[int, Field(ge=1, le=SHM_MAX_BYTE_SIZE)]
 
 
 class FleetSize(Props):
@@ -184,12 +189,13 @@ class TritonMmeEndpointProps(Props):
         "Disabled suits many models each invoked rarely.",
     )
     shm_default_byte_size: ByteSize = Field(
-        default=16 * 1024 * 1024,
+        default=SHM_DEFAULT_BYTE_SIZE,
         description="SAGEMAKER_TRITON_SHM_DEFAULT_BYTE_SIZE: initial shared memory of each "
         "python-backend model (no effect on pure ONNX models).",
     )
     shm_growth_byte_size: ByteSize = Field(
-        default=1024 * 1024, description="SAGEMAKER_TRITON_SHM_GROWTH_BYTE_SIZE: growth step of that shared memory."
+        default=SHM_GROWTH_BYTE_SIZE, description="SAGEMAKER_TRITON_SHM_GROWTH_BYTE_SIZE: growth step of that "
+        "shared memory."
     )
     log_verbose: bool = Field(
         default=False,

@@ -185,16 +185,6 @@ def test_each_variant_is_judged_by_its_precisions_gates() -> None:
     assert gpu_check._verdict(result) == 1 and gpu_check._verdict({"rows": result["rows"][1:]}) == 0
 
 
-def test_the_served_rows_fallback_shm_sizes_are_the_endpoint_constructs_defaults() -> None:
-    """Where the GPU environment cannot read the stack's settings (no CDK there), the served rows
-    use the construct's defaults: this holds the copy in gpu_served to them."""
-    from benchmarks.gpu_served import CONSTRUCT_SHM
-    from triton_mme_cdk.constructs.triton_mme_endpoint import TritonMmeEndpointProps
-
-    fields = TritonMmeEndpointProps.model_fields
-    assert (fields["shm_default_byte_size"].default, fields["shm_growth_byte_size"].default) == CONSTRUCT_SHM
-
-
 def test_the_tensorrt_variant_is_served_as_published_with_its_engine_cache(tmp_path: Path) -> None:
     """What the served TensorRT row loads on a GPU, prepared here: the build's config keeps
     ``KIND_GPU`` and the provider's keys in the unpacked folder, the row is named for the provider,

@@ -68,6 +68,17 @@ def test_no_file_imports_a_folder_by_its_own_name() -> None:
     assert not found, found
 
 
+def test_the_model_build_imports_no_app_stack_or_construct() -> None:
+    """``model_build/`` is the build and its tools: it runs without the CDK (the build image, a
+    laptop build), so it imports neither ``app.py`` nor the stacks, the constructs or the index."""
+    forbidden = ("app", f"{PACKAGE}.stacks", f"{PACKAGE}.constructs")
+    found = [f"{path.relative_to(ROOT)}:{line}: {name}"
+             for path in sorted((ROOT / "model_build").rglob("*.py"))
+             for line, name in imported_names(path)
+             if any(name == f or name.startswith(f + ".") for f in forbidden) or name in ("aws_cdk", PACKAGE)]
+    assert not found, found
+
+
 def test_the_import_rule_finds_each_kind_of_second_name() -> None:
     assert by_folder_name("model_build.errors") and by_folder_name("stacks.settings")
     assert by_folder_name("constructs.model_bucket")

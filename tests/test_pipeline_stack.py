@@ -226,7 +226,9 @@ def test_the_plan_step_plans_an_existing_stack_against_its_live_routes(
     work = tmp_path / "src"
     work.mkdir()
     (work / "cdk.out").symlink_to(synthesized.outdir)
-    (work / ".venv").symlink_to(ROOT / ".venv")
+    # The source the step runs in: the app's cdk.json (plan's settings) and the manifest it names.
+    for name in (".venv", "cdk.json", "models.yaml"):
+        (work / name).symlink_to(ROOT / name)
     env = {**os.environ, "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
            "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1", "PYTHONPATH": str(ROOT)}
     script = "\n".join(["set -e", run, commands[-1], 'echo "verdict=$PLAN_VERDICT approval=$PLAN_APPROVAL"'])

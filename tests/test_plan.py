@@ -6,6 +6,8 @@ replaced, the property named), a first deploy (fleet created), routes published 
 (fleet unknown, exit 4), a bucket replacement and a removed log group (data at risk), the stack's
 template read from CloudFormation (moto on loopback); the JSON
 against its schema; the markdown's size at 3,000 models; bad input as one line, never a verdict.
+Without ``--template`` plan runs the app's ``cdk.json`` command as ``cdk synth`` does (the bigger
+instance type's template is that synth's): an app that refuses its input is its one error line.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from triton_mme_cdk.model_build.release.deployed import (
     record_from_template,
 )
 from triton_mme_cdk.model_build.release.routes import ModelPlan, Planned, Route, Routes, Updated
+from triton_mme_cdk.model_build.tools.app_context import AppConfig, parse_overrides
+from triton_mme_cdk.model_build.tools.plan_cli import synthesized_template
 from triton_mme_cdk.model_build.tools.plan_report import GITHUB_COMMENT_LIMIT, PlanReport, marker
 from triton_mme_cdk.model_build.tools.plan_verdict import Finding, Verdict
 
@@ -57,8 +61,13 @@ def default(work: Path) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def bigger(work: Path) -> dict[str, Any]:
-    return synth(work / "bigger", nag=False, instance_type="ml.g5.2xlarge").data
+def bigger() -> dict[str, Any]:
+    """The template ``plan`` synthesizes itself: the checkout's app run as ``cdk synth`` runs it
+    (cdk.json's command in a process, the -c settings in CDK_CONTEXT_JSON, a cloud assembly in a
+    temporary CDK_OUTDIR), its one endpoint stack taken from the assembly."""
+    name, template = synthesized_template(AppConfig.find(ROOT, parse_overrides(["mme:instance_type=ml.g5.2xlarge"])))
+    assert name == "TritonMme"
+    return template
 
 
 @pytest.fixture(scope="module")
@@ -279,6 +288,44 @@ def test_bad_input_is_one_line_and_never_a_verdict(default: dict[str, Any], work
         code, _, err = _plan(capsys, *args)
         assert code == 1 and expected in err, (args, err)
         assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_an_app_that_refuses_its_settings_is_its_one_error_line(work: Path, capsys: pytest.CaptureFixture[str],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without --template, plan runs the app's cdk.json command; an app that exits 1 with its
+    ``error:`` line (a refused setting) is that line, and plan exits 1 with no verdict."""
+    routes = _write(work / "r-refused.json", json.loads(_routes(deployed=None).body()))
+    code, _, err = _plan(capsys, "--routes-file", routes, "-c", "mme:instance_type=ml.t2.medium")
+    assert code == 1 and "Traceback" not in err
+    (line,) = err.strip().splitlines()
+    assert line.startswith("error: synth: mme:instance_type: got 'ml.t2.medium'; a GPU multi-model endpoint runs on "
+                           "one of ml.g4dn.xlarge"), line
+    # Another app's command that fails its own way (a traceback, no error line): its last line.
+    failing = work / "failing-app"
+    failing.mkdir()
+    (failing / "cdk.json").write_text(json.dumps({"app": f"{sys.executable} -c 'import no_such_module'"}))
+    monkeypatch.chdir(failing)
+    code, _, err = _plan(capsys, "--routes-file", routes, "--manifest", str(ROOT / "models.yaml"))
+    assert (code, err.strip()) == (1, "error: synth: ModuleNotFoundError: No module named 'no_such_module'")
+    # No cdk.json here: no app to synthesize, nothing started.
+    monkeypatch.chdir(work)
+    code, _, err = _plan(capsys, "--routes-file", routes, "--manifest", str(ROOT / "models.yaml"))
+    assert (code, err.strip()) == (1, f"error: plan: no cdk.json in {work}, so no app to synthesize; run plan in "
+                                      "the app's folder, or give --template FILE (the template cdk synth wrote)")
+
+
+def test_an_app_that_is_a_cloud_assembly_is_read_as_it_is(default: dict[str, Any], work: Path,
+                                                          capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """``"app"`` naming a cloud assembly folder (as ``cdk --app cdk.out`` takes one): plan reads its
+    endpoint stack, with nothing synthesized (here the assembly the ``default`` fixture wrote)."""
+    folder = work / "assembly-app"
+    folder.mkdir()
+    (folder / "cdk.json").write_text(json.dumps({"app": str(work / "default")}))
+    monkeypatch.chdir(folder)
+    routes = _write(work / "r-assembly.json", json.loads(_routes(deployed=record_from_template(default)).body()))
+    code, report, _ = _plan(capsys, "--routes-file", routes, "--manifest", str(ROOT / "models.yaml"))
+    assert (code, report["verdict"], report["stack"]) == (0, "no-change", "TritonMme")
 
 
 def test_online_without_credentials_is_one_line(default: dict[str, Any], work: Path) -> None:

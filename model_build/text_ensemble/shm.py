@@ -6,11 +6,26 @@ through a shared-memory pool: ``shm-default-byte-size`` at start, grown by ``shm
 tokenizer moves, for its largest batch, the strings in and the token ids out. The stack refuses a
 default pool smaller than that, so the first full batch is not where a pool that cannot grow (a
 small ``/dev/shm``) is found out. Only the manifest is imported here: synth stays light.
+
+The pool's sizes are defined here, once: the endpoint construct's defaults
+(``TritonMmeEndpointProps.shm_default_byte_size`` / ``shm_growth_byte_size``) and the local
+``tritonserver``'s, where the app's ``cdk.json`` sets neither
+(``model_build.tools.triton_server.stack_shm_settings``).
 """
 
 from __future__ import annotations
 
 from triton_mme_cdk.model_build.manifest import PAIR_TASKS, Manifest, ModelSpec
+
+#: ``SAGEMAKER_TRITON_SHM_DEFAULT_BYTE_SIZE``: the pool each python-backend model starts with.
+SHM_DEFAULT_BYTE_SIZE = 16 * 1024 * 1024
+#: ``SAGEMAKER_TRITON_SHM_GROWTH_BYTE_SIZE``: the step it grows by.
+SHM_GROWTH_BYTE_SIZE = 1024 * 1024
+#: The largest size either setting takes (bytes, a signed 64-bit count).
+SHM_MAX_BYTE_SIZE = 2**63 - 1
+#: The app's settings (``cdk.json`` context, ``-c``) that set them.
+SHM_DEFAULT_KEY = "mme:shm_default_byte_size"
+SHM_GROWTH_KEY = "mme:shm_growth_byte_size"
 
 #: Outputs of the tokenizer per position: input_ids, attention_mask, token_type_ids (int64 each).
 ID_TENSORS = 3
@@ -36,7 +51,7 @@ def shm_bytes_per_request(spec: ModelSpec) -> int:
 
 
 def shm_problem(manifest: Manifest, shm_default_byte_size: int,
-                setting: str = "mme:shm_default_byte_size") -> str | None:
+                setting: str = SHM_DEFAULT_KEY) -> str | None:
     """The error for the first ensemble whose largest request does not fit the pool, or None."""
     for spec in manifest.models:
         needed = shm_bytes_per_request(spec)

@@ -10,12 +10,14 @@
   loading, eviction, out-of-memory retries) over ``served_release`` (what it serves) and
   ``triton_server`` (the real ``tritonserver``), with ``triton_backends``;
 - ``local_s3``: moto's S3 server on loopback (demo, tests, benchmarks); ``text_sources``:
-  offline text sources of every tokenizer kind (tests, benchmarks).
+  offline text sources of every tokenizer kind (tests, benchmarks);
+- ``app_context``: the CDK app beside them, read as the CDK CLI reads it and never imported
+  (``cdk.json``'s context and command, the synthesized cloud assembly).
 
 Owns: everything a user runs against a build, a bucket or an endpoint, on their own machine.
 Nothing here is part of the build runtime: the release and model keys do not hash this folder and
 the Lambda image does not need it, so editing a tool never rebuilds or republishes a model. Only
 the CLI front (``model_build/__main__.py``) imports it.
 
-May import: ``shared``, ``manifest``, ``package``, ``release``.
+May import: ``shared``, ``manifest``, ``package``, ``release``, ``text_ensemble``.
 """

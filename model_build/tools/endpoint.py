@@ -274,10 +274,10 @@ def cmd_endpoint(args: argparse.Namespace) -> int:
         raise ModelBuildError(f"--port: got {args.port}; expected 1..65535")
     if args.memory_budget_mb is not None and args.memory_budget_mb < 1:
         raise ModelBuildError(f"--memory-budget-mb: got {args.memory_budget_mb}; expected at least 1")
+    shm_default, shm_growth = stack_shm_settings()  # the app's cdk.json: a refused value is one line
     check_port_free(args.port)
     s3 = make_s3_client(endpoint_url=args.endpoint_url, region=args.region)
     read_release(s3, args.bucket, args.prefix, args.release)  # no index: one error line, before anything starts
-    shm_default, shm_growth = stack_shm_settings()
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())

@@ -10,6 +10,13 @@ neither give "fleet unknown", never "unchanged". No AWS call is made with ``--ro
 and without ``--stack-name``. Output: ``--format text|json|markdown``; ``--json-file`` and
 ``--markdown-file`` write the others too.
 
+The template the change deploys is ``--template FILE``, or the app's own: ``plan`` runs the
+command of ``./cdk.json`` (the app's folder) as ``cdk synth`` does, with the ``-c`` settings, and
+takes the endpoint stack from the cloud assembly (:mod:`~triton_mme_cdk.model_build.tools.app_context`);
+it never imports the app. The stack's name, the model prefix and the manifest come from that
+template and the app's context (``mme:stack_name``, ``mme:model_prefix``, ``mme:manifest_path``),
+each overridden by its option.
+
 Exit codes (``--detailed-exitcode``, for a pipeline to gate on): 0 nothing changes, 3 changes that
 replace nothing (models; the fleet created or updated in place), 4 the fleet is replaced or unknown,
 or data is at risk; 1 an error (a routes document that is truncated, malformed or another stack's,
@@ -25,51 +32,45 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from triton_mme_cdk.model_build.errors import ModelBuildError
+from triton_mme_cdk.model_build.tools.app_context import (
+    DEFAULT_MANIFEST_PATH,
+    DEFAULT_MODEL_PREFIX,
+    DEFAULT_STACK_NAME,
+    MANIFEST_PATH_KEY,
+    MODEL_PREFIX_KEY,
+    STACK_NAME_KEY,
+    STACK_NAME_PATTERN,
+    AppConfig,
+    Synth,
+    a_string,
+    matching,
+    parse_overrides,
+    pick_stack,
+    template_model_prefix,
+)
 from triton_mme_cdk.model_build.tools.pr_comment import add_pr_comment_parser
 
-
-def _context(overrides: list[str]) -> dict[str, str]:
-    context = {}
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep or not key.startswith("mme:"):
-            raise ModelBuildError(f"-c: got {item!r}; expected mme:<setting>=<value>")
-        context[key] = value
-    return context
+STACK_NAME_EXPECTED = "a CloudFormation stack name: a letter, then letters, digits and '-', at most 128 characters"
+#: An S3 key prefix, as the stack's settings accept it.
+PREFIX_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]*(/[A-Za-z0-9][A-Za-z0-9_.-]*)*"
+PREFIX_EXPECTED = ("an S3 key prefix such as 'models' or 'team/models': segments of letters, digits, '_', '.' and "
+                   "'-' (each starting with a letter or digit) separated by '/'")
 
 
-def _settings(overrides: list[str]) -> Any:
-    """The app's settings: ``cdk.json``'s context with ``-c mme:key=value`` overrides (the one
-    definition of each setting, its default and its checks)."""
-    from triton_mme_cdk.model_build.tools.triton_server import app_settings
-
-    return app_settings(_context(overrides))
+def synthesized_template(config: AppConfig, stack_name: str | None = None) -> tuple[str, dict[str, Any]]:
+    """The name and template of the endpoint stack the app in ``config`` synthesizes (its
+    ``cdk.json`` command, as ``cdk synth`` runs it; no AWS call): see :func:`app_context.pick_stack`."""
+    return _pick(Synth(config), config, stack_name)
 
 
-def synthesized_template(overrides: list[str]) -> dict[str, Any]:
-    """The template this checkout synthesizes with ``-c`` overrides (in process, no AWS call)."""
-    import tempfile
-
-    from triton_mme_cdk.model_build.tools.triton_server import app_settings
-
-    app_settings({})  # the repository on sys.path, the virtualenv's Node.js on PATH
-    import aws_cdk as cdk
-
-    from app import EXPECTED_ERRORS, build_app, cdk_json_context
-
-    with tempfile.TemporaryDirectory(prefix="plan-synth-") as outdir:
-        try:
-            app = cdk.App(context={**cdk_json_context(), **_context(overrides)}, outdir=outdir)
-            stack = build_app(app)
-            template: dict[str, Any] = app.synth().get_stack_by_name(stack.stack_name).template
-        except EXPECTED_ERRORS as error:
-            raise ModelBuildError(f"synth: {error}") from None
-    return template
+def _pick(synth: Synth, config: AppConfig, hint: str | None) -> tuple[str, dict[str, Any]]:
+    wanted = config.setting(STACK_NAME_KEY, None, matching(STACK_NAME_PATTERN), STACK_NAME_EXPECTED)
+    stack = pick_stack(synth.stacks(), wanted, hint)
+    return stack.name, stack.template
 
 
 def read_template(path_text: str, option: str) -> dict[str, Any]:
@@ -131,64 +132,89 @@ def plan_report(args: argparse.Namespace) -> Any:
     """The plan of ``args`` (:class:`~model_build.tools.plan_report.PlanReport`)."""
     from triton_mme_cdk.model_build.tools.plan_verdict import start_engine
 
-    # The settings come from the app (importing aws-cdk-lib starts jsii: seconds, mostly waiting on
-    # Node.js), so they load in a thread while this one reads the inputs that do not need them: at
-    # 3,000 models that overlap is about a second of the plan's five (benchmarks/synth_scale.py).
-    engine = start_engine()  # the diff engine loads its specification meanwhile (Node.js)
+    config = AppConfig.find(overrides=parse_overrides(args.context or []))
+    # The slow parts start first, each in its own process: the app's synth (seconds, mostly jsii
+    # starting Node.js) and the diff engine (Node.js loading its resource specification). This
+    # process reads and checks every input meanwhile; a refused input stops both.
+    synth = Synth(config) if args.template is None else None
     try:
-        return _plan_report(args, engine)
+        engine = start_engine(config.folder)
+    except BaseException:
+        if synth is not None:
+            synth.close()
+        raise
+    try:
+        return _plan_report(args, config, synth, engine)
     finally:
         if engine.poll() is None:
             engine.kill()
             engine.wait()
+        if synth is not None:
+            synth.close()
 
 
-def _plan_report(args: argparse.Namespace, engine: Any) -> Any:
+def _manifest_path(config: AppConfig) -> Path | None:
+    """The app's manifest (``mme:manifest_path``, relative to the app's folder); None for ``''``
+    (the stack serves a release published out of band)."""
+    text = config.setting(MANIFEST_PATH_KEY, DEFAULT_MANIFEST_PATH, a_string,
+                          "a path to the models manifest, or '' for a release published out of band")
+    if not text:
+        return None
+    path = config.relative(text)
+    if path.is_file():
+        return path
+    if config.folder is None:
+        raise ModelBuildError(f"plan: no cdk.json in {Path.cwd()} and no {text} there; run plan in the app's folder, "
+                              "or give --manifest FILE")
+    given = "" if MANIFEST_PATH_KEY in config.context else " (the default)"
+    raise ModelBuildError(f"{config.where(MANIFEST_PATH_KEY)}: {MANIFEST_PATH_KEY}: got {text!r}{given}; no such file "
+                          f"(relative paths start at {config.folder}); give --manifest FILE")
+
+
+def _plan_report(args: argparse.Namespace, config: AppConfig, synth: Synth | None, engine: Any) -> Any:
     from triton_mme_cdk.model_build.manifest import load_manifest
     from triton_mme_cdk.model_build.release.index import read_routes
     from triton_mme_cdk.model_build.release.routes import ModelPlan, Routes, parse_routes, plan_manifest
     from triton_mme_cdk.model_build.tools.plan_report import PlanReport
     from triton_mme_cdk.model_build.tools.plan_verdict import judge
-    from triton_mme_cdk.model_build.tools.triton_server import REPO_ROOT
 
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="plan-settings") as pool:
-        pending = pool.submit(_settings, args.context or [])
-        # Every input is read and checked before the slow parts (synth, the diff engine).
-        deployed = read_template(args.deployed_template, "--deployed-template") if args.deployed_template else None
-        new_template = read_template(args.template, "--template") if args.template else None
-        given = load_manifest(Path(args.manifest)) if args.manifest is not None else None
-        settings = pending.result()
-    prefix = args.prefix or settings.model_prefix
-    manifest_text = args.manifest if args.manifest is not None else settings.manifest_path
-    manifest_path = Path(manifest_text) if manifest_text else None
-    if manifest_path is not None and args.manifest is None and not manifest_path.is_absolute():
-        manifest_path = REPO_ROOT / manifest_path
-    manifest = given if given is not None else load_manifest(manifest_path) if manifest_path is not None else None
-    live: Routes | None
+    # Every input is read and checked before the slow parts are waited for.
+    deployed = read_template(args.deployed_template, "--deployed-template") if args.deployed_template else None
+    new_template = read_template(args.template, "--template") if args.template else None
+    manifest_path = Path(args.manifest) if args.manifest is not None else _manifest_path(config)
+    manifest = load_manifest(manifest_path) if manifest_path is not None else None
+    if not args.routes_file and not args.bucket:
+        raise ModelBuildError("plan: give --routes-file FILE (a copy of the live routes) or --bucket BUCKET")
+    live: Routes | None = None
+    where = ""
     if args.routes_file:
         path = Path(args.routes_file)
         if not path.is_file():
             raise ModelBuildError(f"--routes-file: got {str(path)!r}; no such file")
         live, where = parse_routes(path.read_bytes(), where=str(path)), str(path)
-    elif args.bucket:
-        from triton_mme_cdk.model_build.aws_clients import make_s3_client
-        from triton_mme_cdk.model_build.release import routes_key
-
-        where = f"s3://{args.bucket}/{routes_key(prefix)}"
-        live = read_routes(make_s3_client(endpoint_url=args.endpoint_url, region=args.region), args.bucket, prefix)
-    else:
-        raise ModelBuildError("plan: give --routes-file FILE (a copy of the live routes) or --bucket BUCKET")
-    if live is not None:
-        _check_stack(live, settings.stack_name, where)
     deployed_where = f"the deployed template {args.deployed_template}" if deployed is not None else ""
     if deployed is None and args.stack_name:
         deployed = stack_template(args.stack_name, args.region)
         deployed_where = f"the template of stack {args.stack_name}" if deployed is not None else ""
-        if deployed is None and live is not None:
-            raise ModelBuildError(f"--stack-name {args.stack_name}: no such stack, yet routes exist at {where}; "
-                                  "check the stack name and region")
     if new_template is None:
-        new_template = synthesized_template(args.context or [])
+        assert synth is not None
+        stack_name, new_template = _pick(synth, config, args.stack_name)
+    else:
+        stack_name = config.setting(STACK_NAME_KEY, args.stack_name or DEFAULT_STACK_NAME,
+                                    matching(STACK_NAME_PATTERN), STACK_NAME_EXPECTED)
+    if args.bucket and not args.routes_file:
+        from triton_mme_cdk.model_build.aws_clients import make_s3_client
+        from triton_mme_cdk.model_build.release import routes_key
+
+        prefix = args.prefix or template_model_prefix(new_template) or config.setting(
+            MODEL_PREFIX_KEY, DEFAULT_MODEL_PREFIX, matching(PREFIX_PATTERN), PREFIX_EXPECTED)
+        where = f"s3://{args.bucket}/{routes_key(prefix)}"
+        live = read_routes(make_s3_client(endpoint_url=args.endpoint_url, region=args.region), args.bucket, prefix)
+    if live is not None:
+        _check_stack(live, stack_name, where)
+    if args.stack_name and deployed is None and live is not None:
+        raise ModelBuildError(f"--stack-name {args.stack_name}: no such stack, yet routes exist at {where}; "
+                              "check the stack name and region")
     if manifest is not None:
         models = plan_manifest(manifest, live, base_dir=manifest_path.parent if manifest_path else Path("."))
         note = ""
@@ -206,7 +232,7 @@ def _plan_report(args: argparse.Namespace, engine: Any) -> Any:
                     record=live.deployed if live is not None else None, live_routes=live is not None,
                     unknown_reason=unknown, engine=engine)
     builds_on = _builds_on(manifest, models, new_template, manifest_path.parent if manifest_path else Path("."))
-    return PlanReport(stack=settings.stack_name, models=models, verdict=verdict, routes_where=where,
+    return PlanReport(stack=stack_name, models=models, verdict=verdict, routes_where=where,
                       models_note=note, builds_on=builds_on)
 
 
@@ -273,11 +299,14 @@ def add_plan_parsers(sub: Any, default_prefix: str) -> None:
         "plan", help="what a deploy would do: models added, updated, removed; the fleet and the data's verdict",
         description=__doc__.split("\n\n")[1].replace("\n", " "),
     )
-    plan.add_argument("--manifest", default=None, help="models manifest (default: the mme:manifest_path setting)")
+    plan.add_argument("--manifest", default=None,
+                      help="models manifest (default: the mme:manifest_path setting, relative to cdk.json's folder)")
     live = plan.add_argument_group("the live routes (one of)")
     live.add_argument("--routes-file", default=None, help="a copy of the live routes document (no AWS call)")
     live.add_argument("--bucket", default=None, help="read the live routes from this bucket")
-    plan.add_argument("--prefix", default=None, help="model prefix (default: the mme:model_prefix setting)")
+    plan.add_argument("--prefix", default=None,
+                      help="model prefix (default: the ModelPrefix of the template's model build, else the "
+                           "mme:model_prefix setting)")
     plan.add_argument("--endpoint-url", default=None, help="S3 endpoint (default: AWS)")
     plan.add_argument("--region", default=None, help="AWS region (default: from the environment)")
     state = plan.add_argument_group("the deployed state (default: the record in the live routes)")
@@ -285,12 +314,13 @@ def add_plan_parsers(sub: Any, default_prefix: str) -> None:
                        help="the deployed template in JSON (aws cloudformation get-template, or the base branch's "
                             "cdk synth)")
     state.add_argument("--stack-name", default=None,
-                       help="read the deployed template from CloudFormation (cloudformation:GetTemplate)")
+                       help="read the deployed template from CloudFormation (cloudformation:GetTemplate); without "
+                            "mme:stack_name it also names the stack planned")
     plan.add_argument("--template", default=None, metavar="FILE",
-                      help="the template the change deploys (cdk.out/<stack>.template.json); default: synthesize "
-                           "this checkout with the -c settings")
+                      help="the template the change deploys (cdk.out/<stack>.template.json); default: run the "
+                           "app of ./cdk.json as cdk synth does, with the -c settings")
     plan.add_argument("-c", "--context", action="append", metavar="mme:KEY=VALUE",
-                      help="a setting as given to cdk synth (repeatable); cdk.json gives the rest")
+                      help="a setting as given to cdk synth (repeatable); ./cdk.json gives the rest")
     plan.add_argument("--format", choices=("text", "json", "markdown"), default="text",
                       help="what to print (default: text)")
     plan.add_argument("--json-file", default=None, metavar="FILE", help="also write the JSON plan here")

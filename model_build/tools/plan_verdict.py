@@ -46,9 +46,13 @@ from triton_mme_cdk.model_build.release.deployed import (
     record_ids,
     references,
 )
-from triton_mme_cdk.model_build.tools.triton_server import REPO_ROOT
+from triton_mme_cdk.model_build.tools.app_context import checkout_root
 
 DIFF_SCRIPT = Path(__file__).with_name("cfn_diff.js")
+#: The diff engine's npm package and its version: the checkout's package.json pins the same
+#: (``npm ci`` installs it from the lock; tests/test_app_context.py holds the two together).
+DIFF_ENGINE = "@aws-cdk/cloudformation-diff"
+DIFF_ENGINE_VERSION = "2.187.5"
 #: The engine's impacts that replace or remove the physical resource.
 DESTRUCTIVE = ("WILL_REPLACE", "MAY_REPLACE", "WILL_DESTROY", "WILL_ORPHAN")
 #: Resource types whose change says nothing a reviewer of the fleet needs: CDK's version metadata,
@@ -142,15 +146,33 @@ def node_binary() -> str:
     return found
 
 
-def start_engine() -> subprocess.Popen[bytes]:
+def engine_folder(app_folder: Path | None = None) -> Path:
+    """The ``node_modules`` that holds the diff engine: the app's folder's (``app_folder``, default
+    the current directory), else the checkout's (``make setup``). Missing: one line with the
+    command that installs it."""
+    app_folder = Path.cwd() if app_folder is None else app_folder
+    checkout = checkout_root()
+    folders = [app_folder / "node_modules", *([checkout / "node_modules"] if checkout is not None else [])]
+    for folder in folders:
+        if (folder / DIFF_ENGINE / "package.json").is_file():
+            return folder
+    looked = " or ".join(str(folder) for folder in dict.fromkeys(folders))
+    if checkout is not None and checkout.resolve() == app_folder.resolve():
+        how = "run `make plan-setup` (npm ci of the pinned package.json)"
+    else:
+        how = f"install it: npm install --no-save --prefix {app_folder} {DIFF_ENGINE}@{DIFF_ENGINE_VERSION}"
+    raise PlanInputError(f"plan: the CDK diff engine ({DIFF_ENGINE}) is not installed in {looked}; {how}")
+
+
+def start_engine(app_folder: Path | None = None) -> subprocess.Popen[bytes]:
     """The diff engine's process, started ahead: it loads the resource specification while the
-    caller reads its inputs, then waits for the two templates on stdin (:func:`engine_diff`)."""
-    module = REPO_ROOT / "node_modules" / "@aws-cdk" / "cloudformation-diff"
-    if not module.is_dir():
-        raise PlanInputError(f"plan: the CDK diff engine is not installed ({module.relative_to(REPO_ROOT)}); "
-                             "run `make setup` (npm ci)")
+    caller reads its inputs, then waits for the two templates on stdin (:func:`engine_diff`).
+    Node.js resolves the engine from :func:`engine_folder` (``NODE_PATH``): ``cfn_diff.js`` lies
+    in this package, wherever it is installed."""
+    modules = engine_folder(app_folder)
+    env = {**os.environ, "NODE_PATH": os.pathsep.join([str(modules), *filter(None, [os.environ.get("NODE_PATH")])])}
     return subprocess.Popen([node_binary(), str(DIFF_SCRIPT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, cwd=REPO_ROOT)
+                            stderr=subprocess.PIPE, cwd=modules.parent, env=env)
 
 
 def engine_diff(old: Mapping[str, Any], new: Mapping[str, Any],

@@ -9,7 +9,8 @@ version Triton 24.10's onnxruntime backend ships) and torch for the python-based
 
 Started the way ``docker/sagemaker/serve`` starts it on a multi-model endpoint: SageMaker API only
 (``--allow-sagemaker --model-control-mode=explicit --model-namespacing``), HTTP, gRPC and metrics
-off, the python backend's shared memory from the same settings the stack gives the container.
+off, the python backend's shared memory from the same settings the stack gives the container
+(:func:`stack_shm_settings`: the app's ``cdk.json``, else the endpoint's defaults).
 
 The server runs in its own session (a signal to the caller's group does not reach it first) and
 dies with the process that started it: ``PR_SET_PDEATHSIG`` (Linux) sends it SIGTERM when that
@@ -19,7 +20,6 @@ process dies, also by SIGKILL, so no ``tritonserver`` or stub outlives the endpo
 from __future__ import annotations
 
 import ctypes
-import functools
 import http.client
 import json
 import os
@@ -32,17 +32,24 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from triton_mme_cdk.model_build.errors import ModelBuildError
+from triton_mme_cdk.model_build.text_ensemble.shm import (
+    SHM_DEFAULT_BYTE_SIZE,
+    SHM_DEFAULT_KEY,
+    SHM_GROWTH_BYTE_SIZE,
+    SHM_GROWTH_KEY,
+    SHM_MAX_BYTE_SIZE,
+)
+from triton_mme_cdk.model_build.tools.app_context import AppConfig, checkout_root, whole_number
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-#: Where ``make setup`` puts the triton environment; ``MME_TRITON_ENV`` points elsewhere.
-DEFAULT_ENV = REPO_ROOT / ".venv-triton"
+#: Where ``make setup`` puts the triton environment (in the checkout); ``MME_TRITON_ENV`` points elsewhere.
+ENV_FOLDER = ".venv-triton"
 ENV_VARIABLE = "MME_TRITON_ENV"
 BACKENDS_SOURCE = Path(__file__).resolve().parent / "triton_backends"
 #: The python-based backends this project provides (the C++ ones are not in the package).
@@ -54,6 +61,12 @@ _VERSION = re.compile(r"server_version\s*\|\s*([0-9.]+)")
 
 class TritonEnvironmentError(ModelBuildError):
     """The triton environment is missing or incomplete: says what to run."""
+
+
+def default_root() -> Path:
+    """The checkout's ``.venv-triton`` (``make setup``), or, installed from a wheel, the current
+    directory's (the app's folder)."""
+    return (checkout_root() or Path.cwd()) / ENV_FOLDER
 
 
 @dataclass(frozen=True)
@@ -111,13 +124,14 @@ class TritonEnvironment:
 
     @classmethod
     def find(cls, root: Path | None = None) -> TritonEnvironment:
-        root = Path(root or os.environ.get(ENV_VARIABLE) or DEFAULT_ENV)
+        """``root``, else ``$MME_TRITON_ENV``, else :func:`default_root`."""
+        root = Path(root or os.environ.get(ENV_VARIABLE) or default_root())
         candidates = sorted(root.glob("lib/python3.*/site-packages"))
         if not candidates or not (candidates[0] / "pytriton" / "tritonserver" / "bin" / "tritonserver").is_file():
-            raise TritonEnvironmentError(
-                f"no tritonserver in {root} (set {ENV_VARIABLE} to another environment); "
-                "run `make setup` to install it"
-            )
+            how = ("run `make setup` to install it" if checkout_root() is not None else
+                   "make one with Python 3.11 from the repository's requirements-triton.txt (nvidia-pytriton, "
+                   "numpy<2, ONNX Runtime 1.19, torch; docs/local-endpoint.md)")
+            raise TritonEnvironmentError(f"no tritonserver in {root} (set {ENV_VARIABLE} to another environment); {how}")
         return cls(root=root, site_packages=candidates[0])
 
     def assemble_backends(self, dest: Path) -> Path:
@@ -361,33 +375,17 @@ def triton_server(
         stop_process(process)
 
 
-def app_settings(overrides: Mapping[str, Any] | None = None) -> Any:
-    """The app's own settings (``stacks.settings.MmeSettings``): ``cdk.json``'s context, with
-    ``overrides`` on top as ``-c`` gives them. That import loads the CDK (a few seconds, and jsii
-    starts Node.js), with the virtualenv's Node.js first on ``PATH`` as ``make`` sets it. A
-    refused value is a :class:`ModelBuildError` with the settings' own message."""
-    os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-    if str(REPO_ROOT) not in sys.path:
-        sys.path.insert(0, str(REPO_ROOT))
-    from app import cdk_json_context, load_settings
-    from triton_mme_cdk.stacks.settings import SettingsError
-
-    try:
-        return load_settings({**cdk_json_context(), **(overrides or {})})
-    except SettingsError as error:
-        raise ModelBuildError(str(error)) from None
-
-
-@functools.lru_cache(maxsize=1)
-def stack_shm_settings() -> tuple[int, int]:
-    """The python backend's SHM sizes the stack gives the container, read once.
-
-    ``cdk.json``'s context through the app's own settings (``mme:shm_default_byte_size``,
-    ``mme:shm_growth_byte_size``): the one definition of the setting and its default, read with
-    :func:`app_settings` only when a server starts.
-    """
-    settings = app_settings()
-    return settings.shm_default_byte_size, settings.shm_growth_byte_size
+def stack_shm_settings(folder: Path | None = None) -> tuple[int, int]:
+    """The python backend's SHM sizes the stack gives the container: ``mme:shm_default_byte_size``
+    and ``mme:shm_growth_byte_size`` of the app's ``cdk.json`` (in ``folder``, default the current
+    directory: the app's folder), each the endpoint's default (:mod:`~triton_mme_cdk.model_build.
+    text_ensemble.shm`) where it is not set. A value the stack would refuse is one error line
+    naming the key and the file."""
+    config = AppConfig.find(folder)
+    expected = f"a whole number of bytes from 1 to {SHM_MAX_BYTE_SIZE}"
+    check = whole_number(1, SHM_MAX_BYTE_SIZE)
+    return (config.setting(SHM_DEFAULT_KEY, SHM_DEFAULT_BYTE_SIZE, check, expected),
+            config.setting(SHM_GROWTH_KEY, SHM_GROWTH_BYTE_SIZE, check, expected))
 
 
 @contextmanager
