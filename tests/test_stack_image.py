@@ -15,8 +15,8 @@ from triton_mme_cdk.constructs.triton_image import (
     TritonImage,
     TritonImageProps,
     image_table_path,
-    sdk_image_table_path,
     load_image_table,
+    sdk_image_table_path,
 )
 
 #: Regions of several partitions and registries (commercial, opt-in, China where listed).
