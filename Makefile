@@ -24,7 +24,7 @@ BUILD_DIR ?= build
 BUCKET ?=
 ENDPOINT_URL ?=
 
-.PHONY: setup plan-setup demo test test-fast lint synth bench gpu-check smoke image-table lock clean
+.PHONY: setup plan-setup demo test test-fast lint synth bench gpu-check smoke reference image-table lock clean
 
 # What Lambda's Node.js runtime gives the CDK provider framework (the AWS SDK v3), for the
 # custom-resource protocol tests (tests/test_custom_resource_protocol.py runs the framework's code).
@@ -171,6 +171,11 @@ smoke: setup
 		$(if $(RUNTIME_ENDPOINT_URL),--runtime-endpoint-url $(RUNTIME_ENDPOINT_URL)) \
 		$(if $(SAGEMAKER_ENDPOINT_URL),--sagemaker-endpoint-url $(SAGEMAKER_ENDPOINT_URL)) \
 		$(if $(S3_ENDPOINT_URL),--s3-endpoint-url $(S3_ENDPOINT_URL))
+
+# docs/reference.md (the public names of triton_mme_cdk, from their docstrings) and the typed keywords of
+# an endpoint's settings (constructs/endpoint_keywords.py); tests/test_package.py checks both.
+reference: $(VENV)/.installed
+	$(PY) -m triton_mme_cdk.reference --write .
 
 # The Triton image table the constructs synthesize from: a copy of the pinned sagemaker SDK's (after a new pin).
 image-table: $(VENV)/.installed

@@ -62,6 +62,11 @@ PLACEHOLDER_ID_RULES: tuple[str, ...] = (
 )
 
 
+#: The fields of an ``ec2.SubnetSelection`` (``select_subnets`` takes them as keywords).
+SUBNET_SELECTION_FIELDS = ("availability_zones", "one_per_az", "subnet_filters", "subnet_group_name", "subnets",
+                           "subnet_type")
+
+
 def _private_cidr(value: str) -> str:
     try:
         network = ipaddress.IPv4Network(value, strict=True)
@@ -155,7 +160,9 @@ class EndpointNetwork(Construct):
             self._acknowledge_placeholders()
         isolated, egress = list(self.vpc.isolated_subnets), list(self.vpc.private_subnets)
         if props.subnets is not None:
-            model_subnets = list(self.vpc.select_subnets(props.subnets).subnets)
+            selection = {name: getattr(props.subnets, name) for name in SUBNET_SELECTION_FIELDS
+                         if getattr(props.subnets, name) is not None}
+            model_subnets = list(self.vpc.select_subnets(**selection).subnets)
             public = {subnet.subnet_id for subnet in self.vpc.public_subnets}
             if any(subnet.subnet_id in public for subnet in model_subnets):
                 raise PropsError("vpc_subnets: selects public subnets; the model goes to private or isolated "
@@ -178,7 +185,7 @@ class EndpointNetwork(Construct):
             )
         #: The model's security groups: the given ones, or the created one.
         self.model_security_groups: list[ec2.ISecurityGroup] = (
-            list(props.security_groups) if props.security_groups is not None else [self.model_security_group])
+            list(props.security_groups) if self.model_security_group is None else [self.model_security_group])
         #: Subnets and security group of the model build (None without ``build_access``).
         self.build_subnets: list[ec2.ISubnet] | None = None
         self.build_security_group: ec2.SecurityGroup | None = None

@@ -16,7 +16,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 from aws_cdk import Annotations, Aws, CfnMapping, Duration, Fn, Stack
 from aws_cdk import aws_ec2 as ec2
@@ -31,6 +31,7 @@ from triton_mme_cdk.constructs.deployed_record import deployed_record
 from triton_mme_cdk.constructs.endpoint_alarms import EndpointAlarms, EndpointAlarmsProps
 from triton_mme_cdk.constructs.endpoint_autoscaling import EndpointAutoscaling, EndpointAutoscalingProps
 from triton_mme_cdk.constructs.endpoint_dashboard import EndpointDashboard, EndpointDashboardProps
+from triton_mme_cdk.constructs.endpoint_keywords import EndpointKeywords
 from triton_mme_cdk.constructs.endpoint_metrics import EndpointMetrics
 from triton_mme_cdk.constructs.endpoint_network import EndpointNetwork, EndpointNetworkProps
 from triton_mme_cdk.constructs.endpoint_settings import EndpointSettingsBase, endpoint_settings
@@ -141,7 +142,7 @@ class TritonMultiModelEndpoint(EndpointMetrics, Construct):
         security_groups: Sequence[ec2.ISecurityGroup] | None = None,
         alarm_topic: sns.ITopic | None = None,
         build_context: Path | None = None,
-        **settings: Any,
+        **settings: Unpack[EndpointKeywords],
     ) -> None:
         if not isinstance(models, ModelSource):
             raise PropsError(f"models: got {type(models).__name__}; expected ModelSource.from_manifest(path) "
@@ -205,6 +206,7 @@ class TritonMultiModelEndpoint(EndpointMetrics, Construct):
 
     @property
     def endpoint_arn(self) -> str:
+        """The endpoint's ARN."""
         return self.endpoint.endpoint_arn
 
     @property
@@ -219,10 +221,13 @@ class TritonMultiModelEndpoint(EndpointMetrics, Construct):
 
     @property
     def metric_endpoint_name(self) -> str:
+        """The endpoint's name as the ``metric_*`` dimensions name it (as given: alarms on them can
+        exist before the endpoint)."""
         return self.endpoint.metric_endpoint_name
 
     @property
     def variant_name(self) -> str:
+        """The endpoint's one production variant."""
         return self.endpoint.variant_name
 
     @functools.cached_property

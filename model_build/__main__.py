@@ -442,7 +442,9 @@ def _jobs(text: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m model_build")
+    # Installed, the CLI is the `triton-mme` command; in a checkout, `python -m model_build`.
+    installed = Path(sys.argv[0]).name == "triton-mme"
+    parser = argparse.ArgumentParser(prog="triton-mme" if installed else "python -m model_build")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser, func: Callable[..., int], *, s3: bool = False, build: bool = True) -> None:

@@ -188,6 +188,24 @@ def test_in_a_cdk_pipelines_stage(tmp_path: Path) -> None:
     assert _resources(template, "AWS::SageMaker::Endpoint")
 
 
+def test_your_subnets_and_security_groups_are_the_models(tmp_path: Path) -> None:
+    app = cdk.App(outdir=str(tmp_path / "out"), analytics_reporting=False)
+    stack = cdk.Stack(app, "Chosen")
+    vpc = ec2.Vpc(stack, "Vpc", max_azs=2, nat_gateways=0, subnet_configuration=[
+        ec2.SubnetConfiguration(name="models", subnet_type=ec2.SubnetType.PRIVATE_ISOLATED),
+        ec2.SubnetConfiguration(name="other", subnet_type=ec2.SubnetType.PRIVATE_ISOLATED)])
+    group = ec2.SecurityGroup(stack, "Theirs", vpc=vpc, allow_all_outbound=False)
+    endpoint = TritonMultiModelEndpoint(
+        stack, "Mme", models=ModelSource.from_release("r-0123456789abcdef"), vpc=vpc,
+        vpc_subnets=ec2.SubnetSelection(subnet_group_name="models"), security_groups=[group])
+    template = app.synth().get_stack_by_name("Chosen").template
+    (model,) = _resources(template, "AWS::SageMaker::Model").values()
+    chosen = vpc.select_subnets(subnet_group_name="models").subnets
+    assert model["Properties"]["VpcConfig"]["Subnets"] == [stack.resolve(s.subnet_id) for s in chosen]
+    assert model["Properties"]["VpcConfig"]["SecurityGroupIds"] == [stack.resolve(group.security_group_id)]
+    assert endpoint.network is not None and endpoint.network.model_security_group is None
+
+
 def test_from_release_serves_without_a_build(tmp_path: Path) -> None:
     app = cdk.App(outdir=str(tmp_path / "out"), analytics_reporting=False)
     stack = cdk.Stack(app, "Served")
@@ -215,7 +233,7 @@ def _refusal(tmp_path: Path, case: str) -> str:
         TritonMultiModelEndpoint(stack, "One", models=release, endpoint_name="shared")
         TritonMultiModelEndpoint(stack, "Two", models=release, endpoint_name="shared", model_prefix="two")
     elif case == "unknown-keyword":
-        TritonMultiModelEndpoint(stack, "Mme", models=release, instace_type="ml.g5.xlarge")
+        TritonMultiModelEndpoint(stack, "Mme", models=release, instace_type="ml.g5.xlarge")  # type: ignore[call-arg]
     elif case == "bad-value":
         TritonMultiModelEndpoint(stack, "Mme", models=release, max_instance_count=0)
     elif case == "subnets-without-vpc":

@@ -161,3 +161,25 @@ def test_the_distribution_is_one_package_with_its_data(dist: Path) -> None:
     assert any("torch" in line and 'extra == "build"' in line for line in requires)
     entry_points = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert f"triton-mme = {PACKAGE}.model_build.__main__:main" in entry_points
+
+
+def test_the_index_re_exports_each_public_name_from_where_it_is_defined() -> None:
+    import triton_mme_cdk
+
+    assert sorted(triton_mme_cdk.__all__) == sorted(triton_mme_cdk._EXPORTS)
+    for name in triton_mme_cdk.__all__:
+        value = getattr(triton_mme_cdk, name)
+        module = triton_mme_cdk._EXPORTS[name]
+        assert getattr(value, "__module__", module) == module or name == "SETTING_NAMES", name
+    with pytest.raises(AttributeError, match="no attribute 'Nothing'"):
+        triton_mme_cdk.Nothing  # noqa: B018
+
+
+def test_the_reference_page_and_the_keywords_are_generated() -> None:
+    """docs/reference.md and constructs/endpoint_keywords.py are what `make reference` writes now
+    (a changed docstring, signature or setting without them rewritten fails here)."""
+    from triton_mme_cdk.reference import keywords_source, render
+
+    assert (ROOT / "docs" / "reference.md").read_text(encoding="utf-8") == render(), "run `make reference`"
+    assert (ROOT / "constructs" / "endpoint_keywords.py").read_text(encoding="utf-8") == keywords_source(), \
+        "run `make reference`"

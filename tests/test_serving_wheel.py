@@ -67,8 +67,24 @@ def test_a_wheel_with_other_bytes_is_refused_naming_both_hashes(tmp_path, monkey
 
 def test_a_missing_wheel_says_what_to_run(tmp_path, monkeypatch):
     monkeypatch.setenv(WHEELHOUSE_VARIABLE, str(tmp_path / "empty"))
-    with pytest.raises(PackageError, match=r"the serving wheel .* is missing; run `make setup`"):
+    with pytest.raises(PackageError, match=r"the serving wheel .* is missing; run `make setup` in a checkout, or "
+                                           r"`pip download .* -d \.wheelhouse` where you build"):
         vendored_files("m")
+
+
+def test_an_installed_package_finds_the_wheel_in_the_current_folder(tmp_path, monkeypatch):
+    """Installed from a wheel there is no checkout: ``./.wheelhouse`` (the documented download's
+    folder) is where the build looks, after the variable and the checkout's."""
+    import triton_mme_cdk.model_build.text_ensemble.serving_wheel as module
+
+    wheel = pinned_wheel()
+    (tmp_path / ".wheelhouse").mkdir()
+    (tmp_path / ".wheelhouse" / wheel.filename).write_bytes((wheelhouse() / wheel.filename).read_bytes())
+    monkeypatch.delenv(WHEELHOUSE_VARIABLE, raising=False)
+    monkeypatch.setattr(module, "CHECKOUT_WHEELHOUSE", tmp_path / "no-checkout" / ".wheelhouse")
+    monkeypatch.chdir(tmp_path)
+    assert module.wheelhouse() == tmp_path / ".wheelhouse"
+    assert vendored_files("m")
 
 
 def test_a_pin_of_another_version_than_the_builders_is_refused(tmp_path):

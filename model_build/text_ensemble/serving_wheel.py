@@ -37,10 +37,14 @@ from triton_mme_cdk.model_build.errors import PackageError
 
 PIN_FILE = Path(__file__).resolve().parent / "serving-wheels.txt"
 #: Where the build looks for the pinned wheel: this variable, else the checkout's ``.wheelhouse``
-#: (``make setup``), else the build image's folder (model_build/Dockerfile).
+#: (``make setup``), else ``.wheelhouse`` in the current folder (an installed package: see
+#: :data:`DOWNLOAD_COMMAND`), else the build image's folder (model_build/Dockerfile).
 WHEELHOUSE_VARIABLE = "MODEL_BUILD_WHEELHOUSE"
 CHECKOUT_WHEELHOUSE = Path(__file__).resolve().parents[2] / ".wheelhouse"
 IMAGE_WHEELHOUSE = Path("/opt/serving-wheels")
+#: The one command that puts the pinned wheel in ``./.wheelhouse`` (as ``make setup`` and the image do).
+DOWNLOAD_COMMAND = ("pip download --no-deps --only-binary=:all: --platform manylinux2014_x86_64 --implementation cp "
+                    f"--python-version 3.10 --require-hashes -r {PIN_FILE} -d .wheelhouse")
 #: The package inside the wheel; type stubs (``.pyi``) are left out (nothing reads them at run time).
 PACKAGE = "tokenizers"
 
@@ -138,7 +142,10 @@ def wheelhouse() -> Path:
     given = os.environ.get(WHEELHOUSE_VARIABLE)
     if given:
         return Path(given)
-    return CHECKOUT_WHEELHOUSE if CHECKOUT_WHEELHOUSE.is_dir() else IMAGE_WHEELHOUSE
+    for folder in (CHECKOUT_WHEELHOUSE, Path.cwd() / ".wheelhouse"):
+        if folder.is_dir():
+            return folder
+    return IMAGE_WHEELHOUSE
 
 
 def vendored_files(model: str, pin_file: Path = PIN_FILE) -> dict[str, bytes]:
@@ -156,8 +163,8 @@ def vendored_files(model: str, pin_file: Path = PIN_FILE) -> dict[str, bytes]:
                            "install the pinned version (make setup)", model=model)
     path = wheelhouse() / wheel.filename
     if not path.is_file():
-        raise PackageError(f"inputs: text: the serving wheel {path} is missing; run `make setup` (or pip download "
-                           f"-r {PIN_FILE} as its header says) or set {WHEELHOUSE_VARIABLE}", model=model)
+        raise PackageError(f"inputs: text: the serving wheel {path} is missing; run `make setup` in a checkout, or "
+                           f"`{DOWNLOAD_COMMAND}` where you build, or set {WHEELHOUSE_VARIABLE}", model=model)
     data = path.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
     if digest != wheel.sha256:

@@ -1,0 +1,177 @@
+"""The reference of the public names (``docs/reference.md``), generated from their docstrings and
+signatures, and the typed keywords of an endpoint's settings (``constructs/endpoint_keywords.py``,
+the ``TypedDict`` that types ``TritonMultiModelEndpoint(**settings)``): ``make reference``
+(``python -m triton_mme_cdk.reference --write .``) writes both.
+
+Every name of ``triton_mme_cdk.__all__``: classes with their constructor, public properties and
+methods; the settings every endpoint takes as keywords, with their types, defaults and
+descriptions (the fields of :class:`~triton_mme_cdk.constructs.endpoint_settings.EndpointSettings`).
+``tests/test_package.py`` holds the committed files to what this writes.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import sys
+from typing import Any
+
+import triton_mme_cdk
+from triton_mme_cdk.constructs.endpoint_metrics import VariantMetric
+
+HEADER = """# Reference of `triton_mme_cdk`
+
+Generated from the docstrings by `make reference` (`python -m triton_mme_cdk.reference`); do not
+edit by hand. How to use it in your own CDK app: [README](../README.md#use-it-in-your-own-cdk-app);
+what every setting does: [settings.md](settings.md).
+"""
+
+
+def _doc(obj: Any) -> str:
+    text = inspect.getdoc(obj) or ""
+    # Sphinx roles read as code in markdown: :class:`~a.b.C` -> `C`, :func:`x` -> `x`.
+    return re.sub(r":[a-z]+:`~?([^`]+)`", lambda m: f"`{m.group(1).rsplit('.', 1)[-1]}`", text).replace("``", "`")
+
+
+def _signature(obj: Any) -> str:
+    try:
+        text = str(inspect.signature(obj))
+    except (TypeError, ValueError):
+        return "(...)"
+    # Annotations are strings (postponed evaluation): show them as written.
+    return re.sub(r"(: |-> )'([^']*)'", r"\1\2", text)
+
+
+def _members(cls: type) -> list[tuple[str, Any]]:
+    """Public properties and methods ``cls`` itself defines or a project base gives it."""
+    found = []
+    for name, member in inspect.getmembers(cls):
+        if name.startswith("_"):
+            continue
+        owner = next((base for base in cls.__mro__ if name in base.__dict__), None)
+        if owner is None or not owner.__module__.startswith(triton_mme_cdk.__name__):
+            continue
+        raw = owner.__dict__[name]
+        if isinstance(raw, (property, classmethod, staticmethod, VariantMetric)) or inspect.isfunction(raw) \
+                or callable(member):
+            found.append((name, raw))
+    return found
+
+
+def _metric(name: str, metric: VariantMetric) -> list[str]:
+    return [f"### `{name}(**options) -> cloudwatch.Metric`", "",
+            f"`{metric.namespace}`: {_doc(metric)}", ""]
+
+
+def _class(name: str, cls: type) -> list[str]:
+    lines = [f"## `{name}`", "", f"`{cls.__module__}.{cls.__qualname__}`", "", _doc(cls), ""]
+    if "__init__" in cls.__dict__:
+        lines += ["```python", f"{name}{_signature(cls.__dict__['__init__']).replace('(self, ', '(', 1)}", "```", ""]
+    for member_name, raw in _members(cls):
+        if isinstance(raw, VariantMetric):
+            lines += _metric(member_name, raw)
+            continue
+        kind = "property" if isinstance(raw, property) or hasattr(raw, "attrname") else "method"
+        target = raw.__func__ if isinstance(raw, (classmethod, staticmethod)) else raw
+        target = getattr(target, "func", target)  # functools.cached_property
+        heading = f"`{member_name}`" if kind == "property" else f"`{member_name}{_signature(target)}`"
+        doc = _doc(target) or _doc(getattr(raw, "__doc__", None))
+        lines += [f"### {heading}", "", doc or "(no description)", ""]
+    return lines
+
+
+def _settings() -> list[str]:
+    from triton_mme_cdk.constructs.endpoint_settings import EndpointSettings
+
+    lines = ["## The settings of an endpoint", "",
+             "Keywords of `TritonMultiModelEndpoint` (and `mme:<name>` keys of the app's context), with the",
+             "type, default and description of the props field each sets.", "",
+             "| keyword | type | default | description |", "|---|---|---|---|"]
+    for field_name, info in EndpointSettings.model_fields.items():
+        annotation = getattr(info.annotation, "__name__", None) or str(info.annotation)
+        annotation = re.sub(r"typing\.|Annotated\[|, FieldInfo\(.*|<class '|'>", "", annotation).rstrip("]")
+        default = info.get_default(call_default_factory=True)
+        shown = "unset" if default is None else f"`{default!r}`"
+        description = (info.description or "").replace("|", "\\|")
+        lines.append(f"| `{field_name}` | `{annotation}` | {shown} | {description} |")
+    return [*lines, ""]
+
+
+def _type_name(annotation: Any) -> str:
+    """An annotation as Python source (``Annotated`` metadata dropped)."""
+    import types
+    import typing
+
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _type_name(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_type_name(arg) for arg in typing.get_args(annotation))
+    if origin is typing.Literal:
+        return "Literal[" + ", ".join(repr(arg) for arg in typing.get_args(annotation)) + "]"
+    if origin in (list, dict):
+        return f"{origin.__name__}[" + ", ".join(_type_name(arg) for arg in typing.get_args(annotation)) + "]"
+    return "None" if annotation is type(None) else str(getattr(annotation, "__name__", annotation))
+
+
+KEYWORDS_HEADER = '''"""The keywords of ``TritonMultiModelEndpoint(**settings)``: one per setting, typed (generated
+by ``make reference`` from ``EndpointSettings``; do not edit by hand).
+
+Each keyword is the ``mme:`` setting of the same name in docs/settings.md, with its type, unit and
+default; a value is checked by the same rules (one ``PropsError`` line naming the keyword).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, TypedDict
+
+
+class EndpointKeywords(TypedDict, total=False):
+    """The settings of one endpoint, each optional (its default applies when left out)."""
+
+'''
+
+
+def keywords_source() -> str:
+    """The source of ``constructs/endpoint_keywords.py``."""
+    import textwrap
+
+    from triton_mme_cdk.constructs.endpoint_settings import EndpointSettings
+
+    lines = [KEYWORDS_HEADER.rstrip("\n")]
+    for field_name, info in EndpointSettings.model_fields.items():
+        default = info.get_default(call_default_factory=True)
+        text = f"{info.description or ''} Default: {'unset' if default is None else repr(default)}."
+        lines += [""] + ["    #: " + line for line in textwrap.wrap(text, 100)]
+        lines.append(f"    {field_name}: {_type_name(info.annotation)}")
+    return "\n".join(lines) + "\n"
+
+
+def render() -> str:
+    lines = [HEADER]
+    for name in triton_mme_cdk.__all__:
+        value = getattr(triton_mme_cdk, name)
+        if inspect.isclass(value) and name != "EndpointSettings":
+            lines += _class(name, value)
+    lines += _settings()
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: list[str]) -> int:
+    """Print the reference page; with ``--write ROOT``, write both generated files under ROOT."""
+    from pathlib import Path
+
+    if argv[:1] == ["--write"] and len(argv) == 2:
+        root = Path(argv[1])
+        (root / "docs" / "reference.md").write_text(render(), encoding="utf-8")
+        (root / "constructs" / "endpoint_keywords.py").write_text(keywords_source(), encoding="utf-8")
+        return 0
+    if argv:
+        print("usage: python -m triton_mme_cdk.reference [--write ROOT]", file=sys.stderr)
+        return 2
+    sys.stdout.write(render())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
