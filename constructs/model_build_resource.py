@@ -88,6 +88,27 @@ class ModelBuildResource(Construct):
         super().__init__(scope, id)
         #: The props the resource was built from.
         self.props = props
+        self._plan_release()
+        #: Docker-ignore patterns of the build image's context (one walk of the runtime, shared by the handlers).
+        self._image_exclude = runtime_only_exclude(props.build_context)
+        self.manifest_asset = s3_assets.Asset(self, "Manifest", path=str(props.manifest_path))
+        #: The model bucket's key, which encrypts the log groups and the framework functions'
+        #: environment (None when the bucket has no key whose policy this app manages).
+        self.encryption_key = logs_key(props.model_bucket.encryption_key)
+        self._functions()
+        self._engines()
+        self.provider = self._provider()
+        self.resource = self._custom_resource()
+        self._attributes()
+        tidy_framework(
+            self.provider, role=self.role, framework_roles=(self._on_event_framework_role, self._complete_framework_role),
+            handlers=(self.on_event_function, self.is_complete_function), build_function=self.build_function,
+            in_vpc=props.vpc is not None, encryption_key=self.encryption_key,
+        )
+
+    def _plan_release(self) -> None:
+        """What this deploy publishes and where each model builds, known at synth."""
+        props = self.props
         #: The release the manifest publishes (computed at synth from the manifest and the build
         #: code that goes into the image).
         self.release: Release = compute_release(
@@ -104,15 +125,12 @@ class ModelBuildResource(Construct):
             Annotations.of(self).add_info(
                 f"models built on SageMaker Processing ({props.processing_instance_type} unless the entry says): "
                 f"{', '.join(on_processing[:10])}{' ...' if len(on_processing) > 10 else ''}")
-        #: Docker-ignore patterns of the build image's context (one walk of the runtime, shared by the handlers).
-        self._image_exclude = runtime_only_exclude(props.build_context)
-        self.manifest_asset = s3_assets.Asset(self, "Manifest", path=str(props.manifest_path))
-        #: The model bucket's key, which encrypts the log groups and the framework functions'
-        #: environment (None when the bucket has no key whose policy this app manages).
-        self.encryption_key = logs_key(props.model_bucket.encryption_key)
+
+    def _functions(self) -> None:
+        """The three functions on the build image, their role, and their VPC access."""
         self.role = self._role()
         #: The policy that lets Lambda attach the handlers to the VPC (None without a VPC).
-        self.vpc_access_policy: iam.Policy | None = None if props.vpc is None else wildcard_policy(
+        self.vpc_access_policy: iam.Policy | None = None if self.props.vpc is None else wildcard_policy(
             self,
             "VpcAccess",
             self.role,
@@ -131,6 +149,11 @@ class ModelBuildResource(Construct):
         self.build_function = self._handler(
             "Build", BUILD_STEP_HANDLER, "Model release: builds one model, or plans / finishes a release"
         )
+
+    def _engines(self) -> None:
+        """Where models build: the build function, or a Processing job for the big ones, driven by
+        the build state machine, which only the custom resource's functions may start."""
+        props = self.props
         #: Builds the models too big for the Lambda: a SageMaker Processing job on the same image.
         self.processing = ProcessingBuild(self, "Processing", props=ProcessingBuildProps(
             image=ecr_assets.DockerImageAsset(self, "BuildImage", **self._image_options()),
@@ -146,9 +169,8 @@ class ModelBuildResource(Construct):
             timeout=props.total_timeout, log_retention=props.log_retention, processing=self.processing,
         ))
         self.start_builds_policy = self._start_builds_policy()
-        self.provider = self._provider()
-        self.resource = self._custom_resource()
 
+    def _attributes(self) -> None:
         #: ``s3://<bucket>/<prefix>/served/`` (``Fn::GetAtt``; the same for every release: the
         #: endpoint takes its ModelDataUrl from the settings, not from here).
         self.model_data_url: str = self.resource.get_att_string("ModelDataUrl")
@@ -160,12 +182,6 @@ class ModelBuildResource(Construct):
         self.model_count: str = self.resource.get_att_string("ModelCount")
         #: The release id (known at synth).
         self.release_id: str = self.release.release_id
-
-        tidy_framework(
-            self.provider, role=self.role, framework_roles=(self._on_event_framework_role, self._complete_framework_role),
-            handlers=(self.on_event_function, self.is_complete_function), build_function=self.build_function,
-            in_vpc=props.vpc is not None, encryption_key=self.encryption_key,
-        )
 
     def _role(self) -> iam.Role:
         """The role of the three functions: it reads the manifest asset and the manifest's ``s3``
