@@ -185,7 +185,7 @@ class EndpointNetwork(Construct):
             )
         #: The model's security groups: the given ones, or the created one.
         self.model_security_groups: list[ec2.ISecurityGroup] = (
-            list(props.security_groups) if self.model_security_group is None else [self.model_security_group])
+            [self.model_security_group] if self.model_security_group is not None else list(props.security_groups or []))
         #: Subnets and security group of the model build (None without ``build_access``).
         self.build_subnets: list[ec2.ISubnet] | None = None
         self.build_security_group: ec2.SecurityGroup | None = None

@@ -152,12 +152,16 @@ class TritonMultiModelEndpoint(EndpointMetrics, Construct):
                          alarm_topic=alarm_topic, models=models)
         _check_name_free(scope, id, options.endpoint_name)
         super().__init__(scope, id)
-        #: The validated settings, and what the endpoint serves.
+        #: The validated settings (``EndpointSettings``).
         self.settings = options
+        #: What the endpoint serves.
         self.models = models
+        #: The artifacts bucket and its key (``ModelBucket``: yours, or created), with its grants.
         self.model_bucket = ModelBucket(self, "ModelBucket", props=ModelBucketProps(
             **options.values(ModelBucketProps), bucket=bucket, encryption_key=encryption_key))
+        #: The model's subnets and security groups (``EndpointNetwork``; None without a VPC).
         self.network = self._network(vpc, vpc_subnets, security_groups)
+        #: The Triton image and its region mapping (``TritonImage``).
         self.triton_image = TritonImage(self, "TritonImage", props=TritonImageProps(
             **options.values(TritonImageProps), instance_type=options.instance_type,
             inference_ami_version=options.inference_ami_version,
@@ -165,6 +169,7 @@ class TritonMultiModelEndpoint(EndpointMetrics, Construct):
         note = options.fleet_host().note
         if note:  # an older image than the newest, for the fleet's GPU: synth says which and why
             Annotations.of(self.triton_image).add_info(note)
+        #: The role SageMaker assumes to host the endpoint (reads the served prefix only).
         self.execution_role = SageMakerExecutionRole(
             self, "ExecutionRole", props=SageMakerExecutionRoleProps(endpoint_name=options.endpoint_name)
         )
@@ -173,9 +178,11 @@ class TritonMultiModelEndpoint(EndpointMetrics, Construct):
             self.model_bucket.grant_read(self.execution_role, served),
             self.triton_image.grant_pull(self.execution_role),
         ]
-        #: The endpoint's fixed ``ModelDataUrl`` (the served prefix) and the routes document's URL.
+        #: The endpoint's fixed ``ModelDataUrl``: ``s3://<bucket>/<model_prefix>/served/``.
         self.model_data_url = self.model_bucket.s3_url(f"{served}/")
+        #: The routes document: each logical model name to its current ``TargetModel``.
         self.routes_url = self.model_bucket.s3_url(routes_key(options.model_prefix))
+        #: The build custom resource (``ModelBuildResource``; None with ``ModelSource.from_release``).
         self.build: ModelBuildResource | None = None
         if models.manifest is not None and models.manifest_path is not None:
             self.build = self._build(models.manifest, models.manifest_path, build_context or DEFAULT_BUILD_CONTEXT)
@@ -183,7 +190,13 @@ class TritonMultiModelEndpoint(EndpointMetrics, Construct):
             self.release_id: str = self.build.release_id
         else:
             self.release_id = str(models.release_id)
+        #: The SageMaker Model, EndpointConfig and Endpoint (``TritonMmeEndpoint``).
         self.endpoint = self._endpoint()
+        #: The endpoint's name as the ``metric_*`` dimensions name it (as given: alarms on them can
+        #: exist before the endpoint).
+        self.metric_endpoint_name = self.endpoint.metric_endpoint_name
+        #: The endpoint's one production variant.
+        self.variant_name = self.endpoint.variant_name
         if self.build is not None:
             # The first build finishes before the endpoint is created; later releases only change
             # the routes (a dependency orders the resources, it passes no value).
@@ -191,6 +204,7 @@ class TritonMultiModelEndpoint(EndpointMetrics, Construct):
         # SageMaker checks the role's access when it creates the model and the endpoint.
         for grant in role_grants:
             grant.apply_before(self.endpoint)
+        #: The scalable target and its two tracking policies (``InvocationsPerInstance``, ``GPUUtilization``).
         self.autoscaling = EndpointAutoscaling(self, "Autoscaling", props=EndpointAutoscalingProps(
             **options.values(EndpointAutoscalingProps), endpoint=self.endpoint))
         self._operations(alarm_topic)
@@ -218,17 +232,6 @@ class TritonMultiModelEndpoint(EndpointMetrics, Construct):
     def encryption_key(self) -> kms.IKey:
         """The KMS key of the artifacts."""
         return self.model_bucket.key
-
-    @property
-    def metric_endpoint_name(self) -> str:
-        """The endpoint's name as the ``metric_*`` dimensions name it (as given: alarms on them can
-        exist before the endpoint)."""
-        return self.endpoint.metric_endpoint_name
-
-    @property
-    def variant_name(self) -> str:
-        """The endpoint's one production variant."""
-        return self.endpoint.variant_name
 
     @functools.cached_property
     def dashboard_url(self) -> str:
@@ -351,11 +354,14 @@ class TritonMultiModelEndpoint(EndpointMetrics, Construct):
             topic = self.alarm_topic.topic
         #: The topic the alarms notify (yours, the created one, or None).
         self.notified_topic: sns.ITopic | None = topic
+        #: The endpoint's alarms (``EndpointAlarms``: ``alarms`` by key, ``rollback_alarms``).
         self.alarms = EndpointAlarms(self, "Alarms", props=EndpointAlarmsProps(
             **options.values(EndpointAlarmsProps), endpoint=self.endpoint, topic=topic))
+        #: The endpoint's CloudWatch dashboard.
         self.dashboard = EndpointDashboard(self, "Dashboard", props=EndpointDashboardProps(
             **options.values(EndpointDashboardProps), endpoint=self.endpoint, alarms=list(self.alarms.alarms.values())
         ))
+        #: The blue/green ``DeploymentConfig`` rolling back on ``rollback_alarms``.
         self.rollout = RolloutPolicy(props=RolloutPolicyProps(
             **options.values(RolloutPolicyProps), endpoint=self.endpoint, rollback_alarms=self.alarms.rollback_alarms
         ))

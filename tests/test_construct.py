@@ -46,6 +46,13 @@ def _synthetic_manifest(folder: Path, name: str, copies: int = 1) -> Path:
     return path
 
 
+def _logical_id(construct: Any) -> str:
+    """The logical id of a construct's CloudFormation resource (its default child)."""
+    resource = construct.node.default_child
+    assert isinstance(resource, cdk.CfnElement)
+    return str(cdk.Stack.of(construct).resolve(resource.logical_id))
+
+
 def _resources(template: dict[str, Any], kind: str) -> dict[str, dict[str, Any]]:
     return {lid: r for lid, r in template["Resources"].items() if r["Type"] == kind}
 
@@ -89,8 +96,8 @@ def test_your_bucket_key_vpc_and_topic_are_used_and_none_is_created(
     resolve = stack.resolve
     bucket, key = resolve(stack.bucket.bucket_name), resolve(stack.key.key_arn)
     # The construct created no bucket and no key: the two are the team's.
-    assert list(_resources(template, "AWS::S3::Bucket")) == [resolve(stack.bucket.node.default_child.logical_id)]
-    assert list(_resources(template, "AWS::KMS::Key")) == [resolve(stack.key.node.default_child.logical_id)]
+    assert list(_resources(template, "AWS::S3::Bucket")) == [_logical_id(stack.bucket)]
+    assert list(_resources(template, "AWS::KMS::Key")) == [_logical_id(stack.key)]
     (model,) = _resources(template, "AWS::SageMaker::Model").values()
     assert model["Properties"]["PrimaryContainer"]["ModelDataUrl"] == {
         "Fn::Join": ["", ["s3://", bucket, "/embeddings/served/"]]}
@@ -171,7 +178,7 @@ def test_two_endpoints_in_one_stack_each_with_its_manifest_and_record(tmp_path: 
     assert small.release_id != big.release_id
     # Each endpoint's record covers its own fleet, not the other's; together they cover the template.
     check_embedded(template)
-    endpoints = {stack.resolve(e.endpoint.node.default_child.logical_id): e for e in (small, big)}
+    endpoints = {_logical_id(e.endpoint): e for e in (small, big)}
     for release in releases.values():
         recorded = set(parse_record(release["Properties"]["Deployed"], where="test")["resources"])
         own = [lid for lid in endpoints if lid in recorded]

@@ -11,6 +11,7 @@ descriptions (the fields of :class:`~triton_mme_cdk.constructs.endpoint_settings
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 import sys
@@ -52,10 +53,32 @@ def _members(cls: type) -> list[tuple[str, Any]]:
         if owner is None or not owner.__module__.startswith(triton_mme_cdk.__name__):
             continue
         raw = owner.__dict__[name]
-        if isinstance(raw, (property, classmethod, staticmethod, VariantMetric)) or inspect.isfunction(raw) \
+        if isinstance(raw, (property, functools.cached_property, classmethod, staticmethod, VariantMetric)) \
+                or inspect.isfunction(raw) \
                 or callable(member):
             found.append((name, raw))
     return found
+
+
+def _attributes(cls: type) -> list[tuple[str, str]]:
+    """``(name, doc)`` of the public attributes the class's code documents with ``#:`` comments
+    above ``self.<name> = ...`` (Sphinx's convention), in the order they are set."""
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return []
+    found: dict[str, str] = {}
+    comment: list[str] = []
+    for line in source.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#:"):
+            comment.append(stripped[2:].strip())
+            continue
+        match = re.match(r"(?:self\.\w+ = )?self\.([a-z]\w*)\s*(?::[^=]+)?=", stripped)
+        if match and comment and match.group(1) not in found:
+            found[match.group(1)] = " ".join(comment)
+        comment = []
+    return list(found.items())
 
 
 def _metric(name: str, metric: VariantMetric) -> list[str]:
@@ -67,6 +90,9 @@ def _class(name: str, cls: type) -> list[str]:
     lines = [f"## `{name}`", "", f"`{cls.__module__}.{cls.__qualname__}`", "", _doc(cls), ""]
     if "__init__" in cls.__dict__:
         lines += ["```python", f"{name}{_signature(cls.__dict__['__init__']).replace('(self, ', '(', 1)}", "```", ""]
+    for attribute, doc in _attributes(cls):
+        lines += [f"### `{attribute}`", "", re.sub(r":[a-z]+:`~?([^`]+)`", lambda m: f"`{m.group(1)}`", doc)
+                  .replace("``", "`"), ""]
     for member_name, raw in _members(cls):
         if isinstance(raw, VariantMetric):
             lines += _metric(member_name, raw)
