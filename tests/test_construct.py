@@ -160,7 +160,8 @@ def test_metrics_are_named_after_the_services_metrics(platform: tuple[PlatformSt
         assert metric.dimensions["EndpointName"] == "platform-embeddings"
 
 
-def test_two_endpoints_in_one_stack_each_with_its_manifest_and_record(tmp_path: Path) -> None:
+def test_two_endpoints_in_one_stack_each_with_its_manifest_and_record(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     app = cdk.App(outdir=str(tmp_path / "out"), analytics_reporting=False)
     stack = cdk.Stack(app, "Fleet")
     small = TritonMultiModelEndpoint(
@@ -183,6 +184,31 @@ def test_two_endpoints_in_one_stack_each_with_its_manifest_and_record(tmp_path: 
         recorded = set(parse_record(release["Properties"]["Deployed"], where="test")["resources"])
         own = [lid for lid in endpoints if lid in recorded]
         assert len(own) == 1, (own, sorted(recorded))
+    # The plan of one endpoint compares its live record with its own record in the new template:
+    # the other endpoint's fleet is not "created" by this change.
+    from triton_mme_cdk.model_build.__main__ import main
+    from triton_mme_cdk.model_build.release.routes import Routes
+
+    small_release = next(r for r in releases.values() if r["Properties"]["ModelPrefix"] == "small")
+    routes = Routes(small.release_id, "s3://b/small/served/", "k", {},
+                    stack="arn:aws:cloudformation:eu-west-1:123456789012:stack/Fleet/0a1b2c3d",
+                    model_code_sha256="0" * 64,
+                    deployed=parse_record(small_release["Properties"]["Deployed"], where="test"))
+    (tmp_path / "routes.json").write_bytes(routes.body())
+    (tmp_path / "fleet.json").write_text(json.dumps(template))
+    monkeypatch.chdir(tmp_path)  # plan reads ./cdk.json: here none, the template is given
+    args = ["plan", "--format", "json", "--routes-file", str(tmp_path / "routes.json"),
+            "--template", str(tmp_path / "fleet.json"), "-c", "mme:stack_name=Fleet",
+            "--manifest", str(tmp_path / "s" / "small.yaml")]
+    assert main([*args]) == 1  # two endpoints, no --prefix: which one is asked, one line
+    assert "give --prefix PREFIX" in capsys.readouterr().err
+    main([*args, "--prefix", "small"])
+    report = json.loads(capsys.readouterr().out)
+    assert (report["fleet"]["verdict"], report["data"]["verdict"]) == ("unchanged", "safe"), report["summary"]
+    # Unscoped, the whole template against one endpoint's record: the other fleet reads as a change.
+    from triton_mme_cdk.model_build.tools.plan_verdict import judge
+
+    assert judge(template, record=routes.deployed, live_routes=True).fleet != "unchanged"
 
 
 def test_in_a_cdk_pipelines_stage(tmp_path: Path) -> None:

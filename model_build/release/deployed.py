@@ -178,6 +178,21 @@ def parse_record(value: Any, *, where: str) -> dict[str, Any]:
     return value
 
 
+def endpoint_record(template: Mapping[str, Any], prefix: str | None,
+                    resource_type: str = "Custom::TritonModelRelease", prop: str = "Deployed") -> dict[str, Any] | None:
+    """The record the template carries for the endpoint that publishes under ``prefix``, where the
+    template holds several endpoints (each build resource carries its own endpoint's record); None
+    with one endpoint (its record is the template's own) or none matching."""
+    carriers = [resource.get("Properties") or {} for resource in (template.get("Resources") or {}).values()
+                if isinstance(resource, dict) and resource.get("Type") == resource_type]
+    if len(carriers) < 2:
+        return None
+    for properties in carriers:
+        if properties.get("ModelPrefix") == prefix and properties.get(prop):
+            return parse_record(properties[prop], where=f"{resource_type} of prefix {prefix}")
+    return None
+
+
 def as_template(record: Mapping[str, Any]) -> dict[str, Any]:
     """The record as a (partial) template: what the diff engine compares."""
     return {"Resources": dict(record["resources"]), "Mappings": dict(record["mappings"])}

@@ -173,6 +173,7 @@ def _manifest_path(config: AppConfig) -> Path | None:
 
 def _plan_report(args: argparse.Namespace, config: AppConfig, synth: Synth | None, engine: Any) -> Any:
     from triton_mme_cdk.model_build.manifest import load_manifest
+    from triton_mme_cdk.model_build.release.deployed import endpoint_record
     from triton_mme_cdk.model_build.release.index import read_routes
     from triton_mme_cdk.model_build.release.routes import ModelPlan, Routes, parse_routes, plan_manifest
     from triton_mme_cdk.model_build.tools.plan_report import PlanReport
@@ -228,9 +229,11 @@ def _plan_report(args: argparse.Namespace, config: AppConfig, synth: Synth | Non
                       else "no record of the deployed fleet (routed by `python -m model_build publish`, or by an "
                            "earlier version of the stack)")
                    + "; give --deployed-template FILE or --stack-name NAME")
+    # A stack of several endpoints: the plan is the planned endpoint's (its prefix), compared with its record.
+    scope = endpoint_record(new_template, args.prefix or template_model_prefix(new_template))
     verdict = judge(new_template, deployed_template=deployed, deployed_where=deployed_where,
                     record=live.deployed if live is not None else None, live_routes=live is not None,
-                    unknown_reason=unknown, engine=engine)
+                    unknown_reason=unknown, engine=engine, scope=scope)
     builds_on = _builds_on(manifest, models, new_template, manifest_path.parent if manifest_path else Path("."))
     return PlanReport(stack=stack_name, models=models, verdict=verdict, routes_where=where,
                       models_note=note, builds_on=builds_on)

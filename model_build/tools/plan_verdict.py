@@ -199,13 +199,18 @@ def engine_diff(old: Mapping[str, Any], new: Mapping[str, Any],
 
 def judge(new_template: Mapping[str, Any], *, deployed_template: Mapping[str, Any] | None = None,
           deployed_where: str = "", record: Mapping[str, Any] | None = None, live_routes: bool,
-          unknown_reason: str = "", engine: subprocess.Popen[bytes] | None = None) -> Verdict:
+          unknown_reason: str = "", engine: subprocess.Popen[bytes] | None = None,
+          scope: Mapping[str, Any] | None = None) -> Verdict:
     """The verdict of deploying ``new_template`` over what is deployed (see the module docstring).
 
     ``live_routes``: whether live routes exist; without them and without a deployed template
     nothing is deployed (a first deploy). ``unknown_reason``: why the live routes carry no usable
     record (said when there is no deployed template either). ``engine``: the diff engine's process
-    if one was started ahead (:func:`start_engine`); it is used or ended here."""
+    if one was started ahead (:func:`start_engine`); it is used or ended here. ``scope``: the
+    record the new template carries for the planned endpoint, where it holds several: the live
+    routes' record (that endpoint's) is then compared with it, not with every endpoint's fleet."""
+    if scope is not None and deployed_template is None and record is not None:
+        new_template = as_template(scope)
     try:
         return _judge(new_template, deployed_template, deployed_where, record, live_routes, unknown_reason, engine)
     finally:
