@@ -150,7 +150,7 @@ class TritonMultiModelEndpoint(EndpointMetrics, Construct):
         options = endpoint_settings(settings, has_vpc=vpc is not None or bool(settings.get("create_vpc")))
         _check_resources(options, vpc=vpc, vpc_subnets=vpc_subnets, security_groups=security_groups,
                          alarm_topic=alarm_topic, models=models)
-        _check_name_free(scope, id, options.endpoint_name)
+        _check_free(scope, id, options, bucket)
         super().__init__(scope, id)
         #: The validated settings (``EndpointSettings``).
         self.settings = options
@@ -385,9 +385,17 @@ def _check_resources(options: EndpointSettingsBase, *, vpc: ec2.IVpc | None, vpc
                          "the VPC (the release is published out of band)")
 
 
-def _check_name_free(scope: Construct, id: str, name: str) -> None:
-    """Two endpoints of one stack may not share a name (the second would replace the first)."""
+def _check_free(scope: Construct, id: str, options: EndpointSettingsBase, bucket: s3.IBucket | None) -> None:
+    """Two endpoints of one stack may not share a name (the second would replace the first), nor
+    a bucket and a model prefix (one routes document would serve both)."""
+    path = f"{scope.node.path}/{id}"
     for other in Stack.of(scope).node.find_all():
-        if isinstance(other, TritonMultiModelEndpoint) and other.settings.endpoint_name == name:
-            raise PropsError(f"endpoint_name: got {name!r} for {scope.node.path}/{id}, but {other.node.path} in the "
+        if not isinstance(other, TritonMultiModelEndpoint):
+            continue
+        if other.settings.endpoint_name == options.endpoint_name:
+            raise PropsError(f"endpoint_name: got {options.endpoint_name!r} for {path}, but {other.node.path} in the "
                              "same stack has it; give each endpoint its own endpoint_name")
+        if bucket is not None and other.model_bucket.bucket is bucket and \
+                other.settings.model_prefix == options.model_prefix:
+            raise PropsError(f"model_prefix: got {options.model_prefix!r} for {path}, but {other.node.path} serves "
+                             "from the same bucket under it; give each endpoint its own model_prefix")

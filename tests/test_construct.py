@@ -265,6 +265,11 @@ def _refusal(tmp_path: Path, case: str) -> str:
     elif case == "two-endpoints-one-name":
         TritonMultiModelEndpoint(stack, "One", models=release, endpoint_name="shared")
         TritonMultiModelEndpoint(stack, "Two", models=release, endpoint_name="shared", model_prefix="two")
+    elif case == "one-bucket-one-prefix":
+        key = kms.Key(stack, "Key")
+        shared = s3.Bucket(stack, "Shared", encryption=s3.BucketEncryption.KMS, encryption_key=key)
+        TritonMultiModelEndpoint(stack, "One", models=release, bucket=shared, endpoint_name="one")
+        TritonMultiModelEndpoint(stack, "Two", models=release, bucket=shared, endpoint_name="two")
     elif case == "unknown-keyword":
         TritonMultiModelEndpoint(stack, "Mme", models=release, instace_type="ml.g5.xlarge")  # type: ignore[call-arg]
     elif case == "bad-value":
@@ -281,6 +286,7 @@ def _refusal(tmp_path: Path, case: str) -> str:
     ("missing-manifest", "models: ModelSource.from_manifest got "),
     ("not-a-release-id", "models: ModelSource.from_release got 'release-1'; expected a release id"),
     ("two-endpoints-one-name", "endpoint_name: got 'shared' for Refused/Two, but Refused/One in the same stack has it"),
+    ("one-bucket-one-prefix", "model_prefix: got 'models' for Refused/Two, but Refused/One serves from the same bucket"),
     ("unknown-keyword", "instace_type: unknown keyword; did you mean instance_type?"),
     ("bad-value", "max_instance_count: got 0;"),
     ("subnets-without-vpc", "vpc_subnets: given without vpc;"),
