@@ -16,10 +16,10 @@ double backquotes, the units it may import (``shared`` for the shared modules) o
 them (``release.identity``); a shared module imports shared modules only.
 
 Private names stay in their module (issue 48): no module of the product (``model_build/``,
-``constructs/``, ``stacks/``, ``app.py``, the files of ``triton_mme_cdk/``) or of ``benchmarks/``
-uses another module's ``_name``, neither by ``from m import _name`` nor as ``m._name`` (through a
-name an import bound to ``m``), and a private module (``benchmarks._common``) is imported only from
-inside its own package. What two modules share is public in the one that owns it. The tests are
+``constructs/``, ``stacks/``, ``app.py``, the files of ``triton_mme_cdk/``), of ``benchmarks/`` or
+of ``examples/`` uses another module's ``_name``, neither by ``from m import _name`` nor as
+``m._name`` (through a name an import bound to ``m``), and a private module
+(``benchmarks._common``) is imported only from inside its own package. What two modules share is public in the one that owns it. The tests are
 outside the rule: a test is white-box by purpose (it pins a module's internals and swaps its seams,
 ``monkeypatch.setattr(convert, ...)``), and a test file covers several modules, so "the module it
 tests" is no mechanical fact; making a name public only for a test would widen the interface the
@@ -150,8 +150,9 @@ def layering_violations(root: Path) -> list[str]:
     return found
 
 
-#: The folders and files held to the rule on private names (see the module docstring).
-PRIVATE_SCOPE = ("model_build", "constructs", "stacks", "benchmarks", "app.py", "triton_mme_cdk")
+#: The folders and files held to the rule on private names (see the module docstring); ``examples``
+#: (a consumer's own app, where there is one) uses the package's public names alone.
+PRIVATE_SCOPE = ("model_build", "constructs", "stacks", "benchmarks", "app.py", "triton_mme_cdk", "examples")
 #: Folders whose modules are ``triton_mme_cdk.<folder>...`` (the folder ``triton_mme_cdk/`` links them).
 LINKED = ("model_build", "constructs", "stacks")
 IMPORT_ROOT = "triton_mme_cdk"
