@@ -7,6 +7,7 @@ interpreter (and core), and its CPU time can be read separately: that is how the
 whether a run was limited by the latency or by the local server.
 
 The parent talks to it over a pipe (:class:`S3Side`); everything listens on 127.0.0.1 only.
+:func:`empty_bucket` frees what a run stored there.
 """
 
 from __future__ import annotations
@@ -21,6 +22,15 @@ from typing import Any
 
 #: TCP_NODELAY on the proxy's client sockets (set by tests/s3_faults.py; recorded in the results).
 NODELAY = True
+
+
+def empty_bucket(client: Any, bucket: str) -> None:
+    """Delete a bucket and its objects: moto keeps every body in memory, 200 copies per run."""
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        keys = [{"Key": item["Key"]} for item in page.get("Contents", [])]
+        if keys:
+            client.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
+    client.delete_bucket(Bucket=bucket)
 
 
 def _cpu_seconds() -> float:

@@ -154,8 +154,8 @@ def _child(mode: str, manifest: Path, out: Path, result_path: Path) -> int:
         record.update(seconds=time.perf_counter() - started, exit=code)
         record["peak_rss"] = _hwm_bytes()
     elif mode == "processing":  # the Processing job's entry point on the inputs a job gets
-        from triton_mme_cdk.model_build.handler.custom_resource import _model_key
         from triton_mme_cdk.model_build.handler.processing_job import run as run_job
+        from triton_mme_cdk.model_build.handler.units import model_key
         from triton_mme_cdk.model_build.manifest import load_manifest
 
         document = load_manifest(manifest)
@@ -165,7 +165,7 @@ def _child(mode: str, manifest: Path, out: Path, result_path: Path) -> int:
         request = {"ManifestBucket": "bench", "ManifestKey": "models.yaml", "ManifestSha256": document.content_sha256(),
                    "ModelBucket": "bench", "ModelPrefix": "models", "ReleaseId": "r-" + "0" * 16, "CodeSha256": "0" * 64}
         (root / "processing" / "input" / "request" / "request.json").write_text(json.dumps({
-            "Request": request, "Model": spec.name, "Key": _model_key(spec), "Manifest": document.canonical_json(),
+            "Request": request, "Model": spec.name, "Key": model_key(spec), "Manifest": document.canonical_json(),
             "Mounts": {}}), encoding="utf-8")
         started = time.perf_counter()
         record.update(exit=run_job(root), peak_rss=_hwm_bytes())

@@ -87,7 +87,7 @@ def _targets(ctx: RunContext) -> dict[str, dict[str, Any]]:
     taking tokens and raw text (the ``text_ensemble`` benchmark's specs: its build is shared)."""
     from transformers import AutoTokenizer
 
-    from benchmarks.text_ensemble import _source_folder, _specs
+    from benchmarks.text_ensemble import minilm_specs, source_folder
 
     out: dict[str, dict[str, Any]] = {}
     for name, input_name, output in (("resnet-synthetic", "pixel_values", "logits"),
@@ -97,8 +97,8 @@ def _targets(ctx: RunContext) -> dict[str, dict[str, Any]]:
         if ctx.tiny:
             entry = tiny_resnet_entry(entry, TINY_IMAGES[name])
         out[name] = {"spec": spec_from(entry), "input": input_name, "output": output, "kind": "image"}
-    text_specs = _specs(ctx)
-    tokenizer = AutoTokenizer.from_pretrained(str(_source_folder(text_specs["tokens"], ctx)), local_files_only=True)
+    text_specs = minilm_specs(ctx)
+    tokenizer = AutoTokenizer.from_pretrained(str(source_folder(text_specs["tokens"], ctx)), local_files_only=True)
     out["minilm-tokens"] = {"spec": text_specs["tokens"], "kind": "tokens",
                             "token_ids": [int(i) for i in tokenizer(SENTENCE)["input_ids"]]}
     out["minilm-text"] = {"spec": text_specs["text"], "kind": "text"}

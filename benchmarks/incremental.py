@@ -39,8 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._common import ROOT, RunContext, finish_result, goal, log, new_result, stats, timed
-from benchmarks._s3_server import S3Side
-from benchmarks.publish import _empty_bucket
+from benchmarks._s3_server import S3Side, empty_bucket
 
 NAME = "incremental"
 TITLE = "A 1000-entry manifest where one entry changes"
@@ -219,10 +218,10 @@ def run(ctx: RunContext) -> dict[str, Any]:
             ))
             baseline_wire = s3_side.stats()
             baseline_s.append(seconds)
-            _empty_bucket(client, full)
+            empty_bucket(client, full)
             log(f"{NAME}: run {run_index + 1}/{ctx.repeats}: incremental {incremental_s[-1]:.1f} s, rebuild-all "
                 f"upload {seconds:.1f} s ({time.perf_counter() - started:.0f} s into the benchmark)")
-        _empty_bucket(client, bucket)
+        empty_bucket(client, bucket)
 
     per_model = stats(build_times)
     assembly = stats(incremental_s)

@@ -40,13 +40,24 @@ from benchmarks._common import (
     goal,
     log,
     new_result,
-    percentile,
-    run_for,
     spec_from,
     stats,
     text_model_entry,
     timed,
     usable_cores,
+)
+from benchmarks._runtimes import (
+    Call,
+    measure_latency,
+    measure_throughput,
+    open_default,
+    open_tuned,
+    ort_call,
+    token_inputs,
+    torch_call,
+    unpack_model,
+    warm_up,
+    with_threads,
 )
 
 NAME = "inference"
@@ -66,154 +77,6 @@ SIZES: dict[str, dict[str, Any]] = {
 }
 THROUGHPUT_BATCHES = (8, 32)
 
-Call = Callable[[], Any]
-
-
-# ---------------------------------------------------------------------------------------------
-# Opening the artifact
-# ---------------------------------------------------------------------------------------------
-
-
-def _unpack(tarball: Path, dest: Path) -> tuple[Path, Any]:
-    """Unpack as the container does; returns the model file and the parsed config."""
-    from triton_mme_cdk.model_build.package.gate import locate_model
-    from triton_mme_cdk.model_build.package.tarball import safe_extract
-    from triton_mme_cdk.model_build.package.triton_config import check_config, default_filename
-
-    safe_extract(tarball, dest)
-    model_dir, name = locate_model(dest)
-    config = check_config((model_dir / "config.pbtxt").read_text(encoding="utf-8"), model=name)
-    return model_dir / "1" / default_filename(config), config
-
-
-def _with_threads(config: Any, threads: int, *, cpu: bool) -> Any:
-    """A copy of the config with ``intra_op_thread_count`` set (and KIND_CPU for the CPU runs, so
-    that on a GPU machine the same options run on the CPU provider)."""
-    from triton_mme_cdk.model_build.package.triton_config import mc
-
-    copy = mc.ModelConfig()
-    copy.CopyFrom(config)
-    copy.parameters["intra_op_thread_count"].string_value = str(threads)
-    if cpu:
-        for group in copy.instance_group:
-            group.kind = mc.ModelInstanceGroup.KIND_CPU
-    return copy
-
-
-def _open_tuned(model_path: Path, config: Any, name: str) -> Any:
-    from triton_mme_cdk.model_build.package.backend import open_model
-
-    return open_model(model_path, config, model=name)
-
-
-def _open_default(model_path: Path, threads: int, providers: list[str]) -> Any:
-    """ONNX Runtime's defaults; only the thread count is set, so both sides use ``n`` threads."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.log_severity_level = 3
-    return ort.InferenceSession(str(model_path), sess_options=options, providers=providers)
-
-
-# ---------------------------------------------------------------------------------------------
-# Runtimes: prepare(batch) -> a call that runs one request
-# ---------------------------------------------------------------------------------------------
-
-
-def _inputs(batch: int, seq: int, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """Token ids of full length (every position attended: the work of a full sequence)."""
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(low=min(1000, vocab // 2), high=vocab, size=(batch, seq), dtype=np.int64)
-    ids[:, 0], ids[:, -1] = min(101, vocab - 1), min(102, vocab - 1)  # [CLS] ... [SEP]
-    return {"input_ids": ids, "attention_mask": np.ones_like(ids)}
-
-
-def _ort_call(session: Any, feeds: dict[str, np.ndarray], run_options: Any = None) -> Call:
-    names = [o.name for o in session.get_outputs()]
-    return lambda: session.run(names, feeds, run_options)
-
-
-def _torch_call(module: Any, feeds: dict[str, np.ndarray], device: str) -> Call:
-    import torch
-
-    ids = torch.from_numpy(feeds["input_ids"]).to(device)
-    mask = torch.from_numpy(feeds["attention_mask"]).to(device)
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-
-    def call() -> Any:
-        with torch.inference_mode():
-            out = module(ids, mask)
-        sync()
-        return out
-
-    return call
-
-
-# ---------------------------------------------------------------------------------------------
-# Measurements
-# ---------------------------------------------------------------------------------------------
-
-
-def _busy(func: Call, budget_s: float, min_calls: int) -> tuple[list[float], float]:
-    """``run_for`` plus the CPU this process obtained meanwhile, in cores (CPU seconds / wall
-    seconds): on a machine shared with other processes it shows how much of the thread count a
-    run really had (threads that spin while waiting count as busy)."""
-    cpu0, wall0 = time.process_time(), time.perf_counter()
-    durations = run_for(func, budget_s, min_calls=min_calls)
-    return durations, (time.process_time() - cpu0) / max(time.perf_counter() - wall0, 1e-9)
-
-
-def _latency(calls: dict[str, Call], repeats: int, budget_s: float) -> dict[str, Any]:
-    """p50 and p99 of single requests, per run; the runtimes' runs interleaved."""
-    per_run: dict[str, dict[str, list[float]]] = {
-        k: {"p50": [], "p99": [], "all": [], "cores": []} for k in calls}
-    for repeat in range(repeats):
-        order = list(calls) if repeat % 2 == 0 else list(reversed(calls))
-        for key in order:
-            durations, cores = _busy(calls[key], budget_s, min_calls=3)
-            per_run[key]["p50"].append(percentile(durations, 50))
-            per_run[key]["p99"].append(percentile(durations, 99))
-            per_run[key]["all"].extend(durations)
-            per_run[key]["cores"].append(cores)
-    return {
-        key: {
-            "p50_s": stats(v["p50"]),
-            "p99_s": stats(v["p99"]),
-            "pooled_p50_s": round(percentile(v["all"], 50), 6),
-            "pooled_p99_s": round(percentile(v["all"], 99), 6),
-            "requests": len(v["all"]),
-            "cpu_cores_obtained": stats(v["cores"], digits=3),
-        }
-        for key, v in per_run.items()
-    }
-
-
-def _throughput(calls: dict[str, Call], batch: int, repeats: int, budget_s: float) -> dict[str, Any]:
-    """Sequences per second at one batch size, one value per run (budgeted, >= 1 call each)."""
-    values: dict[str, list[float]] = {k: [] for k in calls}
-    cores: dict[str, list[float]] = {k: [] for k in calls}
-    batches: dict[str, int] = dict.fromkeys(calls, 0)
-    for repeat in range(repeats):
-        order = list(calls) if repeat % 2 == 0 else list(reversed(calls))
-        for key in order:
-            durations, obtained = _busy(calls[key], budget_s, min_calls=1)
-            values[key].append(batch * len(durations) / sum(durations))
-            cores[key].append(obtained)
-            batches[key] += len(durations)
-    return {
-        key: {"sequences_per_s": stats(v), "batches": batches[key],
-              "cpu_cores_obtained": stats(cores[key], digits=3)}
-        for key, v in values.items()
-    }
-
-
-def _warm(calls: dict[str, Call], times: int = 2) -> None:
-    for call in calls.values():
-        for _ in range(times):
-            call()
-
-
 def _cold_start(
     tarball: Path, variants: dict[str, Callable[[Path, Any], Any]], feeds: dict[str, np.ndarray],
     repeats: int, scratch: Path,
@@ -229,9 +92,9 @@ def _cold_start(
         for key in order:
             dest = Path(tempfile.mkdtemp(prefix="cold-", dir=scratch))
             try:
-                t_unpack, (model_path, config) = timed(partial(_unpack, tarball, dest))
+                t_unpack, (model_path, config) = timed(partial(unpack_model, tarball, dest))
                 t_session, session = timed(partial(variants[key], model_path, config))
-                t_first, _ = timed(_ort_call(session, feeds))
+                t_first, _ = timed(ort_call(session, feeds))
                 del session
             finally:
                 shutil.rmtree(dest, ignore_errors=True)
@@ -257,7 +120,7 @@ def _ort_profile(model_path: Path, threads: int, feeds: dict[str, np.ndarray], s
     options.enable_profiling = True
     options.profile_file_prefix = str(scratch / "ort-profile")
     session = ort.InferenceSession(str(model_path), sess_options=options, providers=["CPUExecutionProvider"])
-    call = _ort_call(session, feeds)
+    call = ort_call(session, feeds)
     runs = 4
     for _ in range(runs):
         call()
@@ -274,7 +137,7 @@ def _torch_profile(module: Any, feeds: dict[str, np.ndarray]) -> dict[str, Any]:
     """Share of self CPU time by ATen operator (torch.profiler, a few batches)."""
     import torch
 
-    call = _torch_call(module, feeds, "cpu")
+    call = torch_call(module, feeds, "cpu")
     call()
     runs = 3
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
@@ -347,9 +210,9 @@ def run(ctx: RunContext) -> dict[str, Any]:
     result["parameters"]["tarball_bytes"] = built.size
     scratch = ctx.scratch("inference")
 
-    model_path, config = _unpack(tarball, scratch / "artifact")
-    cpu_config = _with_threads(config, threads, cpu=True)
-    runner = _open_tuned(model_path, cpu_config, spec.name)
+    model_path, config = unpack_model(tarball, scratch / "artifact")
+    cpu_config = with_threads(config, threads, cpu=True)
+    runner = open_tuned(model_path, cpu_config, spec.name)
     torch.set_num_threads(threads)
     module = load_module(spec, resolve_source(spec, base_dir=ROOT, work_dir=scratch / "source"))
     encoder: Any = getattr(module, "encoder", module)  # the export wrapper holds the transformers model
@@ -358,33 +221,33 @@ def run(ctx: RunContext) -> dict[str, Any]:
     result["parameters"]["config_parameters"] = {k: cpu_config.parameters[k].string_value for k in cpu_config.parameters}
 
     # Same answer from both (the comparison is of the same computation).
-    check = _inputs(GOAL_BATCH, seq, vocab, seed=7)
-    ort_out = _ort_call(runner.session, check, runner.run_options)()[0]
-    torch_out = _torch_call(module, check, "cpu")().numpy()
+    check = token_inputs(GOAL_BATCH, seq, vocab, seed=7)
+    ort_out = ort_call(runner.session, check, runner.run_options)()[0]
+    torch_out = torch_call(module, check, "cpu")().numpy()
     result["measurements"]["max_abs_diff_onnx_vs_torch"] = float(np.max(np.abs(ort_out - torch_out)))
 
     log(f"inference: latency at batch 1, sequence {seq}, {threads} threads")
-    feeds1 = _inputs(1, seq, vocab)
-    calls = {"onnxruntime": _ort_call(runner.session, feeds1, runner.run_options),
-             "pytorch": _torch_call(module, feeds1, "cpu")}
-    _warm(calls)
-    cpu: dict[str, Any] = {"latency_batch1": _latency(calls, repeats, latency_budget), "throughput": {}}
+    feeds1 = token_inputs(1, seq, vocab)
+    calls = {"onnxruntime": ort_call(runner.session, feeds1, runner.run_options),
+             "pytorch": torch_call(module, feeds1, "cpu")}
+    warm_up(calls)
+    cpu: dict[str, Any] = {"latency_batch1": measure_latency(calls, repeats, latency_budget), "throughput": {}}
     for batch in THROUGHPUT_BATCHES:
         log(f"inference: throughput at batch {batch}")
-        feeds = _inputs(batch, seq, vocab)
-        calls = {"onnxruntime": _ort_call(runner.session, feeds, runner.run_options),
-                 "pytorch": _torch_call(module, feeds, "cpu")}
-        _warm(calls, times=1)
-        cpu["throughput"][f"batch{batch}"] = _throughput(calls, batch, repeats, throughput_budget)
+        feeds = token_inputs(batch, seq, vocab)
+        calls = {"onnxruntime": ort_call(runner.session, feeds, runner.run_options),
+                 "pytorch": torch_call(module, feeds, "cpu")}
+        warm_up(calls, times=1)
+        cpu["throughput"][f"batch{batch}"] = measure_throughput(calls, batch, repeats, throughput_budget)
 
     log("inference: cold start, tuned options against defaults")
     cold_variants: dict[str, Callable[[Path, Any], Any]] = {
-        "tuned": lambda m, c: _open_tuned(m, _with_threads(c, threads, cpu=True), spec.name).session,
-        "default": lambda m, c: _open_default(m, threads, ["CPUExecutionProvider"]),
+        "tuned": lambda m, c: open_tuned(m, with_threads(c, threads, cpu=True), spec.name).session,
+        "default": lambda m, c: open_default(m, threads, ["CPUExecutionProvider"]),
     }
     cpu["cold_start"] = _cold_start(tarball, cold_variants, feeds1, cold_repeats, scratch)
     log("inference: operator profiles")
-    feeds8 = _inputs(GOAL_BATCH, seq, vocab)
+    feeds8 = token_inputs(GOAL_BATCH, seq, vocab)
     cpu["profile_batch8"] = {"onnxruntime": _ort_profile(model_path, threads, feeds8, scratch),
                              "pytorch": _torch_profile(module, feeds8)}
     cpu["threads"] = threads
@@ -553,15 +416,15 @@ def _gpu(
     out: dict[str, Any] = {"providers": providers}
     sessions: dict[str, Any] = {}
     errors: dict[str, str] = {}
-    model_path, config = _unpack(tarball, scratch / "fp32")
+    model_path, config = unpack_model(tarball, scratch / "fp32")
     try:
-        sessions["onnxruntime-cuda-fp32"] = _open_tuned(model_path, config, spec.name)
+        sessions["onnxruntime-cuda-fp32"] = open_tuned(model_path, config, spec.name)
     except Exception as error:  # report and go on: one provider failing must not hide the others
         errors["onnxruntime-cuda-fp32"] = str(error)
     try:
         fp16_built, fp16_dir = ctx.build(spec_from(text_model_entry(ctx.tiny, fp16=True)))
-        fp16_path, fp16_config = _unpack(fp16_dir / fp16_built.tarball, scratch / "fp16")
-        sessions["onnxruntime-cuda-fp16"] = _open_tuned(fp16_path, fp16_config, spec.name)
+        fp16_path, fp16_config = unpack_model(fp16_dir / fp16_built.tarball, scratch / "fp16")
+        sessions["onnxruntime-cuda-fp16"] = open_tuned(fp16_path, fp16_config, spec.name)
     except Exception as error:
         errors["onnxruntime-cuda-fp16"] = str(error)
     if "TensorrtExecutionProvider" in providers:
@@ -571,7 +434,7 @@ def _gpu(
         accelerator.name = "tensorrt"
         accelerator.parameters["precision_mode"] = "FP16"
         try:
-            sessions["onnxruntime-tensorrt-fp16"] = _open_tuned(model_path, trt_config, spec.name)
+            sessions["onnxruntime-tensorrt-fp16"] = open_tuned(model_path, trt_config, spec.name)
         except Exception as error:
             errors["onnxruntime-tensorrt-fp16"] = str(error)
     else:
@@ -583,24 +446,24 @@ def _gpu(
         errors["pytorch-cuda"] = f"torch {torch.__version__} has no CUDA"
 
     def calls_for(feeds: dict[str, np.ndarray]) -> dict[str, Call]:
-        calls = {k: _ort_call(r.session, feeds, r.run_options) for k, r in sessions.items()}
+        calls = {k: ort_call(r.session, feeds, r.run_options) for k, r in sessions.items()}
         if gpu_module is not None:
-            calls["pytorch-cuda"] = _torch_call(gpu_module, feeds, "cuda")
+            calls["pytorch-cuda"] = torch_call(gpu_module, feeds, "cuda")
         return calls
 
-    feeds1 = _inputs(1, seq, vocab)
+    feeds1 = token_inputs(1, seq, vocab)
     calls = calls_for(feeds1)
-    _warm(calls, times=3)  # TensorRT builds its engine on the first calls
-    out["latency_batch1"] = _latency(calls, ctx.repeats, latency_budget)
+    warm_up(calls, times=3)  # TensorRT builds its engine on the first calls
+    out["latency_batch1"] = measure_latency(calls, ctx.repeats, latency_budget)
     out["throughput"] = {}
     for batch in THROUGHPUT_BATCHES:
-        calls = calls_for(_inputs(batch, seq, vocab))
-        _warm(calls, times=2)
-        out["throughput"][f"batch{batch}"] = _throughput(calls, batch, ctx.repeats, throughput_budget)
+        calls = calls_for(token_inputs(batch, seq, vocab))
+        warm_up(calls, times=2)
+        out["throughput"][f"batch{batch}"] = measure_throughput(calls, batch, ctx.repeats, throughput_budget)
     cuda = ["CUDAExecutionProvider", "CPUExecutionProvider"]
     out["cold_start"] = _cold_start(tarball, {
-        "tuned": lambda m, c: _open_tuned(m, c, spec.name).session,
-        "default": lambda m, c: _open_default(m, usable_cores(), cuda),
+        "tuned": lambda m, c: open_tuned(m, c, spec.name).session,
+        "default": lambda m, c: open_default(m, usable_cores(), cuda),
     }, feeds1, max(ctx.repeats, 3), scratch)
     out["errors"] = errors
     return out

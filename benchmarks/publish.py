@@ -36,7 +36,7 @@ from benchmarks._common import (
     timed,
     tiny_resnet_entry,
 )
-from benchmarks._s3_server import NODELAY, S3Side
+from benchmarks._s3_server import NODELAY, S3Side, empty_bucket
 
 NAME = "publish"
 TITLE = "Publishing copies of a tarball to S3"
@@ -53,15 +53,6 @@ SIZES: dict[str, dict[str, Any]] = {
     "full": {"copies": 200, "single_requests": 40},
 }
 RELEASE_ID = "r-00000000be0c4000"
-
-
-def _empty_bucket(client: Any, bucket: str) -> None:
-    """Delete a bucket and its objects: moto keeps every body in memory, 200 copies per run."""
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket):
-        keys = [{"Key": item["Key"]} for item in page.get("Contents", [])]
-        if keys:
-            client.delete_objects(Bucket=bucket, Delete={"Objects": keys, "Quiet": True})
-    client.delete_bucket(Bucket=bucket)
 
 
 def _each(call: Any, client: Any, n: int) -> list[Any]:
@@ -96,7 +87,7 @@ def _server_costs(s3: S3Side, direct: Any, proxied: Any, tarball: Path, n: int) 
                 "wall_ms_per_request": round(seconds / n * 1000, 3),
                 "server_cpu_ms_per_request": round(server / n * 1000, 3),
             }
-    _empty_bucket(direct, bucket)
+    empty_bucket(direct, bucket)
     return costs
 
 
@@ -169,7 +160,7 @@ def _one_latency(
     direct.create_bucket(Bucket="bench-warmup")
     client.put_object(Bucket="bench-warmup", Key="warmup", Body=b"x")
     client.head_object(Bucket="bench-warmup", Key="warmup")
-    _empty_bucket(direct, "bench-warmup")
+    empty_bucket(direct, "bench-warmup")
 
     def measure(side: str, func: Any) -> Any:
         server_cpu = s3.reset()
@@ -207,8 +198,8 @@ def _one_latency(
                 samples["republish_report_bytes"].append(report.bytes_sent)
             else:
                 measure("baseline", baseline)
-        _empty_bucket(direct, ours)
-        _empty_bucket(direct, theirs)
+        empty_bucket(direct, ours)
+        empty_bucket(direct, theirs)
         log(
             f"publish {latency_ms} ms, run {repeat + 1}/{repeats}: baseline "
             f"{samples['baseline_s'][-1]:.2f} s, publish {samples['publish_s'][-1]:.2f} s, "

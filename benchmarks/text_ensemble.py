@@ -110,7 +110,7 @@ def _made_source(ctx: RunContext, kind: str, max_length: int) -> Path:
     return folder
 
 
-def _specs(ctx: RunContext) -> dict[str, Any]:
+def minilm_specs(ctx: RunContext) -> dict[str, Any]:
     """MiniLM taking tokens and raw text (the endpoint benchmark's two text targets too); in a tiny
     run, a WordPiece model of :data:`TINY_SHAPE` under the same names and settings."""
     entry = manifest_entry("minilm-l6-embedding")
@@ -131,7 +131,7 @@ def _specs(ctx: RunContext) -> dict[str, Any]:
 def _kind_specs(ctx: RunContext) -> dict[str, Any]:
     """One ``inputs: text`` target per tokenizer kind (module docstring)."""
     # Truncation on, as SentenceTransformer.encode truncates: both sides embed the same tokens.
-    minilm = _specs(ctx)["text"]
+    minilm = minilm_specs(ctx)["text"]
     max_len = minilm.text_inputs.max_sequence_length
     text = {"max_sequence_length": max_len, "truncation": "truncate"}
     specs = {"wordpiece": spec_from({**minilm.model_dump(mode="json", exclude_defaults=True), "text": text})}
@@ -169,7 +169,8 @@ def _interleaved(sides: dict[str, Turn], budget_s: float, slices: int) -> dict[s
     return durations
 
 
-def _source_folder(spec: Any, ctx: RunContext) -> Path:
+def source_folder(spec: Any, ctx: RunContext) -> Path:
+    """The folder of a text spec's source files (what sentence-transformers and the tokenizer load)."""
     from triton_mme_cdk.model_build.export.sources import resolve_source
 
     folder = resolve_source(spec, base_dir=Path(__file__).resolve().parents[1], work_dir=ctx.scratch("text-source"))
@@ -219,7 +220,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
                 "tritonserver 2.51 (CPU) -> tokenizer (python backend, vendored tokenizers) -> model (ONNX Runtime)",
     })
     # The sentence-transformers side's folders (a tiny run's worker starts here: see below).
-    folders = {kind: _source_folder(spec, ctx) for kind, spec in specs.items()}
+    folders = {kind: source_folder(spec, ctx) for kind, spec in specs.items()}
     rows: dict[str, dict[str, Any]] = {}
     cold: list[float] = []
     with ExitStack() as early:

@@ -48,7 +48,15 @@ from benchmarks._common import (
     text_model_entry,
     usable_cores,
 )
-from benchmarks.inference import _inputs, _latency, _ort_call, _torch_call, _unpack, _warm, _with_threads
+from benchmarks._runtimes import (
+    measure_latency,
+    ort_call,
+    token_inputs,
+    torch_call,
+    unpack_model,
+    warm_up,
+    with_threads,
+)
 
 NAME = "variants"
 TITLE = "MiniLM fused, INT8 (and FP16 on GPU) against PyTorch eager and the GEMM roofline"
@@ -218,9 +226,9 @@ def run(ctx: RunContext) -> dict[str, Any]:
         spec = spec_from(entry)
         build, release_dir = ctx.build(spec)
         built[key] = build
-        model_path, config = _unpack(release_dir / build.tarball, Path(tempfile.mkdtemp(dir=scratch)))
+        model_path, config = unpack_model(release_dir / build.tarball, Path(tempfile.mkdtemp(dir=scratch)))
         paths[key] = model_path
-        sessions[key] = open_model(model_path, _with_threads(config, threads, cpu=True), model=spec.name).session  # type: ignore[union-attr]
+        sessions[key] = open_model(model_path, with_threads(config, threads, cpu=True), model=spec.name).session  # type: ignore[union-attr]
         log(f"variants: {key} built ({build.size / 1e6:.1f} MB, gates {build.accuracy})")
 
     spec = spec_from(entries["fused"])
@@ -230,11 +238,11 @@ def run(ctx: RunContext) -> dict[str, Any]:
 
     measurements: dict[str, Any] = {"cpu": {}, "accuracy": {}, "artifact": {}}
     for batch in BATCHES:
-        feeds = _inputs(batch, seq, vocab)
-        calls = {"pytorch": _torch_call(module, feeds, "cpu")}
-        calls.update({k: _ort_call(s, feeds) for k, s in sessions.items()})
-        _warm(calls)
-        measurements["cpu"][f"batch{batch}"] = _latency(calls, ctx.repeats, budget)
+        feeds = token_inputs(batch, seq, vocab)
+        calls = {"pytorch": torch_call(module, feeds, "cpu")}
+        calls.update({k: ort_call(s, feeds) for k, s in sessions.items()})
+        warm_up(calls)
+        measurements["cpu"][f"batch{batch}"] = measure_latency(calls, ctx.repeats, budget)
         if batch == max(BATCHES):
             reference = calls["pytorch"]().numpy()
             for key, session in sessions.items():
@@ -303,7 +311,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
                                              f"{onnx_providers()}, torch {torch.__version__})"}
     measurements["gpu"] = gpu
     measurements["triton"] = _through_triton(ctx, built, {key: spec_from(entry) for key, entry in entries.items()},
-                                             _inputs(b, seq, vocab), budget)
+                                             token_inputs(b, seq, vocab), budget)
     for key in sessions:
         result["comparisons"].append(comparison(
             f"{key}_on_triton_vs_pytorch_batch{b}",
@@ -388,17 +396,17 @@ def _gpu(ctx: RunContext, entries: dict[str, dict[str, Any]], module: Any, vocab
     for key, entry in (("fused", entries["fused"]), ("fp16", fp16_entry)):
         spec = spec_from(entry)
         build, release_dir = ctx.build(spec)
-        model_path, config = _unpack(release_dir / build.tarball, Path(tempfile.mkdtemp(dir=scratch)))
+        model_path, config = unpack_model(release_dir / build.tarball, Path(tempfile.mkdtemp(dir=scratch)))
         sessions[key] = open_model(model_path, config, model=spec.name).session  # type: ignore[union-attr]
         accuracy[key] = build.accuracy
     gpu_module = module.to("cuda")
     out: dict[str, Any] = {"accuracy": accuracy["fp16"]}
     for batch in BATCHES:
-        feeds = _inputs(batch, seq, vocab)
-        calls = {"pytorch-cuda": _torch_call(gpu_module, feeds, "cuda")}
-        calls.update({k: _ort_call(s, feeds) for k, s in sessions.items()})
-        _warm(calls, times=3)
-        out[f"batch{batch}"] = _latency(calls, ctx.repeats, budget)
+        feeds = token_inputs(batch, seq, vocab)
+        calls = {"pytorch-cuda": torch_call(gpu_module, feeds, "cuda")}
+        calls.update({k: ort_call(s, feeds) for k, s in sessions.items()})
+        warm_up(calls, times=3)
+        out[f"batch{batch}"] = measure_latency(calls, ctx.repeats, budget)
     module.to("cpu")
     return out
 

@@ -127,10 +127,10 @@ def test_a_model_built_on_processing_is_stored_as_the_lambda_would_store_it(
 
 
 def _manifest(deployment: Any) -> Any:
-    from triton_mme_cdk.model_build.handler.request import Request, _load_manifest
+    from triton_mme_cdk.model_build.handler.request import Request, load_manifest
 
     props = deployment.custom_resource_properties()
-    return _load_manifest(deployment.s3, Request({"RequestType": "Create", "ResourceProperties": props}))
+    return load_manifest(deployment.s3, Request({"RequestType": "Create", "ResourceProperties": props}))
 
 
 def _first_release(templates: Templates, aws: LocalAws, **settings: Any) -> tuple[Any, dict[str, Any], str]:

@@ -199,13 +199,13 @@ def routes_of(s3: Any) -> dict[str, Any]:
 def counted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The models the handler builds (the real build, counted)."""
     built: list[str] = []
-    real = custom_resource._build_and_store
+    real = custom_resource.build_and_store
 
     def build_and_count(s3: Any, request: Any, spec: Any, key: str) -> None:
         built.append(spec.name)
         real(s3, request, spec, key)
 
-    monkeypatch.setattr(custom_resource, "_build_and_store", build_and_count)  # where is_complete looks it up
+    monkeypatch.setattr(custom_resource, "build_and_store", build_and_count)  # where is_complete looks it up
     return built
 
 

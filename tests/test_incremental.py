@@ -33,7 +33,7 @@ from s3_faults import FaultProxy  # tests/ is on sys.path
 from triton_mme_cdk.model_build import handler
 from triton_mme_cdk.model_build.aws_clients import make_s3_client
 from triton_mme_cdk.model_build.errors import PublishError
-from triton_mme_cdk.model_build.handler import custom_resource
+from triton_mme_cdk.model_build.handler import build_steps
 from triton_mme_cdk.model_build.manifest import load_manifest, parse_manifest
 from triton_mme_cdk.model_build.pipeline import BuildOptions, build_release, build_unit
 from triton_mme_cdk.model_build.release import (
@@ -603,7 +603,7 @@ def test_a_failed_build_execution_fails_the_resource_naming_the_model(
     # attempt that fails without a model's record reports its own error, not the stale model.
     handler.build_step({"Step": "plan", "Request": props})
     failure = s3.get_object(Bucket=bucket, Key=f"{PREFIX}/_plans/{props['ReleaseId']}.failure.json")
-    assert failure["Body"].read() == custom_resource.NO_FAILURE
+    assert failure["Body"].read() == build_steps.NO_FAILURE
     with pytest.raises(handler.HandlerError) as again:
         handler.is_complete(polled)
     assert "model 'gone'" not in str(again.value)

@@ -14,6 +14,16 @@ A unit is a subpackage of ``model_build`` (``export``, ``release``...), a shared
 which may import anything. Each subpackage's docstring has a "May import:" paragraph naming, in
 double backquotes, the units it may import (``shared`` for the shared modules) or single modules of
 them (``release.identity``); a shared module imports shared modules only.
+
+Private names stay in their module (issue 48): no module of the product (``model_build/``,
+``constructs/``, ``stacks/``, ``app.py``, the files of ``triton_mme_cdk/``), of ``benchmarks/`` or
+of ``examples/`` uses another module's ``_name``, neither by ``from m import _name`` nor as
+``m._name`` (through a name an import bound to ``m``), and a private module
+(``benchmarks._common``) is imported only from inside its own package. What two modules share is public in the one that owns it. The tests are
+outside the rule: a test is white-box by purpose (it pins a module's internals and swaps its seams,
+``monkeypatch.setattr(convert, ...)``), and a test file covers several modules, so "the module it
+tests" is no mechanical fact; making a name public only for a test would widen the interface the
+product sees. The rule reads names a module defines at its top level, not attributes of instances.
 """
 
 from __future__ import annotations
@@ -140,6 +150,102 @@ def layering_violations(root: Path) -> list[str]:
     return found
 
 
+#: The folders and files held to the rule on private names (see the module docstring); ``examples``
+#: (a consumer's own app, where there is one) uses the package's public names alone.
+PRIVATE_SCOPE = ("model_build", "constructs", "stacks", "benchmarks", "app.py", "triton_mme_cdk", "examples")
+#: Folders whose modules are ``triton_mme_cdk.<folder>...`` (the folder ``triton_mme_cdk/`` links them).
+LINKED = ("model_build", "constructs", "stacks")
+IMPORT_ROOT = "triton_mme_cdk"
+
+
+def scoped_modules(root: Path) -> dict[str, Path]:
+    """``dotted name -> file`` of every module :data:`PRIVATE_SCOPE` holds, by its import name."""
+    found = {}
+    for entry in PRIVATE_SCOPE:
+        path = root / entry
+        if entry.endswith(".py"):
+            files = [path] if path.is_file() else []
+        elif entry == IMPORT_ROOT:  # its own files: its folders are links to the others
+            files = sorted(path.glob("*.py"))
+        else:
+            files = sorted(path.rglob("*.py"))
+        for file in files:
+            parts = list(file.relative_to(root).with_suffix("").parts)
+            if parts[0] in LINKED:
+                parts.insert(0, IMPORT_ROOT)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = file
+    return found
+
+
+def is_private(name: str) -> bool:
+    """``_name``, not ``__dunder__``."""
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_module_outside(module: str, importer: str) -> bool:
+    """Whether ``module`` is private (``benchmarks._common``, or inside such a package) and
+    ``importer`` is not inside the package that holds it."""
+    parts = module.split(".")
+    for index, part in enumerate(parts):
+        if is_private(part):
+            package = ".".join(parts[:index])
+            return not (importer == package or importer.startswith(package + "."))
+    return False
+
+
+def private_uses(root: Path) -> list[str]:
+    """Each use of another module's private name in :data:`PRIVATE_SCOPE`, as ``file:line: what``."""
+    modules = scoped_modules(root)
+    found = []
+    for name, path in modules.items():
+        found += [f"{path.relative_to(root)}:{use}" for use in module_private_uses(name, path, modules)]
+    return sorted(set(found))
+
+
+def module_private_uses(name: str, path: Path, modules: dict[str, Path]) -> list[str]:
+    """The uses of other modules' private names in the module ``name``, as ``line: what``."""
+    roots = {module.split(".")[0] for module in modules}
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+    bound: dict[str, str] = {}  # a name an import binds -> the module of the tree it is
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names if alias.name.split(".")[0] in roots]
+            for alias in node.names:
+                if alias.name in targets:
+                    bound[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and node.module.split(".")[0] in roots:
+            targets = [node.module]
+            for alias in node.names:
+                submodule = f"{node.module}.{alias.name}"
+                if submodule in modules:
+                    targets.append(submodule)
+                    bound[alias.asname or alias.name] = submodule
+                elif is_private(alias.name) and node.module != name:
+                    found.append(f"{node.lineno}: from {node.module} import {alias.name}")
+        else:
+            continue
+        found += [f"{node.lineno}: imports the private module {target}"
+                  for target in targets if private_module_outside(target, name)]
+
+    def module_of(value: ast.expr) -> str | None:
+        if isinstance(value, ast.Name):
+            return bound.get(value.id)
+        if isinstance(value, ast.Attribute) and (base := module_of(value.value)) is not None:
+            dotted = f"{base}.{value.attr}"
+            return dotted if dotted in modules or dotted in roots else None
+        return None
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and is_private(node.attr):
+            owner = module_of(node.value)
+            if owner is not None and owner != name and f"{owner}.{node.attr}" not in modules:
+                found.append(f"{node.lineno}: {owner}.{node.attr}")
+    return found
+
+
 def over_budget(root: Path, budget: int = LINE_BUDGET) -> list[str]:
     return [
         f"{path.relative_to(root)}: {count} lines"
@@ -200,6 +306,11 @@ def test_no_module_exceeds_the_line_budget() -> None:
     assert not over_budget(ROOT), f"longer than {LINE_BUDGET} lines: " + ", ".join(over_budget(ROOT))
 
 
+def test_no_module_uses_another_modules_private_names() -> None:
+    """What two modules share is public where it belongs (issue 48); see the module docstring."""
+    assert not private_uses(ROOT), "\n".join(private_uses(ROOT))
+
+
 def test_the_architecture_table_says_what_the_docstrings_say() -> None:
     """docs/architecture.md's table row of each unit lists the same "may import" names."""
     text = (ROOT / "docs" / "architecture.md").read_text()
@@ -249,6 +360,32 @@ def test_an_import_the_docstring_does_not_allow_is_found(tmp_path: Path) -> None
 def test_a_module_over_the_budget_is_found(tmp_path: Path) -> None:
     root = _tree(tmp_path, {"stacks/long.py": "x = 1\n" * (LINE_BUDGET + 1), "constructs/short.py": "x = 1\n"})
     assert over_budget(root) == [f"stacks/long.py: {LINE_BUDGET + 1} lines"]
+
+
+def test_a_private_name_used_across_modules_is_found(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {
+        "model_build/__init__.py": "",
+        "model_build/a.py": "_SECRET = 1\n__version__ = '1'\n\ndef f():\n    return _SECRET\n",
+        "model_build/b.py": ("from triton_mme_cdk.model_build.a import _SECRET, __version__\n"
+                             "from triton_mme_cdk.model_build import a\n"
+                             "import triton_mme_cdk.model_build.a as alias\n"
+                             "X = a._SECRET + alias._SECRET + a.__version__\n"),
+        "model_build/c.py": "from triton_mme_cdk.model_build import a\n\nclass C:\n    _own = a.f()\n",
+        "benchmarks/_common.py": "VALUE = 1\n",
+        "benchmarks/run.py": "from benchmarks._common import VALUE\nfrom benchmarks.other import _helper\n",
+        "benchmarks/other.py": "def _helper():\n    return 1\n",
+        "stacks/s.py": "from benchmarks._common import VALUE\nimport benchmarks.other\nY = benchmarks.other._helper\n",
+        "app.py": "from triton_mme_cdk.model_build import a\nZ = a._SECRET\n",
+        "tests/test_a.py": "from triton_mme_cdk.model_build.a import _SECRET\n",
+    })
+    assert private_uses(root) == [
+        "app.py:2: triton_mme_cdk.model_build.a._SECRET",
+        "benchmarks/run.py:2: from benchmarks.other import _helper",
+        "model_build/b.py:1: from triton_mme_cdk.model_build.a import _SECRET",
+        "model_build/b.py:4: triton_mme_cdk.model_build.a._SECRET",
+        "stacks/s.py:1: imports the private module benchmarks._common",
+        "stacks/s.py:3: benchmarks.other._helper",
+    ]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -423,7 +423,7 @@ def _answer(name: str, datatype: str, values: np.ndarray) -> Any:
 def test_smoke_prepares_declared_zeros_for_a_plan_and_checks_its_answer_without_values(
         tmp_path: Path, endpoint: str) -> None:
     from triton_mme_cdk.model_build.tools.smoke import _check_answer
-    from triton_mme_cdk.model_build.tools.smoke_setup import _CallFailed, _prepare_reference
+    from triton_mme_cdk.model_build.tools.smoke_setup import CallFailed, prepare_reference
 
     write_plans(tmp_path)
     _, release_dir = _build(tmp_path, tmp_path / "out")
@@ -432,14 +432,14 @@ def test_smoke_prepares_declared_zeros_for_a_plan_and_checks_its_answer_without_
     for name in ("resnet-trt.reference.npz", "resnet-trt.config.pbtxt"):
         s3.put_object(Bucket="smoke-plan", Key=f"store/{name}", Body=(release_dir / name).read_bytes())
     keys = {"resnet-trt.npz": "store/resnet-trt.reference.npz", "resnet-trt.config.pbtxt": "store/resnet-trt.config.pbtxt"}
-    reference = _prepare_reference(s3, "smoke-plan", "models", "resnet-trt", {"target_model": "resnet-trt.tar.gz"},
+    reference = prepare_reference(s3, "smoke-plan", "models", "resnet-trt", {"target_model": "resnet-trt.tar.gz"},
                                    {}, tmp_path, keys)
     assert reference.error is None and reference.values_checked is False
     assert reference.batch == 1 and reference.outputs == {} and reference.body
     assert _check_answer(_answer("logits", "FP32", np.random.rand(1, 1000)), reference, 1e-3, 1e-3) is None
-    with pytest.raises(_CallFailed, match=r"output 'logits': shape \[1, 999\]; expected \[1, 1000\]"):
+    with pytest.raises(CallFailed, match=r"output 'logits': shape \[1, 999\]; expected \[1, 1000\]"):
         _check_answer(_answer("logits", "FP32", np.zeros((1, 999))), reference, 1e-3, 1e-3)
-    with pytest.raises(_CallFailed, match=r"output 'logits': datatype FP16; the config declares FP32"):
+    with pytest.raises(CallFailed, match=r"output 'logits': datatype FP16; the config declares FP32"):
         _check_answer(_answer("logits", "FP16", np.zeros((1, 1000))), reference, 1e-3, 1e-3)
 
 

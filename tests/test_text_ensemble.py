@@ -261,10 +261,10 @@ def test_smoke_holds_a_raw_text_target_to_the_tolerance_of_its_precision(overrid
     from triton_mme_cdk.model_build.compare import SERVED_TOLERANCE
     from triton_mme_cdk.model_build.package.triton_config import parse_config
     from triton_mme_cdk.model_build.tools.smoke import _check_answer
-    from triton_mme_cdk.model_build.tools.smoke_setup import _CallFailed, _Reference
+    from triton_mme_cdk.model_build.tools.smoke_setup import CallFailed, Reference
 
     config = parse_config(render_ensemble_configs(spec_for(inputs="text", **overrides), FAKE_SIGNATURE, served).ensemble)
-    reference = _Reference(config=config, batch=2,
+    reference = Reference(config=config, batch=2,
                            outputs={"sentence_embedding": np.full((2, 384), 0.05, dtype=np.float32)})
     atol, rtol = reference.tolerance(None, None)
     assert (atol, rtol) == SERVED_TOLERANCE[precision]
@@ -274,12 +274,12 @@ def test_smoke_holds_a_raw_text_target_to_the_tolerance_of_its_precision(overrid
     assert diff is not None and diff > 0
     beyond = expected.copy()
     beyond[1, 7] += np.float32(1.5 * (atol + rtol * 0.05))
-    with pytest.raises(_CallFailed, match=r"output 'sentence_embedding': largest \|difference\| .* exceeds the tolerance"):
+    with pytest.raises(CallFailed, match=r"output 'sentence_embedding': largest \|difference\| .* exceeds the tolerance"):
         _check_answer(_answer_json("sentence_embedding", beyond), reference, atol, rtol)
     if precision == "fp32":  # tight: what the former 5e-2 let through now fails
         assert atol <= 1e-3 and rtol <= 1e-3
         drifted = expected + np.float32(1e-2)
-        with pytest.raises(_CallFailed, match="exceeds the tolerance"):
+        with pytest.raises(CallFailed, match="exceeds the tolerance"):
             _check_answer(_answer_json("sentence_embedding", drifted), reference, atol, rtol)
         assert reference.tolerance(5e-2, 5e-2) == (5e-2, 5e-2)  # --atol/--rtol still override
 

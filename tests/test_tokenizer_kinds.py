@@ -212,12 +212,12 @@ def test_a_graph_over_the_protobuf_limit_is_served_unfused_by_default_and_true_i
     import onnx
 
     from triton_mme_cdk.model_build.errors import ExportError
-    from triton_mme_cdk.model_build.export import convert
+    from triton_mme_cdk.model_build.export import onnx_weights
     from triton_mme_cdk.model_build.export.fusion import iter_nodes
     from triton_mme_cdk.model_build.export.validate import export_and_validate
 
     make_text_source("wordpiece", tmp_path / "source", pooling="mean", max_length=MAX_LEN)
-    monkeypatch.setattr(convert, "_PROTO_LIMIT", 100_000)  # the model's ~180 KB of weights are "over"
+    monkeypatch.setattr(onnx_weights, "PROTO_LIMIT", 100_000)  # the model's ~180 KB of weights are "over"
     spec = spec_for(inputs="tokens", text={"max_sequence_length": MAX_LEN})
     exported, report, _ = export_and_validate(spec, base_dir=tmp_path, work_dir=tmp_path / "work")
     assert (exported.path.parent / "model.onnx.data").is_file()
@@ -240,11 +240,11 @@ def test_int8_over_the_protobuf_limit_is_refused_before_the_export(tmp_path: Pat
     2 GiB of weights it failed deep in the search. Refused now with the size, from the source's
     weight files, before the export (the limit lowered so that a small real model is "over")."""
     from triton_mme_cdk.model_build.errors import ExportError
-    from triton_mme_cdk.model_build.export import convert
+    from triton_mme_cdk.model_build.export import onnx_weights
     from triton_mme_cdk.model_build.export.validate import export_and_validate
 
     make_text_source("wordpiece", tmp_path / "source", pooling="mean", max_length=MAX_LEN)
-    monkeypatch.setattr(convert, "_PROTO_LIMIT", 100_000)
+    monkeypatch.setattr(onnx_weights, "PROTO_LIMIT", 100_000)
     spec = spec_for(inputs="tokens", precision="int8", text={"max_sequence_length": MAX_LEN})
     with pytest.raises(ExportError) as caught:
         export_and_validate(spec, base_dir=tmp_path, work_dir=tmp_path / "work")

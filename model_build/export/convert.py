@@ -51,9 +51,9 @@ from triton_mme_cdk.model_build.errors import ExportError
 from triton_mme_cdk.model_build.export import onnx_weights
 from triton_mme_cdk.model_build.export.eager import input_names, output_names
 from triton_mme_cdk.model_build.export.fusion import (
-    _attention_shape,
-    _hf_model,
+    attention_shape,
     check_runtime_compatible,
+    eager_attention,
     fuse,
     should_fuse,
 )
@@ -69,8 +69,6 @@ from triton_mme_cdk.model_build.types import NUMPY_TO_TRITON, ExportedModel, Ten
 #: ONNX opset of every exported graph. 18 is run by ONNX Runtime >= 1.14 (every Triton image
 #: SageMaker offers, 23.12 onwards, ships a newer one); the exporter writes IR version 8.
 OPSET = 18
-#: A protobuf message cannot exceed 2 GiB; bigger models keep their weights in one side file.
-_PROTO_LIMIT = 2**31 - 2**26
 #: Both exporters keep process-wide state (torch.onnx's export globals, the TorchScript
 #: compilation unit swapped below), so exports from parallel build threads take turns.
 _EXPORT_LOCK = threading.Lock()
@@ -140,11 +138,11 @@ def export_onnx(
     """Trace ``module`` on ``sample`` into ``out_path`` (opset :data:`OPSET`), FP16 if asked;
     ``on_traced`` is called once this has let go of ``module`` (a caller frees it there)."""
     fusing = should_fuse(spec, module)
-    attention = _attention_shape(module)
+    attention = attention_shape(module)
     with _scratch_beside(out_path) as scratch:
         raw = scratch / "model.onnx"
         try:
-            with _tracing(_eager_attention(module) if fusing else contextlib.nullcontext()):
+            with _tracing(eager_attention(module) if fusing else contextlib.nullcontext()):
                 export_weights_aside(  # torch.onnx.export, the weights written tensor by tensor
                     module,
                     _tensors(spec, sample),
@@ -165,25 +163,6 @@ def export_onnx(
         return _finish_onnx(spec, raw, out_path, fusing=fusing, attention=attention, weights_aside=True)
 
 
-@contextlib.contextmanager
-def _eager_attention(module: torch.nn.Module) -> Iterator[None]:
-    """Trace with transformers' eager attention, the pattern ONNX Runtime's optimizer fuses.
-
-    The SDPA export (transformers' default) computes the same thing but the optimizer fuses
-    nothing in it. The module's own setting is restored afterwards: it is also the reference.
-    """
-    inner = _hf_model(module)
-    if inner is None:
-        yield
-        return
-    before = getattr(inner.config, "_attn_implementation", None) or "sdpa"
-    inner.set_attn_implementation("eager")
-    try:
-        yield
-    finally:
-        inner.set_attn_implementation(before)
-
-
 def import_onnx(spec: ModelSpec, source_path: Path, out_path: Path) -> ExportedModel:
     """Take a ready ``.onnx`` (an ``onnx`` source) as the model, converted to FP16 if asked."""
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -199,7 +178,7 @@ def _load(spec: ModelSpec, path: Path, *, graph_only: bool = False) -> onnx.Mode
 
 def _external_from() -> int:
     """Weights of at least this many bytes are saved to ``<file>.data`` (always above the protobuf limit)."""
-    return min(onnx_weights.EXTERNAL_DATA_MIN_BYTES, _PROTO_LIMIT)
+    return min(onnx_weights.EXTERNAL_DATA_MIN_BYTES, onnx_weights.PROTO_LIMIT)
 
 
 def _infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -250,7 +229,7 @@ def _finish_onnx(
     model = _infer_shapes(_load(spec, source, graph_only=weights_aside))
     side = source.with_name(source.name + EXTERNAL_DATA_SUFFIX)
     size = onnx_weights.weight_bytes(model) + (side.stat().st_size if weights_aside else 0)
-    if fusing and size >= _PROTO_LIMIT:
+    if fusing and size >= onnx_weights.PROTO_LIMIT:
         # ONNX Runtime's offline optimizer serializes the model whole, which protobuf refuses
         # above 2 GiB ("graph fusion failed: InvalidProtobuf"). Unset, such a graph is served as
         # exported (the serving session still applies its own graph optimizations at load).

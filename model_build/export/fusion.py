@@ -3,9 +3,10 @@
 ONNX Runtime's transformer optimizer (``onnxruntime.transformers.optimizer.optimize_model``, model
 type ``bert``) rewrites the attention blocks into ``com.microsoft`` ``Attention``, the embeddings
 into ``EmbedLayerNormalization`` and the FFN activation into ``BiasGelu``: :func:`should_fuse`
-says when (see :mod:`model_build.export.optimize` for the whole step), :func:`fuse` does it and
-fails when no attention was fused. :func:`check_runtime_compatible` refuses a graph the ONNX
-Runtime of Triton 24.10 would not load (opset, contrib ops), for every export.
+says when (see :mod:`model_build.export.optimize` for the whole step), :func:`eager_attention`
+traces the pattern it recognises, :func:`fuse` does it and fails when no attention was fused.
+:func:`check_runtime_compatible` refuses a graph the ONNX Runtime of Triton 24.10 would not load
+(opset, contrib ops), for every export; :func:`prune_opsets` leaves what it accepts.
 """
 
 from __future__ import annotations
@@ -89,13 +90,32 @@ def should_fuse(spec: ModelSpec, module: torch.nn.Module | Path | None) -> bool:
     )
 
 
-def _attention_shape(module: torch.nn.Module | Path | None) -> tuple[int, int]:
+@contextlib.contextmanager
+def eager_attention(module: torch.nn.Module) -> Iterator[None]:
+    """Trace with transformers' eager attention, the pattern ONNX Runtime's optimizer fuses.
+
+    The SDPA export (transformers' default) computes the same thing but the optimizer fuses
+    nothing in it. The module's own setting is restored afterwards: it is also the reference.
+    """
+    inner = _hf_model(module)
+    if inner is None:
+        yield
+        return
+    before = getattr(inner.config, "_attn_implementation", None) or "sdpa"
+    inner.set_attn_implementation("eager")
+    try:
+        yield
+    finally:
+        inner.set_attn_implementation(before)
+
+
+def attention_shape(module: torch.nn.Module | Path | None) -> tuple[int, int]:
     """(heads, hidden) from the model config; (0, 0) lets the optimizer read them off the graph."""
     config = getattr(_hf_model(module), "config", None)
     return int(getattr(config, "num_attention_heads", 0) or 0), int(getattr(config, "hidden_size", 0) or 0)
 
 
-def _prune_opsets(model: onnx.ModelProto, ir_version: int) -> onnx.ModelProto:
+def prune_opsets(model: onnx.ModelProto, ir_version: int) -> onnx.ModelProto:
     """Keep only the domains the nodes use and the export's IR version, for ONNX Runtime 1.19.
 
     ONNX Runtime writes every domain it knows into the saved model (``com.microsoft.nchwc``,
@@ -120,14 +140,14 @@ def fuse(spec: ModelSpec, model: onnx.ModelProto | Path, module: torch.nn.Module
     ``attention`` (heads, hidden) in place of ``module``'s config."""
     from onnxruntime.transformers.optimizer import optimize_model
 
-    heads, hidden = attention or _attention_shape(module)
+    heads, hidden = attention or attention_shape(module)
     if isinstance(model, onnx.ModelProto):
         ir_version = model.ir_version
     assert ir_version is not None, "fuse: a file needs the export's ir_version"
     try:
         # It prints (not logs) a failed symbolic shape inference on the graph's dynamic Expand
         # nodes; that only skips SkipLayerNormalization, which the serving session fuses itself.
-        with warnings.catch_warnings(), _quiet_ort_logging(), contextlib.redirect_stdout(io.StringIO()), \
+        with warnings.catch_warnings(), quiet_ort_logging(), contextlib.redirect_stdout(io.StringIO()), \
                 _shape_inference_on_skeletons():
             warnings.simplefilter("ignore")
             optimized = optimize_model(str(model) if isinstance(model, Path) else model, model_type="bert", num_heads=heads, hidden_size=hidden,
@@ -142,7 +162,7 @@ def fuse(spec: ModelSpec, model: onnx.ModelProto | Path, module: torch.nn.Module
             f"{counts or 'nothing'}); set optimize: false for this model",
             model=spec.name,
         )
-    return _prune_opsets(optimized.model, ir_version), counts
+    return prune_opsets(optimized.model, ir_version), counts
 
 
 @contextlib.contextmanager
@@ -183,22 +203,23 @@ def _shape_inference_on_skeletons() -> Iterator[None]:
         OnnxModel.infer_runtime_shape = original
 
 
-class _quiet_ort_logging:
-    """The optimizer logs expected noise (symbolic shape inference on dynamic Expand nodes)."""
+@contextlib.contextmanager
+def quiet_ort_logging() -> Iterator[None]:
+    """ONNX Runtime's transformer tools at ERROR for the block: the optimizer logs expected noise
+    (symbolic shape inference on dynamic Expand nodes), the quantizer warns on the root logger."""
+    import logging
 
-    def __enter__(self) -> None:
-        import logging
-
-        self._logger = logging.getLogger("onnxruntime.transformers")
-        self._level = self._logger.level
-        self._logger.setLevel(logging.ERROR)
-        self._root = logging.getLogger()
-        self._root_level = self._root.level
-        self._root.setLevel(logging.ERROR)  # the quantizer warns on the root logger
-
-    def __exit__(self, *exc: object) -> None:
-        self._logger.setLevel(self._level)
-        self._root.setLevel(self._root_level)
+    logger = logging.getLogger("onnxruntime.transformers")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    root = logging.getLogger()
+    root_level = root.level
+    root.setLevel(logging.ERROR)  # the quantizer warns on the root logger
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+        root.setLevel(root_level)
 
 
 # --------------------------------------------------------------------------------------------

@@ -34,6 +34,9 @@ EXTERNAL_DATA_SUFFIX = ".data"
 #: From this many bytes of weights a saved graph keeps them in ``<file>.data`` (see :func:`save_onnx`);
 #: Triton's onnxruntime backend loads the side file from beside ``model.onnx``.
 EXTERNAL_DATA_MIN_BYTES = 256 * 2**20
+#: A protobuf message cannot exceed 2 GiB: a graph whose weights reach this is saved with them in
+#: ``<file>.data``, and the steps that serialize a model whole (the offline fusions, INT8) refuse it.
+PROTO_LIMIT = 2**31 - 2**26
 #: Tensors below this many bytes stay in the exported graph: shape constants among them, whose
 #: values ONNX shape inference reads (the skeleton it runs on keeps tensors up to 64 KiB).
 INLINE_MAX_BYTES = 1 << 16

@@ -44,14 +44,14 @@ import numpy as np
 import onnx
 
 from triton_mme_cdk.model_build.errors import AccuracyGateError, ExportError
-from triton_mme_cdk.model_build.export import convert
+from triton_mme_cdk.model_build.export import onnx_weights
 from triton_mme_cdk.model_build.export.convert import onnx_signature
 from triton_mme_cdk.model_build.export.eager import Batch
 from triton_mme_cdk.model_build.export.fusion import (
-    _prune_opsets,
-    _quiet_ort_logging,
     check_runtime_compatible,
     contrib_op_counts,
+    prune_opsets,
+    quiet_ort_logging,
 )
 from triton_mme_cdk.model_build.export.onnx_weights import EXTERNAL_DATA_SUFFIX, save_onnx
 from triton_mme_cdk.model_build.manifest import ModelSpec
@@ -159,7 +159,7 @@ def matmul_sensitivity(model_path: Path, batches: Sequence[Batch]) -> list[tuple
 def _quantize(src: Path, dst: Path, exclude: Sequence[str]) -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    with warnings.catch_warnings(), _quiet_ort_logging():
+    with warnings.catch_warnings(), quiet_ort_logging():
         warnings.simplefilter("ignore")
         quantize_dynamic(
             str(src), str(dst), weight_type=QuantType.QInt8, per_channel=True,
@@ -232,7 +232,7 @@ def refuse_int8_over_limit(spec: ModelSpec, weight_bytes: int) -> None:
     Runtime's dynamic quantizer loads it: both take the model as one protobuf, which cannot hold
     more than 2 GiB. Refused with the size, before the export where the source's files tell it
     (:mod:`model_build.export.validate`), else when the export has written its weights aside."""
-    if weight_bytes < convert._PROTO_LIMIT:
+    if weight_bytes < onnx_weights.PROTO_LIMIT:
         return
     raise ExportError(
         f"precision: got 'int8', but the model's weights are {weight_bytes / 2**30:.1f} GiB and the INT8 build "
@@ -272,7 +272,7 @@ def optimize_export(
                 shutil.copyfile(side, Path(scratch) / side.name)
             quantized = quantize_int8(spec, fp32_path, Path(scratch) / "int8.onnx", calibration,
                                       reference, report)
-            quantized = _prune_opsets(quantized, ir_version)
+            quantized = prune_opsets(quantized, ir_version)
         check_runtime_compatible(quantized, name=spec.name)
         save_onnx(quantized, exported.path)
         inputs, outputs = onnx_signature(exported.path, model_name=spec.name)

@@ -73,11 +73,11 @@ def _check_plan_file(file: Path, name: str, where: str, spec: ModelSpec) -> None
 def _download_plans(spec: ModelSpec, plan: TensorRTPlan, source: S3Source, work_dir: Path, s3_client: Any) -> Path:
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from triton_mme_cdk.model_build.export.sources import _s3, _split_s3
+    from triton_mme_cdk.model_build.export.sources import s3_or_default, split_s3_uri
 
-    bucket, prefix = _split_s3(source.uri)
+    bucket, prefix = split_s3_uri(source.uri)
     prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
-    client = _s3(s3_client)
+    client = s3_or_default(s3_client)
     work_dir.mkdir(parents=True, exist_ok=True)
     for name in plan.plan_files():
         uri = f"s3://{bucket}/{prefix}{name}"

@@ -58,8 +58,8 @@ def resolve_source(
     if isinstance(source, HuggingFaceSource):
         return _huggingface(source, spec, work_dir)
     if isinstance(source, S3Source):
-        bucket, prefix = _split_s3(source.uri)
-        _download_prefix(_s3(s3_client), bucket, prefix, work_dir, spec)
+        bucket, prefix = split_s3_uri(source.uri)
+        _download_prefix(s3_or_default(s3_client), bucket, prefix, work_dir, spec)
         return _pretrained_dir(work_dir, spec, f"source.uri {source.uri!r}")
     if isinstance(source, OnnxFileSource):
         return _onnx_file(source, spec, base_dir=base_dir, work_dir=work_dir, s3_client=s3_client)
@@ -210,12 +210,14 @@ def _huggingface(source: HuggingFaceSource, spec: ModelSpec, work_dir: Path) -> 
     return _pretrained_dir(Path(folder), spec, f"source.model_id {source.model_id!r}")
 
 
-def _split_s3(uri: str) -> tuple[str, str]:
+def split_s3_uri(uri: str) -> tuple[str, str]:
+    """``(bucket, key or prefix)`` of ``s3://bucket/key``; the key without its leading slash."""
     parsed = urlparse(uri)
     return parsed.netloc, parsed.path.lstrip("/")
 
 
-def _s3(client: Any) -> Any:
+def s3_or_default(client: Any) -> Any:
+    """``client`` where the caller gave one, else boto3's default S3 client (the build's own)."""
     if client is not None:
         return client
     import boto3
@@ -283,10 +285,10 @@ def s3_tokenizer_files(spec: ModelSpec, source: S3Source, folder: Path, s3_clien
     """
     from botocore.exceptions import BotoCoreError, ClientError
 
-    bucket, prefix = _split_s3(source.uri)
+    bucket, prefix = split_s3_uri(source.uri)
     prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
     folder.mkdir(parents=True, exist_ok=True)
-    client = _s3(s3_client)
+    client = s3_or_default(s3_client)
     for name in TOKENIZER_SOURCE_FILES:
         try:
             client.download_file(bucket, prefix + name, str(folder / name))
@@ -306,14 +308,14 @@ def _onnx_file(
     if source.path.startswith("s3://"):
         from botocore.exceptions import BotoCoreError, ClientError
 
-        bucket, key = _split_s3(source.path)
+        bucket, key = split_s3_uri(source.path)
         if not key or key.endswith("/"):
             raise SourceError(f"source.path: {source.path!r} names no object; expected s3://bucket/key",
                               model=spec.name)
         work_dir.mkdir(parents=True, exist_ok=True)
         target = work_dir / PurePosixPath(key).name
         try:
-            _s3(s3_client).download_file(bucket, key, str(target))
+            s3_or_default(s3_client).download_file(bucket, key, str(target))
         except (ClientError, BotoCoreError) as error:
             raise SourceError(f"source.path: cannot download {source.path!r}: {error}",
                               model=spec.name) from None

@@ -275,7 +275,7 @@ def validate_export(
         _retrieval_check(spec, run_exported, run_reference, source_dir, report, cosines)
     report.min_cosine = min(cosines, default=1.0)
     check_gates(spec, report)
-    if _has_sentence_transformers_reference(spec, source_dir):
+    if has_sentence_transformers_reference(spec, source_dir):
         assert source_dir is not None
         _check_sentence_transformers(spec, exported, run_exported, source_dir, report)
     return report
@@ -356,7 +356,9 @@ def has_source_folder(spec: ModelSpec, source_dir: Path | None) -> bool:
     )
 
 
-def _has_sentence_transformers_reference(spec: ModelSpec, source_dir: Path | None) -> bool:
+def has_sentence_transformers_reference(spec: ModelSpec, source_dir: Path | None) -> bool:
+    """Whether sentence-transformers is a second reference: a sentence-embedding entry with a
+    folder of the source's own files (:func:`has_source_folder`) for it to load."""
     return spec.task == "sentence-embedding" and has_source_folder(spec, source_dir)
 
 

@@ -29,7 +29,9 @@ Failures reach CloudFormation as a short reason naming the model and the step.
 The template names the three entry points by dotted path (``model_build.handler.on_event``,
 ``model_build.handler.is_complete``, ``model_build.handler.build_step``): they are re-exported
 here, and their modules are ``request`` (the request and the manifest asset, checked),
-``custom_resource`` (``on_event``, ``is_complete``) and ``build_steps`` (``build_step``).
+``custom_resource`` (``on_event``, ``is_complete``) and ``build_steps`` (``build_step``, and the
+failure record ``is_complete`` reads); ``units`` is the work both build paths do (this runtime's
+keys, one model built and stored, the release assembled from the store).
 
 Owns: the Lambda side of the deploy. It composes the build and the release; nothing imports it.
 

@@ -2,6 +2,9 @@
 whose key is not stored), ``build`` (one model per Map item, built and stored; a failure records
 the model's name and reason for ``is_complete``) and ``finish`` (the release assembled from the
 store, its index written last).
+
+The failure record is this module's: the steps write it under ``<prefix>/_plans/`` and
+``is_complete`` reads it back (:func:`recorded_failure`) to name the failing model.
 """
 
 from __future__ import annotations
@@ -11,17 +14,27 @@ from collections.abc import Mapping
 from typing import Any
 
 from triton_mme_cdk.model_build.errors import ModelBuildError
-from triton_mme_cdk.model_build.handler.custom_resource import (
-    PLANS_DIR,
-    _build_and_store,
-    _clear_failure,
-    _computed,
-    _failure_key,
-    _model_key,
-    _model_keys,
-    _write_index,
+from triton_mme_cdk.model_build.handler.request import (
+    LOG,
+    HandlerError,
+    Request,
+    load_manifest,
+    s3_client,
+    short_error,
 )
-from triton_mme_cdk.model_build.handler.request import LOG, HandlerError, Request, _load_manifest, _s3, _short
+from triton_mme_cdk.model_build.handler.units import (
+    build_and_store,
+    computed_release,
+    model_key,
+    model_keys,
+    write_index,
+)
+
+#: Folder (under the model prefix) of the Map's item sources, one JSON array per release, and of
+#: each release's failure record.
+PLANS_DIR = "_plans"
+#: The failure record's body while no model of the current attempt has failed (the plan writes it).
+NO_FAILURE = b'{"model": null, "reason": null}'
 
 # ----------------------------------------------------------------------------------------------
 # The per-model unit and the final step, as separate Lambda entry points (one Map item each)
@@ -47,13 +60,13 @@ def build_item(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
         from triton_mme_cdk.model_build.release.store import is_stored
 
         request = _item_request(event)
-        s3 = _s3()
-        manifest = _load_manifest(s3, request)
+        s3 = s3_client()
+        manifest = load_manifest(s3, request)
         name = event.get("Model")
         spec = next((spec for spec in manifest.models if spec.name == name), None)
         if spec is None:
             raise HandlerError(f"field Model: got {name!r}; the manifest has no such model")
-        key = _model_key(spec)
+        key = model_key(spec)
         if event.get("Key") != key:
             raise HandlerError(
                 f"model {spec.name!r}: planned key {event.get('Key')!r} but this build image computes "
@@ -62,30 +75,13 @@ def build_item(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
         built = not is_stored(s3, request.model_bucket, request.model_prefix, key)
         if built:
             try:
-                _build_and_store(s3, request, spec, key)
+                build_and_store(s3, request, spec, key)
             except Exception as error:
                 _record_failure(s3, request, spec.name, error)
                 raise
         return {"Model": spec.name, "Key": key, "Built": built}
     except (HandlerError, ModelBuildError) as error:
-        raise _short(error) from None
-
-
-def _record_failure(s3: Any, request: Request, model: str, error: BaseException | str) -> None:
-    """Leave the failing model's reason (an error, or a reason already written) where
-    ``is_complete`` finds it: a Distributed Map's own failure says only that an item failed,
-    and CloudFormation should name the model."""
-    if isinstance(error, ModelBuildError) and error.model is None:
-        error.model = model
-    reason = error if isinstance(error, str) else str(_short(error)) if isinstance(error, ModelBuildError) else (
-        f"build of model {model!r} failed: {' '.join(str(error).split())[:300]}"
-    )
-    try:
-        s3.put_object(Bucket=request.model_bucket, Key=_failure_key(request),
-                      Body=json.dumps({"model": model, "reason": reason}).encode(),
-                      ContentType="application/json")
-    except Exception as put_error:  # the build's own error matters more than its record
-        LOG.warning("could not record the failure of %s: %s", model, put_error)
+        raise short_error(error) from None
 
 
 def build_step(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
@@ -106,12 +102,12 @@ def finish_release(event: dict[str, Any], context: Any = None) -> dict[str, Any]
     LOG.info("finish_release")
     try:
         request = _item_request(event)
-        s3 = _s3()
-        manifest = _load_manifest(s3, request)
-        _write_index(s3, request, manifest, _computed(manifest))
+        s3 = s3_client()
+        manifest = load_manifest(s3, request)
+        write_index(s3, request, manifest, computed_release(manifest))
         return request.data(manifest.target_count)
     except (HandlerError, ModelBuildError) as error:
-        raise _short(error) from None
+        raise short_error(error) from None
 
 
 def plan_items(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
@@ -122,9 +118,9 @@ def plan_items(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
 
     try:
         request = _item_request(event)
-        s3 = _s3()
-        manifest = _load_manifest(s3, request)
-        keys = _model_keys(manifest)
+        s3 = s3_client()
+        manifest = load_manifest(s3, request)
+        keys = model_keys(manifest)
         stored = stored_keys(s3, request.model_bucket, request.model_prefix)
         items = _placed_items(s3, request, manifest, keys,
                               [spec for spec in manifest.models if keys[spec.name] not in stored])
@@ -138,7 +134,7 @@ def plan_items(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
         _clear_failure(s3, request)
         return {"Bucket": request.model_bucket, "Key": plan_key, "Count": len(items)}
     except (HandlerError, ModelBuildError) as error:
-        raise _short(error) from None
+        raise short_error(error) from None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -183,7 +179,7 @@ def store_job(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
         from triton_mme_cdk.model_build.handler.processing import store_unit
 
         request = _item_request(event)
-        s3 = _s3()
+        s3 = s3_client()
         job = event.get("Job")
         if not isinstance(job, dict) or not isinstance(job.get("Output"), str):
             raise HandlerError(f"field Job: got {job!r}; expected the Map item's job with its Output")
@@ -195,7 +191,7 @@ def store_job(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
             raise
         return {"Model": event.get("Model"), "Key": event.get("Key"), "Built": True}
     except (HandlerError, ModelBuildError) as error:
-        raise _short(error) from None
+        raise short_error(error) from None
 
 
 def job_failed(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
@@ -209,7 +205,51 @@ def job_failed(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
     model = str(event.get("Model"))
     reason, capacity = failure_reason(model, event.get("Error"), event.get("Cause"))
     LOG.info("job_failed %s: %s", model, reason)
-    _record_failure(_s3(), request, model, reason)
+    _record_failure(s3_client(), request, model, reason)
     if capacity:
         raise ProcessingCapacityError(reason)
     raise HandlerError(reason)
+
+
+# ----------------------------------------------------------------------------------------------
+# The failure record: which model failed, and why
+# ----------------------------------------------------------------------------------------------
+
+
+def _failure_key(request: Request) -> str:
+    base = f"{request.model_prefix}/" if request.model_prefix else ""
+    return f"{base}{PLANS_DIR}/{request.release_id}.failure.json"
+
+
+def _clear_failure(s3: Any, request: Request) -> None:
+    s3.put_object(Bucket=request.model_bucket, Key=_failure_key(request), Body=NO_FAILURE,
+                  ContentType="application/json")
+
+
+def recorded_failure(s3: Any, request: Request) -> str | None:
+    """The reason a failed model recorded for this request's release, or None: no record (a
+    Lambda that timed out or ran out of memory writes none), the plan's "no failure" marker, or a
+    record that cannot be read."""
+    try:
+        body = s3.get_object(Bucket=request.model_bucket, Key=_failure_key(request))["Body"].read()
+        reason = json.loads(body)["reason"]
+    except Exception:
+        return None
+    return str(reason) if reason else None
+
+
+def _record_failure(s3: Any, request: Request, model: str, error: BaseException | str) -> None:
+    """Leave the failing model's reason (an error, or a reason already written) where
+    ``is_complete`` finds it: a Distributed Map's own failure says only that an item failed,
+    and CloudFormation should name the model."""
+    if isinstance(error, ModelBuildError) and error.model is None:
+        error.model = model
+    reason = error if isinstance(error, str) else str(short_error(error)) if isinstance(error, ModelBuildError) else (
+        f"build of model {model!r} failed: {' '.join(str(error).split())[:300]}"
+    )
+    try:
+        s3.put_object(Bucket=request.model_bucket, Key=_failure_key(request),
+                      Body=json.dumps({"model": model, "reason": reason}).encode(),
+                      ContentType="application/json")
+    except Exception as put_error:  # the build's own error matters more than its record
+        LOG.warning("could not record the failure of %s: %s", model, put_error)

@@ -1,43 +1,35 @@
 """The custom resource's two handlers (the CDK ``Provider``'s asynchronous pattern): ``on_event``
 checks the request and starts the build state machine; ``is_complete`` routes the release once
 its index exists, reports a failed build with the failing model's reason, or builds in place
-without a state machine; a Delete never removes what a route of the live stack uses.
-
-Also the per-model unit both paths share (build one key and store it) and the final step (the
-release assembled from the store).
+without a state machine (:mod:`model_build.handler.units`, the work it shares with the state
+machine); a Delete never removes what a route of the live stack uses.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
+from triton_mme_cdk.model_build.handler.build_steps import recorded_failure
 from triton_mme_cdk.model_build.handler.request import (
     LOG,
     HandlerError,
     Request,
-    _load_manifest,
-    _s3,
-    _short,
-    _shown,
+    load_manifest,
     request_type,
+    s3_client,
+    short_error,
+    shown,
 )
-from triton_mme_cdk.model_build.manifest import Manifest, ModelSpec
-from triton_mme_cdk.model_build.release import Release, compute_release, entry_model_key
+from triton_mme_cdk.model_build.handler.units import build_and_store, computed_release, write_index
 
 #: Seconds kept free at the end of a Lambda run (upload of the last artifact, the response).
 SAFETY_MARGIN_SECONDS = 60.0
 #: Until one model has been timed, assume a build takes this long.
 FIRST_MODEL_ESTIMATE_SECONDS = 240.0
-#: Folder (under the model prefix) of the Map's item sources, one JSON array per release.
-PLANS_DIR = "_plans"
 #: Stack states in which a Delete means "the stack is going away" rather than "superseded".
 STACK_DELETING = {"DELETE_IN_PROGRESS"}
 
@@ -50,14 +42,14 @@ STACK_DELETING = {"DELETE_IN_PROGRESS"}
 def on_event(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
     try:
         kind = request_type(event)  # first: a malformed event is refused before anything reads it
-        LOG.info("on_event %s %s", kind, _shown(event.get("PhysicalResourceId")))
+        LOG.info("on_event %s %s", kind, shown(event.get("PhysicalResourceId")))
         if kind == "Delete":
             # A Delete must succeed even for a resource whose Create failed before it had an id.
             return {"PhysicalResourceId": event.get("PhysicalResourceId", "none")}
         request = Request(event)
         # Fail in seconds on a manifest that cannot build, before any model is loaded.
-        s3 = _s3()
-        _load_manifest(s3, request)
+        s3 = s3_client()
+        load_manifest(s3, request)
         response: dict[str, Any] = {"PhysicalResourceId": request.physical_id}
         machine = request.props.get("BuildStateMachineArn")
         if machine:
@@ -67,7 +59,7 @@ def on_event(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
                 response["Data"] = {"BuildExecutionArn": _start_build(request, str(machine), event)}
         return response
     except Exception as error:
-        raise _short(error) from None
+        raise short_error(error) from None
 
 
 def _states() -> Any:
@@ -93,20 +85,6 @@ def _start_build(request: Request, machine: str, event: Mapping[str, Any]) -> st
         return f"{machine.replace(':stateMachine:', ':execution:')}:{name}"
 
 
-def _failure_key(request: Request) -> str:
-    base = f"{request.model_prefix}/" if request.model_prefix else ""
-    return f"{base}{PLANS_DIR}/{request.release_id}.failure.json"
-
-
-#: The failure record's body while no model of the current attempt has failed (the plan writes it).
-NO_FAILURE = b'{"model": null, "reason": null}'
-
-
-def _clear_failure(s3: Any, request: Request) -> None:
-    s3.put_object(Bucket=request.model_bucket, Key=_failure_key(request), Body=NO_FAILURE,
-                  ContentType="application/json")
-
-
 def _execution_outcome(s3: Any, request: Request, execution_arn: str) -> dict[str, Any]:
     """``IsComplete: False`` while the build runs; a failed build raises with the failing
     model's name and reason (recorded by the build function), or the execution's error."""
@@ -116,13 +94,8 @@ def _execution_outcome(s3: Any, request: Request, execution_arn: str) -> dict[st
         return {"IsComplete": False}
     if status == "SUCCEEDED":
         raise HandlerError(f"build execution {execution_arn} succeeded but the release has no index")
-    try:
-        body = s3.get_object(Bucket=request.model_bucket, Key=_failure_key(request))["Body"].read()
-        recorded = json.loads(body)["reason"]
-        if not recorded:  # the plan's "no failure" marker: no model recorded a failure
-            raise LookupError("no failure recorded")
-        reason = str(recorded)
-    except Exception:  # no record (a Lambda timeout or out of memory): the execution's own error
+    reason = recorded_failure(s3, request)
+    if reason is None:  # no record (a Lambda timeout or out of memory): the execution's own error
         error = described.get("error") or status
         cause = " ".join(str(described.get("cause") or "").split())[:300]
         reason = f"build execution {status.lower()}: {error}" + (f": {cause}" if cause else "") + (
@@ -134,51 +107,6 @@ def _execution_outcome(s3: Any, request: Request, execution_arn: str) -> dict[st
 # ----------------------------------------------------------------------------------------------
 # is_complete
 # ----------------------------------------------------------------------------------------------
-
-
-def _computed(manifest: Manifest) -> Release:
-    """This runtime's release of the manifest: each model's key (its own code and library
-    versions; the Lambda has no local sources), the model code's hash and each entry's hash.
-    The CDK app computed the same keys at synth from the same files."""
-    return compute_release(manifest, base_dir=Path(tempfile.gettempdir()))
-
-
-def _model_keys(manifest: Manifest) -> dict[str, str]:
-    return dict(_computed(manifest).model_keys)
-
-
-def _model_key(spec: ModelSpec) -> str:
-    """This runtime's key of one entry, as :func:`_computed` gives it (a Map item's own alone)."""
-    return entry_model_key(spec, base_dir=Path(tempfile.gettempdir()))
-
-
-def _build_and_store(s3: Any, request: Request, spec: ModelSpec, key: str) -> None:
-    """The per-model unit: build one entry and store it under ``<prefix>/_builds/<key>/``."""
-    from triton_mme_cdk.model_build.pipeline import BuildOptions, build_unit
-    from triton_mme_cdk.model_build.release.store import publish_unit
-
-    work = Path(tempfile.mkdtemp(prefix=f"build-{spec.name}-", dir=os.environ.get("TMPDIR")))
-    try:
-        result, _ = build_unit(spec, key, BuildOptions(base_dir=work, s3_client=s3), store_dir=work / "store")
-        publish_unit(
-            result.artifact(work / "store" / key),
-            key,
-            s3_client=s3,
-            bucket=request.model_bucket,
-            model_prefix=request.model_prefix,
-        )
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-
-
-def _write_index(s3: Any, request: Request, manifest: Manifest, computed: Release) -> None:
-    """The final step: assemble the release from the store (server-side copies, index last)."""
-    from triton_mme_cdk.model_build.release.store import ReleaseTarget, assemble_release, stored_models
-
-    release = replace(request.release, model_keys=dict(computed.model_keys),
-                      model_code_sha256=computed.model_code_sha256, entry_hashes=computed.entry_hashes)
-    assemble_release(stored_models(manifest, computed.model_keys),
-                     ReleaseTarget.of(release, s3, request.model_bucket, request.model_prefix))
 
 
 def _remaining_seconds(context: Any) -> float:
@@ -223,7 +151,7 @@ def _delete(event: dict[str, Any]) -> dict[str, Any]:
         return {"IsComplete": True}
     status = _stack_status(event.get("StackId", ""))
     if status in STACK_DELETING and request.on_delete == "destroy":
-        count = destroy_served(_s3(), request.model_bucket, request.model_prefix)
+        count = destroy_served(s3_client(), request.model_bucket, request.model_prefix)
         LOG.info("stack deleted: removed %d objects of %s", count, physical)
     else:
         LOG.info("delete of %s while the stack is %s (OnDelete=%s): nothing is deleted", physical, status,
@@ -234,12 +162,12 @@ def _delete(event: dict[str, Any]) -> dict[str, Any]:
 def is_complete(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
     try:
         kind = request_type(event)  # first: a malformed event is refused before anything reads it
-        LOG.info("is_complete %s %s", kind, _shown(event.get("PhysicalResourceId")))
+        LOG.info("is_complete %s %s", kind, shown(event.get("PhysicalResourceId")))
         if kind == "Delete":
             return _delete(event)
         return _build_step(event, context)
     except Exception as error:
-        raise _short(error) from None
+        raise short_error(error) from None
 
 
 def _build_step(event: dict[str, Any], context: Any) -> dict[str, Any]:
@@ -247,9 +175,9 @@ def _build_step(event: dict[str, Any], context: Any) -> dict[str, Any]:
     from triton_mme_cdk.model_build.release.store import stored_keys
 
     request = Request(event)
-    s3 = _s3()
+    s3 = s3_client()
     index_key = request.release.index_key(request.model_prefix)
-    manifest = _load_manifest(s3, request)
+    manifest = load_manifest(s3, request)
     if read_index(s3, request.model_bucket, index_key) is not None:
         request.activate(s3)
         return {"IsComplete": True, "Data": request.data(manifest.target_count)}
@@ -259,7 +187,7 @@ def _build_step(event: dict[str, Any], context: Any) -> dict[str, Any]:
         return _execution_outcome(s3, request, str(execution))
 
     # No state machine: build here, as many models per run as fit, across several calls.
-    computed = _computed(manifest)
+    computed = computed_release(manifest)
     keys = computed.model_keys
     stored = stored_keys(s3, request.model_bucket, request.model_prefix)
     slowest = FIRST_MODEL_ESTIMATE_SECONDS
@@ -272,11 +200,11 @@ def _build_step(event: dict[str, Any], context: Any) -> dict[str, Any]:
             LOG.info("%.0f s left in this run; continuing in the next call", remaining)
             return {"IsComplete": False}
         started = time.perf_counter()
-        _build_and_store(s3, request, spec, keys[spec.name])
+        build_and_store(s3, request, spec, keys[spec.name])
         elapsed = time.perf_counter() - started
         slowest = max(slowest if built_here else 0.0, elapsed)
         built_here += 1
         LOG.info("built and stored %s (%s) in %.1f s", spec.name, keys[spec.name], elapsed)
-    _write_index(s3, request, manifest, computed)
+    write_index(s3, request, manifest, computed)
     request.activate(s3)
     return {"IsComplete": True, "Data": request.data(manifest.target_count)}

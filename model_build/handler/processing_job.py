@@ -81,8 +81,8 @@ def run(root: Path) -> int:
     """Build the one model of the request into the output folder; 0, or 1 with the reason in
     ``output/message``."""
     from triton_mme_cdk.model_build.errors import ModelBuildError
-    from triton_mme_cdk.model_build.handler.custom_resource import _model_key
-    from triton_mme_cdk.model_build.handler.request import HandlerError, Request, _short
+    from triton_mme_cdk.model_build.handler.request import HandlerError, Request, short_error
+    from triton_mme_cdk.model_build.handler.units import model_key
     from triton_mme_cdk.model_build.manifest import load_manifest_bytes
     from triton_mme_cdk.model_build.pipeline import BuildOptions, build_unit
 
@@ -97,7 +97,7 @@ def run(root: Path) -> int:
         spec = next((s for s in manifest.models if s.name == document["Model"]), None)
         if spec is None:
             raise HandlerError(f"field Model: got {document['Model']!r}; the manifest has no such model")
-        key = _model_key(spec)
+        key = model_key(spec)
         if key != document["Key"]:
             raise HandlerError(f"model {spec.name!r}: planned key {document['Key']!r} but this build image "
                                f"computes {key!r}; the plan and the image come from different code")
@@ -119,7 +119,7 @@ def run(root: Path) -> int:
         (out / "artifact.json").write_text(json.dumps(described, sort_keys=True))
         return 0
     except (HandlerError, ModelBuildError) as error:
-        reason = str(_short(error))
+        reason = str(short_error(error))
     except Exception as error:  # a bug or a broken input: one line for CloudFormation, the trace in the log
         import traceback
 

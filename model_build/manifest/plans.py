@@ -14,7 +14,7 @@ from typing import Literal, get_args
 
 from pydantic import model_validator
 
-from triton_mme_cdk.model_build.manifest.fields import _Strict
+from triton_mme_cdk.model_build.manifest.fields import StrictModel
 
 #: Data types Triton's TensorRT backend maps to a TensorRT type (tensorrt_backend
 #: ``src/tensorrt_utils.cc``, ``ConvertDatatypeToTrtType``), in config.pbtxt spelling.
@@ -35,7 +35,7 @@ TENSORRT_VERSION_PATTERN = r"^\d+\.\d+\.\d+(\.\d+)?$"
 MAX_TENSOR_RANK = 8
 
 
-class PlanTensor(_Strict):
+class PlanTensor(StrictModel):
     """One input or output of a plan, spelled as in config.pbtxt; ``dims`` leave out the batch
     dimension when ``max_batch_size`` >= 1, as Triton's do. Declared, because a plan cannot be
     read without a GPU and the TensorRT it was built with."""
@@ -45,7 +45,7 @@ class PlanTensor(_Strict):
     dims: tuple[int, ...]
 
 
-class TensorRTPlan(_Strict):
+class TensorRTPlan(StrictModel):
     """Prebuilt TensorRT engines, one per GPU compute capability, served by Triton's TensorRT backend.
 
     A plan runs only on the GPU family (compute capability) and with the TensorRT it was built

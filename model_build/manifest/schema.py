@@ -23,11 +23,11 @@ from triton_mme_cdk.model_build.manifest.fields import (
     OnnxRuntimeTuning,
     Precision,
     Source,
+    StrictModel,
     SyntheticSource,
     TensorRTAccelerator,
     TextInputs,
     Tolerance,
-    _Strict,
 )
 from triton_mme_cdk.model_build.manifest.plans import TensorRTPlan
 
@@ -52,7 +52,7 @@ TEXT_TASKS: frozenset[str] = frozenset({"sentence-embedding", "feature-extractio
 PAIR_TASKS: frozenset[str] = frozenset({"text-classification"})
 
 
-class ModelSpec(_Strict):
+class ModelSpec(StrictModel):
     name: str = Field(pattern=MODEL_NAME_PATTERN, max_length=MODEL_NAME_MAX)
     source: Source
     #: What the exported graph computes. ``sentence-embedding`` puts the pooling (and the L2
@@ -329,7 +329,7 @@ class ModelSpec(_Strict):
         return [f"{self.name}-{i}" for i in range(self.copies)]
 
 
-class Manifest(_Strict):
+class Manifest(StrictModel):
     version: Literal[1] = 1
     models: tuple[ModelSpec, ...] = Field(min_length=1)
 

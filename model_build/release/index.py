@@ -18,7 +18,7 @@ from triton_mme_cdk.model_build.errors import PublishError
 from triton_mme_cdk.model_build.release.documents import schema_document
 from triton_mme_cdk.model_build.release.identity import routes_key
 from triton_mme_cdk.model_build.release.routes import MAX_ROUTES_BYTES, Routes, RoutesError, parse_routes
-from triton_mme_cdk.model_build.release.transfer import _error_code, _normalise_prefix
+from triton_mme_cdk.model_build.release.transfer import error_code, normalise_prefix
 from triton_mme_cdk.model_build.types import Artifact
 
 #: Version of the index layout; a reader refuses an index of a schema it does not know.
@@ -48,7 +48,7 @@ def index_body(
 ) -> bytes:
     """The index document: deterministic JSON (sorted keys, no timestamps) so that republishing
     an unchanged release writes byte-identical content, which the skip rule then recognises."""
-    prefix = _normalise_prefix(release_prefix)
+    prefix = normalise_prefix(release_prefix)
     models: list[dict[str, Any]] = [
         {
             "target_model": f"{target}.tar.gz",
@@ -82,13 +82,13 @@ def read_index(s3_client: Any, bucket: str, index_key: str) -> dict[str, Any] | 
         response = s3_client.get_object(Bucket=bucket, Key=index_key)
         body = response["Body"].read()
     except ClientError as error:
-        if _error_code(error) in {"NoSuchKey", "404", "NotFound"}:
+        if error_code(error) in {"NoSuchKey", "404", "NotFound"}:
             return None
-        if _error_code(error) in {"AccessDenied", "403"} and not _listed(s3_client, bucket, index_key):
+        if error_code(error) in {"AccessDenied", "403"} and not _listed(s3_client, bucket, index_key):
             # S3 answers 403, not 404, for a missing key unless the caller may list the bucket
             # without an s3:prefix condition; the build role may list only under its prefix.
             return None
-        raise PublishError(f"reading index s3://{bucket}/{index_key} failed: {_error_code(error)}") from None
+        raise PublishError(f"reading index s3://{bucket}/{index_key} failed: {error_code(error)}") from None
     return schema_document(body, schema=INDEX_SCHEMA, where=f"index s3://{bucket}/{index_key}", error=PublishError)
 
 
@@ -120,9 +120,9 @@ def read_routes_tagged(s3_client: Any, bucket: str, model_prefix: str, *,
         response = s3_client.get_object(Bucket=bucket, Key=key)
         body = response["Body"].read(MAX_ROUTES_BYTES + 1)
     except ClientError as error:
-        if _error_code(error) in {"NoSuchKey", "404", "NotFound"}:
+        if error_code(error) in {"NoSuchKey", "404", "NotFound"}:
             return None, None
-        raise RoutesError(f"routes {where}: cannot be read ({_error_code(error)})") from None
+        raise RoutesError(f"routes {where}: cannot be read ({error_code(error)})") from None
     except BotoCoreError as error:
         raise RoutesError(f"routes {where}: cannot be read ({error})") from None
     return parse_routes(body, where=where, stack=stack), str(response["ETag"])
@@ -143,9 +143,9 @@ def write_routes(s3_client: Any, bucket: str, model_prefix: str, routes: Routes,
     try:
         s3_client.put_object(Bucket=bucket, Key=key, Body=routes.body(), ContentType="application/json", **condition)
     except ClientError as error:
-        if _error_code(error) in _CONFLICT_CODES:
+        if error_code(error) in _CONFLICT_CODES:
             return False
-        raise RoutesError(f"routes s3://{bucket}/{key}: cannot be written ({_error_code(error)})") from None
+        raise RoutesError(f"routes s3://{bucket}/{key}: cannot be written ({error_code(error)})") from None
     except BotoCoreError as error:
         raise RoutesError(f"routes s3://{bucket}/{key}: cannot be written ({error})") from None
     return True

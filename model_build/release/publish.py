@@ -42,19 +42,19 @@ from triton_mme_cdk.model_build.errors import PublishError
 from triton_mme_cdk.model_build.release.identity import INDEX_NAME, REFERENCE_DIR
 from triton_mme_cdk.model_build.release.index import index_body, read_index
 from triton_mme_cdk.model_build.release.transfer import (
-    _READ_BLOCK,
+    READ_BLOCK,
+    IntegrityError,
     Progress,
-    _error_code,
-    _iter_objects,
-    _list_sizes,
-    _LocalMismatch,
-    _normalise_prefix,
-    _Object,
-    _publish_error,
-    _run_all,
-    _Stopped,
-    _transfer_config,
-    _Worker,
+    S3Object,
+    Stopped,
+    TransferWorker,
+    error_code,
+    iter_objects,
+    list_sizes,
+    normalise_prefix,
+    publish_error,
+    run_all,
+    threaded_config,
 )
 from triton_mme_cdk.model_build.types import Artifact
 
@@ -112,16 +112,16 @@ def publish_release(
     reserved = _RESERVED_INDEX_FIELDS & set(index_extra)
     if reserved:
         raise ValueError(f"index_extra: fields {sorted(reserved)} are written by publish itself")
-    prefix = _normalise_prefix(release_prefix)
+    prefix = normalise_prefix(release_prefix)
     primaries, copies = _plan(artifacts, prefix)
-    config = _transfer_config(transfer_config, concurrency)
+    config = threaded_config(transfer_config, concurrency)
     started = time.monotonic()
-    existing = _list_sizes(s3_client, bucket, prefix)
+    existing = list_sizes(s3_client, bucket, prefix)
     counts = {"uploaded": 0, "copied": 0, "skipped": 0, "bytes": 0}
     stop = threading.Event()
     failures: list[PublishError] = []
 
-    def done(obj: _Object, outcome: str, sent: int) -> None:
+    def done(obj: S3Object, outcome: str, sent: int) -> None:
         counts[outcome] += 1
         counts["bytes"] += sent
         if progress is not None:
@@ -130,8 +130,8 @@ def publish_release(
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="publish") as pool, TransferManager(
         s3_client, config
     ) as transfer:
-        worker = _Worker(s3_client, bucket, transfer, config, existing, stop)
-        pending: dict[Future[tuple[str, int, _Object]], _Object] = {
+        worker = TransferWorker(s3_client, bucket, transfer, config, existing, stop)
+        pending: dict[Future[tuple[str, int, S3Object]], S3Object] = {
             pool.submit(worker.put_file, obj): obj for obj in primaries
         }
         try:
@@ -140,10 +140,10 @@ def publish_release(
                 for future in finished:
                     obj = pending.pop(future)
                     error = future.exception() if not future.cancelled() else None
-                    if future.cancelled() or isinstance(error, _Stopped):
+                    if future.cancelled() or isinstance(error, Stopped):
                         continue
                     if error is not None:
-                        failures.append(_publish_error(error, obj, bucket))
+                        failures.append(publish_error(error, obj, bucket))
                         if not stop.is_set():
                             # Start nothing new; requests already in flight finish (or fail) on
                             # their own, so no multipart upload is left half-done by us.
@@ -172,7 +172,7 @@ def publish_release(
 
     index_key = f"{prefix}/{INDEX_NAME}"
     body = index_body(artifacts, prefix, index_extra, references=_reference_entries(primaries, worker))
-    outcome, sent = _put_index(worker, index_key, body, bucket)
+    outcome, sent = put_index(worker, index_key, body, bucket)
     done(_index_object(index_key, body), outcome, sent)
     return PublishReport(
         uploaded=counts["uploaded"],
@@ -185,22 +185,24 @@ def publish_release(
     )
 
 
-def _index_object(index_key: str, body: bytes) -> _Object:
-    return _Object(key=index_key, label=INDEX_NAME, model="", size=len(body), sha256=hashlib.sha256(body).hexdigest())
+def _index_object(index_key: str, body: bytes) -> S3Object:
+    return S3Object(key=index_key, label=INDEX_NAME, model="", size=len(body), sha256=hashlib.sha256(body).hexdigest())
 
 
-def _put_index(worker: _Worker, index_key: str, body: bytes, bucket: str) -> tuple[str, int]:
+def put_index(worker: TransferWorker, index_key: str, body: bytes, bucket: str) -> tuple[str, int]:
+    """Write an index (after every object it lists) with the skip rule and checksums of any other
+    object; ``(outcome, bytes sent)``. A failure is a :class:`PublishError` that says to re-run."""
     index = _index_object(index_key, body)
     try:
         return worker.put_bytes(index, body)
     except Exception as error:  # one request: report it like any other object
-        raise PublishError(f"{_publish_error(error, index, bucket)}; re-run to finish") from None
+        raise PublishError(f"{publish_error(error, index, bucket)}; re-run to finish") from None
 
 
-def _plan(artifacts: Sequence[Artifact], prefix: str) -> tuple[list[_Object], dict[str, list[_Object]]]:
+def _plan(artifacts: Sequence[Artifact], prefix: str) -> tuple[list[S3Object], dict[str, list[S3Object]]]:
     """Objects to upload (first target of each artifact, references) and the copies of each."""
-    primaries: list[_Object] = []
-    copies: dict[str, list[_Object]] = {}
+    primaries: list[S3Object] = []
+    copies: dict[str, list[S3Object]] = {}
     seen_targets: set[str] = set()
     seen_models: set[str] = set()
     for artifact in artifacts:
@@ -213,7 +215,7 @@ def _plan(artifacts: Sequence[Artifact], prefix: str) -> tuple[list[_Object], di
             if target in seen_targets:
                 raise PublishError(f"target {target!r} is published by two artifacts", model=artifact.name)
             seen_targets.add(target)
-        first = _Object(
+        first = S3Object(
             key=f"{prefix}/{artifact.targets[0]}.tar.gz",
             label=artifact.targets[0],
             model=artifact.name,
@@ -223,7 +225,7 @@ def _plan(artifacts: Sequence[Artifact], prefix: str) -> tuple[list[_Object], di
         )
         primaries.append(first)
         copies[first.key] = [
-            _Object(
+            S3Object(
                 key=f"{prefix}/{target}.tar.gz",
                 label=target,
                 model=artifact.name,
@@ -242,7 +244,7 @@ def _plan(artifacts: Sequence[Artifact], prefix: str) -> tuple[list[_Object], di
             except OSError as error:
                 raise PublishError(f"reference {str(path)!r}: {error.strerror}", model=artifact.name) from None
             primaries.append(
-                _Object(
+                S3Object(
                     key=f"{prefix}/{REFERENCE_DIR}/{artifact.name}{suffix}",
                     label=f"{REFERENCE_DIR}/{artifact.name}{suffix}",
                     model=artifact.name,
@@ -253,7 +255,7 @@ def _plan(artifacts: Sequence[Artifact], prefix: str) -> tuple[list[_Object], di
     return primaries, copies
 
 
-def _reference_entries(primaries: Sequence[_Object], worker: _Worker) -> list[dict[str, Any]]:
+def _reference_entries(primaries: Sequence[S3Object], worker: TransferWorker) -> list[dict[str, Any]]:
     return [
         {"source_model": obj.model, "key": obj.key, "sha256": worker.hashes[obj.key], "size": obj.size}
         for obj in primaries
@@ -281,7 +283,7 @@ def retire_release(
     release stays loadable for instances (and rollbacks) that still point at it for a while.
     Tags already on an object are kept (PutObjectTagging replaces the whole set).
     """
-    prefix = _normalise_prefix(release_prefix)
+    prefix = normalise_prefix(release_prefix)
 
     def tag(key: str) -> None:
         current = s3_client.get_object_tagging(Bucket=bucket, Key=key).get("TagSet", [])
@@ -290,8 +292,8 @@ def retire_release(
         tags = [t for t in current if t["Key"] != tag_key] + [{"Key": tag_key, "Value": tag_value}]
         s3_client.put_object_tagging(Bucket=bucket, Key=key, Tagging={"TagSet": tags})
 
-    keys = [key for key, _ in _iter_objects(s3_client, bucket, prefix)]
-    _run_all(tag, keys, concurrency, what="tagging", bucket=bucket)
+    keys = [key for key, _ in iter_objects(s3_client, bucket, prefix)]
+    run_all(tag, keys, concurrency, what="tagging", bucket=bucket)
     return len(keys)
 
 
@@ -303,7 +305,7 @@ def delete_release(s3_client: Any, bucket: str, release_prefix: str) -> int:
     ``s3:DeleteObjectVersion`` (deleting by key alone would only add delete markers). Open
     multipart uploads are left to the bucket's AbortIncompleteMultipartUpload lifecycle rule.
     """
-    prefix = _normalise_prefix(release_prefix)
+    prefix = normalise_prefix(release_prefix)
     try:
         versioned = "Status" in s3_client.get_bucket_versioning(Bucket=bucket)
         if versioned:
@@ -314,7 +316,7 @@ def delete_release(s3_client: Any, bucket: str, release_prefix: str) -> int:
                 for item in page.get("Versions", []) + page.get("DeleteMarkers", []):
                     entries.append({"Key": item["Key"], "VersionId": item["VersionId"]})
         else:
-            entries = [{"Key": key} for key, _ in _iter_objects(s3_client, bucket, prefix)]
+            entries = [{"Key": key} for key, _ in iter_objects(s3_client, bucket, prefix)]
         deleted = 0
         for start in range(0, len(entries), 1000):  # DeleteObjects takes at most 1000 keys
             response = s3_client.delete_objects(
@@ -329,7 +331,7 @@ def delete_release(s3_client: Any, bucket: str, release_prefix: str) -> int:
                 )
             deleted += len(entries[start : start + 1000])
     except (ClientError, BotoCoreError) as error:
-        raise PublishError(f"deleting release s3://{bucket}/{prefix}/ failed: {_error_code(error)}") from None
+        raise PublishError(f"deleting release s3://{bucket}/{prefix}/ failed: {error_code(error)}") from None
     return deleted
 
 
@@ -342,7 +344,7 @@ def download_release(
     A file is written under a temporary name and renamed only once its digest matches, so a
     failed or tampered download never leaves a plausible-looking file behind.
     """
-    prefix = _normalise_prefix(release_prefix)
+    prefix = normalise_prefix(release_prefix)
     index_key = f"{prefix}/{INDEX_NAME}"
     index = read_index(s3_client, bucket, index_key)
     if index is None:
@@ -366,12 +368,12 @@ def download_release(
         try:
             body = s3_client.get_object(Bucket=bucket, Key=key)["Body"]
             with partial.open("wb") as handle:
-                for block in body.iter_chunks(_READ_BLOCK):
+                for block in body.iter_chunks(READ_BLOCK):
                     digest.update(block)
                     length += len(block)
                     handle.write(block)
             if digest.hexdigest() != expected or length != size:
-                raise _LocalMismatch(
+                raise IntegrityError(
                     f"got sha256 {digest.hexdigest()[:12]}... ({length} bytes), the index says "
                     f"{expected[:12]}... ({size} bytes)"
                 )
@@ -379,7 +381,7 @@ def download_release(
         finally:
             partial.unlink(missing_ok=True)
 
-    _run_all(fetch, jobs, concurrency, what="download", bucket=bucket, key=lambda job: job[0])
+    run_all(fetch, jobs, concurrency, what="download", bucket=bucket, key=lambda job: job[0])
     return [path for _, _, _, path in jobs]
 
 

@@ -59,7 +59,7 @@ from triton_mme_cdk.model_build.release.routes import (
     routes_from_index,
 )
 from triton_mme_cdk.model_build.release.store import STORE_TARGET, copy_served, served_object
-from triton_mme_cdk.model_build.release.transfer import SHA256_METADATA, _list_sizes, head_matches
+from triton_mme_cdk.model_build.release.transfer import SHA256_METADATA, head_matches, list_sizes
 
 #: A release prefix of the layout before the fixed served prefix (``<prefix>/r-<16 hex>/``).
 LEGACY_RELEASE = re.compile(r"^r-[0-9a-f]{16}$")
@@ -124,7 +124,7 @@ def activate_release(
     report = ActivationReport(release_id, key, live.release_id if live else None, len(wanted), conflicts=_conflicts)
 
     # 1. Every newly routed object holds its route's bytes (copied back from the store if gone).
-    listing = _list_sizes(s3_client, bucket, served)
+    listing = list_sizes(s3_client, bucket, served)
     already = live.routed_targets() if live else set()
     to_copy = []
     for route in wanted.values():
@@ -226,7 +226,7 @@ def _keep_listed(s3_client: Any, bucket: str, model_prefix: str, stack: str, wan
             copy_served(s3_client, bucket, [
                 served_object(f"{served}/{r.target_model}", r.logical_name, r.source_model, r.size, r.sha256,
                               f"{store_prefix(model_prefix, r.model_key)}/{STORE_TARGET}.tar.gz") for r in back
-            ], _list_sizes(s3_client, bucket, served), concurrency)
+            ], list_sizes(s3_client, bucket, served), concurrency)
         unrouted = dict(live.unrouted)
         for route in wanted.values():
             if route.target_model not in routed and route.target_model not in unrouted:
@@ -282,7 +282,7 @@ def legacy_releases(s3_client: Any, bucket: str, model_prefix: str) -> dict[str,
         for common in page.get("CommonPrefixes", []):
             name = common["Prefix"].rstrip("/").rpartition("/")[2]
             if LEGACY_RELEASE.match(name):
-                sizes = _list_sizes(s3_client, bucket, common["Prefix"].rstrip("/"))
+                sizes = list_sizes(s3_client, bucket, common["Prefix"].rstrip("/"))
                 found[name] = (len(sizes), sum(sizes.values()))
     return dict(sorted(found.items()))
 

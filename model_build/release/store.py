@@ -31,18 +31,18 @@ from triton_mme_cdk.model_build.release.identity import (
     store_prefix,
 )
 from triton_mme_cdk.model_build.release.index import read_index, read_routes, served_index_body
-from triton_mme_cdk.model_build.release.publish import PublishReport, _put_index, publish_release
+from triton_mme_cdk.model_build.release.publish import PublishReport, publish_release, put_index
 from triton_mme_cdk.model_build.release.routes import RoutesError
 from triton_mme_cdk.model_build.release.transfer import (
     Progress,
-    _error_code,
-    _iter_objects,
-    _list_sizes,
-    _normalise_prefix,
-    _Object,
-    _run_all,
-    _transfer_config,
-    _Worker,
+    S3Object,
+    TransferWorker,
+    error_code,
+    iter_objects,
+    list_sizes,
+    normalise_prefix,
+    run_all,
+    threaded_config,
 )
 from triton_mme_cdk.model_build.types import Artifact
 
@@ -118,15 +118,15 @@ def is_stored(s3_client: Any, bucket: str, model_prefix: str, key: str) -> bool:
     try:
         response = s3_client.list_objects_v2(Bucket=bucket, Prefix=index, MaxKeys=1)
     except (ClientError, BotoCoreError) as error:
-        raise PublishError(f"listing s3://{bucket}/{index} failed: {_error_code(error)}") from None
+        raise PublishError(f"listing s3://{bucket}/{index} failed: {error_code(error)}") from None
     return any(item["Key"] == index for item in response.get("Contents", []))
 
 
 def _list_sizes_or_fail(s3_client: Any, bucket: str, prefix: str) -> list[tuple[str, int]]:
     try:
-        return list(_iter_objects(s3_client, bucket, prefix))
+        return list(iter_objects(s3_client, bucket, prefix))
     except (ClientError, BotoCoreError) as error:
-        raise PublishError(f"listing s3://{bucket}/{prefix}/ failed: {_error_code(error)}") from None
+        raise PublishError(f"listing s3://{bucket}/{prefix}/ failed: {error_code(error)}") from None
 
 
 def publish_unit(
@@ -172,7 +172,7 @@ def assemble_release(models: Sequence[StoredModel], target: ReleaseTarget) -> Pu
     if not models:
         raise ValueError("models: empty; a release without models would serve nothing")
     s3_client, bucket, model_prefix, concurrency = target.s3_client, target.bucket, target.model_prefix, target.concurrency
-    prefix = _normalise_prefix(target.release_prefix)
+    prefix = normalise_prefix(target.release_prefix)
     served = served_prefix(model_prefix)
     started = time.monotonic()
 
@@ -193,14 +193,14 @@ def assemble_release(models: Sequence[StoredModel], target: ReleaseTarget) -> Pu
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="store-index") as pool:
         stores = list(pool.map(lambda m: known.get(m.key) or read_store(m), models))
     entries: list[dict[str, Any]] = []
-    objects: list[_Object] = []
+    objects: list[S3Object] = []
     references: list[dict[str, Any]] = []
     for model, store in zip(models, stores, strict=True):
         entry = store["models"][0]
         for logical in model.targets:
             name = served_name(logical, entry["sha256"])
             key = f"{served}/{name}"
-            objects.append(_Object(key=key, label=logical, model=model.name, size=entry["size"],
+            objects.append(S3Object(key=key, label=logical, model=model.name, size=entry["size"],
                                    sha256=entry["sha256"], source_key=entry["key"]))
             entries.append({
                 "target_model": name, "key": key, "logical_name": logical, "sha256": entry["sha256"],
@@ -209,7 +209,7 @@ def assemble_release(models: Sequence[StoredModel], target: ReleaseTarget) -> Pu
             })
         references += [{"source_model": model.name, "key": ref["key"], "sha256": ref["sha256"], "size": ref["size"]}
                        for ref in store.get("references", [])]
-    listing = _list_sizes(s3_client, bucket, served)
+    listing = list_sizes(s3_client, bucket, served)
     # What the routed release serves was checked when it was routed: an object it routes under the
     # same name, listed with the same size, is skipped without a HEAD (the others are checked).
     pending = [obj for obj in objects if not (routed.get(obj.key) == obj.sha256 and listing.get(obj.key) == obj.size)]
@@ -220,8 +220,8 @@ def assemble_release(models: Sequence[StoredModel], target: ReleaseTarget) -> Pu
             target.progress(obj.key, 0)
     index_key = f"{prefix}/{INDEX_NAME}"
     body = served_index_body(entries, target.index_extra, served, references)
-    worker.existing = {**worker.existing, **_list_sizes(s3_client, bucket, prefix)}  # an unchanged index is skipped
-    outcome, sent = _put_index(worker, index_key, body, bucket)
+    worker.existing = {**worker.existing, **list_sizes(s3_client, bucket, prefix)}  # an unchanged index is skipped
+    outcome, sent = put_index(worker, index_key, body, bucket)
     return PublishReport(
         uploaded=1 if outcome == "uploaded" else 0,
         copied=counts["copied"],
@@ -261,32 +261,33 @@ def _routed_stores(s3_client: Any, bucket: str, model_prefix: str) -> tuple[dict
     return known, routed
 
 
-def copy_served(s3_client: Any, bucket: str, objects: Sequence[_Object], existing: Mapping[str, int],
-                concurrency: int) -> tuple[dict[str, int], _Worker]:
+def copy_served(s3_client: Any, bucket: str, objects: Sequence[S3Object], existing: Mapping[str, int],
+                concurrency: int) -> tuple[dict[str, int], TransferWorker]:
     """Server-side copies into the served prefix: an object already there with the same digest is
     skipped; one there with other bytes fails the whole call naming the model and the key (never
     overwritten). Returns the counts (``copied``, ``skipped``) and the worker (for its refusals)."""
     counts = {"copied": 0, "skipped": 0}
-    config = _transfer_config(None, concurrency)
+    counting = threading.Lock()
+    config = threaded_config(None, concurrency)
     with TransferManager(s3_client, config) as transfer:
-        worker = _Worker(s3_client, bucket, transfer, config, existing, threading.Event(), immutable=True)
+        worker = TransferWorker(s3_client, bucket, transfer, config, existing, threading.Event(), immutable=True)
 
-        def copy(obj: _Object) -> None:
+        def copy(obj: S3Object) -> None:
             outcome, _, _ = worker.copy(obj)
-            with worker._lock:
+            with counting:
                 counts[outcome] += 1
 
         try:
-            _run_all(copy, objects, concurrency, what="copy", bucket=bucket, key=lambda obj: obj.key)
+            run_all(copy, objects, concurrency, what="copy", bucket=bucket, key=lambda obj: obj.key)
         except PublishError as error:
             mismatch = next((obj for obj in objects if obj.key in worker.refused), None)
             raise PublishError(str(error), model=mismatch.model if mismatch else None) from None
     return counts, worker
 
 
-def served_object(key: str, label: str, model: str, size: int, sha256: str, source_key: str) -> _Object:
+def served_object(key: str, label: str, model: str, size: int, sha256: str, source_key: str) -> S3Object:
     """One object to copy into the served prefix (for :func:`copy_served`)."""
-    return _Object(key=key, label=label, model=model, size=size, sha256=sha256, source_key=source_key)
+    return S3Object(key=key, label=label, model=model, size=size, sha256=sha256, source_key=source_key)
 
 
 def publish_incremental(units: Sequence[tuple[Artifact, str]], target: ReleaseTarget) -> PublishReport:

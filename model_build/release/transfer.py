@@ -1,5 +1,11 @@
 """The S3 object transfers every publish shares: checksums, the skip rule, server-side copies.
 
+Its public names are the layer :mod:`model_build.release.publish`, :mod:`~model_build.release.store`,
+:mod:`~model_build.release.index` and :mod:`~model_build.release.serving` are built on: the object
+to put (:class:`S3Object`), the per-object steps (:class:`TransferWorker`), listing a prefix
+(:func:`list_sizes`, :func:`iter_objects`), running the steps in threads (:func:`run_all`) and the
+one wording of a failed request (:func:`error_code`, :func:`publish_error`).
+
 - Integrity: every upload carries a SHA-256 that S3 checks before it stores the object (a full
   object checksum for a single PUT; a per-part checksum for multipart uploads, whose object
   checksum is then composite). The full-object hex digest is also stored as user metadata
@@ -7,7 +13,7 @@
 - The skip rule: an object already present with the same ``sha256`` and size is not sent again
   (:func:`head_matches`), so a re-run uploads only what is missing.
 - Served objects are immutable: a copy onto a name that holds other bytes is refused, never
-  overwritten (``_Worker(immutable=True)``).
+  overwritten (``TransferWorker(immutable=True)``).
 - Retries belong to botocore (see :func:`model_build.aws_clients.make_s3_client`): nothing here
   loops around an S3 call.
 """
@@ -38,14 +44,15 @@ _MIB = 1024**2
 #: one full-object checksum), a large one in parallel parts that are retried one by one.
 DEFAULT_MULTIPART_THRESHOLD = 64 * _MIB
 DEFAULT_MULTIPART_CHUNKSIZE = 16 * _MIB
-_READ_BLOCK = 1 * _MIB
+#: Bytes read at a time when a file or an object's body is hashed.
+READ_BLOCK = 1 * _MIB
 _CONTENT_TYPES = {".gz": "application/gzip", ".json": "application/json", ".npz": "application/octet-stream"}
 
 Progress = Callable[[str, int], None]
 
 
 @dataclass(frozen=True)
-class _Object:
+class S3Object:
     """One object to put under ``key``: a local file, or copied from ``source_key``."""
 
     key: str
@@ -57,11 +64,11 @@ class _Object:
     source_key: str | None = None
 
 
-class _Stopped(Exception):
+class Stopped(Exception):
     """A task that found the publish already failing and did nothing."""
 
 
-class _Worker:
+class TransferWorker:
     """The per-object steps, run in worker threads; one boto3 client is shared (it is thread-safe)."""
 
     def __init__(
@@ -90,10 +97,10 @@ class _Worker:
         self._lock = threading.Lock()
         self._submit_lock = threading.Lock()
 
-    def put_file(self, obj: _Object) -> tuple[str, int, _Object]:
+    def put_file(self, obj: S3Object) -> tuple[str, int, S3Object]:
         """Upload a local file unless an identical object is already there."""
         if self.stop.is_set():
-            raise _Stopped
+            raise Stopped
         assert obj.path is not None
         # A tarball's digest is known (the artifact's); a reference is hashed here (it is small).
         digest = bytes.fromhex(obj.sha256) if obj.sha256 else _file_sha256(obj.path, obj.size)
@@ -105,12 +112,12 @@ class _Worker:
             # Read the file only when it is sent: a re-run of a large release hashes nothing.
             actual = _file_sha256(obj.path, obj.size)
             if actual != digest:
-                raise _LocalMismatch(
+                raise IntegrityError(
                     f"file {str(obj.path)!r} has sha256 {actual.hex()[:12]}..., the artifact says "
                     f"{obj.sha256[:12]}...; it changed after packaging"
                 )
         if self.stop.is_set():
-            raise _Stopped
+            raise Stopped
         extra: dict[str, Any] = {
             "ChecksumAlgorithm": "SHA256",
             "Metadata": {SHA256_METADATA: digest.hex()},
@@ -126,7 +133,7 @@ class _Worker:
         future.result()
         return "uploaded", obj.size, obj
 
-    def put_bytes(self, obj: _Object, body: bytes) -> tuple[str, int]:
+    def put_bytes(self, obj: S3Object, body: bytes) -> tuple[str, int]:
         """Write a small in-memory object (the index) with the same skip rule and checksums."""
         digest = hashlib.sha256(body).digest()
         if self._already_there(obj.key, len(body), digest):
@@ -142,10 +149,10 @@ class _Worker:
         )
         return "uploaded", len(body)
 
-    def copy(self, obj: _Object) -> tuple[str, int, _Object]:
+    def copy(self, obj: S3Object) -> tuple[str, int, S3Object]:
         """Make ``obj`` a server-side copy of its source (metadata included); no bytes are sent."""
         if self.stop.is_set():
-            raise _Stopped
+            raise Stopped
         assert obj.source_key is not None and obj.sha256 is not None
         digest = bytes.fromhex(obj.sha256)
         if self._already_there(obj.key, obj.size, digest):
@@ -153,7 +160,7 @@ class _Worker:
         if self.immutable and self._present(obj.key):
             with self._lock:
                 self.refused.add(obj.key)
-            raise _LocalMismatch(
+            raise IntegrityError(
                 f"model {obj.model!r}: served object already holds other bytes than sha256 "
                 f"{obj.sha256[:16]}... (a served name never gets new bytes); nothing was overwritten"
             )
@@ -170,7 +177,7 @@ class _Worker:
             # then be the artifact's digest.
             stored = _full_object_sha256(response.get("CopyObjectResult", {}))
             if stored is not None and stored != _b64(digest):
-                raise _LocalMismatch(f"copy has sha256 {stored}, expected {_b64(digest)}")
+                raise IntegrityError(f"copy has sha256 {stored}, expected {_b64(digest)}")
         else:
             # Above 5 GiB CopyObject is refused: the transfer manager copies in parts (UploadPartCopy)
             # and carries the source's metadata (sha256, content type) over itself.
@@ -186,7 +193,7 @@ class _Worker:
         try:
             self.client.head_object(Bucket=self.bucket, Key=key)
         except ClientError as error:
-            if _error_code(error) in {"404", "NoSuchKey", "NotFound"}:
+            if error_code(error) in {"404", "NoSuchKey", "NotFound"}:
                 return False
             raise
         return True
@@ -206,7 +213,7 @@ def head_matches(client: Any, bucket: str, key: str, size: int, sha256: str) -> 
     try:
         head = client.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
     except ClientError as error:
-        if _error_code(error) in {"404", "NoSuchKey", "NotFound"}:
+        if error_code(error) in {"404", "NoSuchKey", "NotFound"}:
             return False, None
         raise
     if head.get("ContentLength") != size or head.get("Metadata", {}).get(SHA256_METADATA) != sha256:
@@ -215,8 +222,9 @@ def head_matches(client: Any, bucket: str, key: str, size: int, sha256: str) -> 
     return stored is None or stored == _b64(bytes.fromhex(sha256)), head
 
 
-class _LocalMismatch(Exception):
-    """A digest that does not match what the artifact or the index says."""
+class IntegrityError(Exception):
+    """Bytes that are not what the artifact or the index says: another digest or size, a served
+    name that holds other bytes, or a local file that cannot be read to check it."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -224,14 +232,17 @@ class _LocalMismatch(Exception):
 # ---------------------------------------------------------------------------------------------
 
 
-def _normalise_prefix(release_prefix: str) -> str:
+def normalise_prefix(release_prefix: str) -> str:
+    """A release prefix without its outer slashes; an empty one is refused (:class:`ValueError`)."""
     prefix = release_prefix.strip("/")
     if not prefix:
         raise ValueError("release_prefix: empty; a release must live under its own prefix")
     return prefix
 
 
-def _transfer_config(config: TransferConfig | None, concurrency: int) -> TransferConfig:
+def threaded_config(config: TransferConfig | None, concurrency: int) -> TransferConfig:
+    """The transfer manager's settings: ``config``'s multipart threshold and part size (else the
+    defaults above), ``concurrency`` threads."""
     base = config or TransferConfig(
         multipart_threshold=DEFAULT_MULTIPART_THRESHOLD, multipart_chunksize=DEFAULT_MULTIPART_CHUNKSIZE
     )
@@ -245,25 +256,26 @@ def _transfer_config(config: TransferConfig | None, concurrency: int) -> Transfe
 
 def list_release(s3_client: Any, bucket: str, release_prefix: str) -> dict[str, int]:
     """Size of every object under a release prefix, by key (one paginated LIST)."""
-    return _list_sizes(s3_client, bucket, _normalise_prefix(release_prefix))
+    return list_sizes(s3_client, bucket, normalise_prefix(release_prefix))
 
 
-def _list_sizes(client: Any, bucket: str, prefix: str) -> dict[str, int]:
+def list_sizes(client: Any, bucket: str, prefix: str) -> dict[str, int]:
     """Sizes of the objects already under the prefix: one LIST instead of a HEAD per absent key."""
     try:
-        return dict(_iter_objects(client, bucket, prefix))
+        return dict(iter_objects(client, bucket, prefix))
     except (ClientError, BotoCoreError) as error:
-        raise PublishError(f"listing s3://{bucket}/{prefix}/ failed: {_error_code(error)}") from None
+        raise PublishError(f"listing s3://{bucket}/{prefix}/ failed: {error_code(error)}") from None
 
 
-def _iter_objects(client: Any, bucket: str, prefix: str) -> Iterator[tuple[str, int]]:
+def iter_objects(client: Any, bucket: str, prefix: str) -> Iterator[tuple[str, int]]:
+    """``(key, size)`` of every object under ``<prefix>/``, page by page; S3 errors propagate."""
     # The trailing slash keeps release r-1 from matching the objects of release r-10.
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/"):
         for item in page.get("Contents", []):
             yield item["Key"], item["Size"]
 
 
-def _run_all(
+def run_all(
     func: Callable[[Any], None],
     items: Sequence[Any],
     concurrency: int,
@@ -278,20 +290,22 @@ def _run_all(
         failures = [(futures[f], error) for f in futures if (error := f.exception()) is not None]
     if failures:
         item, error = failures[0]
-        detail = str(error) if isinstance(error, _LocalMismatch) else _error_code(error)
+        detail = str(error) if isinstance(error, IntegrityError) else error_code(error)
         more = f" ({len(failures) - 1} more failed)" if len(failures) > 1 else ""
         raise PublishError(f"{what} of s3://{bucket}/{key(item)} failed: {detail}{more}")
 
 
-def _publish_error(error: BaseException, obj: _Object, bucket: str) -> PublishError:
+def publish_error(error: BaseException, obj: S3Object, bucket: str) -> PublishError:
+    """``error`` of the upload or copy of ``obj`` as the :class:`PublishError` naming the object
+    and the S3 error code (a :class:`PublishError` as it is)."""
     if isinstance(error, PublishError):
         return error
     verb = "copy" if obj.source_key else "upload"
-    detail = str(error) if isinstance(error, _LocalMismatch) else _error_code(error)
+    detail = str(error) if isinstance(error, IntegrityError) else error_code(error)
     return PublishError(f"{verb} of {obj.label!r} to s3://{bucket}/{obj.key} failed: {detail}", model=obj.model or None)
 
 
-def _error_code(error: BaseException) -> str:
+def error_code(error: BaseException) -> str:
     """The S3 error code (``SlowDown``, ``InternalError``, ``AccessDenied``...) or the exception's
     class name for errors without one (timeouts, dropped connections)."""
     if isinstance(error, ClientError):
@@ -305,13 +319,13 @@ def _file_sha256(path: Path, size: int) -> bytes:
     length = 0
     try:
         with path.open("rb") as handle:
-            while block := handle.read(_READ_BLOCK):
+            while block := handle.read(READ_BLOCK):
                 digest.update(block)
                 length += len(block)
     except OSError as error:
-        raise _LocalMismatch(f"cannot read {str(path)!r}: {error.strerror}") from None
+        raise IntegrityError(f"cannot read {str(path)!r}: {error.strerror}") from None
     if length != size:
-        raise _LocalMismatch(f"file {str(path)!r} has {length} bytes, expected {size}; it changed after packaging")
+        raise IntegrityError(f"file {str(path)!r} has {length} bytes, expected {size}; it changed after packaging")
     return digest.digest()
 
 

@@ -79,10 +79,10 @@ def check_text_ensemble(spec: ModelSpec, exported: ExportedModel, tokenizer: Ser
 
     from triton_mme_cdk.model_build.export.eager import reference_sentences
     from triton_mme_cdk.model_build.export.validate import (
-        _has_sentence_transformers_reference,
         compare_outputs,
         elementwise_tolerance_applies,
         exported_runner,
+        has_sentence_transformers_reference,
         has_source_folder,
         reference_normalizes,
     )
@@ -134,7 +134,7 @@ def check_text_ensemble(spec: ModelSpec, exported: ExportedModel, tokenizer: Ser
         diff = _check_cross_encoder(spec, exported, source_dir, texts, pairs, encode, run, tolerance, chunk)
         return TextEnsembleReport(texts=len(texts), tokens_identical=True, max_abs_diff=diff,
                                   reference_inputs=request, reference_outputs=outputs)
-    if not _has_sentence_transformers_reference(spec, source_dir):
+    if not has_sentence_transformers_reference(spec, source_dir):
         return TextEnsembleReport(texts=len(texts), tokens_identical=True, max_abs_diff=None,
                                   reference_inputs=request, reference_outputs=outputs)
 

@@ -42,13 +42,13 @@ from triton_mme_cdk.model_build.compare import UNKNOWN_PRECISION_TOLERANCE, comp
 from triton_mme_cdk.model_build.tools.mme import CANNOT_SERVE_ON_CPU
 from triton_mme_cdk.model_build.tools.smoke_setup import (
     DEFAULT_TIMEOUT_SECONDS,
-    _CallFailed,
-    _fail,
-    _index_location,
-    _one_line,
-    _prepare_reference,
-    _Reference,
+    CallFailed,
+    Reference,
     find_model_data_url,
+    index_location,
+    one_line,
+    prepare_reference,
+    smoke_error,
 )
 
 #: Where the served precision is not recorded: loose, as TF32 convolutions and matmuls on Ampere
@@ -133,7 +133,7 @@ class SmokeReport:
 # --------------------------------------------------------------------------------------------
 
 
-def _describe_client_error(error: Any) -> _CallFailed:
+def _describe_client_error(error: Any) -> CallFailed:
     """A runtime ``ClientError`` as a row: code, the container's status and a short message."""
     response = error.response
     info = response.get("Error", {})
@@ -141,19 +141,19 @@ def _describe_client_error(error: Any) -> _CallFailed:
     http_status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
     original = response.get("OriginalStatusCode")
     status = int(original) if original is not None else (int(http_status) if http_status else None)
-    message = _one_line(str(response.get("OriginalMessage") or info.get("Message") or ""))
+    message = one_line(str(response.get("OriginalMessage") or info.get("Message") or ""))
     hint = ""
     if status == 507:
         hint = " (out of gpu memory: the model does not fit next to the others; SageMaker evicts models)"
     elif code == "ModelNotReadyException":
         hint = " (the model is still loading)"
     shown = f"{code} {status}" if status is not None else code
-    return _CallFailed("http", f"{shown}{hint}: {message}" if message else f"{shown}{hint}",
+    return CallFailed("http", f"{shown}{hint}: {message}" if message else f"{shown}{hint}",
                        status=status, code=code)
 
 
 def _invoke(
-    runtime_client: Any, endpoint_name: str, target: str, reference: _Reference, timeout_seconds: float
+    runtime_client: Any, endpoint_name: str, target: str, reference: Reference, timeout_seconds: float
 ) -> tuple[float, bytes, str]:
     """One timed invocation (request, answer and its body): milliseconds, body, content type."""
     from botocore.exceptions import (
@@ -180,13 +180,13 @@ def _invoke(
         kind = "read" if isinstance(error, ReadTimeoutError) else "connect"
         limit = getattr(getattr(runtime_client, "meta", None) and runtime_client.meta.config, f"{kind}_timeout", None)
         shown = f"{float(limit):g} s" if isinstance(limit, int | float) else "its limit"
-        raise _CallFailed("timeout", f"timeout: no answer within the client's {kind} timeout ({shown})") from None
+        raise CallFailed("timeout", f"timeout: no answer within the client's {kind} timeout ({shown})") from None
     except BotoCoreError as error:
-        raise _CallFailed("connection", f"connection: {_one_line(str(error))}") from None
+        raise CallFailed("connection", f"connection: {one_line(str(error))}") from None
     elapsed = time.perf_counter() - started
     if elapsed > timeout_seconds:
         # The client was built with a longer read timeout; a caller bound by ours would have failed.
-        raise _CallFailed("timeout", f"timeout: answered after {elapsed:.1f} s, over the {timeout_seconds:g} s limit")
+        raise CallFailed("timeout", f"timeout: answered after {elapsed:.1f} s, over the {timeout_seconds:g} s limit")
     return elapsed * 1000.0, bytes(body), str(response.get("ContentType") or "")
 
 
@@ -197,14 +197,14 @@ def _parse_answer(body: bytes, content_type: str) -> Any:
     try:
         return parse_response(body, header_length(content_type))
     except Exception as error:  # tritonclient raises JSON, index and its own errors
-        raise _CallFailed(
+        raise CallFailed(
             "response",
             f"answer ({len(body)} bytes, content type {content_type!r}) is not a triton response: "
-            f"{_one_line(str(error), 120)}",
+            f"{one_line(str(error), 120)}",
         ) from None
 
 
-def _check_answer(result: Any, reference: _Reference, atol: float, rtol: float) -> float | None:
+def _check_answer(result: Any, reference: Reference, atol: float, rtol: float) -> float | None:
     """Every config output present with the config's datatype and shape, values near the reference
     (``None``: no values compared, where the reference has no outputs: a TensorRT plan's)."""
     from triton_mme_cdk.model_build.package.triton_config import wire_datatype
@@ -214,21 +214,21 @@ def _check_answer(result: Any, reference: _Reference, atol: float, rtol: float) 
     for io_ in config.output:
         meta = result.get_output(io_.name)
         if meta is None:
-            raise _CallFailed("output", f"output {io_.name!r}: missing in the answer")
+            raise CallFailed("output", f"output {io_.name!r}: missing in the answer")
         want_type = wire_datatype(io_.data_type)
         if meta.get("datatype") != want_type:
-            raise _CallFailed(
+            raise CallFailed(
                 "output", f"output {io_.name!r}: datatype {meta.get('datatype')}; the config declares {want_type}"
             )
         try:
             got = result.as_numpy(io_.name)
         except Exception as error:  # a size that does not match shape and datatype
-            raise _CallFailed("response", f"output {io_.name!r}: cannot be read: {_one_line(str(error), 120)}") from None
+            raise CallFailed("response", f"output {io_.name!r}: cannot be read: {one_line(str(error), 120)}") from None
         dims = list(io_.dims)
         declared = [reference.batch, *dims] if reference.batch is not None else dims
         shape = list(got.shape)
         if len(shape) != len(declared) or any(d not in (-1, s) for s, d in zip(shape, declared, strict=True)):
-            raise _CallFailed(
+            raise CallFailed(
                 "output",
                 f"output {io_.name!r}: shape {shape}; expected {declared} (batch of {reference.batch} "
                 f"+ config dims {dims})" if reference.batch is not None
@@ -240,7 +240,7 @@ def _check_answer(result: Any, reference: _Reference, atol: float, rtol: float) 
         if got.shape != ref.shape and got.size == ref.size and io_.HasField("reshape"):
             got = got.reshape(ref.shape)  # the reference holds the model's view of a reshaped output
         if got.shape != ref.shape:
-            raise _CallFailed(
+            raise CallFailed(
                 "output", f"output {io_.name!r}: shape {shape}; the reference has {list(ref.shape)}"
             )
         worst = max(worst, _compare(io_.name, got, ref, atol, rtol))
@@ -251,7 +251,7 @@ def _compare(name: str, got: np.ndarray, ref: np.ndarray, atol: float, rtol: flo
     result = compare_arrays(name, got, ref, atol=atol, rtol=rtol)
     if not result.ok:
         shown = result.max_abs_diff if math.isfinite(result.max_abs_diff) else None
-        raise _CallFailed("output", result.problem or "", max_diff=shown)
+        raise CallFailed("output", result.problem or "", max_diff=shown)
     return result.max_abs_diff
 
 
@@ -260,7 +260,7 @@ def _smoke_target(
     endpoint_name: str,
     target: str,
     source_model: str,
-    reference: _Reference,
+    reference: Reference,
     *,
     timeout_seconds: float,
     atol: float | None,
@@ -275,7 +275,7 @@ def _smoke_target(
     if reference.error is not None:
         row.error, row.kind = reference.error, "reference"
         return row
-    problems: list[tuple[str, _CallFailed]] = []
+    problems: list[tuple[str, CallFailed]] = []
     diffs: list[float] = []
     atol, rtol = reference.tolerance(atol, rtol)
     for label in ("cold", "warm"):
@@ -284,7 +284,7 @@ def _smoke_target(
             setattr(row, f"{label}_ms", round(ms, 3))
             diff = _check_answer(_parse_answer(body, content_type), reference, atol, rtol)
             diffs.extend([] if diff is None else [diff])
-        except _CallFailed as failed:
+        except CallFailed as failed:
             if failed.code == CANNOT_SERVE_ON_CPU:  # the endpoint cannot load it at all: not a verdict
                 row.skipped = str(failed).partition(": ")[2] or str(failed)
                 return row
@@ -318,7 +318,7 @@ def select_targets(targets: Sequence[str], sample: int | None, seed: int = 0) ->
     if sample is None or sample >= len(ordered):
         return ordered
     if sample < 1:
-        raise _fail(f"sample: got {sample}; expected at least 1 target")
+        raise smoke_error(f"sample: got {sample}; expected at least 1 target")
     return sorted(random.Random(seed).sample(ordered, sample))
 
 
@@ -354,15 +354,15 @@ def run_smoke(
     from triton_mme_cdk.model_build.release.index import read_index
 
     if timeout_seconds <= 0:
-        raise _fail(f"timeout: got {timeout_seconds:g} s; expected more than 0")
+        raise smoke_error(f"timeout: got {timeout_seconds:g} s; expected more than 0")
     started = time.perf_counter()
     model_data_url, status = find_model_data_url(sagemaker_client, endpoint_name)
-    bucket, prefix, index_key = _index_location(s3_client, model_data_url, release)
+    bucket, prefix, index_key = index_location(s3_client, model_data_url, release)
     release_url = f"s3://{bucket}/{prefix}/" if prefix else f"s3://{bucket}/"
     index = read_index(s3_client, bucket, index_key)
     if index is None:
         chosen = f"release {release!r}" if release else f"its model data url {model_data_url}"
-        raise _fail(
+        raise smoke_error(
             f"endpoint {endpoint_name!r}: no release index at s3://{bucket}/{index_key} for {chosen}; "
             "the release was never published there or its publish did not finish"
         )
@@ -371,7 +371,7 @@ def run_smoke(
         if isinstance(entry, dict) and isinstance(entry.get("target_model"), str):
             entries[entry["target_model"]] = entry
     if not entries:
-        raise _fail(f"endpoint {endpoint_name!r}: index s3://{bucket}/{index_key} lists no models")
+        raise smoke_error(f"endpoint {endpoint_name!r}: index s3://{bucket}/{index_key} lists no models")
     digests = {
         str(ref["key"]): str(ref["sha256"])
         for ref in index.get("references") or []
@@ -388,13 +388,13 @@ def run_smoke(
         endpoint_status=status,
         targets_in_release=len(entries),
     )
-    references: dict[str, _Reference] = {}
+    references: dict[str, Reference] = {}
     with tempfile.TemporaryDirectory(prefix="smoke-") as tmp:
         for target in chosen_targets:
             entry = entries[target]
             source_model = str(entry.get("source_model") or target.removesuffix(".tar.gz"))
             if source_model not in references:
-                references[source_model] = _prepare_reference(
+                references[source_model] = prepare_reference(
                     s3_client, bucket, prefix, source_model, entry,
                     digests, Path(tmp), reference_keys,
                 )

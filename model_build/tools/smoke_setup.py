@@ -1,7 +1,11 @@
 """What a smoke test needs before it invokes anything: the AWS clients, the release the endpoint
 serves (``DescribeEndpoint`` -> ``DescribeEndpointConfig`` -> ``DescribeModel`` -> its model data
-URL, then the routes or the index there) and, per source model, the request and the outputs to
-compare with (the reference ``.npz`` and the Triton config recorded at build time).
+URL, then the routes or the index there: :func:`index_location`) and, per source model, the
+request and the outputs to compare with (:class:`Reference`, from the reference ``.npz`` and the
+Triton config recorded at build time: :func:`prepare_reference`; one that cannot be prepared
+carries its ``error``, and every target of the model fails with it). :class:`CallFailed` is the
+failure of one read here, and of one invocation or the check of its answer in
+:mod:`model_build.tools.smoke`.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ _CONFIG_MAX_BYTES = 1 << 20
 _MESSAGE_MAX = 200
 
 
-class _CallFailed(Exception):
+class CallFailed(Exception):
     """One invocation (or the check of its answer) failed; carries the row's classification."""
 
     def __init__(
@@ -46,7 +50,7 @@ class _CallFailed(Exception):
 
 
 @dataclass
-class _Reference:
+class Reference:
     """What one source model's targets are sent and compared with (read once per source model)."""
 
     config: Any = None
@@ -132,7 +136,8 @@ def make_runtime_client(
 # --------------------------------------------------------------------------------------------
 
 
-def _fail(message: str) -> ModelBuildError:
+def smoke_error(message: str) -> ModelBuildError:
+    """The error that stops a smoke test before any row (step ``smoke``): nothing to test."""
     return ModelBuildError(message, step="smoke")
 
 
@@ -143,10 +148,10 @@ def _control_plane(call: Callable[..., dict[str, Any]], what: str, endpoint: str
         return call(**kwargs)
     except ClientError as error:
         info = error.response.get("Error", {})
-        message = _one_line(str(info.get("Message", "")))
-        raise _fail(f"endpoint {endpoint!r}: {what} failed: {info.get('Code', '?')}: {message}") from None
+        message = one_line(str(info.get("Message", "")))
+        raise smoke_error(f"endpoint {endpoint!r}: {what} failed: {info.get('Code', '?')}: {message}") from None
     except BotoCoreError as error:
-        raise _fail(f"endpoint {endpoint!r}: {what} failed: {_one_line(str(error))}") from None
+        raise smoke_error(f"endpoint {endpoint!r}: {what} failed: {one_line(str(error))}") from None
 
 
 def find_model_data_url(sagemaker_client: Any, endpoint_name: str) -> tuple[str, str]:
@@ -156,10 +161,10 @@ def find_model_data_url(sagemaker_client: Any, endpoint_name: str) -> tuple[str,
     )
     status = str(endpoint.get("EndpointStatus", "?"))
     if status in _DEAD_STATES:
-        raise _fail(f"endpoint {endpoint_name!r}: status {status}; invocations need InService (or Updating)")
+        raise smoke_error(f"endpoint {endpoint_name!r}: status {status}; invocations need InService (or Updating)")
     config_name = endpoint.get("EndpointConfigName")
     if not config_name:
-        raise _fail(f"endpoint {endpoint_name!r}: describe_endpoint gives no EndpointConfigName")
+        raise smoke_error(f"endpoint {endpoint_name!r}: describe_endpoint gives no EndpointConfigName")
     config = _control_plane(
         sagemaker_client.describe_endpoint_config, f"describe_endpoint_config {config_name!r}",
         endpoint_name, EndpointConfigName=config_name,
@@ -167,7 +172,7 @@ def find_model_data_url(sagemaker_client: Any, endpoint_name: str) -> tuple[str,
     variants = config.get("ProductionVariants") or []
     model_name = variants[0].get("ModelName") if variants else None
     if not model_name:
-        raise _fail(
+        raise smoke_error(
             f"endpoint {endpoint_name!r}: endpoint config {config_name!r} has no production variant "
             "with a ModelName"
         )
@@ -179,14 +184,14 @@ def find_model_data_url(sagemaker_client: Any, endpoint_name: str) -> tuple[str,
         (container.get("ModelDataSource") or {}).get("S3DataSource") or {}
     ).get("S3Uri")
     if not url:
-        raise _fail(
+        raise smoke_error(
             f"endpoint {endpoint_name!r}: model {model_name!r} has no ModelDataUrl; a multi-model "
             "endpoint needs the s3 prefix of a release"
         )
     return str(url), status
 
 
-def _index_location(s3_client: Any, model_data_url: str, release: str | None) -> tuple[str, str, str]:
+def index_location(s3_client: Any, model_data_url: str, release: str | None) -> tuple[str, str, str]:
     """``(bucket, served prefix, index key)`` of what the endpoint serves.
 
     The fixed served prefix of a stack (``<prefix>/served/``): the routes document
@@ -207,9 +212,9 @@ def _index_location(s3_client: Any, model_data_url: str, release: str | None) ->
     try:
         routes = read_routes(s3_client, bucket, parent)
     except ModelBuildError as error:
-        raise _fail(str(error)) from None
+        raise smoke_error(str(error)) from None
     if routes is None:
-        raise _fail(f"model data url {model_data_url}: no routes at s3://{bucket}/{routes_key(parent)}; "
+        raise smoke_error(f"model data url {model_data_url}: no routes at s3://{bucket}/{routes_key(parent)}; "
                     "nothing has been published and routed there yet")
     return bucket, prefix, routes.index_key
 
@@ -218,11 +223,11 @@ def split_model_data_url(url: str, *, release: str | None = None) -> tuple[str, 
     """``(bucket, release prefix)`` of ``s3://bucket/prefix/release/``; ``release`` replaces the last part."""
     match = re.fullmatch(r"s3://([^/]+)/?(.*)", url)
     if not match:
-        raise _fail(f"model data url {url!r}: not an s3:// url; a release lives at s3://<bucket>/<prefix>/<release>/")
+        raise smoke_error(f"model data url {url!r}: not an s3:// url; a release lives at s3://<bucket>/<prefix>/<release>/")
     bucket, prefix = match.group(1), match.group(2).strip("/")
     if release is not None:
         if not release or "/" in release or release in {".", ".."}:
-            raise _fail(f"release: got {release!r}; expected a release id such as r-0123456789abcdef")
+            raise smoke_error(f"release: got {release!r}; expected a release id such as r-0123456789abcdef")
         parent = prefix.rpartition("/")[0]
         prefix = f"{parent}/{release}" if parent else release
     return bucket, prefix
@@ -233,13 +238,14 @@ def split_model_data_url(url: str, *, release: str | None = None) -> tuple[str, 
 # --------------------------------------------------------------------------------------------
 
 
-def _one_line(text: str, limit: int = _MESSAGE_MAX) -> str:
+def one_line(text: str, limit: int = _MESSAGE_MAX) -> str:
+    """``text`` on one line (whitespace runs as one space), cut to ``limit`` characters."""
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _get_bytes(s3_client: Any, bucket: str, key: str, *, limit: int | None = None) -> bytes | None:
-    """The object's bytes, or None when it does not exist; other S3 errors raise ``_CallFailed``."""
+    """The object's bytes, or None when it does not exist; other S3 errors raise ``CallFailed``."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
@@ -250,11 +256,11 @@ def _get_bytes(s3_client: Any, bucket: str, key: str, *, limit: int | None = Non
         code = str(error.response.get("Error", {}).get("Code", "?"))
         if code in {"NoSuchKey", "404", "NotFound"}:
             return None
-        raise _CallFailed("reference", f"s3://{bucket}/{key}: cannot be read: {code}") from None
+        raise CallFailed("reference", f"s3://{bucket}/{key}: cannot be read: {code}") from None
     except BotoCoreError as error:
-        raise _CallFailed("reference", f"s3://{bucket}/{key}: cannot be read: {_one_line(str(error))}") from None
+        raise CallFailed("reference", f"s3://{bucket}/{key}: cannot be read: {one_line(str(error))}") from None
     if limit is not None and len(data) > limit:
-        raise _CallFailed("reference", f"s3://{bucket}/{key}: larger than {limit} bytes")
+        raise CallFailed("reference", f"s3://{bucket}/{key}: larger than {limit} bytes")
     return data
 
 
@@ -284,7 +290,7 @@ def _config_from_tarball(s3_client: Any, bucket: str, key: str) -> str | None:
         return None
 
 
-def _prepare_reference(
+def prepare_reference(
     s3_client: Any,
     bucket: str,
     prefix: str,
@@ -293,7 +299,7 @@ def _prepare_reference(
     digests: dict[str, str],
     work_dir: Path,
     reference_keys: Mapping[str, str],
-) -> _Reference:
+) -> Reference:
     """Read one source model's reference and config and build the request body its targets get.
 
     ``digests`` maps object keys to the sha256 the index records for them (its ``references``):
@@ -310,21 +316,21 @@ def _prepare_reference(
     try:
         raw = _get_bytes(s3_client, bucket, npz_key)
         if raw is None:
-            return _Reference(error=f"reference s3://{bucket}/{npz_key}: missing")
+            return Reference(error=f"reference s3://{bucket}/{npz_key}: missing")
         config_raw = _get_bytes(s3_client, bucket, config_key, limit=_CONFIG_MAX_BYTES)
-    except _CallFailed as failed:
-        return _Reference(error=str(failed))
+    except CallFailed as failed:
+        return Reference(error=str(failed))
     for key, data in ((npz_key, raw), (config_key, config_raw)):
         expected = digests.get(key)
         if data is not None and expected and hashlib.sha256(data).hexdigest() != expected:
-            return _Reference(error=f"reference s3://{bucket}/{key}: sha256 differs from the index")
+            return Reference(error=f"reference s3://{bucket}/{key}: sha256 differs from the index")
     if config_raw is not None:
         config_text = config_raw.decode("utf-8", errors="replace")
     else:
         tar_key = str(first_entry.get("key") or f"{prefix}/{first_entry['target_model']}")
         found = _config_from_tarball(s3_client, bucket, tar_key)
         if found is None:
-            return _Reference(
+            return Reference(
                 error=f"config s3://{bucket}/{config_key}: missing, and no config.pbtxt could be read "
                 f"from s3://{bucket}/{tar_key}"
             )
@@ -335,7 +341,7 @@ def _prepare_reference(
         ensemble = parse_config(config_text, model=source_model).platform == "ensemble"
         config = (parse_config if ensemble else check_config)(config_text, model=source_model)
     except TritonConfigError as error:
-        return _Reference(error=str(error))
+        return Reference(error=str(error))
 
     npz_path = work_dir / f"{source_model}.npz"
     npz_path.write_bytes(raw)
@@ -343,14 +349,14 @@ def _prepare_reference(
     try:
         inputs, outputs = read_reference(npz_path, outputs_required=not plan)
     except VerifyError as error:
-        return _Reference(error=str(error))
+        return Reference(error=str(error))
     values_checked = bool(outputs) or not plan
     for kind, ios, arrays in (("input", config.input, inputs), ("output", config.output, outputs)):
         if kind == "output" and not values_checked:
             continue
         absent = [io_.name for io_ in ios if io_.name not in arrays]
         if absent:
-            return _Reference(error=f"reference of {source_model!r}: no '{kind}:{absent[0]}' array; "
+            return Reference(error=f"reference of {source_model!r}: no '{kind}:{absent[0]}' array; "
                               f"it holds {', '.join(sorted(arrays))}")
     mbs = config.max_batch_size
     batch = None
@@ -369,8 +375,8 @@ def _prepare_reference(
     try:
         body, header_length = build_request(config, sent)
     except VerifyError as error:
-        return _Reference(error=str(error))
-    return _Reference(
+        return Reference(error=str(error))
+    return Reference(
         config=config,
         body=body,
         content_type=SAGEMAKER_BINARY_CONTENT_TYPE.format(header_length),
