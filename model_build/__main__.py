@@ -26,6 +26,8 @@ from triton_mme_cdk.model_build.errors import ModelBuildError, PublishError
 from triton_mme_cdk.model_build.manifest import Manifest, load_manifest
 from triton_mme_cdk.model_build.release import DEFAULT_COMPRESSLEVEL, Release, compute_release, served_prefix
 from triton_mme_cdk.model_build.release.routes import DEFAULT_RETENTION_DAYS
+from triton_mme_cdk.model_build.tools.app_context import DEFAULT_MODEL_PREFIX
+from triton_mme_cdk.model_build.tools.build_report import build_table, human_size
 from triton_mme_cdk.model_build.tools.endpoint import add_endpoint_parser
 from triton_mme_cdk.model_build.tools.plan_cli import add_plan_parsers
 from triton_mme_cdk.model_build.tools.smoke_cli import add_smoke_parser
@@ -38,17 +40,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 out = Console(width=None if sys.stdout.isatty() else 200)
-
-DEFAULT_PREFIX = "models"
-
-
-def _human(size: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1024 or unit == "GB":
-            return f"{size:.1f} {unit}" if unit != "B" else f"{int(size)} B"
-        size /= 1024
-    return f"{size:.1f} GB"
-
 
 def _progress() -> Progress:
     return Progress(
@@ -151,40 +142,9 @@ def _build_task(progress: Any) -> tuple[Callable[[int], None], Callable[[Any, st
     return on_plan, on_model
 
 
-def _build_table(record: Any) -> Table:
-    table = Table(title=f"release {record.release_id}")
-    for column in ("model", "format", "size", "sha256", "max difference", "gates vs FP32", "time"):
-        table.add_column(column, justify="right" if column in {"size", "time"} else "left")
-    for model in record.models:
-        diff = model.difference_text()
-        fmt = model.format + (" fused" if model.fused_ops.get("Attention") else "")
-        fmt += f" {model.precision}" if model.format == "onnx" else ""
-        fmt += " grouped" if model.length_grouping.startswith("on") else ""
-        table.add_row(
-            model.name + (f" x{len(model.targets)}" if len(model.targets) > 1 else ""),
-            fmt,
-            _human(model.size),
-            model.sha256[:16],
-            diff,
-            _gates(model.accuracy),
-            f"{model.seconds:.1f} s",
-        )
-    return table
-
-
-def _gates(accuracy: dict[str, float]) -> str:
-    """``cos 0.99999 >= 0.9999, top-k 1.00 >= 1.0``: each measured value with its gate."""
-    parts = []
-    if "min_cosine" in accuracy:
-        parts.append(f"cos {accuracy['min_cosine']:.5f} >= {accuracy.get('min_cosine_gate', 0):g}")
-    if "top_k_agreement" in accuracy:
-        parts.append(f"top-k {accuracy['top_k_agreement']:.2f} >= {accuracy.get('top_k_gate', 0):g}")
-    return ", ".join(parts) or "-"
-
-
 def cmd_build(args: argparse.Namespace) -> int:
     record, release_dir, _ = _build(args)
-    out.print(_build_table(record))
+    out.print(build_table(record))
     reused = len(record.models) - len(record.built)
     out.print(f"built {len(record.built)} of {len(record.models)} models"
               + (f"; {reused} unchanged, reused from {Path(args.out) / '_builds'}" if reused else ""))
@@ -286,7 +246,7 @@ def _publish_line(report: Any, bucket: str, prefix: str) -> str:
     return (
         f"published s3://{bucket}/{prefix}/: {report.targets} target models; objects (tarballs, "
         f"references, index): {report.uploaded} uploaded, {report.copied} copied server-side, "
-        f"{report.skipped} already present; {_human(report.bytes_sent)} sent in {report.seconds:.1f} s"
+        f"{report.skipped} already present; {human_size(report.bytes_sent)} sent in {report.seconds:.1f} s"
     )
 
 
@@ -413,7 +373,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         if local:
             s3_client.create_bucket(Bucket=args.bucket)
         record, release_dir, release = _build(args, s3_client)
-        out.print(_build_table(record))
+        out.print(build_table(record))
         report = _publish(args, s3_client, record, release_dir, release)
         out.print(_publish_line(report, args.bucket, release.prefix(args.prefix)))
         again = _publish(args, s3_client, record, release_dir, release)
@@ -459,8 +419,8 @@ def _parser() -> argparse.ArgumentParser:
                                 "(default: 1)")
         if s3:
             p.add_argument("--bucket", help="S3 bucket to publish to / verify from")
-            p.add_argument("--prefix", default=DEFAULT_PREFIX,
-                           help=f"key prefix above the release (default: {DEFAULT_PREFIX})")
+            p.add_argument("--prefix", default=DEFAULT_MODEL_PREFIX,
+                           help=f"key prefix above the release (default: {DEFAULT_MODEL_PREFIX})")
             p.add_argument("--endpoint-url", default=None,
                            help="S3 endpoint (default: AWS; e.g. http://127.0.0.1:5000 for a local one)")
             p.add_argument("--region", default=None, help="AWS region (default: from the environment)")
@@ -480,7 +440,7 @@ def _parser() -> argparse.ArgumentParser:
                             f"(default: {DEFAULT_RETENTION_DAYS:g}; the stack's mme:unrouted_retention_days)")
     add_smoke_parser(sub)
     add_endpoint_parser(sub)
-    add_plan_parsers(sub, DEFAULT_PREFIX)
+    add_plan_parsers(sub, DEFAULT_MODEL_PREFIX)
     # Every subcommand names what runs it (set_defaults(func=...)); the usage line lists them all.
     parser.description = _DOC_USAGE.replace("{commands}", "{" + ",".join(sub.choices) + "}")
     return parser

@@ -12,7 +12,8 @@
 - ``local_s3``: moto's S3 server on loopback (demo, tests, benchmarks); ``text_sources``:
   offline text sources of every tokenizer kind (tests, benchmarks);
 - ``app_context``: the CDK app beside them, read as the CDK CLI reads it and never imported
-  (``cdk.json``'s context and command, the synthesized cloud assembly).
+  (``cdk.json``'s context and command, the synthesized cloud assembly);
+- ``build_report``: the table ``build`` and ``demo`` print of a release's models.
 
 Owns: everything a user runs against a build, a bucket or an endpoint, on their own machine.
 Nothing here is part of the build runtime: the release and model keys do not hash this folder and
