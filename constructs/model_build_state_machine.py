@@ -56,7 +56,6 @@ RETRY_ATTEMPTS = 6
 RETRY_INTERVAL = Duration.seconds(2)
 #: A Distributed Map runs at most 10,000 child executions at once.
 MAX_CONCURRENCY_LIMIT = 10_000
-PLANS_DIR = "_plans"
 #: What ``job_failed`` raises for a job that got no instance (its class name is the error name).
 NO_CAPACITY_ERROR = "ProcessingCapacityError"
 #: A job without capacity runs again after 1, 2, 4 minutes (full jitter).

@@ -29,10 +29,8 @@ from triton_mme_cdk.model_build.handler.units import (
     model_keys,
     write_index,
 )
+from triton_mme_cdk.model_build.release.identity import PLANS_DIR
 
-#: Folder (under the model prefix) of the Map's item sources, one JSON array per release, and of
-#: each release's failure record.
-PLANS_DIR = "_plans"
 #: The failure record's body while no model of the current attempt has failed (the plan writes it).
 NO_FAILURE = b'{"model": null, "reason": null}'
 

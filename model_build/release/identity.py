@@ -70,6 +70,9 @@ REFERENCE_DIR = "_reference"
 BUILDS_DIR = "_builds"
 #: Folder (under the model prefix) of the SageMaker Processing build jobs' inputs and outputs.
 JOBS_DIR = "_jobs"
+#: Folder (under the model prefix) of the build state machine's item sources, one JSON array per
+#: release, and of each release's failure record.
+PLANS_DIR = "_plans"
 #: Folder (under the model prefix) the endpoint serves: its ``ModelDataUrl``, fixed for the life
 #: of the stack. It holds model tarballs only, each under an immutable content-named key (see
 #: :func:`served_name`), so no ``TargetModel`` can name a bookkeeping document.
