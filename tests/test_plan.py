@@ -640,3 +640,46 @@ def test_every_finding_is_listed_whichever_verdict_leads(
     code, report = _security_plan(capsys, work, "lead-narrow", _edited(default, put_object), default, routes=models)
     assert (code, report["verdict"], report["security"]["verdict"]) == (3, "security-changed", "narrows")
     assert report["models"]["counts"]["added"] == 1
+
+
+def _document(*statements: dict[str, Any]) -> dict[str, Any]:
+    return {"Version": "2012-10-17", "Statement": list(statements)}
+
+
+_READ = {"Effect": "Allow", "Action": "s3:GetObject", "Resource": "arn:aws:s3:::b/*",
+         "Condition": {"StringEquals": {"aws:PrincipalAccount": "111111111111"}}}
+_TRUST = {"Effect": "Allow", "Action": "sts:AssumeRole", "Principal": {"AWS": "arn:aws:iam::111111111111:root"}}
+
+
+@pytest.mark.parametrize(("resource_type", "old", "new", "expected"), [
+    ("AWS::IAM::Policy", {"PolicyDocument": _document(_READ)},
+     {"PolicyDocument": _document({**_READ, "Condition": {"StringEquals": {"aws:PrincipalAccount": "222222222222"}}})},
+     [("PolicyDocument", "changed the condition of Allow s3:GetObject on arn:aws:s3:::b/* when StringEquals "
+       "aws:PrincipalAccount=222222222222", "unknown")]),
+    ("AWS::IAM::Policy", {"PolicyDocument": _document(_READ)},
+     {"PolicyDocument": _document(_READ, {"Effect": "Allow", "NotAction": "iam:*", "Resource": "*"})},
+     [("PolicyDocument", "added Allow NotAction iam:* on *", "unknown")]),
+    ("AWS::IAM::Role", {"AssumeRolePolicyDocument": _document(_TRUST)},
+     {"AssumeRolePolicyDocument": _document({**_TRUST, "Principal": "*"})},
+     [("AssumeRolePolicyDocument", "added Allow sts:AssumeRole for *", "widens")]),
+    ("AWS::IAM::Role", {"PermissionsBoundary": "arn:aws:iam::111111111111:policy/boundary"}, {},
+     [("PermissionsBoundary", "arn:aws:iam::111111111111:policy/boundary -> (unset)", "widens")]),
+    ("AWS::IAM::User", None, {"UserName": "someone"}, [("UserName", "(unset) -> someone", "unknown")]),
+    ("AWS::EC2::SecurityGroupIngress",
+     {"GroupId": "sg-1", "CidrIp": "10.0.0.0/8", "IpProtocol": "tcp", "FromPort": 80, "ToPort": 81},
+     {"GroupId": "sg-1", "CidrIp": "0.0.0.0/0", "IpProtocol": "tcp", "FromPort": 80, "ToPort": 81},
+     [("rule", "added tcp 80-81 0.0.0.0/0", "widens"), ("rule", "removed tcp 80-81 10.0.0.0/8", "narrows")]),
+    ("AWS::S3::Bucket", {"PublicAccessBlockConfiguration": {"BlockPublicAcls": True}}, None, []),
+])
+def test_the_security_classifier_on_its_own(resource_type: str, old: dict[str, Any] | None,
+                                            new: dict[str, Any] | None, expected: list[tuple[str, str, str]]) -> None:
+    """The cases no synthesized template here carries: a condition changed and a NotAction
+    statement (unknown), a trust opened to every principal, a boundary removed, an IAM type
+    without its own rule (unknown), a wider CIDR (a rule removed and one added: widens overall),
+    a bucket deleted (data at risk, not access granted)."""
+    from triton_mme_cdk.model_build.tools.plan_security import overall_access, security_changes
+
+    changes = security_changes(resource_type, old, new)
+    assert [(c.path, c.text, c.access) for c in changes] == expected
+    assert overall_access(changes) == ("widens" if any(a == "widens" for *_, a in expected) else
+                                       "unknown" if expected else "")
