@@ -203,11 +203,14 @@ class PlanReport:
             marker(self.stack),
             f"### Triton MME plan for `{self.stack}`: {headline} (exit {self.exit_code})",
             "",
-            f"**Security:** {_md(verdict.security_text())}",
         ]
         security = verdict.of("security-changed")
-        if security:  # first, after the headline: who can do what
-            parts += ["", *_cut(security, keep, _finding)]
+        if security:  # first, after the headline: who can do what, each resource's changes
+            count = f"{len(security)} resource" + ("s" if len(security) != 1 else "")
+            parts += [f"**Security:** {verdict.security_head()} ({count}):", "",
+                      *_cut(security, keep, _finding)]
+        else:
+            parts.append(f"**Security:** {_md(verdict.security_text())}")
         parts += [
             "",
             f"**Fleet:** {_md(verdict.fleet_text())}",

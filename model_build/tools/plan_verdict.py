@@ -143,10 +143,13 @@ class Verdict:
             return "no change of who can do what" + (
                 "" if self.others_compared else " in the resources the deployed record holds (give --deployed-template "
                 "or --stack-name to compare every policy)")
-        what = {"widens": "access widens", "unknown": "access changes in a way this plan cannot classify (treated as "
-                "widening)", "narrows": "access narrows only"}[self.security]
-        return f"{what}: " + "; ".join(finding.line() for finding in findings[:2]) + (
+        return f"{self.security_head()}: " + "; ".join(finding.line() for finding in findings[:2]) + (
             f"; and {len(findings) - 2} more resources" if len(findings) > 2 else "")
+
+    def security_head(self) -> str:
+        """Which way access goes, in words (the security findings' own lines say where)."""
+        return {"widens": "access widens", "unknown": "access changes in a way this plan cannot classify (treated "
+                "as widening)", "narrows": "access narrows only"}.get(self.security, self.security)
 
     def fleet_text(self) -> str:
         """The fleet's verdict in one line, its reasons named."""
