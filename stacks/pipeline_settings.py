@@ -9,12 +9,14 @@
       "stages": [
         {"name": "staging", "account": "222222222222", "region": "us-east-1",
          "settings": {"instance_type": "ml.g4dn.xlarge", "max_instance_count": 1}},
-        {"name": "prod", "account": "333333333333", "region": "us-east-1"}
+        {"name": "prod", "account": "333333333333", "region": "us-east-1", "require_approval": "always"}
       ]
     }
 
 Each stage deploys the endpoint stack with the app's settings, overridden by its own
-``settings`` (the same keys as ``mme:<key>``, checked the same way). Every refusal is one line
+``settings`` (the same keys as ``mme:<key>``, checked the same way). A stage's
+``require_approval`` is ``when-needed`` (the default: a person approves when the plan would exit
+4) or ``always`` (a person approves every deploy of that stage). Every refusal is one line
 naming the setting (``mme:pipeline.stages[1].account: ...``).
 """
 
@@ -71,6 +73,9 @@ class PipelineStage(_Strict):
     region: str = Field(pattern=REGION)
     #: ``mme:<key>`` settings for this stage only (the keys without ``mme:``).
     settings: dict[str, Any] = Field(default_factory=dict)
+    #: ``when-needed``: the approval is entered when the plan would exit 4 (data at risk, the fleet
+    #: replaced or unknown, access widened); ``always``: for every deploy of this stage.
+    require_approval: Literal["when-needed", "always"] = "when-needed"
 
 
 class PipelineSettings(_Strict):

@@ -7,9 +7,11 @@ Per target (``<name>``):
    plan and smoke steps assume (deployed through the bootstrapped trust, as every stack is).
 2. ``<name>-plan``: ``python -m model_build plan`` of the synthesized template against the live
    routes and the deployed template; keeps ``plan.md`` and ``plan.json`` as the step's output and
-   exports ``PLAN_VERDICT`` (and ``PLAN_APPROVAL``: ``true`` where plan would exit 4).
+   exports ``PLAN_VERDICT`` (and ``PLAN_APPROVAL``: ``true`` where plan would exit 4, or for
+   every deploy of a stage with ``require_approval: always``).
 3. ``<name>-approve``: a manual approval, **entered only when the verdict needs a person**
-   (fleet replaced or unknown, data at risk: plan's exit 4): a CodePipeline V2 ``beforeEntry``
+   (data at risk, fleet replaced or unknown, access widened or changed in a way the plan cannot
+   classify: plan's exit 4; every deploy with ``require_approval: always``): a CodePipeline V2 ``beforeEntry``
    condition with a ``VariableCheck`` rule on ``PLAN_APPROVAL``, result ``SKIP``. It links the
    plan's build (its log holds the markdown) and notifies ``approval_topic_arn``.
 4. ``<name>``: deploys the endpoint stack, then the **smoke step** invokes every routed model
@@ -170,7 +172,8 @@ class TritonMmePipelineStack(Stack):
             input=self._source_files,
             additional_inputs={"cdk.out": self.code_pipeline.cloud_assembly_file_set},
             commands=[SETUP, *self._assume(stage, base, "plan"),
-                      f".venv/bin/python -m model_build.tools.pipeline_plan {shlex.quote(stack_name)} {context}",
+                      f".venv/bin/python -m model_build.tools.pipeline_plan {shlex.quote(stack_name)} {context}"
+                      + (" --require-approval always" if stage.require_approval == "always" else ""),
                       "set -a; . plan/verdict.env; set +a"],
             role=self.plan_role,
             primary_output_directory="plan",

@@ -160,6 +160,8 @@ def test_the_endpoint_stack_alone_stays_the_default(synthesized: PipelineSynth) 
     (lambda p: p["source"].update(connection_arn="arn:aws:iam::111111111111:role/x"),
      "mme:pipeline.source.connection_arn: got 'arn:aws:iam::111111111111:role/x'; String should match pattern"),
     (lambda p: p["stages"][0].update(region="mars-1"), "mme:pipeline.stages[0].region: got 'mars-1'"),
+    (lambda p: p["stages"][1].update(require_approval="sometimes"),
+     "mme:pipeline.stages[1].require_approval: got 'sometimes'; Input should be 'when-needed' or 'always'"),
 ])
 def test_bad_pipeline_settings_are_one_line_naming_the_setting(change: Any, message: str) -> None:
     broken = copy.deepcopy(PIPELINE)
@@ -186,7 +188,8 @@ def test_the_plan_steps_command_runs_and_exports_what_the_condition_reads(
 ) -> None:
     """The plan action's own command from the synthesized buildspec (the credential lines aside:
     CodeBuild's role switch), run against moto's server: a stage whose stack does not exist yet
-    is a first deploy (fleet created: plan's exit 3, the approval is skipped)."""
+    is a first deploy: it creates every role, policy and key of the stack, which plan judges as
+    access widened (security changed, exit 4), so the approval is entered."""
     pipeline = _pipeline(synthesized)
     (plan,) = _stage(pipeline, "staging-plan")["Actions"]
     commands = _buildspec(synthesized, plan["Configuration"]["ProjectName"])["phases"]["build"]["commands"]
@@ -202,8 +205,8 @@ def test_the_plan_steps_command_runs_and_exports_what_the_condition_reads(
     done = subprocess.run(["bash", "-c", script], cwd=work, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == (
-        "verdict=fleet-created approval=false url=https://console.aws.amazon.com/codesuite/codebuild/builds/plan-staging:1")
-    assert json.loads((work / "plan" / "plan.json").read_text())["verdict"] == "fleet-created"
+        "verdict=security-changed approval=true url=https://console.aws.amazon.com/codesuite/codebuild/builds/plan-staging:1")
+    assert json.loads((work / "plan" / "plan.json").read_text())["verdict"] == "security-changed"
     assert "first deploy" in (work / "plan" / "plan.md").read_text()
 
 
@@ -257,3 +260,52 @@ def test_a_codecommit_source_and_one_stage_without_approval_topic(tmp_path: Path
     (approve,) = _stage(pipeline, "prod-approve")["Actions"]
     assert "NotificationArn" not in approve["Configuration"]
     assert json.loads((synthesized.outdir / "validation-report.json").read_text())["pluginReports"] == []
+
+
+def test_a_stage_that_requires_approval_always_says_so_in_its_plan_command(synthesized: PipelineSynth) -> None:
+    """docs/pipeline.example.json's prod has ``require_approval: always``; staging the default."""
+    pipeline = _pipeline(synthesized)
+    for stage, flag in (("staging", False), ("prod", True)):
+        (plan,) = _stage(pipeline, f"{stage}-plan")["Actions"]
+        commands = _buildspec(synthesized, plan["Configuration"]["ProjectName"])["phases"]["build"]["commands"]
+        run = next(c for c in commands if "-m model_build.tools.pipeline_plan" in c)
+        assert run.endswith(" --require-approval always") is flag, run
+
+
+def test_the_approval_condition_asks_a_person_for_a_security_change_that_widens(
+    synthesized: PipelineSynth, endpoint: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``PLAN_APPROVAL`` from real plans of the staging stage's synthesized template (the real diff
+    engine): a statement added to the execution role's policy widens access (exit 4: asked); its
+    reverse narrows only (exit 3: skipped); ``require_approval: always`` asks for both, and for a
+    plan with no security change at all."""
+    from triton_mme_cdk.model_build.__main__ import main
+    from triton_mme_cdk.model_build.aws_clients import make_s3_client
+    from triton_mme_cdk.model_build.tools.pipeline_plan import needs_approval
+
+    make_s3_client(endpoint_url=endpoint).create_bucket(Bucket="pipeline-security")
+    deployed = synthesized.templates["TritonMme-staging"]
+    wider = copy.deepcopy(deployed)
+    (policy,) = [r for lid, r in wider["Resources"].items() if lid.startswith("ExecutionRoleDefaultPolicy")]
+    bucket = next(lid for lid in wider["Resources"] if lid.startswith("ModelBucket2"))
+    policy["Properties"]["PolicyDocument"]["Statement"].append({"Action": "s3:PutObject", "Effect": "Allow", "Resource": {
+        "Fn::Join": ["", [{"Fn::GetAtt": [bucket, "Arn"]}, "/*"]]}})
+
+    def plan(old: dict[str, Any], new: dict[str, Any], name: str) -> dict[str, Any]:
+        (tmp_path / f"{name}-old.json").write_text(json.dumps(old))
+        (tmp_path / f"{name}-new.json").write_text(json.dumps(new))
+        code = main(["plan", "--format", "json", "--detailed-exitcode", "--bucket", "pipeline-security",
+                     "--endpoint-url", endpoint, "--manifest", str(ROOT / "models.yaml"),
+                     "--template", str(tmp_path / f"{name}-new.json"),
+                     "--deployed-template", str(tmp_path / f"{name}-old.json")])
+        report: dict[str, Any] = json.loads(capsys.readouterr().out)
+        assert report["exit_code"] == code
+        return report
+
+    widened, narrowed, same = plan(deployed, wider, "wider"), plan(wider, deployed, "narrower"), plan(
+        deployed, deployed, "same")
+    assert (widened["verdict"], widened["exit_code"], needs_approval(widened)) == ("security-changed", 4, True)
+    assert (narrowed["verdict"], narrowed["exit_code"], needs_approval(narrowed)) == ("security-changed", 3, False)
+    assert (same["verdict"], same["exit_code"], needs_approval(same)) == ("models-only", 3, False)
+    assert all(needs_approval(report, "always") for report in (widened, narrowed, same))
+    assert needs_approval({"verdict": "a-verdict-of-a-newer-plan", "exit_code": 3}), "an unknown verdict asks"

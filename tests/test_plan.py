@@ -2,7 +2,11 @@
 
 Each verdict from real synthesized templates and the real CDK diff engine: a model change (models
 only), an instance-type change and a construct-code change of the Model's environment (fleet
-replaced, the property named), a first deploy (fleet created), routes published by the CLI
+replaced, the property named), a first deploy (fleet created; its roles and keys are security
+changed, exit 4), each category of security change (IAM policies, a role's trust, inline and
+managed policies, the key policy, the bucket policy, public access and encryption, security
+groups, VPC endpoint policies: widens exit 4, narrows exit 3, unclassifiable exit 4, and every
+finding listed whichever verdict leads), routes published by the CLI
 (fleet unknown, exit 4), a bucket replacement and a removed log group (data at risk), the stack's
 template read from CloudFormation (moto on loopback); the JSON
 against its schema; the markdown's size at 3,000 models; bad input as one line, never a verdict.
@@ -43,6 +47,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((ROOT / "model_build" / "tools" / "plan.schema.json").read_text())
 STACK_ARN = "arn:aws:cloudformation:eu-west-1:123456789012:stack/TritonMme/0a1b2c3d"
 pytestmark = pytest.mark.slow  # real synths and the diff engine on Node.js
+#: The default template's logical ids a security change edits.
+BUCKET, KEY = "ModelBucket220C70D9", "ModelBucketKey30C95F77"
+EXECUTION_ROLE, EXECUTION_POLICY = "ExecutionRoleFAA49FA6", "ExecutionRoleDefaultPolicyDE3B85B1"
+WHOLE_BUCKET = {"Fn::Join": ["", [{"Fn::GetAtt": [BUCKET, "Arn"]}, "/*"]]}
 
 
 def _write(path: Path, data: Any) -> str:
@@ -212,10 +220,16 @@ def test_a_first_deploy_creates_the_fleet(endpoint: str, default: dict[str, Any]
     make_s3_client(endpoint_url=endpoint).create_bucket(Bucket="plan-first")
     code, report, _ = _plan(capsys, "--bucket", "plan-first", "--endpoint-url", endpoint, "--template",
                             _write(work / "t-first.json", default))
+    # Every role, policy and key it creates is access granted: security changed leads (exit 4),
+    # as `cdk deploy --require-approval broadening` asks on a first deploy; the fleet is created.
     assert (code, report["verdict"], report["live_release"], report["data"]["verdict"]) == (
-        3, "fleet-created", None, "safe")
+        4, "security-changed", None, "safe")
+    assert (report["fleet"]["verdict"], report["security"]["verdict"]) == ("created", "widens")
     assert report["models"]["counts"]["added"] == 6
     assert {f["type"] for f in report["fleet"]["findings"]} == set(FLEET_TYPES)
+    role = next(f for f in report["security"]["findings"] if f["logical_id"] == EXECUTION_ROLE)
+    assert {"property": "AssumeRolePolicyDocument", "access": "widens",
+            "change": "added Allow sts:AssumeRole for Service:sagemaker.amazonaws.com"} in role["changes"]
 
 
 def test_routes_the_cli_published_give_an_unknown_fleet(default: dict[str, Any], work: Path,
@@ -406,4 +420,266 @@ def test_online_reads_the_stacks_template_from_cloudformation(
     assert [(f["logical_id"], f["impact"]) for f in report["data"]["findings"]] == [(bucket_id, "WILL_REPLACE")]
     code, report, _ = _plan(capsys, "--bucket", "plan-online", "--endpoint-url", endpoint, "--stack-name", "Absent",
                             "--region", "eu-west-1", "--template", template)
-    assert (code, report["verdict"]) == (3, "fleet-created")
+    assert (code, report["verdict"], report["fleet"]["verdict"]) == (4, "security-changed", "created")
+
+
+# ---------------------------------------------------------------------------------------------
+# Security changes (issue 49): who can do what, on the synthesized template edited as a code
+# change would edit it, judged by the real diff engine against the synthesized one.
+# ---------------------------------------------------------------------------------------------
+
+def _security_plan(capsys: pytest.CaptureFixture[str], work: Path, name: str, deployed: dict[str, Any],
+                   new: dict[str, Any], routes: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+    """plan of ``new`` over the deployed template ``deployed`` (the live routes: the default's)."""
+    routes_file = _write(work / f"r-{name}.json", routes or json.loads(
+        _routes(deployed=record_from_template(deployed)).body()))
+    code, report, err = _plan(capsys, "--routes-file", routes_file, "--template", _write(work / f"t-{name}-new.json", new),
+                              "--deployed-template", _write(work / f"t-{name}-old.json", deployed))
+    assert code in (0, 3, 4), err
+    return code, report
+
+
+def _edited(template: dict[str, Any], edit: Any) -> dict[str, Any]:
+    changed = copy.deepcopy(template)
+    edit(changed["Resources"])
+    return changed
+
+
+def _security_findings(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {finding["logical_id"]: finding for finding in report["security"]["findings"]}
+
+
+def _widen_then_narrow(capsys: pytest.CaptureFixture[str], work: Path, name: str, deployed: dict[str, Any],
+                       wider: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The change that widens (exit 4) and its reverse (exit 3, narrows only): both reports."""
+    code, widened = _security_plan(capsys, work, name, deployed, wider)
+    assert (code, widened["verdict"], widened["security"]["verdict"]) == (4, "security-changed", "widens"), (
+        widened["summary"])
+    code, narrowed = _security_plan(capsys, work, name + "-back", wider, deployed)
+    assert (code, narrowed["verdict"], narrowed["security"]["verdict"]) == (3, "security-changed", "narrows"), (
+        narrowed["summary"])
+    return widened, narrowed
+
+
+def test_an_iam_policy_statement_added_is_a_security_change_that_widens(
+        default: dict[str, Any], work: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The issue's own case: one statement, ``s3:PutObject`` on the whole model bucket, added to
+    the execution role's policy (today's plan said "no-change", exit 0)."""
+    def put_object(resources: dict[str, Any]) -> None:
+        resources[EXECUTION_POLICY]["Properties"]["PolicyDocument"]["Statement"].append(
+            {"Action": "s3:PutObject", "Effect": "Allow", "Resource": WHOLE_BUCKET})
+
+    widened, narrowed = _widen_then_narrow(capsys, work, "iam-put", default, _edited(default, put_object))
+    finding = _security_findings(widened)[EXECUTION_POLICY]
+    assert finding["resource"] == f"Policy {EXECUTION_POLICY} (on {EXECUTION_ROLE})"
+    assert finding["access"] == "widens" and finding["kind"] == "security-changed"
+    assert finding["changes"] == [{"property": "PolicyDocument", "access": "widens",
+                                   "change": f"added Allow s3:PutObject on ${{{BUCKET}.Arn}}/*"}]
+    assert f"PolicyDocument added Allow s3:PutObject on ${{{BUCKET}.Arn}}/* (widens)" in widened["summary"]
+    assert widened["fleet"]["verdict"] == "unchanged" and widened["data"]["verdict"] == "safe"
+    assert not widened["other"]["findings"], "the policy is a security finding, not also an 'other' one"
+    assert _security_findings(narrowed)[EXECUTION_POLICY]["changes"] == [{
+        "property": "PolicyDocument", "access": "narrows", "change": f"removed Allow s3:PutObject on ${{{BUCKET}.Arn}}/*"}]
+
+
+def test_iam_wildcards_conditions_and_what_cannot_be_classified(
+        default: dict[str, Any], work: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """More actions (``s3:GetObject`` -> ``s3:*``) and a condition removed widen; a policy that is
+    not literal JSON (``Fn::If``) is unknown, and exits 4 like a widening."""
+    def wider(resources: dict[str, Any]) -> None:
+        for statement in resources[EXECUTION_POLICY]["Properties"]["PolicyDocument"]["Statement"]:
+            if statement["Action"] == "s3:GetObject":
+                statement["Action"] = "s3:*"
+            if statement["Action"] == "s3:ListBucket":
+                del statement["Condition"]
+
+    widened, narrowed = _widen_then_narrow(capsys, work, "iam-wild", default, _edited(default, wider))
+    changes = {c["change"].split(" on ")[0]: c["access"] for c in _security_findings(widened)[EXECUTION_POLICY]["changes"]}
+    assert changes == {"added Allow s3:*": "widens", "removed the condition of Allow s3:ListBucket": "widens"}
+    changes = {c["change"].split(" on ")[0]: c["access"] for c in _security_findings(narrowed)[EXECUTION_POLICY]["changes"]}
+    assert changes == {"removed Allow s3:*": "narrows", "added a condition to Allow s3:ListBucket": "narrows"}
+
+    def opaque(resources: dict[str, Any]) -> None:
+        document = resources[EXECUTION_POLICY]["Properties"]["PolicyDocument"]
+        resources[EXECUTION_POLICY]["Properties"]["PolicyDocument"] = {
+            "Fn::If": ["SomeCondition", document, {"Ref": "AWS::NoValue"}]}
+
+    code, report = _security_plan(capsys, work, "iam-if", default, _edited(default, opaque))
+    assert (code, report["verdict"], report["security"]["verdict"]) == (4, "security-changed", "unknown")
+    (change,) = _security_findings(report)[EXECUTION_POLICY]["changes"]
+    assert change["access"] == "unknown" and change["change"].startswith("changed, not a literal policy document")
+
+
+def test_a_roles_trust_inline_policies_and_managed_policies(
+        default: dict[str, Any], work: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def wider(resources: dict[str, Any]) -> None:
+        role = resources[EXECUTION_ROLE]["Properties"]
+        role["AssumeRolePolicyDocument"]["Statement"][0]["Principal"]["Service"] = [
+            "sagemaker.amazonaws.com", "lambda.amazonaws.com"]
+        role["Policies"] = [{"PolicyName": "extra", "PolicyDocument": {"Version": "2012-10-17", "Statement": [
+            {"Action": "s3:PutObject", "Effect": "Allow", "Resource": WHOLE_BUCKET}]}}]
+        role["ManagedPolicyArns"] = ["arn:aws:iam::aws:policy/AdministratorAccess"]
+
+    widened, narrowed = _widen_then_narrow(capsys, work, "role", default, _edited(default, wider))
+    finding = _security_findings(widened)[EXECUTION_ROLE]
+    assert finding["resource"] == f"Role {EXECUTION_ROLE}"
+    assert {(c["property"], c["change"], c["access"]) for c in finding["changes"]} == {
+        ("AssumeRolePolicyDocument", "added Allow sts:AssumeRole for Service:lambda.amazonaws.com", "widens"),
+        ("Policies[0]", f"added Allow s3:PutObject on ${{{BUCKET}.Arn}}/*", "widens"),
+        ("ManagedPolicyArns", "added arn:aws:iam::aws:policy/AdministratorAccess", "widens"),
+    }
+    assert {c["access"] for c in _security_findings(narrowed)[EXECUTION_ROLE]["changes"]} == {"narrows"}
+
+
+def test_the_key_policy(default: dict[str, Any], work: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def wider(resources: dict[str, Any]) -> None:
+        resources[KEY]["Properties"]["KeyPolicy"]["Statement"].append(
+            {"Action": "kms:Decrypt", "Effect": "Allow", "Principal": {"AWS": "arn:aws:iam::999999999999:root"},
+             "Resource": "*"})
+
+    widened, narrowed = _widen_then_narrow(capsys, work, "kms", default, _edited(default, wider))
+    (change,) = _security_findings(widened)[KEY]["changes"]
+    assert change == {"property": "KeyPolicy", "access": "widens",
+                      "change": "added Allow kms:Decrypt on * for AWS:arn:aws:iam::999999999999:root"}
+    assert widened["data"]["verdict"] == "safe", "a key policy change keeps the key"
+    assert _security_findings(narrowed)[KEY]["access"] == "narrows"
+
+
+def test_the_bucket_policy_public_access_and_encryption(
+        default: dict[str, Any], work: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A Deny removed from the bucket policy widens (the reverse of an Allow); a public-access flag
+    turned off widens, and so does encryption with the stack's key turned into SSE-S3."""
+    policy = next(lid for lid in default["Resources"] if lid.startswith("ModelBucketPolicy"))
+
+    def wider(resources: dict[str, Any]) -> None:
+        statements = resources[policy]["Properties"]["PolicyDocument"]["Statement"]
+        statements[:] = [s for s in statements if "aws:SecureTransport" not in json.dumps(s)]
+        bucket = resources[BUCKET]["Properties"]
+        bucket["PublicAccessBlockConfiguration"]["RestrictPublicBuckets"] = False
+        bucket["BucketEncryption"] = {"ServerSideEncryptionConfiguration": [
+            {"ServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]}
+
+    widened, narrowed = _widen_then_narrow(capsys, work, "s3", default, _edited(default, wider))
+    findings = _security_findings(widened)
+    (change,) = findings[policy]["changes"]
+    assert change["access"] == "widens" and change["change"].startswith(
+        f"removed Deny s3:* on ${{{BUCKET}.Arn}}, ${{{BUCKET}.Arn}}/* for * when Bool aws:SecureTransport=false")
+    assert {(c["property"], c["access"]) for c in findings[BUCKET]["changes"]} == {
+        ("PublicAccessBlockConfiguration.RestrictPublicBuckets", "widens"), ("BucketEncryption", "widens")}
+    assert "a KMS key is no longer needed to read" in json.dumps(findings[BUCKET]["changes"])
+    assert {c["access"] for f in narrowed["security"]["findings"] for c in f["changes"]} == {"narrows"}
+
+
+def _network(resources: dict[str, Any]) -> None:
+    """A security group and a VPC endpoint with its policy, as a stack with a VPC has them."""
+    resources["ModelGroup1234"] = {"Type": "AWS::EC2::SecurityGroup", "Properties": {
+        "GroupDescription": "models", "VpcId": "vpc-0123456789abcdef0",
+        "SecurityGroupEgress": [{"CidrIp": "10.0.0.0/16", "IpProtocol": "tcp", "FromPort": 443, "ToPort": 443}]}}
+    resources["S3Endpoint1234"] = {"Type": "AWS::EC2::VPCEndpoint", "Properties": {
+        "ServiceName": "com.amazonaws.us-east-1.s3", "VpcId": "vpc-0123456789abcdef0", "PolicyDocument": {
+            "Version": "2012-10-17", "Statement": [{"Action": "s3:GetObject", "Effect": "Allow", "Principal": "*",
+                                                     "Resource": WHOLE_BUCKET}]}}}
+
+
+def test_security_groups_and_vpc_endpoint_policies(
+        default: dict[str, Any], work: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    deployed = _edited(default, _network)
+
+    def wider(resources: dict[str, Any]) -> None:
+        resources["ModelGroup1234"]["Properties"]["SecurityGroupIngress"] = [
+            {"CidrIp": "0.0.0.0/0", "IpProtocol": "tcp", "FromPort": 443, "ToPort": 443}]
+        resources["ModelGroupIngress1234"] = {"Type": "AWS::EC2::SecurityGroupIngress", "Properties": {
+            "GroupId": {"Ref": "ModelGroup1234"}, "CidrIp": "10.1.0.0/16", "IpProtocol": "tcp", "FromPort": 22,
+            "ToPort": 22}}
+        del resources["S3Endpoint1234"]["Properties"]["PolicyDocument"]
+        # Created without what limits them: all outbound traffic, a full-access endpoint.
+        resources["OpenGroup1234"] = {"Type": "AWS::EC2::SecurityGroup", "Properties": {
+            "GroupDescription": "open", "VpcId": "vpc-0123456789abcdef0"}}
+        resources["DynamoEndpoint1234"] = {"Type": "AWS::EC2::VPCEndpoint", "Properties": {
+            "ServiceName": "com.amazonaws.us-east-1.dynamodb", "VpcId": "vpc-0123456789abcdef0"}}
+
+    widened, narrowed = _widen_then_narrow(capsys, work, "net", deployed, _edited(deployed, wider))
+    findings = _security_findings(widened)
+    assert [(c["change"], c["access"]) for c in findings["OpenGroup1234"]["changes"]] == [
+        ("unset: CloudFormation allows all outbound traffic", "widens")]
+    assert [(c["change"], c["access"]) for c in findings["DynamoEndpoint1234"]["changes"]] == [
+        ("unset: the endpoint allows full access", "widens")]
+    assert [(c["property"], c["change"], c["access"]) for c in findings["ModelGroup1234"]["changes"]] == [
+        ("SecurityGroupIngress", "added tcp 443 0.0.0.0/0", "widens")]
+    assert [(c["change"], c["access"]) for c in findings["ModelGroupIngress1234"]["changes"]] == [
+        ("added tcp 22 10.1.0.0/16", "widens")]
+    assert [(c["change"], c["access"]) for c in findings["S3Endpoint1234"]["changes"]] == [
+        ("removed: the endpoint allows full access", "widens")]
+    findings = _security_findings(narrowed)
+    assert [(c["change"], c["access"]) for c in findings["S3Endpoint1234"]["changes"]] == [
+        ("set (the endpoint allowed full access)", "narrows")]
+    assert findings["ModelGroupIngress1234"]["impact"] == "WILL_DESTROY"
+
+
+def test_every_finding_is_listed_whichever_verdict_leads(
+        default: dict[str, Any], bigger: dict[str, Any], work: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Precedence: data at risk, then the fleet replaced or unknown, then security changed, then
+    models only. A widening under a fleet replacement is still listed (and shown first in the
+    markdown); a narrowing with a model change leads as security-changed, exit 3."""
+    def put_object(resources: dict[str, Any]) -> None:
+        resources[EXECUTION_POLICY]["Properties"]["PolicyDocument"]["Statement"].append(
+            {"Action": "s3:PutObject", "Effect": "Allow", "Resource": WHOLE_BUCKET})
+
+    code, report = _security_plan(capsys, work, "lead-fleet", default, _edited(bigger, put_object))
+    assert (code, report["verdict"], report["security"]["verdict"]) == (4, "fleet-replaced", "widens")
+    assert EXECUTION_POLICY in _security_findings(report)
+    markdown = (work / "lead-fleet.md")
+    main(["plan", "--routes-file", str(work / "r-lead-fleet.json"), "--template", str(work / "t-lead-fleet-new.json"),
+          "--deployed-template", str(work / "t-lead-fleet-old.json"), "--markdown-file", str(markdown)])
+    capsys.readouterr()
+    lines = markdown.read_text().splitlines()
+    assert "fleet replaced" in lines[1] and lines[3].startswith("**Security:** access widens")
+    assert lines[5].startswith(f"- **security-changed** (widens): Policy {EXECUTION_POLICY}")
+    assert lines.index(lines[5]) < next(i for i, line in enumerate(lines) if line.startswith("**Fleet:**"))
+    models = json.loads(_routes(deployed=record_from_template(default), drop="minilm-l6-text").body())
+    code, report = _security_plan(capsys, work, "lead-narrow", _edited(default, put_object), default, routes=models)
+    assert (code, report["verdict"], report["security"]["verdict"]) == (3, "security-changed", "narrows")
+    assert report["models"]["counts"]["added"] == 1
+
+
+def _document(*statements: dict[str, Any]) -> dict[str, Any]:
+    return {"Version": "2012-10-17", "Statement": list(statements)}
+
+
+_READ = {"Effect": "Allow", "Action": "s3:GetObject", "Resource": "arn:aws:s3:::b/*",
+         "Condition": {"StringEquals": {"aws:PrincipalAccount": "111111111111"}}}
+_TRUST = {"Effect": "Allow", "Action": "sts:AssumeRole", "Principal": {"AWS": "arn:aws:iam::111111111111:root"}}
+
+
+@pytest.mark.parametrize(("resource_type", "old", "new", "expected"), [
+    ("AWS::IAM::Policy", {"PolicyDocument": _document(_READ)},
+     {"PolicyDocument": _document({**_READ, "Condition": {"StringEquals": {"aws:PrincipalAccount": "222222222222"}}})},
+     [("PolicyDocument", "changed the condition of Allow s3:GetObject on arn:aws:s3:::b/* when StringEquals "
+       "aws:PrincipalAccount=222222222222", "unknown")]),
+    ("AWS::IAM::Policy", {"PolicyDocument": _document(_READ)},
+     {"PolicyDocument": _document(_READ, {"Effect": "Allow", "NotAction": "iam:*", "Resource": "*"})},
+     [("PolicyDocument", "added Allow NotAction iam:* on *", "unknown")]),
+    ("AWS::IAM::Role", {"AssumeRolePolicyDocument": _document(_TRUST)},
+     {"AssumeRolePolicyDocument": _document({**_TRUST, "Principal": "*"})},
+     [("AssumeRolePolicyDocument", "added Allow sts:AssumeRole for *", "widens")]),
+    ("AWS::IAM::Role", {"PermissionsBoundary": "arn:aws:iam::111111111111:policy/boundary"}, {},
+     [("PermissionsBoundary", "arn:aws:iam::111111111111:policy/boundary -> (unset)", "widens")]),
+    ("AWS::IAM::User", None, {"UserName": "someone"}, [("UserName", "(unset) -> someone", "unknown")]),
+    ("AWS::EC2::SecurityGroupIngress",
+     {"GroupId": "sg-1", "CidrIp": "10.0.0.0/8", "IpProtocol": "tcp", "FromPort": 80, "ToPort": 81},
+     {"GroupId": "sg-1", "CidrIp": "0.0.0.0/0", "IpProtocol": "tcp", "FromPort": 80, "ToPort": 81},
+     [("rule", "added tcp 80-81 0.0.0.0/0", "widens"), ("rule", "removed tcp 80-81 10.0.0.0/8", "narrows")]),
+    ("AWS::S3::Bucket", {"PublicAccessBlockConfiguration": {"BlockPublicAcls": True}}, None, []),
+])
+def test_the_security_classifier_on_its_own(resource_type: str, old: dict[str, Any] | None,
+                                            new: dict[str, Any] | None, expected: list[tuple[str, str, str]]) -> None:
+    """The cases no synthesized template here carries: a condition changed and a NotAction
+    statement (unknown), a trust opened to every principal, a boundary removed, an IAM type
+    without its own rule (unknown), a wider CIDR (a rule removed and one added: widens overall),
+    a bucket deleted (data at risk, not access granted)."""
+    from triton_mme_cdk.model_build.tools.plan_security import overall_access, security_changes
+
+    changes = security_changes(resource_type, old, new)
+    assert [(c.path, c.text, c.access) for c in changes] == expected
+    assert overall_access(changes) == ("widens" if any(a == "widens" for *_, a in expected) else
+                                       "unknown" if expected else "")

@@ -4,7 +4,8 @@
   and check the answers against the release's references; ``verify``: the client side of
   Triton's binary+JSON protocol it uses;
 - ``plan_cli``: ``plan`` (what a change does to the models, the fleet and the data: ``plan_verdict``
-  judges the template with the CDK's diff engine, ``cfn_diff.js``; ``plan_report`` writes text,
+  judges the template with the CDK's diff engine, ``cfn_diff.js``; ``plan_security`` who can do
+  what, widened or narrowed; ``plan_report`` writes text,
   JSON of ``plan.schema.json`` and markdown), ``pr-comment`` (``pr_comment``) and ``releases``;
 - ``endpoint``: a SageMaker multi-model endpoint on this machine: ``mme`` (SageMaker's part:
   loading, eviction, out-of-memory retries) over ``served_release`` (what it serves) and

@@ -7,11 +7,16 @@ its deployed template, with ``python -m model_build plan``. It writes ``plan/pla
 log, which the approval links, shows it) and writes ``plan/verdict.env``, which the buildspec
 sources so that CodeBuild exports ``PLAN_VERDICT``, ``PLAN_APPROVAL`` and ``PLAN_BUILD_URL``.
 ``PLAN_APPROVAL`` is ``false`` for the verdicts ``plan --detailed-exitcode`` exits 0 or 3 with
-(no change, models only, the fleet updated in place or created) and ``true`` for those it exits 4
-with (the fleet replaced or unknown, data at risk), and for any verdict this module does not know.
+(no change, models only, the fleet updated in place or created, a security change that only
+narrows access) and ``true`` for those it exits 4 with (data at risk, the fleet replaced or
+unknown, a security change that widens access or cannot be classified), and for any verdict this
+module does not know. ``--require-approval always`` (the stage's ``require_approval`` setting)
+makes it ``true`` whatever the verdict: a person approves every deploy of that stage.
 
-A stack that does not exist yet is a first deploy: verdict ``fleet-created``. A plan that fails (exit 1: no credentials, a routes document of another stack...)
-fails the step with its error line: the pipeline stops before the approval and the deploy.
+A stack that does not exist yet is a first deploy: verdict ``security-changed`` (it creates every
+role, policy and key of the stack, which ``plan`` itself judges as access widened, exit 4), so a
+person is asked. A plan that fails (exit 1: no credentials, a routes document of another
+stack...) fails the step with its error line: the pipeline stops before the approval and the deploy.
 """
 
 from __future__ import annotations
@@ -26,9 +31,22 @@ from pathlib import Path
 from typing import Any
 
 #: Verdicts that need nobody (the approval stage is skipped): plan's exits 0 and 3. Any other
-#: verdict (fleet-replaced, fleet-unknown, data-at-risk: exit 4; or one this module does not
-#: know) asks a person.
+#: verdict (data-at-risk, fleet-replaced, fleet-unknown: exit 4; security-changed unless it
+#: exits 3, access narrowed only; or one this module does not know) asks a person.
 NO_APPROVAL = ("no-change", "models-only", "fleet-updated", "fleet-created")
+#: The stage setting ``require_approval``: ``when-needed`` (the plan decides) or ``always``.
+REQUIRE_APPROVAL = ("when-needed", "always")
+
+
+def needs_approval(report: dict[str, Any], require: str = "when-needed") -> bool:
+    """Whether a person approves this deploy: always with ``require="always"``; else when the plan
+    would exit 4 (a security change that only narrows, exit 3, needs nobody)."""
+    if require == "always":
+        return True
+    verdict = str(report.get("verdict"))
+    if verdict == "security-changed":
+        return report.get("exit_code") != 3
+    return verdict not in NO_APPROVAL
 
 
 def find_template(cdk_out: Path, stack: str) -> Path:
@@ -61,13 +79,15 @@ def stack_bucket(stack: str) -> str | None:
     return outputs["ModelBucketName"]
 
 
-def run(stack: str, context: Sequence[str], cdk_out: Path, out: Path) -> dict[str, Any]:
+def run(stack: str, context: Sequence[str], cdk_out: Path, out: Path,
+        require_approval: str = "when-needed") -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     template = find_template(cdk_out, stack)
     bucket = stack_bucket(stack)
     if bucket is None:
-        report: dict[str, Any] = {"verdict": "fleet-created", "stack": stack,
-                                  "summary": f"stack {stack} does not exist yet: a first deploy creates the fleet"}
+        report: dict[str, Any] = {"verdict": "security-changed", "exit_code": 4, "stack": stack,
+                                  "summary": f"stack {stack} does not exist yet: a first deploy creates the fleet and "
+                                             "every role, policy and key of the stack (access widens)"}
         (out / "plan.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
         (out / "plan.md").write_text(f"## {stack}: first deploy\n\n{report['summary']}.\n", encoding="utf-8")
     else:
@@ -80,7 +100,8 @@ def run(stack: str, context: Sequence[str], cdk_out: Path, out: Path) -> dict[st
             raise SystemExit(done.returncode)  # plan printed its one error line
         report = json.loads((out / "plan.json").read_text(encoding="utf-8"))
     verdict = str(report["verdict"])
-    variables = {"PLAN_VERDICT": verdict, "PLAN_APPROVAL": "false" if verdict in NO_APPROVAL else "true",
+    approval = needs_approval(report, require_approval)
+    variables = {"PLAN_VERDICT": verdict, "PLAN_APPROVAL": "true" if approval else "false",
                  "PLAN_BUILD_URL": os.environ.get("CODEBUILD_BUILD_URL", "")}
     (out / "verdict.env").write_text("".join(f"{k}={json.dumps(v)}\n" for k, v in variables.items()), encoding="utf-8")
     print((out / "plan.md").read_text(encoding="utf-8"))
@@ -95,8 +116,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the stage's settings, as cdk synth takes them")
     parser.add_argument("--cdk-out", type=Path, default=Path("cdk.out"), help="the cloud assembly (default cdk.out)")
     parser.add_argument("--out", type=Path, default=Path("plan"), help="where plan.md, plan.json, verdict.env go")
+    parser.add_argument("--require-approval", choices=REQUIRE_APPROVAL, default="when-needed",
+                        help="always: a person approves every deploy of the stage, whatever the verdict "
+                             "(default when-needed: when plan would exit 4)")
     args = parser.parse_args(argv)
-    run(args.stack, args.context, args.cdk_out, args.out)
+    run(args.stack, args.context, args.cdk_out, args.out, args.require_approval)
     return 0
 
 

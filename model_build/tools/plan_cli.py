@@ -18,8 +18,9 @@ template and the app's context (``mme:stack_name``, ``mme:model_prefix``, ``mme:
 each overridden by its option.
 
 Exit codes (``--detailed-exitcode``, for a pipeline to gate on): 0 nothing changes, 3 changes that
-replace nothing (models; the fleet created or updated in place), 4 the fleet is replaced or unknown,
-or data is at risk; 1 an error (a routes document that is truncated, malformed or another stack's,
+replace nothing and widen no access (models; the fleet created or updated in place; a security
+change that only narrows), 4 the fleet is replaced or unknown, data is at risk, or access widens
+(or changes in a way the plan cannot classify: ``plan_security``); 1 an error (a routes document that is truncated, malformed or another stack's,
 a template that does not parse, missing credentials), 2 a usage error. Without the flag a plan
 that ran exits 0.
 
@@ -329,8 +330,8 @@ def add_plan_parsers(sub: Any, default_prefix: str) -> None:
     plan.add_argument("--json-file", default=None, metavar="FILE", help="also write the JSON plan here")
     plan.add_argument("--markdown-file", default=None, metavar="FILE", help="also write the markdown comment here")
     plan.add_argument("--detailed-exitcode", action="store_true",
-                      help="exit 0 no change, 3 changes that replace nothing, 4 fleet replaced or unknown, or "
-                           "data at risk")
+                      help="exit 0 no change, 3 changes that replace nothing and widen no access, 4 fleet "
+                           "replaced or unknown, data at risk, or access widened (or unclassifiable)")
     plan.add_argument("-v", "--verbose", action="store_true",
                       help="list the unchanged models and the other resources that change")
     plan.set_defaults(func=cmd_plan)

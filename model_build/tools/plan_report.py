@@ -1,8 +1,8 @@
-"""The plan as a person and a machine read it: text, JSON (schema ``triton-mme/plan/1``) and markdown.
+"""The plan as a person and a machine read it: text, JSON (schema ``triton-mme/plan/2``) and markdown.
 
 The JSON is documented by ``plan.schema.json`` beside this file (JSON Schema, draft 2020-12) and in
 docs/pipelines.md; a field is never removed or retyped within a schema version. The markdown is one
-pull-request comment: the verdict first, then the counts, the findings and the model lists, each
+pull-request comment: the verdict first, then who can do what (the security findings), the counts, the findings and the model lists, each
 list folded in a ``<details>`` block. It always fits GitHub's 65,536-character comment limit:
 
     Every list is shown whole while the comment fits MARKDOWN_BUDGET characters. Otherwise each
@@ -22,18 +22,25 @@ from typing import Any
 from triton_mme_cdk.model_build.release.routes import ModelPlan
 from triton_mme_cdk.model_build.tools.plan_verdict import Finding, Verdict
 
-PLAN_SCHEMA = "triton-mme/plan/1"
+#: plan/2 (issue 49): the verdict ``security-changed``, the ``security`` object, each finding's
+#: ``access`` and ``changes``.
+PLAN_SCHEMA = "triton-mme/plan/2"
 #: GitHub's limit on a comment's body, and what the plan allows itself (room for a CI's own lines).
 GITHUB_COMMENT_LIMIT = 65_536
 MARKDOWN_BUDGET = 60_000
 
 #: ``--detailed-exitcode`` values.
 EXIT_NO_CHANGE, EXIT_CHANGES, EXIT_NEEDS_REVIEW = 0, 3, 4
-#: The overall verdicts, most severe first, and the exit code of each.
+#: The overall verdicts in their order of precedence (the first that holds leads; every finding is
+#: listed whichever leads): data at risk, then the fleet replaced or unknown, then security
+#: changed, then the fleet created or updated in place and models only, then no change. The exit
+#: code of each; ``security-changed`` exits 4 when access widens or a change cannot be classified,
+#: and 3 (:data:`EXIT_CHANGES`) when it only narrows.
 VERDICT_EXIT: dict[str, int] = {
     "data-at-risk": EXIT_NEEDS_REVIEW,
     "fleet-unknown": EXIT_NEEDS_REVIEW,
     "fleet-replaced": EXIT_NEEDS_REVIEW,
+    "security-changed": EXIT_NEEDS_REVIEW,
     "fleet-created": EXIT_CHANGES,
     "fleet-updated": EXIT_CHANGES,
     "models-only": EXIT_CHANGES,
@@ -61,15 +68,22 @@ class PlanReport:
 
     @property
     def overall(self) -> str:
+        """The leading verdict, in the order of :data:`VERDICT_EXIT`."""
         verdict = self.verdict
         if verdict.data == "at-risk":
             return "data-at-risk"
-        if verdict.fleet in ("unknown", "replaced", "created", "updated"):
+        if verdict.fleet in ("unknown", "replaced"):
+            return f"fleet-{verdict.fleet}"
+        if verdict.security != "unchanged":
+            return "security-changed"
+        if verdict.fleet in ("created", "updated"):
             return f"fleet-{verdict.fleet}"
         return "models-only" if self.models.models_change else "no-change"
 
     @property
     def exit_code(self) -> int:
+        if self.overall == "security-changed" and self.verdict.security == "narrows":
+            return EXIT_CHANGES  # reported; nobody needs to look
         return VERDICT_EXIT[self.overall]
 
     def summary(self) -> str:
@@ -77,6 +91,8 @@ class PlanReport:
         line = f"{self.models.summary()}; {self.verdict.fleet_text()}"
         if self.verdict.data == "at-risk":
             line += f"; {self.verdict.data_text()}"
+        if self.verdict.of("security-changed"):
+            line += f"; {self.verdict.security_text()}"
         return line
 
     # -----------------------------------------------------------------------------------------
@@ -111,6 +127,10 @@ class PlanReport:
                       "findings": [f.as_json() for f in verdict.findings if f.kind.startswith("fleet-")]},
             "data": {"verdict": verdict.data, "text": verdict.data_text(),
                      "findings": [f.as_json() for f in verdict.of("data-at-risk")]},
+            "security": {"verdict": verdict.security, "text": verdict.security_text(),
+                         "compared": ("nothing" if verdict.fleet == "unknown" else "template" if verdict.others_compared
+                                      else "record"),
+                         "findings": [f.as_json() for f in verdict.of("security-changed")]},
             "other": {"compared": verdict.others_compared,
                       "findings": [f.as_json() for f in verdict.of("other")]},
         }
@@ -145,6 +165,7 @@ class PlanReport:
         lines.append(self.summary())
         if self.verdict.data != "at-risk":
             lines.append(f"data: {self.verdict.data_text()}")
+        lines.append(f"security: {self.verdict.security_text()}")
         lines.append(f"verdict: {self.overall} (exit {self.exit_code} with --detailed-exitcode)")
         return "\n".join(lines)
 
@@ -176,10 +197,21 @@ class PlanReport:
             "data-at-risk": "⛔ data at risk", "fleet-unknown": "⚠️ fleet unknown", "fleet-replaced": "⚠️ fleet replaced",
             "fleet-created": "🆕 fleet created", "fleet-updated": "🔧 fleet updated in place",
             "models-only": "✅ models only", "no-change": "✅ no change",
+            "security-changed": "🔐 security changed" + (" (narrows only)" if verdict.security == "narrows" else ""),
         }[self.overall]
         parts = [
             marker(self.stack),
             f"### Triton MME plan for `{self.stack}`: {headline} (exit {self.exit_code})",
+            "",
+        ]
+        security = verdict.of("security-changed")
+        if security:  # first, after the headline: who can do what, each resource's changes
+            count = f"{len(security)} resource" + ("s" if len(security) != 1 else "")
+            parts += [f"**Security:** {verdict.security_head()} ({count}):", "",
+                      *_cut(security, keep, _finding)]
+        else:
+            parts.append(f"**Security:** {_md(verdict.security_text())}")
+        parts += [
             "",
             f"**Fleet:** {_md(verdict.fleet_text())}",
             "",
@@ -193,7 +225,7 @@ class PlanReport:
             f"Live release: `{models.live_release or 'none'}` ({_md(self.routes_where)}); deployed state compared: "
             f"{_md(verdict.compared_with)}." + (f" Models: {_md(self.models_note)}." if self.models_note else ""),
         ]
-        findings = [f for f in verdict.findings if f.kind != "other"]
+        findings = [f for f in verdict.findings if f.kind not in ("other", "security-changed")]
         if findings:
             parts += ["", *_listed("Resources replaced, deleted or updated", findings, keep, _finding)]
         others = verdict.of("other")
@@ -209,8 +241,9 @@ class PlanReport:
                                        "the retention window)")
         parts += _folded(f"Unchanged ({len(models.unchanged)})", models.unchanged, keep,
                          lambda route: f"- `{route.logical_name}`: `{route.target_model}`")
-        parts += ["", "<sub>`python -m model_build plan`: exit 0 no change, 3 changes that replace nothing, "
-                      "4 fleet replaced, fleet unknown or data at risk.</sub>"]
+        parts += ["", "<sub>`python -m model_build plan`: exit 0 no change, 3 changes that replace nothing and "
+                      "widen no access, 4 data at risk, fleet replaced or unknown, or access widened (or changed in a "
+                      "way the plan cannot classify).</sub>"]
         return "\n".join(parts) + "\n"
 
 
@@ -219,7 +252,8 @@ def _route(route: Any) -> dict[str, Any]:
 
 
 def _finding(finding: Finding) -> str:
-    return f"- **{finding.kind}**: {_md(finding.line())}"
+    access = f" ({finding.access})" if finding.access else ""
+    return f"- **{finding.kind}**{access}: {_md(finding.line())}"
 
 
 def _md(text: str) -> str:

@@ -21,6 +21,11 @@ names it). Chosen over ``cdk diff --template``, whose output is text for a termi
 toolkit library, which diffs a cloud assembly against a deployed stack and needs credentials: the
 engine compares two templates offline and returns each resource's impact as data. This module
 only classifies its answer and words the reasons (the property paths that changed).
+
+Each resource the engine says changed is also judged for who can do what
+(:mod:`.plan_security`): a change of an IAM role or policy, a key policy, a bucket's policy,
+public access or encryption, a security group or a VPC endpoint policy is a ``security-changed``
+finding of its own, beside the resource's fleet or data finding (it replaces its ``other`` one).
 """
 
 from __future__ import annotations
@@ -47,6 +52,12 @@ from triton_mme_cdk.model_build.release.deployed import (
     references,
 )
 from triton_mme_cdk.model_build.tools.app_context import checkout_root
+from triton_mme_cdk.model_build.tools.plan_security import (
+    SecurityChange,
+    only_security,
+    overall_access,
+    security_changes,
+)
 
 DIFF_SCRIPT = Path(__file__).with_name("cfn_diff.js")
 #: The diff engine's npm package and its version: the checkout's package.json pins the same
@@ -61,6 +72,10 @@ DESTRUCTIVE = ("WILL_REPLACE", "MAY_REPLACE", "WILL_DESTROY", "WILL_ORPHAN")
 IGNORED_TYPES = ("AWS::CDK::Metadata", "Custom::TritonModelRelease")
 #: Leaf paths named per resource before the rest are counted.
 MAX_PATHS = 3
+#: Security changes named per resource in its reasons (the JSON's ``changes`` holds every one).
+MAX_SECURITY_REASONS = 8
+#: The order findings are listed in: who can do what first (issue 49), then the data, the fleet.
+FINDING_ORDER = ("security-changed", "data-at-risk", "fleet-replaced", "fleet-created", "fleet-updated", "other")
 
 
 class PlanInputError(ModelBuildError):
@@ -69,16 +84,21 @@ class PlanInputError(ModelBuildError):
 
 @dataclass(frozen=True)
 class Finding:
-    """One resource the change touches, classified."""
+    """One resource the change touches, classified. A resource whose change alters who can do
+    what also has a ``security-changed`` finding of its own (``access``, ``changes``)."""
 
-    kind: str  # fleet-replaced | fleet-updated | fleet-created | data-at-risk | other
+    kind: str  # security-changed | fleet-replaced | fleet-updated | fleet-created | data-at-risk | other
     name: str  # what a reviewer reads: "EndpointConfig", "LogGroup ModelBuildLogs1234"
     logical_id: str
     resource_type: str
     impact: str
     reasons: tuple[str, ...]
+    access: str | None = None  # security-changed: widens | narrows | unknown
+    changes: tuple[SecurityChange, ...] = ()
 
     def line(self) -> str:
+        if self.kind == "security-changed":
+            return f"{self.name}: {'; '.join(self.reasons)}"
         what = {"WILL_REPLACE": "replaced", "MAY_REPLACE": "may be replaced", "WILL_DESTROY": "deleted",
                 "WILL_ORPHAN": "removed from the stack (retained, no longer managed)", "WILL_CREATE": "created",
                 "WILL_UPDATE": "updated in place"}.get(self.impact, self.impact.lower())
@@ -86,7 +106,8 @@ class Finding:
 
     def as_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "resource": self.name, "logical_id": self.logical_id, "type": self.resource_type,
-                "impact": self.impact, "reasons": list(self.reasons)}
+                "impact": self.impact, "reasons": list(self.reasons), "access": self.access,
+                "changes": [change.as_json() for change in self.changes]}
 
 
 @dataclass
@@ -104,6 +125,31 @@ class Verdict:
 
     def of(self, kind: str) -> list[Finding]:
         return [finding for finding in self.findings if finding.kind == kind]
+
+    @property
+    def security(self) -> str:
+        """Who can do what: ``widens`` (any change widens), else ``unknown`` (any change this plan
+        cannot classify), else ``narrows``; ``unchanged`` with no security finding; ``unknown``
+        when nothing was compared (the fleet unknown)."""
+        if self.fleet == "unknown":
+            return "unknown"
+        return overall_access([c for finding in self.of("security-changed") for c in finding.changes]) or "unchanged"
+
+    def security_text(self) -> str:
+        findings = self.of("security-changed")
+        if self.fleet == "unknown":
+            return "unknown (nothing deployed to compare with)"
+        if not findings:
+            return "no change of who can do what" + (
+                "" if self.others_compared else " in the resources the deployed record holds (give --deployed-template "
+                "or --stack-name to compare every policy)")
+        return f"{self.security_head()}: " + "; ".join(finding.line() for finding in findings[:2]) + (
+            f"; and {len(findings) - 2} more resources" if len(findings) > 2 else "")
+
+    def security_head(self) -> str:
+        """Which way access goes, in words (the security findings' own lines say where)."""
+        return {"widens": "access widens", "unknown": "access changes in a way this plan cannot classify (treated "
+                "as widening)", "narrows": "access narrows only"}.get(self.security, self.security)
 
     def fleet_text(self) -> str:
         """The fleet's verdict in one line, its reasons named."""
@@ -257,9 +303,13 @@ def _classify(old: Mapping[str, Any], new: Mapping[str, Any], *, compared_with: 
         name = _display(kind_type, lid, counts)
         reasons = _reasons(old_resources.get(lid), new_resources.get(lid), change, replaced, new_resources, counts)
         kind = _kind(kind_type, change, bool(had_fleet))
-        findings.append(Finding(kind, name, lid, kind_type, change["impact"], tuple(reasons)))
-    order = ("data-at-risk", "fleet-replaced", "fleet-created", "fleet-updated", "other")
-    findings.sort(key=lambda finding: (order.index(finding.kind), finding.name))
+        security = _security(kind_type, lid, name, change, old_resources, new_resources)
+        if security is not None:
+            findings.append(security)
+        if kind != "other" or security is None or not (
+                change["addition"] or change["removal"] or only_security(kind_type, sorted(change["properties"]))):
+            findings.append(Finding(kind, name, lid, kind_type, change["impact"], tuple(reasons)))
+    findings.sort(key=lambda finding: (FINDING_ORDER.index(finding.kind), finding.name))
     kinds = {finding.kind for finding in findings}
     fleet = ("replaced" if "fleet-replaced" in kinds else "created" if "fleet-created" in kinds
              else "updated" if "fleet-updated" in kinds else "unchanged")
@@ -268,6 +318,31 @@ def _classify(old: Mapping[str, Any], new: Mapping[str, Any], *, compared_with: 
     if fleet in ("replaced", "created"):
         verdict.rollout = _rollout(new_resources, created=fleet == "created")
     return verdict
+
+
+def _security(resource_type: str, lid: str, name: str, change: Mapping[str, Any], old_resources: Mapping[str, Any],
+              new_resources: Mapping[str, Any]) -> Finding | None:
+    """The resource's ``security-changed`` finding (see :mod:`.plan_security`), or None. A change of
+    type is judged as the old resource removed and the new one added."""
+    old, new = old_resources.get(lid), new_resources.get(lid)
+    before = (old.get("Properties") or {}) if old is not None else None
+    after = (new.get("Properties") or {}) if new is not None else None
+    old_type, new_type = change.get("old_type"), change.get("new_type")
+    if old_type and new_type and old_type != new_type:
+        found = security_changes(old_type, before, None) + security_changes(new_type, None, after)
+    else:
+        found = security_changes(resource_type, before, after)
+    if not found:
+        return None
+    roles = ""
+    if resource_type in ("AWS::IAM::Policy", "AWS::IAM::ManagedPolicy") and new is not None:
+        attached = sorted(references((new.get("Properties") or {}).get("Roles") or []))
+        roles = f" (on {', '.join(attached)})" if attached else ""
+    reasons = [change_.line() for change_ in found[:MAX_SECURITY_REASONS]]
+    if len(found) > MAX_SECURITY_REASONS:
+        reasons.append(f"and {len(found) - MAX_SECURITY_REASONS} more changes (the JSON plan lists every one)")
+    return Finding("security-changed", name + roles, lid, resource_type, change["impact"], tuple(reasons),
+                   access=overall_access(found), changes=tuple(found))
 
 
 def _kind(resource_type: str, change: Mapping[str, Any], had_fleet: bool) -> str:
