@@ -669,6 +669,9 @@ def build(options: Options) -> dict[str, Any]:
             "schema": SCHEMA,
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "python": options.python,
+            #: Its compiled wheels are cp3X: this Python only (a bundle for another is one build away,
+            #: for 3.11 or 3.12: numpy 1.26, the stub's, has no wheels after 3.12).
+            "supported_pythons": [options.python],
             "machine": MACHINE,
             "glibc": glibc,
             "torch": options.torch,

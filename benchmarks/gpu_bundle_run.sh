@@ -82,6 +82,7 @@ done
 mkdir -p "$out" || refuse 2 "cannot make $out"
 out=$(cd "$out" && pwd)
 work=$(mktemp -d "${TMPDIR:-/tmp}/gpu-bundle.XXXXXX") || refuse 7 "cannot make a temporary folder"
+# shellcheck disable=SC2317  # called by the trap
 cleanup() { if [[ -n $keep ]]; then echo "run.sh: kept $work" >&2; else rm -rf "$work"; fi; }
 trap cleanup EXIT
 

@@ -112,6 +112,7 @@ def test_the_bundle_records_its_python_glibc_parts_and_wheels(small_bundle: Path
     env = dict(line.split("=", 1) for line in (small_bundle / "bundle.env").read_text().splitlines())
     record = json.loads((small_bundle / "bundle.json").read_text())
     assert env["BUNDLE_PYTHON"] == record["python"] == PYTHON and env["BUNDLE_MACHINE"] == "x86_64"
+    assert record["supported_pythons"] == [PYTHON]
     # Pure wheels; this Python's own libpython needs this machine's glibc, or an older one.
     assert env["BUNDLE_GLIBC"] == record["glibc"]
     assert gpu_bundle._version_key(record["glibc"]) >= (2, 17)
