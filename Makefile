@@ -24,7 +24,7 @@ BUILD_DIR ?= build
 BUCKET ?=
 ENDPOINT_URL ?=
 
-.PHONY: setup plan-setup demo test test-fast lint synth bench gpu-check smoke reference image-table lock clean
+.PHONY: setup plan-setup demo test test-fast lint synth bench gpu-check gpu-bundle smoke reference image-table lock clean
 
 # What Lambda's Node.js runtime gives the CDK provider framework (the AWS SDK v3), for the
 # custom-resource protocol tests (tests/test_custom_resource_protocol.py runs the framework's code).
@@ -164,6 +164,20 @@ $(GPU_VENV)/.installed: requirements-gpu.txt
 		{ apt-get update -qq && apt-get install -y -qq "libpython$$version"; } \
 			|| echo "could not install libpython$$version: the check's served rows will say so"; fi
 	$(call python_env,$(GPU_VENV),requirements-gpu.txt)
+
+# The GPU check in one folder for a GPU host without a package registry (issue 51,
+# benchmarks/gpu_bundle.py; docs/gpu-hosts.md says how to take it there): the wheels for that host's
+# Python and platform, the project's code, the manifest's model sources, the libpython the python
+# backend stub links, and run.sh, which installs them with pip --no-index and runs the check.
+# make gpu-bundle [DIR=.gpu-bundle] [PYTHON=3.12] [PART_MB=60] [CUDA_LIBS=bundle] [TORCH=bundle] [LIBPYTHON=none|PATH]
+# Downloads are kept in .gpu-bundle-cache/. PYTHON and DIR are read from the command line only (a
+# PYTHON in the environment is often an interpreter's path).
+GPU_BUNDLE_PYTHON := $(if $(filter command line,$(origin PYTHON)),$(PYTHON),3.12)
+GPU_BUNDLE_DIR := $(if $(filter command line,$(origin DIR)),$(DIR),.gpu-bundle)
+gpu-bundle: $(VENV)/.installed
+	$(PY) -m benchmarks.gpu_bundle --dir $(GPU_BUNDLE_DIR) --python $(GPU_BUNDLE_PYTHON) \
+		$(if $(PART_MB),--part-mb $(PART_MB)) $(if $(CUDA_LIBS),--cuda-libs $(CUDA_LIBS)) \
+		$(if $(TORCH),--torch $(TORCH)) $(if $(LIBPYTHON),--libpython $(LIBPYTHON))
 
 smoke: setup
 	@test -n "$(ENDPOINT)" || { echo "usage: make smoke ENDPOINT=<endpoint name> [RELEASE=...] [RUNTIME_ENDPOINT_URL=...] [SAGEMAKER_ENDPOINT_URL=...] [S3_ENDPOINT_URL=...]"; exit 2; }
