@@ -113,13 +113,12 @@ def _context_flags(manifest: Path | None) -> dict[str, str]:
     return {"mme:manifest_path": str(manifest)}
 
 
-def _template(outdir: Path) -> tuple[int, int]:
-    """(resources, bytes) of the stack's template in a cloud assembly folder."""
+def _template(outdir: Path) -> bytes:
+    """The stack's template in a cloud assembly folder."""
     templates = sorted(outdir.glob("*.template.json"))
     if len(templates) != 1:
         raise RuntimeError(f"expected one template in {outdir}, found {[p.name for p in templates]}")
-    data = templates[0].read_bytes()
-    return len(json.loads(data)["Resources"]), len(data)
+    return templates[0].read_bytes()
 
 
 def synth_cli(manifest: Path | None, outdir: Path) -> float:
@@ -222,9 +221,15 @@ def _validation_parts(path: Path, repeats: int) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 
 
-def plan_timing(ctx: RunContext, folder: Path) -> dict[str, Any]:
+def plan_timing(ctx: RunContext, folder: Path, synthesized: dict[str, bytes] | None = None) -> dict[str, Any]:
     """``python -m model_build plan`` against a routes file of ``models`` routes (1% of the entries
-    changed since, so the plan has updates to list), the template synthesized beforehand."""
+    changed since, so the plan has updates to list), the template synthesized beforehand.
+
+    ``synthesized``: in-process templates already made this run, by manifest size. Where the
+    plan's size is one of them (a tiny run: 3 models, the synth rows' own manifest, written again
+    with the same text), that template is used: synth is deterministic, so a second in-process
+    synth of the same manifest would give the same bytes (in quick and full runs the plan's
+    3,000 models are no synth size, and it is synthesized here)."""
     from triton_mme_cdk.model_build.manifest import load_manifest
     from triton_mme_cdk.model_build.release import entry_sha256, model_code_sha256
     from triton_mme_cdk.model_build.release.deployed import record_from_template
@@ -233,11 +238,14 @@ def plan_timing(ctx: RunContext, folder: Path) -> dict[str, Any]:
     chosen = ctx.sizes(PLAN_SIZES)
     count, repeats = int(chosen["models"]), int(chosen["repeats"])
     manifest_path = write_manifest(count, folder)
-    outdir = Path(tempfile.mkdtemp(prefix="plan-synth-", dir=ctx.work_dir))
-    synth_in_process(manifest_path, outdir)
     template_path = folder / "plan-template.json"
-    template_path.write_bytes((outdir / "TritonMme.template.json").read_bytes())
-    shutil.rmtree(outdir, ignore_errors=True)
+    if synthesized and str(count) in synthesized:
+        template_path.write_bytes(synthesized[str(count)])
+    else:
+        outdir = Path(tempfile.mkdtemp(prefix="plan-synth-", dir=ctx.work_dir))
+        synth_in_process(manifest_path, outdir)
+        template_path.write_bytes((outdir / "TritonMme.template.json").read_bytes())
+        shutil.rmtree(outdir, ignore_errors=True)
     manifest = load_manifest(manifest_path)
     routes = {}
     for index, spec in enumerate(manifest.models):
@@ -319,14 +327,19 @@ def run(ctx: RunContext) -> dict[str, Any]:
     #: (resources, template bytes) by path and size. The CLI's template has one resource more
     #: (CDKMetadata: the CLI turns version reporting on) and path metadata, so the two differ.
     shape: dict[str, dict[str, dict[str, int]]] = {"cli": {}, "in-process": {}}
+    #: The in-process template of each size (the plan row's template where its size is one).
+    in_process_templates: dict[str, bytes] = {}
 
     def one(path_name: str, func: Any, key: str, store: dict[str, list[float]]) -> None:
         outdir = Path(tempfile.mkdtemp(prefix=f"synth-{path_name}-", dir=ctx.work_dir))
         try:
             store[key].append(func(configs[key], outdir))
-            resources, size = _template(outdir)
+            data = _template(outdir)
         finally:
             shutil.rmtree(outdir, ignore_errors=True)
+        resources, size = len(json.loads(data)["Resources"]), len(data)
+        if path_name == "in-process":
+            in_process_templates[key] = data
         seen = shape[path_name].setdefault(key, {"resources": resources, "template_bytes": size})
         if seen != {"resources": resources, "template_bytes": size}:
             raise RuntimeError(f"{key} models: {path_name} synth gave another template ({resources}, {size})"
@@ -366,7 +379,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
         }
         for key in configs
     }
-    plan = plan_timing(ctx, folder)
+    plan = plan_timing(ctx, folder, in_process_templates)
     result["measurements"] = {"by_size": by_size, "in_process_warmup_s": round(warmup_s, 3),
                               f"in_process_profile_{sizes[-1]}": profile, "plan": plan}
 

@@ -41,11 +41,19 @@ def aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
         yield local
 
 
+#: A job's MaxRuntimeInSeconds is emulated scaled by this: the default 3000 s (the total timeout) is
+#: 150 s, room for a job that imports torch and builds on a loaded machine (at 0.01, 30 s, two jobs
+#: overran on 2 cores with a load average of 7 to 12). The test of a job past its MaxRuntime sets
+#: its own, smaller scale.
+JOB_TIME_SCALE = 0.05
+
+
 @pytest.fixture
 def jobs(aws: LocalAws, tmp_path: Path) -> Any:
     import boto3
 
-    with processing_jobs(boto3.client("s3", region_name="us-east-1"), tmp_path / "jobs", time_scale=0.01) as local:
+    with processing_jobs(boto3.client("s3", region_name="us-east-1"), tmp_path / "jobs",
+                         time_scale=JOB_TIME_SCALE) as local:
         yield local
 
 
@@ -184,7 +192,8 @@ def test_a_job_past_its_max_runtime_fails_the_build_naming_the_model(
 ) -> None:
     first, request, served = _first_release(templates, aws, build_processing_max_runtime_minutes="1")
     aws.runtime.reset()
-    # One minute, scaled by the emulator's time scale (0.6 s): less than the job's start.
+    # One minute, scaled by this test's time scale (0.06 s): less than the job's start.
+    jobs.time_scale = 0.001
     manifest = on_processing(tiny_manifest(2), "unit-01")
     reason = _fails_and_keeps_serving(aws, first, request, served, manifest, templates,
                                       build_processing_max_runtime_minutes="1")

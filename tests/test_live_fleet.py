@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import os
 import re
 import subprocess
 import sys
@@ -398,10 +399,46 @@ def _plan(*args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=300, env=subprocess_env())
 
 
+@pytest.fixture
+def here(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Callable[..., Any]:
+    """Runs a command's own entry point in this process, as :func:`_plan` and ``run_app`` run it in a
+    new one (the same working directory and environment, ``CDK_*`` and ``AWS_*`` left out): the CLI's
+    ``main(["plan", ...])``, or ``app.main(context, outdir)`` (what ``python app.py`` runs, with the
+    context and output folder the CDK CLI passes it in the environment). A test keeps one case of
+    each command a fresh process (its start-up imports, jsii's node process, the exit status through
+    ``sys.exit``); the others reuse this process's imports and jsii, about 5 s of CPU each (a plan
+    loads the app's settings, which imports aws-cdk-lib and starts jsii; a synth's first run in a
+    process costs Node.js about 4.5 s). Returns what ``subprocess.run`` would: status, stdout, stderr."""
+    from triton_mme_cdk.model_build.__main__ import main as cli_main
+
+    monkeypatch.chdir(ROOT)
+    env = subprocess_env()
+    for name in [k for k in os.environ if k not in env]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+    def run(command: str, *args: str, settings: dict[str, str] | None = None,
+            outdir: Path | None = None) -> subprocess.CompletedProcess[str]:
+        capsys.readouterr()
+        if command == "plan":
+            code = cli_main(["plan", *args])
+        else:
+            import app
+
+            assert command == "app.py" and outdir is not None
+            code = app.main({f"mme:{k}": v for k, v in (settings or {}).items()}, str(outdir))
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess([command, *args], code, out, err)
+
+    return run
+
+
 @pytest.mark.slow
-def test_plan_lists_the_model_changes_with_exit_codes(tmp_path: Path) -> None:
+def test_plan_lists_the_model_changes_with_exit_codes(tmp_path: Path, here: Callable[..., Any]) -> None:
     """The model side of ``plan`` from the command line (tests/test_plan.py judges the fleet and
-    the data): entries added, updated and removed, each with its exit code."""
+    the data): entries added, updated and removed, each with its exit code. The first run is a
+    fresh ``python -m model_build plan``; the others run the CLI's ``main`` in this process (``here``)."""
     from triton_mme_cdk.model_build.manifest import parse_manifest
     from triton_mme_cdk.model_build.release import compute_release, entry_sha256, model_code_sha256
     from triton_mme_cdk.model_build.release.deployed import record_from_template
@@ -421,13 +458,14 @@ def test_plan_lists_the_model_changes_with_exit_codes(tmp_path: Path) -> None:
     routes_file = tmp_path / "routes.json"
     routes_file.write_bytes(live.body())
 
-    def run(models: list[dict[str, Any]], *extra: str) -> subprocess.CompletedProcess[str]:
+    def run(models: list[dict[str, Any]], *extra: str, fresh: bool = False) -> subprocess.CompletedProcess[str]:
         path = tmp_path / f"{uuid.uuid4().hex[:8]}.yaml"
         path.write_text(yaml.safe_dump({"version": 1, "models": copy.deepcopy(models)}))
-        return _plan("--manifest", str(path), "--routes-file", str(routes_file), "--template", str(template_file),
-                     "--detailed-exitcode", *extra)
+        args = ("--manifest", str(path), "--routes-file", str(routes_file), "--template", str(template_file),
+                "--detailed-exitcode", *extra)
+        return _plan(*args) if fresh else here("plan", *args)
 
-    same = run(base["models"])
+    same = run(base["models"], fresh=True)
     assert same.returncode == 0, same.stderr
     assert "models: 0 added, 0 updated, 0 removed, 4 unchanged; fleet unchanged" in same.stdout
     change = run([_entry("a", 0), _entry("b", 9, copies=2), _entry("d", 4)])
@@ -437,9 +475,10 @@ def test_plan_lists_the_model_changes_with_exit_codes(tmp_path: Path) -> None:
     assert "models: 1 added, 2 updated, 1 removed, 1 unchanged; fleet unchanged" in change.stdout
     # Without the flag a plan that ran exits 0; a broken routes file is one error line.
     assert run(base["models"]).returncode == 0 and run(base["models"], "-v").returncode == 0
-    assert _plan("--routes-file", str(routes_file), "--template", str(template_file)).returncode == 0
+    assert here("plan", "--routes-file", str(routes_file), "--template", str(template_file)).returncode == 0
     routes_file.write_bytes(live.body()[:40])
-    broken = _plan("--manifest", "models.yaml", "--routes-file", str(routes_file), "--template", str(template_file))
+    broken = here("plan", "--manifest", "models.yaml", "--routes-file", str(routes_file), "--template",
+                  str(template_file))
     assert broken.returncode == 1 and "truncated" in broken.stdout + broken.stderr
     assert "Traceback" not in broken.stdout + broken.stderr
 
@@ -466,9 +505,10 @@ def test_routes_document_round_trips_and_names_no_bookkeeping_in_the_served_pref
 
 
 @pytest.mark.slow
-def test_synth_prints_the_plan_against_a_routes_file(tmp_path: Path) -> None:
+def test_synth_prints_the_plan_against_a_routes_file(tmp_path: Path, here: Callable[..., Any]) -> None:
     """``cdk synth -c mme:plan_routes_file=...``: the synthesized template against the record in
-    the routes, after the synth (the template is what is judged)."""
+    the routes, after the synth (the template is what is judged). The first run is a fresh
+    ``python app.py``; the other two run ``app.main`` in this process (``here``)."""
     from cdk_helpers import run_app
 
     from triton_mme_cdk.model_build.manifest import load_manifest
@@ -490,12 +530,13 @@ def test_synth_prints_the_plan_against_a_routes_file(tmp_path: Path) -> None:
     assert same.returncode == 0, same.stderr
     assert (f"plan against release {release.release_id}: models: 0 added, 0 updated, 0 removed, "
             f"{manifest.target_count} unchanged; fleet unchanged (verdict: no-change)") in same.stderr
-    bigger = run_app(tmp_path / "b", {"plan_routes_file": str(path), "instance_type": "ml.g5.2xlarge"})
+    bigger = here("app.py", outdir=tmp_path / "b", settings={"plan_routes_file": str(path),
+                                                             "instance_type": "ml.g5.2xlarge"})
     assert bigger.returncode == 0, bigger.stderr
     assert ("fleet replaced because EndpointConfig ProductionVariants[0].InstanceType: ml.g5.xlarge -> "
             "ml.g5.2xlarge") in bigger.stderr
     path.write_bytes(b"{")
-    broken = run_app(tmp_path / "c", {"plan_routes_file": str(path)})
+    broken = here("app.py", outdir=tmp_path / "c", settings={"plan_routes_file": str(path)})
     assert broken.returncode == 1 and "error: routes" in broken.stderr and "Traceback" not in broken.stderr
 
 
