@@ -25,7 +25,7 @@ import ipaddress
 from collections.abc import Sequence
 from typing import Annotated, Literal
 
-from aws_cdk import RemovalPolicy, Stack
+from aws_cdk import RemovalPolicy, Stack, Token
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
@@ -171,7 +171,7 @@ class EndpointNetwork(Construct):
             model_subnets = isolated if len(_zones(isolated)) >= 2 else egress
         if len(_zones(model_subnets)) < 2:
             raise PropsError(
-                f"vpc: {self.vpc.vpc_id} has no isolated or private subnets in two Availability Zones"
+                f"vpc: {self._vpc_name()} has no isolated or private subnets in two Availability Zones"
                 + (" among those vpc_subnets selects" if props.subnets is not None else "")
                 + "; SageMaker needs the model's subnets in at least two (public subnets are not used)"
             )
@@ -202,6 +202,11 @@ class EndpointNetwork(Construct):
         if self.created and wanted:
             self._interface_endpoints(wanted, isolated)
 
+    def _vpc_name(self) -> str:
+        """The VPC as a message names it: its id, or its construct path for one of this app (whose
+        id is known only at deploy time)."""
+        return self.vpc.node.path if Token.is_unresolved(self.vpc.vpc_id) else self.vpc.vpc_id
+
     def _acknowledge_placeholders(self) -> None:
         # The placeholder VPC's ids are not real ids; only this pass is exempt from their format
         # checks (the template that is deployed comes from the second pass).
@@ -216,7 +221,7 @@ class EndpointNetwork(Construct):
     def _build_access(self, isolated: list[ec2.ISubnet], egress: list[ec2.ISubnet]) -> None:
         build_subnets = egress if egress else isolated
         if not build_subnets:
-            raise PropsError(f"vpc: {self.vpc.vpc_id} has no isolated or private subnet for the model build")
+            raise PropsError(f"vpc: {self._vpc_name()} has no isolated or private subnet for the model build")
         self.build_subnets = build_subnets
         self.build_has_internet = bool(egress)
         self.build_security_group = self._security_group(

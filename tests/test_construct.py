@@ -282,7 +282,7 @@ def _refusal(tmp_path: Path, case: str) -> str:
 
 @pytest.mark.parametrize(("case", "expected"), [
     ("bucket-without-key", "encryption_key: missing with bucket 'their-models'; "),
-    ("vpc-without-private-subnets", "vpc: ${Token["),
+    ("vpc-without-private-subnets", "vpc: Refused/Public has no isolated or private subnets in two Availability Zones"),
     ("missing-manifest", "models: ModelSource.from_manifest got "),
     ("not-a-release-id", "models: ModelSource.from_release got 'release-1'; expected a release id"),
     ("two-endpoints-one-name", "endpoint_name: got 'shared' for Refused/Two, but Refused/One in the same stack has it"),
