@@ -106,12 +106,17 @@ CORES := $(shell python3 -c "import os; print(len(os.sched_getaffinity(0)) if ha
 PYTEST_WORKERS ?= $(shell echo $$(( $(CORES) + 1 )))
 PYTEST_FAST_WORKERS ?= $(CORES)
 
-test: setup
+# The environments are independent but for what needs .venv first (node_modules, .wheelhouse, the
+# provider SDK): a fresh clone builds them side by side (pip and npm spend much of it waiting on
+# downloads and disk), as `make -j3 setup` does.
+test:
+	$(MAKE) --no-print-directory -j3 setup
 	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The inner loop before each commit: everything but the tests marked slow (real exports, the real
 # tritonserver, the tiny benchmark run, the executed deploy path).
-test-fast: setup
+test-fast:
+	$(MAKE) --no-print-directory -j3 setup
 	$(PY) -m pytest -m "not slow" -n $(PYTEST_FAST_WORKERS) --dist loadfile
 
 # checkov fails on any finding that is neither fixed nor skipped with a reason in the template
