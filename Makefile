@@ -24,12 +24,6 @@ BUILD_DIR ?= build
 BUCKET ?=
 ENDPOINT_URL ?=
 
-# pip compiles every module it installs to bytecode by default: 12 of the 16 s torch takes, 17 of the
-# 24 s of the wheel with aws-cdk-lib. Without it, Python compiles what is imported, once, on first
-# import (and keeps the .pyc beside it): a fresh clone's setup does not pay for the thousands of
-# modules no test imports.
-PIP_INSTALL := --no-compile
-
 .PHONY: setup plan-setup demo test test-fast lint synth bench gpu-check gpu-bundle smoke reference image-table lock clean
 
 # What Lambda's Node.js runtime gives the CDK provider framework (the AWS SDK v3), for the
@@ -47,8 +41,8 @@ $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first and alone: 2.13.0 is the CPU wheel; any other torch pulls GBs of CUDA packages.
-	$(PY) -m pip install --quiet $(PIP_INSTALL) torch==2.13.0
-	$(PY) -m pip install --quiet $(PIP_INSTALL) -r requirements.txt -c constraints.txt
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -r requirements.txt -c constraints.txt
 	# The checkout itself, as the package triton_mme_cdk (editable: it maps the import name to
 	# triton_mme_cdk/, whose links are constructs/, stacks/ and model_build/; nothing under build/).
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation --editable .
@@ -60,7 +54,7 @@ $(TRITON_VENV)/.installed: requirements-triton.txt
 		apt-get update -qq && apt-get install -y -qq python3.11 python3.11-venv libpython3.11; fi
 	rm -rf $(TRITON_VENV)
 	$(SYSTEM_PY) -m venv $(TRITON_VENV)
-	$(TRITON_VENV)/bin/python -m pip install --quiet $(PIP_INSTALL) -r requirements-triton.txt
+	$(TRITON_VENV)/bin/python -m pip install --quiet -r requirements-triton.txt
 	touch $@
 
 $(WHEELHOUSE)/.installed: model_build/text_ensemble/serving-wheels.txt $(VENV)/.installed
@@ -75,7 +69,7 @@ define python_env
 	rm -rf $(1)
 	python3 -m venv $(1)
 	$(1)/bin/python -m pip install --quiet --upgrade pip
-	$(1)/bin/python -m pip install --quiet $(PIP_INSTALL) -r $(2)
+	$(1)/bin/python -m pip install --quiet -r $(2)
 	touch $(1)/.installed
 endef
 
