@@ -55,7 +55,7 @@ from triton_mme_cdk.model_build.text_ensemble.container import namespacing_probl
 from triton_mme_cdk.model_build.text_ensemble.serving_wheel import serving_python_problem
 from triton_mme_cdk.model_build.text_ensemble.shm import shm_problem
 
-#: A release id as ``triton-mme publish`` prints it.
+#: A release id as ``triton-mme publish`` prints it (the construct's and the app's settings check).
 RELEASE_ID_PATTERN = r"r-[0-9a-f]{16}"
 #: Days a Processing build job's input and output folder is kept.
 JOB_FOLDER_DAYS = 7

@@ -45,6 +45,7 @@ from triton_mme_cdk.constructs.endpoint_settings import (
     SETTINGS,
     EndpointSettingsBase,
 )
+from triton_mme_cdk.constructs.multi_model_endpoint import RELEASE_ID_PATTERN
 from triton_mme_cdk.constructs.props import format_errors
 from triton_mme_cdk.constructs.triton_image import load_image_table
 from triton_mme_cdk.model_build.validation_messages import clip
@@ -52,8 +53,6 @@ from triton_mme_cdk.stacks.context_table import CONTEXT_PREFIX, from_context_val
 
 #: Longest context value read (characters, or JSON characters for a non-string from cdk.json).
 MAX_CONTEXT_VALUE_CHARS = 8192
-#: The release id format ``model_build.release.compute_release`` produces.
-RELEASE_ID_PATTERN = r"^r-[0-9a-f]{16}$"
 #: Tag values SageMaker, S3 and the other tagged services accept: letters, digits, spaces and
 #: ``_ . : / = + - @`` (the AWS tag value pattern), 1 to 256 characters here, not ``aws:...``.
 TAG_VALUE_PATTERN = r"^(?!(?i:aws:))[\w .:/=+\-@]{1,256}$"
