@@ -578,6 +578,39 @@ def test_on_event_starts_the_build_and_is_complete_polls_it_until_the_index_exis
     assert "Data" not in handler.on_event(_cfn_event(props))
 
 
+@pytest.mark.slow
+def test_a_build_that_ends_while_is_complete_polls_completes_the_resource(
+    lambda_env: Any, machine: str, endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The execution's last step writes the index, then the execution succeeds. A poll that
+    falls between the two (CI saw it with the provider framework's waiter) must complete, not
+    read "succeeded but the release has no index": the poll reads the status first."""
+    from triton_mme_cdk.model_build.handler import custom_resource
+
+    s3 = lambda_env
+    bucket = f"sfr-{uuid.uuid4().hex[:12]}"
+    s3.create_bucket(Bucket=bucket)
+    props = dict(_request(s3, _tiny_manifest(1), bucket), BuildStateMachineArn=machine)
+    started = handler.on_event(_cfn_event(props))
+    plan = handler.build_step({"Step": "plan", "Request": props})
+    for item in json.loads(s3.get_object(Bucket=bucket, Key=plan["Key"])["Body"].read()):
+        handler.build_step({"Step": "build", "Request": props, **item})
+    real_states = custom_resource._states
+
+    class EndsNow:
+        """Step Functions as the poll sees it when the build ends at this instant: the last step
+        writes the index and the execution reads SUCCEEDED from then on."""
+
+        def describe_execution(self, executionArn: str) -> dict[str, Any]:
+            handler.build_step({"Step": "finish", "Request": props})
+            return dict(real_states().describe_execution(executionArn=executionArn), status="SUCCEEDED")
+
+    monkeypatch.setattr(custom_resource, "_states", EndsNow)
+    polled = _cfn_event(props, PhysicalResourceId=started["PhysicalResourceId"], Data=started["Data"])
+    done = handler.is_complete(polled)
+    assert done["IsComplete"] is True and done["Data"]["ModelCount"] == "2"
+
+
 def test_a_failed_build_execution_fails_the_resource_naming_the_model(
     lambda_env: Any, machine: str, endpoint: str
 ) -> None:

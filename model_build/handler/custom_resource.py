@@ -85,10 +85,14 @@ def _start_build(request: Request, machine: str, event: Mapping[str, Any]) -> st
         return f"{machine.replace(':stateMachine:', ':execution:')}:{name}"
 
 
-def _execution_outcome(s3: Any, request: Request, execution_arn: str) -> dict[str, Any]:
+def _execution_status(execution_arn: str) -> dict[str, Any]:
+    """The build execution as ``DescribeExecution`` tells it (its status, error and cause)."""
+    return dict(_states().describe_execution(executionArn=execution_arn))
+
+
+def _execution_outcome(s3: Any, request: Request, execution_arn: str, described: Mapping[str, Any]) -> dict[str, Any]:
     """``IsComplete: False`` while the build runs; a failed build raises with the failing
     model's name and reason (recorded by the build function), or the execution's error."""
-    described = _states().describe_execution(executionArn=execution_arn)
     status = described["status"]
     if status == "RUNNING":
         return {"IsComplete": False}
@@ -178,13 +182,17 @@ def _build_step(event: dict[str, Any], context: Any) -> dict[str, Any]:
     s3 = s3_client()
     index_key = request.release.index_key(request.model_prefix)
     manifest = load_manifest(s3, request)
+    execution = (event.get("Data") or {}).get("BuildExecutionArn")
+    # With a build execution, its status is read before the index: the execution's last step
+    # writes the index, so an execution seen as SUCCEEDED has one. (Read the other way round, a
+    # build that ends between the two reads looks like a success without an index.)
+    described = _execution_status(str(execution)) if execution else None
     if read_index(s3, request.model_bucket, index_key) is not None:
         request.activate(s3)
         return {"IsComplete": True, "Data": request.data(manifest.target_count)}
-    execution = (event.get("Data") or {}).get("BuildExecutionArn")
-    if execution:
+    if described is not None:
         # The state machine builds (one Lambda run per model) and writes the index.
-        return _execution_outcome(s3, request, str(execution))
+        return _execution_outcome(s3, request, str(execution), described)
 
     # No state machine: build here, as many models per run as fit, across several calls.
     computed = computed_release(manifest)
