@@ -37,24 +37,37 @@ setup: $(VENV)/.installed node_modules/.installed $(TRITON_VENV)/.installed $(CH
 # .github/workflows/triton-mme-plan.yml): the Python environment and the CDK's diff engine.
 plan-setup: $(VENV)/.installed node_modules/.installed
 
-$(VENV)/.installed: requirements.txt constraints.txt pyproject.toml
+# uv installs the environments (the versions pip would choose: constraints.txt pins every one; uv
+# downloads and unpacks in parallel and compiles the bytecode on every core: the main environment in
+# about 45 s against 110 s with pip). pip installs uv itself, into the main environment, first.
+UV := $(VENV)/bin/uv
+UV_INSTALL := $(UV) pip install --quiet --compile-bytecode
+
+$(UV): constraints.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	# torch first and alone: 2.13.0 is the CPU wheel; any other torch pulls GBs of CUDA packages.
-	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -r requirements.txt -c constraints.txt
-	# The checkout itself, as the package triton_mme_cdk (editable: it maps the import name to
-	# triton_mme_cdk/, whose links are constructs/, stacks/ and model_build/; nothing under build/).
-	$(PY) -m pip install --quiet --no-deps --no-build-isolation --editable .
+	$(PY) -m pip install --quiet -c constraints.txt uv
 	touch $@
 
-$(TRITON_VENV)/.installed: requirements-triton.txt
+$(VENV)/.installed: requirements.txt constraints.txt pyproject.toml $(UV)
+	# torch first and alone, with pip: 2.13.0 is the CPU wheel, which this machine's pip finds on
+	# disk (its find-links; uv does not read pip's configuration); any other torch pulls GBs of
+	# CUDA packages. What torch already satisfies is not installed again.
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(UV_INSTALL) --python $(PY) -r requirements.txt -c constraints.txt
+	# The checkout itself, as the package triton_mme_cdk (editable: it maps the import name to
+	# triton_mme_cdk/, whose links are constructs/, stacks/ and model_build/; nothing under build/).
+	$(UV_INSTALL) --python $(PY) --no-deps --no-build-isolation --editable .
+	touch $@
+
+$(TRITON_VENV)/.installed: requirements-triton.txt | $(UV)
 	@if ! $(SYSTEM_PY) -c 'import ensurepip' 2>/dev/null || ! $(SYSTEM_PY) -c '$(LIBPYTHON_FOUND)'; then \
 		echo "installing the system Python 3.11 runtime the Triton python backend stub links"; \
 		apt-get update -qq && apt-get install -y -qq python3.11 python3.11-venv libpython3.11; fi
 	rm -rf $(TRITON_VENV)
 	$(SYSTEM_PY) -m venv $(TRITON_VENV)
-	$(TRITON_VENV)/bin/python -m pip install --quiet -r requirements-triton.txt
+	$(TRITON_VENV)/bin/python -m pip install --quiet torch==2.13.0  # the CPU wheel, with pip (above)
+	$(UV_INSTALL) --python $(TRITON_VENV)/bin/python -r requirements-triton.txt
 	touch $@
 
 $(WHEELHOUSE)/.installed: model_build/text_ensemble/serving-wheels.txt $(VENV)/.installed
@@ -73,8 +86,11 @@ define python_env
 	touch $(1)/.installed
 endef
 
-$(CHECKOV_VENV)/.installed: requirements-checkov.txt
-	$(call python_env,$(CHECKOV_VENV),requirements-checkov.txt)
+$(CHECKOV_VENV)/.installed: requirements-checkov.txt | $(UV)
+	rm -rf $(CHECKOV_VENV)
+	python3 -m venv $(CHECKOV_VENV)
+	$(UV_INSTALL) --python $(CHECKOV_VENV)/bin/python -r requirements-checkov.txt
+	touch $@
 
 node_modules/.installed: package.json package-lock.json $(VENV)/.installed
 	npm ci --no-audit --no-fund --loglevel=error
