@@ -142,6 +142,16 @@ def test_decode_texts_names_invalid_utf8_with_its_index():
         decode_texts([b"fine", b"ab\xff\xfe"])
 
 
+def test_decode_texts_refuses_a_string_over_the_byte_cap_before_decoding_it():
+    """The cap counts UTF-8 bytes (a str is counted as its encoding) and comes before decoding:
+    an oversized string that is also invalid UTF-8 is refused for its size."""
+    assert decode_texts(["é" * 32], max_bytes=64) == ["é" * 32]  # 64 bytes: at the cap
+    with pytest.raises(TokenizerError, match=r"'TEXT'\[1\]: 66 bytes; at most 64 per string"):
+        decode_texts(["ok", "é" * 33], max_bytes=64)
+    with pytest.raises(TokenizerError, match=r"'TEXT_PAIR'\[0\]: 65 bytes; at most 64"):
+        decode_texts([b"\xff" * 65], "TEXT_PAIR", max_bytes=64)
+
+
 def test_tokenizer_model_file_imports_stdlib_numpy_and_the_vendored_tokenizers_only():
     """The image's Python has numpy and nothing else: the file imports nothing more than the
     standard library, numpy and the tokenizers the tarball carries (checked on its source)."""
@@ -533,6 +543,7 @@ BAD_INPUTS: dict[str, tuple[list[Any], str, bool, str]] = {
     "batch of 0": ([], "BYTES", False, "input 'TEXT'"),
     "too long": ([LONG], "BYTES", False, "more than max_sequence_length=128 tokens"),
     "invalid utf-8": ([b"ok", b"caf\xc3(\xff"], "BYTES", True, "'TEXT'[1]: not valid UTF-8"),
+    "over max_text_bytes": (["ok", "word " * 13108], "BYTES", False, "'TEXT'[1]: 65540 bytes; at most 65536"),
     "non-BYTES": ([[1], [2]], "INT64", False, "input 'TEXT' data-type is 'INT64', but model 'copy-a' expects 'BYTES'"),
     "over max batch": (["word"] * 9, "BYTES", False, "batch-size must be <= 8 for 'copy-a'"),
 }

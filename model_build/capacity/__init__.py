@@ -10,4 +10,11 @@
 
 Standard library only where synth imports it (``footprint``, ``fit``): the CDK app checks fit
 without torch, onnx or transformers.
+
+Owns: what a model needs of a fleet instance and what a fleet of instances does under traffic. It
+never builds, publishes or serves: footprints come from what the build measured (the release
+index) or from the manifest's sources sized without loading them, and the instance shapes from
+``model_build.gpu_hosts``.
+
+May import: ``shared``, ``manifest``, ``release``.
 """

@@ -309,6 +309,12 @@ class TextInputs(StrictModel):
     #: ``max_sequence_length`` tokens. ``refuse`` (default): a 400 naming the input and the string's
     #: index; ``truncate``: cut to ``max_sequence_length`` tokens, as sentence-transformers does.
     truncation: Literal["refuse", "truncate"] = "refuse"
+    #: ``inputs: text`` only: the most UTF-8 bytes one string may have; the server-side tokenizer
+    #: refuses a longer one (a 400 naming the input and the string's index) before it decodes or
+    #: tokenizes it, whatever ``truncation`` says, so that one request cannot hold the tokenizer's
+    #: CPU for a text it would mostly cut. The default, 64 KiB, is several hundred times what
+    #: 128 tokens of English take; at most 6 MiB, SageMaker's largest request.
+    max_text_bytes: int = Field(default=65536, ge=64, le=6 * 1024 * 1024)
     #: ``inputs: text`` only: how the server-side tokenizer pads a request. ``bucket``: to its longest
     #: row rounded up to a multiple of 8 (at most ``max_sequence_length``), so a short text costs few
     #: positions, FP16 matrix shapes stay tensor-core aligned and similar lengths still batch

@@ -130,6 +130,7 @@ def render_ensemble_configs(spec: ModelSpec, exported: ExportedModel, tokenizer:
     member.parameters["max_sequence_length"].string_value = str(max_len)
     member.parameters["truncation"].string_value = truncation
     member.parameters["padding"].string_value = spec.text_padding
+    member.parameters["max_text_bytes"].string_value = str(spec.text_inputs.max_text_bytes)
     for key, value in sorted(tokenizer.parameters.items()):
         member.parameters[key].string_value = value
 

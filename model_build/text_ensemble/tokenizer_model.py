@@ -75,6 +75,11 @@ PADDING_MODES = ("bucket", "longest", "max_length")
 #: reason); 16 was measured too, and padded 28% more positions than 8 on the benchmark's sentences.
 PAD_MULTIPLE = 8
 SIDES = ("right", "left")
+#: The most UTF-8 bytes one string may have, checked before it is decoded or tokenized (the
+#: config's ``max_text_bytes``; this default where a config predates it). Tokenizing costs time in
+#: the length of the text, whatever ``truncation`` then keeps: without a cap one request of
+#: SageMaker's 6 MB payload is one string the CPU tokenizes before the first check.
+DEFAULT_MAX_TEXT_BYTES = 65536
 
 
 class TokenizerError(ValueError):
@@ -105,7 +110,8 @@ class TextEncoder:
 
     def __init__(self, tokenizer: Any, *, max_length: int, pad_id: int, pad_token: str, pad_type_id: int = 0,
                  padding_side: str = "right", truncation_side: str = "right", truncate: bool = False,
-                 lowercase: bool = False, padding: str = "bucket") -> None:
+                 lowercase: bool = False, padding: str = "bucket",
+                 max_text_bytes: int = DEFAULT_MAX_TEXT_BYTES) -> None:
         if max_length < 2:
             raise TokenizerError(f"max_sequence_length: got {max_length}; it must be at least 2")
         for name, side in (("padding_side", padding_side), ("truncation_side", truncation_side)):
@@ -113,8 +119,11 @@ class TextEncoder:
                 raise TokenizerError(f"{name}: got {side!r}; allowed: {', '.join(SIDES)}")
         if padding not in PADDING_MODES:
             raise TokenizerError(f"padding: got {padding!r}; allowed: {', '.join(PADDING_MODES)}")
+        if max_text_bytes < 1:
+            raise TokenizerError(f"max_text_bytes: got {max_text_bytes}; it must be at least 1")
         self.tokenizer = tokenizer
         self.max_length = max_length
+        self.max_text_bytes = max_text_bytes
         self.truncate = truncate
         self.lowercase = lowercase
         self.padding = padding
@@ -147,6 +156,7 @@ class TextEncoder:
                 truncate=truncation == "truncate",
                 lowercase=parameters.get("lowercase", "false") == "true",
                 padding=parameters.get("padding", "bucket"),
+                max_text_bytes=int(parameters.get("max_text_bytes", str(DEFAULT_MAX_TEXT_BYTES))),
             )
         except ValueError as error:
             raise TokenizerError(f"config parameters: {error}") from None
@@ -201,15 +211,24 @@ class TextEncoder:
         }
 
 
-def decode_texts(values: Iterable[Any], input_name: str = TEXT_INPUT) -> list[str]:
-    """UTF-8 bytes (a BYTES tensor's elements) -> str; invalid UTF-8 named with its index."""
+def decode_texts(values: Iterable[Any], input_name: str = TEXT_INPUT,
+                 max_bytes: int = DEFAULT_MAX_TEXT_BYTES) -> list[str]:
+    """UTF-8 bytes (a BYTES tensor's elements) -> str; invalid UTF-8, or a string of more than
+    ``max_bytes`` bytes, named with its index (the size is checked before anything is decoded)."""
     texts: list[str] = []
     for index, value in enumerate(values):
         if isinstance(value, str):
+            size = len(value.encode("utf-8", "surrogatepass"))
+        elif isinstance(value, (bytes, bytearray, np.bytes_)):
+            size = len(value)
+        else:
+            raise TokenizerError(f"input {input_name!r}[{index}]: expected UTF-8 bytes, got {type(value).__name__}")
+        if size > max_bytes:
+            raise TokenizerError(f"input {input_name!r}[{index}]: {size} bytes; at most {max_bytes} per string "
+                                 "(the model's text.max_text_bytes): shorten the text or split it")
+        if isinstance(value, str):
             texts.append(value)
             continue
-        if not isinstance(value, (bytes, bytearray, np.bytes_)):
-            raise TokenizerError(f"input {input_name!r}[{index}]: expected UTF-8 bytes, got {type(value).__name__}")
         try:
             texts.append(bytes(value).decode("utf-8"))
         except UnicodeDecodeError as error:
@@ -263,7 +282,7 @@ class TritonPythonModel:
         if values.size == 0:
             raise TokenizerError(f"input {name!r}: the batch is empty (shape {list(values.shape)}); "
                                  "send at least one string")
-        return decode_texts(values.reshape(-1), name)
+        return decode_texts(values.reshape(-1), name, self.encoder.max_text_bytes)
 
     def _answer(self, request: Any) -> Any:
         try:
