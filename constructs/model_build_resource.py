@@ -361,20 +361,25 @@ class ModelBuildResource(Construct):
         return role
 
     def _grant_source_reads(self, role: iam.Role, manifest: Manifest) -> None:
-        """Read access to the manifest's sources on S3 (``s3`` folders, ``onnx`` files)."""
+        """Read access to the manifest's sources on S3 (``s3`` folders, ``onnx`` files), only in
+        a bucket of the account the source names (``source.owner``), else of this stack's account
+        (``s3:ResourceAccount``): a bucket of the same name re-created elsewhere is not read."""
+        owners = manifest.source_owners()
         for bucket, keys in s3_source_keys(manifest).items():
             bucket_arn = Stack.of(self).format_arn(
                 service="s3", region="", account="", resource=bucket
             )
+            owner = {"s3:ResourceAccount": owners.get(bucket) or Stack.of(self).account}
             objects = [f"{bucket_arn}/{key}" for key in keys]
-            role.add_to_principal_policy(iam.PolicyStatement(actions=["s3:GetObject"], resources=objects))
+            role.add_to_principal_policy(iam.PolicyStatement(
+                actions=["s3:GetObject"], resources=objects, conditions={"StringEquals": owner}))
             folders = [key for key in keys if key.endswith("*")]
             if folders:
                 role.add_to_principal_policy(
                     iam.PolicyStatement(
                         actions=["s3:ListBucket"],
                         resources=[bucket_arn],
-                        conditions={"StringLike": {"s3:prefix": folders}},
+                        conditions={"StringLike": {"s3:prefix": folders}, "StringEquals": owner},
                     )
                 )
             for resource in (o for o in objects if o.endswith("*")):

@@ -147,6 +147,13 @@ def test_the_plan_step_sizes_s3_sources_and_refuses_a_pinned_lambda_before_any_b
         assert s3_weight_bytes(s3, spec()) == (4096, None)
         size, why = s3_weight_bytes(s3, spec(source={"kind": "s3", "uri": "s3://sources/none/"}))
         assert size is None and "no weight files" in str(why)
+        # A source that names its bucket's owner is listed with ExpectedBucketOwner: S3 refuses a
+        # bucket of another account (moto does not check it, so the request is what is checked).
+        sent: list[dict[str, object]] = []
+        s3.meta.events.register("provide-client-params.s3.ListObjectsV2", lambda params, **_: sent.append(params))
+        owned = spec(source={"kind": "s3", "uri": "s3://sources/m/", "owner": "123456789012"})
+        assert s3_weight_bytes(s3, owned) == (4096, None)
+        assert [params.get("ExpectedBucketOwner") for params in sent] == ["123456789012"]
 
 
 def test_a_job_reads_its_sources_from_the_folders_sagemaker_downloaded(tmp_path: Path) -> None:

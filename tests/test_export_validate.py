@@ -508,6 +508,29 @@ def test_missing_folder_inside_a_package_is_a_source_error(tmp_path):
         resolve_source(spec, base_dir=tmp_path, work_dir=tmp_path)
 
 
+def test_an_s3_source_that_names_its_owner_sends_it_with_every_request(tmp_path):
+    """``source.owner``: the listing and each download carry ``ExpectedBucketOwner`` (S3 answers
+    403 for a bucket of another account; moto does not check it, so the requests are checked)."""
+    import boto3
+    from moto import mock_aws
+
+    with mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket="sources")
+        for key, body in (("m/config.json", b"{}"), ("m/model.safetensors", b"0" * 16), ("m/tokenizer.json", b"{}")):
+            s3.put_object(Bucket="sources", Key=key, Body=body)
+        sent: list[tuple[str, object]] = []
+        s3.meta.events.register("provide-client-params.s3.*",
+                                lambda params, model, **_: sent.append((model.name, params.get("ExpectedBucketOwner"))))
+        spec = spec_from({"name": "owned", "source": {"kind": "s3", "uri": "s3://sources/m/", "owner": "123456789012"},
+                          "task": "feature-extraction"})
+        folder = resolve_source(spec, base_dir=tmp_path, work_dir=tmp_path / "w", s3_client=s3)
+        assert folder is not None and (folder / "model.safetensors").read_bytes() == b"0" * 16
+        operations = {name for name, _ in sent}
+        assert {"ListObjectsV2", "GetObject"} <= operations, sent
+        assert {owner for _, owner in sent} == {"123456789012"}, sent
+
+
 def test_missing_local_folder_is_a_source_error(tmp_path):
     spec = spec_from({"name": "nolocal", "source": {"kind": "local", "path": "models/missing"},
                       "task": "feature-extraction"})

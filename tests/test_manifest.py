@@ -152,6 +152,22 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
         ["source.uri", "https://bucket/x"],
     ),
     (
+        "source owner not an account id",
+        {"models": [resnet(source={"kind": "s3", "uri": "s3://bucket/x/", "owner": "12345"})]},
+        ["source.owner", "12345"],
+    ),
+    (
+        "source owner with a local file",
+        {"models": [resnet(source={"kind": "onnx", "path": "m.onnx", "owner": "123456789012"})]},
+        ["source.owner", "local path 'm.onnx'", "s3://"],
+    ),
+    (
+        "two owners for one source bucket",
+        {"models": [resnet(name="a", source={"kind": "s3", "uri": "s3://src/a/", "owner": "111111111111"}),
+                    resnet(name="b", source={"kind": "onnx", "path": "s3://src/b.onnx", "owner": "222222222222"})]},
+        ["models(b).source.owner", "'222222222222'", "bucket 'src'", "'a' gives to '111111111111'"],
+    ),
+    (
         "unknown onnxruntime key",
         {"models": [resnet(onnxruntime={"graph_level": 1})]},
         ["onnxruntime.graph_level", "unknown key"],

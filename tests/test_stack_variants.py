@@ -383,7 +383,7 @@ def test_s3_source_policy(tmp_path: Path) -> None:
     manifest_path = tmp_path / "m.yaml"
     manifest_path.write_text(json.dumps({"models": [
         {**MINIMAL, "name": "a", "source": {"kind": "s3", "uri": "s3://src-bucket/models/a/"}},
-        {**MINIMAL, "name": "b", "source": {"kind": "onnx", "path": "s3://other/b.onnx"}},
+        {**MINIMAL, "name": "b", "source": {"kind": "onnx", "path": "s3://other/b.onnx", "owner": "210987654321"}},
     ]}))
     from triton_mme_cdk.model_build.manifest import load_manifest
 
@@ -396,6 +396,16 @@ def test_s3_source_policy(tmp_path: Path) -> None:
     text = json.dumps(document)
     assert ':s3:::src-bucket/models/a/*"' in text and ':s3:::other/b.onnx"' in text
     assert '"s3:prefix": ["models/a/*"]' in text
+    # Each source bucket is read only if it belongs to the account the source names, else to the
+    # stack's own: a bucket of the same name in another account is not read.
+    reads = {json.dumps(statement["Resource"]): statement for statement in document["Statement"]
+             if statement["Action"] in ("s3:GetObject", "s3:ListBucket") and "src-bucket" in json.dumps(statement)
+             or "other/b.onnx" in json.dumps(statement["Resource"])}
+    owners = {resource: statement["Condition"]["StringEquals"]["s3:ResourceAccount"]
+              for resource, statement in reads.items()}
+    assert len(owners) == 3, owners  # the folder's objects and listing, the file
+    for resource, owner in owners.items():
+        assert owner == ("210987654321" if "other" in resource else {"Ref": "AWS::AccountId"}), (resource, owner)
 
 
 def test_build_resource_props(tmp_path: Path) -> None:

@@ -82,7 +82,7 @@ def _download_plans(spec: ModelSpec, plan: TensorRTPlan, source: S3Source, work_
     for name in plan.plan_files():
         uri = f"s3://{bucket}/{prefix}{name}"
         try:
-            client.download_file(bucket, prefix + name, str(work_dir / name))
+            client.download_file(bucket, prefix + name, str(work_dir / name), ExtraArgs=source.owner_args())
         except ClientError as error:
             code = error.response.get("Error", {}).get("Code")
             if code in {"404", "NoSuchKey", "NotFound"}:

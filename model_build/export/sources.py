@@ -59,7 +59,7 @@ def resolve_source(
         return _huggingface(source, spec, work_dir)
     if isinstance(source, S3Source):
         bucket, prefix = split_s3_uri(source.uri)
-        _download_prefix(s3_or_default(s3_client), bucket, prefix, work_dir, spec)
+        _download_prefix(s3_or_default(s3_client), bucket, prefix, work_dir, spec, source.owner_args())
         return _pretrained_dir(work_dir, spec, f"source.uri {source.uri!r}")
     if isinstance(source, OnnxFileSource):
         return _onnx_file(source, spec, base_dir=base_dir, work_dir=work_dir, s3_client=s3_client)
@@ -234,7 +234,8 @@ def _safe_target(root: Path, relative: str, spec: ModelSpec, uri: str) -> Path:
     return root.joinpath(*parts)
 
 
-def _download_prefix(client: Any, bucket: str, prefix: str, work_dir: Path, spec: ModelSpec) -> None:
+def _download_prefix(client: Any, bucket: str, prefix: str, work_dir: Path, spec: ModelSpec,
+                     owner: dict[str, str] | None = None) -> None:
     from botocore.exceptions import BotoCoreError, ClientError
 
     # A trailing "/" keeps "models/bert" from also matching "models/bert-large/...".
@@ -246,7 +247,8 @@ def _download_prefix(client: Any, bucket: str, prefix: str, work_dir: Path, spec
         # The whole listing is checked before the first download: an empty or partial prefix
         # (no config.json, no weights) fails in one request, not after gigabytes.
         keys = [item["Key"]
-                for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+                for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix,
+                                                                             **(owner or {}))
                 for item in page.get("Contents", []) if not item["Key"].endswith("/")]  # "/": console folder marker
         names = {key[len(prefix):] for key in keys}
         if keys and "config.json" not in names:
@@ -264,7 +266,7 @@ def _download_prefix(client: Any, bucket: str, prefix: str, work_dir: Path, spec
         for key in keys:
             target = _safe_target(work_dir, key[len(prefix):], spec, f"s3://{bucket}/{key}")
             target.parent.mkdir(parents=True, exist_ok=True)
-            client.download_file(bucket, key, str(target))
+            client.download_file(bucket, key, str(target), ExtraArgs=owner or {})
             count += 1
     except (ClientError, BotoCoreError) as error:
         raise SourceError(f"source.uri: cannot download {uri!r}: {error}", model=spec.name) from None
@@ -291,7 +293,7 @@ def s3_tokenizer_files(spec: ModelSpec, source: S3Source, folder: Path, s3_clien
     client = s3_or_default(s3_client)
     for name in TOKENIZER_SOURCE_FILES:
         try:
-            client.download_file(bucket, prefix + name, str(folder / name))
+            client.download_file(bucket, prefix + name, str(folder / name), ExtraArgs=source.owner_args())
         except ClientError as error:
             if error.response.get("Error", {}).get("Code") not in {"404", "NoSuchKey", "NotFound"}:
                 raise SourceError(f"source.uri: cannot read s3://{bucket}/{prefix}{name}: {error}",
@@ -315,7 +317,7 @@ def _onnx_file(
         work_dir.mkdir(parents=True, exist_ok=True)
         target = work_dir / PurePosixPath(key).name
         try:
-            s3_or_default(s3_client).download_file(bucket, key, str(target))
+            s3_or_default(s3_client).download_file(bucket, key, str(target), ExtraArgs=source.owner_args())
         except (ClientError, BotoCoreError) as error:
             raise SourceError(f"source.path: cannot download {source.path!r}: {error}",
                               model=spec.name) from None

@@ -65,9 +65,12 @@ def s3_weight_bytes(s3: Any, spec: ModelSpec) -> tuple[int | None, str | None]:
     if mount is None:
         return None, f"a {spec.source.kind} source is sized once it is built"
     bucket, _, prefix = mount[0][len("s3://"):].partition("/")
+    source = spec.source
+    owner = source.owner_args() if isinstance(source, (S3Source, OnnxFileSource)) else {}
     try:
         sizes = [(item["Key"], int(item["Size"]))
-                 for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+                 for page in s3.get_paginator("list_objects_v2").paginate(
+                     Bucket=bucket, Prefix=prefix, **owner)
                  for item in page.get("Contents", [])]
     except Exception as error:  # the build reports a missing source itself, with its own message
         return None, f"listing {mount[0]} failed: {' '.join(str(error).split())[:120]}"

@@ -79,11 +79,29 @@ class LocalSource(StrictModel):
     path: str = Field(min_length=1)
 
 
+#: An AWS account id: the owner a source bucket must have.
+ACCOUNT_ID = r"^[0-9]{12}$"
+
+
+def owner_args(owner: str | None) -> dict[str, str]:
+    """``{"ExpectedBucketOwner": owner}`` (S3 then refuses a bucket of another account), or ``{}``."""
+    return {} if owner is None else {"ExpectedBucketOwner": owner}
+
+
 class S3Source(StrictModel):
     """A ``save_pretrained`` folder under an S3 prefix (treat it as immutable: it is not hashed)."""
 
     kind: Literal["s3"]
     uri: str = Field(pattern=r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$")
+    #: The account that owns the bucket. The build reads the source only from a bucket of this
+    #: account: the deployed build's role is granted the reads on that condition
+    #: (``s3:ResourceAccount``), and every request sends it as ``ExpectedBucketOwner``. Unset: the
+    #: stack's own account on AWS; a build on your machine then sends no owner.
+    owner: str | None = Field(default=None, pattern=ACCOUNT_ID)
+
+    def owner_args(self) -> dict[str, str]:
+        """The request parameter that makes S3 refuse a bucket of another account, if ``owner``."""
+        return owner_args(self.owner)
 
 
 class PackageSource(StrictModel):
@@ -99,6 +117,19 @@ class OnnxFileSource(StrictModel):
 
     kind: Literal["onnx"]
     path: str = Field(min_length=1)
+    #: With an ``s3://`` path: the account that owns its bucket (as ``S3Source.owner``).
+    owner: str | None = Field(default=None, pattern=ACCOUNT_ID)
+
+    @model_validator(mode="after")
+    def _owner_of_s3_only(self) -> OnnxFileSource:
+        if self.owner is not None and not self.path.startswith("s3://"):
+            raise ValueError(f"source.owner: given with the local path {self.path!r}; it names the account "
+                             "that owns an s3:// path's bucket")
+        return self
+
+    def owner_args(self) -> dict[str, str]:
+        """The request parameter that makes S3 refuse a bucket of another account, if ``owner``."""
+        return owner_args(self.owner)
 
 
 class SyntheticSource(StrictModel):

@@ -352,7 +352,30 @@ class Manifest(StrictModel):
                 seen[target] = spec.name
         if total > MAX_TARGETS:
             raise ValueError(f"models: {total} target models; at most {MAX_TARGETS} allowed")
+        self.source_owners()
         return self
+
+    def source_owners(self) -> dict[str, str | None]:
+        """The account each S3 source bucket must belong to (``source.owner``), by bucket, sorted;
+        ``None`` where no source of that bucket names one (the stack's own account then). Two
+        sources of one bucket that name different owners raise ``ValueError`` naming both."""
+        owners: dict[str, tuple[str, str]] = {}
+        buckets: set[str] = set()
+        for spec in self.models:
+            source = spec.source
+            uri = getattr(source, "uri", None) or getattr(source, "path", "")
+            if source.kind not in ("s3", "onnx") or not uri.startswith("s3://"):
+                continue
+            bucket = uri[len("s3://"):].partition("/")[0]
+            buckets.add(bucket)
+            given = getattr(source, "owner", None)
+            if given is None:
+                continue
+            earlier = owners.setdefault(bucket, (given, spec.name))
+            if earlier[0] != given:
+                raise ValueError(f"models({spec.name}).source.owner: got {given!r} for bucket {bucket!r}, "
+                                 f"which {earlier[1]!r} gives to {earlier[0]!r}; a bucket has one owner")
+        return {bucket: owners[bucket][0] if bucket in owners else None for bucket in sorted(buckets)}
 
     def targets(self) -> Iterator[tuple[str, ModelSpec]]:
         """Every published ``(target name, spec)`` pair, in manifest order."""
