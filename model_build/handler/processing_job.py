@@ -35,7 +35,9 @@ MESSAGE_LIMIT = 1024
 class MountedSources:
     """The S3 calls a source fetch makes (a listing, ``download_file``), answered from the
     folders SageMaker downloaded: ``s3://bucket/prefix/`` -> its LocalPath. An object outside
-    every mount is a 404, as S3 answers for a missing one."""
+    every mount is a 404, as S3 answers for a missing one. ``ExpectedBucketOwner`` is taken and
+    not checked here: SageMaker downloaded the folders with the job's role, whose reads are
+    conditioned on the same owner (``s3:ResourceAccount``)."""
 
     def __init__(self, mounts: Mapping[str, str], root: Path) -> None:
         self._mounts = [(uri[len("s3://"):], _local(root, path)) for uri, path in mounts.items()]
@@ -46,7 +48,7 @@ class MountedSources:
                 return folder / f"{bucket}/{key}"[len(mounted):]
         return None
 
-    def download_file(self, bucket: str, key: str, filename: str) -> None:
+    def download_file(self, bucket: str, key: str, filename: str, ExtraArgs: Mapping[str, str] | None = None) -> None:
         from botocore.exceptions import ClientError
 
         path = self._find(bucket, key)
@@ -59,7 +61,7 @@ class MountedSources:
             raise NotImplementedError(operation)
         return self
 
-    def paginate(self, *, Bucket: str, Prefix: str = "") -> Iterator[dict[str, Any]]:
+    def paginate(self, *, Bucket: str, Prefix: str = "", ExpectedBucketOwner: str = "") -> Iterator[dict[str, Any]]:
         contents = []
         for mounted, folder in self._mounts:
             if not (f"{Bucket}/".startswith(mounted) or mounted.startswith(f"{Bucket}/")):
