@@ -94,8 +94,8 @@ def unpack(data: bytes, out: Path) -> list[str]:
                                   "its top level)")
         if name in seen:
             raise ModelBuildError(f"pr-fetch: the artifact holds {name!r} twice")
-        mode = info.external_attr >> 16
-        if info.is_dir() or (mode and not stat.S_ISREG(mode)):
+        kind = stat.S_IFMT(info.external_attr >> 16)  # 0: the zip says nothing (permissions alone)
+        if info.is_dir() or kind not in (0, stat.S_IFREG):
             raise ModelBuildError(f"pr-fetch: the artifact's {name!r} is not a plain file")
         if info.file_size > MEMBERS[name]:
             raise ModelBuildError(f"pr-fetch: the artifact's {name!r} is {info.file_size} bytes; at most "
@@ -105,6 +105,8 @@ def unpack(data: bytes, out: Path) -> list[str]:
     if missing:
         raise ModelBuildError(f"pr-fetch: the artifact has no {' and no '.join(missing)}")
     out.mkdir(parents=True, exist_ok=True)
+    for name in MEMBERS:  # an earlier fetch's files are not this artifact's
+        (out / name).unlink(missing_ok=True)
     for name, info in seen.items():
         try:
             with archive.open(info) as member:
@@ -113,9 +115,7 @@ def unpack(data: bytes, out: Path) -> list[str]:
             raise ModelBuildError(f"pr-fetch: the artifact's {name!r} cannot be read ({error})") from None
         if len(content) > MEMBERS[name]:
             raise ModelBuildError(f"pr-fetch: the artifact's {name!r} unpacks past {MEMBERS[name]} bytes; refused")
-        target = out / name  # a fixed name of MEMBERS, never a path from the zip
-        target.unlink(missing_ok=True)
-        with open(target, "xb") as handle:
+        with open(out / name, "xb") as handle:  # a fixed name of MEMBERS, never a path from the zip
             handle.write(content)
     return sorted(seen)
 
