@@ -165,18 +165,15 @@ def fetch(github: GitHub, out: Path, *, run_id: int | None = None, pr: int | Non
 
 
 def cmd_pr_fetch(args: argparse.Namespace) -> int:
-    if (args.run_id is None) == (args.pr is None):
-        raise ModelBuildError("pr-fetch: give --run-id ID (a workflow_run) or --pr N (an approval comment)")
     github = GitHub.from_environment("pr-fetch", "`actions: read` and `pull-requests: read`")
     fetched = fetch(github, Path(args.out), run_id=args.run_id, pr=args.pr, workflow=args.workflow,
                     artifact=args.artifact)
     lines = [f"pr={fetched.pr}", f"head_sha={fetched.head_sha}", f"run_id={fetched.run_id}",
              f"manifest={'true' if fetched.manifest else 'false'}"]
-    output = os.environ.get("GITHUB_OUTPUT")
-    if output:
-        with open(output, "a", encoding="utf-8") as handle:
-            handle.write("".join(f"{line}\n" for line in lines))
     print("pr-fetch: " + " ".join(lines))
+    if os.environ.get("GITHUB_OUTPUT"):  # the step's outputs, for the steps after it
+        with open(os.environ["GITHUB_OUTPUT"], "a", encoding="utf-8") as handle:
+            handle.writelines(f"{line}\n" for line in lines)
     return 0
 
 
@@ -184,9 +181,10 @@ def add_pr_fetch_parser(sub: Any) -> None:
     parser = sub.add_parser("pr-fetch", help="unpack the template a pull request synthesized (its run's artifact), "
                                              "as untrusted data (GitHub)",
                             description=__doc__.split("\n\n")[1].replace("\n", " "))
+    parser.set_defaults(func=cmd_pr_fetch)
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--run-id", type=int, default=None, help="the synth run (a workflow_run's id)")
+    which.add_argument("--pr", type=int, default=None, help="the pull request (its head's newest synth run)")
     parser.add_argument("--out", required=True, help="the folder to unpack into (template.json, manifest.yaml, pr.json)")
-    parser.add_argument("--run-id", type=int, default=None, help="the synth run (a workflow_run's id)")
-    parser.add_argument("--pr", type=int, default=None, help="the pull request (its head's newest synth run)")
     parser.add_argument("--workflow", default=WORKFLOW, help=f"the synth workflow's file (default: {WORKFLOW})")
     parser.add_argument("--artifact", default=ARTIFACT, help=f"the artifact's name (default: {ARTIFACT})")
-    parser.set_defaults(func=cmd_pr_fetch)

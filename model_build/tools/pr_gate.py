@@ -177,9 +177,9 @@ def add_pr_gate_parser(sub: Any) -> None:
     parser = sub.add_parser("pr-gate", help="pass or stop a pull request on its plan: exit 4 needs an approval of the "
                                             "plan's digest (GitHub)",
                             description=__doc__.split("\n\n")[1].replace("\n", " "))
+    parser.set_defaults(func=cmd_pr_gate)
     parser.add_argument("--plan", required=True, help="the plan's JSON (plan --json-file)")
     parser.add_argument("--pr", type=int, required=True, help="the pull request's number")
     parser.add_argument("--head-sha", required=True, help="the pull request's head commit (the status goes there)")
     parser.add_argument("--markdown-file", default=None, help="append the gate's section to this markdown plan")
     parser.add_argument("--context", default=CONTEXT, help=f"the commit status's context (default: {CONTEXT})")
-    parser.set_defaults(func=cmd_pr_gate)
