@@ -242,8 +242,6 @@ class PlanReport:
             marker(self.stack),
             f"### Triton MME plan for `{self.stack}`: {headline} (exit {self.exit_code})",
             "",
-            f"Plan digest: `{digest}`",
-            "",
         ]
         security = verdict.of("security-changed")
         if security:  # first, after the headline: who can do what, each resource's changes
@@ -282,6 +280,7 @@ class PlanReport:
                                        "the retention window)")
         parts += _folded(f"Unchanged ({len(models.unchanged)})", models.unchanged, keep,
                          lambda route: f"- `{route.logical_name}`: `{route.target_model}`")
+        parts += ["", f"Plan digest: `{digest}` (what an approval names: the verdict and every finding)"]
         parts += ["", "<sub>`python -m model_build plan`: exit 0 no change, 3 changes that replace nothing and "
                       "widen no access, 4 data at risk, fleet replaced or unknown, or access widened (or changed in a "
                       "way the plan cannot classify).</sub>"]
