@@ -157,8 +157,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(404, {"message": "Not Found"})
 
     def _root(self) -> str:
-        host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://127.0.0.1:{self.server.server_port}"  # type: ignore[attr-defined]
 
     def do_POST(self) -> None:
         found = self._api("POST")

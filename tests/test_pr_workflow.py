@@ -38,8 +38,9 @@ PINNED = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+@[0-9a-f]{40}")
 
 
 def _workflow(path: Path) -> dict[str, Any]:
-    workflow: dict[str, Any] = yaml.safe_load(path.read_text(encoding="utf-8"))
-    workflow["on"] = workflow.pop(True)  # YAML 1.1 reads the key `on` as true
+    loaded: dict[Any, Any] = yaml.safe_load(path.read_text(encoding="utf-8"))
+    workflow: dict[str, Any] = {("on" if key is True else key): value for key, value in loaded.items()}
+    # (YAML 1.1 reads the key `on` as true)
     return workflow
 
 
