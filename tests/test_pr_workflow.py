@@ -1,27 +1,30 @@
-"""The pull-request workflow (.github/workflows/triton-mme-plan.yml) runs as written.
+"""The pull-request workflows (.github/workflows/triton-mme-synth.yml and triton-mme-plan.yml) run as written.
 
-Its own ``run:`` scripts, read from the workflow file (not copied here), run on this checkout with
-what GitHub Actions would give them: the plan step against a routes file and a deployed template,
-its ``exit_code`` output through ``$GITHUB_OUTPUT``; the comment step against a GitHub REST API
-on loopback (a small real HTTP server keeping comments), twice, leaving one comment that the
-second push updated; the gate with and without the allowing label. The steps that are actions
-(checkout, setup-python, credentials, artifact upload) are GitHub's and are not run here.
+Their own ``run:`` scripts, read from the workflow files (not copied here), run with what GitHub
+Actions would give them: the synth step on a clone standing for the pull request (the real
+``cdk synth``), its files zipped as the artifact upload-artifact keeps; the gate's steps on another
+clone standing for the default branch (fetch, plan against a routes file and a deployed template,
+gate, comment), against a GitHub REST API on loopback (``tests/github_fake.py``). Across three
+pushes: a plan that needs a person stops the check; an approval of its digest by a writer passes it
+and the author's own approval is refused; a push that leaves the plan the same keeps the approval;
+a push that changes the plan voids it, naming both digests. The steps that are actions (checkout,
+setup-python, credentials, artifact upload) are GitHub's and are not run here; what they are given
+(pinned by commit, no persisted credentials, no checkout of the pull request in the gate) is read
+from the files.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, ClassVar
-from urllib.parse import parse_qs, urlsplit
+from typing import Any
 
 import pytest
 import yaml
 from cdk_helpers import subprocess_env, synth
+from github_fake import TOKEN, State, serve, user
 from test_plan import _routes
 
 from triton_mme_cdk.model_build.release import model_code_sha256
@@ -29,167 +32,182 @@ from triton_mme_cdk.model_build.release.deployed import record_from_template
 from triton_mme_cdk.model_build.tools.plan_report import marker
 
 ROOT = Path(__file__).resolve().parents[1]
-WORKFLOW = ROOT / ".github" / "workflows" / "triton-mme-plan.yml"
+WORKFLOWS = ROOT / ".github" / "workflows"
+PLAN, SYNTH = WORKFLOWS / "triton-mme-plan.yml", WORKFLOWS / "triton-mme-synth.yml"
+PINNED = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+@[0-9a-f]{40}")
 
 
-def _job() -> dict[str, Any]:
-    workflow = yaml.safe_load(WORKFLOW.read_text(encoding="utf-8"))
-    job: dict[str, Any] = workflow["jobs"]["plan"]
-    return job
+def _workflow(path: Path) -> dict[str, Any]:
+    loaded: dict[Any, Any] = yaml.safe_load(path.read_text(encoding="utf-8"))
+    workflow: dict[str, Any] = {("on" if key is True else key): value for key, value in loaded.items()}
+    # (YAML 1.1 reads the key `on` as true)
+    return workflow
 
 
-def _step(name: str) -> dict[str, Any]:
-    step: dict[str, Any] = next(step for step in _job()["steps"] if step.get("name") == name)
-    return step
+def _job(path: Path) -> dict[str, Any]:
+    (job,) = _workflow(path)["jobs"].values()
+    return dict(job)
 
 
-def _run(name: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+def _run(path: Path, name: str, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
     """One ``run:`` step as Actions runs it (``bash -e {0}``), with the job's and the step's env
     replaced by ``env`` (their ``${{ }}`` expressions are what GitHub fills in)."""
-    script = _step(name)["run"]
+    step = next(step for step in _job(path)["steps"] if step.get("name") == name)
+    script = step["run"]
     assert "${{" not in script, f"step {name!r}: expressions belong in its env, not in the script"
     return subprocess.run(["bash", "-e", "-c", script], cwd=cwd, env=subprocess_env(**env), capture_output=True,
                           text=True, timeout=300)
 
 
-class _GitHub(BaseHTTPRequestHandler):
-    """The issue-comments part of GitHub's REST API, kept in memory."""
-
-    comments: ClassVar[dict[int, dict[str, Any]]] = {}
-    calls: ClassVar[list[str]] = []
-
-    def _reply(self, status: int, body: Any) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _body(self) -> dict[str, Any]:
-        body: dict[str, Any] = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        return body
-
-    def do_GET(self) -> None:
-        self.calls.append(f"GET {self.path}")
-        assert self.headers["Authorization"] == "Bearer token-1"
-        query = parse_qs(urlsplit(self.path).query)
-        page, size = int(query.get("page", ["1"])[0]), int(query.get("per_page", ["30"])[0])
-        items = sorted(self.comments.values(), key=lambda item: item["id"])
-        self._reply(200, items[(page - 1) * size:page * size])
-
-    def do_POST(self) -> None:
-        self.calls.append(f"POST {self.path}")
-        comment = {"id": 1000 + len(self.comments), "body": self._body()["body"]}
-        self.comments[comment["id"]] = comment
-        self._reply(201, comment)
-
-    def do_PATCH(self) -> None:
-        self.calls.append(f"PATCH {self.path}")
-        comment_id = int(self.path.rsplit("/", 1)[1])
-        self.comments[comment_id]["body"] = self._body()["body"]
-        self._reply(200, self.comments[comment_id])
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-@pytest.fixture
-def github() -> Iterator[str]:
-    _GitHub.comments, _GitHub.calls = {1: {"id": 1, "body": "an earlier review comment"}}, []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _GitHub)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def test_the_docs_show_the_workflow_as_it_is() -> None:
+def test_the_docs_show_the_workflows_as_they_are() -> None:
     docs = (ROOT / "docs" / "pipelines.md").read_text(encoding="utf-8")
-    assert "```yaml\n" + WORKFLOW.read_text(encoding="utf-8") + "```" in docs
+    for path in (SYNTH, PLAN):
+        assert "```yaml\n" + path.read_text(encoding="utf-8") + "```" in docs, path.name
+
+
+def test_the_gate_never_runs_the_pull_requests_code() -> None:
+    synth_flow, plan_flow = _workflow(SYNTH), _workflow(PLAN)
+    # The pull request's code runs only on pull_request, with a read-only token and no AWS access.
+    assert set(synth_flow["on"]) == {"pull_request"} and synth_flow["permissions"] == {"contents": "read"}
+    synth_job = _job(SYNTH)
+    assert not [s for s in synth_job["steps"] if "configure-aws-credentials" in s.get("uses", "")]
+    # The gate starts on workflow_run (after that synth) and on comments: GitHub runs both from the
+    # default branch's copy of the file. Never on pull_request or pull_request_target.
+    assert set(plan_flow["on"]) == {"workflow_run", "issue_comment"}
+    assert plan_flow["on"]["workflow_run"]["workflows"] == [synth_flow["name"]]
+    job = _job(PLAN)
+    assert "github.event.workflow_run.event == 'pull_request'" in job["if"]
+    assert "github.event.workflow_run.conclusion == 'success'" in job["if"]
+    steps = job["steps"]
+    uses = [step["uses"] for flow in (SYNTH, PLAN) for step in _job(flow)["steps"] if "uses" in step]
+    assert uses and all(PINNED.fullmatch(use) for use in uses), uses  # every action pinned by commit SHA
+    for flow in (SYNTH, PLAN):
+        for step in _job(flow)["steps"]:
+            if step.get("uses", "").startswith("actions/checkout@"):
+                assert step["with"]["persist-credentials"] is False
+    # The gate's checkout is the default branch's: no ref, no other repository.
+    (checkout,) = [step for step in steps if step.get("uses", "").startswith("actions/checkout@")]
+    assert set(checkout["with"]) == {"persist-credentials"}
+    # What it installs comes first; then the artifact (as data); then the role.
+    names = [step.get("name") or step["uses"].split("@")[0] for step in steps]
+    assert (names.index("Install") < names.index("Fetch the template")
+            < names.index("aws-actions/configure-aws-credentials") < names.index("Plan")
+            < names.index("Gate") < names.index("Comment"))
+    # The artifact's files are only ever arguments of plan (JSON and YAML read as data).
+    scripts = "\n".join(step.get("run", "") for step in steps)
+    uses_of_pr = re.findall(r"(--[a-z-]+)\s+\"?\$RUNNER_TEMP/pr([\w./-]*)", scripts)
+    assert sorted(uses_of_pr) == [("--manifest", "/manifest.yaml"), ("--out", ""), ("--template", "/template.json")]
+    assert scripts.count("RUNNER_TEMP") == 3
+
+
+def _outputs(path: Path) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in path.read_text().splitlines())
 
 
 @pytest.mark.slow
-def test_the_workflow_plans_comments_once_and_gates_on_exit_4(tmp_path: Path, github: str) -> None:
-    job = _job()
-    assert job["env"]["ALLOW_LABEL"] == "fleet-replacement-approved"
-    assert "--stack-name" in job["env"]["PLAN_LIVE"] and "--bucket" in job["env"]["PLAN_LIVE"]
-    steps = [step.get("name") or step.get("uses") for step in job["steps"]]
-    assert steps.index("Plan") < steps.index("Comment") < steps.index("Gate")
-    # The live state as the routes file and deployed template a stack would have.
+def test_an_approval_holds_for_its_plan_only(tmp_path: Path) -> None:
+    # The live state: the routes and deployed template of the base branch's stack.
     deployed = synth(tmp_path / "synth", nag=False).data
     (tmp_path / "deployed.json").write_text(json.dumps(deployed))
-    checkout = tmp_path / "checkout"
-    subprocess.run(["git", "clone", "--quiet", "--shared", str(ROOT), str(checkout)], check=True)
-    # The routes as the checkout's build code wrote them (the working tree may hold edits not committed).
+    base, pull = tmp_path / "base", tmp_path / "pull"
+    for clone in (base, pull):
+        subprocess.run(["git", "clone", "--quiet", "--shared", str(ROOT), str(clone)], check=True)
+        for name in (".venv", "node_modules"):  # what `make plan-setup` installs there
+            (clone / name).symlink_to(ROOT / name)
     routes = tmp_path / "routes.json"
     routes.write_bytes(_routes(deployed=record_from_template(deployed),
-                               code_sha256=model_code_sha256(checkout / "model_build")).body())
-    # The checkout uses this machine's environments (what `make plan-setup` installs there).
-    for name in (".venv", "node_modules"):
-        (checkout / name).symlink_to(ROOT / name)
+                               code_sha256=model_code_sha256(base / "model_build")).body())
     live = f"--routes-file {routes} --deployed-template {tmp_path / 'deployed.json'}"
+    state = State()
+    state.permissions.update({"alice": {"permission": "write", "role_name": "write"},
+                              "bob": {"permission": "write", "role_name": "write"}})
 
-    def plan(*extra: str) -> str:
-        output = tmp_path / "github_output"
+    def push(run_id: int, sha: str, settings: dict[str, str], readme: str = "") -> None:
+        """A push to pull request 7: its cdk.json settings, the synth step, the artifact kept."""
+        cdk_json = json.loads((pull / "cdk.json").read_text())
+        cdk_json["context"].update(settings)
+        (pull / "cdk.json").write_text(json.dumps(cdk_json, indent=2))
+        if readme:
+            (pull / "README.md").write_text(readme)
+        done = _run(SYNTH, "Synth", pull, STACK="TritonMme", PR_NUMBER="7")
+        assert done.returncode == 0, done.stdout + done.stderr
+        files = {p.name: p.read_bytes() for p in (pull / "pr-template").iterdir()}
+        assert sorted(files) == ["manifest.yaml", "pr.json", "template.json"]
+        state.run(run_id, sha, files)
+        state.pull(7, "bob", sha)
+
+    def gate(api: str, **event: str) -> tuple[str, subprocess.CompletedProcess[str]]:
+        """The gate job's steps in order, as their `if:`s run them: (the plan's exit code, the gate step)."""
+        runner = tmp_path / "runner"
+        github = {"GITHUB_TOKEN": TOKEN, "GITHUB_REPOSITORY": "acme/models", "GITHUB_API_URL": api,
+                  "RUNNER_TEMP": str(runner)}
+        for name in ("plan.md", "plan.json"):
+            (base / name).unlink(missing_ok=True)
+        outputs = tmp_path / "fetch_output"
+        outputs.write_text("")
+        fetched = _run(PLAN, "Fetch the template", base, GITHUB_OUTPUT=str(outputs), **github, **event)
+        assert fetched.returncode == 0, fetched.stdout + fetched.stderr
+        fetch = _outputs(outputs)
+        plan_output = tmp_path / "plan_output"
+        plan_output.write_text("")
+        planned = _run(PLAN, "Plan", base, PLAN_LIVE=live, HAS_MANIFEST=fetch["manifest"],
+                       GITHUB_OUTPUT=str(plan_output), **github)
+        assert planned.returncode == 0, planned.stdout + planned.stderr
+        code = _outputs(plan_output)["exit_code"]
+        gated = _run(PLAN, "Gate", base, PR_NUMBER=fetch["pr"], HEAD_SHA=fetch["head_sha"], **github)
+        commented = _run(PLAN, "Comment", base, PR_NUMBER=fetch["pr"], **github)
+        assert commented.returncode == 0, commented.stdout + commented.stderr
+        return code, gated
+
+    sha1, sha2, sha3 = "1" * 40, "2" * 40, "3" * 40
+    with serve(state) as api:
+        # Push 1: a bigger instance type. The plan replaces the fleet: the check stops.
+        push(101, sha1, {"mme:instance_type": "ml.g5.2xlarge"})
+        code, gated = gate(api, RUN_ID="101", PR_NUMBER="")
+        assert code == "4" and gated.returncode == 1, gated.stdout + gated.stderr
+        digest1 = json.loads((base / "plan.json").read_text())["digest"]
+        (comment,) = state.ours(7)
+        assert comment["body"].startswith(marker("TritonMme"))
+        assert "fleet replaced because EndpointConfig ProductionVariants[0].InstanceType" in comment["body"]
+        assert f"Plan digest: `{digest1}`" in comment["body"] and f"`/approve-plan {digest1}`" in comment["body"]
+        assert state.statuses[-1][0] == sha1 and state.statuses[-1][1]["state"] == "failure"
+        # The author approves their own plan: refused. A writer approves it: the comment's run passes.
+        state.comment(7, f"/approve-plan {digest1}", user("bob"))
+        alices = state.comment(7, f"/approve-plan {digest1}", user("alice"))
+        code, gated = gate(api, RUN_ID="", PR_NUMBER="7")
+        assert code == "4" and gated.returncode == 0, gated.stdout + gated.stderr
+        assert "@bob is the pull request's author, who cannot approve its plan" in gated.stdout
+        assert f"approved by @alice for {digest1}" in gated.stdout
+        sha, status = state.statuses[-1]
+        assert (sha, status["state"], status["context"], status["description"]) == (
+            sha1, "success", "triton-mme/plan-approval", "approved by @alice")
+        # Push 2: a README edit. The same plan, the same digest: alice's approval holds.
+        push(102, sha2, {}, readme="# a documentation change\n")
+        code, gated = gate(api, RUN_ID="102", PR_NUMBER="")
+        assert code == "4" and gated.returncode == 0, gated.stdout + gated.stderr
+        assert json.loads((base / "plan.json").read_text())["digest"] == digest1
+        assert state.statuses[-1][0] == sha2 and state.statuses[-1][1]["state"] == "success"
+        # Push 3: another instance type. Another plan: alice's approval is void, and the gate names both digests.
+        push(103, sha3, {"mme:instance_type": "ml.g5.4xlarge"})
+        code, gated = gate(api, RUN_ID="103", PR_NUMBER="")
+        digest3 = json.loads((base / "plan.json").read_text())["digest"]
+        assert code == "4" and gated.returncode == 1 and digest3 != digest1
+        assert (f"approval by @alice (comment {alices}) refused: it names plan {digest1}; this plan is {digest3} "
+                "(a push changed the plan)") in gated.stdout
+        assert state.statuses[-1][0] == sha3 and state.statuses[-1][1]["state"] == "failure"
+        (comment,) = state.ours(7)  # one plan comment, updated by every run
+        assert f"Plan digest: `{digest3}`" in comment["body"] and "**Gate:** ⛔" in comment["body"]
+        assert "ml.g5.4xlarge" in comment["body"]
+        # A plan that fails (a broken routes file) fails its step with the error line; the gate sets a failure.
+        routes.write_bytes(routes.read_bytes()[:50])
+        github = {"GITHUB_TOKEN": TOKEN, "GITHUB_REPOSITORY": "acme/models", "GITHUB_API_URL": api,
+                  "RUNNER_TEMP": str(tmp_path / "runner")}
+        (base / "plan.json").unlink()
+        (base / "plan.md").unlink()
+        output = tmp_path / "plan_output"
         output.write_text("")
-        result = _run("Plan", checkout, PLAN_LIVE=" ".join([live, *extra]), GITHUB_OUTPUT=str(output))
-        assert result.returncode == 0, result.stdout + result.stderr
-        (line,) = output.read_text().splitlines()
-        return line.removeprefix("exit_code=")
-
-    def comment() -> None:
-        result = _run("Comment", checkout, GITHUB_TOKEN="token-1", PR_NUMBER="7", GITHUB_API_URL=github,
-                      GITHUB_REPOSITORY="acme/models")
-        assert result.returncode == 0, result.stdout + result.stderr
-
-    def gate(code: str, labels: str) -> subprocess.CompletedProcess[str]:
-        return _run("Gate", checkout, PLAN_EXIT=code, LABELS=labels, ALLOW_LABEL=job["env"]["ALLOW_LABEL"])
-
-    # First push: nothing changes; the plan is posted once.
-    assert plan() == "0"
-    comment()
-    assert gate("0", "").returncode == 0
-    # Second push: a bigger instance type, given as the settings the PR changes: the same comment,
-    # updated; the gate stops until the label allows it.
-    assert plan("-c", "mme:instance_type=ml.g5.2xlarge") == "4"
-    comment()
-    ours = [c for c in _GitHub.comments.values() if c["body"].startswith(marker("TritonMme"))]
-    assert len(ours) == 1 and len(_GitHub.comments) == 2, "one plan comment, the other comment untouched"
-    assert "fleet replaced because EndpointConfig ProductionVariants[0].InstanceType" in ours[0]["body"]
-    assert [call.split(" ")[0] for call in _GitHub.calls] == ["GET", "POST", "GET", "PATCH"]
-    assert (checkout / "plan.json").is_file() and json.loads((checkout / "plan.json").read_text())["exit_code"] == 4
-    stopped = gate("4", "documentation")
-    assert stopped.returncode == 1 and "add the label fleet-replacement-approved" in stopped.stdout
-    assert gate("4", "documentation,fleet-replacement-approved").returncode == 0
-    assert gate("3", "").returncode == 0
-    # A plan that fails (a broken routes file) fails its step with the error line, and posts nothing.
-    routes.write_bytes(routes.read_bytes()[:50])
-    output = tmp_path / "github_output"
-    output.write_text("")
-    failed = _run("Plan", checkout, PLAN_LIVE=live, GITHUB_OUTPUT=str(output))
-    assert failed.returncode == 1 and "truncated" in failed.stderr and output.read_text() == "exit_code=1\n"
-
-
-def test_pr_comment_refuses_what_it_cannot_post(tmp_path: Path, github: str) -> None:
-    """No token, no marker line, no such file: one line each, exit 1, nothing posted."""
-    plan = tmp_path / "plan.md"
-    plan.write_text("no marker here\n")
-    cases = [
-        ({"GITHUB_REPOSITORY": "acme/models"}, ["--file", str(plan), "--pr", "7"], "GITHUB_TOKEN not set"),
-        ({"GITHUB_TOKEN": "token-1", "GITHUB_REPOSITORY": "acme/models", "GITHUB_API_URL": github},
-         ["--file", str(plan), "--pr", "7"], "does not start with the plan's hidden marker line"),
-        ({"GITHUB_TOKEN": "token-1", "GITHUB_REPOSITORY": "acme/models"}, ["--file", str(tmp_path / "nope.md"),
-                                                                            "--pr", "7"], "--file: got"),
-    ]
-    for env, args, expected in cases:
-        result = subprocess.run([str(ROOT / ".venv" / "bin" / "python"), "-m", "model_build", "pr-comment", *args],
-                                cwd=ROOT, env={k: v for k, v in subprocess_env(**env).items()
-                                               if k != "GITHUB_TOKEN" or "GITHUB_TOKEN" in env},
-                                capture_output=True, text=True, timeout=120)
-        assert result.returncode == 1 and expected in result.stdout + result.stderr, (args, result.stderr)
-        assert "Traceback" not in result.stderr
-    assert _GitHub.calls == [] and len(_GitHub.comments) == 1
+        failed = _run(PLAN, "Plan", base, PLAN_LIVE=live, HAS_MANIFEST="true", GITHUB_OUTPUT=str(output), **github)
+        assert failed.returncode == 1 and "truncated" in failed.stderr and output.read_text() == "exit_code=1\n"
+        gated = _run(PLAN, "Gate", base, PR_NUMBER="7", HEAD_SHA=sha3, **github)
+        assert gated.returncode == 1 and "the plan step failed" in gated.stderr
+        assert state.statuses[-1][1]["description"] == "the plan did not run: see the run's log"

@@ -6,7 +6,10 @@
 - ``plan_cli``: ``plan`` (what a change does to the models, the fleet and the data: ``plan_verdict``
   judges the template with the CDK's diff engine, ``cfn_diff.js``; ``plan_security`` who can do
   what, widened or narrowed; ``plan_report`` writes text,
-  JSON of ``plan.schema.json`` and markdown), ``pr-comment`` (``pr_comment``) and ``releases``;
+  JSON of ``plan.schema.json`` and markdown, with the plan's digest), ``pr-comment``
+  (``pr_comment``), ``pr-fetch`` (``pr_fetch``: a pull request's synthesized template, as
+  untrusted data), ``pr-gate`` (``pr_gate``: an approval bound to the plan's digest), all three
+  over GitHub's REST API (``github_api``), and ``releases``;
 - ``endpoint``: a SageMaker multi-model endpoint on this machine: ``mme`` (SageMaker's part:
   loading, eviction, out-of-memory retries) over ``served_release`` (what it serves) and
   ``triton_server`` (the real ``tritonserver``), with ``triton_backends``;

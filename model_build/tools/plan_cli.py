@@ -54,6 +54,8 @@ from triton_mme_cdk.model_build.tools.app_context import (
     template_model_prefix,
 )
 from triton_mme_cdk.model_build.tools.pr_comment import add_pr_comment_parser
+from triton_mme_cdk.model_build.tools.pr_fetch import add_pr_fetch_parser
+from triton_mme_cdk.model_build.tools.pr_gate import add_pr_gate_parser
 
 STACK_NAME_EXPECTED = "a CloudFormation stack name: a letter, then letters, digits and '-', at most 128 characters"
 #: An S3 key prefix, as the stack's settings accept it.
@@ -346,3 +348,5 @@ def add_plan_parsers(sub: Any, default_prefix: str) -> None:
     group.add_argument("--delete-all", action="store_true", help="delete every listed release prefix")
     releases.set_defaults(func=cmd_releases)
     add_pr_comment_parser(sub)
+    add_pr_fetch_parser(sub)
+    add_pr_gate_parser(sub)

@@ -11,10 +11,17 @@ list folded in a ``<details>`` block. It always fits GitHub's 65,536-character c
 
 Its first line is a hidden marker naming the stack (``<!-- triton-mme-plan stack=NAME -->``), so a
 CI finds its one comment and updates it on every push (``python -m model_build pr-comment``).
+
+Every output carries the plan's **digest** (:func:`plan_digest`): ``sha256:`` and the hash of the
+canonical JSON of the verdict and every finding, nothing that changes with time. An approval names
+it (``pr-gate``), so a push that changes the plan voids the approval and one that leaves it the
+same keeps it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +53,29 @@ VERDICT_EXIT: dict[str, int] = {
     "models-only": EXIT_CHANGES,
     "no-change": EXIT_NO_CHANGE,
 }
+
+
+#: What :func:`plan_digest` hashes is versioned by this name (it is in the hashed text).
+DIGEST_SCHEMA = "triton-mme/plan-digest/1"
+DIGEST_PATTERN = r"sha256:[0-9a-f]{64}"
+
+
+def plan_digest(plan: dict[str, Any]) -> str:
+    """``sha256:<64 hex>`` of what an approval approves, from the plan's JSON (:meth:`PlanReport.as_json`):
+    the stack, the verdict and exit code, the fleet's, data's and security's verdicts, and every
+    finding (fleet, data, security and other; each in full: resource, impact, reasons, access,
+    changes), in a canonical order. Canonical JSON: keys sorted, no spaces, UTF-8. Not hashed:
+    the models' lists (they change no exit code), the summary and texts, the live release and the
+    file names compared. Anyone can recompute it from ``plan.json``."""
+    findings = [finding for part in ("fleet", "data", "security", "other") for finding in plan[part]["findings"]]
+    subject = {"digest": DIGEST_SCHEMA, "stack": plan["stack"], "verdict": plan["verdict"],
+               "exit_code": plan["exit_code"], "fleet": plan["fleet"]["verdict"], "data": plan["data"]["verdict"],
+               "security": plan["security"]["verdict"], "findings": sorted(findings, key=_canonical)}
+    return "sha256:" + hashlib.sha256(_canonical(subject).encode("utf-8")).hexdigest()
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def marker(stack: str) -> str:
@@ -102,7 +132,7 @@ class PlanReport:
     def as_json(self) -> dict[str, Any]:
         models = self.models
         verdict = self.verdict
-        return {
+        plan = {
             "schema": PLAN_SCHEMA,
             "stack": self.stack,
             "verdict": self.overall,
@@ -134,6 +164,13 @@ class PlanReport:
             "other": {"compared": verdict.others_compared,
                       "findings": [f.as_json() for f in verdict.of("other")]},
         }
+        plan["digest"] = plan_digest(plan)
+        return plan
+
+    @property
+    def digest(self) -> str:
+        """:func:`plan_digest` of this plan."""
+        return str(self.as_json()["digest"])
 
     def _where(self, model: str) -> str:
         where = self.builds_on.get(model)
@@ -166,6 +203,7 @@ class PlanReport:
         if self.verdict.data != "at-risk":
             lines.append(f"data: {self.verdict.data_text()}")
         lines.append(f"security: {self.verdict.security_text()}")
+        lines.append(f"digest: {self.digest}")
         lines.append(f"verdict: {self.overall} (exit {self.exit_code} with --detailed-exitcode)")
         return "\n".join(lines)
 
@@ -174,24 +212,25 @@ class PlanReport:
     # -----------------------------------------------------------------------------------------
 
     def markdown(self, *, budget: int = MARKDOWN_BUDGET) -> str:
-        full = self._markdown(None)
+        digest = self.digest
+        full = self._markdown(None, digest)
         if len(full) <= budget:
             return full
         low, high = 0, max(self._longest(), 1)
         while low < high:  # the largest K that fits
             middle = (low + high + 1) // 2
-            if len(self._markdown(middle)) <= budget:
+            if len(self._markdown(middle, digest)) <= budget:
                 low = middle
             else:
                 high = middle - 1
-        return self._markdown(low)
+        return self._markdown(low, digest)
 
     def _longest(self) -> int:
         models = self.models
         return max(len(models.added), len(models.updated), len(models.removed), len(models.unchanged),
                    len(self.verdict.findings))
 
-    def _markdown(self, keep: int | None) -> str:
+    def _markdown(self, keep: int | None, digest: str) -> str:
         models, verdict = self.models, self.verdict
         headline = {
             "data-at-risk": "⛔ data at risk", "fleet-unknown": "⚠️ fleet unknown", "fleet-replaced": "⚠️ fleet replaced",
@@ -241,6 +280,7 @@ class PlanReport:
                                        "the retention window)")
         parts += _folded(f"Unchanged ({len(models.unchanged)})", models.unchanged, keep,
                          lambda route: f"- `{route.logical_name}`: `{route.target_model}`")
+        parts += ["", f"Plan digest: `{digest}` (what an approval names: the verdict and every finding)"]
         parts += ["", "<sub>`python -m model_build plan`: exit 0 no change, 3 changes that replace nothing and "
                       "widen no access, 4 data at risk, fleet replaced or unknown, or access widened (or changed in a "
                       "way the plan cannot classify).</sub>"]

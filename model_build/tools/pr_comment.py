@@ -2,9 +2,11 @@
 
 Why: a CI that posts a new comment per push buries the review under stale plans. The plan's
 markdown starts with a hidden marker naming the stack (``<!-- triton-mme-plan stack=NAME -->``);
-this command finds the pull request's comment that carries the same marker and edits it, or
-creates it when there is none. One comment per stack, so a pipeline with several stacks or stages
-keeps one each.
+this command finds the pull request's comment that its own bot wrote (the author's login is
+``--author``, ``github-actions[bot]`` by default, and the author's type is ``Bot``) carrying the
+same marker, and edits it, or creates one when there is none. A comment anyone else wrote is never
+edited, even if it starts with the marker: anyone who can comment can paste it. One comment per
+stack, so a pipeline with several stacks or stages keeps one each.
 
 It talks to the GitHub REST API (``GET /repos/{repo}/issues/{pr}/comments``, ``PATCH
 /repos/{repo}/issues/comments/{id}``, ``POST /repos/{repo}/issues/{pr}/comments``) with the
@@ -17,54 +19,38 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from triton_mme_cdk.model_build.errors import ModelBuildError
+from triton_mme_cdk.model_build.tools.github_api import GitHub
 from triton_mme_cdk.model_build.tools.plan_report import GITHUB_COMMENT_LIMIT
 
-PAGE = 100
+#: The login of the comments GitHub Actions' ``GITHUB_TOKEN`` writes.
+ACTIONS_BOT = "github-actions[bot]"
 
 
-def _request(method: str, url: str, token: str, body: dict[str, Any] | None = None) -> Any:
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method, headers={
-        "Authorization": f"Bearer {token}", "Accept": "application/vnd.github+json",
-        "X-GitHub-Api-Version": "2022-11-28", "Content-Type": "application/json",
-    })
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return json.loads(response.read() or b"null")
-    except urllib.error.HTTPError as error:
-        detail = error.read()[:300].decode(errors="replace")
-        raise ModelBuildError(f"pr-comment: {method} {url} answered {error.code} ({' '.join(detail.split())})") from None
-    except urllib.error.URLError as error:
-        raise ModelBuildError(f"pr-comment: {method} {url} failed ({error.reason})") from None
+def is_own(comment: dict[str, Any], author: str, marker: str) -> bool:
+    """Whether ``comment`` is the one to update: written by ``author``, a bot, and starting with ``marker``."""
+    user = comment.get("user") or {}
+    return (user.get("login") == author and user.get("type") == "Bot"
+            and str(comment.get("body") or "").split("\n", 1)[0].strip() == marker)
 
 
-def upsert_comment(api_url: str, repository: str, pr: int, token: str, body: str) -> tuple[str, int]:
-    """Edit the comment of ``pr`` that carries ``body``'s first line (its marker), or create one.
-    Returns ("updated" | "created", the comment's id)."""
+def upsert_comment(github: GitHub, pr: int, body: str, *, author: str = ACTIONS_BOT) -> tuple[str, int]:
+    """Edit the comment of ``pr`` that ``author`` wrote with ``body``'s first line (its marker),
+    or create one. Returns ("updated" | "created", the comment's id)."""
     marker = body.split("\n", 1)[0].strip()
     if not (marker.startswith("<!--") and marker.endswith("-->")):
         raise ModelBuildError("pr-comment: the file does not start with the plan's hidden marker line "
                               "(<!-- triton-mme-plan stack=... -->); give the markdown of `plan --markdown-file`")
     if len(body) > GITHUB_COMMENT_LIMIT:
         raise ModelBuildError(f"pr-comment: {len(body)} characters; GitHub takes at most {GITHUB_COMMENT_LIMIT}")
-    base = f"{api_url.rstrip('/')}/repos/{repository}"
-    page = 1
-    while True:
-        comments = _request("GET", f"{base}/issues/{pr}/comments?per_page={PAGE}&page={page}", token)
-        for comment in comments:
-            if str(comment.get("body") or "").split("\n", 1)[0].strip() == marker:
-                _request("PATCH", f"{base}/issues/comments/{comment['id']}", token, {"body": body})
-                return "updated", int(comment["id"])
-        if len(comments) < PAGE:
-            break
-        page += 1
-    created = _request("POST", f"{base}/issues/{pr}/comments", token, {"body": body})
+    for comment in github.pages(f"/issues/{pr}/comments"):
+        if is_own(comment, author, marker):
+            github.request("PATCH", f"/issues/comments/{comment['id']}", {"body": body})
+            return "updated", int(comment["id"])
+    created = github.request("POST", f"/issues/{pr}/comments", {"body": body})
     return "created", int(created["id"])
 
 
@@ -80,19 +66,12 @@ def _pr_number(given: int | None) -> int:
 
 
 def cmd_pr_comment(args: argparse.Namespace) -> int:
-    token = os.environ.get("GITHUB_TOKEN", "")
-    repository = os.environ.get("GITHUB_REPOSITORY", "")
-    if not token or not repository:
-        missing = " and ".join(name for name, value in (("GITHUB_TOKEN", token), ("GITHUB_REPOSITORY", repository))
-                               if not value)
-        raise ModelBuildError(f"pr-comment: {missing} not set (GitHub Actions sets them; give the job "
-                              "`pull-requests: write`)")
+    github = GitHub.from_environment("pr-comment", "`pull-requests: write`")
     path = Path(args.file)
     if not path.is_file():
         raise ModelBuildError(f"--file: got {args.file!r}; no such file")
-    api_url = os.environ.get("GITHUB_API_URL", "https://api.github.com")
-    action, comment_id = upsert_comment(api_url, repository, _pr_number(args.pr), token,
-                                        path.read_text(encoding="utf-8"))
+    action, comment_id = upsert_comment(github, _pr_number(args.pr), path.read_text(encoding="utf-8"),
+                                        author=args.author)
     print(f"pr-comment: {action} comment {comment_id}")
     return 0
 
@@ -103,4 +82,7 @@ def add_pr_comment_parser(sub: Any) -> None:
                             description=__doc__.split("\n\n")[1].replace("\n", " "))
     parser.add_argument("--file", required=True, help="the markdown plan (plan --markdown-file)")
     parser.add_argument("--pr", type=int, default=None, help="pull request number (default: the event's)")
+    parser.add_argument("--author", default=ACTIONS_BOT,
+                        help=f"the login of the bot whose comment is updated (default: {ACTIONS_BOT}, the login of "
+                             "GITHUB_TOKEN's comments; a GitHub App's is '<app-slug>[bot]')")
     parser.set_defaults(func=cmd_pr_comment)
