@@ -102,7 +102,9 @@ def add_self_mutation_hold(scope: Construct, pipeline: codepipeline.Pipeline, *,
     stack = Stack.of(scope)
     stages = list(pipeline.stages)
     (update,) = [s for s in stages if s.stage_name == "UpdatePipeline"]
-    assembly = update.actions[0].action_properties.inputs[0]  # the cloud assembly SelfMutate deploys
+    inputs = update.actions[0].action_properties.inputs
+    assert inputs, "CDK Pipelines' SelfMutate action has the cloud assembly as its input"
+    assembly = inputs[0]  # the cloud assembly SelfMutate deploys
     project = codebuild.PipelineProject(
         scope, "PipelineChangeCheck",
         description="Compares the pipeline's new definition with the deployed one before it updates itself",

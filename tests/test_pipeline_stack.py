@@ -51,7 +51,7 @@ def test_each_target_is_plan_approval_then_deploy_and_smoke_in_order(synthesized
     names = [stage["Name"] for stage in pipeline["Stages"]]
     # The hold, then self-mutation, before any target.
     assert names[:5] == ["Source", "Build", "PipelineChange", "PipelineChange-approve", "UpdatePipeline"]
-    targets = [n for n in names if n not in names[:5] + ["Assets"]]
+    targets = [n for n in names if n not in [*names[:5], "Assets"]]
     assert targets == ["staging-plan", "staging-approve", "staging", "prod-plan", "prod-approve", "prod"]
     source = _stage(pipeline, "Source")["Actions"][0]
     assert source["ActionTypeId"]["Provider"] == "CodeStarSourceConnection"

@@ -112,6 +112,7 @@ def run(stack: str, context: Sequence[str], cdk_out: Path, out: Path,
         find_template(cdk_out, access_stack)  # a missing stack is an error before any AWS call
     no_access = os.environ.get("PLAN_NO_ACCESS")
     bucket = None if no_access else stack_bucket(stack)
+    report: dict[str, Any]
     if no_access:
         report = {"verdict": "security-changed", "exit_code": 4, "stack": stack,
                   "summary": f"the plan's read-only role {no_access} cannot be assumed: nothing of the stage can be "
@@ -119,7 +120,7 @@ def run(stack: str, context: Sequence[str], cdk_out: Path, out: Path,
         (out / "plan.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
         (out / "plan.md").write_text(f"## {stack}: cannot be read\n\n{report['summary']}.\n", encoding="utf-8")
     elif bucket is None:
-        report: dict[str, Any] = {"verdict": "security-changed", "exit_code": 4, "stack": stack,
+        report = {"verdict": "security-changed", "exit_code": 4, "stack": stack,
                                   "summary": f"stack {stack} does not exist yet: a first deploy creates the fleet and "
                                              "every role, policy and key of the stack (access widens)"}
         (out / "plan.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
