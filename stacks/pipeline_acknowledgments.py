@@ -45,6 +45,9 @@ RESOURCE_REASONS: tuple[tuple[str, str], ...] = (
     (r"^arn:\*:iam::[0-9]+:role/\*$",
      "Assumes the CDK bootstrap roles only (conditioned on their aws-cdk:bootstrap-role tag) to publish "
      "assets and read the stack's state, the CDK Pipelines way."),
+    (r"^arn:<AWS::Partition>:cloudformation:<AWS::Region>:<AWS::AccountId>:stack/[A-Za-z0-9-]+/\*$",
+     "The pipeline stack's own template (the self-mutation hold reads it): a stack ARN ends with its id, "
+     "known only once it exists; the name is fixed."),
     (r"^\*$", "The actions of this statement support no resource-level permissions."),
 )
 

@@ -1,20 +1,25 @@
 """The opt-in delivery pipeline (``mme:pipeline``): CDK Pipelines on CodePipeline V2, one set of
 CodePipeline stages per target, in order, stopping only for what needs a person.
 
+Before ``UpdatePipeline`` (self-mutation), ``PipelineChange`` and ``PipelineChange-approve``
+hold a change of the pipeline's own definition for a person (``stacks/pipeline_hold.py``).
+
 Per target (``<name>``):
 
-1. ``<name>-access``: a small stack in the target account with the **read-only roles** the
-   plan and smoke steps assume (deployed through the bootstrapped trust, as every stack is).
-2. ``<name>-plan``: ``python -m model_build plan`` of the synthesized template against the live
-   routes and the deployed template; keeps ``plan.md`` and ``plan.json`` as the step's output and
-   exports ``PLAN_VERDICT`` (and ``PLAN_APPROVAL``: ``true`` where plan would exit 4, or for
-   every deploy of a stage with ``require_approval: always``).
-3. ``<name>-approve``: a manual approval, **entered only when the verdict needs a person**
+1. ``<name>-plan``: ``python -m model_build plan`` of the synthesized template against the live
+   routes and the deployed template, and the access stack's template against its deployed one;
+   keeps ``plan.md`` and ``plan.json`` as the step's output and exports ``PLAN_VERDICT`` (and
+   ``PLAN_APPROVAL``: ``true`` where plan would exit 4, where the access stack's roles change or
+   the plan's read-only role cannot be assumed, or for every deploy of a stage with
+   ``require_approval: always``).
+2. ``<name>-approve``: a manual approval, **entered only when the verdict needs a person**
    (data at risk, fleet replaced or unknown, access widened or changed in a way the plan cannot
    classify: plan's exit 4; every deploy with ``require_approval: always``): a CodePipeline V2 ``beforeEntry``
    condition with a ``VariableCheck`` rule on ``PLAN_APPROVAL``, result ``SKIP``. It links the
    plan's build (its log holds the markdown) and notifies ``approval_topic_arn``.
-4. ``<name>``: deploys the endpoint stack, then the **smoke step** invokes every routed model
+3. ``<name>``: deploys the endpoint stack and ``<stack>-<name>-pipeline-access``, a small stack
+   with the **read-only roles** the plan and smoke steps assume (after the approval, like every
+   change in the target), then the **smoke step** invokes every routed model
    (``python -m model_build smoke``). A failure fails the stage; the pipeline stops there, and
    the next stage never deploys what failed.
 
@@ -39,8 +44,14 @@ from aws_cdk import aws_sns as sns
 
 from constructs import Construct
 from triton_mme_cdk.constructs.nag_acknowledgments import acknowledge
-from triton_mme_cdk.stacks.pipeline_access import PipelineAccessStack, access_role_name, step_role_name
+from triton_mme_cdk.stacks.pipeline_access import (
+    PipelineAccessStack,
+    access_role_name,
+    access_stack_name,
+    step_role_name,
+)
 from triton_mme_cdk.stacks.pipeline_acknowledgments import acknowledge_pipeline_grants
+from triton_mme_cdk.stacks.pipeline_hold import APPROVE_STAGE, add_self_mutation_hold, hold_condition
 from triton_mme_cdk.stacks.pipeline_settings import PipelineSettings, PipelineStage
 from triton_mme_cdk.stacks.settings import MmeSettings
 
@@ -56,12 +67,16 @@ def shell_context(settings: dict[str, Any]) -> str:
 
 
 class EndpointStage(Stage):
-    """One target's endpoint stack, with the app's settings and the stage's overrides."""
+    """One target's endpoint stack, with the app's settings and the stage's overrides, and the
+    read-only roles of the pipeline's steps: both deployed after the stage's plan and approval."""
 
     def __init__(self, scope: Construct, id: str, *, build: Any, settings: MmeSettings, stage: PipelineStage,
-                 stack_name: str) -> None:
+                 stack_name: str, pipeline_account: str, base: str) -> None:
         super().__init__(scope, id, env={"account": stage.account, "region": stage.region})
         self.stack = build(self, settings, stack_name)
+        self.access = PipelineAccessStack(self, "Access", stack_name=access_stack_name(stack_name),
+                                          endpoint_stack_name=stack_name, pipeline_account=pipeline_account,
+                                          base=base, stage=stage.name, settings=settings)
 
 
 class TritonMmePipelineStack(Stack):
@@ -107,20 +122,16 @@ class TritonMmePipelineStack(Stack):
         self.plan_steps: dict[str, pipelines.CodeBuildStep] = {}
         for stage in pipeline.stages:
             stack_name = f"{base}-{stage.name}"
-            access = Stage(self, f"{stage.name}-access", env={"account": stage.account, "region": stage.region})
-            PipelineAccessStack(access, "Access", stack_name=f"{stack_name}-pipeline-access",
-                                endpoint_stack_name=stack_name, pipeline_account=pipeline.account,
-                                base=base, stage=stage.name, settings=stage_settings[stage.name])
-            self.code_pipeline.add_stage(access)
             plan = self._plan_step(stage, stack_name, base)
             self.plan_steps[stage.name] = plan
             self.code_pipeline.add_wave(f"{stage.name}-plan", pre=[plan])
             self.code_pipeline.add_wave(f"{stage.name}-approve", pre=[pipelines.ManualApprovalStep(
                 f"Approve-{stage.name}", comment=f"{stack_name}: see the plan", notification_topic=topic)])
             endpoint = EndpointStage(self, stage.name, build=build_endpoint, settings=stage_settings[stage.name],
-                                     stage=stage, stack_name=stack_name)
+                                     stage=stage, stack_name=stack_name, pipeline_account=pipeline.account, base=base)
             self.code_pipeline.add_stage(endpoint, post=[self._smoke_step(stage, stack_name, base, endpoint)])
         self.code_pipeline.build_pipeline()
+        add_self_mutation_hold(self, self.code_pipeline.pipeline, key=self.artifacts_key, topic=topic)
         self._approval_conditions()
         acknowledge_pipeline_grants(self)
 
@@ -154,14 +165,21 @@ class TritonMmePipelineStack(Stack):
         return role
 
     def _assume(self, stage: PipelineStage, base: str, kind: str) -> list[str]:
-        """Commands that switch the step to the target's read-only role."""
+        """Commands that switch the step to the target's read-only role. The plan step goes on
+        when the role cannot be assumed (the access stack is deployed after the first approval):
+        ``PLAN_NO_ACCESS`` then makes the plan ask a person."""
         role = f"arn:aws:iam::{stage.account}:role/{access_role_name(base, stage.name, kind)}"
+        exports = [f'export {name}=$(echo "$creds" | python3 -c "import json,sys; print(json.load(sys.stdin)[\'{key}\'])")'
+                   for name, key in (("AWS_ACCESS_KEY_ID", "AccessKeyId"), ("AWS_SECRET_ACCESS_KEY", "SecretAccessKey"),
+                                     ("AWS_SESSION_TOKEN", "SessionToken"))]
+        assume = (f"aws sts assume-role --role-arn {role} --role-session-name {kind}-{stage.name} "
+                  "--query Credentials --output json")
+        if kind == "plan":  # one command: the step's own credentials are never used to read the target
+            return [f"if creds=$({assume}); then {'; '.join(exports)}; else export PLAN_NO_ACCESS={role}; fi",
+                    f"export AWS_REGION={stage.region} AWS_DEFAULT_REGION={stage.region}"]
         return [
-            f"creds=$(aws sts assume-role --role-arn {role} --role-session-name {kind}-{stage.name} "
-            "--query Credentials --output json)",
-            'export AWS_ACCESS_KEY_ID=$(echo "$creds" | python3 -c "import json,sys; print(json.load(sys.stdin)[\'AccessKeyId\'])")',
-            'export AWS_SECRET_ACCESS_KEY=$(echo "$creds" | python3 -c "import json,sys; print(json.load(sys.stdin)[\'SecretAccessKey\'])")',
-            'export AWS_SESSION_TOKEN=$(echo "$creds" | python3 -c "import json,sys; print(json.load(sys.stdin)[\'SessionToken\'])")',
+            f"creds=$({assume})",
+            *exports,
             f"export AWS_REGION={stage.region} AWS_DEFAULT_REGION={stage.region}",
         ]
 
@@ -173,6 +191,7 @@ class TritonMmePipelineStack(Stack):
             additional_inputs={"cdk.out": self.code_pipeline.cloud_assembly_file_set},
             commands=[SETUP, *self._assume(stage, base, "plan"),
                       f".venv/bin/python -m model_build.tools.pipeline_plan {shlex.quote(stack_name)} {context}"
+                      f" --access-stack {shlex.quote(access_stack_name(stack_name))}"
                       + (" --require-approval always" if stage.require_approval == "always" else ""),
                       "set -a; . plan/verdict.env; set +a"],
             role=self.plan_role,
@@ -204,6 +223,7 @@ class TritonMmePipelineStack(Stack):
         assert isinstance(cfn, codepipeline.CfnPipeline)
         stages = list(self.code_pipeline.pipeline.stages)
         names = [stage.stage_name for stage in stages]
+        cfn.add_property_override(f"Stages.{names.index(APPROVE_STAGE)}.BeforeEntry", hold_condition())
         for stage in self.settings.stages:
             namespace = plan_namespace(stage.name)
             plan_index = names.index(f"{stage.name}-plan")

@@ -370,11 +370,13 @@ class PipelineSynth:
     templates: dict[str, dict[str, Any]]
 
 
-def synth_pipeline(outdir: Path, pipeline: Mapping[str, Any] | None = None, **settings: Any) -> PipelineSynth:
-    """The app as ``app.py`` composes it with ``mme:pipeline`` (with cdk-nag's checks, as app.py has)."""
+def synth_pipeline(outdir: Path, pipeline: Mapping[str, Any] | None = None, *,
+                   extra_context: Mapping[str, Any] | None = None, **settings: Any) -> PipelineSynth:
+    """The app as ``app.py`` composes it with ``mme:pipeline`` (with cdk-nag's checks, as app.py has);
+    ``extra_context`` adds context keys (the CDK's permissions boundary setting)."""
     from app import build_app
 
-    ctx = {**context(**settings), "mme:pipeline": dict(pipeline or PIPELINE)}
+    ctx = {**context(**settings), **(extra_context or {}), "mme:pipeline": dict(pipeline or PIPELINE)}
     app = cdk.App(context=ctx, outdir=str(outdir), analytics_reporting=False)
     build_app(app)
     app.synth()

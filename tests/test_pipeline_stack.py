@@ -43,14 +43,16 @@ def _stage(pipeline: dict[str, Any], name: str) -> dict[str, Any]:
     return next(stage for stage in pipeline["Stages"] if stage["Name"] == name)
 
 
-def test_each_target_is_access_plan_approval_then_deploy_and_smoke_in_order(synthesized: PipelineSynth) -> None:
+def test_each_target_is_plan_approval_then_deploy_and_smoke_in_order(synthesized: PipelineSynth) -> None:
+    """Nothing reaches a target before its plan and approval: the read-only roles of the access
+    stack deploy in the gated stage, with the endpoint stack."""
     pipeline = _pipeline(synthesized)
     assert pipeline["PipelineType"] == "V2"
     names = [stage["Name"] for stage in pipeline["Stages"]]
-    assert names[:3] == ["Source", "Build", "UpdatePipeline"]  # self-mutation before any target
-    targets = [n for n in names if n not in ("Source", "Build", "UpdatePipeline", "Assets")]
-    assert targets == ["staging-access", "staging-plan", "staging-approve", "staging",
-                       "prod-access", "prod-plan", "prod-approve", "prod"]
+    # The hold, then self-mutation, before any target.
+    assert names[:5] == ["Source", "Build", "PipelineChange", "PipelineChange-approve", "UpdatePipeline"]
+    targets = [n for n in names if n not in [*names[:5], "Assets"]]
+    assert targets == ["staging-plan", "staging-approve", "staging", "prod-plan", "prod-approve", "prod"]
     source = _stage(pipeline, "Source")["Actions"][0]
     assert source["ActionTypeId"]["Provider"] == "CodeStarSourceConnection"
     assert source["Configuration"]["FullRepositoryId"] == "my-org/triton-models"
@@ -58,8 +60,9 @@ def test_each_target_is_access_plan_approval_then_deploy_and_smoke_in_order(synt
     for target, account in (("staging", "222222222222"), ("prod", "333333333333")):
         actions = _stage(pipeline, target)["Actions"]
         deploys = [a for a in actions if a["ActionTypeId"]["Provider"] == "CloudFormation"]
-        assert [a["Name"] for a in deploys] == [f"TritonMme-{target}.Prepare", f"TritonMme-{target}.Deploy"]
-        assert all(a["Configuration"]["StackName"] == f"TritonMme-{target}" for a in deploys)
+        stacks = sorted({a["Configuration"]["StackName"] for a in deploys})
+        assert stacks == [f"TritonMme-{target}", f"TritonMme-{target}-pipeline-access"], stacks
+        assert all(a["Name"].endswith((".Prepare", ".Deploy")) for a in deploys)
         assert all(account in json.dumps(a["RoleArn"]) for a in deploys), "deployed with the target's bootstrap role"
         (smoke,) = [a for a in actions if a["Name"] == f"Smoke-{target}"]
         assert smoke["RunOrder"] > max(a["RunOrder"] for a in deploys), "smoke runs after the deploy"

@@ -13,6 +13,14 @@ unknown, a security change that widens access or cannot be classified), and for 
 module does not know. ``--require-approval always`` (the stage's ``require_approval`` setting)
 makes it ``true`` whatever the verdict: a person approves every deploy of that stage.
 
+``--access-stack NAME`` (the stage's stack of read-only roles, deployed with the endpoint stack
+after the approval) compares that stack's new template with its deployed one: any change of
+those roles, or a deployed template that cannot be read, asks a person (``PLAN_APPROVAL`` true;
+a verdict that needs nobody becomes ``security-changed``). Where the step could not assume its
+read-only role (``PLAN_NO_ACCESS`` names it: the access stack is not deployed yet, or was
+removed), nothing of the stage is read, with no other credentials: the verdict is
+``security-changed`` and a person is asked.
+
 A stack that does not exist yet is a first deploy: verdict ``security-changed`` (it creates every
 role, policy and key of the stack, which ``plan`` itself judges as access widened, exit 4), so a
 person is asked. A plan that fails (exit 1: no credentials, a routes document of another
@@ -79,13 +87,40 @@ def stack_bucket(stack: str) -> str | None:
     return outputs["ModelBucketName"]
 
 
+def access_change(cdk_out: Path, access_stack: str) -> str | None:
+    """What changes in the access stack's roles (None: nothing); a template that cannot be read
+    is a change a person looks at."""
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    new = json.loads(find_template(cdk_out, access_stack).read_text(encoding="utf-8"))
+    try:
+        body = boto3.client("cloudformation").get_template(StackName=access_stack, TemplateStage="Original")["TemplateBody"]
+        old = json.loads(body) if isinstance(body, str) else body
+    except (ClientError, BotoCoreError, ValueError) as error:
+        return f"the deployed template of {access_stack} cannot be read ({str(error)[:200]})"
+    a, b = new.get("Resources", {}), old.get("Resources", {})
+    changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    return f"the read-only roles of {access_stack} change: {', '.join(changed)}" if changed else None
+
+
 def run(stack: str, context: Sequence[str], cdk_out: Path, out: Path,
-        require_approval: str = "when-needed") -> dict[str, Any]:
+        require_approval: str = "when-needed", access_stack: str | None = None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     template = find_template(cdk_out, stack)
-    bucket = stack_bucket(stack)
-    if bucket is None:
-        report: dict[str, Any] = {"verdict": "security-changed", "exit_code": 4, "stack": stack,
+    if access_stack is not None:
+        find_template(cdk_out, access_stack)  # a missing stack is an error before any AWS call
+    no_access = os.environ.get("PLAN_NO_ACCESS")
+    bucket = None if no_access else stack_bucket(stack)
+    report: dict[str, Any]
+    if no_access:
+        report = {"verdict": "security-changed", "exit_code": 4, "stack": stack,
+                  "summary": f"the plan's read-only role {no_access} cannot be assumed: nothing of the stage can be "
+                             "read (a first deploy of its access stack, or the stack was removed); a person decides"}
+        (out / "plan.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        (out / "plan.md").write_text(f"## {stack}: cannot be read\n\n{report['summary']}.\n", encoding="utf-8")
+    elif bucket is None:
+        report = {"verdict": "security-changed", "exit_code": 4, "stack": stack,
                                   "summary": f"stack {stack} does not exist yet: a first deploy creates the fleet and "
                                              "every role, policy and key of the stack (access widens)"}
         (out / "plan.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
@@ -99,6 +134,14 @@ def run(stack: str, context: Sequence[str], cdk_out: Path, out: Path,
         if done.returncode not in (0, 3, 4):
             raise SystemExit(done.returncode)  # plan printed its one error line
         report = json.loads((out / "plan.json").read_text(encoding="utf-8"))
+    change = access_change(cdk_out, access_stack) if access_stack is not None and not no_access else None
+    if change is not None:
+        report["access_stack"] = change
+        if not needs_approval(report):
+            report["verdict"], report["exit_code"] = "security-changed", 4
+        (out / "plan.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        with (out / "plan.md").open("a", encoding="utf-8") as md:
+            md.write(f"\n**Access stack**: {change} (a person approves).\n")
     verdict = str(report["verdict"])
     approval = needs_approval(report, require_approval)
     variables = {"PLAN_VERDICT": verdict, "PLAN_APPROVAL": "true" if approval else "false",
@@ -119,8 +162,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--require-approval", choices=REQUIRE_APPROVAL, default="when-needed",
                         help="always: a person approves every deploy of the stage, whatever the verdict "
                              "(default when-needed: when plan would exit 4)")
+    parser.add_argument("--access-stack", metavar="NAME",
+                        help="the stage's stack of read-only roles: any change of it asks a person")
     args = parser.parse_args(argv)
-    run(args.stack, args.context, args.cdk_out, args.out, args.require_approval)
+    run(args.stack, args.context, args.cdk_out, args.out, args.require_approval, args.access_stack)
     return 0
 
 

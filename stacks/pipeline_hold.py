@@ -1,0 +1,138 @@
+"""The self-mutation hold: a change to the pipeline's own definition waits for a person.
+
+CDK Pipelines' ``UpdatePipeline`` stage deploys the pipeline stack as the branch synthesized it,
+so one commit could remove the approvals or weaken the plan step. CDK Pipelines offers no step
+before ``SelfMutate`` (its ``UpdatePipeline`` stage is built by ``CodePipeline`` itself, not a
+wave), so after the pipeline is built two stages are inserted in the CodePipeline L2 pipeline,
+right before ``UpdatePipeline`` (``Pipeline.addStage`` with ``placement.rightBefore``):
+
+1. ``PipelineChange``: a CodeBuild action on the cloud assembly only (no source: nothing of the
+   commit runs). Its commands are the deployed pipeline's own buildspec: ``aws cloudformation
+   get-template`` of the pipeline stack as deployed, and :data:`CHECK` (Python's standard library,
+   run with ``python3 -c``) comparing it with the new template. Everything but the asset
+   publishing (the ``Assets`` stage and its projects, which change with every model or code
+   change) is compared. It exports ``PIPELINE_CHANGE_APPROVAL`` (``true`` when anything else
+   differs, or when the deployed template cannot be read) and ``PIPELINE_CHANGE`` (what differs).
+2. ``PipelineChange-approve``: a manual approval, entered only when ``PIPELINE_CHANGE_APPROVAL``
+   is ``true`` (a V2 ``beforeEntry`` condition, ``VariableCheck``, result ``SKIP``).
+
+Both stages belong to the pipeline already deployed: the commit under review cannot change them
+before they run, since ``SelfMutate`` comes after.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from aws_cdk import Aws, Stack
+from aws_cdk import aws_codebuild as codebuild
+from aws_cdk import aws_codepipeline as codepipeline
+from aws_cdk import aws_codepipeline_actions as actions
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_sns as sns
+
+from constructs import Construct
+
+NAMESPACE = "pipeline-change"
+APPROVAL, CHANGE = "PIPELINE_CHANGE_APPROVAL", "PIPELINE_CHANGE"
+CHECK_STAGE, APPROVE_STAGE = "PipelineChange", "PipelineChange-approve"
+
+#: The comparison (python3, standard library only): ``CHECK NEW_TEMPLATE DEPLOYED_TEMPLATE``
+#: prints ``PIPELINE_CHANGE_APPROVAL=...`` and ``PIPELINE_CHANGE=...`` lines for ``. file``.
+CHECK = r'''
+import json, sys
+def gates(template):
+    resources = dict(template.get("Resources") or {})
+    assets = set()
+    for key, resource in list(resources.items()):
+        if resource.get("Type") != "AWS::CodePipeline::Pipeline":
+            continue
+        resource = json.loads(json.dumps(resource))
+        stages = resource.get("Properties", {}).get("Stages", [])
+        for stage in stages:
+            if stage.get("Name") == "Assets":
+                for action in stage.get("Actions", []):
+                    project = action.get("Configuration", {}).get("ProjectName")
+                    if isinstance(project, dict) and "Ref" in project:
+                        assets.add(project["Ref"])
+        resource["Properties"]["Stages"] = [s for s in stages if s.get("Name") != "Assets"]
+        resources[key] = resource
+    return {k: v for k, v in resources.items() if k not in assets}
+def read(path):
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) and "Resources" in data else None
+    except (OSError, ValueError):
+        return None
+new, old = read(sys.argv[1]), read(sys.argv[2])
+if new is None:
+    sys.exit("error: the new pipeline template " + sys.argv[1] + " cannot be read")
+if old is None:
+    approval, text = True, "the deployed pipeline's template could not be read: a person decides"
+else:
+    a, b = gates(new), gates(old)
+    changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    approval = bool(changed)
+    shown = ", ".join(("added " if k not in b else "removed " if k not in a else "") + k for k in changed[:8])
+    text = ("the pipeline's own definition changes: " + shown + (" and %d more" % (len(changed) - 8)
+            if len(changed) > 8 else "")) if changed else "no change of the pipeline's own definition"
+print("PIPELINE_CHANGE_APPROVAL=" + ("true" if approval else "false"))
+print("PIPELINE_CHANGE=" + json.dumps(text[:900]))
+'''
+
+
+def check_commands(stack_name: str) -> list[str]:
+    """The check's commands: read the deployed template (an empty file when it cannot be read:
+    the check then asks a person), compare, export."""
+    return [
+        f"aws cloudformation get-template --stack-name {shlex.quote(stack_name)} --template-stage Original "
+        "--query TemplateBody --output json > /tmp/deployed.json || : > /tmp/deployed.json",
+        f"python3 -c {shlex.quote(CHECK)} {shlex.quote(stack_name)}.template.json /tmp/deployed.json > /tmp/change.env",
+        "cat /tmp/change.env",
+        "set -a; . /tmp/change.env; set +a",
+    ]
+
+
+def add_self_mutation_hold(scope: Construct, pipeline: codepipeline.Pipeline, *, key: kms.IKey,
+                           topic: sns.ITopic | None) -> None:
+    """Insert the check and its approval right before ``UpdatePipeline``; see the module's text."""
+    stack = Stack.of(scope)
+    stages = list(pipeline.stages)
+    (update,) = [s for s in stages if s.stage_name == "UpdatePipeline"]
+    inputs = update.actions[0].action_properties.inputs
+    assert inputs, "CDK Pipelines' SelfMutate action has the cloud assembly as its input"
+    assembly = inputs[0]  # the cloud assembly SelfMutate deploys
+    project = codebuild.PipelineProject(
+        scope, "PipelineChangeCheck",
+        description="Compares the pipeline's new definition with the deployed one before it updates itself",
+        environment=codebuild.BuildEnvironment(build_image=codebuild.LinuxBuildImage.STANDARD_7_0),
+        encryption_key=key,
+        build_spec=codebuild.BuildSpec.from_object({
+            "version": "0.2",
+            "env": {"exported-variables": [APPROVAL, CHANGE]},
+            "phases": {"build": {"commands": check_commands(stack.stack_name)}},
+        }),
+    )
+    project.add_to_role_policy(iam.PolicyStatement(
+        actions=["cloudformation:GetTemplate"],
+        resources=[f"arn:{Aws.PARTITION}:cloudformation:{Aws.REGION}:{Aws.ACCOUNT_ID}:stack/{stack.stack_name}/*"]))
+    pipeline.add_stage(stage_name=CHECK_STAGE, placement=codepipeline.StagePlacement(right_before=update), actions=[
+        actions.CodeBuildAction(action_name="CheckPipelineChange", project=project, input=assembly,
+                                variables_namespace=NAMESPACE)])
+    pipeline.add_stage(stage_name=APPROVE_STAGE, placement=codepipeline.StagePlacement(right_before=update), actions=[
+        actions.ManualApprovalAction(
+            action_name="ApprovePipelineChange", notification_topic=topic,
+            additional_information=(f"#{{{NAMESPACE}.{CHANGE}}}. Approve to let the pipeline update itself "
+                                    "(UpdatePipeline) with this definition; reject to keep the deployed one."))])
+
+
+def hold_condition() -> dict[str, Any]:
+    """The approval stage's entry condition: entered only when the check asks."""
+    return {"Conditions": [{"Result": "SKIP", "Rules": [{
+        "Name": "PipelineChangeNeedsApproval",
+        "RuleTypeId": {"Category": "Rule", "Owner": "AWS", "Provider": "VariableCheck", "Version": "1"},
+        "Configuration": {"Variable": f"#{{{NAMESPACE}.{APPROVAL}}}", "Value": "true", "Operator": "EQ"},
+    }]}]}
