@@ -250,3 +250,17 @@ def test_slack_makes_a_model_that_only_just_fits_miss_the_target() -> None:
     rows, _ = search(loads, [InstanceShape("ml.small", 20, 100)], requests, max_count=1,
                      target=Target(gpu_slack=0.0))
     assert rows[0].meets_target
+
+
+def test_a_fleet_busier_than_its_gpus_misses_the_target_however_warm() -> None:
+    # One model, 1 s of GPU per request, a request every 0.5 s: one instance is busy 200% of the time.
+    loads = models("a", service=1.0)
+    requests = Requests([i * 0.5 for i in range(400)], [0] * 400, warmup_seconds=10.0, seed=0, seconds=200.0)
+    rows, _ = search(loads, [InstanceShape("ml.small", 20, 100)], requests, max_count=3)
+    assert rows[0].result.warm_share == 1.0 and rows[0].result.busy_share == pytest.approx(2.0, rel=0.01)
+    assert not rows[0].meets_target and "queue without bound" in rows[0].reasons[0]
+    # Two: each GPU busy all the time (no room for a burst); three: busy two thirds of the time. The
+    # model spilled to a second instance in the warm-up, and the two then take turns without queueing
+    # (a request every 0.5 s, 1 s each): the third holds nothing.
+    assert [row.meets_target for row in rows] == [False, False, True]
+    assert rows[2].result.resident == [["a"], ["a"], []] and rows[2].result.busy_share == pytest.approx(2 / 3, rel=0.01)

@@ -83,6 +83,7 @@ class Candidate:
             "wait_p99_seconds": r.wait_p99_seconds if r else None,
             "not_ready_share": (r.not_ready / r.requests if r.requests else None) if r else None,
             "spilled": r.spilled if r else None,
+            "gpu_busy_share": r.busy_share if r else None,
             "peak_gpu_share": (r.peak_gpu_bytes / self.usable_gpu_bytes if self.usable_gpu_bytes else None) if r
             else None,
             "resident_models": r.resident_models if r else None,
@@ -97,6 +98,9 @@ def judge(result: FleetResult, target: Target) -> list[str]:
         reasons.append("no request was counted (the warm-up covers the whole run)")
     elif share < target.warm_share:
         reasons.append(f"{share:.2%} warm < {target.warm_share:.1%}")
+    busy = result.busy_share
+    if busy is not None and busy >= 1.0:
+        reasons.append(f"the GPUs would be busy {busy:.0%} of the time: requests queue without bound")
     if result.unfit:
         reasons.append(f"{result.unfit} requests for models that do not fit with {target.gpu_slack:.0%} slack")
     return reasons

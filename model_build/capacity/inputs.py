@@ -1,8 +1,10 @@
 """What the simulator is fed, and where each number comes from: each target's footprint (GPU
 bytes, disk bytes, load and download time) and its service time per request.
 
-- Footprints: a user's file (``--footprints``, measured on their fleet, say) over what the
-  build recorded or synth estimated (:mod:`~model_build.capacity.footprint`). A file::
+- Footprints: a user's file (``--footprints``, measured on their fleet, say), over what a release's
+  index recorded at build (``--release-index``), over what synth estimates from the manifest's
+  sources (:func:`~model_build.capacity.sizing.synth_footprints`; :func:`from_footprint` says
+  which parts are estimates and fills what synth cannot know). A file::
 
       models:                 # target or entry name (an entry: each of its copies)
         minilm-l6-embedding: {gpu_mib: 420, disk_mib: 180, load_s: 1.2, fetch_s: 0.8}
@@ -22,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from triton_mme_cdk.model_build.capacity.simulate import ModelLoad
+from triton_mme_cdk.model_build.capacity.footprint import Coefficients, Footprint
+from triton_mme_cdk.model_build.capacity.simulate import InstanceShape, ModelLoad
 from triton_mme_cdk.model_build.capacity.traffic import CapacityInputError
 
 MIB = 1024**2
@@ -132,3 +135,79 @@ def model_loads(targets: Sequence[tuple[str, str]], footprints: Mapping[str, Tar
         loads.append(ModelLoad(target, footprint.gpu_bytes, footprint.disk_bytes, footprint.load_seconds,
                                footprint.fetch_seconds, ms / 1000.0))
     return loads
+
+
+def from_footprint(footprint: Footprint, coefficients: Coefficients) -> TargetFootprint | None:
+    """The simulator's view of a recorded or synth :class:`Footprint`; None when its GPU memory is
+    unknown (the source could not be sized). What synth cannot know is filled and said: the disk
+    (tarball and unpacked files, each taken as the weights' size) and the download (the weights at
+    the coefficients' download rate); a synth GPU figure is a lower bound (no working memory)."""
+    gpu = footprint.gpu_memory()
+    if gpu.value is None:
+        return None
+    notes = [f"GPU {gpu.describe()}"]
+    disk = footprint.disk_bytes()
+    weights = footprint.weight_bytes.value or 0.0
+    if disk.value is None:
+        disk_bytes = 2.0 * weights
+        notes.append("disk ESTIMATED as 2 x weights (tarball and unpacked files, unknown before the build)")
+    else:
+        disk_bytes = disk.value
+    load = footprint.gpu_load_seconds.value
+    if load is None:
+        load = coefficients["gpu_load_min_seconds"].value or 0.0
+        notes.append(f"GPU load unknown: {coefficients['gpu_load_min_seconds'].source}")
+    fetch = add_known(footprint.download_seconds.value, footprint.unpack_seconds.value)
+    if fetch is None:
+        rate = coefficients["download_bytes_per_second"].value or 1.0
+        unpack = coefficients["unpack_bytes_per_second"].value or 1.0
+        fetch = weights / rate + weights / unpack
+        notes.append("download and unpack ESTIMATED from the weights at the coefficients' rates")
+    estimated = footprint.stage == "synth" or gpu.estimate or footprint.lower_bound
+    source = "recorded" if footprint.stage == "build" else "estimated"
+    if footprint.lower_bound:
+        notes.append("GPU is a LOWER BOUND: working memory is measured at build")
+    return TargetFootprint(int(gpu.value), int(disk_bytes), float(load), float(fetch),
+                           source + (" (estimate)" if estimated and source == "recorded" else ""), "; ".join(notes))
+
+
+def add_known(*values: float | None) -> float | None:
+    """The sum, or None if any is unknown."""
+    return None if any(v is None for v in values) else float(sum(v or 0.0 for v in values))
+
+
+def index_footprints(document: Any, where: str) -> list[Footprint]:
+    """The footprints a release index records: each entry of its ``models`` with a ``footprint``
+    (:meth:`Footprint.to_json`); an index without any is refused (an older build recorded none)."""
+    models = document.get("models") if isinstance(document, dict) else None
+    if not isinstance(models, list):
+        raise CapacityInputError(f"--release-index {where}: not a release index (no 'models' list)")
+    found = [fp for entry in models if isinstance(entry, dict)
+             and (fp := Footprint.from_json(entry.get("footprint"))) is not None]
+    if not found:
+        raise CapacityInputError(f"--release-index {where}: records no footprints (built before they were "
+                                 "recorded?); build the release again, or give --footprints FILE")
+    return found
+
+
+def usable_gpu_bytes(gpu_memory_bytes: int, coefficients: Coefficients, load_gpu_limit: float | None = None) -> int:
+    """What models may use of one GPU: its memory (times ``SAGEMAKER_TRITON_MODEL_LOAD_GPU_LIMIT``
+    where set) less tritonserver's own process (:data:`~model_build.capacity.footprint.DOCUMENTED`)."""
+    server = int(coefficients["server_gpu_bytes"].value or 0)
+    limit = gpu_memory_bytes if load_gpu_limit is None else int(gpu_memory_bytes * load_gpu_limit)
+    return max(0, min(limit, gpu_memory_bytes - server))
+
+
+def instance_shapes(names: Sequence[str] | None, coefficients: Coefficients, *,
+                    load_gpu_limit: float | None = None, volume_size_gb: int | None = None) -> list[InstanceShape]:
+    """The candidates: ``names`` (every type the stack accepts when None) from the instance table of
+    :mod:`~model_build.gpu_hosts`; an unknown name is refused naming the known ones."""
+    from triton_mme_cdk.model_build import gpu_hosts
+
+    table = gpu_hosts.INSTANCE_TYPES
+    chosen = list(names) if names else list(table)
+    for name in chosen:
+        if name not in table:
+            raise CapacityInputError(f"--instance-type: got {name!r}; expected one of {', '.join(table)}")
+    return [InstanceShape(name, usable_gpu_bytes(table[name].gpu_memory_bytes, coefficients, load_gpu_limit),
+                          gpu_hosts.instance_disk_bytes(name, volume_size_gb)) for name in chosen]

@@ -106,6 +106,8 @@ class FleetResult:
     peak_gpu_bytes: int = 0
     #: Requests a busy instance sent to another one.
     spilled: int = 0
+    #: GPU seconds of the counted requests (their service times).
+    busy_seconds: float = 0.0
 
     @property
     def warm_share(self) -> float | None:
@@ -118,6 +120,11 @@ class FleetResult:
     @property
     def loads_per_minute(self) -> float | None:
         return self.loads * 60.0 / self.seconds if self.seconds > 0 else None
+
+    @property
+    def busy_share(self) -> float | None:
+        """The counted requests' GPU time over the fleet's time: above 1 the queues grow without bound."""
+        return self.busy_seconds / (self.seconds * self.count) if self.seconds > 0 else None
 
     @property
     def wait_p99_seconds(self) -> float:
@@ -222,6 +229,7 @@ def simulate(models: Sequence[ModelLoad], shape: InstanceShape, count: int, time
         node.busy_until = max(node.busy_until, t) + service_s[m]
         if not counted:
             continue
+        result.busy_seconds += service_s[m]
         if ready > t:
             result.waited += 1
             waits.append(ready - t)

@@ -28,20 +28,24 @@ from triton_mme_cdk.model_build.capacity.fleet import (
     Target,
     search,
 )
+from triton_mme_cdk.model_build.capacity.footprint import GPU_CHECK, Coefficients
 from triton_mme_cdk.model_build.capacity.inputs import (
     DEFAULT_SERVICE_MS,
+    TargetFootprint,
+    from_footprint,
+    index_footprints,
+    instance_shapes,
     measured_service_ms,
     model_loads,
     read_footprints,
 )
 from triton_mme_cdk.model_build.capacity.prices import read_prices
-from triton_mme_cdk.model_build.capacity.simulate import InstanceShape, Routing
+from triton_mme_cdk.model_build.capacity.simulate import Routing
 from triton_mme_cdk.model_build.capacity.traffic import CapacityInputError, draw_requests, read_profile
 
 DEFAULT_SECONDS = 3600.0
 DEFAULT_WARMUP_SECONDS = 300.0
 DEFAULT_SPILL_AFTER_SECONDS = Routing().spill_after_seconds
-DEFAULT_MEASUREMENTS = Path("benchmarks") / "results" / "gpu_check.json"
 
 ASSUMPTIONS = (
     "eviction is least recently used, in GPU memory and on the disk (the developer guide says SageMaker "
@@ -65,19 +69,6 @@ def _number(text: str, option: str, *, low: float, high: float, expected: str, i
     return value
 
 
-def instance_shapes(names: list[str] | None) -> list[InstanceShape]:
-    """The candidates: ``names`` (every type the stack accepts when None) with their usable GPU
-    memory and disk, from the instance table of :mod:`~model_build.gpu_hosts`."""
-    from triton_mme_cdk.model_build import gpu_hosts
-
-    table = gpu_hosts.INSTANCE_TYPES
-    chosen = names or list(table)
-    for name in chosen:
-        if name not in table:
-            raise CapacityInputError(f"--instance-type: got {name!r}; expected one of {', '.join(table)}")
-    return [InstanceShape(name, table[name].gpu_memory_bytes, table[name].disk_bytes) for name in chosen]
-
-
 def capacity_report(args: argparse.Namespace) -> Any:
     """Every input read and checked (one error line each, before anything is simulated), then the search."""
     from triton_mme_cdk.model_build.manifest import load_manifest
@@ -96,20 +87,22 @@ def capacity_report(args: argparse.Namespace) -> Any:
         _number(args.gpu_slack, "--gpu-slack", low=0.0, high=0.9, expected="a share in [0, 0.9], such as 0.1"))
     routing = Routing(_number(args.spill_after, "--spill-after", low=0.0, high=1e6, expected="seconds, a number >= 0"))
     default_ms = _number(args.service_ms, "--service-ms", low=1e-6, high=1e6, expected="milliseconds, a number > 0")
-    shapes = instance_shapes(args.instance_type)
-    prices = read_prices(Path(args.prices), known=tuple(s.instance_type for s in instance_shapes(None))) \
+    limit = None if args.load_gpu_limit is None else _number(
+        args.load_gpu_limit, "--load-gpu-limit", low=0.01, high=1.0, expected="a share of GPU memory in (0, 1]")
+    measurements = Path(args.measurements) if args.measurements else None
+    coefficients = Coefficients.read(measurements)
+    shapes = instance_shapes(args.instance_type, coefficients, load_gpu_limit=limit)
+    prices = read_prices(Path(args.prices), known=tuple(s.instance_type for s in instance_shapes(None, coefficients))) \
         if args.prices else None
 
-    manifest = load_manifest(Path(args.manifest))
+    manifest_path = Path(args.manifest)
+    manifest = load_manifest(manifest_path)
     groups = {spec.name: spec.target_names() for spec in manifest.models}
     pairs = [(target_name, spec.name) for target_name, spec in manifest.targets()]
     traffic = read_profile(Path(args.traffic) if args.traffic else None, groups)
-    if not args.footprints:
-        raise CapacityInputError("--footprints: not given; until the build records footprints, give each model's "
-                                 "GPU and disk MiB and load seconds in a file (docs/capacity.md)")
-    footprints = read_footprints(Path(args.footprints), groups)
-    measured = measured_service_ms(Path(args.measurements) if args.measurements else None,
-                                   [(spec.name, spec.format, spec.precision) for spec in manifest.models])
+    footprints = _footprints(args, manifest, manifest_path.resolve().parent, coefficients, groups)
+    measured = measured_service_ms(measurements or _checkout_gpu_check(),
+                                   [(spec.name, spec.format, spec.effective_precision) for spec in manifest.models])
     service: dict[str, tuple[float, str]] = {}
     for target_name, entry in pairs:
         if target_name in traffic.service_ms:
@@ -132,6 +125,48 @@ def capacity_report(args: argparse.Namespace) -> Any:
         assumptions=[*ASSUMPTIONS, f"spill threshold {routing.spill_after_seconds:g} s (--spill-after)"])
 
 
+def _checkout_gpu_check() -> Path:
+    from triton_mme_cdk.model_build.capacity import footprint
+
+    return Path(footprint.__file__).resolve().parents[2] / GPU_CHECK
+
+
+def _footprints(args: argparse.Namespace, manifest: Any, base_dir: Path, coefficients: Coefficients,
+                groups: dict[str, list[str]]) -> dict[str, TargetFootprint]:
+    """Each target's footprint: synth's estimate from the sources, over it a release index's
+    recorded footprint (``--release-index``), over both the user's (``--footprints``)."""
+    import json as json_
+
+    from triton_mme_cdk.model_build.capacity.sizing import synth_footprints
+
+    found: dict[str, TargetFootprint] = {}
+    why: dict[str, str] = {}
+    recorded = []
+    if args.release_index:
+        path = Path(args.release_index)
+        if not path.is_file():
+            raise CapacityInputError(f"--release-index: got {str(path)!r}; no such file")
+        try:
+            document = json_.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as error:
+            raise CapacityInputError(f"--release-index {path}: not JSON ({error})") from None
+        recorded = index_footprints(document, str(path))
+    for footprint in [*synth_footprints(manifest.models, base_dir, coefficients), *recorded]:
+        simulated = from_footprint(footprint, coefficients)
+        if simulated is not None:
+            found[footprint.target] = simulated
+        else:
+            why.setdefault(footprint.target, footprint.gpu_memory().source)
+    if args.footprints:
+        found.update(read_footprints(Path(args.footprints), groups))
+    for names in groups.values():
+        for name in names:
+            if name not in found:
+                raise CapacityInputError(f"footprints: {name}: GPU memory unknown ({why.get(name, 'not sized')}); "
+                                         "give it in --footprints FILE")
+    return found
+
+
 def cmd_capacity(args: argparse.Namespace) -> int:
     report = capacity_report(args)
     rendered = {"text": report.text, "json": lambda: json.dumps(report.as_json(), indent=1, sort_keys=True) + "\n",
@@ -151,8 +186,12 @@ def add_capacity_parser(sub: Any) -> None:
     p.add_argument("--traffic", default=None, metavar="FILE",
                    help="traffic profile, YAML or JSON: per-model rates, or a total rate with a Zipf exponent "
                         "(default: 10 req/s, Zipf 1.0, in manifest order; docs/capacity.md)")
+    p.add_argument("--release-index", default=None, metavar="FILE",
+                   help="a release's index (_index.json): the footprints its build recorded, over synth's estimates")
     p.add_argument("--footprints", default=None, metavar="FILE",
                    help="each model's GPU and disk MiB and load seconds, over the recorded or estimated ones")
+    p.add_argument("--load-gpu-limit", default=None, metavar="SHARE",
+                   help="SAGEMAKER_TRITON_MODEL_LOAD_GPU_LIMIT of the endpoint, where set (a share of GPU memory)")
     p.add_argument("--prices", default=None, metavar="FILE",
                    help="price table, YAML or JSON, with its date and source (example: "
                         "examples/capacity/prices.example.yaml, unverified); without it no cost is shown")
@@ -174,8 +213,9 @@ def add_capacity_parser(sub: Any) -> None:
                         f"{DEFAULT_SPILL_AFTER_SECONDS:g}; an assumption, docs/capacity.md)")
     p.add_argument("--service-ms", default=f"{DEFAULT_SERVICE_MS:g}", metavar="MS",
                    help=f"GPU time per request of a model nothing measured (default: {DEFAULT_SERVICE_MS:g}, assumed)")
-    p.add_argument("--measurements", default=str(DEFAULT_MEASUREMENTS), metavar="FILE",
-                   help=f"the GPU check's results, for service times (default: {DEFAULT_MEASUREMENTS}, if present)")
+    p.add_argument("--measurements", default=None, metavar="FILE",
+                   help=f"the GPU check's results: coefficients and service times (default: this checkout's "
+                        f"{GPU_CHECK}, if present)")
     p.add_argument("--format", choices=("text", "json", "markdown"), default="text",
                    help="what to print (default: text)")
     p.add_argument("--json-file", default=None, metavar="FILE", help="also write the JSON report here")
