@@ -8,7 +8,14 @@ import pytest
 
 from triton_mme_cdk.model_build.capacity.fleet import Requests, Target, search
 from triton_mme_cdk.model_build.capacity.prices import parse_prices
-from triton_mme_cdk.model_build.capacity.simulate import InstanceShape, ModelLoad, Routing, percentile, simulate
+from triton_mme_cdk.model_build.capacity.simulate import (
+    DEFAULT_ROUTING,
+    InstanceShape,
+    ModelLoad,
+    Routing,
+    percentile,
+    simulate,
+)
 from triton_mme_cdk.model_build.capacity.traffic import CapacityInputError, draw_requests, parse_profile
 
 
@@ -17,7 +24,7 @@ def models(*names: str, size: int = 10, load: float = 2.0, fetch: float = 0.0, s
 
 
 def run(loads: list[ModelLoad], sequence: str, *, gpu: int, disk: int = 10**6, count: int = 1, gap: float = 10.0,
-        warmup: float = 0.0, routing: Routing = Routing()):
+        warmup: float = 0.0, routing: Routing = DEFAULT_ROUTING):
     """One request every ``gap`` seconds, for the models named by the letters of ``sequence``."""
     index = {m.name: i for i, m in enumerate(loads)}
     times = [i * gap for i in range(len(sequence))]

@@ -23,7 +23,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from triton_mme_cdk.model_build.capacity.prices import PriceTable
-from triton_mme_cdk.model_build.capacity.simulate import FleetResult, InstanceShape, ModelLoad, Routing, simulate
+from triton_mme_cdk.model_build.capacity.simulate import (
+    DEFAULT_ROUTING,
+    FleetResult,
+    InstanceShape,
+    ModelLoad,
+    Routing,
+    simulate,
+)
 
 DEFAULT_WARM_SHARE = 0.99
 DEFAULT_GPU_SLACK = 0.10
@@ -107,7 +114,7 @@ def judge(result: FleetResult, target: Target) -> list[str]:
 
 
 def simulate_fleet(models: Sequence[ModelLoad], shape: InstanceShape, count: int, requests: Requests,
-                   routing: Routing = Routing(), *, slack: float = 0.0) -> FleetResult:
+                   routing: Routing = DEFAULT_ROUTING, *, slack: float = 0.0) -> FleetResult:
     """One fleet, with ``slack`` of its GPU memory held back."""
     held = replace(shape, gpu_bytes=int(shape.gpu_bytes * (1.0 - slack)))
     return simulate(models, held, count, requests.times, requests.targets,
@@ -116,7 +123,7 @@ def simulate_fleet(models: Sequence[ModelLoad], shape: InstanceShape, count: int
 
 def search(models: Sequence[ModelLoad], shapes: Sequence[InstanceShape], requests: Requests, *,
            target: Target = Target(), prices: PriceTable | None = None, max_count: int = DEFAULT_MAX_COUNT,
-           routing: Routing = Routing()) -> tuple[list[Candidate], Candidate | None]:
+           routing: Routing = DEFAULT_ROUTING) -> tuple[list[Candidate], Candidate | None]:
     """Every candidate looked at, and the cheapest that meets ``target`` (None without prices or
     when none does)."""
     price = (prices.per_hour if prices else {})

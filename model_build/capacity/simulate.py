@@ -75,6 +75,10 @@ class Routing:
     invoke_timeout_seconds: float = INVOKE_TIMEOUT_SECONDS
 
 
+#: The routing the module docstring describes, with its default thresholds.
+DEFAULT_ROUTING = Routing()
+
+
 @dataclass
 class FleetResult:
     """What one simulated fleet did with the requests after the warm-up."""
@@ -146,7 +150,7 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 class _Instance:
-    __slots__ = ("gpu", "gpu_used", "disk", "disk_used", "busy_until")
+    __slots__ = ("busy_until", "disk", "disk_used", "gpu", "gpu_used")
 
     def __init__(self) -> None:
         #: model index -> the time its load ends (most recently used last).
@@ -158,7 +162,7 @@ class _Instance:
 
 
 def simulate(models: Sequence[ModelLoad], shape: InstanceShape, count: int, times: Sequence[float],
-             targets: Sequence[int], *, warmup_seconds: float = 0.0, routing: Routing = Routing()) -> FleetResult:
+             targets: Sequence[int], *, warmup_seconds: float = 0.0, routing: Routing = DEFAULT_ROUTING) -> FleetResult:
     """Run the requests (``times[i]``: seconds, ascending; ``targets[i]``: an index of ``models``)
     through ``count`` instances of ``shape``; the counts start at ``warmup_seconds``."""
     if count < 1:
@@ -180,7 +184,7 @@ def simulate(models: Sequence[ModelLoad], shape: InstanceShape, count: int, time
     peak = 0
     first_counted: float | None = None
     last = 0.0
-    for t, m in zip(times, targets):
+    for t, m in zip(times, targets, strict=True):
         counted = t >= warmup_seconds
         if counted:
             if first_counted is None:

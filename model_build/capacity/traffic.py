@@ -121,7 +121,7 @@ def parse_profile(data: Any, groups: Mapping[str, Sequence[str]], *, where: str 
         ranked += [t for t in targets if t not in ranked]
         weights = [1.0 / (k ** s) for k in range(1, len(ranked) + 1)]
         norm = sum(weights)
-        rates = {t: total * w / norm for t, w in zip(ranked, weights)}
+        rates = {t: total * w / norm for t, w in zip(ranked, weights, strict=True)}
         described = f"Zipf s={s:g} over {len(ranked)} models, {total:g} req/s in total"
     service: dict[str, float] = {}
     given_ms = data.get("service_ms", {})

@@ -125,9 +125,9 @@ class CapacityReport:
     def text(self) -> str:
         rows = [list(self.HEADERS), *(self._cells(c) for c in self.candidates)]
         widths = [max(len(row[i]) for row in rows) for i in range(len(self.HEADERS) - 1)]
-        lines = self._head() + [""]
+        lines = [*self._head(), ""]
         for row in rows:
-            lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
+            lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[-1])
         lines += ["", self.verdict()]
         lines += ["assumptions:", *(f"  - {a}" for a in self.assumptions)]
         return "\n".join(lines) + "\n"
