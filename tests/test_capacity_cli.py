@@ -18,6 +18,8 @@ from triton_mme_cdk.model_build.capacity.footprint import Figure
 from triton_mme_cdk.model_build.capacity.inputs import measured_service_ms
 from triton_mme_cdk.model_build.capacity.sizing import synth_footprints
 from triton_mme_cdk.model_build.manifest import load_manifest
+from triton_mme_cdk.model_build.release.routes import ModelPlan, Planned, Route
+from triton_mme_cdk.model_build.tools.plan_capacity import capacity_line
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = json.loads((ROOT / "model_build" / "tools" / "capacity.schema.json").read_text())
@@ -170,3 +172,74 @@ def test_bad_input_through_the_command_line_prints_no_stack_trace(work: Path) ->
                           text=True, timeout=120)
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.strip() == "error: traffic.yaml.zipf: got -1; expected a Zipf exponent in [0, 4]"
+
+
+# ---------------------------------------------------------------------------------------------
+# plan's capacity line
+# ---------------------------------------------------------------------------------------------
+
+def _fleet(instance_type: str = "ml.g4dn.xlarge", count: int = 1, limit: str | None = None) -> dict:
+    environment = {"SAGEMAKER_TRITON_MODEL_LOAD_GPU_LIMIT": limit} if limit else {}
+    return {"Resources": {
+        "Config": {"Type": "AWS::SageMaker::EndpointConfig",
+                   "Properties": {"ProductionVariants": [{"InstanceType": instance_type, "InitialInstanceCount": count}]}},
+        "Model": {"Type": "AWS::SageMaker::Model", "Properties": {"PrimaryContainer": {"Environment": environment}}},
+    }}
+
+
+def _route(name: str) -> Route:
+    return Route(name, f"{name}-000000000000.tar.gz", "a" * 64, 1, "k-0", name.rsplit("-", 1)[0])
+
+
+def test_the_plan_line_says_what_more_copies_do_to_the_resident_set_and_warm_share(tmp_path: Path) -> None:
+    # Each copy of the tiny synthetic net is estimated at its weights plus the runtime's 256 MiB
+    # allowance: an ml.g4dn.xlarge (16 GiB less tritonserver's 164 MiB) holds 63 of them. 40 live
+    # copies all stay resident and warm; 100 after the change cannot.
+    (tmp_path / "models.yaml").write_text(MANIFEST.replace("copies: 4", "copies: 100"))
+    manifest = load_manifest(tmp_path / "models.yaml")
+    models = ModelPlan(added=[Planned(f"net-{i}", "0" * 64) for i in range(40, 100)],
+                       unchanged=[_route(f"net-{i}") for i in range(40)], live_release="r-0")
+    line = capacity_line(manifest, tmp_path, models, _fleet())
+    assert line.before is not None and line.after is not None
+    assert (len(line.before.resident_models), line.before.warm_share) == (40, 1.0)
+    assert len(line.after.resident_models) == 63 and line.after.warm_share < 0.99
+    assert line.text().startswith("capacity at 1 x ml.g4dn.xlarge (Zipf s=1 over 100 models, 10 req/s in total; "
+                                  "footprints ESTIMATED from the manifest): resident 40/40 models, 100.0% warm -> "
+                                  "resident 63/100 models, ")
+    # Half the GPU for loads (SAGEMAKER_TRITON_MODEL_LOAD_GPU_LIMIT=0.5): 31 resident.
+    assert len(capacity_line(manifest, tmp_path, models, _fleet(limit="0.5")).after.resident_models) == 31
+    # Two instances hold every copy.
+    assert capacity_line(manifest, tmp_path, models, _fleet(count=2)).after.warm_share == 1.0
+
+
+def test_the_plan_line_says_unknown_rather_than_guessing(tmp_path: Path) -> None:
+    (tmp_path / "models.yaml").write_text(MANIFEST)
+    manifest = load_manifest(tmp_path / "models.yaml")
+    removed = ModelPlan(unchanged=[_route(f"net-{i}") for i in range(4)], removed=[_route("gone-0")])
+    line = capacity_line(manifest, tmp_path, removed, _fleet())
+    assert line.before is None and line.after is not None
+    assert "unknown (1 removed models have no footprint in the manifest (gone-0))" in line.text()
+    first = capacity_line(manifest, tmp_path, ModelPlan(added=[Planned(f"net-{i}", "0" * 64) for i in range(4)]), _fleet())
+    assert "nothing live -> resident 4/4 models" in first.text()
+    assert capacity_line(manifest, tmp_path, removed, {"Resources": {}}).text() == (
+        "capacity not predicted (the template has no single endpoint config with a literal instance type and count)")
+    assert "ml.x1.large is not in the instance table" in capacity_line(manifest, tmp_path, removed,
+                                                                         _fleet("ml.x1.large")).text()
+
+
+def test_the_plan_json_with_its_capacity_line_matches_the_plan_schema(tmp_path: Path) -> None:
+    from triton_mme_cdk.model_build.tools.plan_report import PlanReport
+    from triton_mme_cdk.model_build.tools.plan_verdict import Verdict
+
+    (tmp_path / "models.yaml").write_text(MANIFEST)
+    manifest = load_manifest(tmp_path / "models.yaml")
+    models = ModelPlan(added=[Planned(f"net-{i}", "0" * 64) for i in range(4)])
+    report = PlanReport(stack="TritonMme", models=models, verdict=Verdict(fleet="created", data="safe", compared_with="nothing deployed"), routes_where="r.json",
+                        capacity=capacity_line(manifest, tmp_path, models, _fleet()))
+    document = report.as_json()
+    plan_schema = json.loads((ROOT / "model_build" / "tools" / "plan.schema.json").read_text())
+    jsonschema.validate(document, plan_schema, cls=jsonschema.Draft202012Validator)
+    assert document["capacity"]["after"] == {"resident_models": 4, "models": 4, "warm_share": 1.0,
+                                             "loads_per_minute": 0.0}
+    assert report.text().splitlines()[-2].startswith("capacity at 1 x ml.g4dn.xlarge")
+    assert "**Capacity:** at 1 x ml.g4dn.xlarge" in report.markdown()
