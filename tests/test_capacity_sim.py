@@ -237,16 +237,35 @@ def test_the_cheapest_fleet_that_meets_the_target_is_found() -> None:
     rows, best = search(loads, shapes, requests, prices=prices, max_count=5)
     assert best is not None and (best.instance_type, best.count, best.cost_per_hour) == ("ml.big", 1, 3.0)
     table = {(row.instance_type, row.count): row for row in rows}
-    assert [row.meets_target for row in rows if row.instance_type == "ml.small"] == [False, False, False, True]
-    assert table[("ml.small", 1)].result.warm_share == 0.0
+    # ml.small by bisection: 5 meets, 3 misses, 4 meets. ml.big: at most 1 costs less than 4.0.
+    assert [(row.count, row.meets_target) for row in rows if row.instance_type == "ml.small"] == [
+        (3, False), (4, True), (5, True)]
+    assert table[("ml.small", 3)].result.warm_share < 0.99
     assert table[("ml.small", 4)].result.warm_share == 1.0 and table[("ml.small", 4)].cost_per_hour == 4.0
+    assert [row.count for row in rows if row.instance_type == "ml.big"] == [1]
     assert table[("ml.big", 1)].result.warm_share == 1.0
     assert table[("ml.huge", 1)].status == "skipped" and table[("ml.huge", 1)].result is None
     assert table[("ml.tiny", 0)].status == "does-not-fit" and "a needs 10 bytes" in table[("ml.tiny", 0)].reasons[0]
     # Without prices nothing is cheapest; each type still stops at its first fleet that meets the target.
     rows, best = search(loads, shapes, requests, max_count=5)
-    assert best is None and {(r.instance_type, r.count) for r in rows if r.meets_target} == {
-        ("ml.small", 4), ("ml.big", 1), ("ml.huge", 1)}
+    fewest = {}
+    for row in rows:
+        if row.meets_target:
+            fewest[row.instance_type] = min(row.count, fewest.get(row.instance_type, row.count))
+    assert best is None and fewest == {"ml.small": 4, "ml.big": 1, "ml.huge": 1}
+
+
+def test_a_run_that_has_missed_the_target_stops_early_and_says_so() -> None:
+    # Room for one of two alternating models: every request after the first loads. With 1% allowed
+    # cold of 100 counted requests, the run stops at the second cold request.
+    loads = models("a", "b")
+    requests = Requests([float(i) for i in range(100)], [i % 2 for i in range(100)], warmup_seconds=0.0, seed=0,
+                        seconds=100.0)
+    rows, _ = search(loads, [InstanceShape("ml.small", 12, 100)], requests, max_count=1)
+    (row,) = rows
+    assert not row.result.complete and row.result.requests == 2 and not row.meets_target
+    assert "stopped after 2 counted requests" in row.reasons[-1]
+    assert row.as_json()["complete"] is False
 
 
 def test_slack_makes_a_model_that_only_just_fits_miss_the_target() -> None:
@@ -263,11 +282,12 @@ def test_a_fleet_busier_than_its_gpus_misses_the_target_however_warm() -> None:
     # One model, 1 s of GPU per request, a request every 0.5 s: one instance is busy 200% of the time.
     loads = models("a", service=1.0)
     requests = Requests([i * 0.5 for i in range(400)], [0] * 400, warmup_seconds=10.0, seed=0, seconds=200.0)
-    rows, _ = search(loads, [InstanceShape("ml.small", 20, 100)], requests, max_count=3)
+    rows, _ = search(loads, [InstanceShape("ml.small", 20, 100)], requests, max_count=1)
     assert rows[0].result.warm_share == 1.0 and rows[0].result.busy_share == pytest.approx(2.0, rel=0.01)
     assert not rows[0].meets_target and "queue without bound" in rows[0].reasons[0]
     # Two: each GPU busy all the time (no room for a burst); three: busy two thirds of the time. The
     # model spilled to a second instance in the warm-up, and the two then take turns without queueing
     # (a request every 0.5 s, 1 s each): the third holds nothing.
-    assert [row.meets_target for row in rows] == [False, False, True]
-    assert rows[2].result.resident == [["a"], ["a"], []] and rows[2].result.busy_share == pytest.approx(2 / 3, rel=0.01)
+    rows, _ = search(loads, [InstanceShape("ml.small", 20, 100)], requests, max_count=3)
+    assert [(row.count, row.meets_target) for row in rows] == [(2, False), (3, True)]
+    assert rows[1].result.resident == [["a"], ["a"], []] and rows[1].result.busy_share == pytest.approx(2 / 3, rel=0.01)

@@ -7,8 +7,12 @@
   parameter count, the hub cache), for synth and ``validate``;
 - ``fit``: the checks at synth, ``validate --instance-type`` and build: a model larger than the
   fleet's usable GPU memory is refused, a served set larger than the instance's disk warns;
-- ``simulate``: the fleet as caches (GPU memory and disk per instance, LRU eviction) under a
-  traffic profile, for ``python -m model_build capacity`` and the capacity line of ``plan``.
+- ``simulate``: the fleet as caches (GPU memory and disk per instance, LRU eviction, SageMaker's
+  routing with spill) under a request stream, for ``python -m model_build capacity`` and the
+  capacity line of ``plan``; ``traffic`` (the profile and its seeded requests), ``prices`` (the
+  user's price table), ``fleet`` (the candidate search and the target), ``inputs`` (footprints
+  and service times as the simulator takes them, the instance shapes). None of these is imported
+  by the build, so editing them changes no model key.
 
 Standard library only where synth imports it (``footprint``, ``fit``): the CDK app checks fit
 without torch, onnx or transformers.

@@ -112,6 +112,8 @@ class FleetResult:
     spilled: int = 0
     #: GPU seconds of the counted requests (their service times).
     busy_seconds: float = 0.0
+    #: False when the run stopped early (``stop_after_cold``): the counts cover the requests up to there.
+    complete: bool = True
 
     @property
     def warm_share(self) -> float | None:
@@ -162,9 +164,12 @@ class _Instance:
 
 
 def simulate(models: Sequence[ModelLoad], shape: InstanceShape, count: int, times: Sequence[float],
-             targets: Sequence[int], *, warmup_seconds: float = 0.0, routing: Routing = DEFAULT_ROUTING) -> FleetResult:
+             targets: Sequence[int], *, warmup_seconds: float = 0.0, routing: Routing = DEFAULT_ROUTING,
+             stop_after_cold: int | None = None) -> FleetResult:
     """Run the requests (``times[i]``: seconds, ascending; ``targets[i]``: an index of ``models``)
-    through ``count`` instances of ``shape``; the counts start at ``warmup_seconds``."""
+    through ``count`` instances of ``shape``; the counts start at ``warmup_seconds``. With
+    ``stop_after_cold``, the run stops once more counted requests than that were not warm (a search
+    that knows the target is missed needs no more; :attr:`FleetResult.complete` is then False)."""
     if count < 1:
         raise ValueError(f"count: got {count}; expected a whole number >= 1")
     if len(times) != len(targets):
@@ -184,6 +189,7 @@ def simulate(models: Sequence[ModelLoad], shape: InstanceShape, count: int, time
     peak = 0
     first_counted: float | None = None
     last = 0.0
+    cold_limit = len(times) + 1 if stop_after_cold is None else stop_after_cold
     for t, m in zip(times, targets, strict=True):
         counted = t >= warmup_seconds
         if counted:
@@ -194,6 +200,9 @@ def simulate(models: Sequence[ModelLoad], shape: InstanceShape, count: int, time
         if not fits[m]:
             if counted:
                 result.unfit += 1
+                if result.requests - result.warm > cold_limit:
+                    result.complete = False
+                    break
             continue
         hold = holders[m]
         if hold:
@@ -205,7 +214,7 @@ def simulate(models: Sequence[ModelLoad], shape: InstanceShape, count: int, time
                     if counted:
                         result.spilled += 1
         else:
-            index = _least_busy(fleet, m, hold, t)
+            index = 0 if count == 1 else _least_busy(fleet, m, hold, t)
         node = fleet[index]
         ready = node.gpu.get(m)
         if ready is not None:
@@ -226,11 +235,12 @@ def simulate(models: Sequence[ModelLoad], shape: InstanceShape, count: int, time
             ready = t + wait
             node.gpu[m] = ready
             node.gpu_used += gpu_bytes[m]
-            peak = max(peak, node.gpu_used)
+            if node.gpu_used > peak:
+                peak = node.gpu_used
             hold.add(index)
             if counted:
                 result.loads += 1
-        node.busy_until = max(node.busy_until, t) + service_s[m]
+        node.busy_until = (node.busy_until if node.busy_until > t else t) + service_s[m]
         if not counted:
             continue
         result.busy_seconds += service_s[m]
@@ -239,6 +249,9 @@ def simulate(models: Sequence[ModelLoad], shape: InstanceShape, count: int, time
             waits.append(ready - t)
             if ready - t > timeout:
                 result.not_ready += 1
+            if result.requests - result.warm > cold_limit:
+                result.complete = False
+                break
         else:
             result.warm += 1
     result.seconds = last - first_counted if first_counted is not None else 0.0
