@@ -71,15 +71,12 @@ class Candidate:
 
     instance_type: str
     count: int
-    #: ``simulated``, ``does-not-fit`` (a model exceeds the usable GPU memory) or ``skipped`` (costs
-    #: at least the cheapest fleet found).
-    status: str
+    status: str  # simulated | does-not-fit (a model exceeds the usable memory) | skipped (costs more)
     usable_gpu_bytes: int
     cost_per_hour: float | None = None
     result: FleetResult | None = None
     meets_target: bool = False
-    #: Why it does not meet the target (or does not fit, or was skipped).
-    reasons: list[str] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)  # why it misses the target, does not fit or was skipped
 
     def as_json(self) -> dict[str, Any]:
         r = self.result

@@ -26,7 +26,7 @@ from typing import Any
 
 from triton_mme_cdk.model_build.capacity.footprint import Coefficients, Footprint
 from triton_mme_cdk.model_build.capacity.simulate import InstanceShape, ModelLoad
-from triton_mme_cdk.model_build.capacity.traffic import CapacityInputError
+from triton_mme_cdk.model_build.capacity.traffic import CapacityInputError, read_yaml
 
 MIB = 1024**2
 #: Milliseconds per request where nothing better is known (an assumption, shown as one).
@@ -86,15 +86,7 @@ def parse_footprints(data: Any, groups: Mapping[str, Sequence[str]], *, where: s
 
 
 def read_footprints(path: Path, groups: Mapping[str, Sequence[str]]) -> dict[str, TargetFootprint]:
-    import yaml
-
-    if not path.is_file():
-        raise CapacityInputError(f"--footprints: got {str(path)!r}; no such file")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as error:
-        raise CapacityInputError(f"--footprints {path}: not YAML or JSON ({' '.join(str(error).split())})") from None
-    return parse_footprints(data, groups, where=path.name)
+    return parse_footprints(read_yaml(path, "--footprints"), groups, where=path.name)
 
 
 def measured_service_ms(path: Path | None, entries: Sequence[tuple[str, str, str]]) -> dict[str, tuple[float, str]]:

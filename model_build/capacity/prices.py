@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from triton_mme_cdk.model_build.capacity.traffic import CapacityInputError
+from triton_mme_cdk.model_build.capacity.traffic import CapacityInputError, check_mapping, read_yaml
 
 PRICE_KEYS = ("date", "source", "verified", "currency", "region", "per_hour")
 
@@ -49,12 +49,7 @@ class PriceTable:
 
 def parse_prices(data: Any, *, where: str = "prices", known: tuple[str, ...] = ()) -> PriceTable:
     """The table of ``data``; ``known`` (when given) are the instance types a price may name."""
-    if not isinstance(data, dict):
-        raise CapacityInputError(f"{where}: got {type(data).__name__}; expected a mapping with "
-                                 f"{', '.join(PRICE_KEYS)}")
-    unknown = sorted(set(data) - set(PRICE_KEYS))
-    if unknown:
-        raise CapacityInputError(f"{where}.{unknown[0]}: unknown field; expected one of {', '.join(PRICE_KEYS)}")
+    data = check_mapping(data, where, PRICE_KEYS, ", ".join(PRICE_KEYS))
     texts: dict[str, str] = {}
     for key in ("date", "source"):
         value = data.get(key)
@@ -84,12 +79,4 @@ def parse_prices(data: Any, *, where: str = "prices", known: tuple[str, ...] = (
 
 
 def read_prices(path: Path, *, known: tuple[str, ...] = ()) -> PriceTable:
-    import yaml
-
-    if not path.is_file():
-        raise CapacityInputError(f"--prices: got {str(path)!r}; no such file")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as error:
-        raise CapacityInputError(f"--prices {path}: not YAML or JSON ({' '.join(str(error).split())})") from None
-    return parse_prices(data, where=path.name, known=known)
+    return parse_prices(read_yaml(path, "--prices"), where=path.name, known=known)

@@ -60,6 +60,29 @@ class Traffic:
         return sum(self.rates.values())
 
 
+def check_mapping(data: Any, where: str, keys: Sequence[str], expected: str) -> dict[str, Any]:
+    """``data`` as a mapping of only ``keys``; one error line naming ``where`` (and the first
+    unknown key) otherwise."""
+    if not isinstance(data, dict):
+        raise CapacityInputError(f"{where}: got {type(data).__name__}; expected a mapping with {expected}")
+    unknown = sorted(set(data) - set(keys))
+    if unknown:
+        raise CapacityInputError(f"{where}.{unknown[0]}: unknown field; expected one of {', '.join(keys)}")
+    return data
+
+
+def read_yaml(path: Path, option: str) -> Any:
+    """The YAML (or JSON) document in the file an option names; one error line otherwise."""
+    import yaml
+
+    if not path.is_file():
+        raise CapacityInputError(f"{option}: got {str(path)!r}; no such file")
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        raise CapacityInputError(f"{option} {path}: not YAML or JSON ({' '.join(str(error).split())})") from None
+
+
 def _number(value: Any, field: str, *, low: float = 0.0, high: float = math.inf, expected: str = "") -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or not low <= value <= high:
@@ -80,13 +103,7 @@ def _expand(name: str, field: str, groups: Mapping[str, Sequence[str]]) -> Seque
 def parse_profile(data: Any, groups: Mapping[str, Sequence[str]], *, where: str = "traffic") -> Traffic:
     """The profile of ``data`` (a file's mapping, or None for the defaults) over the manifest's
     targets; ``groups`` maps each entry name to its target names, in manifest order."""
-    data = {} if data is None else data
-    if not isinstance(data, dict):
-        raise CapacityInputError(f"{where}: got {type(data).__name__}; expected a mapping with "
-                                 f"{' or '.join(PROFILE_KEYS[:2])}")
-    unknown = sorted(set(data) - set(PROFILE_KEYS))
-    if unknown:
-        raise CapacityInputError(f"{where}.{unknown[0]}: unknown field; expected one of {', '.join(PROFILE_KEYS)}")
+    data = check_mapping({} if data is None else data, where, PROFILE_KEYS, " or ".join(PROFILE_KEYS[:2]))
     targets = [t for names in groups.values() for t in names]
     rates = dict.fromkeys(targets, 0.0)
     if "rates" in data:
@@ -143,15 +160,7 @@ def read_profile(path: Path | None, groups: Mapping[str, Sequence[str]]) -> Traf
     """The profile in the file at ``path`` (YAML or JSON), or the defaults for None."""
     if path is None:
         return parse_profile(None, groups)
-    import yaml
-
-    if not path.is_file():
-        raise CapacityInputError(f"--traffic: got {str(path)!r}; no such file")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as error:
-        raise CapacityInputError(f"--traffic {path}: not YAML or JSON ({' '.join(str(error).split())})") from None
-    return parse_profile(data, groups, where=f"{path.name}")
+    return parse_profile(read_yaml(path, "--traffic"), groups, where=path.name)
 
 
 def draw_requests(rates: Sequence[float], *, seconds: float, seed: int) -> tuple[list[float], list[int]]:
