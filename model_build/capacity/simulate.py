@@ -32,6 +32,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 #: SageMaker's limit on one invocation (developer guide, "Invoke a multi-model endpoint").
 INVOKE_TIMEOUT_SECONDS = 60.0
@@ -277,7 +278,7 @@ def _least_busy(fleet: list[_Instance], model: int, skip: set[int], now: float) 
     return best
 
 
-def _make_room(cache: OrderedDict[int, object], sizes: list[int], room: int, node: _Instance, *,
+def _make_room(cache: OrderedDict[int, Any], sizes: list[int], room: int, node: _Instance, *,
                on_disk: bool) -> list[int]:
     """Evict least recently used entries until the cache's bytes are at most ``room``; a model
     loaded in GPU memory is in use and stays on the disk. Returns the evicted."""
