@@ -10,7 +10,7 @@ An instance type whose usable GPU memory is smaller than one model's estimate is
 fitting and never simulated.
 
 The search: instance types in the order of their price (unpriced last); per type, the fewest
-instances that meet the target, by bisection over the counts 1 to ``max_count`` (or, once a
+instances that meet the target: one, else by bisection over the counts 2 to ``max_count`` (or, once a
 cheaper fleet is known, to the most that still cost less; a type of which one instance costs as
 much is reported as skipped). A fleet's run stops as soon as more requests than the target allows
 were not warm: it has missed the target, and its row says where it stopped. Fleets that present
@@ -135,9 +135,9 @@ def search(models: Sequence[ModelLoad], shapes: Sequence[InstanceShape], request
            target: Target = DEFAULT_TARGET, prices: PriceTable | None = None, max_count: int = DEFAULT_MAX_COUNT,
            routing: Routing = DEFAULT_ROUTING) -> tuple[list[Candidate], Candidate | None]:
     """Every candidate looked at, and the cheapest that meets ``target`` (None without prices or
-    when none does). Per type, the fewest instances that meet the target are found by bisection
-    over the counts (assuming that more instances of a type never keep fewer requests warm); a
-    run stops as soon as it has missed the target (:attr:`FleetResult.complete`)."""
+    when none does). Per type, the fewest instances that meet the target are one, else found by
+    bisection over the counts (assuming that more instances of a type never keep fewer requests
+    warm); a run stops as soon as it has missed the target (:attr:`FleetResult.complete`)."""
     price = (prices.per_hour if prices else {})
     ordered = sorted(shapes, key=lambda s: (s.instance_type not in price, price.get(s.instance_type, 0.0),
                                             s.instance_type))
@@ -181,14 +181,18 @@ def search(models: Sequence[ModelLoad], shapes: Sequence[InstanceShape], request
             tried[count] = row
             return row
 
-        low = 1
-        if attempt(high).meets_target:
-            while low < high:  # the fewest that meet it, in [low, high]
-                middle = (low + high) // 2
-                if attempt(middle).meets_target:
-                    high = middle
-                else:
-                    low = middle + 1
+        low = 2
+        if attempt(1).meets_target:
+            high = 1
+        elif high == 1 or not attempt(high).meets_target:
+            high = 0
+        while low < high:  # the fewest that meet it, in [low, high]
+            middle = (low + high) // 2
+            if attempt(middle).meets_target:
+                high = middle
+            else:
+                low = middle + 1
+        if high:
             found = tried[high]
             if found.cost_per_hour is not None and (best is None or best.cost_per_hour is None
                                                     or found.cost_per_hour < best.cost_per_hour):
