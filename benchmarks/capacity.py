@@ -8,7 +8,7 @@ of ``capacity`` (Poisson, seeded) cut at one million requests:
 - one fleet: ``simulate`` of 4 x ml.g5.xlarge over the million requests (goal: 10 s or less);
 - the whole search: every instance type the stack accepts, counts 1 to 10, priced by the example
   table, as ``python -m model_build capacity`` runs it (goal: 60 s or less);
-- comparison: the search as shipped (types in price order, the fewest instances per type by
+- comparison: the search as shipped (types in price order, per type one instance and then
   bisection, counts that cost more than the cheapest found not tried, a run stopped once it has
   missed the target, fleets with the same caches simulated once) against every type and count
   simulated in full, both over a tenth of the requests (the exhaustive search at a million would
