@@ -412,3 +412,33 @@ def served_weight_bytes(source_bytes: int, source_precision: str, precision: str
     what = "the source's weight files" if ratio >= 1.0 else (
         f"the source's weight files x {ratio:g} ({source_precision} -> {precision})")
     return Figure(value, what, True)
+
+
+def unknown_footprint(target: str, model: str, why: str) -> Footprint:
+    """A footprint of which nothing is known (an index written before footprints were recorded)."""
+    nothing = unknown(why)
+    return Footprint(target=target, model=model, stage="unknown", precision="", instance_kind="KIND_GPU",
+                     instance_count=1, python_instances=0, weight_bytes=nothing, working_bytes=nothing,
+                     runtime_overhead_bytes=nothing, python_stub_gpu_bytes=nothing, python_host_bytes=nothing,
+                     tarball_bytes=nothing, unpacked_bytes=nothing, build_load_seconds=nothing,
+                     gpu_load_seconds=nothing, download_seconds=nothing, unpack_seconds=nothing)
+
+
+def index_footprints(index: Mapping[str, Any]) -> list[Footprint]:
+    """One footprint per target of a release index (``_index.json``): the one its build recorded, or
+    unknown for an index written before footprints were (its tarball size is still known)."""
+    out = []
+    for entry in index.get("models", []) if isinstance(index.get("models"), list) else []:
+        if not isinstance(entry, Mapping):
+            continue
+        target = str(entry.get("target_model", "")).removesuffix(".tar.gz")
+        model = str(entry.get("source_model", target))
+        found = Footprint.from_json(entry.get("footprint"))
+        if found is None:
+            found = unknown_footprint(target, model, "the release index records no footprint (built before "
+                                                     "footprints were recorded)")
+            size = entry.get("size")
+            if isinstance(size, int) and not isinstance(size, bool):
+                found = replace(found, tarball_bytes=Figure(float(size), "the release index", False))
+        out.append(replace(found, target=target, model=model))
+    return out
