@@ -107,7 +107,7 @@ def _show(value: float, unit: str) -> str:
 def add(figures: list[tuple[float, Figure]], source: str) -> Figure:
     """``sum(factor x figure)``: unknown if any is, an estimate if any is."""
     if any(figure.value is None for _, figure in figures):
-        missing = "; ".join(figure.source for _, figure in figures if figure.value is None)
+        missing = "; ".join(dict.fromkeys(figure.source for _, figure in figures if figure.value is None))
         return unknown(f"{source}: {missing}")
     total = sum(factor * (figure.value or 0.0) for factor, figure in figures)
     return Figure(total, source, any(figure.estimate for _, figure in figures))
@@ -276,6 +276,8 @@ class Footprint:
         if not self.on_gpu:
             return add(stubs, "python stubs' CUDA contexts (the graph runs on KIND_CPU)") if stubs else Figure(
                 0.0, "KIND_CPU: the graph holds no GPU memory", False)
+        if not self.weight_bytes.known:
+            return unknown(f"weights not sized: {self.weight_bytes.source}")
         working = self.working_bytes
         lower = not working.known
         if lower:
@@ -425,13 +427,15 @@ def unknown_footprint(target: str, model: str, why: str) -> Footprint:
 
 
 def index_footprints(index: Mapping[str, Any]) -> list[Footprint]:
-    """One footprint per target of a release index (``_index.json``): the one its build recorded, or
-    unknown for an index written before footprints were (its tarball size is still known)."""
+    """One footprint per logical target of a release index (``_index.json``): the one its build
+    recorded, or unknown for an index written before footprints were (its tarball size is still known)."""
     out = []
     for entry in index.get("models", []) if isinstance(index.get("models"), list) else []:
         if not isinstance(entry, Mapping):
             continue
-        target = str(entry.get("target_model", "")).removesuffix(".tar.gz")
+        # The logical target (``<name>`` or ``<name>-<i>``); a served index names its objects
+        # ``<target>-<sha12>.tar.gz`` beside it, a laptop one names them after the target.
+        target = str(entry.get("logical_name") or str(entry.get("target_model", "")).removesuffix(".tar.gz"))
         model = str(entry.get("source_model", target))
         found = Footprint.from_json(entry.get("footprint"))
         if found is None:

@@ -11,7 +11,7 @@ From the tarball the build wrote:
   process's peak resident memory during that run (``/proc/self/clear_refs`` resets the peak first).
   It is taken as an estimate of the GPU's working memory: the same graph and shapes, another
   allocator. A largest batch above :data:`MEASURED_BATCH` is measured at that batch and scaled
-  linearly, and says so.
+  linearly, a sequence above :data:`MEASURED_SEQUENCE` quadratically, and the figure says so.
 
 A TorchScript or TensorRT graph is not run here: its working memory and load time are unknown, and
 its GPU estimate stays a lower bound. Nothing here fails a build: what cannot be measured is
@@ -36,8 +36,11 @@ from triton_mme_cdk.model_build.capacity.footprint import (
 from triton_mme_cdk.model_build.capacity.sizing import largest_shape, python_instances
 from triton_mme_cdk.model_build.manifest import ModelSpec
 
-#: The largest batch run whole at build; a larger ``max_batch_size`` is scaled from it.
+#: The largest batch and sequence run at build; a larger ``max_batch_size`` is scaled linearly from
+#: it, a longer ``max_sequence_length`` quadratically (attention's score matrices grow with its
+#: square): a build must not run out of memory measuring what the GPU would.
 MEASURED_BATCH = 32
+MEASURED_SEQUENCE = 512
 GRAPH_NAMES = ("model.onnx", "model.pt", "model.plan")
 _PROC = Path("/proc/self")
 
@@ -110,28 +113,36 @@ def _onnx_session(tarball: Path, graphs: list[tarfile.TarInfo], spec: ModelSpec,
         options = ort.SessionOptions()
         options.log_severity_level = 3
         started = time.perf_counter()
-        session = ort.InferenceSession(str(Path(scratch) / "model.onnx"), options, providers=["CPUExecutionProvider"])
+        try:
+            session = ort.InferenceSession(str(Path(scratch) / "model.onnx"), options,
+                                           providers=["CPUExecutionProvider"])
+        except Exception as error:  # a measurement never fails the build
+            why = f"not measured: ONNX Runtime could not load the graph ({type(error).__name__})"
+            return unknown(why), unknown(why)
         load = Figure(time.perf_counter() - started, "measured at build: an ONNX Runtime session created on the "
                                                      "build's CPU", False)
-        run_batch = min(batch, MEASURED_BATCH)
-        try:
-            feeds = {item.name: _input(np, item, run_batch, sequence) for item in session.get_inputs()}
-        except ValueError as error:
-            return load, unknown(f"not measured: {error}")
+        run_batch, run_sequence = min(batch, MEASURED_BATCH), min(sequence, MEASURED_SEQUENCE)
         before = _reset_peak()
         if before is None:
             return load, unknown("not measured: /proc/self/clear_refs is not available here")
-        session.run(None, feeds)
+        try:
+            feeds = {item.name: _input(np, item, run_batch, run_sequence) for item in session.get_inputs()}
+            session.run(None, feeds)
+        except Exception as error:  # a measurement never fails the build
+            return load, unknown(f"not measured: one run at batch {run_batch} failed ({type(error).__name__}: "
+                                 f"{str(error)[:200]})")
         peak = _peak()
         del session
     if peak is None:
         return load, unknown("not measured: /proc/self/status gave no peak")
     grown = max(0.0, float(peak - before))
-    scaled = f", scaled linearly from batch {run_batch} to {batch}" if run_batch < batch else ""
-    working = Figure(grown * batch / run_batch,
+    factor = (batch / run_batch) * ((sequence / run_sequence) ** 2 if run_sequence else 1.0)
+    scaled = "".join((f", scaled linearly from batch {run_batch} to {batch}" if run_batch < batch else "",
+                      f", quadratically from sequence {run_sequence} to {sequence}" if run_sequence < sequence else ""))
+    working = Figure(grown * factor,
                      f"measured at build: peak resident memory growth of one ONNX Runtime CPU run at batch "
-                     f"{run_batch}" + (f", sequence {sequence}" if sequence else "") + f"{scaled}; taken as an "
-                     "estimate of the GPU's working memory", True)
+                     f"{run_batch}" + (f", sequence {run_sequence}" if run_sequence else "") + f"{scaled}; taken as "
+                     "an estimate of the GPU's working memory", True)
     return load, working
 
 
