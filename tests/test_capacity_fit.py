@@ -154,6 +154,7 @@ def test_validate_instance_type_refuses_a_model_larger_than_the_gpu(tmp_path: Pa
     lines = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "Traceback" not in refused.stderr
     assert "model 'huge-bert' needs at least" in lines[0] and "ml.g4dn.xlarge" in lines[0] and "16.00 GiB" in lines[0]
+    assert lines[0] in (ROOT / "docs" / "capacity.md").read_text(), "the page shows this very line"
     assert "huge-bert" in refused.stdout and "refused" in refused.stdout and "estimate" in refused.stdout
     fits = _cli("validate", "--manifest", str(path), "--instance-type", "ml.g5.xlarge")
     assert fits.returncode == 0, fits.stderr
@@ -265,7 +266,16 @@ def test_the_index_records_footprints_and_a_refusal_publishes_nothing(built: tup
 
 
 def test_the_deploy_reads_its_fleet_from_the_deployed_record() -> None:
-    record = {"Resources": {
+    from triton_mme_cdk.model_build.release.deployed import parse_record
+
+    # The record the default stack's build resource carries (the committed synth snapshot).
+    template = json.loads((ROOT / "tests" / "snapshots" / "TritonMme.template.json").read_text())
+    (deployed,) = [r["Properties"]["Deployed"] for r in template["Resources"].values()
+                   if r["Type"] == "Custom::TritonModelRelease"]
+    default = fleet_from_record(parse_record(deployed, where="snapshot"))
+    assert default is not None and default.instance_type == "ml.g5.xlarge"
+    assert default.environment["SAGEMAKER_TRITON_SHM_DEFAULT_BYTE_SIZE"] == "16777216"
+    record = {"resources": {
         "Config": {"Type": "AWS::SageMaker::EndpointConfig", "Properties": {"ProductionVariants": [
             {"InstanceType": "ml.p3.2xlarge", "VolumeSizeInGB": 50}]}},
         "Model": {"Type": "AWS::SageMaker::Model", "Properties": {"PrimaryContainer": {"Environment": {
@@ -277,3 +287,56 @@ def test_the_deploy_reads_its_fleet_from_the_deployed_record() -> None:
     report = check_fit(index_footprints({"models": [{"target_model": "x.tar.gz", "source_model": "x", "size": 1}]}),
                        fleet)
     assert [f.level for f in report.findings] == ["unknown", "unknown"]
+
+
+@pytest.mark.slow
+def test_the_stacks_build_refuses_before_publishing_with_the_fleet_of_its_record(
+        endpoint: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The Lambda's path: the Map's per-model units, then the final step, whose request carries the
+    stack's deployed record. Its fleet's load limit leaves less GPU memory than the model's measured
+    footprint: the final step fails naming the model and the fit check, and writes no index."""
+    import yaml
+
+    from triton_mme_cdk.model_build import handler
+    from triton_mme_cdk.model_build.aws_clients import make_s3_client
+    from triton_mme_cdk.model_build.manifest import parse_manifest
+    from triton_mme_cdk.model_build.release import compute_release
+    from triton_mme_cdk.model_build.release.deployed import parse_record, record_json
+
+    for key, value in (("MODEL_BUILD_S3_ENDPOINT_URL", endpoint), ("AWS_ACCESS_KEY_ID", "testing"),
+                       ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_DEFAULT_REGION", "us-east-1"),
+                       ("TMPDIR", str(tmp_path))):
+        monkeypatch.setenv(key, value)
+    s3 = make_s3_client(endpoint_url=endpoint)
+    s3.create_bucket(Bucket="fleet-fit")
+    data = {"version": 1, "models": [_tiny()]}
+    s3.put_object(Bucket="fleet-fit", Key="asset/manifest.yaml", Body=yaml.safe_dump(data).encode())
+    release = compute_release(parse_manifest(data))
+    template = json.loads((ROOT / "tests" / "snapshots" / "TritonMme.template.json").read_text())
+    (deployed,) = [r["Properties"]["Deployed"] for r in template["Resources"].values()
+                   if r["Type"] == "Custom::TritonModelRelease"]
+    record = parse_record(deployed, where="snapshot")
+
+    def props(limit: str) -> dict[str, str]:
+        for resource in record["resources"].values():
+            if resource["Type"] == "AWS::SageMaker::Model":
+                resource["Properties"]["PrimaryContainer"]["Environment"]["SAGEMAKER_TRITON_MODEL_LOAD_GPU_LIMIT"] = limit
+        return {"ManifestBucket": "fleet-fit", "ManifestKey": "asset/manifest.yaml",
+                "ManifestSha256": release.manifest_sha256, "ModelBucket": "fleet-fit", "ModelPrefix": "models",
+                "ReleaseId": release.release_id, "CodeSha256": release.code_sha256, "Deployed": record_json(record)}
+
+    tight = props("0.011")  # the A10G's 24 GiB x 0.011, less tritonserver's 164 MiB: about 106 MiB usable
+    plan = handler.plan_items({"Request": tight})
+    items = json.loads(s3.get_object(Bucket=plan["Bucket"], Key=plan["Key"])["Body"].read())
+    for item in items:
+        handler.build_item({"Request": tight, **item})
+    with pytest.raises(handler.HandlerError) as refused:
+        handler.finish_release({"Request": tight})
+    message = str(refused.value)
+    assert "fit check of model 'tiny-resnet' failed" in message and "ml.g5.xlarge" in message, message
+    listed = s3.list_objects_v2(Bucket="fleet-fit", Prefix="models/")
+    keys = [item["Key"] for item in listed.get("Contents", [])]
+    assert not [k for k in keys if k.startswith(("models/served/", "models/_releases/"))], keys
+    # The same build on the fleet without the limit is published.
+    assert handler.finish_release({"Request": props("1")})["ModelCount"] == "1"
+    assert s3.list_objects_v2(Bucket="fleet-fit", Prefix=f"models/_releases/{release.release_id}/")["KeyCount"] == 1

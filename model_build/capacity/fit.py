@@ -174,9 +174,9 @@ def _gb(value: float) -> str:
 
 def fleet_from_record(record: Mapping[str, Any] | None) -> Fleet | None:
     """The fleet a deployed record renders (``model_build.release.deployed``: the template's
-    EndpointConfig and Model): its instance type, ``VolumeSizeInGB`` and the container's environment
+    EndpointConfig and Model; a template's ``Resources`` read the same): its instance type, ``VolumeSizeInGB`` and the container's environment
     (values the template gives as strings); ``None`` where the record has no such instance type."""
-    resources = (record or {}).get("Resources") or {}
+    resources = (record or {}).get("resources") or (record or {}).get("Resources") or {}
     fleet: dict[str, Any] = {"environment": {}}
     for resource in resources.values() if isinstance(resources, Mapping) else ():
         if not isinstance(resource, Mapping):

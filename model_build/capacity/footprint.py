@@ -284,10 +284,9 @@ class Footprint:
             working = Figure(0.0, "working memory not counted (unknown until build)")
         parts = [(float(self.instance_count), self.weight_bytes), (float(self.instance_count), working),
                  (float(self.instance_count), self.runtime_overhead_bytes), *stubs]
-        what = (f"{self.instance_count} instance(s) x (weights + working memory + runtime overhead)"
+        what = (f"{self.instance_count} instance(s) x (weights + {'' if lower else 'working memory + '}runtime overhead)"
                 + (f" + {self.python_instances} python stub(s) x CUDA context" if stubs else ""))
-        total = add(parts, ("lower bound: " if lower else "") + what)
-        return total
+        return add(parts, ("lower bound (working memory unknown until the build): " if lower else "") + what)
 
     @property
     def lower_bound(self) -> bool:
@@ -317,8 +316,7 @@ class Footprint:
 
     def describe(self) -> str:
         """One line: the target, its GPU estimate and its disk."""
-        bound = " (a lower bound: working memory is measured at build)" if self.lower_bound else ""
-        return f"{self.target}: GPU {self.gpu_memory().describe()}{bound}; disk {self.disk_bytes().describe()}"
+        return f"{self.target}: GPU {self.gpu_memory().describe()}; disk {self.disk_bytes().describe()}"
 
     # -----------------------------------------------------------------------------------------
     # JSON
