@@ -112,10 +112,11 @@ def _instance_rows() -> dict[str, InstanceType]:
     t4, a10g = INSTANCE_GPUS["ml.g4dn"], INSTANCE_GPUS["ml.g5"]
     nvme = (("gpu", EC2_GUIDE), ("gpu_memory", EC2_GUIDE), ("memory", EC2_GUIDE), ("disk", EC2_GUIDE))
     # size: (vCPUs, memory GiB, g4dn NVMe GB, g5 NVMe GB)
-    for size, vcpus, memory, g4dn_disk, g5_disk in (("xlarge", 4, 16, 125, 250), ("2xlarge", 8, 32, 225, 450),
-                                                  ("4xlarge", 16, 64, 225, 600), ("8xlarge", 32, 128, 900, 900),
-                                                  ("16xlarge", 64, 256, 900, 1900)):
+    sizes = (("xlarge", 4, 16, 125, 250), ("2xlarge", 8, 32, 225, 450), ("4xlarge", 16, 64, 225, 600),
+             ("8xlarge", 32, 128, 900, 900), ("16xlarge", 64, 256, 900, 1900))
+    for size, vcpus, memory, g4dn_disk, _ in sizes:
         rows.append(InstanceType(f"ml.g4dn.{size}", t4, 1, 16, vcpus, memory, g4dn_disk, "nvme", nvme))
+    for size, vcpus, memory, _, g5_disk in sizes:
         # The A10G's 24 GiB is on the G5 product page; the user guide's G5 text names the GPU only.
         rows.append(InstanceType(f"ml.g5.{size}", a10g, 1, 24, vcpus, memory, g5_disk, "nvme",
                                  (*nvme[:1], ("gpu_memory", PRODUCT_PAGE), *nvme[2:]), ("gpu_memory",)))

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_instance_table_covers_every_accepted_type_with_sources() -> None:
-    assert set(INSTANCE_TYPES) == set(MME_GPU_INSTANCE_TYPES)
+    assert tuple(INSTANCE_TYPES) == MME_GPU_INSTANCE_TYPES
     for name, row in INSTANCE_TYPES.items():
         assert row.gpu_count == 1  # every MME GPU type has one GPU (developer guide)
         for value in ("gpu", "gpu_memory", "memory", "disk"):

@@ -107,7 +107,7 @@ def _show(value: float, unit: str) -> str:
 def add(figures: list[tuple[float, Figure]], source: str) -> Figure:
     """``sum(factor x figure)``: unknown if any is, an estimate if any is."""
     if any(figure.value is None for _, figure in figures):
-        missing = "; ".join(figure.source for _, figure in figures if figure.value is None)
+        missing = "; ".join(dict.fromkeys(figure.source for _, figure in figures if figure.value is None))
         return unknown(f"{source}: {missing}")
     total = sum(factor * (figure.value or 0.0) for factor, figure in figures)
     return Figure(total, source, any(figure.estimate for _, figure in figures))
@@ -276,16 +276,17 @@ class Footprint:
         if not self.on_gpu:
             return add(stubs, "python stubs' CUDA contexts (the graph runs on KIND_CPU)") if stubs else Figure(
                 0.0, "KIND_CPU: the graph holds no GPU memory", False)
+        if not self.weight_bytes.known:
+            return unknown(f"weights not sized: {self.weight_bytes.source}")
         working = self.working_bytes
         lower = not working.known
         if lower:
             working = Figure(0.0, "working memory not counted (unknown until build)")
         parts = [(float(self.instance_count), self.weight_bytes), (float(self.instance_count), working),
                  (float(self.instance_count), self.runtime_overhead_bytes), *stubs]
-        what = (f"{self.instance_count} instance(s) x (weights + working memory + runtime overhead)"
+        what = (f"{self.instance_count} instance(s) x (weights + {'' if lower else 'working memory + '}runtime overhead)"
                 + (f" + {self.python_instances} python stub(s) x CUDA context" if stubs else ""))
-        total = add(parts, ("lower bound: " if lower else "") + what)
-        return total
+        return add(parts, ("lower bound (working memory unknown until the build): " if lower else "") + what)
 
     @property
     def lower_bound(self) -> bool:
@@ -315,8 +316,7 @@ class Footprint:
 
     def describe(self) -> str:
         """One line: the target, its GPU estimate and its disk."""
-        bound = " (a lower bound: working memory is measured at build)" if self.lower_bound else ""
-        return f"{self.target}: GPU {self.gpu_memory().describe()}{bound}; disk {self.disk_bytes().describe()}"
+        return f"{self.target}: GPU {self.gpu_memory().describe()}; disk {self.disk_bytes().describe()}"
 
     # -----------------------------------------------------------------------------------------
     # JSON
@@ -412,3 +412,35 @@ def served_weight_bytes(source_bytes: int, source_precision: str, precision: str
     what = "the source's weight files" if ratio >= 1.0 else (
         f"the source's weight files x {ratio:g} ({source_precision} -> {precision})")
     return Figure(value, what, True)
+
+
+def unknown_footprint(target: str, model: str, why: str) -> Footprint:
+    """A footprint of which nothing is known (an index written before footprints were recorded)."""
+    nothing = unknown(why)
+    return Footprint(target=target, model=model, stage="unknown", precision="", instance_kind="KIND_GPU",
+                     instance_count=1, python_instances=0, weight_bytes=nothing, working_bytes=nothing,
+                     runtime_overhead_bytes=nothing, python_stub_gpu_bytes=nothing, python_host_bytes=nothing,
+                     tarball_bytes=nothing, unpacked_bytes=nothing, build_load_seconds=nothing,
+                     gpu_load_seconds=nothing, download_seconds=nothing, unpack_seconds=nothing)
+
+
+def index_footprints(index: Mapping[str, Any]) -> list[Footprint]:
+    """One footprint per logical target of a release index (``_index.json``): the one its build
+    recorded, or unknown for an index written before footprints were (its tarball size is still known)."""
+    out = []
+    for entry in index.get("models", []) if isinstance(index.get("models"), list) else []:
+        if not isinstance(entry, Mapping):
+            continue
+        # The logical target (``<name>`` or ``<name>-<i>``); a served index names its objects
+        # ``<target>-<sha12>.tar.gz`` beside it, a laptop one names them after the target.
+        target = str(entry.get("logical_name") or str(entry.get("target_model", "")).removesuffix(".tar.gz"))
+        model = str(entry.get("source_model", target))
+        found = Footprint.from_json(entry.get("footprint"))
+        if found is None:
+            found = unknown_footprint(target, model, "the release index records no footprint (built before "
+                                                     "footprints were recorded)")
+            size = entry.get("size")
+            if isinstance(size, int) and not isinstance(size, bool):
+                found = replace(found, tarball_bytes=Figure(float(size), "the release index", False))
+        out.append(replace(found, target=target, model=model))
+    return out
