@@ -145,6 +145,7 @@ def from_footprint(footprint: Footprint, coefficients: Coefficients) -> TargetFo
         notes.append("disk ESTIMATED as 2 x weights (tarball and unpacked files, unknown before the build)")
     else:
         disk_bytes = disk.value
+        notes.append(f"disk {disk.describe()}")
     load = footprint.gpu_load_seconds.value
     if load is None:
         load = coefficients["gpu_load_min_seconds"].value or 0.0
@@ -168,26 +169,18 @@ def add_known(*values: float | None) -> float | None:
     return None if any(v is None for v in values) else float(sum(v or 0.0 for v in values))
 
 
-def index_footprints(document: Any, where: str) -> list[Footprint]:
-    """The footprints a release index records: each entry of its ``models`` with a ``footprint``
-    (:meth:`Footprint.to_json`); an index without any is refused (an older build recorded none)."""
-    models = document.get("models") if isinstance(document, dict) else None
-    if not isinstance(models, list):
+def recorded_footprints(document: Any, where: str) -> list[Footprint]:
+    """The footprints a release index records (:func:`~model_build.capacity.footprint.index_footprints`);
+    an index that records none is refused (an older build: build the release again)."""
+    from triton_mme_cdk.model_build.capacity.footprint import index_footprints
+
+    if not isinstance(document, dict) or not isinstance(document.get("models"), list):
         raise CapacityInputError(f"--release-index {where}: not a release index (no 'models' list)")
-    found = [fp for entry in models if isinstance(entry, dict)
-             and (fp := Footprint.from_json(entry.get("footprint"))) is not None]
-    if not found:
+    found = index_footprints(document)
+    if not any(footprint.gpu_memory().known for footprint in found):
         raise CapacityInputError(f"--release-index {where}: records no footprints (built before they were "
                                  "recorded?); build the release again, or give --footprints FILE")
     return found
-
-
-def usable_gpu_bytes(gpu_memory_bytes: int, coefficients: Coefficients, load_gpu_limit: float | None = None) -> int:
-    """What models may use of one GPU: its memory (times ``SAGEMAKER_TRITON_MODEL_LOAD_GPU_LIMIT``
-    where set) less tritonserver's own process (:data:`~model_build.capacity.footprint.DOCUMENTED`)."""
-    server = int(coefficients["server_gpu_bytes"].value or 0)
-    limit = gpu_memory_bytes if load_gpu_limit is None else int(gpu_memory_bytes * load_gpu_limit)
-    return max(0, min(limit, gpu_memory_bytes - server))
 
 
 def instance_shapes(names: Sequence[str] | None, coefficients: Coefficients, *,
@@ -195,11 +188,13 @@ def instance_shapes(names: Sequence[str] | None, coefficients: Coefficients, *,
     """The candidates: ``names`` (every type the stack accepts when None) from the instance table of
     :mod:`~model_build.gpu_hosts`; an unknown name is refused naming the known ones."""
     from triton_mme_cdk.model_build import gpu_hosts
+    from triton_mme_cdk.model_build.capacity.fit import LOAD_GPU_LIMIT, Fleet, usable_gpu
 
     table = gpu_hosts.INSTANCE_TYPES
     chosen = list(names) if names else list(table)
     for name in chosen:
         if name not in table:
             raise CapacityInputError(f"--instance-type: got {name!r}; expected one of {', '.join(table)}")
-    return [InstanceShape(name, usable_gpu_bytes(table[name].gpu_memory_bytes, coefficients, load_gpu_limit),
+    environment = {} if load_gpu_limit is None else {LOAD_GPU_LIMIT: f"{load_gpu_limit:g}"}
+    return [InstanceShape(name, max(0, usable_gpu(Fleet(name, environment, volume_size_gb), coefficients)[1]),
                           gpu_hosts.instance_disk_bytes(name, volume_size_gb)) for name in chosen]

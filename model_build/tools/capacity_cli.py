@@ -33,11 +33,11 @@ from triton_mme_cdk.model_build.capacity.inputs import (
     DEFAULT_SERVICE_MS,
     TargetFootprint,
     from_footprint,
-    index_footprints,
     instance_shapes,
     measured_service_ms,
     model_loads,
     read_footprints,
+    recorded_footprints,
 )
 from triton_mme_cdk.model_build.capacity.prices import read_prices
 from triton_mme_cdk.model_build.capacity.simulate import Routing
@@ -150,7 +150,7 @@ def _footprints(args: argparse.Namespace, manifest: Any, base_dir: Path, coeffic
             document = json_.loads(path.read_text(encoding="utf-8"))
         except (ValueError, UnicodeDecodeError) as error:
             raise CapacityInputError(f"--release-index {path}: not JSON ({error})") from None
-        recorded = index_footprints(document, str(path))
+        recorded = recorded_footprints(document, str(path))
     for footprint in [*synth_footprints(manifest.models, base_dir, coefficients), *recorded]:
         simulated = from_footprint(footprint, coefficients)
         if simulated is not None:

@@ -82,15 +82,13 @@ def fleet_of(template: dict[str, Any], scope: dict[str, Any] | None = None) -> t
     kind, count = variants[0].get("InstanceType"), variants[0].get("InitialInstanceCount", 1)
     if not isinstance(kind, str) or not isinstance(count, int):
         return None
+    from triton_mme_cdk.model_build.capacity.fit import load_gpu_limit
+
     limit = None
     for resource in resources.values():
         if isinstance(resource, dict) and resource.get("Type") == "AWS::SageMaker::Model":
             environment = ((resource.get("Properties") or {}).get("PrimaryContainer") or {}).get("Environment") or {}
-            value = environment.get("SAGEMAKER_TRITON_MODEL_LOAD_GPU_LIMIT")
-            try:
-                limit = float(value) if value is not None else None
-            except (TypeError, ValueError):
-                limit = None
+            limit = load_gpu_limit({k: str(v) for k, v in environment.items()})[0]
     return kind, count, limit
 
 
