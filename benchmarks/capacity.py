@@ -175,7 +175,7 @@ def chart(result: dict[str, Any], path: Path) -> None:
     from benchmarks._charts import BASELINE, CANDIDATE, LIMIT, annotate_bars, figure, save
 
     m = result["measurements"]
-    fig, (left, right) = figure(2, result["title"][:60])
+    fig, (left, right) = figure(2, "The capacity simulator: one fleet and the whole search")
     bars = left.bar(["one fleet", "whole search"], [m["one_fleet_s"]["median"], m["search_s"]], color=CANDIDATE)
     annotate_bars(left, bars, [f"{m['one_fleet_s']['median']:.1f} s", f"{m['search_s']:.1f} s"])
     left.axhline(ONE_FLEET_GOAL_S, color=LIMIT, linestyle="--", label="one-fleet goal")
