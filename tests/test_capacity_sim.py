@@ -265,7 +265,7 @@ def test_a_run_that_has_missed_the_target_stops_early_and_says_so() -> None:
     rows, _ = search(loads, [InstanceShape("ml.small", 12, 100)], requests, max_count=1)
     (row,) = rows
     assert not row.result.complete and row.result.requests == 2 and not row.meets_target
-    assert "stopped after 2 counted requests" in row.reasons[-1]
+    assert "stopped after 2 counted requests (more than 1.0% of the run's already cold)" in row.reasons[-1]
     assert row.as_json()["complete"] is False
 
 

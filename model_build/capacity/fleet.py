@@ -115,8 +115,8 @@ def judge(result: FleetResult, target: Target) -> list[str]:
     if busy is not None and busy >= 1.0:
         reasons.append(f"the GPUs would be busy {busy:.0%} of the time: requests queue without bound")
     if not result.complete:
-        reasons.append(f"stopped after {result.requests} counted requests: already more than "
-                       f"{1 - target.warm_share:.1%} of the run's requests were not warm")
+        reasons.append(f"stopped after {result.requests} counted requests (more than {1 - target.warm_share:.1%} "
+                       "of the run's already cold): its figures cover those")
     if result.unfit:
         reasons.append(f"{result.unfit} requests for models that do not fit with {target.gpu_slack:.0%} slack")
     return reasons
