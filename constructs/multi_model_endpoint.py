@@ -35,6 +35,7 @@ from triton_mme_cdk.constructs.endpoint_keywords import EndpointKeywords
 from triton_mme_cdk.constructs.endpoint_metrics import EndpointMetrics
 from triton_mme_cdk.constructs.endpoint_network import EndpointNetwork, EndpointNetworkProps
 from triton_mme_cdk.constructs.endpoint_settings import EndpointSettingsBase, endpoint_settings
+from triton_mme_cdk.constructs.fleet_fit import annotate_fit, synth_fit
 from triton_mme_cdk.constructs.model_bucket import ModelBucket, ModelBucketProps
 from triton_mme_cdk.constructs.model_build_inputs import internet_sources
 from triton_mme_cdk.constructs.model_build_resource import ModelBuildResource, ModelBuildResourceProps
@@ -73,6 +74,8 @@ class ModelSource:
     manifest: Manifest | None
     manifest_path: Path | None
     release_id: str | None
+    #: A local copy of the release's index (``_index.json``), read at synth for the fit check.
+    release_index: Path | None = None
 
     @classmethod
     def from_manifest(cls, path: str | Path) -> ModelSource:
@@ -91,13 +94,16 @@ class ModelSource:
         return cls(manifest=manifest, manifest_path=manifest_path.resolve(), release_id=None)
 
     @classmethod
-    def from_release(cls, release_id: str) -> ModelSource:
+    def from_release(cls, release_id: str, index: str | Path | None = None) -> ModelSource:
         """Serve a release published out of band (``triton-mme publish`` prints its id): no build
-        resource; the routes of that release must be in the bucket under the model prefix."""
+        resource; the routes of that release must be in the bucket under the model prefix.
+        ``index``: a local copy of its ``_index.json``, against whose footprints synth checks that
+        the models fit the fleet (without it, synth warns that their fit is unknown)."""
         if not isinstance(release_id, str) or not re.fullmatch(RELEASE_ID_PATTERN, release_id):
             raise PropsError(f"models: ModelSource.from_release got {release_id!r}; expected a release id as "
                              "`triton-mme publish` prints it: 'r-' and 16 lowercase hex digits")
-        return cls(manifest=None, manifest_path=None, release_id=release_id)
+        return cls(manifest=None, manifest_path=None, release_id=release_id,
+                   release_index=Path(index) if index is not None else None)
 
 
 class TritonMultiModelEndpoint(EndpointMetrics, Construct):
@@ -151,7 +157,11 @@ class TritonMultiModelEndpoint(EndpointMetrics, Construct):
         _check_resources(options, vpc=vpc, vpc_subnets=vpc_subnets, security_groups=security_groups,
                          alarm_topic=alarm_topic, models=models)
         _check_free(scope, id, options, bucket)
+        # Will the models fit this endpoint's fleet (GPU memory, disk): a refusal stops here.
+        fit, fit_unknown = synth_fit(manifest=models.manifest, manifest_path=models.manifest_path,
+                                     release_id=models.release_id, release_index=models.release_index, settings=options)
         super().__init__(scope, id)
+        annotate_fit(self, fit, fit_unknown)
         #: The validated settings (``EndpointSettings``).
         self.settings = options
         #: What the endpoint serves.

@@ -22,12 +22,15 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from triton_mme_cdk.model_build.capacity.fit import release_check
 from triton_mme_cdk.model_build.errors import ModelBuildError, PublishError
 from triton_mme_cdk.model_build.manifest import Manifest, load_manifest
 from triton_mme_cdk.model_build.release import DEFAULT_COMPRESSLEVEL, Release, compute_release, served_prefix
 from triton_mme_cdk.model_build.release.routes import DEFAULT_RETENTION_DAYS
+from triton_mme_cdk.model_build.tools import fit_cli
 from triton_mme_cdk.model_build.tools.app_context import DEFAULT_MODEL_PREFIX
 from triton_mme_cdk.model_build.tools.build_report import build_table, human_size
+from triton_mme_cdk.model_build.tools.capacity_cli import add_capacity_parser
 from triton_mme_cdk.model_build.tools.endpoint import add_endpoint_parser
 from triton_mme_cdk.model_build.tools.plan_cli import add_plan_parsers
 from triton_mme_cdk.model_build.tools.smoke_cli import add_smoke_parser
@@ -69,6 +72,7 @@ def _load(args: argparse.Namespace) -> tuple[Manifest, Release, Path]:
 def cmd_validate(args: argparse.Namespace) -> int:
     from triton_mme_cdk.model_build.manifest.build_engine import EngineSettings, place_all
 
+    fit_cli.fleet_of(args)  # a bad --instance-type is refused before the manifest is read
     manifest, release, base_dir = _load(args)
     table = Table(title=f"{args.manifest}: valid, release {release.release_id}")
     for column in ("model", "source", "task", "format", "max batch", "copies", "targets", "builds on (default settings)"):
@@ -90,6 +94,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         )
     out.print(table)
     out.print(f"{manifest.target_count} target models in {len(manifest.models)} entries")
+    fit_cli.validate_fit(args, manifest, base_dir, out, console)
     return 0
 
 
@@ -143,8 +148,11 @@ def _build_task(progress: Any) -> tuple[Callable[[int], None], Callable[[Any, st
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    fleet = fit_cli.fleet_of(args)
     record, release_dir, _ = _build(args)
     out.print(build_table(record))
+    if fleet is not None:  # the footprints each build measured
+        fit_cli.report_fit(fit_cli.built_footprints(record.artifacts(release_dir)), fleet, out, console)
     reused = len(record.models) - len(record.built)
     out.print(f"built {len(record.built)} of {len(record.models)} models"
               + (f"; {reused} unchanged, reused from {Path(args.out) / '_builds'}" if reused else ""))
@@ -216,7 +224,7 @@ def _build_missing_and_publish(args: argparse.Namespace, s3_client: Any, manifes
             stored_models(manifest, keys),
             artifacts,
             ReleaseTarget.of(release, s3_client, args.bucket, args.prefix, concurrency=args.concurrency,
-                             progress=on_progress),
+                             progress=on_progress, check=getattr(args, "fit_check", None)),
             present=present,
         )
     return report, built, len(manifest.models) - len(missing)
@@ -237,7 +245,7 @@ def _publish(args: argparse.Namespace, s3_client: Any, record: Any, release_dir:
         report = publish_incremental(
             [(model.artifact(release_dir), model.key) for model in record.models],
             ReleaseTarget.of(release, s3_client, args.bucket, args.prefix, concurrency=args.concurrency,
-                             progress=on_progress),
+                             progress=on_progress, check=getattr(args, "fit_check", None)),
         )
     return report
 
@@ -268,6 +276,7 @@ def _route(args: argparse.Namespace, s3_client: Any, release: Release) -> Any:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
+    args.fit_check = release_check(fit_cli.fleet_of(args))  # checked before any copy or index is written
     s3_client = _s3(args)
     manifest, release, base_dir = _load(args)
     local = _local_record(args, release)
@@ -426,10 +435,14 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--region", default=None, help="AWS region (default: from the environment)")
             p.add_argument("--concurrency", type=int, default=16, help="parallel S3 requests (default: 16)")
 
-    common(sub.add_parser("validate", help="check the manifest; no model is loaded"), cmd_validate, build=False)
-    common(sub.add_parser("build", help="export, validate, configure and package every model"), cmd_build)
+    validate = sub.add_parser("validate", help="check the manifest; no model is loaded")
+    common(validate, cmd_validate, build=False)
+    build = sub.add_parser("build", help="export, validate, configure and package every model")
+    common(build, cmd_build)
     publish = sub.add_parser("publish", help="build if needed, then publish the release to S3")
     common(publish, cmd_publish, s3=True)
+    for p in (validate, build, publish):
+        fit_cli.add_fit_arguments(p)
     verify = sub.add_parser("verify", help="serve the release on the real tritonserver and check every target")
     common(verify, cmd_verify, s3=True)
     demo = sub.add_parser("demo", help="build, publish (local S3 unless --bucket), serve on tritonserver, invoke")
@@ -441,6 +454,7 @@ def _parser() -> argparse.ArgumentParser:
     add_smoke_parser(sub)
     add_endpoint_parser(sub)
     add_plan_parsers(sub, DEFAULT_MODEL_PREFIX)
+    add_capacity_parser(sub)
     # Every subcommand names what runs it (set_defaults(func=...)); the usage line lists them all.
     parser.description = _DOC_USAGE.replace("{commands}", "{" + ",".join(sub.choices) + "}")
     return parser

@@ -122,3 +122,10 @@ class AccuracyGateError(ModelBuildError):
         self.value = value
         self.gate = gate
         self.precision = precision
+
+
+class FitError(ModelBuildError):
+    """A model does not fit the fleet's GPU (``model_build.capacity.fit``): its estimate is above the
+    usable GPU memory of the instance type. Raised before anything is published."""
+
+    step = "fit check"

@@ -50,6 +50,105 @@ INSTANCE_GPUS: dict[str, Gpu] = {
 LAST_DRIVER_BRANCH: dict[str, int] = {"NVIDIA K80": 470}
 
 
+#: Where a row of :data:`INSTANCE_TYPES` comes from. ``EC2_GUIDE``: the Amazon EC2 User Guide,
+#: "Accelerated computing instances" (hardware table: vCPUs, memory GiB, GPU count; family text: the
+#: T4's 16 GiB and the K80's 12 GiB per GPU) and "Instance store volumes" (g4dn, g5 NVMe sizes),
+#: awsdocs/amazon-ec2-user-guide at d2899614 (2023-05). ``HOSTING_VOLUMES``: the SageMaker developer
+#: guide, "Hosting instance storage volumes" (the EBS volume SageMaker attaches to p2 and p3 hosting
+#: instances), awsdocs/amazon-sagemaker-developer-guide doc_source/host-instance-storage.md.
+EC2_GUIDE = "Amazon EC2 User Guide, accelerated computing instances and instance store volumes"
+HOSTING_VOLUMES = "SageMaker developer guide, Hosting instance storage volumes (EBS default of p2/p3)"
+PRODUCT_PAGE = "aws.amazon.com/ec2/instance-types product page (not confirmed at a source read here)"
+GIB = 1024**3
+GB = 1000**3
+
+
+@dataclass(frozen=True)
+class InstanceType:
+    """One instance type a multi-model GPU endpoint accepts: its GPU, memory and disk.
+
+    ``disk_gb`` is what SageMaker gives the endpoint's models: the NVMe instance store on g4dn and g5
+    (their fixed size; ``VolumeSizeInGB`` is refused), the EBS volume SageMaker attaches to p2 and p3
+    (its default; ``volume_size_gb`` replaces it there, see :func:`instance_disk_bytes`)."""
+
+    name: str
+    gpu: Gpu
+    gpu_count: int
+    #: GiB of memory per GPU, as AWS states it (the card's nominal memory; the driver, ECC and the
+    #: CUDA context take some of it, which the fit check counts separately).
+    gpu_memory_gib: float
+    vcpus: int
+    memory_gib: float
+    disk_gb: int
+    #: ``nvme`` (instance store, fixed) or ``ebs`` (SageMaker's default volume).
+    disk_kind: str
+    #: Where each value comes from (``gpu``, ``gpu_memory``, ``memory``, ``disk``).
+    sources: tuple[tuple[str, str], ...]
+    #: Values no source read here confirms (``gpu_memory``...); each is stated as unconfirmed.
+    unconfirmed: tuple[str, ...] = ()
+
+    @property
+    def gpu_memory_bytes(self) -> int:
+        """Memory of one GPU in bytes."""
+        return int(self.gpu_memory_gib * GIB)
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.memory_gib * GIB)
+
+    @property
+    def disk_bytes(self) -> int:
+        """The disk in bytes (GB as AWS counts them: 10^9)."""
+        return self.disk_gb * GB
+
+    def source_of(self, value: str) -> str:
+        """Where ``value`` (``gpu_memory``, ``memory``, ``disk``...) comes from, and whether it is confirmed."""
+        found = dict(self.sources).get(value, "no source")
+        return f"{found} (unconfirmed)" if value in self.unconfirmed else found
+
+
+def _instance_rows() -> dict[str, InstanceType]:
+    rows: list[InstanceType] = []
+    t4, a10g = INSTANCE_GPUS["ml.g4dn"], INSTANCE_GPUS["ml.g5"]
+    nvme = (("gpu", EC2_GUIDE), ("gpu_memory", EC2_GUIDE), ("memory", EC2_GUIDE), ("disk", EC2_GUIDE))
+    # size: (vCPUs, memory GiB, g4dn NVMe GB, g5 NVMe GB)
+    sizes = (("xlarge", 4, 16, 125, 250), ("2xlarge", 8, 32, 225, 450), ("4xlarge", 16, 64, 225, 600),
+             ("8xlarge", 32, 128, 900, 900), ("16xlarge", 64, 256, 900, 1900))
+    for size, vcpus, memory, g4dn_disk, _ in sizes:
+        rows.append(InstanceType(f"ml.g4dn.{size}", t4, 1, 16, vcpus, memory, g4dn_disk, "nvme", nvme))
+    for size, vcpus, memory, _, g5_disk in sizes:
+        # The A10G's 24 GiB is on the G5 product page; the user guide's G5 text names the GPU only.
+        rows.append(InstanceType(f"ml.g5.{size}", a10g, 1, 24, vcpus, memory, g5_disk, "nvme",
+                                 (*nvme[:1], ("gpu_memory", PRODUCT_PAGE), *nvme[2:]), ("gpu_memory",)))
+    ebs = (("gpu", EC2_GUIDE), ("memory", EC2_GUIDE), ("disk", HOSTING_VOLUMES))
+    rows.append(InstanceType("ml.p2.xlarge", INSTANCE_GPUS["ml.p2"], 1, 12, 4, 61, 30, "ebs",
+                             (*ebs, ("gpu_memory", EC2_GUIDE))))
+    # The user guide says "up to 32 GiB of memory per GPU" for P3 (p3dn); the 16 GiB of p3.2xlarge's
+    # V100 is the P3 product page's.
+    rows.append(InstanceType("ml.p3.2xlarge", INSTANCE_GPUS["ml.p3"], 1, 16, 8, 61, 30, "ebs",
+                             (*ebs, ("gpu_memory", PRODUCT_PAGE)), ("gpu_memory",)))
+    return {row.name: row for row in rows}
+
+
+#: Every instance type a GPU multi-model endpoint accepts (the construct's ``MME_GPU_INSTANCE_TYPES``,
+#: a test keeps the two equal), with its GPU, memory and disk; docs/gpu-hosts.md shows the table.
+INSTANCE_TYPES: dict[str, InstanceType] = _instance_rows()
+
+
+def instance_type(name: str) -> InstanceType:
+    """The row of ``ml.g5.xlarge``; ``KeyError`` naming the instance types known."""
+    return _row(INSTANCE_TYPES, name, f"{name!r}: not an instance type of the table")
+
+
+def instance_disk_bytes(name: str, volume_size_gb: int | None = None) -> int:
+    """The disk the endpoint's models get on ``name``: ``volume_size_gb`` where the type takes one
+    (EBS: p2, p3), else the table's (the instance store, or SageMaker's default volume)."""
+    row = instance_type(name)
+    if volume_size_gb is not None and row.disk_kind == "ebs":
+        return volume_size_gb * GB
+    return row.disk_bytes
+
+
 def version_tuple(version: str) -> tuple[int, ...]:
     """``"12.4.1"`` -> ``(12, 4, 1)``; a part that is not a number counts as 0."""
     return tuple(int(part) if part.isdigit() else 0 for part in version.split("."))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 #: Triton data types (``TYPE_*`` without the prefix) keyed by numpy dtype name.
 NUMPY_TO_TRITON: dict[str, str] = {
@@ -101,3 +102,6 @@ class Artifact:
     #: The model's ``config.pbtxt``, published next to the reference for smoke tests, which
     #: should not have to download a whole tarball to learn a model's inputs and outputs.
     config_path: Path | None = None
+    #: Its footprint as the build measured it (``Footprint.to_json`` of its first target), recorded
+    #: in the release index for each target; ``None`` for a build that recorded none.
+    footprint: dict[str, Any] | None = field(default=None, compare=False, hash=False)

@@ -158,6 +158,13 @@ def test_tiny_measurements_have_the_expected_shape(tiny_run: Path) -> None:
     # Stated for MiniLM-sized models: measured in a tiny run, never read as met or missed there.
     assert all(item["met"] is None and item["not_judged"] for item in text["goals"]), text["goals"]
 
+    capacity = _result(tiny_run, "capacity")
+    m = capacity["measurements"]
+    assert m["requests"] > 0 and m["one_fleet_s"]["n"] == 1 and 0 <= m["one_fleet"]["warm_share"] <= 1
+    assert m["pruning"]["same_cheapest"] is True and m["search_simulated"] <= m["search_rows"]
+    # Stated at 3,000 models and a million requests: never judged in a tiny run.
+    assert all(item["met"] is None and item["not_judged"] for item in capacity["goals"]), capacity["goals"]
+
 
 @pytest.mark.slow
 def test_tiny_docs_render_from_the_results(tiny_run: Path) -> None:

@@ -207,3 +207,17 @@ def test_the_docs_tables_are_the_codes() -> None:
     gpus = _table(page, "| instance family | GPU |")
     assert {row[0]: (row[1], row[2]) for row in gpus} == {
         family: (gpu.name, gpu.compute_capability) for family, gpu in INSTANCE_GPUS.items()}
+
+
+def test_the_instance_table_of_the_page_is_the_codes() -> None:
+    from triton_mme_cdk.model_build.gpu_hosts import INSTANCE_TYPES
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "gpu-hosts.md").read_text(encoding="utf-8")
+    rows = _table(page, "| instance type | GPU | GPU memory (GiB) |")
+    assert [row[0] for row in rows] == list(INSTANCE_TYPES)
+    for name, gpu, memory, vcpus, host, disk, kind in rows:
+        row = INSTANCE_TYPES[name]
+        assert gpu == f"{row.gpu_count} x {row.gpu.name}"
+        assert memory == f"{row.gpu_memory_gib:g}" + (" (unconfirmed)" if "gpu_memory" in row.unconfirmed else "")
+        assert (int(vcpus), float(host), int(disk)) == (row.vcpus, row.memory_gib, row.disk_gb)
+        assert kind.startswith("NVMe" if row.disk_kind == "nvme" else "EBS")

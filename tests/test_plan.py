@@ -164,8 +164,15 @@ def test_a_model_change_is_models_only(default: dict[str, Any], work: Path, caps
         "minilm-l6-text": expected,
         "resnet-synthetic-ts": "builds on: lambda 6 GB; estimate unknown (a synthetic model is sized only once built)",
     }
+    # The capacity line (issue 50): the live set (5 routed) and the manifest's 6 at the template's fleet.
+    assert report["capacity"]["fleet"] == "1 x ml.g5.xlarge"
+    assert (report["capacity"]["before"]["models"], report["capacity"]["after"]["models"]) == (5, 6)
+    assert report["capacity"]["after"]["warm_share"] == 1.0
     code = main(["plan", "--routes-file", str(work / "r-models.json"), "--template", template])
-    assert "+ minilm-l6-text  (added); builds on: lambda 6 GB; estimated peak" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "+ minilm-l6-text  (added); builds on: lambda 6 GB; estimated peak" in text
+    assert "capacity at 1 x ml.g5.xlarge (Zipf s=1 over 6 models, 10 req/s in total; footprints ESTIMATED from the " \
+           "manifest): resident 5/5 models, 100.0% warm -> resident 6/6 models, 100.0% warm" in text
 
 
 def test_an_instance_type_change_replaces_the_fleet_and_names_the_property(

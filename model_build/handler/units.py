@@ -58,9 +58,13 @@ def build_and_store(s3: Any, request: Request, spec: ModelSpec, key: str) -> Non
 
 def write_index(s3: Any, request: Request, manifest: Manifest, computed: Release) -> None:
     """The final step: assemble the release from the store (server-side copies, index last)."""
+    from triton_mme_cdk.model_build.capacity.fit import fleet_from_record, release_check
     from triton_mme_cdk.model_build.release.store import ReleaseTarget, assemble_release, stored_models
 
     release = replace(request.release, model_keys=dict(computed.model_keys),
                       model_code_sha256=computed.model_code_sha256, entry_hashes=computed.entry_hashes)
+    # The models must fit the fleet the stack deploys (its record), checked with the footprints the
+    # builds recorded before anything is copied or the index written.
+    check = release_check(fleet_from_record(request.deployed))
     assemble_release(stored_models(manifest, computed.model_keys),
-                     ReleaseTarget.of(release, s3, request.model_bucket, request.model_prefix))
+                     ReleaseTarget.of(release, s3, request.model_bucket, request.model_prefix, check=check))

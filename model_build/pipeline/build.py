@@ -24,6 +24,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from triton_mme_cdk.model_build.capacity.footprint import Coefficients
+from triton_mme_cdk.model_build.capacity.measure import measure_footprint
 from triton_mme_cdk.model_build.errors import ModelBuildError
 from triton_mme_cdk.model_build.manifest import Manifest, ModelSpec
 from triton_mme_cdk.model_build.pipeline.steps import BuildOptions
@@ -74,6 +76,9 @@ class ModelBuildResult:
     #: False where the build never ran the model (a prebuilt TensorRT plan: no GPU); then
     #: ``max_abs_diff`` is empty because nothing was measured, and ``reference_check`` says why.
     verified: bool = True
+    #: Its footprint (``model_build.capacity.footprint.Footprint.to_json``, of its first target),
+    #: measured once when the unit is built; empty for a unit built before footprints were recorded.
+    footprint: dict[str, Any] = field(default_factory=dict)
 
     def artifact(self, base: Path) -> Artifact:
         return Artifact(
@@ -85,6 +90,7 @@ class ModelBuildResult:
             targets=tuple(self.targets),
             reference_path=base / self.reference,
             config_path=base / self.config,
+            footprint=self.footprint or None,
         )
 
     def difference_text(self) -> str:
@@ -158,6 +164,7 @@ def build_model(
     config_out = release_dir / f"{spec.name}.config.pbtxt"
     config_out.write_text(done.need("config_text", "record"))
     shutil.rmtree(model_work, ignore_errors=True)
+    footprint = measure_footprint(spec, tarball, Coefficients.read()).to_json()
     return ModelBuildResult(
         name=spec.name,
         format=spec.format,
@@ -184,6 +191,7 @@ def build_model(
         fp32_matmuls=list(report.fp32_matmuls),
         length_grouping=report.length_grouping or "",
         verified=spec.format != "tensorrt_plan",
+        footprint=footprint,
     )
 
 

@@ -57,6 +57,7 @@ def index_body(
             "size": artifact.size,
             "format": artifact.format,
             "source_model": artifact.name,
+            **target_footprint(artifact.footprint, target),
         }
         for artifact in artifacts
         for target in artifact.targets
@@ -69,6 +70,13 @@ def index_body(
         "references": sorted((dict(ref) for ref in references), key=lambda ref: (ref["source_model"], ref["key"])),
     }
     return (json.dumps(document, sort_keys=True, indent=2) + "\n").encode()
+
+
+def target_footprint(footprint: Mapping[str, Any] | None, target: str) -> dict[str, Any]:
+    """``{"footprint": ...}`` of one target (the model's footprint, named after the target), or
+    ``{}`` where the build recorded none: an index without it reads as unknown
+    (``model_build.capacity.footprint.index_footprints``)."""
+    return {"footprint": {**footprint, "target": target}} if footprint else {}
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -30,7 +30,12 @@ from triton_mme_cdk.model_build.release.identity import (
     served_prefix,
     store_prefix,
 )
-from triton_mme_cdk.model_build.release.index import read_index, read_routes, served_index_body
+from triton_mme_cdk.model_build.release.index import (
+    read_index,
+    read_routes,
+    served_index_body,
+    target_footprint,
+)
 from triton_mme_cdk.model_build.release.publish import PublishReport, publish_release, put_index
 from triton_mme_cdk.model_build.release.routes import RoutesError
 from triton_mme_cdk.model_build.release.transfer import (
@@ -89,6 +94,9 @@ class ReleaseTarget:
     progress: Progress | None = None
     #: ``model name -> entry_sha256`` for models that do not carry their own.
     entry_hashes: Mapping[str, str] = field(default_factory=dict)
+    #: Called with the release's index entries before anything is copied or written: a check that
+    #: raises (the fit of the footprints on the fleet) stops the release with nothing published.
+    check: Callable[[Sequence[Mapping[str, Any]]], None] | None = None
 
     @classmethod
     def of(cls, release: Release, s3_client: Any, bucket: str, model_prefix: str, **options: Any) -> ReleaseTarget:
@@ -206,9 +214,12 @@ def assemble_release(models: Sequence[StoredModel], target: ReleaseTarget) -> Pu
                 "target_model": name, "key": key, "logical_name": logical, "sha256": entry["sha256"],
                 "size": entry["size"], "format": model.format or entry["format"], "source_model": model.name,
                 "model_key": model.key, "entry_sha256": model.entry_sha256 or target.entry_hashes.get(model.name, ""),
+                **target_footprint(entry.get("footprint"), logical),
             })
         references += [{"source_model": model.name, "key": ref["key"], "sha256": ref["sha256"], "size": ref["size"]}
                        for ref in store.get("references", [])]
+    if target.check is not None:
+        target.check(entries)
     listing = list_sizes(s3_client, bucket, served)
     # What the routed release serves was checked when it was routed: an object it routes under the
     # same name, listed with the same size, is skipped without a HEAD (the others are checked).
@@ -255,7 +266,7 @@ def _routed_stores(s3_client: Any, bucket: str, model_prefix: str) -> tuple[dict
         store = store_prefix(model_prefix, model_key)
         known[model_key] = {
             "models": [{"key": f"{store}/{STORE_TARGET}.tar.gz", "sha256": entry["sha256"], "size": entry["size"],
-                        "format": entry.get("format", "")}],
+                        "format": entry.get("format", ""), **target_footprint(entry.get("footprint"), STORE_TARGET)}],
             "references": references.get(store, []),
         }
     return known, routed

@@ -17,12 +17,15 @@
   offline text sources of every tokenizer kind (tests, benchmarks);
 - ``app_context``: the CDK app beside them, read as the CDK CLI reads it and never imported
   (``cdk.json``'s context and command, the synthesized cloud assembly);
-- ``build_report``: the table ``build`` and ``demo`` print of a release's models.
+- ``build_report``: the table ``build`` and ``demo`` print of a release's models;
+- ``capacity_cli``: ``capacity`` (the fleet simulated for every candidate instance type and count,
+  ``capacity_report`` writes text, JSON of ``capacity.schema.json`` and markdown);
+  ``plan_capacity``: ``plan``'s capacity line.
 
 Owns: everything a user runs against a build, a bucket or an endpoint, on their own machine.
 Nothing here is part of the build runtime: the release and model keys do not hash this folder and
 the Lambda image does not need it, so editing a tool never rebuilds or republishes a model. Only
 the CLI front (``model_build/__main__.py``) imports it.
 
-May import: ``shared``, ``manifest``, ``package``, ``release``, ``text_ensemble``.
+May import: ``shared``, ``manifest``, ``package``, ``release``, ``text_ensemble``, ``capacity``.
 """

@@ -187,6 +187,14 @@ def _plan_report(args: argparse.Namespace, config: AppConfig, synth: Synth | Non
     new_template = read_template(args.template, "--template") if args.template else None
     manifest_path = Path(args.manifest) if args.manifest is not None else _manifest_path(config)
     manifest = load_manifest(manifest_path) if manifest_path is not None else None
+    traffic_path = Path(args.traffic) if args.traffic else None
+    if traffic_path is not None:
+        from triton_mme_cdk.model_build.capacity.traffic import read_profile
+
+        if manifest is None:
+            raise ModelBuildError("--traffic: given, but there is no manifest to plan the capacity of "
+                                  "(mme:manifest_path is empty)")
+        read_profile(traffic_path, {spec.name: spec.target_names() for spec in manifest.models})
     if not args.routes_file and not args.bucket:
         raise ModelBuildError("plan: give --routes-file FILE (a copy of the live routes) or --bucket BUCKET")
     live: Routes | None = None
@@ -238,8 +246,14 @@ def _plan_report(args: argparse.Namespace, config: AppConfig, synth: Synth | Non
                     record=live.deployed if live is not None else None, live_routes=live is not None,
                     unknown_reason=unknown, engine=engine, scope=scope)
     builds_on = _builds_on(manifest, models, new_template, manifest_path.parent if manifest_path else Path("."))
+    capacity = None
+    if manifest is not None and manifest_path is not None:
+        from triton_mme_cdk.model_build.tools.plan_capacity import capacity_line
+
+        capacity = capacity_line(manifest, manifest_path.parent, models, new_template, scope=scope,
+                                 traffic_path=traffic_path)
     return PlanReport(stack=stack_name, models=models, verdict=verdict, routes_where=where,
-                      models_note=note, builds_on=builds_on)
+                      models_note=note, builds_on=builds_on, capacity=capacity)
 
 
 def _builds_on(manifest: Any, models: Any, template: dict[str, Any], base_dir: Path) -> dict[str, str]:
@@ -327,6 +341,9 @@ def add_plan_parsers(sub: Any, default_prefix: str) -> None:
                            "app of ./cdk.json as cdk synth does, with the -c settings")
     plan.add_argument("-c", "--context", action="append", metavar="mme:KEY=VALUE",
                       help="a setting as given to cdk synth (repeatable); ./cdk.json gives the rest")
+    plan.add_argument("--traffic", default=None, metavar="FILE",
+                      help="traffic profile for the capacity line, as `capacity` reads it (default: 10 req/s, "
+                           "Zipf 1.0, in manifest order)")
     plan.add_argument("--format", choices=("text", "json", "markdown"), default="text",
                       help="what to print (default: text)")
     plan.add_argument("--json-file", default=None, metavar="FILE", help="also write the JSON plan here")

@@ -95,6 +95,8 @@ class PlanReport:
     models_note: str = ""
     #: Where each added or updated model builds, with its estimate (model name -> text).
     builds_on: dict[str, str] = field(default_factory=dict)
+    #: The capacity line (:class:`~model_build.tools.plan_capacity.CapacityLine`); None without a manifest.
+    capacity: Any = None
 
     @property
     def overall(self) -> str:
@@ -163,6 +165,7 @@ class PlanReport:
                          "findings": [f.as_json() for f in verdict.of("security-changed")]},
             "other": {"compared": verdict.others_compared,
                       "findings": [f.as_json() for f in verdict.of("other")]},
+            "capacity": self.capacity.as_json() if self.capacity is not None else None,
         }
         plan["digest"] = plan_digest(plan)
         return plan
@@ -203,6 +206,8 @@ class PlanReport:
         if self.verdict.data != "at-risk":
             lines.append(f"data: {self.verdict.data_text()}")
         lines.append(f"security: {self.verdict.security_text()}")
+        if self.capacity is not None:
+            lines.append(self.capacity.text())
         lines.append(f"digest: {self.digest}")
         lines.append(f"verdict: {self.overall} (exit {self.exit_code} with --detailed-exitcode)")
         return "\n".join(lines)
@@ -256,6 +261,8 @@ class PlanReport:
             "",
             f"**Data:** {_md(verdict.data_text())}",
             "",
+            *([f"**Capacity:** {_md(self.capacity.body())}", ""]
+              if self.capacity is not None else []),
             "| models | added | updated | removed | unchanged |",
             "| --- | ---: | ---: | ---: | ---: |",
             f"| {len(models.added) + len(models.updated) + len(models.removed) + len(models.unchanged)} "
