@@ -57,6 +57,8 @@ FOOTPRINT_SCHEMA = "triton-mme/footprint/1"
 GPU_CHECK = Path("benchmarks") / "results" / "gpu_check.json"
 #: Bytes per weight at each served precision, against FP32's 4.
 PRECISION_BYTES = {"fp32": 4.0, "fp16": 2.0, "int8": 1.0}
+#: ``SAGEMAKER_TRITON_SHM_DEFAULT_BYTE_SIZE``'s default (the serve script's): one python model's region.
+DEFAULT_SHM_BYTES = 16 * MIB
 
 
 @dataclass(frozen=True)
@@ -356,7 +358,7 @@ def footprint_from_parts(
     *, target: str, model: str, stage: str, precision: str, instance_kind: str, instance_count: int,
     python_instances: int, weight_bytes: Figure, working_bytes: Figure, tarball_bytes: Figure,
     unpacked_bytes: Figure, build_load_seconds: Figure, unpack_seconds: Figure | None = None,
-    coefficients: Coefficients | None = None, shm_default_byte_size: int = 16 * MIB,
+    coefficients: Coefficients | None = None, shm_default_byte_size: int | None = None,
     largest_batch: int = 0, largest_sequence: int = 0, backend: str = "onnxruntime",
 ) -> Footprint:
     """A footprint from what was measured or sized, the rest from ``coefficients``: the runtime
@@ -369,7 +371,8 @@ def footprint_from_parts(
     if backend not in ("onnxruntime", "pytorch", "tensorrt"):
         overhead = replace(overhead, source=f"{overhead.source} (backend {backend})")
     host = coefficients["python_stub_host_bytes"]
-    host = add([(1.0, host), (1.0, Figure(float(shm_default_byte_size),
+    shm = DEFAULT_SHM_BYTES if shm_default_byte_size is None else shm_default_byte_size
+    host = add([(1.0, host), (1.0, Figure(float(shm),
                                           "SAGEMAKER_TRITON_SHM_DEFAULT_BYTE_SIZE of the endpoint", False))],
                "stub process + its python-backend shared memory region")
     if row is not None:

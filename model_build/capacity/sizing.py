@@ -160,7 +160,6 @@ def synth_footprints(specs: Sequence[ModelSpec], base_dir: Path, coefficients: C
         # Float weights barely compress: the tarball and its unpacked files are each about the weights.
         disk = unknown(f"known once built; {weights.source}") if not weights.known else Figure(
             weights.value, "estimate before the build: about the weights (float weights barely compress)", True)
-        extra = {} if shm_default_byte_size is None else {"shm_default_byte_size": shm_default_byte_size}
         for target in spec.target_names():
             out.append(footprint_from_parts(
                 target=target, model=spec.name, stage="synth", precision=spec.effective_precision,
@@ -170,7 +169,7 @@ def synth_footprints(specs: Sequence[ModelSpec], base_dir: Path, coefficients: C
                                       "and sequence)"),
                 tarball_bytes=disk, unpacked_bytes=disk,
                 build_load_seconds=unknown("measured at build"), coefficients=coefficients,
-                largest_batch=batch, largest_sequence=sequence, backend=_backend(spec), **extra))
+                largest_batch=batch, largest_sequence=sequence, backend=_backend(spec), shm_default_byte_size=shm_default_byte_size))
     return out
 
 
