@@ -164,3 +164,10 @@ def test_hub_model_sized_from_the_local_cache(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     spec = ModelSpec.model_validate({"name": "hub", "task": "feature-extraction", "source": source.model_dump()})
     assert source_weights(spec, tmp_path).value == 123456
+
+
+def test_a_synthetic_config_that_cannot_be_counted_is_unknown() -> None:
+    spec = ModelSpec.model_validate({"name": "odd", "task": "feature-extraction", "source": {
+        "kind": "synthetic", "architecture": "bert", "config": {"hidden_size": "wide"}}})
+    figure = source_weights(spec, ROOT)
+    assert not figure.known and figure.source.startswith("the synthetic config could not be counted (ValueError")

@@ -119,7 +119,10 @@ def source_weights(spec: ModelSpec, base_dir: Path) -> Figure:
     """The source's weight bytes (as stored, FP32 unless the files say otherwise), or unknown with why."""
     source = spec.source
     if isinstance(source, SyntheticSource):
-        count = synthetic_parameters(source, spec.task)
+        try:
+            count = synthetic_parameters(source, spec.task)
+        except (TypeError, ValueError, KeyError, AttributeError) as error:  # the build reports the config
+            return unknown(f"the synthetic config could not be counted ({type(error).__name__}: {error})")
         return Figure(count * 4.0, f"{count:,} parameters of the synthetic {source.architecture} config x 4 bytes "
                                    "(FP32, as built)", True)
     if isinstance(source, HuggingFaceSource):
