@@ -221,8 +221,31 @@ class Coefficients:
         if not served:
             return cls(origin=f"documented figures: {where} has no served GPU row ({in_process} in-process rows "
                               "are not used: another runtime than the fleet's)")
-        return cls(served=tuple(served), origin=f"{len(served)} served rows of {where} ({gpu_name}, {started}); "
-                                                "documented figures for the rest")
+        figures = dict(DOCUMENTED)
+        overheads = _overheads(document["rows"])
+        if overheads:
+            figures["runtime_overhead_bytes"] = Figure(max(overheads) * 1.0, (
+                f"measured by make gpu-check on an {gpu_name} ({started}): the largest of {len(overheads)} served "
+                "rows' GPU memory less the model's weights and its working memory measured on CPU"), True)
+        return cls(figures=figures, served=tuple(served),
+                   origin=f"{len(served)} served rows of {where} ({gpu_name}, {started}); documented figures for "
+                          "the rest")
+
+
+def _overheads(rows: list[Any]) -> list[float]:
+    """Per served row that carries the build's figures (``weight_bytes``, ``working_bytes_cpu``): its GPU
+    memory less both, the runtime's fixed cost on that GPU. Rows of models with a python step are
+    left out (their stub's context is inside them; benchmarks/gpu_served.py serves none today)."""
+    out = []
+    for row in rows:
+        if not isinstance(row, Mapping) or row.get("status") != "measured":
+            continue
+        runtime, memory = str(row.get("runtime", "")), row.get("gpu_memory_mib")
+        weights, working = row.get("weight_bytes"), row.get("working_bytes_cpu", 0.0)
+        if (runtime.startswith("tritonserver-") and not runtime.endswith("-cpu") and not row.get("python_steps")
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (memory, weights, working))):
+            out.append(max(0.0, float(memory) * MIB - float(weights) - float(working)))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
