@@ -9,7 +9,9 @@ unpacks it, its ``config.pbtxt`` kept as published (``KIND_GPU``; ``--cpu``: loc
 as SageMaker's front does. Per row: the load and the first answer (the cold start; the download
 and unpack are the platform's and excluded), warm p50/p99 at batch 1 and 8 over HTTP, the GPU
 memory the loaded model holds (device-wide, so it includes the python backend stub's own CUDA
-context), and parity of the served answer against PyTorch FP32 on the same GPU.
+context), the build's own figures of the model (``weight_bytes``, ``working_bytes_cpu``: its graph and
+its working memory measured on CPU, from which ``model_build.capacity`` reads the runtime's fixed
+overhead), and parity of the served answer against PyTorch FP32 on the same GPU.
 
 Beside each default entry as built, MiniLM (the first tokens-input text model) is served as an FP16
 graph and with ONNX Runtime's TensorRT provider (``tensorrt: {precision_mode: FP16,
@@ -217,6 +219,17 @@ def measure_served(model: ServedModel, row: dict[str, Any], batches: dict[int, d
     return row
 
 
+def footprint_parts(footprint: dict[str, Any]) -> dict[str, Any]:
+    """What the build measured of the served model (its graph's bytes, its working memory on CPU):
+    with them, ``model_build.capacity`` reads the runtime's fixed overhead off the row's GPU memory."""
+    parts = {}
+    for key, name in (("weight_bytes", "weight_bytes"), ("working_bytes", "working_bytes_cpu")):
+        value = (footprint.get(key) or {}).get("value")
+        if isinstance(value, (int, float)):
+            parts[name] = value
+    return parts
+
+
 def served_rows(manifest_path: Path, models: list[Any], sources: dict[str, Path | None],
                 references: dict[str, tuple[Any, dict[int, dict[str, Any]]]], gpu: Any, work: Path
                 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -253,7 +266,8 @@ def served_rows(manifest_path: Path, models: list[Any], sources: dict[str, Path 
                 model = ServedModel(server, f"{name}/{entry.variant}", release / built.tarball,
                                     (release / built.config).read_text(), work / "models", gpu=on_gpu)
                 runtime = runtime_name(model.config, on_gpu)
-                row = {"model": name, "variant": entry.variant, "runtime": runtime}
+                row = {"model": name, "variant": entry.variant, "runtime": runtime,
+                       **footprint_parts(built.footprint)}
                 try:
                     rows.append(measure_served(model, row, batches, outputs, gpu))
                 finally:

@@ -107,6 +107,21 @@ def test_synth_warns_of_a_served_set_larger_than_the_disk_and_of_what_it_cannot_
     assert not [w for w in _warnings(roomy) if w.startswith("the served set")]
 
 
+@pytest.mark.slow
+def test_two_endpoints_in_one_stack_are_each_checked_against_their_own_fleet(tmp_path: Path) -> None:
+    # About 160 GB of served set: over the 125 GB of ml.g4dn.xlarge, within the 250 GB of ml.g5.xlarge.
+    entry = _big("medium-bert", copies=80)
+    entry["source"]["config"] = {**BIG_BERT, "vocab_size": 250_000}
+    models = ModelSource.from_manifest(_manifest(tmp_path, entry))
+    stack = cdk.Stack(cdk.App(analytics_reporting=False), "Two")
+    TritonMultiModelEndpoint(stack, "Small", models=models, instance_type="ml.g4dn.xlarge", endpoint_name="small",
+                             model_prefix="small")
+    TritonMultiModelEndpoint(stack, "Large", models=models, instance_type="ml.g5.xlarge", endpoint_name="large",
+                             model_prefix="large")
+    found = Annotations.from_stack(stack).find_warning("*", Match.string_like_regexp("^the served set"))
+    assert [entry.id for entry in found] == ["/Two/Small"]
+
+
 def _index(footprints: list[Footprint], release_id: str = "r-0123456789abcdef") -> dict[str, Any]:
     return {"schema": 1, "release_id": release_id, "models": [
         {"target_model": f"{f.target}.tar.gz", "source_model": f.model, "size": 10, "footprint": f.to_json()}

@@ -138,6 +138,16 @@ def test_coefficients_use_served_rows_only() -> None:
     assert "make gpu-check" in served.gpu_memory().source
     assert served.gpu_load_seconds.value == 0.8
     assert _parts(coefficients=read, precision="fp16").gpu_memory().value != 700.0 * MIB
+    # without the build's figures in the rows, the runtime overhead stays the documented allowance ...
+    assert read["runtime_overhead_bytes"] == DOCUMENTED["runtime_overhead_bytes"]
+    # ... with them, a GPU run sets it: the largest served row's memory less its weights and working memory
+    document["rows"][-2].update(weight_bytes=100 * MIB, working_bytes_cpu=50 * MIB)
+    document["rows"].append({"model": "n", "variant": "fp32", "runtime": "tritonserver-pytorch-cuda",
+                             "status": "measured", "load_s": 0.5, "gpu_memory_mib": 300.0,
+                             "weight_bytes": 200 * MIB, "working_bytes_cpu": 0.0})
+    measured = Coefficients.from_gpu_check(document)["runtime_overhead_bytes"]
+    assert measured.value == 550 * MIB and "largest of 2 served rows" in measured.source
+    assert _parts(coefficients=Coefficients.from_gpu_check(document), model="other").runtime_overhead_bytes == measured
 
 
 def test_synth_footprints_of_the_default_manifest() -> None:
@@ -164,3 +174,10 @@ def test_hub_model_sized_from_the_local_cache(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     spec = ModelSpec.model_validate({"name": "hub", "task": "feature-extraction", "source": source.model_dump()})
     assert source_weights(spec, tmp_path).value == 123456
+
+
+def test_a_synthetic_config_that_cannot_be_counted_is_unknown() -> None:
+    spec = ModelSpec.model_validate({"name": "odd", "task": "feature-extraction", "source": {
+        "kind": "synthetic", "architecture": "bert", "config": {"hidden_size": "wide"}}})
+    figure = source_weights(spec, ROOT)
+    assert not figure.known and figure.source.startswith("the synthetic config could not be counted (ValueError")

@@ -57,6 +57,8 @@ FOOTPRINT_SCHEMA = "triton-mme/footprint/1"
 GPU_CHECK = Path("benchmarks") / "results" / "gpu_check.json"
 #: Bytes per weight at each served precision, against FP32's 4.
 PRECISION_BYTES = {"fp32": 4.0, "fp16": 2.0, "int8": 1.0}
+#: ``SAGEMAKER_TRITON_SHM_DEFAULT_BYTE_SIZE``'s default (the serve script's): one python model's region.
+DEFAULT_SHM_BYTES = 16 * MIB
 
 
 @dataclass(frozen=True)
@@ -219,8 +221,31 @@ class Coefficients:
         if not served:
             return cls(origin=f"documented figures: {where} has no served GPU row ({in_process} in-process rows "
                               "are not used: another runtime than the fleet's)")
-        return cls(served=tuple(served), origin=f"{len(served)} served rows of {where} ({gpu_name}, {started}); "
-                                                "documented figures for the rest")
+        figures = dict(DOCUMENTED)
+        overheads = _overheads(document["rows"])
+        if overheads:
+            figures["runtime_overhead_bytes"] = Figure(max(overheads) * 1.0, (
+                f"measured by make gpu-check on an {gpu_name} ({started}): the largest of {len(overheads)} served "
+                "rows' GPU memory less the model's weights and its working memory measured on CPU"), True)
+        return cls(figures=figures, served=tuple(served),
+                   origin=f"{len(served)} served rows of {where} ({gpu_name}, {started}); documented figures for "
+                          "the rest")
+
+
+def _overheads(rows: list[Any]) -> list[float]:
+    """Per served row that carries the build's figures (``weight_bytes``, ``working_bytes_cpu``): its GPU
+    memory less both, the runtime's fixed cost on that GPU. Rows of models with a python step are
+    left out (their stub's context is inside them; benchmarks/gpu_served.py serves none today)."""
+    out = []
+    for row in rows:
+        if not isinstance(row, Mapping) or row.get("status") != "measured":
+            continue
+        runtime, memory = str(row.get("runtime", "")), row.get("gpu_memory_mib")
+        weights, working = row.get("weight_bytes"), row.get("working_bytes_cpu", 0.0)
+        if (runtime.startswith("tritonserver-") and not runtime.endswith("-cpu") and not row.get("python_steps")
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (memory, weights, working))):
+            out.append(max(0.0, float(memory) * MIB - float(weights) - float(working)))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -356,7 +381,7 @@ def footprint_from_parts(
     *, target: str, model: str, stage: str, precision: str, instance_kind: str, instance_count: int,
     python_instances: int, weight_bytes: Figure, working_bytes: Figure, tarball_bytes: Figure,
     unpacked_bytes: Figure, build_load_seconds: Figure, unpack_seconds: Figure | None = None,
-    coefficients: Coefficients | None = None, shm_default_byte_size: int = 16 * MIB,
+    coefficients: Coefficients | None = None, shm_default_byte_size: int | None = None,
     largest_batch: int = 0, largest_sequence: int = 0, backend: str = "onnxruntime",
 ) -> Footprint:
     """A footprint from what was measured or sized, the rest from ``coefficients``: the runtime
@@ -369,7 +394,8 @@ def footprint_from_parts(
     if backend not in ("onnxruntime", "pytorch", "tensorrt"):
         overhead = replace(overhead, source=f"{overhead.source} (backend {backend})")
     host = coefficients["python_stub_host_bytes"]
-    host = add([(1.0, host), (1.0, Figure(float(shm_default_byte_size),
+    shm = DEFAULT_SHM_BYTES if shm_default_byte_size is None else shm_default_byte_size
+    host = add([(1.0, host), (1.0, Figure(float(shm),
                                           "SAGEMAKER_TRITON_SHM_DEFAULT_BYTE_SIZE of the endpoint", False))],
                "stub process + its python-backend shared memory region")
     if row is not None:

@@ -66,7 +66,6 @@ def measure_footprint(spec: ModelSpec, tarball: Path, coefficients: Coefficients
                     True)
     batch, sequence = largest_shape(spec)
     load, working = _onnx_session(tarball, graphs, spec, batch, sequence)
-    extra = {} if shm_default_byte_size is None else {"shm_default_byte_size": shm_default_byte_size}
     return footprint_from_parts(
         target=spec.target_names()[0], model=spec.name, stage="build", precision=spec.effective_precision,
         instance_kind=spec.instance_group.kind, instance_count=spec.instance_group.count,
@@ -76,7 +75,7 @@ def measure_footprint(spec: ModelSpec, tarball: Path, coefficients: Coefficients
         build_load_seconds=load, unpack_seconds=unpack, coefficients=coefficients,
         largest_batch=batch, largest_sequence=sequence,
         backend={"onnx": "onnxruntime", "torchscript": "pytorch", "tensorrt_plan": "tensorrt"}[spec.format],
-        **extra)
+        shm_default_byte_size=shm_default_byte_size)
 
 
 def _graph_members(members: list[tarfile.TarInfo]) -> list[tarfile.TarInfo]:

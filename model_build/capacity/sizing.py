@@ -119,7 +119,10 @@ def source_weights(spec: ModelSpec, base_dir: Path) -> Figure:
     """The source's weight bytes (as stored, FP32 unless the files say otherwise), or unknown with why."""
     source = spec.source
     if isinstance(source, SyntheticSource):
-        count = synthetic_parameters(source, spec.task)
+        try:
+            count = synthetic_parameters(source, spec.task)
+        except (TypeError, ValueError, KeyError, AttributeError) as error:  # the build reports the config
+            return unknown(f"the synthetic config could not be counted ({type(error).__name__}: {error})")
         return Figure(count * 4.0, f"{count:,} parameters of the synthetic {source.architecture} config x 4 bytes "
                                    "(FP32, as built)", True)
     if isinstance(source, HuggingFaceSource):
@@ -160,7 +163,6 @@ def synth_footprints(specs: Sequence[ModelSpec], base_dir: Path, coefficients: C
         # Float weights barely compress: the tarball and its unpacked files are each about the weights.
         disk = unknown(f"known once built; {weights.source}") if not weights.known else Figure(
             weights.value, "estimate before the build: about the weights (float weights barely compress)", True)
-        extra = {} if shm_default_byte_size is None else {"shm_default_byte_size": shm_default_byte_size}
         for target in spec.target_names():
             out.append(footprint_from_parts(
                 target=target, model=spec.name, stage="synth", precision=spec.effective_precision,
@@ -170,7 +172,7 @@ def synth_footprints(specs: Sequence[ModelSpec], base_dir: Path, coefficients: C
                                       "and sequence)"),
                 tarball_bytes=disk, unpacked_bytes=disk,
                 build_load_seconds=unknown("measured at build"), coefficients=coefficients,
-                largest_batch=batch, largest_sequence=sequence, backend=_backend(spec), **extra))
+                largest_batch=batch, largest_sequence=sequence, backend=_backend(spec), shm_default_byte_size=shm_default_byte_size))
     return out
 
 
