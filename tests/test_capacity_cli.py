@@ -241,5 +241,7 @@ def test_the_plan_json_with_its_capacity_line_matches_the_plan_schema(tmp_path: 
     jsonschema.validate(document, plan_schema, cls=jsonschema.Draft202012Validator)
     assert document["capacity"]["after"] == {"resident_models": 4, "models": 4, "warm_share": 1.0,
                                              "loads_per_minute": 0.0}
-    assert report.text().splitlines()[-2].startswith("capacity at 1 x ml.g4dn.xlarge")
+    lines = report.text().splitlines()
+    assert [line for line in lines if line.startswith("capacity at ")] == [lines[-3]], lines  # before digest, verdict
+    assert lines[-3].startswith("capacity at 1 x ml.g4dn.xlarge")
     assert "**Capacity:** at 1 x ml.g4dn.xlarge" in report.markdown()
