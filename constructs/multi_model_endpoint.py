@@ -190,6 +190,7 @@ class TritonMultiModelEndpoint(EndpointMetrics, Construct):
             self.release_id: str = self.build.release_id
         else:
             self.release_id = str(models.release_id)
+        self._guard_bucket()
         #: The SageMaker Model, EndpointConfig and Endpoint (``TritonMmeEndpoint``).
         self.endpoint = self._endpoint()
         #: The endpoint's name as the ``metric_*`` dimensions name it (as given: alarms on them can
@@ -326,6 +327,18 @@ class TritonMultiModelEndpoint(EndpointMetrics, Construct):
         # Unrouted served objects are deleted after the retention window; destroy removes more.
         self.model_bucket.grant_delete(build, prefix if options.artifacts_on_delete == "destroy" else served_prefix(prefix))
         return build
+
+    def _guard_bucket(self) -> None:
+        """Only the build (and the named publishers) write what the fleet serves."""
+        build = self.build
+        self.model_bucket.guard(self.settings.model_prefix, build_roles=[build.role] if build else [],
+                                job_roles=[build.processing.role] if build else [])
+        if build is None and not self.settings.model_publishers:
+            Annotations.of(self).add_warning_v2(
+                "triton-mme:no-publishers",
+                f"{self.settings.name('model_publishers')}: empty with a release published out of band; the bucket "
+                "policy lets no one write the served folders, so the next `publish` is denied: name the role "
+                "that publishes")
 
     def _endpoint(self) -> TritonMmeEndpoint:
         network, values = self.network, self.settings.values(TritonMmeEndpointProps)
