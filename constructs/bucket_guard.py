@@ -102,11 +102,8 @@ def writer_denies(bucket: s3.IBucket, prefix: str, *, writers: Sequence[str],
     statements = []
     for sid, folders, allowed in (("OnlyNamedWritersChangeServing", SERVING_FOLDERS, writers),
                                   ("OnlyBuildWritesJobs", (JOBS_DIR,), job_writers)):
-        if not allowed:
-            # No writer at all: deny everyone (ArnNotLike with no value would be refused).
-            condition = {}
-        else:
-            condition = {"ArnNotLike": {PRINCIPAL_ARN_KEY: list(dict.fromkeys(allowed))}}
+        # No writer at all: deny everyone (an ArnNotLike without a value would be refused).
+        condition = {"ArnNotLike": {PRINCIPAL_ARN_KEY: list(dict.fromkeys(allowed))}} if allowed else {}
         statements.append(iam.PolicyStatement(
             sid=_sid(prefix, sid), effect=iam.Effect.DENY, principals=[iam.AnyPrincipal()],
             actions=list(WRITE_ACTIONS), resources=[bucket.arn_for_objects(_folder(prefix, f)) for f in folders],
