@@ -134,7 +134,8 @@ class ModelBucket(Construct):
     ``encryption_key`` given, that key replaces the created one.
 
     Grants (``grant_read``, ``grant_write``, ``grant_tag``, ``grant_delete``) are scoped to a key
-    prefix and include the matching KMS permissions on the bucket key.
+    prefix and include the matching KMS permissions on the bucket key. :meth:`guard` adds the
+    policy's denies: who may write what the fleet serves, and which encryption a PUT may ask for.
     """
 
     def __init__(self, scope: Construct, id: str, *, props: ModelBucketProps | None = None) -> None:

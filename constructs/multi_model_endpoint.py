@@ -104,7 +104,10 @@ class TritonMultiModelEndpoint(EndpointMetrics, Construct):
     """NVIDIA Triton models on a SageMaker multi-model GPU endpoint, with the build that publishes them.
 
     - ``bucket``: the artifacts bucket. Yours (an ``IBucket``, with ``encryption_key`` unless it
-      carries its key), or created: KMS, versioned, access-logged, TLS only.
+      carries its key), or created: KMS, versioned, access-logged, TLS only. Its policy denies
+      writes to what the fleet serves to every principal but the build and ``model_publishers``,
+      and a PUT with other encryption than the key (docs/security.md, "Who can change what the
+      fleet serves"); on a bucket of another stack, synth warns with the statements instead.
     - With ``ModelSource.from_manifest``, a build custom resource builds the manifest's models at
       deploy, places each under an immutable content-named key in the fixed served prefix
       ``<model_prefix>/served/`` and routes the release (``<model_prefix>/_routes/routes.json``).
