@@ -18,8 +18,9 @@ What it follows, from the IAM User Guide ("Policy evaluation logic", "Condition 
   the six ``:``-separated parts is matched on its own, with wildcards (one does not span a ``:``).
 
 What it does not model, and refuses where a policy uses it (rather than answer wrongly):
-``NotAction``, ``NotResource``, ``NotPrincipal``, ``ForAnyValue``/``ForAllValues``, policy
-variables, and the operators it does not list. It never models: SCPs and RCPs, permission
+``NotAction``, ``NotResource``, ``NotPrincipal``, an account as ``Principal``,
+``ForAnyValue``/``ForAllValues``, and the operators it does not list. Policy variables are not
+expanded (a ``${...}`` is compared as written). It never models: SCPs and RCPs, permission
 boundaries, session policies, the KMS key policy (a PUT with SSE-KMS also needs the key), ACLs
 (the buckets enforce bucket-owner ownership), VPC endpoint policies, cross-account requests.
 """
@@ -104,9 +105,9 @@ def _principal_matches(principal: Any, principal_arn: str) -> bool:
     for value in _list(principal.get("AWS", [])) if isinstance(principal, Mapping) else []:
         if value == "*" or value == principal_arn:
             return True
-        account = re.fullmatch(r"arn:[^:]+:iam::([0-9]{12}):root|([0-9]{12})", str(value))
-        if account and principal_arn.split(":")[4] == (account.group(1) or account.group(2)):
-            return True
+        if re.fullmatch(r"arn:[^:]+:iam::[0-9]{12}:root|[0-9]{12}", str(value)):
+            # An account principal delegates to that account's identity policies: not modelled.
+            raise Unmodelled(f"Principal {value}")
     return False
 
 

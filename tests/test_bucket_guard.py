@@ -88,6 +88,14 @@ def test_what_it_does_not_model_is_refused_not_guessed(statement: dict[str, Any]
         decide("s3:GetObject", "arn:aws:s3:::b/x", {"aws:PrincipalArn": ADMIN}, identity=[statement])
 
 
+def test_an_account_principal_is_refused_not_guessed() -> None:
+    # Naming an account delegates to its identity policies: the evaluator does not model it.
+    account = {"Effect": "Allow", "Principal": {"AWS": f"arn:aws:iam::{ACCOUNT}:root"}, "Action": "s3:*",
+               "Resource": "*"}
+    with pytest.raises(Unmodelled):
+        decide("s3:GetObject", "arn:aws:s3:::b/x", {"aws:PrincipalArn": ADMIN}, identity=[], resource_policy=[account])
+
+
 # ---------------------------------------------------------------------------------------------
 # The synthesized stack's bucket policy
 # ---------------------------------------------------------------------------------------------
