@@ -116,6 +116,12 @@ class EndpointKeywords(TypedDict, total=False):
     #: Days the model bucket's server access logs are kept. Default: 365.
     access_log_expiration_days: int
 
+    #: IAM role or user ARNs that may write what the fleet serves besides the stack's build: who runs
+    #: `publish` out of band for release_id. The bucket policy denies every other principal writes and
+    #: deletes under the model prefix's served/, _routes/, _builds/, _releases/ and _plans/. Empty: only
+    #: the build writes them (with release_id and no build, no one). Default: [].
+    model_publishers: list[str]
+
     #: RETAIN: the buckets and the KMS key stay when the stack is deleted; DESTROY: they are emptied and
     #: deleted (adds CDK's auto-delete-objects custom resource). Default: 'retain'.
     bucket_removal_policy: Literal['retain', 'destroy']

@@ -166,6 +166,7 @@ SETTINGS: dict[str, Setting] = {
     "noncurrent_version_expiration_days": Setting(ModelBucketProps, "noncurrent_version_expiration", DAYS),
     "retired_release_expiration_days": Setting(ModelBucketProps, "retired_release_expiration", DAYS),
     "access_log_expiration_days": Setting(ModelBucketProps, "access_log_expiration", DAYS),
+    "model_publishers": Setting(ModelBucketProps, "publishers"),
     "bucket_removal_policy": Setting(
         ModelBucketProps,
         "removal_policy",

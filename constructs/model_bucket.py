@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Sequence
 from typing import Annotated, Self
 
-from aws_cdk import Annotations, Duration, RemovalPolicy, Token
+from aws_cdk import Annotations, Duration, RemovalPolicy, Stack, Token
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from pydantic import AfterValidator, Field, model_validator
 
 from constructs import Construct
+from triton_mme_cdk.constructs.bucket_guard import encryption_denies, publisher_arn, writer_denies
 from triton_mme_cdk.constructs.cfn_hygiene import drop_provider_role_dependency
 from triton_mme_cdk.constructs.customer_key import customer_key
 from triton_mme_cdk.constructs.nag_acknowledgments import (
@@ -48,6 +51,10 @@ def _key_prefix(prefix: str) -> str:
 KeyPrefix = Annotated[str, AfterValidator(_key_prefix)]
 #: How long S3 keeps an object before a lifecycle rule expires it.
 Expiration = Annotated[Duration, Between(1, 36500, DAYS)]
+#: An IAM role or user ARN allowed to write what the fleet serves (a props field type).
+PublisherArn = Annotated[str, AfterValidator(publisher_arn)]
+#: Most publishers one bucket policy names (each is one value of one condition).
+PUBLISHERS_MAX = 20
 
 
 class ModelBucketProps(Props):
@@ -81,6 +88,15 @@ class ModelBucketProps(Props):
         description="The KMS key that encrypts the artifacts: the key of an existing bucket, or the key a "
         "created bucket uses instead of a created one. Grants of read and write include its use. Unset: "
         "the bucket's own key, or a created key (yearly rotation).",
+    )
+
+    publishers: list[PublisherArn] = Field(
+        default_factory=list,
+        max_length=PUBLISHERS_MAX,
+        description="IAM role or user ARNs that may write what the fleet serves besides the stack's build: "
+        "who runs `publish` out of band for release_id. The bucket policy denies every other principal "
+        "writes and deletes under the model prefix's served/, _routes/, _builds/, _releases/ and _plans/. "
+        "Empty: only the build writes them (with release_id and no build, no one).",
     )
 
     @model_validator(mode="after")
@@ -118,7 +134,8 @@ class ModelBucket(Construct):
     ``encryption_key`` given, that key replaces the created one.
 
     Grants (``grant_read``, ``grant_write``, ``grant_tag``, ``grant_delete``) are scoped to a key
-    prefix and include the matching KMS permissions on the bucket key.
+    prefix and include the matching KMS permissions on the bucket key. :meth:`guard` adds the
+    policy's denies: who may write what the fleet serves, and which encryption a PUT may ask for.
     """
 
     def __init__(self, scope: Construct, id: str, *, props: ModelBucketProps | None = None) -> None:
@@ -231,6 +248,37 @@ class ModelBucket(Construct):
         """Expire the objects under ``prefix/`` ``expiration`` after they are written (a lifecycle
         rule): for working folders nothing serves from, such as the build jobs' ``_jobs/``."""
         self._add_lifecycle_rule(s3.LifecycleRule(id=id, prefix=f"{prefix}/", expiration=expiration))
+
+    def guard(self, prefix: str, *, build_roles: Sequence[iam.IRole], job_roles: Sequence[iam.IRole] = ()) -> None:
+        """Only ``build_roles``, the bucket's auto-delete role and :attr:`ModelBucketProps.publishers`
+        may write and delete what the fleet serves under ``prefix/`` (``job_roles`` and the build
+        its ``_jobs/``), and a PUT asks for SSE-KMS with the bucket's key or for nothing (the
+        bucket's default): deny statements in the bucket policy (``constructs/bucket_guard.py``).
+
+        On a bucket defined outside this stack, synth warns with the statements to add there."""
+        writers = [role.role_arn for role in build_roles]
+        provider = Stack.of(self.bucket).node.try_find_child(AUTO_DELETE_PROVIDER_ID)
+        if provider is not None and hasattr(provider, "role_arn"):
+            # CDK's auto-delete empties the buckets it is given when they are deleted.
+            writers.append(provider.role_arn)
+        writers += self.props.publishers
+        statements = writer_denies(self.bucket, prefix, writers=writers,
+                                   job_writers=[*(role.role_arn for role in build_roles),
+                                                *(role.role_arn for role in job_roles)])
+        # A created bucket is all the stack's; a bucket brought in is yours beyond the prefix.
+        statements += encryption_denies(self.bucket, "*" if self.created else f"{prefix}/*", self.key.key_arn,
+                                        "" if self.created else prefix)
+        here = isinstance(self.bucket, s3.Bucket) and Stack.of(self.bucket) is Stack.of(self)
+        if here:
+            for statement in statements:
+                self.bucket.add_to_resource_policy(statement)
+            return
+        shown = json.dumps([Stack.of(self).resolve(each.to_statement_json()) for each in statements], sort_keys=True)
+        Annotations.of(self).add_warning_v2(
+            "triton-mme:bucket-policy-guard",
+            "bucket: defined outside this stack, so its policy is yours: add these statements to it, or any "
+            "principal of the account with s3:PutObject on it can change what the fleet serves (and run "
+            f"code on it): {shown}")
 
     def _lifecycle_on_existing(self) -> None:
         # A superseded release's objects expire; the bucket's versions and uploads stay the owner's.

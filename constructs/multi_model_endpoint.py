@@ -110,7 +110,10 @@ class TritonMultiModelEndpoint(EndpointMetrics, Construct):
     """NVIDIA Triton models on a SageMaker multi-model GPU endpoint, with the build that publishes them.
 
     - ``bucket``: the artifacts bucket. Yours (an ``IBucket``, with ``encryption_key`` unless it
-      carries its key), or created: KMS, versioned, access-logged, TLS only.
+      carries its key), or created: KMS, versioned, access-logged, TLS only. Its policy denies
+      writes to what the fleet serves to every principal but the build and ``model_publishers``,
+      and a PUT with other encryption than the key (docs/security.md, "Who can change what the
+      fleet serves"); on a bucket of another stack, synth warns with the statements instead.
     - With ``ModelSource.from_manifest``, a build custom resource builds the manifest's models at
       deploy, places each under an immutable content-named key in the fixed served prefix
       ``<model_prefix>/served/`` and routes the release (``<model_prefix>/_routes/routes.json``).
@@ -200,6 +203,7 @@ class TritonMultiModelEndpoint(EndpointMetrics, Construct):
             self.release_id: str = self.build.release_id
         else:
             self.release_id = str(models.release_id)
+        self._guard_bucket()
         #: The SageMaker Model, EndpointConfig and Endpoint (``TritonMmeEndpoint``).
         self.endpoint = self._endpoint()
         #: The endpoint's name as the ``metric_*`` dimensions name it (as given: alarms on them can
@@ -336,6 +340,18 @@ class TritonMultiModelEndpoint(EndpointMetrics, Construct):
         # Unrouted served objects are deleted after the retention window; destroy removes more.
         self.model_bucket.grant_delete(build, prefix if options.artifacts_on_delete == "destroy" else served_prefix(prefix))
         return build
+
+    def _guard_bucket(self) -> None:
+        """Only the build (and the named publishers) write what the fleet serves."""
+        build = self.build
+        self.model_bucket.guard(self.settings.model_prefix, build_roles=[build.role] if build else [],
+                                job_roles=[build.processing.role] if build else [])
+        if build is None and not self.settings.model_publishers:
+            Annotations.of(self).add_warning_v2(
+                "triton-mme:no-publishers",
+                f"{self.settings.name('model_publishers')}: empty with a release published out of band; the bucket "
+                "policy lets no one write the served folders, so the next `publish` is denied: name the role "
+                "that publishes")
 
     def _endpoint(self) -> TritonMmeEndpoint:
         network, values = self.network, self.settings.values(TritonMmeEndpointProps)

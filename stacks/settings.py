@@ -53,6 +53,8 @@ from triton_mme_cdk.stacks.context_table import CONTEXT_PREFIX, from_context_val
 
 #: Longest context value read (characters, or JSON characters for a non-string from cdk.json).
 MAX_CONTEXT_VALUE_CHARS = 8192
+#: Longest list of the known settings a refusal shows (the rest are in docs/settings.md).
+MAX_LISTING_CHARS = 1200
 #: Tag values SageMaker, S3 and the other tagged services accept: letters, digits, spaces and
 #: ``_ . : / = + - @`` (the AWS tag value pattern), 1 to 256 characters here, not ``aws:...``.
 TAG_VALUE_PATTERN = r"^(?!(?i:aws:))[\w .:/=+\-@]{1,256}$"
@@ -225,6 +227,8 @@ class AppSettings(EndpointSettingsBase):
         values: dict[str, Any] = {}
         known = list(cls.model_fields)
         listing = ", ".join(CONTEXT_PREFIX + field for field in known)
+        if len(listing) > MAX_LISTING_CHARS:  # a refusal stays one short line as settings are added
+            listing = listing[:listing.rindex(", ", 0, MAX_LISTING_CHARS)] + f", ... ({len(known)} in all: docs/settings.md)"
         for key, value in context.items():
             key = str(key)
             if not key.startswith(CONTEXT_PREFIX):

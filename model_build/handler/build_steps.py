@@ -174,13 +174,18 @@ def store_job(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
     "Key", "Job"}``), as ``build_item`` stores a Lambda-built model."""
     LOG.info("store_job %s %s", event.get("Model"), event.get("Key"))
     try:
-        from triton_mme_cdk.model_build.handler.processing import store_unit
+        from triton_mme_cdk.model_build.handler.processing import job_prefix, store_unit
 
         request = _item_request(event)
         s3 = s3_client()
         job = event.get("Job")
         if not isinstance(job, dict) or not isinstance(job.get("Output"), str):
             raise HandlerError(f"field Job: got {job!r}; expected the Map item's job with its Output")
+        # The unit is read from this model's own job folder only, whatever the plan document says.
+        expected = f"s3://{request.model_bucket}/{job_prefix(request.model_prefix, request.release_id, str(event.get('Model')))}/output/"
+        if job["Output"] != expected:
+            raise HandlerError(f"field Job.Output: got {str(job['Output'])[:300]!r}; expected {expected!r}, the "
+                               "model's own job folder")
         try:
             store_unit(s3, bucket=request.model_bucket, model_prefix=request.model_prefix, output_uri=job["Output"],
                        model=str(event.get("Model")), key=str(event.get("Key")))

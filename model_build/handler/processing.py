@@ -1,7 +1,8 @@
 """The build function's side of a model built on SageMaker Processing: where it builds (the plan
 step places each model with :mod:`model_build.manifest.build_engine`), the job's input document, and the
 two steps after the job: ``store_job`` (the job's unit into the store, as a Lambda-built model
-is stored) and ``job_failed`` (the job's reason recorded for ``is_complete``; no capacity is
+is stored, after its ``artifact.json`` is confined to the job's output folder and its tarball has
+passed the pre-publish gate again in the Lambda) and ``job_failed`` (the job's reason recorded for ``is_complete``; no capacity is
 raised as :class:`ProcessingCapacityError`, which the state machine retries with backoff).
 
 The job reads and writes only through its ProcessingInputs and ProcessingOutputs, under
@@ -135,18 +136,50 @@ def store_unit(s3: Any, *, bucket: str, model_prefix: str, output_uri: str, mode
             if "/" in name or name.startswith("."):
                 continue
             s3.download_file(out_bucket, out_prefix + name, str(work / name))
-        described = json.loads((work / ARTIFACT_FILE).read_text())
-        if described.get("key") != key:
-            raise ModelBuildError(f"the job's unit is of key {described.get('key')!r}, not {key!r}", model=model,
-                                  step="store")
-        artifact = Artifact(name=described["name"], format=described["format"], path=work / described["tarball"],
+        described = _described(work, names, output_uri, model=model, key=key)
+        artifact = Artifact(name=model, format=described["format"], path=work / described["tarball"],
                             sha256=described["sha256"], size=int(described["size"]),
                             targets=tuple(described["targets"]),
                             reference_path=work / described["reference"] if described.get("reference") else None,
                             config_path=work / described["config"] if described.get("config") else None)
+        # The job's output is untrusted until checked here: the gate again, on the tarball the
+        # Lambda will publish (publish_unit then checks its bytes against the digest).
+        from triton_mme_cdk.model_build.package.gate import check_repository
+
+        check_repository(artifact.path, model=model)
         publish_unit(artifact, key, s3_client=s3, bucket=bucket, model_prefix=model_prefix)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _described(work: Path, names: set[str], output_uri: str, *, model: str, key: str) -> dict[str, Any]:
+    """The job's ``artifact.json``, each path in it one of the files the job left in its output
+    folder (a name, never a path: nothing outside the folder is read), of this model and key."""
+    def refuse(what: str) -> ModelBuildError:
+        return ModelBuildError(f"the Processing job's {ARTIFACT_FILE} under {output_uri}: {what}; nothing was "
+                               "stored", model=model, step="store")
+
+    try:
+        described = json.loads((work / ARTIFACT_FILE).read_text())
+    except (OSError, ValueError) as error:
+        raise refuse(f"not readable JSON ({type(error).__name__})") from None
+    if not isinstance(described, dict):
+        raise refuse(f"a {type(described).__name__}, expected an object")
+    if described.get("key") != key:
+        raise refuse(f"key {described.get('key')!r}, not {key!r}")
+    if described.get("name") != model:
+        raise refuse(f"name {described.get('name')!r}, not {model!r}")
+    for field in ("tarball", "reference", "config"):
+        value = described.get(field)
+        if value is None or (field != "tarball" and not value):
+            if field == "tarball":
+                raise refuse("tarball missing")
+            continue
+        if not isinstance(value, str) or value not in names or "/" in value or "\\" in value \
+                or value.startswith(".") or value == ARTIFACT_FILE:
+            raise refuse(f"{field} {str(value)[:200]!r} is not a file the job left in its output folder (a "
+                         "plain file name is allowed, never a path)")
+    return described
 
 
 def failure_reason(model: str, error: Any, cause: Any) -> tuple[str, bool]:

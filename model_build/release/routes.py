@@ -20,6 +20,7 @@ This module is pure (no S3, no torch): format, checks, and the model plan betwee
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -205,6 +206,24 @@ def _route(name: str, item: Any) -> Route:
                  str(item["source_model"]), str(item.get("entry_sha256") or ""), str(item.get("format") or ""))
 
 
+def target_problem(logical_name: str, target_model: str, sha256: str) -> str | None:
+    """Why a route's ``target_model`` may not be served, or None: it must be the content-named
+    ``<logical_name>-<sha256[:12]>.tar.gz`` of the route's own ``sha256`` (64 lowercase hex).
+
+    Whoever could write the routes could otherwise point a name at any object of the served
+    prefix; with this rule a route names only the bytes its digest names, and placing and
+    activation check that the object holds those bytes (S3's SHA-256 checksum)."""
+    from triton_mme_cdk.model_build.release.identity import SERVED_HASH_CHARS
+
+    if not re.fullmatch(r"[0-9a-f]{64}", sha256):
+        return f"route {logical_name!r}: sha256 {sha256[:70]!r} is not 64 lowercase hex digits; refused"
+    expected = f"{logical_name}-{sha256[:SERVED_HASH_CHARS]}.tar.gz"
+    if target_model != expected:
+        return (f"route {logical_name!r}: target_model {target_model[:200]!r} is not {expected!r}, the served name "
+                f"of its sha256 {sha256[:16]}...; refused (a route names only the object its digest names)")
+    return None
+
+
 def routes_from_index(index: Mapping[str, Any]) -> dict[str, Route]:
     """The routes a release's index gives: each logical target to its served name."""
     return {
@@ -302,7 +321,8 @@ class RouteResolver:
     The routes document is read once, then re-read at most every ``refresh_seconds`` with a
     conditional GET (``IfNoneMatch`` on its ETag): an unchanged document costs a 304, a new
     release is seen within ``refresh_seconds``. A name that is not routed triggers one refresh
-    before it is refused, so a model added a moment ago resolves at once::
+    before it is refused, so a model added a moment ago resolves at once. A route whose target is
+    not the content name of its own digest (:func:`target_problem`) is refused, never returned::
 
         resolver = RouteResolver(boto3.client("s3"), bucket, "models/_routes/routes.json")
         runtime.invoke_endpoint(EndpointName=..., TargetModel=resolver.target_model("minilm-l6"), ...)
@@ -340,6 +360,9 @@ class RouteResolver:
                 f"model {logical_name!r}: not routed in s3://{self._bucket}/{self._key} "
                 f"(release {self.routes.release_id}); routed: {', '.join(sorted(self.routes.routes)[:10])}"
             )
+        problem = target_problem(route.logical_name, route.target_model, route.sha256)
+        if problem is not None:
+            raise RoutesError(f"routes s3://{self._bucket}/{self._key}: {problem}", model=logical_name)
         return route.target_model
 
     def _read(self) -> None:

@@ -57,6 +57,7 @@ from triton_mme_cdk.model_build.release.routes import (
     expired,
     now_iso,
     routes_from_index,
+    target_problem,
 )
 from triton_mme_cdk.model_build.release.store import STORE_TARGET, copy_served, served_object
 from triton_mme_cdk.model_build.release.transfer import SHA256_METADATA, head_matches, list_sizes
@@ -118,6 +119,11 @@ def activate_release(
     wanted = routes_from_index(index)
     if not wanted:
         raise RoutesError(f"release {release_id}: index s3://{bucket}/{index_key} routes no model")
+    for route in wanted.values():
+        problem = target_problem(route.logical_name, route.target_model, route.sha256)
+        if problem is not None:
+            raise RoutesError(f"release {release_id}: index s3://{bucket}/{index_key}: {problem}; nothing was "
+                              "routed, the previous routes keep serving", model=route.logical_name)
     live, etag = read_routes_tagged(s3_client, bucket, model_prefix, stack=stack)
     served = served_prefix(model_prefix)
     now = now_iso(clock)
@@ -240,14 +246,15 @@ def _keep_listed(s3_client: Any, bucket: str, model_prefix: str, stack: str, wan
 def _check_digest(s3_client: Any, bucket: str, key: str, sha256: str, size: int, model: str) -> None:
     """A served object must hold the bytes its route names (the ``sha256`` metadata the publish
     stored, and S3's own full-object checksum where it has one)."""
-    matches, head = head_matches(s3_client, bucket, key, size, sha256)
+    matches, head = head_matches(s3_client, bucket, key, size, sha256, require_checksum=True)
     if not matches:
         head = head or {}
         stored = head.get("Metadata", {}).get(SHA256_METADATA)
+        checksum = head.get("ChecksumSHA256") or "none"
         raise RoutesError(
-            f"model {model!r}: served object s3://{bucket}/{key} has sha256 {str(stored)[:16]}... and "
-            f"{head.get('ContentLength')} bytes; its route says {sha256[:16]}... and {size} bytes; nothing "
-            "was routed, the previous routes keep serving", model=model,
+            f"model {model!r}: served object s3://{bucket}/{key} has sha256 {str(stored)[:16]}..., S3 checksum "
+            f"{checksum} and {head.get('ContentLength')} bytes; its route says {sha256[:16]}... and {size} bytes; "
+            "nothing was routed, the previous routes keep serving", model=model,
         )
 
 

@@ -203,13 +203,19 @@ class TransferWorker:
         object SHA-256 checksum, the same checksum: that one S3 computed from the bytes)."""
         if self.existing.get(key) != size:
             return False
-        return head_matches(self.client, self.bucket, key, size, digest.hex())[0]
+        return head_matches(self.client, self.bucket, key, size, digest.hex(), require_checksum=self.immutable)[0]
 
 
-def head_matches(client: Any, bucket: str, key: str, size: int, sha256: str) -> tuple[bool, dict[str, Any] | None]:
+def head_matches(client: Any, bucket: str, key: str, size: int, sha256: str, *,
+                 require_checksum: bool = False) -> tuple[bool, dict[str, Any] | None]:
     """Whether the object under ``key`` has ``size`` bytes, the ``sha256`` metadata and (when S3
     holds a full-object SHA-256 checksum, the one S3 computed from the bytes) that checksum;
-    with its HEAD answer (None when there is no object)."""
+    with its HEAD answer (None when there is no object).
+
+    ``require_checksum``: an object of at most 5 GiB must have that checksum (the metadata alone is
+    whatever its writer said). A served object always has one: it is placed by one ``CopyObject``
+    with ``ChecksumAlgorithm: SHA256``, over the bytes copied. A larger one is copied in parts,
+    whose checksum is composite: only its metadata and size are compared."""
     try:
         head = client.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
     except ClientError as error:
@@ -219,7 +225,9 @@ def head_matches(client: Any, bucket: str, key: str, size: int, sha256: str) -> 
     if head.get("ContentLength") != size or head.get("Metadata", {}).get(SHA256_METADATA) != sha256:
         return False, head
     stored = _full_object_sha256(head)
-    return stored is None or stored == _b64(bytes.fromhex(sha256)), head
+    if stored is None:
+        return not (require_checksum and size <= COPY_OBJECT_MAX), head
+    return stored == _b64(bytes.fromhex(sha256)), head
 
 
 class IntegrityError(Exception):

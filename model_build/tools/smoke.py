@@ -77,8 +77,9 @@ class TargetResult:
     max_diff: float | None = None
     error: str | None = None
     #: ``http`` (the runtime answered 4xx/5xx), ``timeout``, ``connection``, ``response`` (the
-    #: answer cannot be read), ``output`` (wrong outputs) or ``reference`` (the release's
-    #: reference data is unusable); ``None`` when ok.
+    #: answer cannot be read), ``output`` (wrong outputs), ``reference`` (the release's
+    #: reference data is unusable) or ``route`` (the index names a target that is not the content
+    #: name of its digest: never invoked); ``None`` when ok.
     kind: str | None = None
     #: The container's HTTP status when SageMaker relays it (``ModelError``: e.g. 507 for out of
     #: GPU memory), else SageMaker's own status (400 for ``ValidationError``).
@@ -352,6 +353,7 @@ def run_smoke(
     report, never exceptions.
     """
     from triton_mme_cdk.model_build.release.index import read_index
+    from triton_mme_cdk.model_build.release.routes import target_problem
 
     if timeout_seconds <= 0:
         raise smoke_error(f"timeout: got {timeout_seconds:g} s; expected more than 0")
@@ -393,6 +395,15 @@ def run_smoke(
         for target in chosen_targets:
             entry = entries[target]
             source_model = str(entry.get("source_model") or target.removesuffix(".tar.gz"))
+            # The served layout names each target after its digest: any other name is refused.
+            problem = (target_problem(str(entry["logical_name"]), target, str(entry.get("sha256") or ""))
+                       if "logical_name" in entry else None)
+            if problem is not None:
+                row = TargetResult(target, source_model, error=problem, kind="route")
+                report.rows.append(row)
+                if progress is not None:
+                    progress(row)
+                continue
             if source_model not in references:
                 references[source_model] = prepare_reference(
                     s3_client, bucket, prefix, source_model, entry,
