@@ -399,8 +399,8 @@ def test_s3_source_policy(tmp_path: Path) -> None:
     # Each source bucket is read only if it belongs to the account the source names, else to the
     # stack's own: a bucket of the same name in another account is not read.
     reads = {json.dumps(statement["Resource"]): statement for statement in document["Statement"]
-             if statement["Action"] in ("s3:GetObject", "s3:ListBucket") and "src-bucket" in json.dumps(statement)
-             or "other/b.onnx" in json.dumps(statement["Resource"])}
+             if statement["Action"] in ("s3:GetObject", "s3:ListBucket")
+             and any(name in json.dumps(statement["Resource"]) for name in ("src-bucket", "other/b.onnx"))}
     owners = {resource: statement["Condition"]["StringEquals"]["s3:ResourceAccount"]
               for resource, statement in reads.items()}
     assert len(owners) == 3, owners  # the folder's objects and listing, the file

@@ -35,7 +35,7 @@ keys, one model built and stored, the release assembled from the store).
 
 Owns: the Lambda side of the deploy. It composes the build and the release; nothing imports it.
 
-May import: ``shared``, ``manifest``, ``pipeline``, ``release``, ``capacity``.
+May import: ``shared``, ``manifest``, ``package`` (the pre-publish gate a Processing job's tarball passes again), ``pipeline``, ``release``, ``capacity``.
 """
 
 from triton_mme_cdk.model_build.handler.build_steps import build_item, build_step, finish_release, plan_items
