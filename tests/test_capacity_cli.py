@@ -202,14 +202,17 @@ def test_the_plan_line_says_what_more_copies_do_to_the_resident_set_and_warm_sha
     line = capacity_line(manifest, tmp_path, models, _fleet())
     assert line.before is not None and line.after is not None
     assert (len(line.before.resident_models), line.before.warm_share) == (40, 1.0)
-    assert len(line.after.resident_models) == 63 and line.after.warm_share < 0.99
+    after_warm = line.after.warm_share
+    assert len(line.after.resident_models) == 63 and after_warm is not None and after_warm < 0.99
     assert line.text().startswith("capacity at 1 x ml.g4dn.xlarge (Zipf s=1 over 100 models, 10 req/s in total; "
                                   "footprints ESTIMATED from the manifest): resident 40/40 models, 100.0% warm -> "
                                   "resident 63/100 models, ")
     # Half the GPU for loads (SAGEMAKER_TRITON_MODEL_LOAD_GPU_LIMIT=0.5): 31 resident.
-    assert len(capacity_line(manifest, tmp_path, models, _fleet(limit="0.5")).after.resident_models) == 31
+    halved = capacity_line(manifest, tmp_path, models, _fleet(limit="0.5")).after
+    assert halved is not None and len(halved.resident_models) == 31
     # Two instances hold every copy.
-    assert capacity_line(manifest, tmp_path, models, _fleet(count=2)).after.warm_share == 1.0
+    two = capacity_line(manifest, tmp_path, models, _fleet(count=2)).after
+    assert two is not None and two.warm_share == 1.0
 
 
 def test_the_plan_line_says_unknown_rather_than_guessing(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -69,7 +70,7 @@ def test_resnet_parameter_count_equals_the_real_model(config: dict) -> None:
 def test_bert_parameter_count_equals_the_real_model(task: str) -> None:
     from transformers import BertConfig, BertForSequenceClassification, BertModel
 
-    config = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
+    config: dict[str, Any] = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
               "vocab_size": 100, "max_position_embeddings": 64}
     cls = BertForSequenceClassification if task == "text-classification" else BertModel
     model = cls(BertConfig(**config))
@@ -84,7 +85,7 @@ def _parts(**given: object) -> Footprint:
         "unpacked_bytes": Figure(100 * MIB, "files", False), "build_load_seconds": Figure(0.1, "cpu", False),
     }
     values.update(given)
-    return footprint_from_parts(**values)  # type: ignore[arg-type]
+    return footprint_from_parts(**values)
 
 
 def test_gpu_memory_is_the_documented_sum() -> None:
@@ -99,7 +100,8 @@ def test_gpu_memory_is_the_documented_sum() -> None:
     # KIND_CPU: the graph lives in host memory, the stub's context stays on the GPU
     cpu = _parts(instance_kind="KIND_CPU", python_instances=1)
     assert cpu.gpu_memory().value == stub
-    assert cpu.host_memory().value == cpu.python_host_bytes.value + 120 * MIB
+    python_host = cpu.python_host_bytes.value
+    assert python_host is not None and cpu.host_memory().value == python_host + 120 * MIB
     # before a build the working memory is unknown: the sum is a lower bound and says so
     synth = _parts(working_bytes=unknown("at build"))
     assert synth.lower_bound and synth.gpu_memory().value == 100 * MIB + overhead

@@ -4,12 +4,15 @@ field), and the search for the cheapest fleet."""
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import pytest
 
 from triton_mme_cdk.model_build.capacity.fleet import Requests, Target, search
 from triton_mme_cdk.model_build.capacity.prices import parse_prices
 from triton_mme_cdk.model_build.capacity.simulate import (
     DEFAULT_ROUTING,
+    FleetResult,
     InstanceShape,
     ModelLoad,
     Routing,
@@ -17,6 +20,19 @@ from triton_mme_cdk.model_build.capacity.simulate import (
     simulate,
 )
 from triton_mme_cdk.model_build.capacity.traffic import CapacityInputError, draw_requests, parse_profile
+
+
+def _ran(row: Any) -> FleetResult:
+    """The simulated result of a search row (a skipped or does-not-fit row has none)."""
+    assert row.result is not None, row
+    return cast(FleetResult, row.result)
+
+
+def _warm(row: Any) -> float:
+    """A search row's simulated warm share (none when nothing was counted)."""
+    share = _ran(row).warm_share
+    assert share is not None, row
+    return share
 
 
 def models(*names: str, size: int = 10, load: float = 2.0, fetch: float = 0.0, service: float = 0.001) -> list[ModelLoad]:
@@ -241,15 +257,15 @@ def test_the_cheapest_fleet_that_meets_the_target_is_found() -> None:
     # less than 4.0.
     assert [(row.count, row.meets_target) for row in rows if row.instance_type == "ml.small"] == [
         (1, False), (3, False), (4, True), (5, True)]
-    assert table[("ml.small", 3)].result.warm_share < 0.99
-    assert table[("ml.small", 4)].result.warm_share == 1.0 and table[("ml.small", 4)].cost_per_hour == 4.0
+    assert _warm(table[("ml.small", 3)]) < 0.99
+    assert _warm(table[("ml.small", 4)]) == 1.0 and table[("ml.small", 4)].cost_per_hour == 4.0
     assert [row.count for row in rows if row.instance_type == "ml.big"] == [1]
-    assert table[("ml.big", 1)].result.warm_share == 1.0
+    assert _warm(table[("ml.big", 1)]) == 1.0
     assert table[("ml.huge", 1)].status == "skipped" and table[("ml.huge", 1)].result is None
     assert table[("ml.tiny", 0)].status == "does-not-fit" and "a needs 10 bytes" in table[("ml.tiny", 0)].reasons[0]
     # Without prices nothing is cheapest; each type still stops at its first fleet that meets the target.
     rows, best = search(loads, shapes, requests, max_count=5)
-    fewest = {}
+    fewest: dict[str, int] = {}
     for row in rows:
         if row.meets_target:
             fewest[row.instance_type] = min(row.count, fewest.get(row.instance_type, row.count))
@@ -264,7 +280,7 @@ def test_a_run_that_has_missed_the_target_stops_early_and_says_so() -> None:
                         seconds=100.0)
     rows, _ = search(loads, [InstanceShape("ml.small", 12, 100)], requests, max_count=1)
     (row,) = rows
-    assert not row.result.complete and row.result.requests == 2 and not row.meets_target
+    assert not _ran(row).complete and _ran(row).requests == 2 and not row.meets_target
     assert "stopped after 2 counted requests (more than 1.0% of the run's already cold)" in row.reasons[-1]
     assert row.as_json()["complete"] is False
 
@@ -284,11 +300,11 @@ def test_a_fleet_busier_than_its_gpus_misses_the_target_however_warm() -> None:
     loads = models("a", service=1.0)
     requests = Requests([i * 0.5 for i in range(400)], [0] * 400, warmup_seconds=10.0, seed=0, seconds=200.0)
     rows, _ = search(loads, [InstanceShape("ml.small", 20, 100)], requests, max_count=1)
-    assert rows[0].result.warm_share == 1.0 and rows[0].result.busy_share == pytest.approx(2.0, rel=0.01)
+    assert _warm(rows[0]) == 1.0 and _ran(rows[0]).busy_share == pytest.approx(2.0, rel=0.01)
     assert not rows[0].meets_target and "queue without bound" in rows[0].reasons[0]
     # Two: each GPU busy all the time (no room for a burst); three: busy two thirds of the time. The
     # model spilled to a second instance in the warm-up, and the two then take turns without queueing
     # (a request every 0.5 s, 1 s each): the third holds nothing.
     rows, _ = search(loads, [InstanceShape("ml.small", 20, 100)], requests, max_count=3)
     assert [(row.count, row.meets_target) for row in rows] == [(1, False), (2, False), (3, True)]
-    assert rows[2].result.resident == [["a"], ["a"], []] and rows[2].result.busy_share == pytest.approx(2 / 3, rel=0.01)
+    assert _ran(rows[2]).resident == [["a"], ["a"], []] and _ran(rows[2]).busy_share == pytest.approx(2 / 3, rel=0.01)

@@ -240,11 +240,13 @@ def _overheads(rows: list[Any]) -> list[float]:
     for row in rows:
         if not isinstance(row, Mapping) or row.get("status") != "measured":
             continue
-        runtime, memory = str(row.get("runtime", "")), row.get("gpu_memory_mib")
-        weights, working = row.get("weight_bytes"), row.get("working_bytes_cpu", 0.0)
+        runtime = str(row.get("runtime", ""))
+        figures = [row.get("gpu_memory_mib"), row.get("weight_bytes"), row.get("working_bytes_cpu", 0.0)]
+        numbers = [float(v) for v in figures if isinstance(v, (int, float)) and not isinstance(v, bool)]
         if (runtime.startswith("tritonserver-") and not runtime.endswith("-cpu") and not row.get("python_steps")
-                and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (memory, weights, working))):
-            out.append(max(0.0, float(memory) * MIB - float(weights) - float(working)))
+                and len(numbers) == len(figures)):
+            memory_mib, weights, working = numbers
+            out.append(max(0.0, memory_mib * MIB - weights - working))
     return out
 
 

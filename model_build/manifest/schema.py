@@ -363,7 +363,7 @@ class Manifest(StrictModel):
         buckets: set[str] = set()
         for spec in self.models:
             source = spec.source
-            uri = getattr(source, "uri", None) or getattr(source, "path", "")
+            uri = str(getattr(source, "uri", None) or getattr(source, "path", None) or "")
             if source.kind not in ("s3", "onnx") or not uri.startswith("s3://"):
                 continue
             bucket = uri[len("s3://"):].partition("/")[0]
