@@ -49,7 +49,8 @@ from benchmarks._common import (
 from benchmarks.capacity_endpoint import LOADS_TOLERANCE, WARM_TOLERANCE
 
 NAME = "capacity"
-TITLE = "The capacity simulator: one fleet and the candidate search at 3,000 models and a million requests"
+TITLE = ("The capacity simulator: one fleet and the candidate search at 3,000 models and a million requests, "
+         "and its prediction against the local endpoint")
 SIZES: dict[str, dict[str, Any]] = {
     "tiny": {"models": 60, "requests": 6000, "repeats": 1, "endpoint_copies": 2, "endpoint_room": 1.5,
              "endpoint_requests": 6, "endpoint_seed": 3},
