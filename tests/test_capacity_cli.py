@@ -248,3 +248,46 @@ def test_the_plan_json_with_its_capacity_line_matches_the_plan_schema(tmp_path: 
     assert [line for line in lines if line.startswith("capacity at ")] == [lines[-3]], lines  # before digest, verdict
     assert lines[-3].startswith("capacity at 1 x ml.g4dn.xlarge")
     assert "**Capacity:** at 1 x ml.g4dn.xlarge" in report.markdown()
+
+
+# ---------------------------------------------------------------------------------------------
+# The worked example of docs/operations.md, "Sizing the fleet"
+# ---------------------------------------------------------------------------------------------
+
+
+def _section(page: str, title: str) -> str:
+    start = page.index(f"## {title}\n")
+    end = page.find("\n## ", start + 1)
+    return page[start:end if end >= 0 else len(page)]
+
+
+def test_the_worked_example_in_the_operations_guide_is_the_commands_real_output(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The page pastes the output of two commands on the default manifest: each must be what the
+    command prints now (a GPU run that changes the coefficients, or a change of the report,
+    shows up here: run the commands again and paste)."""
+    import re
+
+    section = _section((ROOT / "docs" / "operations.md").read_text(encoding="utf-8"), "Sizing the fleet")
+    prices = "examples/capacity/prices.example.yaml"
+    first = f"python -m model_build capacity --prices {prices}"
+    sed = "sed 's/^    copies: 3$/    copies: 200/' models.yaml > models-200.yaml"
+    second = (f"python -m model_build capacity --manifest models-200.yaml --prices {prices} \\\n"
+              "    --instance-type ml.g4dn.xlarge --instance-type ml.g5.xlarge")
+    assert first in section and sed in section and second in section
+
+    monkeypatch.chdir(ROOT)
+    assert main(["capacity", "--prices", prices]) == 0
+    default = capsys.readouterr().out
+    assert "cheapest fleet that meets the target: 1 x ml.g4dn.xlarge" in default
+    # The sed of the page changes exactly the copies of resnet-synthetic.
+    manifest, changed = re.subn(r"(?m)^    copies: 3$", "    copies: 200", (ROOT / "models.yaml").read_text())
+    assert changed == 1
+    (tmp_path / "models-200.yaml").write_text(manifest)
+    monkeypatch.chdir(tmp_path)
+    assert main(["capacity", "--manifest", "models-200.yaml", "--prices", str(ROOT / prices),
+                 "--instance-type", "ml.g4dn.xlarge", "--instance-type", "ml.g5.xlarge"]) == 0
+    many = capsys.readouterr().out
+    assert "203 target models" in many and "cheapest fleet that meets the target: 4 x ml.g4dn.xlarge" in many
+    for output in (default, many):
+        assert f"```text\n{output.rstrip()}\n```" in section, output
