@@ -188,7 +188,8 @@ class TritonMultiModelEndpoint(EndpointMetrics, Construct):
         )
         served = served_prefix(options.model_prefix)
         role_grants = [
-            self.model_bucket.grant_read(self.execution_role, served),
+            # SageMaker also encrypts the instance's volume with the key (a grant): no key policy deny.
+            self.model_bucket.grant_read(self.execution_role, served, deny_direct_key_use=False),
             self.triton_image.grant_pull(self.execution_role),
         ]
         #: The endpoint's fixed ``ModelDataUrl``: ``s3://<bucket>/<model_prefix>/served/``.
@@ -330,8 +331,9 @@ class TritonMultiModelEndpoint(EndpointMetrics, Construct):
         prefix = options.model_prefix
         # A Processing job reads its input and writes its unit under <prefix>/_jobs/ only.
         jobs = f"{prefix}/{JOBS_DIR}" if prefix else JOBS_DIR
-        self.model_bucket.grant_read(build.processing.role, jobs)
-        self.model_bucket.grant_write(build.processing.role, jobs)
+        # The job's volume is encrypted with the key through a grant: no key policy deny for its role.
+        self.model_bucket.grant_read(build.processing.role, jobs, deny_direct_key_use=False)
+        self.model_bucket.grant_write(build.processing.role, jobs, deny_direct_key_use=False)
         # A job's folder matters while its build runs (and for a look after a failure): a week.
         self.model_bucket.expire("ExpireBuildJobFolders", jobs, Duration.days(JOB_FOLDER_DAYS))
         self.model_bucket.grant_read(build, prefix)
