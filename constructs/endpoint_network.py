@@ -27,6 +27,7 @@ from typing import Annotated, Literal
 
 from aws_cdk import RemovalPolicy, Stack, Token
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from pydantic import AfterValidator, Field
@@ -51,6 +52,13 @@ INTERFACE_ENDPOINT_SERVICES: dict[InterfaceEndpoint, ec2.InterfaceVpcEndpointAws
 }
 DEFAULT_INTERFACE_ENDPOINTS: tuple[InterfaceEndpoint, ...] = ("ecr.api", "ecr.dkr", "logs", "monitoring")
 HTTPS = ec2.Port.tcp(443)
+#: The bucket Amazon ECR serves image layers from, per region: an image pull through the VPC reads
+#: it through the S3 gateway endpoint, whose policy must allow ``s3:GetObject`` on its objects
+#: (Amazon ECR user guide, "Amazon ECR interface VPC endpoints (AWS PrivateLink)", minimum Amazon
+#: S3 bucket permissions: ``arn:aws:s3:::prod-region-starport-layer-bucket/*``).
+ECR_LAYER_BUCKET = "prod-{region}-starport-layer-bucket"
+#: Construct id of the S3 gateway endpoint in the created VPC (``gateway_endpoints`` key).
+S3_GATEWAY_ID = "S3"
 #: Construct id of the provider CDK adds to the stack to strip the default security group's rules.
 RESTRICT_DEFAULT_SG_PROVIDER_ID = "Custom::VpcRestrictDefaultSGCustomResourceProvider"
 #: CDK's built-in CloudFormation validation rules that reject the placeholder ids of a pending
@@ -144,6 +152,10 @@ class EndpointNetwork(Construct):
 
     Security groups have no inbound rule; outbound is HTTPS (TCP 443) only. In a created VPC that
     reaches only the VPC endpoints (no route leaves the VPC).
+
+    The created VPC's S3 gateway endpoint has a policy: only the buckets :meth:`allow_s3` names
+    (the model bucket, the build's manifest asset and S3 sources) and ECR's image-layer bucket of
+    the region (:data:`ECR_LAYER_BUCKET`) can be reached through it, whoever asks.
     """
 
     def __init__(self, scope: Construct, id: str, *, props: EndpointNetworkProps | None = None) -> None:
@@ -201,6 +213,24 @@ class EndpointNetwork(Construct):
         wanted = list(dict.fromkeys([*props.interface_endpoints, *build]))
         if self.created and wanted:
             self._interface_endpoints(wanted, isolated)
+
+    @property
+    def s3_gateway(self) -> ec2.GatewayVpcEndpoint | None:
+        """The created VPC's S3 gateway endpoint (None for a VPC given)."""
+        if not self.created:
+            return None
+        found = self.vpc.node.try_find_child(S3_GATEWAY_ID)
+        assert isinstance(found, ec2.GatewayVpcEndpoint)
+        return found
+
+    def allow_s3(self, actions: Sequence[str], resources: Sequence[str]) -> None:
+        """Allow ``actions`` on ``resources`` through the created VPC's S3 gateway endpoint (its
+        policy; any principal: what a role may do stays its IAM policy's). No-op for a VPC given:
+        its endpoints are not this construct's."""
+        gateway = self.s3_gateway
+        if gateway is not None and resources:
+            gateway.add_to_policy(iam.PolicyStatement(
+                principals=[iam.AnyPrincipal()], actions=list(actions), resources=list(resources)))
 
     def _vpc_name(self) -> str:
         """The VPC as a message names it: its id, or its construct path for one of this app (whose
@@ -261,8 +291,17 @@ class EndpointNetwork(Construct):
             subnet_configuration=[
                 ec2.SubnetConfiguration(name="Isolated", subnet_type=ec2.SubnetType.PRIVATE_ISOLATED)
             ],
-            gateway_endpoints={"S3": ec2.GatewayVpcEndpointOptions(service=ec2.GatewayVpcEndpointAwsService.S3)},
+            gateway_endpoints={S3_GATEWAY_ID: ec2.GatewayVpcEndpointOptions(service=ec2.GatewayVpcEndpointAwsService.S3)},
         )
+        # Image pulls through the VPC read ECR's layer bucket (the first statement replaces the
+        # endpoint's default full-access policy; allow_s3 adds the stack's buckets).
+        stack = Stack.of(self)
+        layers = stack.format_arn(service="s3", region="", account="",
+                                  resource=ECR_LAYER_BUCKET.format(region=stack.region), resource_name="*")
+        s3_gateway = vpc.node.find_child(S3_GATEWAY_ID)
+        assert isinstance(s3_gateway, ec2.GatewayVpcEndpoint)
+        s3_gateway.add_to_policy(iam.PolicyStatement(
+            sid="EcrImageLayers", principals=[iam.AnyPrincipal()], actions=["s3:GetObject"], resources=[layers]))
         key = logs_key(props.log_key)
         flow_logs = logs.LogGroup(
             self, "FlowLogs", retention=props.flow_log_retention, removal_policy=props.removal_policy,

@@ -218,7 +218,7 @@ def test_every_policy_is_analysed(analysed: tuple[dict[str, list[Document]], lis
     docs, _ = analysed
     assert set(docs) >= {*VARIANTS, "pipeline:TritonMmePipeline", "pipeline:TritonMme-staging-pipeline-access"}
     kinds = {d.kind for found in docs.values() for d in found}
-    assert kinds >= {"identity", "trust", "bucket", "key"}, kinds
+    assert kinds >= {"identity", "trust", "bucket", "key", "endpoint"}, kinds
     for name, found in docs.items():
         assert found, f"{name}: no policy document"
 

@@ -1,14 +1,19 @@
 """Issue 49's smaller findings, on the synthesized templates: the stack key used by the stack's
-roles only through S3, and the waiter's log writes on its own log group."""
+roles only through S3, the waiter's log writes on its own log group, and the created VPC's S3
+gateway endpoint reaching only the stack's buckets."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
-from cdk_helpers import Synth, as_list, policy_of_role, synth
+import yaml
+from cdk_helpers import VARIANTS, Synth, as_list, flatten_join, policy_of_role, statements, synth
 
 from triton_mme_cdk.constructs.model_bucket import DENY_OUTSIDE_S3_SID, KEY_DATA_ACTIONS
+from triton_mme_cdk.constructs.multi_model_endpoint import MODEL_BUCKET_ENDPOINT_ACTIONS
 from triton_mme_cdk.constructs.provider_framework import LOG_ACTIONS_WITH_ARN
 
 S3_VIA = {"Fn::Join": ["", ["s3.", {"Ref": "AWS::Region"}, ".", {"Ref": "AWS::URLSuffix"}]]}
@@ -84,3 +89,62 @@ def test_waiter_writes_logs_only_to_its_log_group(default: Synth) -> None:
     assert writes["Resource"] == destination["CloudWatchLogsLogGroup"]["LogGroupArn"]
     # Still able to invoke the framework's functions.
     assert any(as_list(st["Action"]) == ["lambda:InvokeFunction"] for st in statements)
+
+
+@pytest.fixture(scope="module")
+def isolated(tmp_path_factory: pytest.TempPathFactory) -> Synth:
+    return synth(tmp_path_factory.mktemp("isolated"), nag=True, **VARIANTS["isolated"])
+
+
+def _gateway_policy(s: Synth) -> list[dict[str, Any]]:
+    (gateway,) = [v for v in s.resources("AWS::EC2::VPCEndpoint").values()
+                  if v["Properties"].get("VpcEndpointType") == "Gateway"]
+    return gateway["Properties"]["PolicyDocument"]["Statement"]
+
+
+def test_s3_gateway_reaches_only_the_stacks_buckets(isolated: Synth) -> None:
+    statements = _gateway_policy(isolated)
+    bucket_id = _model_bucket(isolated)
+    reached = set()
+    for st in statements:
+        assert st["Effect"] == "Allow" and st["Principal"] == {"AWS": "*"}, st
+        assert "Condition" not in st, st
+        for resource in as_list(st["Resource"]):
+            reached.add(flatten_join(resource) if "Fn::Join" in resource else json.dumps(resource))
+    assert reached == {
+        "arn:<ref>:s3:::prod-<ref>-starport-layer-bucket/*",  # ECR's image layers
+        json.dumps({"Fn::GetAtt": [bucket_id, "Arn"]}), "<ref>/*",  # the model bucket and its objects
+        "arn:<ref>:s3:::<ref>/*",  # the CDK asset bucket (the build's manifest)
+    }, reached
+    # No "*" resource, no s3:* action: a bucket not named is not reachable through the endpoint.
+    assert all(a != "s3:*" and a.startswith("s3:") for st in statements for a in as_list(st["Action"]))
+
+
+def _model_bucket(s: Synth) -> str:
+    (found,) = [k for k in s.resources("AWS::S3::Bucket") if k.startswith("ModelBucket") and "AccessLogs" not in k]
+    return found
+
+
+def test_s3_gateway_allows_every_action_the_roles_have_on_the_model_bucket(isolated: Synth) -> None:
+    """Drift between the bucket's grants and the endpoint policy would fail a build or a model
+    download in a created VPC."""
+    bucket_id = _model_bucket(isolated)
+    arn = {"Fn::GetAtt": [bucket_id, "Arn"]}
+    granted = {a for _, st in statements(isolated.data) if st["Effect"] == "Allow"
+               for a in as_list(st["Action"]) if a.startswith("s3:")
+               and any(r == arn or (isinstance(r, dict) and arn in r.get("Fn::Join", [None, []])[1])
+                       for r in as_list(st["Resource"]))}
+    assert granted, "no grant on the model bucket found"
+    assert granted <= set(MODEL_BUCKET_ENDPOINT_ACTIONS), granted - set(MODEL_BUCKET_ENDPOINT_ACTIONS)
+    (model,) = [st for st in _gateway_policy(isolated) if arn in as_list(st["Resource"])]
+    assert sorted(as_list(model["Action"])) == sorted(MODEL_BUCKET_ENDPOINT_ACTIONS)
+
+
+def test_s3_sources_are_reachable_through_the_gateway(tmp_path: Path) -> None:
+    manifest = tmp_path / "models.yaml"
+    manifest.write_text(yaml.safe_dump({"version": 1, "models": [{
+        "name": "from-s3", "source": {"kind": "s3", "uri": "s3://team-models/minilm/"},
+        "task": "feature-extraction"}]}), encoding="utf-8")
+    s = synth(tmp_path / "out", nag=False, manifest_path=manifest, create_vpc="true", build_in_vpc="true")
+    resources = {flatten_join(r) for st in _gateway_policy(s) for r in as_list(st["Resource"]) if "Fn::Join" in r}
+    assert {"arn:<ref>:s3:::team-models", "arn:<ref>:s3:::team-models/*"} <= resources, resources
