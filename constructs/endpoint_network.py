@@ -52,13 +52,6 @@ INTERFACE_ENDPOINT_SERVICES: dict[InterfaceEndpoint, ec2.InterfaceVpcEndpointAws
 }
 DEFAULT_INTERFACE_ENDPOINTS: tuple[InterfaceEndpoint, ...] = ("ecr.api", "ecr.dkr", "logs", "monitoring")
 HTTPS = ec2.Port.tcp(443)
-#: The bucket Amazon ECR serves image layers from, per region: an image pull through the VPC reads
-#: it through the S3 gateway endpoint, whose policy must allow ``s3:GetObject`` on its objects
-#: (Amazon ECR user guide, "Amazon ECR interface VPC endpoints (AWS PrivateLink)", minimum Amazon
-#: S3 bucket permissions: ``arn:aws:s3:::prod-region-starport-layer-bucket/*``).
-ECR_LAYER_BUCKET = "prod-{region}-starport-layer-bucket"
-#: Construct id of the S3 gateway endpoint in the created VPC (``gateway_endpoints`` key).
-S3_GATEWAY_ID = "S3"
 #: Construct id of the provider CDK adds to the stack to strip the default security group's rules.
 RESTRICT_DEFAULT_SG_PROVIDER_ID = "Custom::VpcRestrictDefaultSGCustomResourceProvider"
 #: CDK's built-in CloudFormation validation rules that reject the placeholder ids of a pending
@@ -73,6 +66,10 @@ PLACEHOLDER_ID_RULES: tuple[str, ...] = (
 #: The fields of an ``ec2.SubnetSelection`` (``select_subnets`` takes them as keywords).
 SUBNET_SELECTION_FIELDS = ("availability_zones", "one_per_az", "subnet_filters", "subnet_group_name", "subnets",
                            "subnet_type")
+# ECR serves image layers from this bucket of the region; a pull through the VPC reads it through
+# the S3 gateway endpoint, so its policy allows s3:GetObject on it (Amazon ECR user guide, "Amazon
+# ECR interface VPC endpoints (AWS PrivateLink)": minimum Amazon S3 bucket permissions).
+ECR_LAYER_BUCKET, S3_GATEWAY_ID = "prod-{region}-starport-layer-bucket", "S3"
 
 
 def _private_cidr(value: str) -> str:
