@@ -12,6 +12,7 @@ import pytest
 import yaml
 from cdk_helpers import VARIANTS, Synth, as_list, flatten_join, policy_of_role, statements, synth
 
+from triton_mme_cdk.constructs.endpoint_network import NO_TRAFFIC_RULE
 from triton_mme_cdk.constructs.model_bucket import DENY_OUTSIDE_S3_SID, KEY_DATA_ACTIONS
 from triton_mme_cdk.constructs.multi_model_endpoint import MODEL_BUCKET_ENDPOINT_ACTIONS
 from triton_mme_cdk.constructs.provider_framework import LOG_ACTIONS_WITH_ARN
@@ -148,3 +149,35 @@ def test_s3_sources_are_reachable_through_the_gateway(tmp_path: Path) -> None:
     s = synth(tmp_path / "out", nag=False, manifest_path=manifest, create_vpc="true", build_in_vpc="true")
     resources = {flatten_join(r) for st in _gateway_policy(s) for r in as_list(st["Resource"]) if "Fn::Join" in r}
     assert {"arn:<ref>:s3:::team-models", "arn:<ref>:s3:::team-models/*"} <= resources, resources
+
+
+def test_created_vpc_groups_reach_only_s3_and_the_interface_endpoints(isolated: Synth) -> None:
+    groups = isolated.resources("AWS::EC2::SecurityGroup")
+    lookup = next(k for k, v in isolated.data["Resources"].items()
+                  if v["Type"] == "Custom::AWS" and k.startswith("NetworkS3PrefixList"))
+    call = json.loads(flatten_join(isolated.data["Resources"][lookup]["Properties"]["Update"]))
+    assert call["action"] == "describePrefixLists" and call["service"] == "EC2"
+    assert call["parameters"]["Filters"][0]["Name"] == "prefix-list-name"
+    endpoint_group = next(k for k in groups if k.startswith("NetworkEndpointSecurityGroup"))
+    egress = isolated.resources("AWS::EC2::SecurityGroupEgress")
+    for prefix in ("NetworkModelSecurityGroup", "NetworkBuildSecurityGroup"):
+        group = next(k for k in groups if k.startswith(prefix))
+        # Egress given inline (a rule that matches nothing), so EC2's default allow-all is not created.
+        assert groups[group]["Properties"]["SecurityGroupEgress"] == [NO_TRAFFIC_RULE]
+        rules = [r["Properties"] for r in egress.values() if r["Properties"]["GroupId"] == {"Fn::GetAtt": [group, "GroupId"]}]
+        destinations = sorted(json.dumps({k: v for k, v in r.items() if k.startswith("Destination")}) for r in rules)
+        assert destinations == sorted([
+            json.dumps({"DestinationPrefixListId": {"Fn::GetAtt": [lookup, "PrefixLists.0.PrefixListId"]}}),
+            json.dumps({"DestinationSecurityGroupId": {"Fn::GetAtt": [endpoint_group, "GroupId"]}}),
+        ]), (group, rules)
+        assert all((r["IpProtocol"], r["FromPort"], r["ToPort"]) == ("tcp", 443, 443) for r in rules)
+        assert not any("CidrIp" in r and r.get("CidrIp") != "255.255.255.255/32" for r in rules)
+
+
+def test_an_existing_vpc_keeps_https_out(tmp_path: Path) -> None:
+    """A VPC brought in routes S3 itself (its own endpoint or a NAT): the groups keep HTTPS to anywhere."""
+    s = synth(tmp_path, nag=False, **VARIANTS["existing"])
+    assert not [k for k, v in s.data["Resources"].items() if v["Type"] == "Custom::AWS"]
+    for key, group in s.resources("AWS::EC2::SecurityGroup").items():
+        rules = group["Properties"].get("SecurityGroupEgress", [])
+        assert [(r.get("CidrIp"), r["FromPort"]) for r in rules] == [("0.0.0.0/0", 443)], (key, rules)
