@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 import jsii
-from aws_cdk import Duration, IStableAnyProducer, Lazy
+from aws_cdk import ArnFormat, Duration, IStableAnyProducer, Lazy, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
@@ -161,6 +161,7 @@ def tidy_framework(
         assert isinstance(framework_function, lambda_.Function)
         acknowledge_wildcard_resource(waiter, f"{framework_function.function_arn}:*", invoke_versions)
     scope_waiter_log_writes(waiter)
+    confine_waiter_trust(waiter)
     acknowledge_wildcard_resource(
         waiter, "*", WAITER_VENDED_LOGS_REASON, resource_type="AWS::IAM::Policy",
     )
@@ -225,6 +226,26 @@ def scope_waiter_log_writes(waiter: IConstruct) -> str:
     assert isinstance(cfn_policy, iam.CfnPolicy)
     cfn_policy.policy_document = Lazy.any(_ScopedWaiterPolicy(policy, group.log_group_arn))
     return group.log_group_arn
+
+
+def confine_waiter_trust(waiter: IConstruct) -> None:
+    """Only Step Functions acting for a state machine of this account and region may assume the
+    waiter's role: the trust conditions of Step Functions' guide ("Create an IAM role for your state
+    machine", confused deputy prevention:
+    https://docs.aws.amazon.com/step-functions/latest/dg/procedure-create-iam-role.html). The CDK
+    creates the role with one statement and no option for its conditions."""
+    role = waiter.node.find_child("Role")
+    assert isinstance(role, iam.Role) and role.assume_role_policy is not None
+    stack = Stack.of(waiter)
+    (statement,) = stack.resolve(role.assume_role_policy)["Statement"]
+    assert statement["Principal"] == {"Service": "states.amazonaws.com"} and "Condition" not in statement, statement
+    cfn_role = role.node.default_child
+    assert isinstance(cfn_role, iam.CfnRole)
+    cfn_role.add_property_override("AssumeRolePolicyDocument.Statement.0.Condition", {
+        "StringEquals": {"aws:SourceAccount": stack.account},
+        "ArnLike": {"aws:SourceArn": stack.format_arn(service="states", resource="stateMachine", resource_name="*",
+                                                      arn_format=ArnFormat.COLON_RESOURCE_NAME)},
+    })
 
 
 def explain_scanner_findings(

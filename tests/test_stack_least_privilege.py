@@ -181,3 +181,20 @@ def test_an_existing_vpc_keeps_https_out(tmp_path: Path) -> None:
     for key, group in s.resources("AWS::EC2::SecurityGroup").items():
         rules = group["Properties"].get("SecurityGroupEgress", [])
         assert [(r.get("CidrIp"), r["FromPort"]) for r in rules] == [("0.0.0.0/0", 443)], (key, rules)
+
+
+@pytest.mark.parametrize(("prefix", "service", "source_arn"), [
+    # SageMaker's guide, "Cross-service confused deputy prevention": inference and Processing jobs.
+    ("ExecutionRole", "sagemaker.amazonaws.com", "arn:<ref>:sagemaker:<ref>:<ref>:*"),
+    ("ModelBuildProcessingRole", "sagemaker.amazonaws.com", "arn:<ref>:sagemaker:<ref>:<ref>:processing-job/*"),
+    # Step Functions' guide, "Create an IAM role for your state machine".
+    ("ModelBuildProviderwaiterstatemachineRole", "states.amazonaws.com", "arn:<ref>:states:<ref>:<ref>:stateMachine:*"),
+])
+def test_service_roles_trust_only_this_accounts_resources(default: Synth, prefix: str, service: str,
+                                                          source_arn: str) -> None:
+    role = default.resources("AWS::IAM::Role")[_role(default, prefix)]
+    (statement,) = role["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+    assert statement["Principal"] == {"Service": service} and statement["Action"] == "sts:AssumeRole"
+    assert statement["Condition"]["StringEquals"] == {"aws:SourceAccount": {"Ref": "AWS::AccountId"}}
+    assert set(statement["Condition"]) == {"StringEquals", "ArnLike"}
+    assert flatten_join(statement["Condition"]["ArnLike"]["aws:SourceArn"]) == source_arn
