@@ -215,8 +215,10 @@ def scope_waiter_log_writes(waiter: IConstruct) -> str:
     state_machine = waiter.node.find_child("Resource")
     assert isinstance(state_machine, sfn.CfnStateMachine)
     logging = state_machine.logging_configuration
-    assert isinstance(logging, sfn.CfnStateMachine.LoggingConfigurationProperty) and logging.destinations
-    destination = logging.destinations[0]
+    assert isinstance(logging, sfn.CfnStateMachine.LoggingConfigurationProperty)
+    destinations = logging.destinations
+    assert isinstance(destinations, list) and destinations
+    destination = destinations[0]
     assert isinstance(destination, sfn.CfnStateMachine.LogDestinationProperty)
     group = destination.cloud_watch_logs_log_group
     assert isinstance(group, sfn.CfnStateMachine.CloudWatchLogsLogGroupProperty) and group.log_group_arn
