@@ -20,6 +20,9 @@ import json
 import sys
 import warnings
 
+#: The exit status when parliament is not installed in the interpreter that runs this file.
+NOT_INSTALLED = 3
+
 
 def _strings(value):
     if isinstance(value, dict):
@@ -39,7 +42,12 @@ def _conditions_as_strings(document):
 
 def main() -> int:
     warnings.simplefilter("ignore")  # pkg_resources' deprecation warning, on stderr
-    from parliament import analyze_policy_string
+    try:
+        from parliament import analyze_policy_string
+    except ImportError as error:
+        print(f"parliament cannot be imported here ({error}): `make setup` installs it in .venv-checkov "
+              "(requirements-checkov.txt)", file=sys.stderr)
+        return NOT_INSTALLED
 
     findings = []
     for item in json.load(sys.stdin):

@@ -171,6 +171,8 @@ def _parliament(items: list[dict[str, Any]]) -> list[dict[str, str]]:
         pytest.fail(f"{SCANNER_PYTHON} is missing: `make setup` installs parliament there (requirements-checkov.txt)")
     result = subprocess.run([str(SCANNER_PYTHON), str(RUNNER)], input=json.dumps(items),
                             capture_output=True, text=True, timeout=600)
+    if result.returncode == 3:  # parliament_run.NOT_INSTALLED
+        pytest.fail(result.stderr.strip())
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout)
 
