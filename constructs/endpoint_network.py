@@ -23,18 +23,25 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Sequence
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from aws_cdk import RemovalPolicy, Stack, Token
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
+from aws_cdk import custom_resources as cr
 from pydantic import AfterValidator, Field
 
 from constructs import Construct
-from triton_mme_cdk.constructs.cfn_hygiene import drop_provider_role_dependency
+from triton_mme_cdk.constructs.cfn_hygiene import drop_provider_role_dependency, drop_referenced_dependencies
 from triton_mme_cdk.constructs.customer_key import logs_key
-from triton_mme_cdk.constructs.nag_acknowledgments import acknowledge, skip_cdk_provider_checks, skip_checkov
+from triton_mme_cdk.constructs.nag_acknowledgments import (
+    acknowledge,
+    acknowledge_wildcard_resource,
+    skip_cdk_provider_checks,
+    skip_checkov,
+)
 from triton_mme_cdk.constructs.props import Props, Resource, unique
 from triton_mme_cdk.constructs.sagemaker_limits import PropsError
 
@@ -65,6 +72,15 @@ PLACEHOLDER_ID_RULES: tuple[str, ...] = (
 #: The fields of an ``ec2.SubnetSelection`` (``select_subnets`` takes them as keywords).
 SUBNET_SELECTION_FIELDS = ("availability_zones", "one_per_az", "subnet_filters", "subnet_group_name", "subnets",
                            "subnet_type")
+# ECR serves image layers from this bucket of the region; a pull through the VPC reads it through
+# the S3 gateway endpoint, so its policy allows s3:GetObject on it (Amazon ECR user guide, "Amazon
+# ECR interface VPC endpoints (AWS PrivateLink)": minimum Amazon S3 bucket permissions).
+ECR_LAYER_BUCKET, S3_GATEWAY_ID = "prod-{region}-starport-layer-bucket", "S3"
+#: The egress rule CDK writes for a group that allows no outbound traffic (it matches nothing).
+NO_TRAFFIC_RULE: dict[str, Any] = {"CidrIp": "255.255.255.255/32", "Description": "Disallow all traffic", "FromPort": 252,
+                   "IpProtocol": "icmp", "ToPort": 86}
+#: The construct id of the one function CDK's AwsCustomResource adds to a stack.
+AWS_CUSTOM_RESOURCE_ID = "AWS679f53fac002430cb0da5b7982bd2287"
 
 
 def _private_cidr(value: str) -> str:
@@ -142,8 +158,13 @@ class EndpointNetwork(Construct):
     build's security groups), and a default security group stripped of its rules (CDK's
     ``restrict_default_security_group``, a small custom resource).
 
-    Security groups have no inbound rule; outbound is HTTPS (TCP 443) only. In a created VPC that
-    reaches only the VPC endpoints (no route leaves the VPC).
+    Security groups have no inbound rule; outbound is HTTPS (TCP 443) only. In a created VPC the
+    created groups send it only to S3's managed prefix list (routed by the gateway endpoint; its id
+    is read at deploy time by a CDK AwsCustomResource) and to the interface endpoints' group.
+
+    The created VPC's S3 gateway endpoint has a policy: only the buckets :meth:`allow_s3` names
+    (the model bucket, the build's manifest asset and S3 sources) and ECR's image-layer bucket of
+    the region (:data:`ECR_LAYER_BUCKET`) can be reached through it, whoever asks.
     """
 
     def __init__(self, scope: Construct, id: str, *, props: EndpointNetworkProps | None = None) -> None:
@@ -201,6 +222,26 @@ class EndpointNetwork(Construct):
         wanted = list(dict.fromkeys([*props.interface_endpoints, *build]))
         if self.created and wanted:
             self._interface_endpoints(wanted, isolated)
+        if self.created:
+            self._egress_to_endpoints()
+
+    @property
+    def s3_gateway(self) -> ec2.GatewayVpcEndpoint | None:
+        """The created VPC's S3 gateway endpoint (None for a VPC given)."""
+        if not self.created:
+            return None
+        found = self.vpc.node.try_find_child(S3_GATEWAY_ID)
+        assert isinstance(found, ec2.GatewayVpcEndpoint)
+        return found
+
+    def allow_s3(self, actions: Sequence[str], resources: Sequence[str]) -> None:
+        """Allow ``actions`` on ``resources`` through the created VPC's S3 gateway endpoint (its
+        policy; any principal: what a role may do stays its IAM policy's). No-op for a VPC given:
+        its endpoints are not this construct's."""
+        gateway = self.s3_gateway
+        if gateway is not None and resources:
+            gateway.add_to_policy(iam.PolicyStatement(
+                principals=[iam.AnyPrincipal()], actions=list(actions), resources=list(resources)))
 
     def _vpc_name(self) -> str:
         """The VPC as a message names it: its id, or its construct path for one of this app (whose
@@ -261,8 +302,17 @@ class EndpointNetwork(Construct):
             subnet_configuration=[
                 ec2.SubnetConfiguration(name="Isolated", subnet_type=ec2.SubnetType.PRIVATE_ISOLATED)
             ],
-            gateway_endpoints={"S3": ec2.GatewayVpcEndpointOptions(service=ec2.GatewayVpcEndpointAwsService.S3)},
+            gateway_endpoints={S3_GATEWAY_ID: ec2.GatewayVpcEndpointOptions(service=ec2.GatewayVpcEndpointAwsService.S3)},
         )
+        # Image pulls through the VPC read ECR's layer bucket (the first statement replaces the
+        # endpoint's default full-access policy; allow_s3 adds the stack's buckets).
+        stack = Stack.of(self)
+        layers = stack.format_arn(service="s3", region="", account="",
+                                  resource=ECR_LAYER_BUCKET.format(region=stack.region), resource_name="*")
+        s3_gateway = vpc.node.find_child(S3_GATEWAY_ID)
+        assert isinstance(s3_gateway, ec2.GatewayVpcEndpoint)
+        s3_gateway.add_to_policy(iam.PolicyStatement(
+            sid="EcrImageLayers", principals=[iam.AnyPrincipal()], actions=["s3:GetObject"], resources=[layers]))
         key = logs_key(props.log_key)
         flow_logs = logs.LogGroup(
             self, "FlowLogs", retention=props.flow_log_retention, removal_policy=props.removal_policy,
@@ -292,5 +342,66 @@ class EndpointNetwork(Construct):
 
     def _security_group(self, id: str, description: str) -> ec2.SecurityGroup:
         group = ec2.SecurityGroup(self, id, vpc=self.vpc, description=description, allow_all_outbound=False)
-        group.add_egress_rule(ec2.Peer.any_ipv4(), HTTPS, "HTTPS to AWS endpoints (VPC endpoints in an isolated VPC)")
+        if not self.created:  # a created VPC's groups reach its endpoints only (_egress_to_endpoints)
+            group.add_egress_rule(ec2.Peer.any_ipv4(), HTTPS, "HTTPS to AWS endpoints (VPC endpoints in an isolated VPC)")
         return group
+
+    def _lookup_logs(self) -> logs.LogGroup:
+        key = logs_key(self.props.log_key)
+        group = logs.LogGroup(self, "S3PrefixListLogs", retention=self.props.flow_log_retention,
+                              removal_policy=self.props.removal_policy, encryption_key=key)
+        if key is None:
+            skip_checkov(group, ["CKV_AWS_158"], "No customer key given (the log_key prop): the prefix list "
+                         "lookup's log group keeps CloudWatch Logs' default encryption at rest; it logs the lookup.")
+        return group
+
+    def _egress_to_endpoints(self) -> None:
+        """In a created VPC, the created groups send HTTPS only to S3 (the managed prefix list of the
+        region's S3 service, which the gateway endpoint routes) and to the interface endpoints'
+        security group. The prefix list's id is read at deploy time (``ec2:DescribePrefixLists``,
+        a CDK AwsCustomResource): CloudFormation exposes none for a gateway endpoint."""
+        groups = [g for g in (self.model_security_group, self.build_security_group) if g is not None]
+        if not groups:
+            return
+        lookup = cr.AwsCustomResource(
+            self, "S3PrefixList",
+            on_update=cr.AwsSdkCall(
+                service="EC2", action="describePrefixLists",
+                parameters={"Filters": [{"Name": "prefix-list-name",
+                                         "Values": [ec2.GatewayVpcEndpointAwsService.S3.name]}]},
+                physical_resource_id=cr.PhysicalResourceId.of("s3-prefix-list"),
+                output_paths=["PrefixLists.0.PrefixListId"],
+            ),
+            policy=cr.AwsCustomResourcePolicy.from_sdk_calls(resources=cr.AwsCustomResourcePolicy.ANY_RESOURCE),
+            install_latest_aws_sdk=False,
+            log_group=self._lookup_logs(),
+        )
+        acknowledge_wildcard_resource(lookup, "*", "ec2:DescribePrefixLists supports no resource-level "
+                                      "permissions (Service Authorization Reference, Amazon EC2).")
+        function = Stack.of(self).node.try_find_child(AWS_CUSTOM_RESOURCE_ID)
+        assert function is not None
+        drop_referenced_dependencies(function, [function.node.find_child("ServiceRole").node.default_child])
+        what = "CDK's AwsCustomResource function, which reads the S3 prefix list's id (ec2:DescribePrefixLists)"
+        skip_checkov(function, ["CKV_AWS_115"], f"{what}: it runs only when CloudFormation creates or updates the "
+                     "lookup; a reserved concurrency would withhold capacity from the account's other functions.")
+        skip_checkov(function, ["CKV_AWS_116"], f"{what}: CloudFormation invokes it and waits for its answer; a "
+                     "failure fails the lookup and rolls the stack back, visibly: nothing for a queue to keep.")
+        skip_checkov(function, ["CKV_AWS_117"], f"{what}: it calls only the EC2 API and CloudFormation's "
+                     "response URL, over TLS with signed requests, and serves no network endpoint; the created "
+                     "VPC has no EC2 endpoint to call it through.")
+        acknowledge(function, "AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/"
+                    "AWSLambdaBasicExecutionRole]", "CDK's AwsCustomResource function (it reads the S3 prefix "
+                    "list's id): CDK gives its role this managed policy, which writes its own logs only.")
+        s3 = ec2.Peer.prefix_list(lookup.get_response_field("PrefixLists.0.PrefixListId"))
+        for group in groups:
+            # The rules below are resources of their own (their peers are tokens); an inline rule that
+            # matches nothing keeps SecurityGroupEgress given, so EC2's default allow-all rule is not
+            # created (CloudFormation adds it only when no egress rule is given).
+            cfn_group = group.node.default_child
+            assert isinstance(cfn_group, ec2.CfnSecurityGroup)
+            cfn_group.security_group_egress = [ec2.CfnSecurityGroup.EgressProperty(
+                cidr_ip=NO_TRAFFIC_RULE["CidrIp"], description=NO_TRAFFIC_RULE["Description"], ip_protocol="icmp",
+                from_port=NO_TRAFFIC_RULE["FromPort"], to_port=NO_TRAFFIC_RULE["ToPort"])]
+            group.add_egress_rule(s3, HTTPS, "HTTPS to S3 through the VPC's gateway endpoint")
+            if self.endpoint_security_group is not None:
+                group.add_egress_rule(self.endpoint_security_group, HTTPS, "HTTPS to the VPC's interface endpoints")

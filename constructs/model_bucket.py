@@ -7,7 +7,8 @@ import re
 from collections.abc import Sequence
 from typing import Annotated, Self
 
-from aws_cdk import Annotations, Duration, RemovalPolicy, Stack, Token
+import jsii
+from aws_cdk import Annotations, Duration, IStableListProducer, Lazy, RemovalPolicy, Stack, Token
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
@@ -35,6 +36,23 @@ RETIRED_TAG_VALUE = "retired"
 SERVER_ACCESS_LOGS_USE_BUCKET_POLICY = "@aws-cdk/aws-s3:serverAccessLogsUseBucketPolicy"
 #: Construct id of the provider CDK adds to the stack for ``auto_delete_objects``.
 AUTO_DELETE_PROVIDER_ID = "Custom::S3AutoDeleteObjectsCustomResourceProvider"
+
+
+#: The key policy statement that keeps the bucket's roles to using its key through S3.
+DENY_OUTSIDE_S3_SID = "DenyUseOutsideS3"
+#: The key's data actions that statement denies outside S3.
+KEY_DATA_ACTIONS = ("kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey*", "kms:ReEncrypt*")
+
+
+@jsii.implements(IStableListProducer)
+class _Listed:
+    """A list read at synth (the roles a later grant adds are included)."""
+
+    def __init__(self, items: list[str]) -> None:
+        self._items = items
+
+    def produce(self) -> list[str]:
+        return list(self._items)
 
 
 def _key_prefix(prefix: str) -> str:
@@ -134,7 +152,10 @@ class ModelBucket(Construct):
     ``encryption_key`` given, that key replaces the created one.
 
     Grants (``grant_read``, ``grant_write``, ``grant_tag``, ``grant_delete``) are scoped to a key
-    prefix and include the matching KMS permissions on the bucket key. :meth:`guard` adds the
+    prefix and include the matching KMS permissions on the bucket key, only through S3
+    (``kms:ViaService`` = ``s3.<region>.<url suffix>``). On a key created here, the key policy
+    also denies those roles any use of the key that does not come through S3
+    (:meth:`grant_read`'s ``deny_direct_key_use``). :meth:`guard` adds the
     policy's denies: who may write what the fleet serves, and which encryption a PUT may ask for.
     """
 
@@ -145,6 +166,8 @@ class ModelBucket(Construct):
         # Grant S3 log delivery through the log bucket's policy, not an ACL: both buckets enforce
         # bucket-owner object ownership, which disables ACLs.
         self.node.set_context(SERVER_ACCESS_LOGS_USE_BUCKET_POLICY, True)
+        #: The ARNs of the roles the key policy keeps to using the key through S3.
+        self._key_roles: list[str] = []
         #: Whether the bucket (with its key and its access-log bucket) was created here.
         self.created = props.bucket is None
         #: The bucket's access-log bucket (None for a bucket brought in).
@@ -312,31 +335,71 @@ class ModelBucket(Construct):
         """``s3://<bucket>/<key_prefix>`` (the prefix is used as given)."""
         return f"s3://{self.bucket_name}/{key_prefix}"
 
-    def grant_read(self, grantee: iam.IGrantable, prefix: str) -> iam.Grant:
+    def grant_read(self, grantee: iam.IGrantable, prefix: str, *, deny_direct_key_use: bool = True) -> iam.Grant:
         """Let ``grantee`` list and read the objects under ``prefix/`` and decrypt them.
 
         ``s3:GetObject`` on ``<bucket>/<prefix>/*``, ``s3:ListBucket`` on the bucket with the
-        condition ``s3:prefix`` in (``<prefix>``, ``<prefix>/*``), ``kms:Decrypt`` on the key.
+        condition ``s3:prefix`` in (``<prefix>``, ``<prefix>/*``), ``kms:Decrypt`` on the key
+        through S3 only (``kms:ViaService``). With ``deny_direct_key_use`` (and a key created
+        here), the key policy denies the grantee's role the key's data actions other than
+        through S3 (:meth:`_deny_direct_key_use`); pass False for a role that a service also
+        uses the key for otherwise (an instance volume SageMaker encrypts through a grant).
         """
         objects = self._objects_grant(grantee, prefix, ["s3:GetObject"], "read")
         listing = self._listing_grant(grantee, prefix, "s3:ListBucket")
-        decrypt = iam.Grant.add_to_principal(grantee=grantee, actions=["kms:Decrypt"], resource_arns=[self.key.key_arn])
+        decrypt = self._key_grant(grantee, ["kms:Decrypt"], deny_direct_key_use)
         return objects.combine(listing).combine(decrypt)
 
-    def grant_write(self, grantee: iam.IGrantable, prefix: str) -> iam.Grant:
+    def grant_write(self, grantee: iam.IGrantable, prefix: str, *, deny_direct_key_use: bool = True) -> iam.Grant:
         """Let ``grantee`` write objects under ``prefix/`` (encrypting them with the bucket key).
 
         ``s3:PutObject`` and ``s3:AbortMultipartUpload`` on ``<bucket>/<prefix>/*``;
         ``kms:GenerateDataKey``, ``kms:Encrypt`` and ``kms:Decrypt`` (multipart uploads read
-        back the data key) on the key.
+        back the data key) on the key, through S3 only; ``deny_direct_key_use`` as in
+        :meth:`grant_read`.
         """
         objects = self._objects_grant(grantee, prefix, ["s3:PutObject", "s3:AbortMultipartUpload"], "write")
-        encrypt = iam.Grant.add_to_principal(
-            grantee=grantee,
-            actions=["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey"],
-            resource_arns=[self.key.key_arn],
-        )
+        encrypt = self._key_grant(grantee, ["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey"], deny_direct_key_use)
         return objects.combine(encrypt)
+
+    @property
+    def s3_via_service(self) -> str:
+        """The ``kms:ViaService`` value of S3's requests to KMS in the stack's region."""
+        stack = Stack.of(self)
+        return f"s3.{stack.region}.{stack.url_suffix}"
+
+    def _key_grant(self, grantee: iam.IGrantable, actions: list[str], deny_direct: bool) -> iam.Grant:
+        grant = iam.Grant.add_to_principal(
+            grantee=grantee, actions=actions, resource_arns=[self.key.key_arn],
+            conditions={"StringEquals": {"kms:ViaService": self.s3_via_service}},
+        )
+        if deny_direct:
+            self._deny_direct_key_use(grantee)
+        return grant
+
+    def _deny_direct_key_use(self, grantee: iam.IGrantable) -> None:
+        """On a key created here, one key policy statement (``DenyUseOutsideS3``) denies the roles
+        given here the key's data actions (``kms:Decrypt``, ``kms:Encrypt``,
+        ``kms:GenerateDataKey*``, ``kms:ReEncrypt*``) unless the request comes through S3. The
+        roles are named by ``aws:PrincipalArn`` (a condition keeps the ARN: a role recreated under
+        the same name stays denied, where a ``Principal`` would turn into the old role's id)."""
+        role = grantee.grant_principal
+        if not isinstance(self.key, kms.Key) or not isinstance(role, iam.Role):
+            return
+        if not self._key_roles:
+            self.key.add_to_resource_policy(iam.PolicyStatement(
+                sid=DENY_OUTSIDE_S3_SID,
+                effect=iam.Effect.DENY,
+                principals=[iam.AnyPrincipal()],
+                actions=list(KEY_DATA_ACTIONS),
+                resources=["*"],
+                conditions={
+                    "ArnEquals": {"aws:PrincipalArn": Lazy.list(_Listed(self._key_roles))},
+                    "StringNotEquals": {"kms:ViaService": self.s3_via_service},
+                },
+            ))
+        if role.role_arn not in self._key_roles:
+            self._key_roles.append(role.role_arn)
 
     def grant_tag(self, grantee: iam.IGrantable, prefix: str) -> iam.Grant:
         """Let ``grantee`` read and set the tags of objects under ``prefix/``.

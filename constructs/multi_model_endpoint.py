@@ -37,7 +37,7 @@ from triton_mme_cdk.constructs.endpoint_network import EndpointNetwork, Endpoint
 from triton_mme_cdk.constructs.endpoint_settings import EndpointSettingsBase, endpoint_settings
 from triton_mme_cdk.constructs.fleet_fit import annotate_fit, synth_fit
 from triton_mme_cdk.constructs.model_bucket import ModelBucket, ModelBucketProps
-from triton_mme_cdk.constructs.model_build_inputs import internet_sources
+from triton_mme_cdk.constructs.model_build_inputs import internet_sources, s3_source_keys
 from triton_mme_cdk.constructs.model_build_resource import ModelBuildResource, ModelBuildResourceProps
 from triton_mme_cdk.constructs.rollout_policy import RolloutPolicy, RolloutPolicyProps
 from triton_mme_cdk.constructs.sagemaker_execution_role import (
@@ -62,6 +62,13 @@ RELEASE_ID_PATTERN = r"r-[0-9a-f]{16}"
 JOB_FOLDER_DAYS = 7
 #: The model build's Docker build context (``model_build/`` with its Dockerfile).
 DEFAULT_BUILD_CONTEXT = PACKAGE_DIR
+#: What the stack's roles do on the model bucket (the bucket's grants), allowed through a created
+#: VPC's S3 gateway endpoint (tests/test_stack_least_privilege.py keeps the two the same).
+MODEL_BUCKET_ENDPOINT_ACTIONS = (
+    "s3:AbortMultipartUpload", "s3:DeleteObject", "s3:DeleteObjectVersion", "s3:GetBucketVersioning",
+    "s3:GetObject", "s3:GetObjectTagging", "s3:ListBucket", "s3:ListBucketVersions", "s3:PutObject",
+    "s3:PutObjectTagging",
+)
 #: Console domain by partition, for the dashboard URL.
 CONSOLE_DOMAINS = {"aws": "console.aws.amazon.com", "aws-cn": "console.amazonaws.cn"}
 
@@ -188,7 +195,8 @@ class TritonMultiModelEndpoint(EndpointMetrics, Construct):
         )
         served = served_prefix(options.model_prefix)
         role_grants = [
-            self.model_bucket.grant_read(self.execution_role, served),
+            # SageMaker also encrypts the instance's volume with the key (a grant): no key policy deny.
+            self.model_bucket.grant_read(self.execution_role, served, deny_direct_key_use=False),
             self.triton_image.grant_pull(self.execution_role),
         ]
         #: The endpoint's fixed ``ModelDataUrl``: ``s3://<bucket>/<model_prefix>/served/``.
@@ -204,6 +212,7 @@ class TritonMultiModelEndpoint(EndpointMetrics, Construct):
         else:
             self.release_id = str(models.release_id)
         self._guard_bucket()
+        self._allow_through_s3_gateway()
         #: The SageMaker Model, EndpointConfig and Endpoint (``TritonMmeEndpoint``).
         self.endpoint = self._endpoint()
         #: The endpoint's name as the ``metric_*`` dimensions name it (as given: alarms on them can
@@ -330,8 +339,9 @@ class TritonMultiModelEndpoint(EndpointMetrics, Construct):
         prefix = options.model_prefix
         # A Processing job reads its input and writes its unit under <prefix>/_jobs/ only.
         jobs = f"{prefix}/{JOBS_DIR}" if prefix else JOBS_DIR
-        self.model_bucket.grant_read(build.processing.role, jobs)
-        self.model_bucket.grant_write(build.processing.role, jobs)
+        # The job's volume is encrypted with the key through a grant: no key policy deny for its role.
+        self.model_bucket.grant_read(build.processing.role, jobs, deny_direct_key_use=False)
+        self.model_bucket.grant_write(build.processing.role, jobs, deny_direct_key_use=False)
         # A job's folder matters while its build runs (and for a look after a failure): a week.
         self.model_bucket.expire("ExpireBuildJobFolders", jobs, Duration.days(JOB_FOLDER_DAYS))
         self.model_bucket.grant_read(build, prefix)
@@ -340,6 +350,23 @@ class TritonMultiModelEndpoint(EndpointMetrics, Construct):
         # Unrouted served objects are deleted after the retention window; destroy removes more.
         self.model_bucket.grant_delete(build, prefix if options.artifacts_on_delete == "destroy" else served_prefix(prefix))
         return build
+
+    def _allow_through_s3_gateway(self) -> None:
+        """A created VPC's S3 gateway endpoint reaches the model bucket, the build's manifest asset
+        and the manifest's S3 sources (besides ECR's layer bucket, which the network allows)."""
+        if self.network is None:
+            return
+        bucket = self.model_bucket.bucket
+        self.network.allow_s3(MODEL_BUCKET_ENDPOINT_ACTIONS, [bucket.bucket_arn, bucket.arn_for_objects("*")])
+        if self.build is None or self.models.manifest is None:
+            return
+        # Whole buckets, not the manifest's keys: a models-only change leaves the policy as it is
+        # (the roles' IAM policies name the objects).
+        self.network.allow_s3(["s3:GetObject"], [self.build.manifest_asset.bucket.arn_for_objects("*")])
+        stack = Stack.of(self)
+        sources = [stack.format_arn(service="s3", region="", account="", resource=name)
+                   for name in sorted(s3_source_keys(self.models.manifest))]
+        self.network.allow_s3(["s3:GetObject", "s3:ListBucket"], [*sources, *(f"{arn}/*" for arn in sources)])
 
     def _guard_bucket(self) -> None:
         """Only the build (and the named publishers) write what the fleet serves."""

@@ -77,10 +77,16 @@ class ProcessingBuild(Construct):
         self.props = props
         #: The job's role: pulls the image, writes its logs, reads and writes ``<prefix>/_jobs/``
         #: and reads the S3 sources (both granted by the stack and the build resource).
-        self.role = iam.Role(self, "Role", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"),
+        stack = Stack.of(self)
+        # Only SageMaker running this account's Processing jobs may assume it (SageMaker's guide,
+        # "Cross-service confused deputy prevention", SageMaker Processing Jobs:
+        # https://docs.aws.amazon.com/sagemaker/latest/dg/security-confused-deputy-prevention.html).
+        jobs = stack.format_arn(service="sagemaker", resource="processing-job", resource_name="*")
+        self.role = iam.Role(self, "Role", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com", conditions={
+                                 "StringEquals": {"aws:SourceAccount": stack.account},
+                                 "ArnLike": {"aws:SourceArn": jobs}}),
                              description="Runs the Processing jobs that build models too big for the build Lambda")
         props.image.repository.grant_pull(self.role)
-        stack = Stack.of(self)
         log_group = stack.format_arn(service="logs", resource="log-group", resource_name=LOG_GROUP,
                                      arn_format=ArnFormat.COLON_RESOURCE_NAME)
         self.role.add_to_principal_policy(iam.PolicyStatement(

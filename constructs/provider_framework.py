@@ -8,14 +8,20 @@ CloudFormation's one hour, and its own resources, tidied and explained.
   exposes no option for them), the obsolete ``DependsOn`` on roles dropped, and the checkov
   findings on the build's and the framework's functions skipped with their reasons (the
   ``*_REASON`` texts, written once).
+- :func:`scope_waiter_log_writes`: the waiter's ``logs:CreateLogStream`` and ``logs:PutLogEvents``,
+  which the CDK grants on ``*``, on the waiter's own log group instead.
 """
 
 from __future__ import annotations
 
-from aws_cdk import Duration
+from typing import Any
+
+import jsii
+from aws_cdk import ArnFormat, Duration, IStableAnyProducer, Lazy, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import custom_resources as cr
 
 from constructs import IConstruct
@@ -24,6 +30,20 @@ from triton_mme_cdk.constructs.nag_acknowledgments import (
     acknowledge,
     acknowledge_wildcard_resource,
     skip_checkov,
+)
+
+#: The log actions of the CDK's waiter grant that take a log group or stream ARN (Service
+#: Authorization Reference, CloudWatch Logs); the vended-log delivery actions beside them
+#: (logs:CreateLogDelivery, logs:PutResourcePolicy, ...) support only '*'.
+LOG_ACTIONS_WITH_ARN = ("logs:CreateLogStream", "logs:PutLogEvents")
+#: Why the waiter's remaining log actions are on '*' (its cdk-nag acknowledgment; checkov's
+#: CKV_AWS_111 no longer fails once the log writes are scoped).
+WAITER_VENDED_LOGS_REASON = (
+    "Step Functions delivers the waiter's execution logs through the CloudWatch Logs vended-log "
+    "delivery APIs (logs:CreateLogDelivery, logs:GetLogDelivery, logs:UpdateLogDelivery, "
+    "logs:DeleteLogDelivery, logs:ListLogDeliveries, logs:PutResourcePolicy, "
+    "logs:DescribeResourcePolicies, logs:DescribeLogGroups), which support only Resource '*'; "
+    "logs:CreateLogStream and logs:PutLogEvents are on the waiter's log group only."
 )
 
 #: CloudFormation waits at most this long for a custom resource (ServiceTimeout: 1 to 3600 s).
@@ -140,13 +160,10 @@ def tidy_framework(
         framework_function = framework[name]
         assert isinstance(framework_function, lambda_.Function)
         acknowledge_wildcard_resource(waiter, f"{framework_function.function_arn}:*", invoke_versions)
+    scope_waiter_log_writes(waiter)
+    confine_waiter_trust(waiter)
     acknowledge_wildcard_resource(
-        waiter,
-        "*",
-        "Step Functions delivers execution logs through the CloudWatch Logs vended-log APIs "
-        "(logs:CreateLogDelivery...), which support no resource-level permissions.",
-        checkov=["CKV_AWS_111"],
-        resource_type="AWS::IAM::Policy",
+        waiter, "*", WAITER_VENDED_LOGS_REASON, resource_type="AWS::IAM::Policy",
     )
     acknowledge(
         waiter,
@@ -166,6 +183,71 @@ def tidy_framework(
     drop_referenced_dependencies(waiter, [waiter_role.node.default_child])
     explain_scanner_findings(framework, functions=(*handlers, build_function), build_function=build_function,
                              in_vpc=in_vpc, encryption_key=encryption_key)
+
+
+@jsii.implements(IStableAnyProducer)
+class _ScopedWaiterPolicy:
+    """The waiter role's policy document as the CDK renders it, with :data:`LOG_ACTIONS_WITH_ARN`
+    moved from the '*' statement to one statement on the waiter's log group."""
+
+    def __init__(self, policy: iam.Policy, log_group_arn: str) -> None:
+        self._policy, self._log_group_arn = policy, log_group_arn
+
+    def produce(self) -> Any:
+        document = self._policy.document.to_json()
+        statements = []
+        for statement in document["Statement"]:
+            actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+            moved = [a for a in actions if a in LOG_ACTIONS_WITH_ARN]
+            if statement.get("Resource") != "*" or not moved:
+                statements.append(statement)
+                continue
+            statements.append({**statement, "Action": sorted(a for a in actions if a not in LOG_ACTIONS_WITH_ARN)})
+            statements.append({"Action": moved, "Effect": "Allow", "Resource": self._log_group_arn})
+        return {**document, "Statement": statements}
+
+
+def scope_waiter_log_writes(waiter: IConstruct) -> str:
+    """Scope the waiter role's ``logs:CreateLogStream`` and ``logs:PutLogEvents`` (granted by the
+    CDK on '*', beside the vended-log delivery actions) to the waiter's log group (its ARN ends in
+    ``:*``, which covers its streams); return that ARN. The document is rendered at synth, so a
+    statement the CDK adds later is kept."""
+    state_machine = waiter.node.find_child("Resource")
+    assert isinstance(state_machine, sfn.CfnStateMachine)
+    logging = state_machine.logging_configuration
+    assert isinstance(logging, sfn.CfnStateMachine.LoggingConfigurationProperty)
+    destinations = logging.destinations
+    assert isinstance(destinations, list) and destinations
+    destination = destinations[0]
+    assert isinstance(destination, sfn.CfnStateMachine.LogDestinationProperty)
+    group = destination.cloud_watch_logs_log_group
+    assert isinstance(group, sfn.CfnStateMachine.CloudWatchLogsLogGroupProperty) and group.log_group_arn
+    policy = waiter.node.find_child("Role").node.find_child("DefaultPolicy")
+    assert isinstance(policy, iam.Policy)
+    cfn_policy = policy.node.default_child
+    assert isinstance(cfn_policy, iam.CfnPolicy)
+    cfn_policy.policy_document = Lazy.any(_ScopedWaiterPolicy(policy, group.log_group_arn))
+    return group.log_group_arn
+
+
+def confine_waiter_trust(waiter: IConstruct) -> None:
+    """Only Step Functions acting for a state machine of this account and region may assume the
+    waiter's role: the trust conditions of Step Functions' guide ("Create an IAM role for your state
+    machine", confused deputy prevention:
+    https://docs.aws.amazon.com/step-functions/latest/dg/procedure-create-iam-role.html). The CDK
+    creates the role with one statement and no option for its conditions."""
+    role = waiter.node.find_child("Role")
+    assert isinstance(role, iam.Role) and role.assume_role_policy is not None
+    stack = Stack.of(waiter)
+    (statement,) = stack.resolve(role.assume_role_policy)["Statement"]
+    assert statement["Principal"] == {"Service": "states.amazonaws.com"} and "Condition" not in statement, statement
+    cfn_role = role.node.default_child
+    assert isinstance(cfn_role, iam.CfnRole)
+    cfn_role.add_property_override("AssumeRolePolicyDocument.Statement.0.Condition", {
+        "StringEquals": {"aws:SourceAccount": stack.account},
+        "ArnLike": {"aws:SourceArn": stack.format_arn(service="states", resource="stateMachine", resource_name="*",
+                                                      arn_format=ArnFormat.COLON_RESOURCE_NAME)},
+    })
 
 
 def explain_scanner_findings(

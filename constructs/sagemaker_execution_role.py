@@ -36,13 +36,22 @@ class SageMakerExecutionRole(Construct):
         super().__init__(scope, id)
         #: The props the role was built from.
         self.props = props
+        stack = Stack.of(self)
         self.role = iam.Role(
             self,
             "Resource",
-            assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"),
+            # Only SageMaker acting for this account's inference resources may assume it: the condition
+            # SageMaker's guide gives for real-time inference ("Cross-service confused deputy prevention",
+            # https://docs.aws.amazon.com/sagemaker/latest/dg/security-confused-deputy-prevention.html,
+            # SageMaker AI Inference: aws:SourceArn arn:<partition>:sagemaker:<region>:<account>:*, not a
+            # model's or an endpoint's ARN), with aws:SourceAccount of the same account.
+            assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com", conditions={
+                "StringEquals": {"aws:SourceAccount": stack.account},
+                "ArnLike": {"aws:SourceArn": stack.format_arn(service="sagemaker", resource="*")},
+            }),
             description=f"Hosts the Triton multi-model endpoint {props.endpoint_name}",
         )
-        log_group = Stack.of(self).format_arn(
+        log_group = stack.format_arn(
             service="logs",
             resource="log-group",
             resource_name=f"/aws/sagemaker/Endpoints/{props.endpoint_name}",

@@ -236,7 +236,8 @@ def test_a_first_deploy_creates_the_fleet(endpoint: str, default: dict[str, Any]
     assert {f["type"] for f in report["fleet"]["findings"]} == set(FLEET_TYPES)
     role = next(f for f in report["security"]["findings"] if f["logical_id"] == EXECUTION_ROLE)
     assert {"property": "AssumeRolePolicyDocument", "access": "widens",
-            "change": "added Allow sts:AssumeRole for Service:sagemaker.amazonaws.com"} in role["changes"]
+            "change": "added Allow sts:AssumeRole for Service:sagemaker.amazonaws.com" + EXECUTION_TRUST_CONDITION,
+            } in role["changes"]
 
 
 def test_routes_the_cli_published_give_an_unknown_fleet(default: dict[str, Any], work: Path,
@@ -517,6 +518,12 @@ def test_iam_wildcards_conditions_and_what_cannot_be_classified(
     assert change["access"] == "unknown" and change["change"].startswith("changed, not a literal policy document")
 
 
+#: The execution role's trust conditions as a security finding names them (SageMaker's confused
+#: deputy keys, tests/test_stack_least_privilege.py).
+EXECUTION_TRUST_CONDITION = (" when ArnLike aws:SourceArn=arn:${AWS::Partition}:sagemaker:${AWS::Region}:${AWS::AccountId}:*,"
+                             " StringEquals aws:SourceAccount=${AWS::AccountId}")
+
+
 def test_a_roles_trust_inline_policies_and_managed_policies(
         default: dict[str, Any], work: Path, capsys: pytest.CaptureFixture[str]) -> None:
     def wider(resources: dict[str, Any]) -> None:
@@ -531,7 +538,8 @@ def test_a_roles_trust_inline_policies_and_managed_policies(
     finding = _security_findings(widened)[EXECUTION_ROLE]
     assert finding["resource"] == f"Role {EXECUTION_ROLE}"
     assert {(c["property"], c["change"], c["access"]) for c in finding["changes"]} == {
-        ("AssumeRolePolicyDocument", "added Allow sts:AssumeRole for Service:lambda.amazonaws.com", "widens"),
+        ("AssumeRolePolicyDocument", "added Allow sts:AssumeRole for Service:lambda.amazonaws.com"
+         + EXECUTION_TRUST_CONDITION, "widens"),
         ("Policies[0]", f"added Allow s3:PutObject on ${{{BUCKET}.Arn}}/*", "widens"),
         ("ManagedPolicyArns", "added arn:aws:iam::aws:policy/AdministratorAccess", "widens"),
     }

@@ -225,9 +225,10 @@ def test_execution_role(default: Synth) -> None:
     key = logical_id(default, "ModelBucket/Key/Resource")
     image = logical_id(default, "TritonImage/Resource")
     role = default.data["Resources"][role_id]["Properties"]
-    assert role["AssumeRolePolicyDocument"]["Statement"] == [
-        {"Action": "sts:AssumeRole", "Effect": "Allow", "Principal": {"Service": "sagemaker.amazonaws.com"}}
-    ]
+    (trust,) = role["AssumeRolePolicyDocument"]["Statement"]
+    # Its conditions (aws:SourceAccount, aws:SourceArn): tests/test_stack_least_privilege.py.
+    assert {k: v for k, v in trust.items() if k != "Condition"} == {
+        "Action": "sts:AssumeRole", "Effect": "Allow", "Principal": {"Service": "sagemaker.amazonaws.com"}}
     assert "ManagedPolicyArns" not in role
     found = policy_of_role(default.data, role_id)
     by_action = {a: s for s in found for a in as_list(s["Action"])}
