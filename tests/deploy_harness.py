@@ -24,6 +24,7 @@ from cfn_local import REGION, STACK_ID, LocalDeployment, Template
 from local_lambda import LocalLambda
 
 BUILD_STEP = "triton_mme_cdk.model_build.handler.build_step"
+PLACE_STEP = "triton_mme_cdk.model_build.handler.place_step"
 ON_EVENT = "triton_mme_cdk.model_build.handler.on_event"
 IS_COMPLETE = "triton_mme_cdk.model_build.handler.is_complete"
 RESOURCE_TYPE = "Custom::TritonModelRelease"

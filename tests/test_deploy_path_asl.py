@@ -21,6 +21,7 @@ from asl_moto import STATE_PAYLOAD_LIMIT, payload_bytes, wait_for
 from cfn_local import Resolver
 from deploy_harness import (
     BUILD_STEP,
+    PLACE_STEP,
     LocalAws,
     Templates,
     cfn_request,
@@ -84,7 +85,10 @@ def _history_payloads(states: Any, execution_arn: str) -> dict[str, int]:
 
 
 def _build_events(aws: LocalAws, step: str) -> list[Any]:
-    return [call for call in aws.runtime.invocations(BUILD_STEP) if call.event.get("Step") == step]
+    """The state machine's task invocations of ``step``: ``finish`` on the placing function, the
+    others on the build function."""
+    return [call for call in aws.runtime.invocations(PLACE_STEP if step == "finish" else BUILD_STEP)
+            if call.event.get("Step") == step]
 
 
 def test_the_definitions_differ_only_in_the_settings_they_carry(templates: Templates) -> None:
@@ -242,7 +246,7 @@ def _stored_unit_stand_in(event: dict[str, Any], context: Any, real: Any) -> Any
         return real(event, context)
     if event["Step"] == "build":
         return {"Model": event["Model"], "Key": event["Key"], "Built": True}
-    request = build_steps._item_request(event)
+    request = build_steps.item_request(event)
     return request.data(SCALE)
 
 
@@ -252,6 +256,7 @@ def test_several_thousand_models_keep_every_state_under_the_payload_limit(
     manifest = scale_manifest(tmp_path / "models.yaml", SCALE)
     deployment = aws.deploy(templates.get(manifest))
     aws.runtime.stand_in(BUILD_STEP, _stored_unit_stand_in)
+    aws.runtime.stand_in(PLACE_STEP, _stored_unit_stand_in)
     _, started, described = _build(aws, deployment, timeout_s=300)
     assert described["status"] == "SUCCEEDED", (described.get("error"), described.get("cause"))
     builds = _build_events(aws, "build")

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from asl_moto import wait_for
-from deploy_harness import BUILD_STEP, LocalAws, Templates, cfn_request, local_aws, tiny_manifest
+from deploy_harness import BUILD_STEP, PLACE_STEP, LocalAws, Templates, cfn_request, local_aws, tiny_manifest
 from processing_local import CAPACITY_REASON, LocalProcessing, job_request, processing_jobs
 
 from triton_mme_cdk.model_build import handler
@@ -165,7 +165,7 @@ def _fails_and_keeps_serving(aws: LocalAws, first: Any, request: dict[str, Any],
     props = update["ResourceProperties"]
     routes = read_routes(second.s3, props["ModelBucket"], "models")
     assert routes is not None and routes.release_id == served, "the previous routes keep serving"
-    assert not _steps(aws, "finish"), "no release is assembled"
+    assert not _steps(aws, "finish") and not aws.runtime.invocations(PLACE_STEP), "no release is assembled"
     return str(caught.value)
 
 

@@ -591,7 +591,7 @@ def test_on_event_starts_the_build_and_is_complete_polls_it_until_the_index_exis
     items = json.loads(s3.get_object(Bucket=bucket, Key=plan["Key"])["Body"].read())
     for item in items:
         handler.build_step({"Step": "build", "Request": props, **item})
-    handler.build_step({"Step": "finish", "Request": props})
+    handler.place_step({"Step": "finish", "Request": props})
     done = handler.is_complete(polled)
     assert done["IsComplete"] is True and done["Data"]["ModelCount"] == "2"  # tiny-0 has 2 copies
     # The same release again starts no execution: its index exists.
@@ -622,7 +622,7 @@ def test_a_build_that_ends_while_is_complete_polls_completes_the_resource(
         writes the index and the execution reads SUCCEEDED from then on."""
 
         def describe_execution(self, executionArn: str) -> dict[str, Any]:
-            handler.build_step({"Step": "finish", "Request": props})
+            handler.place_step({"Step": "finish", "Request": props})
             return dict(real_states().describe_execution(executionArn=executionArn), status="SUCCEEDED")
 
     monkeypatch.setattr(custom_resource, "_states", EndsNow)
@@ -753,7 +753,7 @@ def test_every_s3_call_of_a_create_and_an_update_is_granted_by_the_default_stack
         plan = handler.build_step({"Step": "plan", "Request": props})
         for item in json.loads(s3.get_object(Bucket=model_bucket, Key=plan["Key"])["Body"].read()):
             handler.build_step({"Step": "build", "Request": props, **item})
-        handler.build_step({"Step": "finish", "Request": props})
+        handler.place_step({"Step": "finish", "Request": props})
         done = handler.is_complete(dict(event, PhysicalResourceId=started["PhysicalResourceId"],
                                         Data=started["Data"]))
         assert done["IsComplete"] is True

@@ -1,7 +1,9 @@
-"""The build state machine's function, ``build_step``: ``plan`` (the Map's item source: the models
-whose key is not stored), ``build`` (one model per Map item, built and stored; a failure records
-the model's name and reason for ``is_complete``) and ``finish`` (the release assembled from the
-store, its index written last).
+"""The build state machine's build function, ``build_step``, under the build role (it writes
+only ``_builds/``, ``_plans/`` and ``_jobs/``): ``plan`` (the Map's item source: the models whose
+key is not stored) and ``build`` (one model per Map item, built and stored; a failure records the
+model's name and reason for ``is_complete``), and a Processing job's ``store_job`` and
+``job_failed``. The release is placed by another function under another role
+(:mod:`model_build.handler.place`).
 
 The failure record is this module's: the steps write it under ``<prefix>/_plans/`` and
 ``is_complete`` reads it back (:func:`recorded_failure`) to name the failing model.
@@ -22,13 +24,7 @@ from triton_mme_cdk.model_build.handler.request import (
     s3_client,
     short_error,
 )
-from triton_mme_cdk.model_build.handler.units import (
-    build_and_store,
-    computed_release,
-    model_key,
-    model_keys,
-    write_index,
-)
+from triton_mme_cdk.model_build.handler.units import build_and_store, model_key, model_keys
 from triton_mme_cdk.model_build.release.identity import PLANS_DIR
 
 #: The failure record's body while no model of the current attempt has failed (the plan writes it).
@@ -39,7 +35,8 @@ NO_FAILURE = b'{"model": null, "reason": null}'
 # ----------------------------------------------------------------------------------------------
 
 
-def _item_request(event: Mapping[str, Any]) -> Request:
+def item_request(event: Mapping[str, Any]) -> Request:
+    """The resource properties a state machine task carries (``Request``), as a request."""
     props = event.get("Request")
     if not isinstance(props, dict):
         raise HandlerError(f"field Request: got {type(props).__name__}; expected the resource properties")
@@ -57,7 +54,7 @@ def build_item(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
     try:
         from triton_mme_cdk.model_build.release.store import is_stored
 
-        request = _item_request(event)
+        request = item_request(event)
         s3 = s3_client()
         manifest = load_manifest(s3, request)
         name = event.get("Model")
@@ -84,28 +81,14 @@ def build_item(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
 
 def build_step(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
     """The build function's one entry point, for the state machine: ``Step`` is ``plan``,
-    ``build`` (one Map item on the Lambda), ``store_job`` / ``job_failed`` (after a Map item's
-    Processing job) or ``finish``."""
-    steps = {"plan": plan_items, "build": build_item, "finish": finish_release,
-             "store_job": store_job, "job_failed": job_failed}
+    ``build`` (one Map item on the Lambda) or ``store_job`` / ``job_failed`` (after a Map item's
+    Processing job). ``finish`` is the placing function's (:func:`model_build.handler.place.place_step`),
+    under the role that writes ``served/``: this one writes only ``_builds/``, ``_plans/`` and ``_jobs/``."""
+    steps = {"plan": plan_items, "build": build_item, "store_job": store_job, "job_failed": job_failed}
     step = event.get("Step")
     if step not in steps:
         raise HandlerError(f"field Step: got {step!r}; expected one of {', '.join(steps)}")
     return steps[str(step)](event, context)
-
-
-def finish_release(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
-    """The final step: ``{"Request": <resource properties>}``; assembles the release from the
-    store and writes its index. A model not stored fails it, naming the model."""
-    LOG.info("finish_release")
-    try:
-        request = _item_request(event)
-        s3 = s3_client()
-        manifest = load_manifest(s3, request)
-        write_index(s3, request, manifest, computed_release(manifest))
-        return request.data(manifest.target_count)
-    except (HandlerError, ModelBuildError) as error:
-        raise short_error(error) from None
 
 
 def plan_items(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
@@ -115,7 +98,7 @@ def plan_items(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
     from triton_mme_cdk.model_build.release.store import stored_keys
 
     try:
-        request = _item_request(event)
+        request = item_request(event)
         s3 = s3_client()
         manifest = load_manifest(s3, request)
         keys = model_keys(manifest)
@@ -176,7 +159,7 @@ def store_job(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
     try:
         from triton_mme_cdk.model_build.handler.processing import job_prefix, store_unit
 
-        request = _item_request(event)
+        request = item_request(event)
         s3 = s3_client()
         job = event.get("Job")
         if not isinstance(job, dict) or not isinstance(job.get("Output"), str):
@@ -204,7 +187,7 @@ def job_failed(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
     retries with backoff (the reason stays recorded if every retry fails too)."""
     from triton_mme_cdk.model_build.handler.processing import ProcessingCapacityError, failure_reason
 
-    request = _item_request(event)
+    request = item_request(event)
     model = str(event.get("Model"))
     reason, capacity = failure_reason(model, event.get("Error"), event.get("Cause"))
     LOG.info("job_failed %s: %s", model, reason)

@@ -97,6 +97,10 @@ class ReleaseTarget:
     #: Called with the release's index entries before anything is copied or written: a check that
     #: raises (the fit of the footprints on the fleet) stops the release with nothing published.
     check: Callable[[Sequence[Mapping[str, Any]]], None] | None = None
+    #: Called with the objects a release is about to copy into the served prefix (those not there
+    #: already), before any is copied: a check that raises (the placing step's own hash and the
+    #: pre-publish gate on each stored tarball) stops the release with nothing copied.
+    admit: Callable[[Sequence[S3Object]], None] | None = None
 
     @classmethod
     def of(cls, release: Release, s3_client: Any, bucket: str, model_prefix: str, **options: Any) -> ReleaseTarget:
@@ -205,6 +209,11 @@ def assemble_release(models: Sequence[StoredModel], target: ReleaseTarget) -> Pu
     references: list[dict[str, Any]] = []
     for model, store in zip(models, stores, strict=True):
         entry = store["models"][0]
+        stored_at = f"{store_prefix(model_prefix, model.key)}/{STORE_TARGET}.tar.gz"
+        if entry.get("key") != stored_at:
+            # The store's index is the build's word: what it names is placed only from the key's own folder.
+            raise PublishError(f"the stored build of key {model.key} names {str(entry.get('key'))[:200]!r}; a "
+                               f"stored tarball is {stored_at!r}, nothing else is placed", model=model.name)
         for logical in model.targets:
             name = served_name(logical, entry["sha256"])
             key = f"{served}/{name}"
@@ -224,6 +233,8 @@ def assemble_release(models: Sequence[StoredModel], target: ReleaseTarget) -> Pu
     # What the routed release serves was checked when it was routed: an object it routes under the
     # same name, listed with the same size, is skipped without a HEAD (the others are checked).
     pending = [obj for obj in objects if not (routed.get(obj.key) == obj.sha256 and listing.get(obj.key) == obj.size)]
+    if target.admit is not None:
+        target.admit([obj for obj in pending if listing.get(obj.key) is None])
     counts, worker = copy_served(s3_client, bucket, pending, listing, concurrency)
     counts["skipped"] += len(objects) - len(pending)
     if target.progress is not None:
