@@ -27,6 +27,7 @@ from aws_cdk import aws_sns as sns
 
 from constructs import Construct
 from triton_mme_cdk.constructs.alarm_topic import AlarmTopic, AlarmTopicProps
+from triton_mme_cdk.constructs.bucket_guard import BUILD_FOLDERS, PLACED_FOLDERS
 from triton_mme_cdk.constructs.deployed_record import deployed_record
 from triton_mme_cdk.constructs.endpoint_alarms import EndpointAlarms, EndpointAlarmsProps
 from triton_mme_cdk.constructs.endpoint_autoscaling import EndpointAutoscaling, EndpointAutoscalingProps
@@ -51,14 +52,7 @@ from triton_mme_cdk.model_build.errors import ManifestError
 from triton_mme_cdk.model_build.manifest import Manifest, load_manifest
 from triton_mme_cdk.model_build.package.tensorrt_plans import tensorrt_plan_problem, tensorrt_plan_unchecked
 from triton_mme_cdk.model_build.release import PACKAGE_DIR, routes_key, served_prefix
-from triton_mme_cdk.model_build.release.identity import (
-    BUILDS_DIR,
-    JOBS_DIR,
-    PLANS_DIR,
-    RELEASES_DIR,
-    ROUTES_KEY_NAME,
-    SERVED_DIR,
-)
+from triton_mme_cdk.model_build.release.identity import JOBS_DIR
 from triton_mme_cdk.model_build.text_ensemble.container import namespacing_problem
 from triton_mme_cdk.model_build.text_ensemble.serving_wheel import serving_python_problem
 from triton_mme_cdk.model_build.text_ensemble.shm import shm_problem
@@ -347,11 +341,11 @@ class TritonMultiModelEndpoint(EndpointMetrics, Construct):
         self.model_bucket.expire("ExpireBuildJobFolders", jobs, Duration.days(JOB_FOLDER_DAYS))
         # The build role parses the model sources: it writes the store, the plans and the jobs' inputs only.
         self.model_bucket.grant_read(build.build_role, prefix)
-        for folder in (BUILDS_DIR, PLANS_DIR, JOBS_DIR):
+        for folder in (*BUILD_FOLDERS, JOBS_DIR):
             self.model_bucket.grant_write(build.build_role, under(folder))
         # The placing role places and routes: served/, the release indexes and the routes.
         self.model_bucket.grant_read(build, prefix)
-        for folder in (SERVED_DIR, RELEASES_DIR, ROUTES_KEY_NAME.partition("/")[0]):
+        for folder in PLACED_FOLDERS:
             self.model_bucket.grant_write(build, under(folder))
         self.model_bucket.grant_tag(build, prefix)
         # Unrouted served objects are deleted after the retention window; destroy removes more.
