@@ -17,8 +17,6 @@ import io
 import json
 import tarfile
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +29,10 @@ from deploy_harness import (
     ON_EVENT,
     PLACE_STEP,
     LocalAws,
+    S3CallsByFunction,
     Templates,
     cfn_request,
+    function_roles,
     local_aws,
     tiny_manifest,
 )
@@ -64,54 +64,7 @@ def aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
         yield local
 
 
-class Recorder:
-    """Every S3 call of the handlers, with the function it was made for: a function's clients are
-    made while it runs (``s3_client()`` at the start of each handler), so each client is tagged
-    with the function running on its thread then, and its calls (pool threads included) with it."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, aws: LocalAws) -> None:
-        import triton_mme_cdk.model_build.aws_clients as aws_clients
-
-        self.runtime = aws.runtime
-        self.calls: list[tuple[str | None, str, dict[str, Any]]] = []
-        self._running = threading.local()
-        real_run, real_make = self.runtime._run_python, aws_clients.make_s3_client
-
-        def run(function: Any, event: dict[str, Any]) -> Any:
-            self._running.name = function.name
-            try:
-                return real_run(function, event)
-            finally:
-                self._running.name = None
-
-        def make(**kwargs: Any) -> Any:
-            client = real_make(**kwargs)
-            owner = getattr(self._running, "name", None)
-            client.meta.events.register("provide-client-params.s3.*",
-                                        lambda params, model, **_: self.calls.append((owner, model.name, dict(params))))
-            return client
-
-        monkeypatch.setattr(self.runtime, "_run_python", run)
-        monkeypatch.setattr(aws_clients, "make_s3_client", make)
-
-    @contextmanager
-    def running(self, handler_path: str) -> Iterator[None]:
-        """A handler the test calls itself (the provider framework's calls), as its function."""
-        self._running.name = self.runtime.function(handler_path).name
-        try:
-            yield
-        finally:
-            self._running.name = None
-
-
-def _roles(deployment: Any) -> dict[str, str]:
-    """``function name -> role logical id`` of every function of the template."""
-    template = deployment.template
-    return {deployment.resolver.ref(logical_id): function["Properties"]["Role"]["Fn::GetAtt"][0]
-            for logical_id, function in template.of_type("AWS::Lambda::Function").items()}
-
-
-def _run(aws: LocalAws, recorder: Recorder, deployment: Any) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+def _run(aws: LocalAws, recorder: S3CallsByFunction, deployment: Any) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """``on_event`` as the provider framework calls it, the execution run to its end."""
     props = deployment.custom_resource_properties()
     request = cfn_request("Create", props, physical_id=None)
@@ -125,7 +78,7 @@ def test_each_step_makes_only_the_s3_calls_its_own_role_is_allowed(
         templates: Templates, aws: LocalAws, monkeypatch: pytest.MonkeyPatch) -> None:
     template = templates.get(tiny_manifest(3))
     deployment = aws.deploy(template)
-    recorder = Recorder(monkeypatch, aws)
+    recorder = S3CallsByFunction(monkeypatch, aws.runtime)
     request, started, described = _run(aws, recorder, deployment)
     assert described["status"] == "SUCCEEDED", (described.get("error"), described.get("cause"))
     with recorder.running(IS_COMPLETE):
@@ -133,7 +86,7 @@ def test_each_step_makes_only_the_s3_calls_its_own_role_is_allowed(
     assert done["IsComplete"] is True
 
     data = template.data
-    roles = _roles(deployment)
+    roles = function_roles(deployment)
     build_role, place_role = roles[aws.runtime.function(BUILD_STEP).name], roles[aws.runtime.function(PLACE_STEP).name]
     assert build_role != place_role and roles[aws.runtime.function(ON_EVENT).name] == place_role
     assert roles[aws.runtime.function(IS_COMPLETE).name] == place_role
@@ -236,7 +189,7 @@ def test_the_placing_step_gates_each_stored_tarball_again_and_places_nothing_for
         how: str, says: str, templates: Templates, aws: LocalAws, monkeypatch: pytest.MonkeyPatch,
         tmp_path: Path) -> None:
     deployment = aws.deploy(templates.get(tiny_manifest(2)))
-    recorder = Recorder(monkeypatch, aws)
+    recorder = S3CallsByFunction(monkeypatch, aws.runtime)
     aws.runtime.stand_in(BUILD_STEP, _forge(how, tmp_path))
     request, started, described = _run(aws, recorder, deployment)
     assert described["status"] == "FAILED", described
