@@ -80,7 +80,7 @@ class ModelBuildResource(Construct):
     asynchronous pattern: ``on_event`` starts the build state machine
     (:class:`ModelBuildStateMachine`: plan, a Distributed Map that builds each model whose key is
     not stored in its own run of a third function, ``build_step``, then the release assembled by
-    server-side copies), then the Provider's waiter calls ``is_complete`` every
+    server-side copies in a fourth, ``place_step``), then the Provider's waiter calls ``is_complete`` every
     ``query_interval`` until the release index exists, the execution fails (the failing model is
     named) or ``total_timeout`` passes. A build therefore neither hangs nor fails silently, and
     only a single model must fit one Lambda run.
