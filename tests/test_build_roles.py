@@ -210,3 +210,36 @@ def test_each_function_takes_only_its_own_steps(aws: LocalAws) -> None:
         handler.build_step({"Step": "finish", "Request": {}})
     with pytest.raises(handler.HandlerError, match="field Step: got 'build'; expected finish"):
         handler.place_step({"Step": "build", "Request": {}})
+
+
+def test_the_placing_step_reads_tarballs_at_once_only_within_its_disk_budget() -> None:
+    from triton_mme_cdk.model_build.handler.place import _DiskBudget
+
+    budget, order = _DiskBudget(10), []
+    first_in, release_first = threading.Event(), threading.Event()
+
+    def first() -> None:
+        with budget.hold(6):
+            order.append("first in")
+            first_in.set()
+            release_first.wait(5)
+            order.append("first out")
+
+    def second() -> None:
+        first_in.wait(5)
+        with budget.hold(6):  # 6 + 6 > 10: waits for the first
+            order.append("second in")
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    first_in.wait(5)
+    threads[1].join(0.2)
+    assert order == ["first in"], "the second waits while the first holds its bytes"
+    release_first.set()
+    for thread in threads:
+        thread.join(5)
+    assert order == ["first in", "first out", "second in"]
+    with budget.hold(50):  # larger than the budget: it runs, alone
+        assert budget.used == 50
+    assert budget.used == 0

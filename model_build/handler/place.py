@@ -15,8 +15,10 @@ says anything. So before a stored tarball is placed, this step (:func:`admit_sto
    back with S3's own SHA-256 checksum of the copied bytes equal to that digest: the bytes placed
    are the bytes gated, even if the store were written again between the read and the copy.
 
-Only objects not yet in the served prefix are read (an unchanged model costs nothing), and the
-store index may name only its own key's tarball (``assemble_release``).
+Only objects not yet in the served prefix are read (an unchanged model costs nothing), several
+at once within a disk budget, and the store index may name only its own key's tarball
+(``assemble_release``). The Finish task is one Lambda run (15 minutes): a first release of many
+new models reads all their tarballs there.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ import hashlib
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +46,9 @@ from triton_mme_cdk.model_build.handler.units import computed_release, write_ind
 
 #: Bytes read at a time from a stored tarball.
 READ_BLOCK = 1024 * 1024
+#: Stored tarballs read and gated at once, and the bytes they may hold on disk together.
+ADMIT_WORKERS = 8
+ADMIT_DISK_BUDGET = 4 * 1024**3
 
 
 def place_step(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
@@ -72,14 +79,23 @@ def finish_release(event: dict[str, Any], context: Any = None) -> dict[str, Any]
 def admit_stored(s3: Any, bucket: str, objects: Sequence[Any]) -> None:
     """Read each stored tarball the release is about to place (once per stored key), check its
     SHA-256 and size against the digest it is placed under, and run the pre-publish gate on it.
-    Raises a :class:`ModelBuildError` naming the model; nothing is copied then."""
+    Raises a :class:`ModelBuildError` naming the model; nothing is copied then.
+
+    Several at once (:data:`ADMIT_WORKERS`), as long as the tarballs on disk together stay within
+    :data:`ADMIT_DISK_BUDGET` (a larger one is read alone): the Lambda's ``/tmp`` holds 10 GB."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    unique = list({obj.source_key: obj for obj in objects if obj.source_key is not None}.values())
+    budget = _DiskBudget(ADMIT_DISK_BUDGET)
+    with ThreadPoolExecutor(max_workers=ADMIT_WORKERS, thread_name_prefix="admit") as pool:
+        for future in [pool.submit(_admit_one, s3, bucket, obj, budget) for obj in unique]:
+            future.result()
+
+
+def _admit_one(s3: Any, bucket: str, obj: Any, budget: _DiskBudget) -> None:
     from triton_mme_cdk.model_build.package.gate import check_repository
 
-    seen: set[str] = set()
-    for obj in objects:
-        if obj.source_key is None or obj.source_key in seen:
-            continue
-        seen.add(obj.source_key)
+    with budget.hold(int(obj.size)):
         work = Path(tempfile.mkdtemp(prefix="place-", dir=os.environ.get("TMPDIR")))
         try:
             path = work / "model.tar.gz"
@@ -93,6 +109,26 @@ def admit_stored(s3: Any, bucket: str, objects: Sequence[Any]) -> None:
             LOG.info("admitted %s (%s, sha256 %s...)", obj.source_key, obj.model, sha256[:12])
         finally:
             shutil.rmtree(work, ignore_errors=True)
+
+
+class _DiskBudget:
+    """Bytes on disk at once: a hold waits until its bytes fit (one larger than all waits for none)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.used = limit, 0
+        self._changed = threading.Condition()
+
+    @contextmanager
+    def hold(self, size: int) -> Iterator[None]:
+        with self._changed:
+            self._changed.wait_for(lambda: self.used == 0 or self.used + size <= self.limit)
+            self.used += size
+        try:
+            yield
+        finally:
+            with self._changed:
+                self.used -= size
+                self._changed.notify_all()
 
 
 def _download(s3: Any, bucket: str, key: str, path: Path, *, model: str) -> tuple[str, int]:
