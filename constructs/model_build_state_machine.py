@@ -16,13 +16,16 @@ does not grow with the manifest.
   ``ResultPath`` says; at about 100 bytes a result, some 2,600 models would fail the Map after
   every one of them was built (``tests/test_deploy_path_asl.py``). ``{}`` takes 3 bytes: the
   limit is then past 80,000 models, more than a 2 MiB manifest can name.
-- ``Finish`` assembles the release from the store (server-side copies) and writes its index.
+- In each item, after its build, ``PlaceModel`` (``PlaceJobModel`` after a Processing job) checks
+  the stored tarball again under the placing role and copies it under its served names.
+- ``Finish`` assembles the release from the store (server-side copies, skipped for what the items
+  placed) and writes its index.
 
 ``Plan`` and the Map's tasks invoke the build function (``model_build.handler.build_step``,
 the build role: it parses the model sources and writes only ``_builds/``, ``_plans/`` and
-``_jobs/``); ``Finish`` invokes the placing function (``model_build.handler.place_step``, the
-placing role: it gates each stored tarball again before it writes ``served/`` and
-``_releases/``). Every task retries on Lambda throttling and transient service errors with
+``_jobs/``); each item's ``PlaceModel`` (after its build) and ``Finish`` invoke the placing
+function (``model_build.handler.place_step``, the placing role: it gates each stored tarball
+again before it writes ``served/``; ``Finish`` writes the release's index under ``_releases/``). Every task retries on Lambda throttling and transient service errors with
 jittered backoff; the state machine's role may invoke those two functions only.
 """
 
@@ -159,19 +162,25 @@ class ModelBuildStateMachine(Construct):
         """One Map item: the Lambda builds it, or (``Engine`` processing) a Processing job builds it
         and the Lambda stores its unit. A failed job's reason is recorded (``job_failed``); a job
         without capacity is retried with backoff, the whole branch again under a new job name."""
-        on_lambda = self._invoke("BuildModel", None, output_path=sfn.JsonPath.DISCARD)
+        item = {"Request.$": "$.Request", "Model.$": "$.Model", "Key.$": "$.Key"}
+        place_function = self.props.place_function or self._function
+        # After its build, the item's tarball is checked again and placed under the placing role.
+        on_lambda = self._invoke("BuildModel", None, result_path=sfn.JsonPath.DISCARD).next(self._invoke(
+            "PlaceModel", {"Step": "place", **item}, function=place_function, output_path=sfn.JsonPath.DISCARD))
         processing = self.props.processing
         if processing is None:
             return on_lambda
-        item = {"Request.$": "$.Request", "Model.$": "$.Model", "Key.$": "$.Key"}
         job = processing.task(self, "RunBuildJob")
         job.add_catch(self._invoke("JobFailed", {"Step": "job_failed", **item, "Error.$": "$.JobError.Error",
                                                  "Cause.$": "$.JobError.Cause"}),
                       errors=["States.ALL"], result_path="$.JobError")
-        store = self._invoke("StoreBuild", {"Step": "store_job", **item, "Job.$": "$.Job"})
+        store = self._invoke("StoreBuild", {"Step": "store_job", **item, "Job.$": "$.Job"},
+                             result_path=sfn.JsonPath.DISCARD)
+        place = self._invoke("PlaceJobModel", {"Step": "place", **item}, function=place_function)
         on_processing = sfn.Parallel(self, "BuildOnProcessing", output_path=sfn.JsonPath.DISCARD,
-                                     comment="A Processing job builds the model; the Lambda stores its unit")
-        on_processing.branch(job.next(store))
+                                     comment="A Processing job builds the model; the Lambda stores its unit; the "
+                                     "placing function checks and places it")
+        on_processing.branch(job.next(store).next(place))
         on_processing.add_retry(errors=[NO_CAPACITY_ERROR], interval=CAPACITY_RETRY_INTERVAL,
                                 max_attempts=CAPACITY_RETRY_ATTEMPTS, backoff_rate=2, jitter_strategy=sfn.JitterType.FULL)
         return sfn.Choice(self, "WhereItBuilds").when(

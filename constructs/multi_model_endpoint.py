@@ -52,7 +52,7 @@ from triton_mme_cdk.model_build.errors import ManifestError
 from triton_mme_cdk.model_build.manifest import Manifest, load_manifest
 from triton_mme_cdk.model_build.package.tensorrt_plans import tensorrt_plan_problem, tensorrt_plan_unchecked
 from triton_mme_cdk.model_build.release import PACKAGE_DIR, routes_key, served_prefix
-from triton_mme_cdk.model_build.release.identity import JOBS_DIR
+from triton_mme_cdk.model_build.release.identity import JOBS_DIR, PLANS_DIR
 from triton_mme_cdk.model_build.text_ensemble.container import namespacing_problem
 from triton_mme_cdk.model_build.text_ensemble.serving_wheel import serving_python_problem
 from triton_mme_cdk.model_build.text_ensemble.shm import shm_problem
@@ -343,9 +343,10 @@ class TritonMultiModelEndpoint(EndpointMetrics, Construct):
         self.model_bucket.grant_read(build.build_role, prefix)
         for folder in (*BUILD_FOLDERS, JOBS_DIR):
             self.model_bucket.grant_write(build.build_role, under(folder))
-        # The placing role places and routes: served/, the release indexes and the routes.
+        # The placing role places and routes: served/, the release indexes and the routes (and the
+        # failure record of a model it refuses to place, under _plans/).
         self.model_bucket.grant_read(build, prefix)
-        for folder in PLACED_FOLDERS:
+        for folder in (*PLACED_FOLDERS, PLANS_DIR):
             self.model_bucket.grant_write(build, under(folder))
         self.model_bucket.grant_tag(build, prefix)
         # Unrouted served objects are deleted after the retention window; destroy removes more.

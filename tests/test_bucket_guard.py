@@ -149,8 +149,8 @@ CHANGES = ("s3:PutObject", "s3:DeleteObject", "s3:DeleteObjectVersion", "s3:PutO
 @pytest.mark.parametrize("key", SERVING_KEYS)
 def test_the_placing_role_writes_and_deletes_what_the_fleet_serves(account: Account, key: str) -> None:
     place = account.role("ModelBuildRole")
-    # The placing role writes what the fleet serves; the store and the plans are the build's.
-    expected = "Allow" if key.split("/")[1] in ("served", "_routes", "_releases") else "ImplicitDeny"
+    # The placing role writes what the fleet serves (and a failure record under _plans/); the store is the build's.
+    expected = "Allow" if key.split("/")[1] in ("served", "_routes", "_releases", "_plans") else "ImplicitDeny"
     assert account.decide(place, "s3:PutObject", key) == expected
     assert account.decide(place, "s3:PutObjectTagging", key) == "Allow"
     if key.startswith("models/served/"):

@@ -121,6 +121,9 @@ def test_each_step_makes_only_the_s3_calls_its_own_role_is_allowed(
                 if action == "s3:PutObject":
                     writes.add((role, resource.split("/")[2]))
     assert denied == [], "\n".join(sorted(set(denied)))
+    # Each item was placed by its own placing task, the release finished by one.
+    steps = sorted(call.event["Step"] for call in aws.runtime.invocations(PLACE_STEP))
+    assert steps == ["finish", "place", "place", "place"], steps
     # The step that parses the sources wrote the store and the plans only; the placing step what is served.
     assert {folder for role, folder in writes if role == build_role} == {"_builds", "_plans"}, writes
     assert {folder for role, folder in writes if role == place_role} == set(PLACED), writes
@@ -193,12 +196,15 @@ def test_the_placing_step_gates_each_stored_tarball_again_and_places_nothing_for
     aws.runtime.stand_in(BUILD_STEP, _forge(how, tmp_path))
     request, started, described = _run(aws, recorder, deployment)
     assert described["status"] == "FAILED", described
-    (finish,) = [call for call in aws.runtime.invocations(PLACE_STEP)]
-    assert finish.outcome == "error" and "unit-00" in finish.result["errorMessage"], finish.result
-    assert says in finish.result["errorMessage"], finish.result
+    # The item's own placing task refuses it; the Map fails, and no release is finished.
+    placed = {call.event["Model"]: call for call in aws.runtime.invocations(PLACE_STEP) if call.event["Step"] == "place"}
+    refused = placed["unit-00"]
+    assert refused.outcome == "error" and "unit-00" in refused.result["errorMessage"], refused.result
+    assert says in refused.result["errorMessage"], refused.result
+    assert not [call for call in aws.runtime.invocations(PLACE_STEP) if call.event["Step"] == "finish"]
     props = request["ResourceProperties"]
-    served = deployment.s3.list_objects_v2(Bucket=props["ModelBucket"], Prefix="models/served/")
-    assert served.get("KeyCount", 0) == 0, "nothing placed: the check runs before any copy"
+    served = deployment.s3.list_objects_v2(Bucket=props["ModelBucket"], Prefix="models/served/unit-00")
+    assert served.get("KeyCount", 0) == 0, "nothing of it placed: the check runs before any copy"
     assert read_index(deployment.s3, props["ModelBucket"], f"models/_releases/{props['ReleaseId']}/_index.json") is None
     with recorder.running(IS_COMPLETE), pytest.raises(handler.HandlerError) as caught:
         handler.is_complete(dict(request, PhysicalResourceId=started["PhysicalResourceId"], Data=started["Data"]))
@@ -208,7 +214,7 @@ def test_the_placing_step_gates_each_stored_tarball_again_and_places_nothing_for
 def test_each_function_takes_only_its_own_steps(aws: LocalAws) -> None:
     with pytest.raises(handler.HandlerError, match="field Step: got 'finish'; expected one of plan, build"):
         handler.build_step({"Step": "finish", "Request": {}})
-    with pytest.raises(handler.HandlerError, match="field Step: got 'build'; expected finish"):
+    with pytest.raises(handler.HandlerError, match="field Step: got 'build'; expected place or finish"):
         handler.place_step({"Step": "build", "Request": {}})
 
 

@@ -548,14 +548,16 @@ def test_build_state_machine_plans_maps_and_finishes(default: Synth) -> None:
     # Each item builds on the Lambda, or in a Processing job whose unit the Lambda stores
     # (tests/test_processing_build.py reads that branch).
     item_states = build_map["ItemProcessor"]["States"]
-    assert set(item_states) == {"WhereItBuilds", "BuildModel", "BuildOnProcessing"}
+    assert set(item_states) == {"WhereItBuilds", "BuildModel", "PlaceModel", "BuildOnProcessing"}
     (branch,) = item_states["BuildOnProcessing"]["Branches"]
     place_fn = logical_id(default, "ModelBuild/Place/Resource")
-    tasks = [states["Plan"], states["Finish"], item_states["BuildModel"],
-             branch["States"]["StoreBuild"], branch["States"]["JobFailed"]]
+    placing = [states["Finish"], item_states["PlaceModel"], branch["States"]["PlaceJobModel"]]
+    tasks = [states["Plan"], item_states["BuildModel"], branch["States"]["StoreBuild"],
+             branch["States"]["JobFailed"], *placing]
     for task in tasks:
-        # Finish places the release under the placing role; the build steps under the build role.
-        assert task["Resource"] == f"<{place_fn if task is states['Finish'] else build_fn}.Arn>"
+        # Each item is placed, and the release finished, under the placing role; the build steps
+        # under the build role.
+        assert task["Resource"] == f"<{place_fn if any(task is p for p in placing) else build_fn}.Arn>"
         (retry,) = task["Retry"]
         assert set(retry["ErrorEquals"]) == {
             "Lambda.TooManyRequestsException", "Lambda.ServiceException", "Lambda.AWSLambdaException",
@@ -566,8 +568,12 @@ def test_build_state_machine_plans_maps_and_finishes(default: Synth) -> None:
     assert states["Plan"]["Parameters"] == {"Step": "plan", "Request.$": "$.Request"}
     assert states["Plan"]["ResultPath"] == "$.Plan"
     assert states["Finish"]["Parameters"] == {"Step": "finish", "Request.$": "$.Request"}
-    # Each child's output is discarded: the Map's collected outputs stay far under 256 KiB.
-    assert build_map["ItemProcessor"]["States"]["BuildModel"]["OutputPath"] is None
+    # After its build, each item is placed; the child's output is discarded: the Map's collected
+    # outputs stay far under 256 KiB.
+    assert item_states["BuildModel"]["ResultPath"] is None and item_states["BuildModel"]["Next"] == "PlaceModel"
+    assert item_states["PlaceModel"]["Parameters"] == {"Step": "place", "Request.$": "$.Request",
+                                                       "Model.$": "$.Model", "Key.$": "$.Key"}
+    assert item_states["PlaceModel"]["OutputPath"] is None
     assert definition["TimeoutSeconds"] == 3000
     assert machine["TracingConfiguration"] == {"Enabled": True}
     assert machine["LoggingConfiguration"]["Level"] == "ALL"
@@ -617,7 +623,8 @@ def test_build_role_is_scoped(default: Synth) -> None:
         return {json.dumps(r) for s in statements if action in as_list(s["Action"]) for r in as_list(s["Resource"])}
 
     for action in ("s3:PutObject", "s3:AbortMultipartUpload"):
-        assert resources(found, action) == objects("served", "_routes", "_releases"), action
+        # What is served, and the failure record of a model it refuses to place.
+        assert resources(found, action) == objects("served", "_routes", "_releases", "_plans"), action
     assert resources(found, "s3:PutObjectTagging") == {json.dumps(
         {"Fn::Join": ["", [{"Fn::GetAtt": [bucket, "Arn"]}, "/models/*"]]})}
     # It deletes only served objects that no route has used for the retention window.

@@ -72,7 +72,7 @@ def build_item(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
             try:
                 build_and_store(s3, request, spec, key)
             except Exception as error:
-                _record_failure(s3, request, spec.name, error)
+                record_failure(s3, request, spec.name, error)
                 raise
         return {"Model": spec.name, "Key": key, "Built": built}
     except (HandlerError, ModelBuildError) as error:
@@ -173,7 +173,7 @@ def store_job(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
             store_unit(s3, bucket=request.model_bucket, model_prefix=request.model_prefix, output_uri=job["Output"],
                        model=str(event.get("Model")), key=str(event.get("Key")))
         except Exception as error:
-            _record_failure(s3, request, str(event.get("Model")), error)
+            record_failure(s3, request, str(event.get("Model")), error)
             raise
         return {"Model": event.get("Model"), "Key": event.get("Key"), "Built": True}
     except (HandlerError, ModelBuildError) as error:
@@ -191,7 +191,7 @@ def job_failed(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
     model = str(event.get("Model"))
     reason, capacity = failure_reason(model, event.get("Error"), event.get("Cause"))
     LOG.info("job_failed %s: %s", model, reason)
-    _record_failure(s3_client(), request, model, reason)
+    record_failure(s3_client(), request, model, reason)
     if capacity:
         raise ProcessingCapacityError(reason)
     raise HandlerError(reason)
@@ -224,7 +224,7 @@ def recorded_failure(s3: Any, request: Request) -> str | None:
     return str(reason) if reason else None
 
 
-def _record_failure(s3: Any, request: Request, model: str, error: BaseException | str) -> None:
+def record_failure(s3: Any, request: Request, model: str, error: BaseException | str) -> None:
     """Leave the failing model's reason (an error, or a reason already written) where
     ``is_complete`` finds it: a Distributed Map's own failure says only that an item failed,
     and CloudFormation should name the model."""

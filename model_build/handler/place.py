@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from triton_mme_cdk.model_build.errors import ModelBuildError, PublishError
-from triton_mme_cdk.model_build.handler.build_steps import item_request
+from triton_mme_cdk.model_build.handler.build_steps import item_request, record_failure
 from triton_mme_cdk.model_build.handler.request import (
     LOG,
     HandlerError,
@@ -42,7 +42,7 @@ from triton_mme_cdk.model_build.handler.request import (
     s3_client,
     short_error,
 )
-from triton_mme_cdk.model_build.handler.units import computed_release, write_index
+from triton_mme_cdk.model_build.handler.units import computed_release, model_key, write_index
 
 #: Bytes read at a time from a stored tarball.
 READ_BLOCK = 1024 * 1024
@@ -52,12 +52,44 @@ ADMIT_DISK_BUDGET = 4 * 1024**3
 
 
 def place_step(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
-    """The placing function's one entry point, for the state machine's Finish task (``Step`` is
-    ``finish``): the stored builds checked again, the release assembled, its index written."""
+    """The placing function's one entry point, for the state machine: ``Step`` is ``place`` (a
+    Map item after its build: that model's stored tarball checked again and placed) or
+    ``finish`` (the release assembled, anything not placed yet checked first, its index written)."""
+    steps = {"place": place_item, "finish": finish_release}
     step = event.get("Step")
-    if step != "finish":
-        raise HandlerError(f"field Step: got {step!r}; expected finish (the build steps run in build_step)")
-    return finish_release(event, context)
+    if step not in steps:
+        raise HandlerError(f"field Step: got {step!r}; expected place or finish (the build steps run in build_step)")
+    return steps[str(step)](event, context)
+
+
+def place_item(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
+    """One Map item after its build: ``{"Request", "Model", "Key"}``; the model's stored tarball
+    admitted (:func:`admit_stored`) and copied under its served names, so that the checks of a
+    release's new models run in parallel like their builds (Finish then finds them placed)."""
+    LOG.info("place_item %s %s", event.get("Model"), event.get("Key"))
+    try:
+        from triton_mme_cdk.model_build.release.store import StoredModel, place_stored
+
+        request = item_request(event)
+        s3 = s3_client()
+        manifest = load_manifest(s3, request)
+        name = event.get("Model")
+        spec = next((spec for spec in manifest.models if spec.name == name), None)
+        if spec is None:
+            raise HandlerError(f"field Model: got {name!r}; the manifest has no such model")
+        key = model_key(spec)
+        if event.get("Key") != key:
+            raise HandlerError(f"model {spec.name!r}: planned key {event.get('Key')!r} but this image computes {key!r}")
+        try:
+            copied = place_stored(s3, request.model_bucket, request.model_prefix,
+                                  StoredModel(spec.name, key, tuple(spec.target_names()), spec.format),
+                                  admit=lambda objects: admit_stored(s3, request.model_bucket, objects))
+        except Exception as error:
+            record_failure(s3, request, spec.name, error)  # the Map's own failure names no model
+            raise
+        return {"Model": spec.name, "Key": key, "Placed": copied}
+    except (HandlerError, ModelBuildError) as error:
+        raise short_error(error) from None
 
 
 def finish_release(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
