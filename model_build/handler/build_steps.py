@@ -56,17 +56,7 @@ def build_item(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
 
         request = item_request(event)
         s3 = s3_client()
-        manifest = load_manifest(s3, request)
-        name = event.get("Model")
-        spec = next((spec for spec in manifest.models if spec.name == name), None)
-        if spec is None:
-            raise HandlerError(f"field Model: got {name!r}; the manifest has no such model")
-        key = model_key(spec)
-        if event.get("Key") != key:
-            raise HandlerError(
-                f"model {spec.name!r}: planned key {event.get('Key')!r} but this build image computes "
-                f"{key!r}; the plan and the image come from different code"
-            )
+        spec, key = item_model(event, load_manifest(s3, request))
         built = not is_stored(s3, request.model_bucket, request.model_prefix, key)
         if built:
             try:
@@ -77,6 +67,23 @@ def build_item(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
         return {"Model": spec.name, "Key": key, "Built": built}
     except (HandlerError, ModelBuildError) as error:
         raise short_error(error) from None
+
+
+def item_model(event: Mapping[str, Any], manifest: Any) -> tuple[Any, str]:
+    """The manifest entry a Map item names (``Model``) and its key, which must be the one the
+    item planned (``Key``): otherwise the plan came from other code and storing or placing under
+    it would mislabel the bytes."""
+    name = event.get("Model")
+    spec = next((spec for spec in manifest.models if spec.name == name), None)
+    if spec is None:
+        raise HandlerError(f"field Model: got {name!r}; the manifest has no such model")
+    key = model_key(spec)
+    if event.get("Key") != key:
+        raise HandlerError(
+            f"model {spec.name!r}: planned key {event.get('Key')!r} but this build image computes "
+            f"{key!r}; the plan and the image come from different code"
+        )
+    return spec, key
 
 
 def build_step(event: dict[str, Any], context: Any = None) -> dict[str, Any]:

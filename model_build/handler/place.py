@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from triton_mme_cdk.model_build.errors import ModelBuildError, PublishError
-from triton_mme_cdk.model_build.handler.build_steps import item_request, record_failure
+from triton_mme_cdk.model_build.handler.build_steps import item_model, item_request, record_failure
 from triton_mme_cdk.model_build.handler.request import (
     LOG,
     HandlerError,
@@ -42,7 +42,7 @@ from triton_mme_cdk.model_build.handler.request import (
     s3_client,
     short_error,
 )
-from triton_mme_cdk.model_build.handler.units import computed_release, model_key, write_index
+from triton_mme_cdk.model_build.handler.units import computed_release, write_index
 
 #: Bytes read at a time from a stored tarball.
 READ_BLOCK = 1024 * 1024
@@ -72,14 +72,7 @@ def place_item(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
 
         request = item_request(event)
         s3 = s3_client()
-        manifest = load_manifest(s3, request)
-        name = event.get("Model")
-        spec = next((spec for spec in manifest.models if spec.name == name), None)
-        if spec is None:
-            raise HandlerError(f"field Model: got {name!r}; the manifest has no such model")
-        key = model_key(spec)
-        if event.get("Key") != key:
-            raise HandlerError(f"model {spec.name!r}: planned key {event.get('Key')!r} but this image computes {key!r}")
+        spec, key = item_model(event, load_manifest(s3, request))
         try:
             copied = place_stored(s3, request.model_bucket, request.model_prefix,
                                   StoredModel(spec.name, key, tuple(spec.target_names()), spec.format),
