@@ -249,3 +249,22 @@ def test_the_placing_step_reads_tarballs_at_once_only_within_its_disk_budget() -
     with budget.hold(50):  # larger than the budget: it runs, alone
         assert budget.used == 50
     assert budget.used == 0
+
+
+def test_finish_checks_what_no_item_placed(templates: Templates, aws: LocalAws, tmp_path: Path) -> None:
+    """A model stored earlier and not served now is placed by Finish, not by an item: Finish
+    checks it the same way (a forged store refused, naming the model, nothing copied)."""
+    deployment = aws.deploy(templates.get(tiny_manifest(2)))
+    props = {k: v for k, v in deployment.custom_resource_properties().items() if k != "ServiceToken"}
+    plan = handler.build_step({"Step": "plan", "Request": props})
+    items = json.loads(deployment.s3.get_object(Bucket=plan["Bucket"], Key=plan["Key"])["Body"].read())
+    for item in items:
+        handler.build_step({"Step": "build", "Request": props, **item})
+    key = next(item["Key"] for item in items if item["Model"] == "unit-00")
+    publish_unit(_bad_tarball(tmp_path, "unit-00"), key, s3_client=deployment.s3, bucket=props["ModelBucket"],
+                 model_prefix=props["ModelPrefix"])
+    with pytest.raises(handler.HandlerError) as caught:
+        handler.place_step({"Step": "finish", "Request": props})
+    assert "unit-00" in str(caught.value) and "config.pbtxt" in str(caught.value), caught.value
+    served = deployment.s3.list_objects_v2(Bucket=props["ModelBucket"], Prefix="models/served/")
+    assert served.get("KeyCount", 0) == 0, "nothing copied: every object is checked before any copy"
