@@ -7,14 +7,19 @@ the account with ``s3:PutObject`` on ``*`` could write them; only a bucket-polic
 every principal. Two kinds of statement:
 
 - **Writers** (:func:`writer_denies`): the write and delete actions on the folders of one model
-  prefix that decide what is served (``served/``, ``_routes/``, ``_builds/``, ``_releases/``,
-  ``_plans/``) are denied to every principal whose ``aws:PrincipalArn`` is not one of the named
-  writers: the stack's build role, the bucket's auto-delete role (only with
-  ``bucket_removal_policy: destroy``) and the ``model_publishers`` of the setting. A role's
-  sessions carry the role's ARN in ``aws:PrincipalArn`` (IAM User Guide, global condition keys),
-  so naming a role names all its sessions. A request without the key (anonymous) is denied: a
-  negated operator is true where the key is absent. ``_jobs/`` (the Processing jobs' inputs and
-  outputs) is denied to all but the build and the Processing role.
+  prefix that decide what is served are denied to every principal whose ``aws:PrincipalArn`` is
+  not one of the named writers of that folder:
+
+  - ``served/``, ``_routes/``, ``_releases/``: the stack's placing role (the Finish task,
+    ``on_event``, ``is_complete``), the bucket's auto-delete role (only with
+    ``bucket_removal_policy: destroy``) and the ``model_publishers`` of the setting;
+  - ``_builds/``, ``_plans/``: those and the build role (the code that parses model sources);
+  - ``_jobs/`` (the Processing jobs' inputs and outputs): the placing, build, Processing and
+    auto-delete roles.
+
+  A role's sessions carry the role's ARN in ``aws:PrincipalArn`` (IAM User Guide, global
+  condition keys), so naming a role names all its sessions. A request without the key
+  (anonymous) is denied: a negated operator is true where the key is absent.
 - **Encryption** (:func:`encryption_denies`): a ``PutObject`` (which is also the action of a copy
   and of a multipart upload) that asks for another encryption than SSE-KMS with the stack's key is
   denied: SSE-S3 or DSSE in ``x-amz-server-side-encryption``, ``aws:kms`` without the key's ARN in
@@ -44,8 +49,13 @@ from triton_mme_cdk.model_build.release.identity import (
     SERVED_DIR,
 )
 
+#: The folders of a model prefix whose objects are what the fleet serves: only the placing step writes them.
+PLACED_FOLDERS: tuple[str, ...] = (SERVED_DIR, ROUTES_KEY_NAME.partition("/")[0], RELEASES_DIR)
+#: The folders the build step writes too: the store of built models (placed only after the placing
+#: step has gated each tarball again) and the plans.
+BUILD_FOLDERS: tuple[str, ...] = (BUILDS_DIR, PLANS_DIR)
 #: The folders of a model prefix whose objects decide what the fleet serves.
-SERVING_FOLDERS: tuple[str, ...] = (SERVED_DIR, ROUTES_KEY_NAME.partition("/")[0], BUILDS_DIR, RELEASES_DIR, PLANS_DIR)
+SERVING_FOLDERS: tuple[str, ...] = (*PLACED_FOLDERS, *BUILD_FOLDERS)
 #: Every action that writes, deletes or retags an object (a ``retired`` tag expires it) or
 #: changes who may read it.
 WRITE_ACTIONS: tuple[str, ...] = (
@@ -95,12 +105,14 @@ def _folder(prefix: str, folder: str) -> str:
     return f"{prefix}/{folder}/*" if prefix else f"{folder}/*"
 
 
-def writer_denies(bucket: s3.IBucket, prefix: str, *, writers: Sequence[str],
+def writer_denies(bucket: s3.IBucket, prefix: str, *, writers: Sequence[str], build_writers: Sequence[str] = (),
                   job_writers: Sequence[str]) -> list[iam.PolicyStatement]:
-    """Deny :data:`WRITE_ACTIONS` on the serving folders of ``prefix`` to every principal but
-    ``writers`` (role or user ARNs), and on ``_jobs/`` to every principal but ``job_writers``."""
+    """Deny :data:`WRITE_ACTIONS` on the placed folders of ``prefix`` to every principal but
+    ``writers`` (role or user ARNs), on the build folders to every principal but ``writers`` and
+    ``build_writers``, and on ``_jobs/`` to every principal but ``job_writers``."""
     statements = []
-    for sid, folders, allowed in (("OnlyNamedWritersChangeServing", SERVING_FOLDERS, writers),
+    for sid, folders, allowed in (("OnlyNamedWritersChangeServing", PLACED_FOLDERS, writers),
+                                  ("OnlyBuildWritesBuilds", BUILD_FOLDERS, [*writers, *build_writers]),
                                   ("OnlyBuildWritesJobs", (JOBS_DIR,), job_writers)):
         # No writer at all: deny everyone (an ArnNotLike without a value would be refused).
         condition = {"ArnNotLike": {PRINCIPAL_ARN_KEY: list(dict.fromkeys(allowed))}} if allowed else {}

@@ -272,22 +272,27 @@ class ModelBucket(Construct):
         rule): for working folders nothing serves from, such as the build jobs' ``_jobs/``."""
         self._add_lifecycle_rule(s3.LifecycleRule(id=id, prefix=f"{prefix}/", expiration=expiration))
 
-    def guard(self, prefix: str, *, build_roles: Sequence[iam.IRole], job_roles: Sequence[iam.IRole] = ()) -> None:
-        """Only ``build_roles``, the bucket's auto-delete role and :attr:`ModelBucketProps.publishers`
-        may write and delete what the fleet serves under ``prefix/`` (``job_roles`` and the build
-        its ``_jobs/``), and a PUT asks for SSE-KMS with the bucket's key or for nothing (the
-        bucket's default): deny statements in the bucket policy (``constructs/bucket_guard.py``).
+    def guard(self, prefix: str, *, place_roles: Sequence[iam.IRole] = (), build_roles: Sequence[iam.IRole] = (),
+              job_roles: Sequence[iam.IRole] = ()) -> None:
+        """Only ``place_roles``, the bucket's auto-delete role and :attr:`ModelBucketProps.publishers`
+        may write and delete what the fleet serves under ``prefix/`` (``served/``, ``_routes/``,
+        ``_releases/``); ``build_roles`` besides them the store and the plans (``_builds/``,
+        ``_plans/``); ``place_roles``, ``build_roles``, ``job_roles`` and the auto-delete role the
+        jobs' ``_jobs/``. A PUT asks for SSE-KMS with the bucket's key or for nothing (the bucket's
+        default): deny statements in the bucket policy (``constructs/bucket_guard.py``).
 
         On a bucket defined outside this stack, synth warns with the statements to add there."""
-        writers = [role.role_arn for role in build_roles]
+        placers = [role.role_arn for role in place_roles]
+        auto_delete: list[str] = []
         provider = Stack.of(self.bucket).node.try_find_child(AUTO_DELETE_PROVIDER_ID)
         if provider is not None and hasattr(provider, "role_arn"):
             # CDK's auto-delete empties the buckets it is given when they are deleted.
-            writers.append(provider.role_arn)
-        writers += self.props.publishers
-        statements = writer_denies(self.bucket, prefix, writers=writers,
-                                   job_writers=[*(role.role_arn for role in build_roles),
-                                                *(role.role_arn for role in job_roles)])
+            auto_delete.append(provider.role_arn)
+        builders = [role.role_arn for role in build_roles]
+        statements = writer_denies(
+            self.bucket, prefix, writers=[*placers, *auto_delete, *self.props.publishers],
+            build_writers=builders,
+            job_writers=[*placers, *builders, *(role.role_arn for role in job_roles), *auto_delete])
         # A created bucket is all the stack's; a bucket brought in is yours beyond the prefix.
         statements += encryption_denies(self.bucket, "*" if self.created else f"{prefix}/*", self.key.key_arn,
                                         "" if self.created else prefix)

@@ -16,6 +16,7 @@ from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import custom_resources as cr
 
 from constructs import Construct
+from triton_mme_cdk.constructs.cfn_hygiene import drop_referenced_dependencies
 from triton_mme_cdk.constructs.customer_key import logs_key
 from triton_mme_cdk.constructs.model_bucket import RETIRED_TAG_KEY
 from triton_mme_cdk.constructs.model_build_inputs import runtime_only_exclude, s3_source_keys
@@ -33,6 +34,7 @@ from triton_mme_cdk.constructs.processing_build import ProcessingBuild, Processi
 from triton_mme_cdk.constructs.provider_framework import (
     CLOUDFORMATION_MAX_WAIT,
     NO_KEY_REASON,
+    OUTSIDE_VPC_REASON,
     tidy_framework,
 )
 from triton_mme_cdk.model_build.manifest import Manifest
@@ -43,6 +45,17 @@ RESOURCE_TYPE = "Custom::TritonModelRelease"
 ON_EVENT_HANDLER = "triton_mme_cdk.model_build.handler.on_event"
 IS_COMPLETE_HANDLER = "triton_mme_cdk.model_build.handler.is_complete"
 BUILD_STEP_HANDLER = "triton_mme_cdk.model_build.handler.build_step"
+PLACE_STEP_HANDLER = "triton_mme_cdk.model_build.handler.place_step"
+#: Why the checkov function checks do not apply to the placing function (the Finish task's).
+PLACE_CONCURRENCY_REASON = (
+    "Invoked once per build execution, by the build state machine's Finish task; a reserved concurrency "
+    "would withhold capacity from the account's other functions at all times and protect nothing."
+)
+PLACE_INVOCATION_REASON = (
+    "Invoked synchronously by the build state machine's Finish task (retried on throttling and service "
+    "errors); an error fails the execution, which the custom resource reports; there is no asynchronous "
+    "event that a dead-letter queue could keep."
+)
 #: What Lambda needs to run a function in a VPC (the actions of the AWS managed policy
 #: AWSLambdaVPCAccessExecutionRole, which CDK attaches only to roles it creates itself).
 LAMBDA_VPC_ACTIONS: tuple[str, ...] = (
@@ -67,7 +80,7 @@ class ModelBuildResource(Construct):
     asynchronous pattern: ``on_event`` starts the build state machine
     (:class:`ModelBuildStateMachine`: plan, a Distributed Map that builds each model whose key is
     not stored in its own run of a third function, ``build_step``, then the release assembled by
-    server-side copies), then the Provider's waiter calls ``is_complete`` every
+    server-side copies in a fourth, ``place_step``), then the Provider's waiter calls ``is_complete`` every
     ``query_interval`` until the release index exists, the execution fails (the failing model is
     named) or ``total_timeout`` passes. A build therefore neither hangs nor fails silently, and
     only a single model must fit one Lambda run.
@@ -78,10 +91,20 @@ class ModelBuildResource(Construct):
     changed one a new release id (an update that builds the changed models only, places them under
     new names and switches the routes; the physical id, the served prefix, stays the same).
 
-    The three functions share one role: it may read the manifest asset and the manifest's ``s3``
-    sources, describe this stack (to tell a stack deletion from an update's cleanup), start
-    and describe executions of its own state machine only, and write its logs; the stack grants
-    it the model bucket's prefix (``ModelBucket.grant_read/grant_write/grant_tag``).
+    Two roles, so that the code that parses model sources cannot change what the fleet serves:
+
+    - :attr:`build_role` (the ``build_step`` function: the plan, each model's build, a Processing
+      job's store and failure steps) reads the manifest asset, the manifest's ``s3`` sources and
+      the model prefix, and writes only ``_builds/``, ``_plans/`` and ``_jobs/`` (granted by the
+      stack; the bucket policy denies it ``served/``, ``_routes/`` and ``_releases/``).
+    - :attr:`role` (``on_event``, ``is_complete`` and ``place_step``, the state machine's Finish
+      task) places and routes: it reads ``_builds/``, checks each tarball it places (its own
+      SHA-256 of the bytes, the pre-publish gate again, then a copy whose S3 checksum must be
+      that digest), writes ``served/``, ``_releases/`` and ``_routes/``, tags and deletes; it also
+      describes this stack (to tell a stack deletion from an update's cleanup) and starts and
+      describes executions of its own state machine only.
+
+    Both read the manifest asset and its ``s3`` sources and write their own logs.
     """
 
     def __init__(self, scope: Construct, id: str, *, props: ModelBuildResourceProps) -> None:
@@ -105,6 +128,7 @@ class ModelBuildResource(Construct):
             handlers=(self.on_event_function, self.is_complete_function), build_function=self.build_function,
             in_vpc=props.vpc is not None, encryption_key=self.encryption_key,
         )
+        self._tidy_own_functions()
 
     def _plan_release(self) -> None:
         """What this deploy publishes and where each model builds, known at synth."""
@@ -127,9 +151,12 @@ class ModelBuildResource(Construct):
                 f"{', '.join(on_processing[:10])}{' ...' if len(on_processing) > 10 else ''}")
 
     def _functions(self) -> None:
-        """The three functions on the build image, their role, and their VPC access."""
-        self.role = self._role()
-        #: The policy that lets Lambda attach the handlers to the VPC (None without a VPC).
+        """The four functions on the build image, their two roles, and their VPC access."""
+        #: Places and routes: on_event, is_complete and the state machine's Finish task.
+        self.role = self._role("Role", "Places and routes the models of the Triton multi-model endpoint")
+        #: Parses the model sources: the state machine's plan, per-model build and job steps.
+        self.build_role = self._role("BuildRole", "Builds the models of the Triton multi-model endpoint into _builds/")
+        #: The policy that lets Lambda attach the functions to the VPC (None without a VPC), on both roles.
         self.vpc_access_policy: iam.Policy | None = None if self.props.vpc is None else wildcard_policy(
             self,
             "VpcAccess",
@@ -139,16 +166,32 @@ class ModelBuildResource(Construct):
             "these EC2 actions have no resource-level permissions that Lambda's calls match.",
             checkov=["CKV_AWS_111"],
         )
+        if self.vpc_access_policy is not None:
+            self.vpc_access_policy.attach_to_role(self.build_role)
         self.on_event_function = self._handler(
             "OnEvent", ON_EVENT_HANDLER, "Model release: validates a request and starts the build"
         )
         self.is_complete_function = self._handler(
             "IsComplete", IS_COMPLETE_HANDLER, "Model release: polls the build execution until the release index exists"
         )
-        #: Builds one model per invocation (and plans and finishes the release) for the state machine.
+        #: Builds one model per invocation (and plans the release) for the state machine.
         self.build_function = self._handler(
-            "Build", BUILD_STEP_HANDLER, "Model release: builds one model, or plans / finishes a release"
+            "Build", BUILD_STEP_HANDLER, "Model release: plans a release or builds one model into the store",
+            role=self.build_role,
         )
+        #: The state machine's Finish task: gates each stored tarball again and places the release.
+        self.place_function = self._handler(
+            "Place", PLACE_STEP_HANDLER, "Model release: checks the stored builds and places the release"
+        )
+
+    def _tidy_own_functions(self) -> None:
+        """What :func:`tidy_framework` does for the handlers, for the functions it does not know."""
+        drop_referenced_dependencies(self.build_function, [self.build_role.node.default_child])
+        drop_referenced_dependencies(self.place_function, [self.role.node.default_child])
+        skip_checkov(self.place_function, ["CKV_AWS_115"], PLACE_CONCURRENCY_REASON)
+        skip_checkov(self.place_function, ["CKV_AWS_116"], PLACE_INVOCATION_REASON)
+        if self.props.vpc is None:
+            skip_checkov(self.place_function, ["CKV_AWS_117"], OUTSIDE_VPC_REASON)
 
     def _engines(self) -> None:
         """Where models build: the build function, or a Processing job for the big ones, driven by
@@ -165,7 +208,7 @@ class ModelBuildResource(Construct):
         #: Plan, build each model (a Distributed Map of build_function runs or Processing jobs),
         #: finish the release.
         self.build_state_machine = ModelBuildStateMachine(self, "BuildStateMachine", props=ModelBuildStateMachineProps(
-            build_function=self.build_function, model_bucket=props.model_bucket, max_concurrency=props.max_concurrency,
+            build_function=self.build_function, place_function=self.place_function, model_bucket=props.model_bucket, max_concurrency=props.max_concurrency,
             timeout=props.total_timeout, log_retention=props.log_retention, processing=self.processing,
         ))
         self.start_builds_policy = self._start_builds_policy()
@@ -183,15 +226,11 @@ class ModelBuildResource(Construct):
         #: The release id (known at synth).
         self.release_id: str = self.release.release_id
 
-    def _role(self) -> iam.Role:
-        """The role of the three functions: it reads the manifest asset and the manifest's ``s3``
-        sources, and describes this stack (to tell a stack deletion from an update's cleanup)."""
-        role = iam.Role(
-            self,
-            "Role",
-            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
-            description="Builds and publishes the models of the Triton multi-model endpoint",
-        )
+    def _role(self, id: str, description: str) -> iam.Role:
+        """A role of the functions: it reads the manifest asset and the manifest's ``s3`` sources;
+        the placing role (``Role``) also describes this stack (to tell a stack deletion from an
+        update's cleanup)."""
+        role = iam.Role(self, id, assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"), description=description)
         manifest = Stack.of(self).format_arn(
             service="s3",
             region="",
@@ -200,11 +239,12 @@ class ModelBuildResource(Construct):
             resource_name=self.manifest_asset.s3_object_key,
         )
         role.add_to_principal_policy(iam.PolicyStatement(sid="ReadManifest", actions=["s3:GetObject"], resources=[manifest]))
-        role.add_to_principal_policy(
-            iam.PolicyStatement(
-                sid="TellDeletionFromCleanup", actions=["cloudformation:DescribeStacks"], resources=[Aws.STACK_ID]
+        if id == "Role":
+            role.add_to_principal_policy(
+                iam.PolicyStatement(
+                    sid="TellDeletionFromCleanup", actions=["cloudformation:DescribeStacks"], resources=[Aws.STACK_ID]
+                )
             )
-        )
         self._grant_source_reads(role, self.props.manifest)
         return role
 
@@ -295,7 +335,7 @@ class ModelBuildResource(Construct):
 
     @property
     def grant_principal(self) -> iam.IPrincipal:
-        """The role both handlers run with."""
+        """The placing role (on_event, is_complete, the Finish task); the builder's is :attr:`build_role`."""
         return self.role
 
     @staticmethod
@@ -318,11 +358,14 @@ class ModelBuildResource(Construct):
         options = self._image_options()
         return lambda_.DockerImageCode.from_image_asset(options.pop("directory"), cmd=[handler], **options)
 
-    def _handler(self, id: str, handler: str, description: str) -> lambda_.DockerImageFunction:
-        """One of the functions: the build image with ``handler``, its own log group, the shared role."""
+    def _handler(self, id: str, handler: str, description: str, *,
+                 role: iam.Role | None = None) -> lambda_.DockerImageFunction:
+        """One of the functions: the build image with ``handler``, its own log group, ``role``
+        (the placing role unless given)."""
         props = self.props
+        role = role or self.role
         log_group = self._log_group(f"{id}Logs")
-        log_group.grant_write(self.role)
+        log_group.grant_write(role)
         function = lambda_.DockerImageFunction(
             self,
             id,
@@ -332,7 +375,7 @@ class ModelBuildResource(Construct):
             memory_size=props.memory_size,
             ephemeral_storage_size=props.ephemeral_storage_size,
             timeout=props.timeout,
-            role=self.role,
+            role=role,
             log_group=log_group,
             vpc=props.vpc,
             vpc_subnets=ec2.SubnetSelection(subnets=list(props.vpc_subnets or [])) if props.vpc else None,

@@ -16,11 +16,17 @@ does not grow with the manifest.
   ``ResultPath`` says; at about 100 bytes a result, some 2,600 models would fail the Map after
   every one of them was built (``tests/test_deploy_path_asl.py``). ``{}`` takes 3 bytes: the
   limit is then past 80,000 models, more than a 2 MiB manifest can name.
-- ``Finish`` assembles the release from the store (server-side copies) and writes its index.
+- In each item, after its build, ``PlaceModel`` (``PlaceJobModel`` after a Processing job) checks
+  the stored tarball again under the placing role and copies it under its served names.
+- ``Finish`` assembles the release from the store (server-side copies, skipped for what the items
+  placed) and writes its index.
 
-Every task invokes the one build function (``model_build.handler.build_step``) and retries on
-Lambda throttling and transient service errors with jittered backoff; the state machine's role
-may invoke that function only.
+``Plan`` and the Map's tasks invoke the build function (``model_build.handler.build_step``,
+the build role: it parses the model sources and writes only ``_builds/``, ``_plans/`` and
+``_jobs/``); each item's ``PlaceModel`` (after its build) and ``Finish`` invoke the placing
+function (``model_build.handler.place_step``, the placing role: it gates each stored tarball
+again before it writes ``served/``; ``Finish`` writes the release's index under ``_releases/``). Every task retries on Lambda throttling and transient service errors with
+jittered backoff; the state machine's role may invoke those two functions only.
 """
 
 from __future__ import annotations
@@ -69,7 +75,12 @@ class ModelBuildStateMachineProps(Props):
     """Props of :class:`ModelBuildStateMachine`."""
 
     build_function: Resource[lambda_.IFunction] = Field(
-        description="The function every state invokes (build_step of the build image)."
+        description="The function Plan and the Map's tasks invoke (build_step of the build image)."
+    )
+    place_function: Resource[lambda_.IFunction] | None = Field(
+        default=None,
+        description="The function Finish invokes (place_step of the build image, under the placing role). "
+        "None: the build function.",
     )
     model_bucket: Resource[s3.IBucket] = Field(
         description="Bucket of the releases, where the plan (the Map's item source) lives, under "
@@ -115,7 +126,8 @@ class ModelBuildStateMachine(Construct):
             result_path=sfn.JsonPath.DISCARD,
         )
         build_models.item_processor(self._item_processor())
-        finish = self._invoke("Finish", {"Step": "finish", "Request.$": "$.Request"})
+        finish = self._invoke("Finish", {"Step": "finish", "Request.$": "$.Request"},
+                              function=props.place_function or props.build_function)
 
         key = logs_key(model_bucket.encryption_key)
         self.log_group = logs.LogGroup(self, "Logs", retention=props.log_retention, encryption_key=key)
@@ -150,31 +162,38 @@ class ModelBuildStateMachine(Construct):
         """One Map item: the Lambda builds it, or (``Engine`` processing) a Processing job builds it
         and the Lambda stores its unit. A failed job's reason is recorded (``job_failed``); a job
         without capacity is retried with backoff, the whole branch again under a new job name."""
-        on_lambda = self._invoke("BuildModel", None, output_path=sfn.JsonPath.DISCARD)
+        item = {"Request.$": "$.Request", "Model.$": "$.Model", "Key.$": "$.Key"}
+        place_function = self.props.place_function or self._function
+        # After its build, the item's tarball is checked again and placed under the placing role.
+        on_lambda = self._invoke("BuildModel", None, result_path=sfn.JsonPath.DISCARD).next(self._invoke(
+            "PlaceModel", {"Step": "place", **item}, function=place_function, output_path=sfn.JsonPath.DISCARD))
         processing = self.props.processing
         if processing is None:
             return on_lambda
-        item = {"Request.$": "$.Request", "Model.$": "$.Model", "Key.$": "$.Key"}
         job = processing.task(self, "RunBuildJob")
         job.add_catch(self._invoke("JobFailed", {"Step": "job_failed", **item, "Error.$": "$.JobError.Error",
                                                  "Cause.$": "$.JobError.Cause"}),
                       errors=["States.ALL"], result_path="$.JobError")
-        store = self._invoke("StoreBuild", {"Step": "store_job", **item, "Job.$": "$.Job"})
+        store = self._invoke("StoreBuild", {"Step": "store_job", **item, "Job.$": "$.Job"},
+                             result_path=sfn.JsonPath.DISCARD)
+        place = self._invoke("PlaceJobModel", {"Step": "place", **item}, function=place_function)
         on_processing = sfn.Parallel(self, "BuildOnProcessing", output_path=sfn.JsonPath.DISCARD,
-                                     comment="A Processing job builds the model; the Lambda stores its unit")
-        on_processing.branch(job.next(store))
+                                     comment="A Processing job builds the model; the Lambda stores its unit; the "
+                                     "placing function checks and places it")
+        on_processing.branch(job.next(store).next(place))
         on_processing.add_retry(errors=[NO_CAPACITY_ERROR], interval=CAPACITY_RETRY_INTERVAL,
                                 max_attempts=CAPACITY_RETRY_ATTEMPTS, backoff_rate=2, jitter_strategy=sfn.JitterType.FULL)
         return sfn.Choice(self, "WhereItBuilds").when(
             sfn.Condition.string_equals("$.Engine", "processing"), on_processing).otherwise(on_lambda)
 
     def _invoke(
-        self, id: str, payload: dict[str, str] | None, *, result_path: str | None = None, output_path: str | None = None
+        self, id: str, payload: dict[str, str] | None, *, result_path: str | None = None, output_path: str | None = None,
+        function: lambda_.IFunction | None = None,
     ) -> tasks.LambdaInvoke:
         task = tasks.LambdaInvoke(
             self,
             id,
-            lambda_function=self._function,
+            lambda_function=function or self._function,
             payload=sfn.TaskInput.from_object(payload) if payload is not None else None,
             payload_response_only=True,
             retry_on_service_exceptions=False,
@@ -192,12 +211,13 @@ class ModelBuildStateMachine(Construct):
 
     def _acknowledge(self, model_bucket: s3.IBucket) -> None:
         policy = self.state_machine.role.node.find_child("DefaultPolicy")
-        acknowledge_wildcard_resource(
-            policy,
-            f"{self._function.function_arn}:*",
-            "Step Functions may invoke any version of the build function (lambda:InvokeFunction "
-            "on '<function ARN>:*'); the grant names that one function only.",
-        )
+        for function in dict.fromkeys((self._function, self.props.place_function or self._function)):
+            acknowledge_wildcard_resource(
+                policy,
+                f"{function.function_arn}:*",
+                "Step Functions may invoke any version of the build and placing functions "
+                "(lambda:InvokeFunction on '<function ARN>:*'); each grant names one function only.",
+            )
         acknowledge_wildcard_resource(
             policy,
             # CDK's S3JsonItemReader writes the partition as a token, whatever the stack's env.

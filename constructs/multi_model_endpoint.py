@@ -27,6 +27,7 @@ from aws_cdk import aws_sns as sns
 
 from constructs import Construct
 from triton_mme_cdk.constructs.alarm_topic import AlarmTopic, AlarmTopicProps
+from triton_mme_cdk.constructs.bucket_guard import BUILD_FOLDERS, PLACED_FOLDERS
 from triton_mme_cdk.constructs.deployed_record import deployed_record
 from triton_mme_cdk.constructs.endpoint_alarms import EndpointAlarms, EndpointAlarmsProps
 from triton_mme_cdk.constructs.endpoint_autoscaling import EndpointAutoscaling, EndpointAutoscalingProps
@@ -51,7 +52,7 @@ from triton_mme_cdk.model_build.errors import ManifestError
 from triton_mme_cdk.model_build.manifest import Manifest, load_manifest
 from triton_mme_cdk.model_build.package.tensorrt_plans import tensorrt_plan_problem, tensorrt_plan_unchecked
 from triton_mme_cdk.model_build.release import PACKAGE_DIR, routes_key, served_prefix
-from triton_mme_cdk.model_build.release.identity import JOBS_DIR
+from triton_mme_cdk.model_build.release.identity import JOBS_DIR, PLANS_DIR
 from triton_mme_cdk.model_build.text_ensemble.container import namespacing_problem
 from triton_mme_cdk.model_build.text_ensemble.serving_wheel import serving_python_problem
 from triton_mme_cdk.model_build.text_ensemble.shm import shm_problem
@@ -337,15 +338,26 @@ class TritonMultiModelEndpoint(EndpointMetrics, Construct):
             **endpoint_network,
         ))
         prefix = options.model_prefix
+
+        def under(folder: str) -> str:
+            return f"{prefix}/{folder}" if prefix else folder
+
         # A Processing job reads its input and writes its unit under <prefix>/_jobs/ only.
-        jobs = f"{prefix}/{JOBS_DIR}" if prefix else JOBS_DIR
+        jobs = under(JOBS_DIR)
         # The job's volume is encrypted with the key through a grant: no key policy deny for its role.
         self.model_bucket.grant_read(build.processing.role, jobs, deny_direct_key_use=False)
         self.model_bucket.grant_write(build.processing.role, jobs, deny_direct_key_use=False)
         # A job's folder matters while its build runs (and for a look after a failure): a week.
         self.model_bucket.expire("ExpireBuildJobFolders", jobs, Duration.days(JOB_FOLDER_DAYS))
+        # The build role parses the model sources: it writes the store, the plans and the jobs' inputs only.
+        self.model_bucket.grant_read(build.build_role, prefix)
+        for folder in (*BUILD_FOLDERS, JOBS_DIR):
+            self.model_bucket.grant_write(build.build_role, under(folder))
+        # The placing role places and routes: served/, the release indexes and the routes (and the
+        # failure record of a model it refuses to place, under _plans/).
         self.model_bucket.grant_read(build, prefix)
-        self.model_bucket.grant_write(build, prefix)
+        for folder in (*PLACED_FOLDERS, PLANS_DIR):
+            self.model_bucket.grant_write(build, under(folder))
         self.model_bucket.grant_tag(build, prefix)
         # Unrouted served objects are deleted after the retention window; destroy removes more.
         self.model_bucket.grant_delete(build, prefix if options.artifacts_on_delete == "destroy" else served_prefix(prefix))
@@ -371,7 +383,8 @@ class TritonMultiModelEndpoint(EndpointMetrics, Construct):
     def _guard_bucket(self) -> None:
         """Only the build (and the named publishers) write what the fleet serves."""
         build = self.build
-        self.model_bucket.guard(self.settings.model_prefix, build_roles=[build.role] if build else [],
+        self.model_bucket.guard(self.settings.model_prefix, place_roles=[build.role] if build else [],
+                                build_roles=[build.build_role] if build else [],
                                 job_roles=[build.processing.role] if build else [])
         if build is None and not self.settings.model_publishers:
             Annotations.of(self).add_warning_v2(

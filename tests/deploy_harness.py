@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,6 +25,7 @@ from cfn_local import REGION, STACK_ID, LocalDeployment, Template
 from local_lambda import LocalLambda
 
 BUILD_STEP = "triton_mme_cdk.model_build.handler.build_step"
+PLACE_STEP = "triton_mme_cdk.model_build.handler.place_step"
 ON_EVENT = "triton_mme_cdk.model_build.handler.on_event"
 IS_COMPLETE = "triton_mme_cdk.model_build.handler.is_complete"
 RESOURCE_TYPE = "Custom::TritonModelRelease"
@@ -151,3 +153,50 @@ def cfn_request(kind: str, properties: dict[str, Any], *, response_url: str = "h
     if old is not None:
         request["OldResourceProperties"] = old
     return request
+
+
+class S3CallsByFunction:
+    """Every S3 call of the handlers, with the function it was made for: a function's clients are
+    made while it runs (``s3_client()`` at the start of each handler), so each client is tagged
+    with the function running on its thread then, and its calls (pool threads included) with it."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, runtime: LocalLambda) -> None:
+        import triton_mme_cdk.model_build.aws_clients as aws_clients
+
+        self.runtime = runtime
+        self.calls: list[tuple[str | None, str, dict[str, Any]]] = []
+        self._running = threading.local()
+        real_run, real_make = self.runtime._run_python, aws_clients.make_s3_client
+
+        def run(function: Any, event: dict[str, Any]) -> Any:
+            self._running.name = function.name
+            try:
+                return real_run(function, event)
+            finally:
+                self._running.name = None
+
+        def make(**kwargs: Any) -> Any:
+            client = real_make(**kwargs)
+            owner = getattr(self._running, "name", None)
+            client.meta.events.register("provide-client-params.s3.*",
+                                        lambda params, model, **_: self.calls.append((owner, model.name, dict(params))))
+            return client
+
+        monkeypatch.setattr(self.runtime, "_run_python", run)
+        monkeypatch.setattr(aws_clients, "make_s3_client", make)
+
+    @contextmanager
+    def running(self, handler_path: str) -> Iterator[None]:
+        """A handler the test calls itself (the provider framework's calls), as its function."""
+        self._running.name = self.runtime.function(handler_path).name
+        try:
+            yield
+        finally:
+            self._running.name = None
+
+
+def function_roles(deployment: LocalDeployment) -> dict[str, str]:
+    """``function name -> role logical id`` of every function of the template."""
+    template = deployment.template
+    return {deployment.resolver.ref(logical_id): function["Properties"]["Role"]["Fn::GetAtt"][0]
+            for logical_id, function in template.of_type("AWS::Lambda::Function").items()}

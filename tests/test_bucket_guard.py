@@ -147,12 +147,31 @@ CHANGES = ("s3:PutObject", "s3:DeleteObject", "s3:DeleteObjectVersion", "s3:PutO
 
 
 @pytest.mark.parametrize("key", SERVING_KEYS)
-def test_the_build_role_writes_and_deletes_what_the_fleet_serves(account: Account, key: str) -> None:
-    build = account.role("ModelBuildRole")
-    assert account.decide(build, "s3:PutObject", key) == "Allow"
-    assert account.decide(build, "s3:PutObjectTagging", key) == "Allow"
+def test_the_placing_role_writes_and_deletes_what_the_fleet_serves(account: Account, key: str) -> None:
+    place = account.role("ModelBuildRole")
+    # The placing role writes what the fleet serves (and a failure record under _plans/); the store is the build's.
+    expected = "Allow" if key.split("/")[1] in ("served", "_routes", "_releases", "_plans") else "ImplicitDeny"
+    assert account.decide(place, "s3:PutObject", key) == expected
+    assert account.decide(place, "s3:PutObjectTagging", key) == "Allow"
     if key.startswith("models/served/"):
-        assert account.decide(build, "s3:DeleteObjectVersion", key) == "Allow"
+        assert account.decide(place, "s3:DeleteObjectVersion", key) == "Allow"
+
+
+@pytest.mark.parametrize("key", SERVING_KEYS)
+@pytest.mark.parametrize("action", CHANGES)
+def test_the_build_role_that_parses_sources_writes_the_store_and_plans_only(
+        account: Account, key: str, action: str) -> None:
+    build = account.role("ModelBuildBuildRole")
+    # Even with every S3 action added to its own policy, the bucket policy denies it what is served.
+    widened = (build[0], [*build[1], {"Effect": "Allow", "Action": "s3:*", "Resource": f"{account.bucket_arn}/*"}])
+    if key.split("/")[1] in ("served", "_routes", "_releases"):
+        assert account.decide(widened, action, key) == "Deny", (action, key)
+        assert account.decide(build, action, key) != "Allow", (action, key)
+    else:
+        assert account.decide(widened, action, key) == "Allow", (action, key)
+        # As granted: it puts, it never deletes or tags.
+        assert account.decide(build, action, key) == ("Allow" if action == "s3:PutObject" else "ImplicitDeny"), (
+            action, key)
 
 
 @pytest.mark.parametrize("key", SERVING_KEYS)
@@ -188,14 +207,16 @@ def test_a_named_publisher_writes_it(account: Account, key: str) -> None:
 def test_the_jobs_folder_is_the_build_and_processing_roles(account: Account) -> None:
     key = "models/_jobs/r-0123456789abcdef/bert/unit.tar.gz"
     assert account.decide(account.role("ModelBuildProcessingRole"), "s3:PutObject", key) == "Allow"
-    assert account.decide(account.role("ModelBuildRole"), "s3:PutObject", key) == "Allow"
+    assert account.decide(account.role("ModelBuildBuildRole"), "s3:PutObject", key) == "Allow"
+    # The placing role is a named writer (it deletes the folder on destroy) but is granted no write there.
+    assert account.decide(account.role("ModelBuildRole"), "s3:PutObject", key) == "ImplicitDeny"
     assert account.decide((ADMIN, EVERYTHING), "s3:PutObject", key) == "Deny"
     assert account.decide((PUBLISHER, EVERYTHING), "s3:PutObject", key) == "Deny"
 
 
 def test_the_auto_delete_role_empties_the_bucket_on_destroy(account: Account) -> None:
     auto_delete = account.role("CustomS3AutoDeleteObjectsCustomResourceProviderRole")
-    for key in SERVING_KEYS:
+    for key in (*SERVING_KEYS, "models/_jobs/r-0123456789abcdef/bert/output/unit.tar.gz"):
         assert account.decide(auto_delete, "s3:DeleteObjectVersion", key) == "Allow"
         # Not denied by the guard, but nothing allows it to write.
         assert account.decide(auto_delete, "s3:PutObject", key) == "ImplicitDeny"
@@ -218,14 +239,21 @@ def test_a_put_asks_for_the_stacks_key_or_for_nothing(account: Account, headers:
     assert account.decide((ADMIN, EVERYTHING), "s3:PutObject", "elsewhere/x", **headers) == expected
 
 
-def test_the_policy_names_the_writers_by_their_role_arn(account: Account) -> None:
-    (statement,) = [s for s in account.bucket_policy if s.get("Sid", "").startswith("OnlyNamedWritersChangeServing")]
-    assert statement["Effect"] == "Deny" and statement["Principal"] == {"AWS": "*"}
-    writers = statement["Condition"]["ArnNotLike"]["aws:PrincipalArn"]
-    assert sorted(writers) == sorted([account.role("ModelBuildRole")[0], PUBLISHER,
-                                      account.role("CustomS3AutoDeleteObjectsCustomResourceProviderRole")[0]])
-    assert sorted(as_list(statement["Resource"])) == sorted(
-        f"{account.bucket_arn}/models/{folder}/*" for folder in ("served", "_routes", "_builds", "_releases", "_plans"))
+def test_the_policy_names_the_writers_of_each_folder_by_their_role_arn(account: Account) -> None:
+    place, build = account.role("ModelBuildRole")[0], account.role("ModelBuildBuildRole")[0]
+    auto_delete = account.role("CustomS3AutoDeleteObjectsCustomResourceProviderRole")[0]
+    processing = account.role("ModelBuildProcessingRole")[0]
+    expected = {
+        "OnlyNamedWritersChangeServing": ({place, PUBLISHER, auto_delete}, ("served", "_routes", "_releases")),
+        "OnlyBuildWritesBuilds": ({place, build, PUBLISHER, auto_delete}, ("_builds", "_plans")),
+        "OnlyBuildWritesJobs": ({place, build, processing, auto_delete}, ("_jobs",)),
+    }
+    for sid, (writers, folders) in expected.items():
+        (statement,) = [s for s in account.bucket_policy if s.get("Sid", "").startswith(sid)]
+        assert statement["Effect"] == "Deny" and statement["Principal"] == {"AWS": "*"}
+        assert set(statement["Condition"]["ArnNotLike"]["aws:PrincipalArn"]) == writers, sid
+        assert sorted(as_list(statement["Resource"])) == sorted(
+            f"{account.bucket_arn}/models/{folder}/*" for folder in folders), sid
 
 
 # ---------------------------------------------------------------------------------------------

@@ -301,7 +301,8 @@ def test_bad_input_is_one_line_naming_the_prop(tmp_path: Path, case: str, expect
 
 def test_the_upgrade_from_0_1_0_replaces_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The default app's template keeps every logical id of the template 0.1.0 synthesized (its
-    stack built the resources itself; now it holds the construct as ``Default``): the project's
+    stack built the resources itself; now it holds the construct as ``Default``), and adds only the
+    build's second role and function: the project's
     own plan of the new template against the previous one finds no data at risk and no fleet
     replaced. Only the build code moved (model keys and the release id with it: models-only)."""
     from triton_mme_cdk.model_build.__main__ import main
@@ -310,7 +311,12 @@ def test_the_upgrade_from_0_1_0_replaces_nothing(tmp_path: Path, capsys: pytest.
 
     previous = json.loads(PREVIOUS_TEMPLATE.read_text())
     current = synth(tmp_path / "current", nag=False).data
-    assert set(previous["Resources"]) - {"CDKMetadata"} == set(current["Resources"]) - {"CDKMetadata"}
+    kept = set(previous["Resources"]) - {"CDKMetadata"}
+    assert kept <= set(current["Resources"]), kept - set(current["Resources"])
+    # Added since: the build step's own role and the placing function (issue 49: the code that
+    # parses model sources no longer shares the placing role).
+    added = {logical_id.rstrip("0123456789ABCDEF") for logical_id in set(current["Resources"]) - kept - {"CDKMetadata"}}
+    assert added == {"ModelBuildBuildRole", "ModelBuildBuildRoleDefaultPolicy", "ModelBuildPlace", "ModelBuildPlaceLogs"}
     routes = Routes("r-0000000000000000", "s3://b/models/served/", "k", {},
                     stack="arn:aws:cloudformation:eu-west-1:123456789012:stack/TritonMme/0a1b2c3d",
                     model_code_sha256="0" * 64, deployed=record_from_template(previous))

@@ -21,6 +21,7 @@ from asl_moto import STATE_PAYLOAD_LIMIT, payload_bytes, wait_for
 from cfn_local import Resolver
 from deploy_harness import (
     BUILD_STEP,
+    PLACE_STEP,
     LocalAws,
     Templates,
     cfn_request,
@@ -84,7 +85,10 @@ def _history_payloads(states: Any, execution_arn: str) -> dict[str, int]:
 
 
 def _build_events(aws: LocalAws, step: str) -> list[Any]:
-    return [call for call in aws.runtime.invocations(BUILD_STEP) if call.event.get("Step") == step]
+    """The state machine's task invocations of ``step``: ``finish`` on the placing function, the
+    others on the build function."""
+    return [call for call in aws.runtime.invocations(PLACE_STEP if step == "finish" else BUILD_STEP)
+            if call.event.get("Step") == step]
 
 
 def test_the_definitions_differ_only_in_the_settings_they_carry(templates: Templates) -> None:
@@ -237,12 +241,13 @@ def _stored_unit_stand_in(event: dict[str, Any], context: Any, real: Any) -> Any
     """The build function with the per-model build and the assembly left out (3000 torch exports
     and copies do not fit a unit test): plan runs for real; a build answers what ``build_item``
     answers (the full-build test checks that document against the real handler's); finish
-    answers what ``finish_release`` answers."""
+    answers what ``finish_release`` answers; an item's placing task is answered the same way
+    (its output is discarded)."""
     if event["Step"] == "plan":
         return real(event, context)
     if event["Step"] == "build":
         return {"Model": event["Model"], "Key": event["Key"], "Built": True}
-    request = build_steps._item_request(event)
+    request = build_steps.item_request(event)
     return request.data(SCALE)
 
 
@@ -252,6 +257,7 @@ def test_several_thousand_models_keep_every_state_under_the_payload_limit(
     manifest = scale_manifest(tmp_path / "models.yaml", SCALE)
     deployment = aws.deploy(templates.get(manifest))
     aws.runtime.stand_in(BUILD_STEP, _stored_unit_stand_in)
+    aws.runtime.stand_in(PLACE_STEP, _stored_unit_stand_in)
     _, started, described = _build(aws, deployment, timeout_s=300)
     assert described["status"] == "SUCCEEDED", (described.get("error"), described.get("cause"))
     builds = _build_events(aws, "build")
@@ -271,18 +277,20 @@ def test_a_map_whose_child_outputs_exceed_the_limit_fails_even_with_its_result_d
     deployment = aws.deploy(template)
     definition = deployment.definition("ModelBuildBuildStateMachine")
     assert definition["States"]["BuildModels"]["ResultPath"] is None
-    processor = definition["States"]["BuildModels"]["ItemProcessor"]["States"]["BuildModel"]
-    processor.pop("OutputPath", None)  # the definition as it was before the fix: child outputs kept
+    # The item's last state (its placing task) without the discard: child outputs kept, as before the fix.
+    processor = definition["States"]["BuildModels"]["ItemProcessor"]["States"]["PlaceModel"]
+    processor.pop("OutputPath", None)
     arn = deployment.states.create_state_machine(name="without-output-path", definition=json.dumps(definition),
                                                  roleArn="arn:aws:iam::123456789012:role/x")["stateMachineArn"]
     padding = "x" * 1000
 
     def big_outputs(event: dict[str, Any], context: Any, real: Any) -> Any:
-        if event["Step"] == "build":
+        if event["Step"] in ("build", "place"):
             return {"Model": event["Model"], "Key": event["Key"], "Built": True, "Log": padding}
         return real(event, context) if event["Step"] == "plan" else {}
 
     aws.runtime.stand_in(BUILD_STEP, big_outputs)
+    aws.runtime.stand_in(PLACE_STEP, big_outputs)
     props = deployment.custom_resource_properties()
     execution = deployment.states.start_execution(
         stateMachineArn=arn, input=json.dumps({"Request": {k: v for k, v in props.items() if k != "ServiceToken"}}))

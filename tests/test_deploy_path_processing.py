@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from asl_moto import wait_for
-from deploy_harness import BUILD_STEP, LocalAws, Templates, cfn_request, local_aws, tiny_manifest
+from deploy_harness import BUILD_STEP, PLACE_STEP, LocalAws, Templates, cfn_request, local_aws, tiny_manifest
 from processing_local import CAPACITY_REASON, LocalProcessing, job_request, processing_jobs
 
 from triton_mme_cdk.model_build import handler
@@ -165,7 +165,7 @@ def _fails_and_keeps_serving(aws: LocalAws, first: Any, request: dict[str, Any],
     props = update["ResourceProperties"]
     routes = read_routes(second.s3, props["ModelBucket"], "models")
     assert routes is not None and routes.release_id == served, "the previous routes keep serving"
-    assert not _steps(aws, "finish"), "no release is assembled"
+    assert not _steps(aws, "finish") and not aws.runtime.invocations(PLACE_STEP), "no release is assembled"
     return str(caught.value)
 
 
@@ -234,11 +234,13 @@ def test_every_s3_call_of_a_job_with_an_s3_source_is_granted_to_its_roles(
 ) -> None:
     """A ResNet saved with ``save_pretrained`` on S3, built by a job: SageMaker's side (inputs
     down, the unit up) must be what the template grants the job's role, and the Lambda's side
-    (the plan's job document, ``store_job``) what it grants the build role."""
+    (the plan's job document, ``store_job``; the Finish task; on_event and is_complete) what it
+    grants the role of the function that made each call."""
     import transformers
-    from iam_grants import granted, record_s3_calls, role_s3_grants, s3_actions
+    from deploy_harness import IS_COMPLETE, ON_EVENT, S3CallsByFunction, function_roles
+    from iam_grants import granted, role_s3_grants, s3_actions
 
-    handler_calls = record_s3_calls(monkeypatch)
+    recorder = S3CallsByFunction(monkeypatch, aws.runtime)
     saved = tmp_path / "resnet"
     shape: dict[str, Any] = {"embedding_size": 8, "hidden_sizes": [8, 8], "depths": [1, 1], "num_labels": 3}
     config = transformers.ResNetConfig(**shape)
@@ -252,18 +254,26 @@ def test_every_s3_call_of_a_job_with_an_s3_source_is_granted_to_its_roles(
     deployment.s3.create_bucket(Bucket="model-sources")
     for path in saved.iterdir():
         deployment.s3.upload_file(str(path), "model-sources", f"resnet/{path.name}")
-    request, started, described = _build(deployment)
+    with recorder.running(ON_EVENT):
+        request, started, described = _build(deployment)
     assert described["status"] == "SUCCEEDED", (described.get("error"), described.get("cause"), jobs.jobs[-1].get("Log"))
     (job,) = jobs.jobs
     assert [i["InputName"] for i in job_request(job)["ProcessingInputs"]] == ["request", "source"]
-    assert _complete(request, started)["IsComplete"] is True
+    with recorder.running(IS_COMPLETE):
+        assert _complete(request, started)["IsComplete"] is True
 
     model_bucket = request["ResourceProperties"]["ModelBucket"]
 
     def arn(bucket: str) -> str:
         return f"arn:aws:s3:::{'MODEL' if bucket == model_bucket else bucket}"
 
-    for role, calls in (("ModelBuildProcessingRole", jobs.s3_calls), ("ModelBuildRole", handler_calls)):
+    roles = function_roles(deployment)
+    by_role: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for owner, operation, params in recorder.calls:
+        assert owner is not None, (operation, params)  # every call is some function's
+        by_role.setdefault(roles[owner], []).append((operation, params))
+    assert {role.rstrip("0123456789ABCDEF") for role in by_role} == {"ModelBuildRole", "ModelBuildBuildRole"}
+    for role, calls in (("ModelBuildProcessingRole", jobs.s3_calls), *by_role.items()):
         grants = role_s3_grants(template.data, role)
         assert calls, role
         denied = [f"{operation} needs {action} on {resource}" for operation, params in calls

@@ -591,7 +591,7 @@ def test_on_event_starts_the_build_and_is_complete_polls_it_until_the_index_exis
     items = json.loads(s3.get_object(Bucket=bucket, Key=plan["Key"])["Body"].read())
     for item in items:
         handler.build_step({"Step": "build", "Request": props, **item})
-    handler.build_step({"Step": "finish", "Request": props})
+    handler.place_step({"Step": "finish", "Request": props})
     done = handler.is_complete(polled)
     assert done["IsComplete"] is True and done["Data"]["ModelCount"] == "2"  # tiny-0 has 2 copies
     # The same release again starts no execution: its index exists.
@@ -622,7 +622,7 @@ def test_a_build_that_ends_while_is_complete_polls_completes_the_resource(
         writes the index and the execution reads SUCCEEDED from then on."""
 
         def describe_execution(self, executionArn: str) -> dict[str, Any]:
-            handler.build_step({"Step": "finish", "Request": props})
+            handler.place_step({"Step": "finish", "Request": props})
             return dict(real_states().describe_execution(executionArn=executionArn), status="SUCCEEDED")
 
     monkeypatch.setattr(custom_resource, "_states", EndsNow)
@@ -709,28 +709,47 @@ def test_build_jobs_a_failing_model_names_it_and_a_rerun_builds_only_what_is_mis
 # ---------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def build_role_grants(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, re.Pattern[str], list[str] | None]]:
-    """The S3 actions the default stack grants the build role: ``(action, resource, s3:prefix
-    condition)``, read from a synthesized template (default settings: ``artifacts_on_delete``
-    is ``retain``)."""
+def role_grants(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[tuple[str, re.Pattern[str], list[str] | None]]]:
+    """The S3 actions the default stack grants each of the build's two roles: ``(action,
+    resource, s3:prefix condition)``, read from a synthesized template (default settings:
+    ``artifacts_on_delete`` is ``retain``). ``place``: the role of on_event, is_complete and the
+    Finish task; ``build``: the role of build_step (plan, per-model build, job steps)."""
     from cdk_helpers import synth
 
-    grants = role_s3_grants(synth(tmp_path_factory.mktemp("grants"), nag=False).data, "ModelBuildRole")
-    assert {g[0] for g in grants} >= {"s3:GetObject", "s3:PutObject", "s3:ListBucket"}
-    deletable = {pattern.pattern for action, pattern, _ in grants if action == "s3:DeleteObject"}
+    template = synth(tmp_path_factory.mktemp("grants"), nag=False).data
+    grants = {"place": role_s3_grants(template, "ModelBuildRole"), "build": role_s3_grants(template, "ModelBuildBuildRole")}
+    assert {g[0] for g in grants["place"]} >= {"s3:GetObject", "s3:PutObject", "s3:ListBucket"}
+    deletable = {pattern.pattern for action, pattern, _ in grants["place"] if action == "s3:DeleteObject"}
     assert deletable and all("/models/served/" in p for p in deletable), (
         "the default (retain) deletes only unrouted served objects", deletable)
+    # The role that parses model sources writes the store, the plans and the jobs' inputs, nothing else.
+    writable = {pattern.pattern for action, pattern, _ in grants["build"] if action == "s3:PutObject"}
+    assert writable and all(any(f"/models/{folder}/" in p for folder in ("_builds", "_plans", "_jobs"))
+                            for p in writable), writable
+    assert not {action for action, _, _ in grants["build"]} & {"s3:DeleteObject", "s3:PutObjectTagging"}
     return grants
 
 
 @pytest.mark.slow
-def test_every_s3_call_of_a_create_and_an_update_is_granted_by_the_default_stack(
-    lambda_env: Any, machine: str, endpoint: str, monkeypatch: pytest.MonkeyPatch, build_role_grants: Any
+def test_every_s3_call_of_a_create_and_an_update_is_granted_to_its_steps_own_role(
+    lambda_env: Any, machine: str, endpoint: str, monkeypatch: pytest.MonkeyPatch, role_grants: Any
 ) -> None:
-    """moto checks no IAM: record each S3 call the handler makes (a botocore hook on the real
-    clients, before each call) and check it against the build role's grants in the template."""
+    """moto checks no IAM: record each S3 call the handlers make (a botocore hook on the real
+    clients, before each call), with the role of the step that made it (build_step: the build
+    role; on_event, is_complete and the Finish task: the placing role), and check it against
+    that role's grants in the template."""
     monkeypatch.setenv("MODEL_BUILD_CLOUDFORMATION_ENDPOINT_URL", endpoint)  # no such stack: a supersede
     calls = record_s3_calls(monkeypatch)
+    roles: list[tuple[int, str]] = []  # (index of the first call, role) of each step, in order
+
+    def as_role(role: str, step: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            roles.append((len(calls), role))
+            return step(*args, **kwargs)
+        return run
+
+    on_event, is_complete = as_role("place", handler.on_event), as_role("place", handler.is_complete)
+    build_step, place_step = as_role("build", handler.build_step), as_role("place", handler.place_step)
     s3 = lambda_env
     model_bucket = f"iam-{uuid.uuid4().hex[:12]}"
     asset_bucket = f"cdk-assets-{uuid.uuid4().hex[:12]}"
@@ -749,13 +768,12 @@ def test_every_s3_call_of_a_create_and_an_update_is_granted_by_the_default_stack
 
     def deploy(kind: str, props: dict[str, str], **extra: Any) -> dict[str, Any]:
         event = dict(_cfn_event(props, **extra), RequestType=kind)
-        started = handler.on_event(event)
-        plan = handler.build_step({"Step": "plan", "Request": props})
+        started = on_event(event)
+        plan = build_step({"Step": "plan", "Request": props})
         for item in json.loads(s3.get_object(Bucket=model_bucket, Key=plan["Key"])["Body"].read()):
-            handler.build_step({"Step": "build", "Request": props, **item})
-        handler.build_step({"Step": "finish", "Request": props})
-        done = handler.is_complete(dict(event, PhysicalResourceId=started["PhysicalResourceId"],
-                                        Data=started["Data"]))
+            build_step({"Step": "build", "Request": props, **item})
+        place_step({"Step": "finish", "Request": props})
+        done = is_complete(dict(event, PhysicalResourceId=started["PhysicalResourceId"], Data=started["Data"]))
         assert done["IsComplete"] is True
         return started
 
@@ -768,13 +786,13 @@ def test_every_s3_call_of_a_create_and_an_update_is_granted_by_the_default_stack
     new_props = dict(properties(changed), RetentionDays="0")
     deploy("Update", new_props, PhysicalResourceId=created["PhysicalResourceId"], OldResourceProperties=props)
     # A Delete while the stack lives deletes nothing.
-    handler.is_complete(dict(_cfn_event(props), RequestType="Delete", PhysicalResourceId=created["PhysicalResourceId"]))
+    is_complete(dict(_cfn_event(props), RequestType="Delete", PhysicalResourceId=created["PhysicalResourceId"]))
     # A failing model records its reason (a Map item of a release whose source is missing).
     broken = properties(_tiny_manifest(0, broken="gone"))
-    (item,) = json.loads(s3.get_object(Bucket=model_bucket, Key=handler.build_step(
+    (item,) = json.loads(s3.get_object(Bucket=model_bucket, Key=build_step(
         {"Step": "plan", "Request": broken})["Key"])["Body"].read())
     with pytest.raises(handler.HandlerError):
-        handler.build_step({"Step": "build", "Request": broken, **item})
+        build_step({"Step": "build", "Request": broken, **item})
 
     def arn(bucket: str) -> str:
         names = {model_bucket: "MODEL", asset_bucket: "ASSET"}
@@ -786,14 +804,25 @@ def test_every_s3_call_of_a_create_and_an_update_is_granted_by_the_default_stack
     # entry's listing of its source bucket is that grant's business, not the model prefix's.
     sources = {params.get("Bucket") for _, params in calls} - {model_bucket, asset_bucket}
     assert sources == {"no-such-source-bucket"}, sources
+    def role_of(index: int) -> str:
+        return next(role for start, role in reversed(roles) if start <= index)
+
+    # The steps run one after another here, so each call belongs to the step that started last.
+    assert {role_of(i) for i in range(len(calls))} == {"place", "build"}
     denied = []
-    for operation, params in calls:
+    for index, (operation, params) in enumerate(calls):
         if params.get("Bucket") in sources:
             continue
+        role = role_of(index)
         for action, resource, prefix in s3_actions(operation, params, arn):
-            if not granted(build_role_grants, action, resource, prefix):
-                denied.append(f"{operation} needs {action} on {resource}" + (f" (prefix {prefix!r})" if prefix else ""))
+            if not granted(role_grants[role], action, resource, prefix):
+                denied.append(f"{role}: {operation} needs {action} on {resource}" + (f" (prefix {prefix!r})" if prefix else ""))
     assert denied == [], "\n".join(sorted(set(denied)))
+    # What separates them: the build steps wrote nothing the fleet serves; the placing steps did.
+    writes = {(role_of(i), params["Key"].split("/")[1]) for i, (operation, params) in enumerate(calls)
+              if operation in ("PutObject", "CopyObject") and params.get("Bucket") == model_bucket}
+    assert {folder for role, folder in writes if role == "build"} <= {"_builds", "_plans", "_jobs"}, writes
+    assert {folder for role, folder in writes if role == "place"} == {"served", "_routes", "_releases"}, writes
 
 
 # ---------------------------------------------------------------------------------------------

@@ -231,7 +231,7 @@ def test_build_in_the_vpc(isolated: Synth) -> None:
     policy = ref_id(isolated, build.vpc_access_policy)
     images = {k: v for k, v in isolated.resources("AWS::Lambda::Function").items()
               if v["Properties"].get("PackageType") == "Image"}
-    assert len(images) == 3  # on_event, is_complete and the per-model build of the state machine
+    assert len(images) == 4  # on_event, is_complete, and the build and placing steps of the state machine
     for function in images.values():
         config = function["Properties"]["VpcConfig"]
         assert config["SecurityGroupIds"] == [{"Fn::GetAtt": [build_group, "GroupId"]}]

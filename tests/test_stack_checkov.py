@@ -197,7 +197,7 @@ def test_without_a_customer_key_the_choice_is_recorded(scan: Scan) -> None:
     and says so on each log group and framework function."""
     resources = scan.templates[NO_KEY]["Resources"]
     log_groups = {k: r for k, r in resources.items() if r["Type"] == "AWS::Logs::LogGroup"}
-    assert len(log_groups) == 6
+    assert len(log_groups) == 7  # on_event, is_complete, build, place, provider, waiter, build state machine
     for logical_id, resource in log_groups.items():
         assert "KmsKeyId" not in resource["Properties"], logical_id
         (skip,) = resource["Metadata"][CHECKOV_METADATA_KEY]["skip"]

@@ -468,11 +468,16 @@ def test_build_functions_share_one_image(default: Synth) -> None:
         k: v["Properties"] for k, v in default.resources("AWS::Lambda::Function").items()
         if v["Properties"].get("PackageType") == "Image"
     }
-    assert len(functions) == 3
+    assert len(functions) == 4
     commands = sorted(p["ImageConfig"]["Command"][0] for p in functions.values())
     assert commands == [
-        "triton_mme_cdk.model_build.handler.build_step", "triton_mme_cdk.model_build.handler.is_complete", "triton_mme_cdk.model_build.handler.on_event"
+        "triton_mme_cdk.model_build.handler.build_step", "triton_mme_cdk.model_build.handler.is_complete",
+        "triton_mme_cdk.model_build.handler.on_event", "triton_mme_cdk.model_build.handler.place_step",
     ]
+    # Two roles: the build step's (it parses the model sources) and the placing one of the others.
+    roles = {p["ImageConfig"]["Command"][0].rsplit(".", 1)[1]: p["Role"]["Fn::GetAtt"][0] for p in functions.values()}
+    assert roles["build_step"] == logical_id(default, "ModelBuild/BuildRole/Resource")
+    assert roles["on_event"] == roles["is_complete"] == roles["place_step"] == logical_id(default, "ModelBuild/Role/Resource")
     images = {json.dumps(p["Code"]["ImageUri"]) for p in functions.values()}
     assert len(images) == 1
     for props in functions.values():
@@ -544,12 +549,16 @@ def test_build_state_machine_plans_maps_and_finishes(default: Synth) -> None:
     # Each item builds on the Lambda, or in a Processing job whose unit the Lambda stores
     # (tests/test_processing_build.py reads that branch).
     item_states = build_map["ItemProcessor"]["States"]
-    assert set(item_states) == {"WhereItBuilds", "BuildModel", "BuildOnProcessing"}
+    assert set(item_states) == {"WhereItBuilds", "BuildModel", "PlaceModel", "BuildOnProcessing"}
     (branch,) = item_states["BuildOnProcessing"]["Branches"]
-    tasks = [states["Plan"], states["Finish"], item_states["BuildModel"],
-             branch["States"]["StoreBuild"], branch["States"]["JobFailed"]]
+    place_fn = logical_id(default, "ModelBuild/Place/Resource")
+    placing = [states["Finish"], item_states["PlaceModel"], branch["States"]["PlaceJobModel"]]
+    tasks = [states["Plan"], item_states["BuildModel"], branch["States"]["StoreBuild"],
+             branch["States"]["JobFailed"], *placing]
     for task in tasks:
-        assert task["Resource"] == f"<{build_fn}.Arn>", "every task invokes the build function"
+        # Each item is placed, and the release finished, under the placing role; the build steps
+        # under the build role.
+        assert task["Resource"] == f"<{place_fn if any(task is p for p in placing) else build_fn}.Arn>"
         (retry,) = task["Retry"]
         assert set(retry["ErrorEquals"]) == {
             "Lambda.TooManyRequestsException", "Lambda.ServiceException", "Lambda.AWSLambdaException",
@@ -560,16 +569,21 @@ def test_build_state_machine_plans_maps_and_finishes(default: Synth) -> None:
     assert states["Plan"]["Parameters"] == {"Step": "plan", "Request.$": "$.Request"}
     assert states["Plan"]["ResultPath"] == "$.Plan"
     assert states["Finish"]["Parameters"] == {"Step": "finish", "Request.$": "$.Request"}
-    # Each child's output is discarded: the Map's collected outputs stay far under 256 KiB.
-    assert build_map["ItemProcessor"]["States"]["BuildModel"]["OutputPath"] is None
+    # After its build, each item is placed; the child's output is discarded: the Map's collected
+    # outputs stay far under 256 KiB.
+    assert item_states["BuildModel"]["ResultPath"] is None and item_states["BuildModel"]["Next"] == "PlaceModel"
+    assert item_states["PlaceModel"]["Parameters"] == {"Step": "place", "Request.$": "$.Request",
+                                                       "Model.$": "$.Model", "Key.$": "$.Key"}
+    assert item_states["PlaceModel"]["OutputPath"] is None
     assert definition["TimeoutSeconds"] == 3000
     assert machine["TracingConfiguration"] == {"Enabled": True}
     assert machine["LoggingConfiguration"]["Level"] == "ALL"
-    # Its role may invoke the build function only (and its versions).
+    # Its role may invoke the build and placing functions only (and their versions).
     role_id = logical_id(default, "ModelBuild/BuildStateMachine/Resource/Role/Resource")
     invokes = [s for s in policy_of_role(default.data, role_id) if "lambda:InvokeFunction" in as_list(s["Action"])]
     resources = [json.dumps(r) for s in invokes for r in as_list(s["Resource"])]
-    assert resources and all(build_fn in r for r in resources)
+    assert resources and all(build_fn in r or place_fn in r for r in resources)
+    assert any(build_fn in r for r in resources) and any(place_fn in r for r in resources)
 
 
 def test_build_state_machine_concurrency_is_a_setting(tmp_path: Path) -> None:
@@ -580,13 +594,14 @@ def test_build_state_machine_concurrency_is_a_setting(tmp_path: Path) -> None:
 
 def test_log_groups_have_retention(default: Synth) -> None:
     groups = default.resources("AWS::Logs::LogGroup")
-    # on_event, is_complete, build, provider framework, waiter state machine, build state machine
-    assert len(groups) == 6
+    # on_event, is_complete, build, place, provider framework, waiter state machine, build state machine
+    assert len(groups) == 7
     for logical, group in groups.items():
         assert group["Properties"]["RetentionInDays"] == 30, logical
 
 
 def test_build_role_is_scoped(default: Synth) -> None:
+    """The placing role (on_event, is_complete, the Finish task) and the build role (build_step)."""
     role_id = logical_id(default, "ModelBuild/Role/Resource")
     bucket = logical_id(default, "ModelBucket/Resource/Resource")
     found = policy_of_role(default.data, role_id)
@@ -601,9 +616,18 @@ def test_build_role_is_scoped(default: Synth) -> None:
     machine = logical_id(default, "ModelBuild/BuildStateMachine/Resource/Resource")
     assert by_action["states:StartExecution"]["Resource"] == {"Ref": machine}, "its own state machine only"
     assert machine in json.dumps(by_action["states:DescribeExecution"]["Resource"])
-    prefix_objects = {"Fn::Join": ["", [{"Fn::GetAtt": [bucket, "Arn"]}, "/models/*"]]}
-    for action in ("s3:PutObject", "s3:AbortMultipartUpload", "s3:PutObjectTagging"):
-        assert by_action[action]["Resource"] == prefix_objects, action
+
+    def objects(*folders: str) -> set[str]:
+        return {json.dumps({"Fn::Join": ["", [{"Fn::GetAtt": [bucket, "Arn"]}, f"/models/{f}/*"]]}) for f in folders}
+
+    def resources(statements: list[dict[str, Any]], action: str) -> set[str]:
+        return {json.dumps(r) for s in statements if action in as_list(s["Action"]) for r in as_list(s["Resource"])}
+
+    for action in ("s3:PutObject", "s3:AbortMultipartUpload"):
+        # What is served, and the failure record of a model it refuses to place.
+        assert resources(found, action) == objects("served", "_routes", "_releases", "_plans"), action
+    assert resources(found, "s3:PutObjectTagging") == {json.dumps(
+        {"Fn::Join": ["", [{"Fn::GetAtt": [bucket, "Arn"]}, "/models/*"]]})}
     # It deletes only served objects that no route has used for the retention window.
     assert by_action["s3:DeleteObject"]["Resource"] == {
         "Fn::Join": ["", [{"Fn::GetAtt": [bucket, "Arn"]}, "/models/served/*"]]}
@@ -611,6 +635,16 @@ def test_build_role_is_scoped(default: Synth) -> None:
     manifest_reads = [s for s in found if s.get("Sid") == "ReadManifest"]
     assert len(manifest_reads) == 1
     assert json.dumps(manifest_reads[0]["Resource"]).endswith('.yaml"]]}')
+
+    # The build role parses the model sources: it reads, and writes the store, the plans, the jobs.
+    built = policy_of_role(default.data, logical_id(default, "ModelBuild/BuildRole/Resource"))
+    assert {a for s in built for a in as_list(s["Action"])} == {
+        "s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload", "s3:ListBucket",
+        "kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey", "logs:CreateLogStream", "logs:PutLogEvents",
+    }
+    for action in ("s3:PutObject", "s3:AbortMultipartUpload"):
+        assert resources(built, action) == objects("_builds", "_plans", "_jobs"), action
+    assert len([s for s in built if s.get("Sid") == "ReadManifest"]) == 1
 
 
 def test_the_endpoint_waits_for_the_first_build_by_a_dependency_not_a_value(default: Synth) -> None:

@@ -1,7 +1,9 @@
-"""The build state machine's function, ``build_step``: ``plan`` (the Map's item source: the models
-whose key is not stored), ``build`` (one model per Map item, built and stored; a failure records
-the model's name and reason for ``is_complete``) and ``finish`` (the release assembled from the
-store, its index written last).
+"""The build state machine's build function, ``build_step``, under the build role (it writes
+only ``_builds/``, ``_plans/`` and ``_jobs/``): ``plan`` (the Map's item source: the models whose
+key is not stored) and ``build`` (one model per Map item, built and stored; a failure records the
+model's name and reason for ``is_complete``), and a Processing job's ``store_job`` and
+``job_failed``. The release is placed by another function under another role
+(:mod:`model_build.handler.place`).
 
 The failure record is this module's: the steps write it under ``<prefix>/_plans/`` and
 ``is_complete`` reads it back (:func:`recorded_failure`) to name the failing model.
@@ -22,13 +24,7 @@ from triton_mme_cdk.model_build.handler.request import (
     s3_client,
     short_error,
 )
-from triton_mme_cdk.model_build.handler.units import (
-    build_and_store,
-    computed_release,
-    model_key,
-    model_keys,
-    write_index,
-)
+from triton_mme_cdk.model_build.handler.units import build_and_store, model_key, model_keys
 from triton_mme_cdk.model_build.release.identity import PLANS_DIR
 
 #: The failure record's body while no model of the current attempt has failed (the plan writes it).
@@ -39,7 +35,8 @@ NO_FAILURE = b'{"model": null, "reason": null}'
 # ----------------------------------------------------------------------------------------------
 
 
-def _item_request(event: Mapping[str, Any]) -> Request:
+def item_request(event: Mapping[str, Any]) -> Request:
+    """The resource properties a state machine task carries (``Request``), as a request."""
     props = event.get("Request")
     if not isinstance(props, dict):
         raise HandlerError(f"field Request: got {type(props).__name__}; expected the resource properties")
@@ -57,55 +54,48 @@ def build_item(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
     try:
         from triton_mme_cdk.model_build.release.store import is_stored
 
-        request = _item_request(event)
+        request = item_request(event)
         s3 = s3_client()
-        manifest = load_manifest(s3, request)
-        name = event.get("Model")
-        spec = next((spec for spec in manifest.models if spec.name == name), None)
-        if spec is None:
-            raise HandlerError(f"field Model: got {name!r}; the manifest has no such model")
-        key = model_key(spec)
-        if event.get("Key") != key:
-            raise HandlerError(
-                f"model {spec.name!r}: planned key {event.get('Key')!r} but this build image computes "
-                f"{key!r}; the plan and the image come from different code"
-            )
+        spec, key = item_model(event, load_manifest(s3, request))
         built = not is_stored(s3, request.model_bucket, request.model_prefix, key)
         if built:
             try:
                 build_and_store(s3, request, spec, key)
             except Exception as error:
-                _record_failure(s3, request, spec.name, error)
+                record_failure(s3, request, spec.name, error)
                 raise
         return {"Model": spec.name, "Key": key, "Built": built}
     except (HandlerError, ModelBuildError) as error:
         raise short_error(error) from None
 
 
+def item_model(event: Mapping[str, Any], manifest: Any) -> tuple[Any, str]:
+    """The manifest entry a Map item names (``Model``) and its key, which must be the one the
+    item planned (``Key``): otherwise the plan came from other code and storing or placing under
+    it would mislabel the bytes."""
+    name = event.get("Model")
+    spec = next((spec for spec in manifest.models if spec.name == name), None)
+    if spec is None:
+        raise HandlerError(f"field Model: got {name!r}; the manifest has no such model")
+    key = model_key(spec)
+    if event.get("Key") != key:
+        raise HandlerError(
+            f"model {spec.name!r}: planned key {event.get('Key')!r} but this build image computes "
+            f"{key!r}; the plan and the image come from different code"
+        )
+    return spec, key
+
+
 def build_step(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
     """The build function's one entry point, for the state machine: ``Step`` is ``plan``,
-    ``build`` (one Map item on the Lambda), ``store_job`` / ``job_failed`` (after a Map item's
-    Processing job) or ``finish``."""
-    steps = {"plan": plan_items, "build": build_item, "finish": finish_release,
-             "store_job": store_job, "job_failed": job_failed}
+    ``build`` (one Map item on the Lambda) or ``store_job`` / ``job_failed`` (after a Map item's
+    Processing job). ``finish`` is the placing function's (:func:`model_build.handler.place.place_step`),
+    under the role that writes ``served/``: this one writes only ``_builds/``, ``_plans/`` and ``_jobs/``."""
+    steps = {"plan": plan_items, "build": build_item, "store_job": store_job, "job_failed": job_failed}
     step = event.get("Step")
     if step not in steps:
         raise HandlerError(f"field Step: got {step!r}; expected one of {', '.join(steps)}")
     return steps[str(step)](event, context)
-
-
-def finish_release(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
-    """The final step: ``{"Request": <resource properties>}``; assembles the release from the
-    store and writes its index. A model not stored fails it, naming the model."""
-    LOG.info("finish_release")
-    try:
-        request = _item_request(event)
-        s3 = s3_client()
-        manifest = load_manifest(s3, request)
-        write_index(s3, request, manifest, computed_release(manifest))
-        return request.data(manifest.target_count)
-    except (HandlerError, ModelBuildError) as error:
-        raise short_error(error) from None
 
 
 def plan_items(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
@@ -115,7 +105,7 @@ def plan_items(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
     from triton_mme_cdk.model_build.release.store import stored_keys
 
     try:
-        request = _item_request(event)
+        request = item_request(event)
         s3 = s3_client()
         manifest = load_manifest(s3, request)
         keys = model_keys(manifest)
@@ -176,7 +166,7 @@ def store_job(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
     try:
         from triton_mme_cdk.model_build.handler.processing import job_prefix, store_unit
 
-        request = _item_request(event)
+        request = item_request(event)
         s3 = s3_client()
         job = event.get("Job")
         if not isinstance(job, dict) or not isinstance(job.get("Output"), str):
@@ -190,7 +180,7 @@ def store_job(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
             store_unit(s3, bucket=request.model_bucket, model_prefix=request.model_prefix, output_uri=job["Output"],
                        model=str(event.get("Model")), key=str(event.get("Key")))
         except Exception as error:
-            _record_failure(s3, request, str(event.get("Model")), error)
+            record_failure(s3, request, str(event.get("Model")), error)
             raise
         return {"Model": event.get("Model"), "Key": event.get("Key"), "Built": True}
     except (HandlerError, ModelBuildError) as error:
@@ -204,11 +194,11 @@ def job_failed(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
     retries with backoff (the reason stays recorded if every retry fails too)."""
     from triton_mme_cdk.model_build.handler.processing import ProcessingCapacityError, failure_reason
 
-    request = _item_request(event)
+    request = item_request(event)
     model = str(event.get("Model"))
     reason, capacity = failure_reason(model, event.get("Error"), event.get("Cause"))
     LOG.info("job_failed %s: %s", model, reason)
-    _record_failure(s3_client(), request, model, reason)
+    record_failure(s3_client(), request, model, reason)
     if capacity:
         raise ProcessingCapacityError(reason)
     raise HandlerError(reason)
@@ -241,7 +231,7 @@ def recorded_failure(s3: Any, request: Request) -> str | None:
     return str(reason) if reason else None
 
 
-def _record_failure(s3: Any, request: Request, model: str, error: BaseException | str) -> None:
+def record_failure(s3: Any, request: Request, model: str, error: BaseException | str) -> None:
     """Leave the failing model's reason (an error, or a reason already written) where
     ``is_complete`` finds it: a Distributed Map's own failure says only that an item failed,
     and CloudFormation should name the model."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -56,8 +57,10 @@ def build_and_store(s3: Any, request: Request, spec: ModelSpec, key: str) -> Non
         shutil.rmtree(work, ignore_errors=True)
 
 
-def write_index(s3: Any, request: Request, manifest: Manifest, computed: Release) -> None:
-    """The final step: assemble the release from the store (server-side copies, index last)."""
+def write_index(s3: Any, request: Request, manifest: Manifest, computed: Release, *,
+                admit: Callable[[Sequence[Any]], None] | None = None) -> None:
+    """The final step: assemble the release from the store (server-side copies, index last);
+    ``admit`` checks the stored objects to be copied first (:attr:`ReleaseTarget.admit`)."""
     from triton_mme_cdk.model_build.capacity.fit import fleet_from_record, release_check
     from triton_mme_cdk.model_build.release.store import ReleaseTarget, assemble_release, stored_models
 
@@ -67,4 +70,5 @@ def write_index(s3: Any, request: Request, manifest: Manifest, computed: Release
     # builds recorded before anything is copied or the index written.
     check = release_check(fleet_from_record(request.deployed))
     assemble_release(stored_models(manifest, computed.model_keys),
-                     ReleaseTarget.of(release, s3, request.model_bucket, request.model_prefix, check=check))
+                     ReleaseTarget.of(release, s3, request.model_bucket, request.model_prefix, check=check,
+                                      admit=admit))

@@ -97,6 +97,10 @@ class ReleaseTarget:
     #: Called with the release's index entries before anything is copied or written: a check that
     #: raises (the fit of the footprints on the fleet) stops the release with nothing published.
     check: Callable[[Sequence[Mapping[str, Any]]], None] | None = None
+    #: Called with the objects a release is about to copy into the served prefix (those not there
+    #: already), before any is copied: a check that raises (the placing step's own hash and the
+    #: pre-publish gate on each stored tarball) stops the release with nothing copied.
+    admit: Callable[[Sequence[S3Object]], None] | None = None
 
     @classmethod
     def of(cls, release: Release, s3_client: Any, bucket: str, model_prefix: str, **options: Any) -> ReleaseTarget:
@@ -204,7 +208,7 @@ def assemble_release(models: Sequence[StoredModel], target: ReleaseTarget) -> Pu
     objects: list[S3Object] = []
     references: list[dict[str, Any]] = []
     for model, store in zip(models, stores, strict=True):
-        entry = store["models"][0]
+        entry = stored_entry(model_prefix, model, store)
         for logical in model.targets:
             name = served_name(logical, entry["sha256"])
             key = f"{served}/{name}"
@@ -224,6 +228,8 @@ def assemble_release(models: Sequence[StoredModel], target: ReleaseTarget) -> Pu
     # What the routed release serves was checked when it was routed: an object it routes under the
     # same name, listed with the same size, is skipped without a HEAD (the others are checked).
     pending = [obj for obj in objects if not (routed.get(obj.key) == obj.sha256 and listing.get(obj.key) == obj.size)]
+    if target.admit is not None:
+        target.admit([obj for obj in pending if listing.get(obj.key) is None])
     counts, worker = copy_served(s3_client, bucket, pending, listing, concurrency)
     counts["skipped"] += len(objects) - len(pending)
     if target.progress is not None:
@@ -242,6 +248,46 @@ def assemble_release(models: Sequence[StoredModel], target: ReleaseTarget) -> Pu
         index_key=index_key,
         targets=len(entries),
     )
+
+
+def stored_entry(model_prefix: str, model: StoredModel, document: Mapping[str, Any]) -> dict[str, Any]:
+    """The one model entry of a store index, which may name only its own key's tarball: the
+    store's index is the build's word, and what it names is placed only from the key's folder."""
+    entry = dict(document["models"][0])
+    stored_at = f"{store_prefix(model_prefix, model.key)}/{STORE_TARGET}.tar.gz"
+    if entry.get("key") != stored_at:
+        raise PublishError(f"the stored build of key {model.key} names {str(entry.get('key'))[:200]!r}; a "
+                           f"stored tarball is {stored_at!r}, nothing else is placed", model=model.name)
+    return entry
+
+
+def place_stored(s3_client: Any, bucket: str, model_prefix: str, model: StoredModel, *,
+                 admit: Callable[[Sequence[S3Object]], None] | None = None, concurrency: int = 4) -> int:
+    """Put one stored model under its served names (``<target>-<sha12>.tar.gz``), as
+    :func:`assemble_release` puts a release's: ``admit`` first checks those not served yet; one
+    already there with the same digest is skipped, one with other bytes is refused. Returns how
+    many were copied. Writes no index: the release's is :func:`assemble_release`'s."""
+    store_index = f"{store_prefix(model_prefix, model.key)}/{INDEX_NAME}"
+    document = read_index(s3_client, bucket, store_index)
+    if document is None or len(document["models"]) != 1:
+        raise PublishError(f"no stored build for key {model.key} (s3://{bucket}/{store_index} is missing)",
+                           model=model.name)
+    entry = stored_entry(model_prefix, model, document)
+    served = served_prefix(model_prefix)
+    objects = [S3Object(key=f"{served}/{served_name(logical, entry['sha256'])}", label=logical, model=model.name,
+                        size=entry["size"], sha256=entry["sha256"], source_key=entry["key"])
+               for logical in dict.fromkeys(model.targets)]
+    existing: dict[str, int] = {}
+    for obj in objects:  # one LIST of each name (the served prefix may hold thousands)
+        try:
+            listed = s3_client.list_objects_v2(Bucket=bucket, Prefix=obj.key, MaxKeys=1).get("Contents", [])
+        except (ClientError, BotoCoreError) as error:
+            raise PublishError(f"listing s3://{bucket}/{obj.key} failed: {error_code(error)}", model=model.name) from None
+        existing.update((item["Key"], int(item["Size"])) for item in listed if item["Key"] == obj.key)
+    if admit is not None:
+        admit([obj for obj in objects if obj.key not in existing])
+    counts, _ = copy_served(s3_client, bucket, objects, existing, concurrency)
+    return counts["copied"]
 
 
 def _routed_stores(s3_client: Any, bucket: str, model_prefix: str) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
