@@ -166,7 +166,7 @@ def role_actions(template: dict[str, Any]) -> Iterator[tuple[str, str]]:
         if resource["Type"] == "AWS::IAM::Role":
             documents.extend(p["PolicyDocument"] for p in properties.get("Policies", []))
             for arn in properties.get("ManagedPolicyArns", []):
-                name = json.dumps(arn).rsplit("/", 1)[-1].strip('"}')
+                name = json.dumps(arn).rsplit("/", 1)[-1].rstrip('"]}')
                 assert name in managed, f"{logical_id}: managed policy {arn} is not known to this test"
                 yield from ((logical_id, a) for a in managed[name])
         for document in documents:
