@@ -55,6 +55,11 @@ $(VENV)/.installed: requirements.txt constraints.txt pyproject.toml $(UV)
 	# CUDA packages. What torch already satisfies is not installed again.
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(UV_INSTALL) --python $(PY) -r requirements.txt -c constraints.txt
+	# aws-cdk-lib and its dependency aws-cdk.cloud-assembly-schema both install
+	# aws_cdk/cloud_assembly_schema/__init__.py. pip installs a dependency before its dependent, so
+	# the library's copy (whose types jsii knows) wins; uv unpacks in parallel, so either may. The
+	# library written again, alone, makes it the library's (tests/test_package.py checks).
+	$(UV_INSTALL) --python $(PY) --reinstall-package aws-cdk-lib -r requirements.txt -c constraints.txt
 	# The checkout itself, as the package triton_mme_cdk (editable: it maps the import name to
 	# triton_mme_cdk/, whose links are constructs/, stacks/ and model_build/; nothing under build/).
 	$(UV_INSTALL) --python $(PY) --no-deps --no-build-isolation --editable .

@@ -183,3 +183,14 @@ def test_the_reference_page_and_the_keywords_are_generated() -> None:
     assert (ROOT / "docs" / "reference.md").read_text(encoding="utf-8") == render(), "run `make reference`"
     assert (ROOT / "constructs" / "endpoint_keywords.py").read_text(encoding="utf-8") == keywords_source(), \
         "run `make reference`"
+
+
+def test_the_environment_has_the_cdk_librarys_own_cloud_assembly_schema() -> None:
+    """aws-cdk-lib and its dependency aws-cdk.cloud-assembly-schema both install
+    ``aws_cdk/cloud_assembly_schema/__init__.py``. With the dependency's copy, jsii cannot read the
+    library's annotations (``Unknown interface: aws-cdk-lib.cloud_assembly_schema.MetadataEntry``
+    from ``Annotations.find_warning``): ``make setup`` writes the library again, alone."""
+    import aws_cdk.cloud_assembly_schema as schema
+
+    assert getattr(schema.MetadataEntry, "__jsii_type__", None) == "aws-cdk-lib.cloud_assembly_schema.MetadataEntry", (
+        f"{schema.__file__} is aws-cdk.cloud-assembly-schema's copy, not aws-cdk-lib's: run make setup")
