@@ -124,6 +124,13 @@ class AccuracyGateError(ModelBuildError):
         self.precision = precision
 
 
+class CapacityInputError(ModelBuildError):
+    """A traffic profile, price table or capacity option that cannot be used
+    (``python -m model_build capacity``, ``plan --traffic``)."""
+
+    step = "capacity"
+
+
 class FitError(ModelBuildError):
     """A model does not fit the fleet's GPU (``model_build.capacity.fit``): its estimate is above the
     usable GPU memory of the instance type. Raised before anything is published."""

@@ -26,7 +26,8 @@ from typing import Any
 
 from triton_mme_cdk.model_build.capacity.footprint import Coefficients, Footprint
 from triton_mme_cdk.model_build.capacity.simulate import InstanceShape, ModelLoad
-from triton_mme_cdk.model_build.capacity.traffic import CapacityInputError, read_yaml
+from triton_mme_cdk.model_build.capacity.traffic import read_yaml
+from triton_mme_cdk.model_build.errors import CapacityInputError
 
 MIB = 1024**2
 #: Milliseconds per request where nothing better is known (an assumption, shown as one).

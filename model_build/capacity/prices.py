@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from triton_mme_cdk.model_build.capacity.traffic import CapacityInputError, check_mapping, read_yaml
+from triton_mme_cdk.model_build.capacity.traffic import check_mapping, read_yaml
+from triton_mme_cdk.model_build.errors import CapacityInputError
 
 PRICE_KEYS = ("date", "source", "verified", "currency", "region", "per_hour")
 

@@ -31,18 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from triton_mme_cdk.model_build.errors import ModelBuildError
+from triton_mme_cdk.model_build.errors import CapacityInputError
 
 DEFAULT_TOTAL_RATE = 10.0
 DEFAULT_ZIPF = 1.0
 ZIPF_RANGE = (0.0, 4.0)
 PROFILE_KEYS = ("rates", "total_rate", "zipf", "order", "service_ms")
-
-
-class CapacityInputError(ModelBuildError):
-    """A traffic profile, price table or capacity option that cannot be used."""
-
-    step = "capacity"
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,8 @@ from triton_mme_cdk.model_build.capacity.inputs import (
 )
 from triton_mme_cdk.model_build.capacity.prices import read_prices
 from triton_mme_cdk.model_build.capacity.simulate import Routing
-from triton_mme_cdk.model_build.capacity.traffic import CapacityInputError, draw_requests, read_profile
+from triton_mme_cdk.model_build.capacity.traffic import draw_requests, read_profile
+from triton_mme_cdk.model_build.errors import CapacityInputError
 
 DEFAULT_SECONDS = 3600.0
 DEFAULT_WARMUP_SECONDS = 300.0

@@ -20,7 +20,8 @@ from typing import Any
 from triton_mme_cdk.model_build.capacity.footprint import Coefficients
 from triton_mme_cdk.model_build.capacity.inputs import DEFAULT_SERVICE_MS, from_footprint, instance_shapes
 from triton_mme_cdk.model_build.capacity.simulate import FleetResult, ModelLoad, simulate
-from triton_mme_cdk.model_build.capacity.traffic import CapacityInputError, draw_requests, read_profile
+from triton_mme_cdk.model_build.capacity.traffic import draw_requests, read_profile
+from triton_mme_cdk.model_build.errors import CapacityInputError
 
 #: What the line simulates: an hour of traffic, the first five minutes not counted, seed 0.
 SECONDS, WARMUP_SECONDS, SEED = 3600.0, 300.0, 0
