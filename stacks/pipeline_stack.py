@@ -134,6 +134,7 @@ class TritonMmePipelineStack(Stack):
         add_self_mutation_hold(self, self.code_pipeline.pipeline, key=self.artifacts_key, topic=topic)
         self._approval_conditions()
         acknowledge_pipeline_grants(self)
+        confine_codebuild_trust(self)
 
     # -----------------------------------------------------------------------------------------
     # Source, artifacts, roles, steps
@@ -245,6 +246,41 @@ class TritonMmePipelineStack(Stack):
                                       "Operator": "EQ"},
                 }],
             }]})
+
+
+#: The principal of every CodeBuild project's role in the pipeline (CDK Pipelines' own and ours).
+CODEBUILD = "codebuild.amazonaws.com"
+
+
+def confine_codebuild_trust(stack: Stack) -> int:
+    """Make every role that trusts CodeBuild in ``stack`` trust it only for this account's
+    projects: ``aws:SourceAccount`` equal to the stack's account and ``aws:SourceArn`` like
+    ``arn:<partition>:codebuild:<region>:<account>:project/*``. Returns how many statements it
+    conditioned.
+
+    CDK Pipelines creates the synth, self-mutation and asset roles without a condition, and offers
+    no option for one; so the synthesized trust statements are amended (a property override on
+    each ``AWS::IAM::Role``), after the pipeline is built. A project's own ARN cannot be named: the
+    project refers to its role, so the role naming the project would be a cycle. CodeBuild sets
+    ``aws:SourceArn`` to the project's ARN when it assumes a project's service role: AWS's own
+    deployment framework (awslabs/aws-deployment-framework, ``adf-bootstrap/deployment/global.yml``)
+    conditions its CodeBuild roles on ``aws:SourceArn`` like ``...:codebuild:<region>:<account>:project/*``,
+    and its pull request #247 quotes the key in CodeBuild's ``AssumeRole`` context. A statement
+    that already has a condition is left as it is."""
+    conditions = {
+        "StringEquals": {"aws:SourceAccount": stack.account},
+        "ArnLike": {"aws:SourceArn": stack.format_arn(service="codebuild", resource="project", resource_name="*")},
+    }
+    conditioned = 0
+    for node in stack.node.find_all():
+        if not isinstance(node, iam.CfnRole) or Stack.of(node) is not stack:
+            continue
+        document = stack.resolve(node.assume_role_policy_document)
+        for index, statement in enumerate(document.get("Statement", [])):
+            if statement.get("Principal") == {"Service": CODEBUILD} and "Condition" not in statement:
+                node.add_property_override(f"AssumeRolePolicyDocument.Statement.{index}.Condition", conditions)
+                conditioned += 1
+    return conditioned
 
 
 def plan_namespace(stage: str) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from cdk_helpers import PIPELINE, ROOT, PipelineSynth, as_list, policy_of_role, synth_pipeline
+from policy_eval import condition_holds
 
 from triton_mme_cdk.stacks.pipeline_settings import pipeline_settings
 from triton_mme_cdk.stacks.settings import SettingsError
@@ -141,6 +142,39 @@ def test_the_steps_roles_only_assume_the_targets_read_only_roles(synthesized: Pi
             for statement in policy_of_role(access, logical_id):
                 if any(a.startswith("s3:") for a in as_list(statement["Action"])):
                     assert statement["Condition"]["StringEquals"]["aws:ResourceAccount"] == {"Ref": "AWS::AccountId"}
+
+
+def test_every_codebuild_role_of_the_pipeline_trusts_only_this_accounts_projects(synthesized: PipelineSynth) -> None:
+    """CDK Pipelines' synth, self-mutation and asset roles, the hold's check role and the plan and
+    smoke roles: each trusts CodeBuild only with aws:SourceAccount and an aws:SourceArn of this
+    account's projects. Evaluated: a project of the pipeline's account and region is let in; one
+    of another account, another region or another service is not, nor a request without the keys."""
+    template = synthesized.templates[PIPELINE_STACK]
+    trusting = {logical_id: statement for logical_id, resource in template["Resources"].items()
+                if resource["Type"] == "AWS::IAM::Role"
+                for statement in resource["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+                if statement["Principal"] == {"Service": "codebuild.amazonaws.com"}}
+    kinds = {prefix for prefix in ("PipelineBuildSynth", "PipelineUpdatePipelineSelfMutation", "PipelineAssetsFile",
+                                   "PlanRole", "SmokeRole", "PipelineChangeCheck") if any(k.startswith(prefix) for k in trusting)}
+    assert len(kinds) == 6 and len(trusting) >= 6, sorted(trusting)
+
+    def admitted(request: dict[str, str], statement: dict[str, Any]) -> bool:
+        return all(condition_holds(operator, key, values, request)
+                   for operator, block in statement.get("Condition", {}).items() for key, values in block.items())
+
+    own = {"aws:SourceAccount": "111111111111",
+           "aws:SourceArn": "arn:aws:codebuild:us-east-1:111111111111:project/PipelineBuildSynthCdkBuildProject-abc"}
+    others = [
+        {**own, "aws:SourceAccount": "999999999999",
+         "aws:SourceArn": "arn:aws:codebuild:us-east-1:999999999999:project/theirs"},
+        {**own, "aws:SourceArn": "arn:aws:codebuild:eu-west-1:111111111111:project/elsewhere"},
+        {**own, "aws:SourceArn": "arn:aws:sagemaker:us-east-1:111111111111:processing-job/x"},
+        {},
+    ]
+    for logical_id, statement in trusting.items():
+        assert statement["Action"] == "sts:AssumeRole", logical_id
+        assert admitted(own, statement), logical_id
+        assert not any(admitted(request, statement) for request in others), (logical_id, statement.get("Condition"))
 
 
 def test_cdk_nag_passes_on_every_stack_of_the_pipeline(synthesized: PipelineSynth) -> None:
