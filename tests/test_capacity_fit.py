@@ -242,6 +242,43 @@ def test_the_build_measures_each_footprint(built: tuple[Any, Path, Path]) -> Non
 
 
 @pytest.mark.slow
+def test_the_footprint_reads_the_tarball_once_and_writes_nothing_outside_its_scratch(
+    built: tuple[Any, Path, Path], tmp_path: Path
+) -> None:
+    """The measurement unpacks the tarball in one pass. A graph whose name leaves the folder (no
+    tarball the build writes has one; verify refuses it) is not written anywhere, and its load
+    time and working memory are unknown with the reason; the sizes are still counted."""
+    import io
+    import tarfile
+    import uuid
+
+    from triton_mme_cdk.model_build.capacity.measure import measure_footprint
+    from triton_mme_cdk.model_build.manifest import load_manifest
+
+    record, release_dir, path = built
+    model = next(m for m in record.models if m.name == "tiny-bert")
+    spec = next(s for s in load_manifest(path).models if s.name == "tiny-bert")
+    again = measure_footprint(spec, release_dir / model.tarball)
+    assert again.working_bytes.known and again.build_load_seconds.known and again.unpack_seconds.known
+    assert again.unpacked_bytes.value == Footprint.from_json(model.footprint).unpacked_bytes.value  # type: ignore[union-attr]
+
+    outside = f"outside-{uuid.uuid4().hex}"
+    hostile = tmp_path / "hostile.tar.gz"
+    with tarfile.open(release_dir / model.tarball) as source, tarfile.open(hostile, "w:gz") as target:
+        for member in source.getmembers():
+            data = source.extractfile(member).read() if member.isfile() else None  # type: ignore[union-attr]
+            if member.name.endswith("/model.onnx"):
+                member.name = f"../{outside}/1/model.onnx"
+            target.addfile(member, io.BytesIO(data) if data is not None else None)
+    footprint = measure_footprint(spec, hostile)
+    assert not footprint.working_bytes.known and not footprint.build_load_seconds.known
+    assert "not a plain relative path" in footprint.working_bytes.source, footprint.working_bytes.source
+    assert footprint.unpacked_bytes.value == again.unpacked_bytes.value
+    import tempfile
+    assert not (Path(tempfile.gettempdir()) / outside).exists()
+
+
+@pytest.mark.slow
 def test_the_index_records_footprints_and_a_refusal_publishes_nothing(built: tuple[Any, Path, Path]) -> None:
     from moto.server import ThreadedMotoServer
 

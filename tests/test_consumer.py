@@ -54,8 +54,11 @@ def consumer(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     subprocess.run([base, "-m", "venv", str(venv)], check=True, timeout=300)
     # With pip, as the README installs it (uv would be faster, but it unpacks aws-cdk-lib and its
     # dependency aws-cdk.cloud-assembly-schema in either order, and both write one module: see the
-    # Makefile's setup).
-    install = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", str(wheel)],
+    # Makefile's setup). --no-compile: pip would compile every module of aws-cdk-lib to bytecode,
+    # about 19 of the install's 25 s of CPU on two cores, and the synth below imports a few dozen
+    # of them (compiled then, on import); what is installed is the same.
+    install = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-compile",
+                              str(wheel)],
                              capture_output=True, text=True, timeout=900, check=False)
     assert install.returncode == 0, install.stderr[-3000:]
     app = work / "app"

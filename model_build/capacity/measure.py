@@ -47,25 +47,20 @@ _PROC = Path("/proc/self")
 
 def measure_footprint(spec: ModelSpec, tarball: Path, coefficients: Coefficients | None = None, *,
                       shm_default_byte_size: int | None = None) -> Footprint:
-    """The footprint of ``spec``'s first target from its built ``tarball`` (see the module docstring)."""
-    with tarfile.open(tarball, "r:gz") as archive:
-        members = [member for member in archive.getmembers() if member.isfile()]
-    unpacked = sum(member.size for member in members)
-    graphs = _graph_members(members)
-    weights = Figure(float(sum(member.size for member in graphs)),
-                     "the served graph files in the tarball (" + ", ".join(m.name for m in graphs) + ")", False) \
-        if graphs else unknown("no graph file found in the tarball")
-    started = time.perf_counter()
-    with tarfile.open(tarball, "r:gz") as archive:
-        for member in members:
-            handle = archive.extractfile(member)
-            if handle is not None:
-                while handle.read(1 << 20):
-                    pass
-    unpack = Figure(time.perf_counter() - started, "measured at build: every member inflated once on the build's CPU",
-                    True)
-    batch, sequence = largest_shape(spec)
-    load, working = _onnx_session(tarball, graphs, spec, batch, sequence)
+    """The footprint of ``spec``'s first target from its built ``tarball`` (see the module docstring).
+
+    The tarball is read once: every member is inflated (the unpack time), and the graph's folder
+    is kept in a scratch folder for the ONNX Runtime session."""
+    with tempfile.TemporaryDirectory(prefix="footprint-") as scratch:
+        members, seconds = _unpack_once(tarball, Path(scratch))
+        unpacked = sum(member.size for member in members)
+        graphs = _graph_members(members)
+        weights = Figure(float(sum(member.size for member in graphs)),
+                         "the served graph files in the tarball (" + ", ".join(m.name for m in graphs) + ")", False) \
+            if graphs else unknown("no graph file found in the tarball")
+        unpack = Figure(seconds, "measured at build: every member inflated once on the build's CPU", True)
+        batch, sequence = largest_shape(spec)
+        load, working = _onnx_session(Path(scratch), graphs, spec, batch, sequence)
     return footprint_from_parts(
         target=spec.target_names()[0], model=spec.name, stage="build", precision=spec.effective_precision,
         instance_kind=spec.instance_group.kind, instance_count=spec.instance_group.count,
@@ -78,17 +73,60 @@ def measure_footprint(spec: ModelSpec, tarball: Path, coefficients: Coefficients
         shm_default_byte_size=shm_default_byte_size)
 
 
+def _unpack_once(tarball: Path, scratch: Path) -> tuple[list[tarfile.TarInfo], float]:
+    """(the regular members, the seconds to inflate them all): one pass over ``tarball``. A member
+    that may belong to a graph (not a ``.py`` file, not the tokenizer's: :func:`_graph_members`
+    decides once every member is known) is also written under ``scratch`` at its path in the
+    tarball, for the ONNX Runtime session; the seconds count the inflation, not those writes. A
+    name that is not a plain relative path is never written (the build wrote this tarball, and
+    ``verify`` refuses such names; a measurement only skips them)."""
+    members: list[tarfile.TarInfo] = []
+    seconds = 0.0
+    with tarfile.open(tarball, "r:gz") as archive:
+        while True:
+            started = time.perf_counter()
+            member = archive.next()
+            handle = archive.extractfile(member) if member is not None and member.isfile() else None
+            seconds += time.perf_counter() - started
+            if member is None:
+                return members, seconds
+            if handle is None:
+                continue
+            members.append(member)
+            parts = Path(member.name).parts
+            out = None
+            if _may_be_graph(member.name) and parts and not Path(member.name).is_absolute() and ".." not in parts:
+                (scratch / member.name).parent.mkdir(parents=True, exist_ok=True)
+                out = (scratch / member.name).open("wb")
+            try:
+                while True:
+                    started = time.perf_counter()
+                    chunk = handle.read(1 << 20)
+                    seconds += time.perf_counter() - started
+                    if not chunk:
+                        break
+                    if out is not None:
+                        out.write(chunk)
+            finally:
+                if out is not None:
+                    out.close()
+
+
+def _may_be_graph(name: str) -> bool:
+    return not name.endswith(".py") and "/tokenizer/" not in f"/{name}"
+
+
 def _graph_members(members: list[tarfile.TarInfo]) -> list[tarfile.TarInfo]:
     """The served graph and its external data: the version folder holding a graph file (not the
     tokenizer's python step)."""
     folders = {member.name.rsplit("/", 1)[0] for member in members if member.name.rsplit("/", 1)[-1] in GRAPH_NAMES}
-    return [member for member in members if member.name.rsplit("/", 1)[0] in folders
-            and not member.name.endswith(".py") and "/tokenizer/" not in f"/{member.name}"]
+    return [member for member in members if member.name.rsplit("/", 1)[0] in folders and _may_be_graph(member.name)]
 
 
-def _onnx_session(tarball: Path, graphs: list[tarfile.TarInfo], spec: ModelSpec, batch: int,
+def _onnx_session(scratch: Path, graphs: list[tarfile.TarInfo], spec: ModelSpec, batch: int,
                   sequence: int) -> tuple[Figure, Figure]:
-    """(session creation seconds, working memory) of the ONNX graph on CPU, or unknowns saying why."""
+    """(session creation seconds, working memory) of the ONNX graph on CPU (its folder unpacked
+    under ``scratch``), or unknowns saying why."""
     if spec.format != "onnx":
         why = f"not measured: a {spec.format} graph is not run at build"
         return unknown(why), unknown(why)
@@ -96,42 +134,39 @@ def _onnx_session(tarball: Path, graphs: list[tarfile.TarInfo], spec: ModelSpec,
     if len(onnx) != 1:
         why = f"not measured: {len(onnx)} ONNX graphs in the tarball"
         return unknown(why), unknown(why)
+    graph = scratch / onnx[0].name
+    if not graph.is_file():
+        why = f"not measured: the graph's name {onnx[0].name!r} is not a plain relative path"
+        return unknown(why), unknown(why)
     try:
         import numpy as np
         import onnxruntime as ort
     except ImportError as error:  # the build always has them; a bare install may not
         why = f"not measured: {error}"
         return unknown(why), unknown(why)
-    with tempfile.TemporaryDirectory(prefix="footprint-") as scratch, tarfile.open(tarball, "r:gz") as archive:
-        folder = onnx[0].name.rsplit("/", 1)[0]
-        for member in graphs:
-            if member.name.rsplit("/", 1)[0] == folder:
-                handle = archive.extractfile(member)
-                assert handle is not None
-                (Path(scratch) / member.name.rsplit("/", 1)[-1]).write_bytes(handle.read())
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        started = time.perf_counter()
-        try:
-            session = ort.InferenceSession(str(Path(scratch) / "model.onnx"), options,
-                                           providers=["CPUExecutionProvider"])
-        except Exception as error:  # a measurement never fails the build
-            why = f"not measured: ONNX Runtime could not load the graph ({type(error).__name__})"
-            return unknown(why), unknown(why)
-        load = Figure(time.perf_counter() - started, "measured at build: an ONNX Runtime session created on the "
-                                                     "build's CPU", False)
-        run_batch, run_sequence = min(batch, MEASURED_BATCH), min(sequence, MEASURED_SEQUENCE)
-        before = _reset_peak()
-        if before is None:
-            return load, unknown("not measured: /proc/self/clear_refs is not available here")
-        try:
-            feeds = {item.name: _input(np, item, run_batch, run_sequence) for item in session.get_inputs()}
-            session.run(None, feeds)
-        except Exception as error:  # a measurement never fails the build
-            return load, unknown(f"not measured: one run at batch {run_batch} failed ({type(error).__name__}: "
-                                 f"{str(error)[:200]})")
-        peak = _peak()
-        del session
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    started = time.perf_counter()
+    try:
+        session = ort.InferenceSession(str(graph), options,
+                                       providers=["CPUExecutionProvider"])
+    except Exception as error:  # a measurement never fails the build
+        why = f"not measured: ONNX Runtime could not load the graph ({type(error).__name__})"
+        return unknown(why), unknown(why)
+    load = Figure(time.perf_counter() - started, "measured at build: an ONNX Runtime session created on the "
+                                                 "build's CPU", False)
+    run_batch, run_sequence = min(batch, MEASURED_BATCH), min(sequence, MEASURED_SEQUENCE)
+    before = _reset_peak()
+    if before is None:
+        return load, unknown("not measured: /proc/self/clear_refs is not available here")
+    try:
+        feeds = {item.name: _input(np, item, run_batch, run_sequence) for item in session.get_inputs()}
+        session.run(None, feeds)
+    except Exception as error:  # a measurement never fails the build
+        return load, unknown(f"not measured: one run at batch {run_batch} failed ({type(error).__name__}: "
+                             f"{str(error)[:200]})")
+    peak = _peak()
+    del session
     if peak is None:
         return load, unknown("not measured: /proc/self/status gave no peak")
     grown = max(0.0, float(peak - before))
