@@ -278,6 +278,39 @@ def test_the_footprint_reads_the_tarball_once_and_writes_nothing_outside_its_scr
     assert not (Path(tempfile.gettempdir()) / outside).exists()
 
 
+def test_a_graph_that_is_not_run_is_counted_but_never_written_out(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A TorchScript (or TensorRT) graph is not run at build, so the one pass over its tarball
+    writes nothing to disk (a plan tarball can be gigabytes); its sizes are still counted."""
+    import io
+    import tarfile
+
+    from triton_mme_cdk.model_build.capacity import measure
+    from triton_mme_cdk.model_build.manifest import load_manifest
+
+    spec = load_manifest(_manifest(tmp_path, _tiny(name="ts", format="torchscript"))).models[0]
+    tarball = tmp_path / "ts.tar.gz"
+    files = {"ts/config.pbtxt": b'name: "ts"\n', "ts/1/model.pt": bytes(range(256)) * 64}
+    with tarfile.open(tarball, "w:gz") as archive:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    scratches: list[Path | None] = []
+    real = measure._unpack_once
+
+    def spy(path: Path, scratch: Path | None) -> Any:
+        scratches.append(scratch)
+        return real(path, scratch)
+
+    monkeypatch.setattr(measure, "_unpack_once", spy)
+    footprint = measure.measure_footprint(spec, tarball)
+    assert scratches == [None]
+    assert footprint.weight_bytes.value == len(files["ts/1/model.pt"])
+    assert footprint.unpacked_bytes.value == sum(len(data) for data in files.values())
+    assert not footprint.working_bytes.known and "not run at build" in footprint.working_bytes.source
+
+
 @pytest.mark.slow
 def test_the_index_records_footprints_and_a_refusal_publishes_nothing(built: tuple[Any, Path, Path]) -> None:
     from moto.server import ThreadedMotoServer

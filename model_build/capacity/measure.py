@@ -52,7 +52,9 @@ def measure_footprint(spec: ModelSpec, tarball: Path, coefficients: Coefficients
     The tarball is read once: every member is inflated (the unpack time), and the graph's folder
     is kept in a scratch folder for the ONNX Runtime session."""
     with tempfile.TemporaryDirectory(prefix="footprint-") as scratch:
-        members, seconds = _unpack_once(tarball, Path(scratch))
+        # Only an ONNX graph is run here: nothing else is written (a plan tarball holds one file
+        # per compute capability, gigabytes a Lambda's /tmp has no room to hold twice).
+        members, seconds = _unpack_once(tarball, Path(scratch) if spec.format == "onnx" else None)
         unpacked = sum(member.size for member in members)
         graphs = _graph_members(members)
         weights = Figure(float(sum(member.size for member in graphs)),
@@ -73,13 +75,13 @@ def measure_footprint(spec: ModelSpec, tarball: Path, coefficients: Coefficients
         shm_default_byte_size=shm_default_byte_size)
 
 
-def _unpack_once(tarball: Path, scratch: Path) -> tuple[list[tarfile.TarInfo], float]:
+def _unpack_once(tarball: Path, scratch: Path | None) -> tuple[list[tarfile.TarInfo], float]:
     """(the regular members, the seconds to inflate them all): one pass over ``tarball``. A member
     that may belong to a graph (not a ``.py`` file, not the tokenizer's: :func:`_graph_members`
     decides once every member is known) is also written under ``scratch`` at its path in the
-    tarball, for the ONNX Runtime session; the seconds count the inflation, not those writes. A
-    name that is not a plain relative path is never written (the build wrote this tarball, and
-    ``verify`` refuses such names; a measurement only skips them)."""
+    tarball, for the ONNX Runtime session (nothing without ``scratch``); the seconds count the
+    inflation, not those writes. A name that is not a plain relative path is never written (the
+    build wrote this tarball, and ``verify`` refuses such names; a measurement only skips them)."""
     members: list[tarfile.TarInfo] = []
     seconds = 0.0
     with tarfile.open(tarball, "r:gz") as archive:
@@ -95,7 +97,8 @@ def _unpack_once(tarball: Path, scratch: Path) -> tuple[list[tarfile.TarInfo], f
             members.append(member)
             parts = Path(member.name).parts
             out = None
-            if _may_be_graph(member.name) and parts and not Path(member.name).is_absolute() and ".." not in parts:
+            if scratch is not None and _may_be_graph(member.name) and parts and not Path(member.name).is_absolute() \
+                    and ".." not in parts:
                 (scratch / member.name).parent.mkdir(parents=True, exist_ok=True)
                 out = (scratch / member.name).open("wb")
             try:
