@@ -19,6 +19,7 @@ from typing import Any
 import aws_cdk as cdk
 import pytest
 from aws_cdk.assertions import Annotations, Match
+from tar_helpers import tar_gz  # tests/ is on sys.path
 
 from triton_mme_cdk import ModelSource, PropsError, TritonMultiModelEndpoint
 from triton_mme_cdk.model_build.capacity.fit import Fleet, check_fit, fleet_from_record, release_check
@@ -282,20 +283,13 @@ def test_a_graph_that_is_not_run_is_counted_but_never_written_out(tmp_path: Path
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """A TorchScript (or TensorRT) graph is not run at build, so the one pass over its tarball
     writes nothing to disk (a plan tarball can be gigabytes); its sizes are still counted."""
-    import io
-    import tarfile
-
     from triton_mme_cdk.model_build.capacity import measure
     from triton_mme_cdk.model_build.manifest import load_manifest
 
     spec = load_manifest(_manifest(tmp_path, _tiny(name="ts", format="torchscript"))).models[0]
     tarball = tmp_path / "ts.tar.gz"
     files = {"ts/config.pbtxt": b'name: "ts"\n', "ts/1/model.pt": bytes(range(256)) * 64}
-    with tarfile.open(tarball, "w:gz") as archive:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            archive.addfile(info, io.BytesIO(data))
+    tarball.write_bytes(tar_gz(files))
     scratches: list[Path | None] = []
     real = measure._unpack_once
 

@@ -9,7 +9,6 @@ escapes its folder, a config the server refuses, and a python model that runs ou
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import re
@@ -30,7 +29,8 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from botocore.exceptions import ClientError
-from triton_helpers import requires_triton  # tests/ is on sys.path
+from tar_helpers import tar_gz  # tests/ is on sys.path
+from triton_helpers import requires_triton
 
 from triton_mme_cdk.model_build.aws_clients import make_s3_client
 from triton_mme_cdk.model_build.manifest import parse_manifest
@@ -60,16 +60,6 @@ MANIFEST = {
 }
 
 pytestmark = [pytest.mark.slow, requires_triton]
-
-
-def _tarball(members: dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
 
 
 OOM_MODEL = b'''
@@ -161,24 +151,24 @@ def release(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         hostile: dict[str, bytes | tuple[bytes, str]] = {
             # The index promises the good bytes; the object holds others.
             "tampered.tar.gz": (good[:-8] + b"\0" * 8, hashlib.sha256(good).hexdigest()),
-            "escaping.tar.gz": _tarball({"../outside/config.pbtxt": config}),
+            "escaping.tar.gz": tar_gz({"../outside/config.pbtxt": config}),
             # Dims 3x16x16 where the model takes 3x32x32: our checks cannot see it, the server refuses it.
-            "refused.tar.gz": _tarball({
+            "refused.tar.gz": tar_gz({
                 "m/config.pbtxt": config.replace(b"dims: 32", b"dims: 16"), "m/1/model.onnx": onnx_bytes}),
-            "oom.tar.gz": _tarball({"oom/config.pbtxt": OOM_CONFIG, "oom/1/model.py": OOM_MODEL}),
-            "badconfig.tar.gz": _tarball({"m/config.pbtxt": b'name: "m"\nbackend: "onnxruntime"\ninput { oops\n',
-                                          "m/1/model.onnx": onnx_bytes}),
-            "hog.tar.gz": _tarball({"hog/config.pbtxt": _python_config("hog", flag), "hog/1/model.py": HOG_MODEL}),
-            "greedy.tar.gz": _tarball({"greedy/config.pbtxt": _python_config("greedy", flag),
-                                       "greedy/1/model.py": GREEDY_MODEL}),
-            "two-inputs.tar.gz": _tarball({"two/config.pbtxt": TWO_INPUT_CONFIG, "two/1/model.onnx": _two_input_onnx()}),
-            "shrink.tar.gz": _tarball({"tiny-onnx/config.pbtxt": _with_parameters(
+            "oom.tar.gz": tar_gz({"oom/config.pbtxt": OOM_CONFIG, "oom/1/model.py": OOM_MODEL}),
+            "badconfig.tar.gz": tar_gz({"m/config.pbtxt": b'name: "m"\nbackend: "onnxruntime"\ninput { oops\n',
+                                        "m/1/model.onnx": onnx_bytes}),
+            "hog.tar.gz": tar_gz({"hog/config.pbtxt": _python_config("hog", flag), "hog/1/model.py": HOG_MODEL}),
+            "greedy.tar.gz": tar_gz({"greedy/config.pbtxt": _python_config("greedy", flag),
+                                     "greedy/1/model.py": GREEDY_MODEL}),
+            "two-inputs.tar.gz": tar_gz({"two/config.pbtxt": TWO_INPUT_CONFIG, "two/1/model.onnx": _two_input_onnx()}),
+            "shrink.tar.gz": tar_gz({"tiny-onnx/config.pbtxt": _with_parameters(
                 config, **{"memory.enable_memory_arena_shrinkage": "cpu:0"}), "tiny-onnx/1/model.onnx": onnx_bytes}),
-            "bad-shrink.tar.gz": _tarball({"tiny-onnx/config.pbtxt": _with_parameters(
+            "bad-shrink.tar.gz": tar_gz({"tiny-onnx/config.pbtxt": _with_parameters(
                 config, **{"memory.enable_memory_arena_shrinkage": "tpu:7"}), "tiny-onnx/1/model.onnx": onnx_bytes}),
-            "interop.tar.gz": _tarball({**ts_members, "tiny-ts/config.pbtxt": _with_parameters(
+            "interop.tar.gz": tar_gz({**ts_members, "tiny-ts/config.pbtxt": _with_parameters(
                 ts_config, INTER_OP_THREAD_COUNT="2", INTRA_OP_THREAD_COUNT="1")}),
-            "bad-interop.tar.gz": _tarball({**ts_members, "tiny-ts/config.pbtxt": _with_parameters(
+            "bad-interop.tar.gz": tar_gz({**ts_members, "tiny-ts/config.pbtxt": _with_parameters(
                 ts_config, INTER_OP_THREAD_COUNT="two")}),
         }
         index_key = f"{prefix}/{INDEX_NAME}"

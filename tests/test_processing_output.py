@@ -7,19 +7,16 @@ on loopback; the happy path (a real job's unit stored) is tests/test_deploy_path
 from __future__ import annotations
 
 import hashlib
-import io
 import json
-import tarfile
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from tar_helpers import tar_gz  # tests/ is on sys.path
 
 from triton_mme_cdk.model_build.aws_clients import make_s3_client
 from triton_mme_cdk.model_build.errors import ModelBuildError
 from triton_mme_cdk.model_build.handler.processing import ARTIFACT_FILE, job_prefix, store_unit
-from triton_mme_cdk.model_build.tools.local_s3 import local_s3
 
 PREFIX = "models"
 RELEASE = "r-0123456789abcdef"
@@ -27,14 +24,9 @@ KEY = "k-" + "a" * 32
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    with local_s3() as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def s3(server: str) -> Any:
-    return make_s3_client(endpoint_url=server)
+def s3(endpoint: str) -> Any:
+    """A client of the module's local S3 endpoint (tests/conftest.py)."""
+    return make_s3_client(endpoint_url=endpoint)
 
 
 @pytest.fixture()
@@ -42,16 +34,6 @@ def bucket(s3: Any) -> str:
     name = f"jobs-{uuid.uuid4().hex[:12]}"
     s3.create_bucket(Bucket=name)
     return name
-
-
-def _tarball(members: dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            archive.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
 
 
 def _job_output(s3: Any, bucket: str, model: str, files: dict[str, bytes], **described: Any) -> str:
@@ -85,7 +67,7 @@ def _stored(s3: Any, bucket: str) -> list[str]:
 ])
 def test_an_artifact_json_that_reaches_outside_its_folder_is_refused(
         s3: Any, bucket: str, described: dict[str, Any], expected: str) -> None:
-    files = {"model.tar.gz": _tarball({"bert/config.pbtxt": b'name: "bert"'}),
+    files = {"model.tar.gz": tar_gz({"bert/config.pbtxt": b'name: "bert"'}),
              "sub/model.tar.gz": b"nested"}
     output = _job_output(s3, bucket, "bert", files, **described)
     with pytest.raises(ModelBuildError) as refused:
@@ -99,7 +81,7 @@ def test_an_artifact_json_that_reaches_outside_its_folder_is_refused(
 def test_a_jobs_tarball_passes_the_gate_again_before_it_is_stored(s3: Any, bucket: str) -> None:
     # A tarball the job's own gate would have refused (no config, no version folder), with a
     # digest and size that match: only the gate run by the Lambda stops it.
-    files = {"model.tar.gz": _tarball({"bert/model.py": b"import os; os.system('id')\n"})}
+    files = {"model.tar.gz": tar_gz({"bert/model.py": b"import os; os.system('id')\n"})}
     output = _job_output(s3, bucket, "bert", files)
     with pytest.raises(ModelBuildError) as refused:
         store_unit(s3, bucket=bucket, model_prefix=PREFIX, output_uri=output, model="bert", key=KEY)
@@ -108,10 +90,10 @@ def test_a_jobs_tarball_passes_the_gate_again_before_it_is_stored(s3: Any, bucke
 
 
 def test_the_lambda_reads_the_unit_from_the_models_own_job_folder_only(
-        server: str, s3: Any, bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        endpoint: str, s3: Any, bucket: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from triton_mme_cdk.model_build.handler.build_steps import store_job
 
-    monkeypatch.setenv("MODEL_BUILD_S3_ENDPOINT_URL", server)
+    monkeypatch.setenv("MODEL_BUILD_S3_ENDPOINT_URL", endpoint)
     props = {"ModelBucket": bucket, "ModelPrefix": PREFIX, "ReleaseId": RELEASE, "ManifestBucket": bucket,
              "ManifestKey": "manifest.json", "ManifestSha256": "0" * 64}
     elsewhere = _job_output(s3, bucket, "other", {"model.tar.gz": b"x"}, name="bert")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,6 @@ from triton_mme_cdk.model_build.release.store import (
     assemble_release,
     publish_unit,
 )
-from triton_mme_cdk.model_build.tools.local_s3 import local_s3
 from triton_mme_cdk.model_build.types import Artifact
 
 PREFIX = "models"
@@ -38,14 +36,9 @@ def _sha(data: bytes) -> str:
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[str]:
-    with local_s3() as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def s3(server: str) -> Any:
-    return make_s3_client(endpoint_url=server)
+def s3(endpoint: str) -> Any:
+    """A client of the module's local S3 endpoint (tests/conftest.py)."""
+    return make_s3_client(endpoint_url=endpoint)
 
 
 @pytest.fixture()
@@ -150,14 +143,14 @@ def test_placing_refuses_a_served_name_whose_checksum_is_not_its_digest(s3: Any,
 
 
 def test_the_smoke_client_refuses_a_target_that_is_not_its_digests_name(
-        server: str, s3: Any, bucket: str, tmp_path: Path) -> None:
+        endpoint: str, s3: Any, bucket: str, tmp_path: Path) -> None:
     from triton_mme_cdk.model_build.tools.smoke import run_smoke
 
     release = _release(s3, bucket, tmp_path, {"a": b"A1"}, "r-000000000000000a")
     activate_release(s3, bucket, PREFIX, "r-000000000000000a")
     _edit_json(s3, bucket, release.index_key(PREFIX),
                lambda doc: doc["models"][0].update(target_model=served_name("a", _sha(b"other"))))
-    options = {"endpoint_url": server, "region_name": "us-east-1", "aws_access_key_id": "testing",
+    options = {"endpoint_url": endpoint, "region_name": "us-east-1", "aws_access_key_id": "testing",
                "aws_secret_access_key": "testing"}
     sagemaker = boto3.client("sagemaker", **options)
     name = f"smoke-{uuid.uuid4().hex[:8]}"

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import json
 import shutil
 import tarfile
@@ -24,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tar_helpers import tar_gz  # tests/ is on sys.path
 from triton_helpers import requires_triton  # tests/ is on sys.path
 
 from triton_mme_cdk.model_build.aws_clients import make_s3_client
@@ -152,17 +152,6 @@ def _publish(s3: Any, artifact: Artifact, release: str) -> str:
     return f"s3://{BUCKET}/{prefix}/"
 
 
-def _tarball(members: dict[str, str | bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for name, data in members.items():
-            raw = data.encode() if isinstance(data, str) else data
-            info = tarfile.TarInfo(name)
-            info.size = len(raw)
-            tar.addfile(info, io.BytesIO(raw))
-    return buffer.getvalue()
-
-
 def _add_targets(s3: Any, release: str, bodies: dict[str, bytes | None]) -> None:
     """List more targets in a published index (``None``: listed but never uploaded)."""
     prefix = f"models/{release}"
@@ -207,9 +196,9 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
         _publish(s3, artifact, RELEASE_A)
         _publish(s3, artifact, RELEASE_G)
         _add_targets(s3, RELEASE_G, {
-            "oom.tar.gz": _tarball({"oom/config.pbtxt": PYTHON_CONFIG.format(name="oom"), "oom/1/model.py": OOM_MODEL}),
-            "slow.tar.gz": _tarball({"slow/config.pbtxt": PYTHON_CONFIG.format(name="slow"),
-                                     "slow/1/model.py": SLOW_MODEL}),
+            "oom.tar.gz": tar_gz({"oom/config.pbtxt": PYTHON_CONFIG.format(name="oom"), "oom/1/model.py": OOM_MODEL}),
+            "slow.tar.gz": tar_gz({"slow/config.pbtxt": PYTHON_CONFIG.format(name="slow"),
+                                   "slow/1/model.py": SLOW_MODEL}),
             "nine.tar.gz": (nine_dir / nine.tarball).read_bytes(),
             "gone.tar.gz": None,
         })
