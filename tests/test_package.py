@@ -189,7 +189,8 @@ def test_the_environment_has_the_cdk_librarys_own_cloud_assembly_schema() -> Non
     """aws-cdk-lib and its dependency aws-cdk.cloud-assembly-schema both install
     ``aws_cdk/cloud_assembly_schema/__init__.py``. With the dependency's copy, jsii cannot read the
     library's annotations (``Unknown interface: aws-cdk-lib.cloud_assembly_schema.MetadataEntry``
-    from ``Annotations.find_warning``): ``make setup`` writes the library again, alone."""
+    from ``Annotations.find_warning``): ``make setup`` installs the dependency first, alone, and
+    writes the library again, alone, if its copy is not the one left."""
     import aws_cdk.cloud_assembly_schema as schema
 
     assert getattr(schema.MetadataEntry, "__jsii_type__", None) == "aws-cdk-lib.cloud_assembly_schema.MetadataEntry", (
