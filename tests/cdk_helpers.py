@@ -161,11 +161,14 @@ def write_manifest(path: Path, count: int) -> Path:
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:
-    """The environment of a CDK app or CLI run: the venv's Node 24 first, no AWS lookups."""
+    """The environment of a CDK app or CLI run: the venv's Node 24 first, no AWS lookups, the
+    CDK's built-in template validation as the test process has it (off: tests/conftest.py; pass
+    ``CDK_VALIDATION="true"`` for a run with it)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CDK_", "AWS_"))}
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
     env["AWS_EC2_METADATA_DISABLED"] = "true"
     env["CDK_DISABLE_VERSION_CHECK"] = "1"
+    env["CDK_VALIDATION"] = os.environ.get("CDK_VALIDATION", "false")
     env.update(extra)
     return env
 

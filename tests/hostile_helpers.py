@@ -317,7 +317,8 @@ def run_app_refusals(cases: Mapping[str, tuple[Mapping[str, object], Path]], fol
         {"context": dict(cases[name][0]), "outdir": str(cases[name][1]),
          "stdout": str(folder / f"{index}.out"), "stderr": str(folder / f"{index}.err")}
         for index, name in enumerate(names)]
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "CDK_"))}, "PATH": path}
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "CDK_"))}, "PATH": path,
+           "CDK_VALIDATION": os.environ.get("CDK_VALIDATION", "false")}  # tests/conftest.py
     result = subprocess.run(
         [sys.executable, "-c", _APP_REFUSALS], cwd=ROOT, env=env, input=json.dumps(requests), capture_output=True,
         text=True, timeout=SYNTH_TIME_LIMIT_S * 3 + 10 * len(names), preexec_fn=_limit_memory(SYNTH_MEMORY_LIMIT_BYTES),

@@ -44,11 +44,14 @@ Synths = list[tuple[subprocess.CompletedProcess[str], Path]]
 
 @pytest.fixture(scope="module")
 def two_synths(tmp_path_factory: pytest.TempPathFactory) -> Synths:
-    """The default app synthesized twice, in two processes with different hash seeds."""
+    """The default app synthesized twice, in two processes with different hash seeds, with the
+    CDK's built-in template validation on, as users run it (the other tests leave it off:
+    tests/conftest.py)."""
     runs = []
     for seed in ("1", "2"):
         outdir = tmp_path_factory.mktemp(f"synth{seed}")
-        env = subprocess_env(CDK_OUTDIR=str(outdir), CDK_CONTEXT_JSON="{}", PYTHONHASHSEED=seed)
+        env = subprocess_env(CDK_OUTDIR=str(outdir), CDK_CONTEXT_JSON="{}", PYTHONHASHSEED=seed,
+                             CDK_VALIDATION="true")
         result = subprocess.run(
             [sys.executable, "-c", SYNTH_AND_LIST_MODULES], cwd=ROOT, env=env,
             capture_output=True, text=True, timeout=300,
@@ -65,6 +68,43 @@ def test_app_synthesizes_without_credentials_or_heavy_imports(two_synths: Synths
         # Environment-agnostic: no account or region looked up or baked in.
         assert manifest["artifacts"]["TritonMme"]["environment"] == "aws://unknown-account/unknown-region"
         assert not (ROOT / "cdk.context.json").exists()
+
+
+#: A bucket whose versioning status CloudFormation's schema does not allow: what the CDK's built-in
+#: validation reports (cfn-lint's rule W3030), in a process started as the app's are.
+INVALID_BUCKET = (
+    "import sys\n"
+    "import aws_cdk as cdk\n"
+    "app = cdk.App(outdir=sys.argv[1])\n"
+    "stack = cdk.Stack(app, 'Invalid')\n"
+    "cdk.CfnResource(stack, 'Bucket', type='AWS::S3::Bucket',\n"
+    "                properties={'VersioningConfiguration': {'Status': 'Sometimes'}})\n"
+    "app.synth()\n"
+)
+
+
+def _builtin_validation_findings(outdir: Path) -> list[str]:
+    """The rules the CDK's built-in validation ("CloudFormation Validate") reported in a synth's report."""
+    report = json.loads((outdir / "validation-report.json").read_text())
+    return [violation["ruleName"] for plugin in report["pluginReports"]
+            if plugin["pluginName"] == "CloudFormation Validate" for violation in plugin["violations"]]
+
+
+def test_the_cdks_builtin_validation_runs_on_the_app_and_finds_nothing(
+    two_synths: Synths, tmp_path: Path
+) -> None:
+    """The validation the other tests leave off (tests/conftest.py): on in the app's runs, and in
+    the same environment it reports a template CloudFormation would refuse."""
+    for result, outdir in two_synths:
+        assert result.returncode == 0, result.stderr
+        assert _builtin_validation_findings(outdir) == [], (outdir / "validation-report.json").read_text()
+        assert "Template validation found issues" not in result.stdout + result.stderr
+    invalid = subprocess.run(
+        [sys.executable, "-c", INVALID_BUCKET, str(tmp_path)], cwd=ROOT,
+        env=subprocess_env(CDK_VALIDATION="true"), capture_output=True, text=True, timeout=300,
+    )
+    assert invalid.returncode == 0, invalid.stderr  # warnings only, as the CDK reports them by default
+    assert _builtin_validation_findings(tmp_path) == ["W3030"], invalid.stdout + invalid.stderr
 
 
 def test_two_synths_are_byte_identical(two_synths: Synths) -> None:
