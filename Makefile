@@ -132,8 +132,8 @@ synth: setup
 # Parallel workers (pytest-xdist). `make test`: one more than the usable cores. About a quarter of
 # the whole suite's time is spent waiting (a subprocess starting, tritonserver loading or unloading a
 # model), and an extra worker fills it: on 2 cores, 9.0 minutes against 10.8 with 2 workers, and 4
-# workers gave no more (9.0; on 2026-11-27, 550 s against 486 s with 3). `make test-fast` is CPU-bound, so one per core: 108 s against 121 s
-# with 3. --dist loadfile keeps a test file on one worker, so its module-scoped fixtures (an export,
+# workers gave no more (9.0; on 2026-11-27, 550 s against 486 s with 3). `make test-fast` is
+# CPU-bound, so one per core: 108 s against 121 s with 3. --dist loadfile keeps a test file on one worker, so its module-scoped fixtures (an export,
 # a tritonserver, a synth) are built once; --no-loadscope-reorder hands them out in the order
 # tests/conftest.py sets, the files with slow tests first, so that no long file starts last.
 # PYTEST_WORKERS=1 (or PYTEST_FAST_WORKERS=1) runs one worker.

@@ -22,10 +22,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # start (the CDK reads CDK_VALIDATION at each synth; tests/cdk_helpers.py's subprocess_env passes it
 # on). aws-cdk-lib runs cfn-lint's rules, compiled to WASM, on every template it synthesizes and
 # reports what they find as warnings: on 2026-11-27 a `python app.py` of the default app used 9.2 to
-# 10.6 s of CPU with it and 4.9 to 5.8 s without; the whole suite ran in 584 s against 605 s. The suite runs cfn-lint itself on the default template and every
-# settings variant, and fails on a warning too (test_stack_resources, test_stack_variants,
-# test_ops_variants). test_stack_app.py runs the app as users run it, with the validation on, and
-# checks that it ran and found nothing. Give CDK_VALIDATION yourself to run the suite with it.
+# 10.6 s of CPU with it and 4.9 to 5.8 s without; the whole suite ran in 584 s against 605 s. The
+# suite runs cfn-lint itself on the default template and every settings variant, and fails on a
+# warning too (test_stack_resources, test_stack_variants, test_ops_variants). test_stack_app.py runs
+# the app as users run it, with the validation on, and checks that it ran and found nothing. Give
+# CDK_VALIDATION yourself to run the suite with it.
 os.environ.setdefault("CDK_VALIDATION", "false")
 
 import pytest
