@@ -224,13 +224,18 @@ def tensorrt_missing() -> str:
 def variant_entry(spec: Any, source_dir: Path | None, **update: Any) -> Any:
     """The manifest entry with ``update`` applied (one copy, FP16 only through ``precision``),
     validated as the manifest validates it; its source the folder the check was given (a copy
-    carried to the GPU machine) instead of a fetch."""
+    carried to the GPU machine) instead of a fetch.
+
+    Only the fields the manifest set are passed on: a field passed counts as set, and what a
+    field being set means can differ from its default (an FP16 graph is judged by ``tolerance``
+    only where the manifest set it; see ``elementwise_tolerance_applies``)."""
     from triton_mme_cdk.model_build.manifest.fields import LocalSource
 
     fields = {"copies": 1, "fp16": False, **update}
     if source_dir is not None and spec.source.kind in ("package", "huggingface", "s3"):
         fields["source"] = LocalSource(kind="local", path=str(source_dir))
-    return type(spec).model_validate({**dict(spec), **fields})
+    given = {name: value for name, value in dict(spec).items() if name in spec.model_fields_set}
+    return type(spec).model_validate({**given, **fields})
 
 
 def ort_cases(

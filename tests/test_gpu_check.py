@@ -104,6 +104,27 @@ def test_the_served_entries_are_the_manifest_as_built_and_minilms_variants(tmp_p
     assert [(r["variant"], r["status"]) for r in rows] == [("fp16", "not measured"), ("tensorrt-fp16", "not measured")]
 
 
+def test_a_variant_entry_leaves_unset_what_the_manifest_left_unset() -> None:
+    """The FP16 variant of MiniLM is judged as the manifest's FP16 entries are: by the accuracy
+    gates, not by FP32's element-wise tolerance, which the manifest never set (on the first GPU run
+    every field was passed, so counted as set, and the served FP16 build was refused)."""
+    from triton_mme_cdk.model_build.export.validate import elementwise_tolerance_applies
+    from triton_mme_cdk.model_build.manifest import load_manifest
+
+    minilm = load_manifest(ROOT / "models.yaml").models[0]
+    assert "tolerance" not in minilm.model_fields_set
+    fp16 = gpu_cases.variant_entry(minilm, None, precision="fp16")
+    assert fp16.precision == "fp16" and fp16.copies == 1
+    assert "tolerance" not in fp16.model_fields_set and not elementwise_tolerance_applies(fp16)
+    assert elementwise_tolerance_applies(gpu_cases.variant_entry(minilm, None))  # FP32: always
+    unchanged = set(type(minilm).model_fields) - {"precision", "copies", "fp16"}
+    assert {name: getattr(fp16, name) for name in unchanged} == {name: getattr(minilm, name) for name in unchanged}
+    # A tolerance the manifest sets still judges the variant element-wise.
+    given = {name: getattr(minilm, name) for name in minilm.model_fields_set}
+    strict = type(minilm).model_validate({**given, "tolerance": {"atol": 1e-3, "rtol": 1e-3}})
+    assert elementwise_tolerance_applies(gpu_cases.variant_entry(strict, None, precision="fp16"))
+
+
 def test_gpu_provider_rows_say_why_they_cannot_run_here(tmp_path: Path) -> None:
     """Without onnxruntime-gpu's providers (this machine) each GPU row is 'not measured' with the
     reason, and nothing is exported for it."""
