@@ -231,3 +231,16 @@ def test_the_tensorrt_variant_is_served_as_published_with_its_engine_cache(tmp_p
     text = unpacked.read_text()
     assert "KIND_GPU" in text and 'name: "tensorrt"' in text and f'value: "{cache}"' in text
     assert not served.loaded
+
+
+def test_the_stub_context_figures_are_unknown_without_a_driver_never_zero() -> None:
+    """``benchmarks.gpu_context`` measures what a CUDA process holds for being one; on a machine
+    without an NVIDIA driver (this one) each figure is null with the reason, never 0."""
+    done = subprocess.run([sys.executable, "-m", "benchmarks.gpu_context"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["schema"] == "triton-mme/gpu-context/1"
+    assert set(result["figures"]) == {"cuda_context", "onnxruntime_cuda_session", "torch_cuda"}
+    for figure in result["figures"].values():
+        assert figure["mib"] is None and "no NVIDIA driver" in figure["reason"]
