@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks import gpu_context
 from benchmarks.gpu_cases import (
     CPU_ORT_VARIANTS,
     ORT_VARIANTS,
@@ -275,6 +276,9 @@ def run(manifest_path: Path, sources: dict[str, Path], torch: Any, device: str =
         served, served_by = served_rows(manifest_path, list(manifest.models), resolved, references, gpu,
                                         Path(scratch) / "served")
         rows += served
+    # What each served row's stub holds for being a CUDA process, measured after every model is
+    # unloaded: the capacity plan subtracts it (the image's C++ backends share the server's context).
+    stub_context = gpu_context.run(sys.executable) if device == "cuda" else None
     return {
         "schema": SCHEMA,
         "started_at": started_at,
@@ -293,6 +297,7 @@ def run(manifest_path: Path, sources: dict[str, Path], torch: Any, device: str =
         "iterations": ITERATIONS,
         "sequence_length": SEQUENCE,
         "served_by": served_by,
+        "stub_context": stub_context,
         "differs_from_sagemaker": list(DIFFERS_FROM_SAGEMAKER),
         "rows": rows,
     }
@@ -306,6 +311,23 @@ def run(manifest_path: Path, sources: dict[str, Path], torch: Any, device: str =
 def _cold_cell(row: dict[str, Any]) -> str:
     cached = row.get("tensorrt_cached_load_s")
     return f"{row['cold_start_s']} (engine cached: {cached})" if cached is not None else str(row["cold_start_s"])
+
+
+def context_sentence(stub_context: Any) -> str:
+    """What a process holds on this GPU for being a CUDA process (``benchmarks.gpu_context``), or ""."""
+    if not isinstance(stub_context, dict) or not isinstance(stub_context.get("figures"), dict):
+        return ""
+    names = {"cuda_context": "a bare CUDA context", "onnxruntime_cuda_session": "onnxruntime's CUDA provider on a "
+             "64x64 MatMul", "torch_cuda": "PyTorch with one matrix product"}
+    parts = []
+    for key, what in names.items():
+        figure = stub_context["figures"].get(key) or {}
+        value = figure.get("mib")
+        parts.append(f"{what} {value:g} MiB" if isinstance(value, (int, float)) else f"{what}: unknown ({figure.get('reason')})")
+    note = f" {stub_context['note']}" if stub_context.get("note") else ""
+    return ("What a process holds on this GPU for being a CUDA process, each in a process of its own "
+            f"(`python -m benchmarks.gpu_context`): {'; '.join(parts)}. The capacity plan subtracts the bare "
+            "context from each served row: the image's C++ backends share the server's context." + note)
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -343,6 +365,9 @@ def markdown(result: dict[str, Any]) -> str:
         "engine_cache: true}`) that includes the TensorRT provider's engine compile, and the load after an "
         "unload with the engine cache warm follows in brackets. Latency is over HTTP "
         "on loopback. GPU memory includes the python backend stub's CUDA context.")]
+    context = context_sentence(result.get("stub_context"))
+    if context:
+        lines += ["", context]
     lines += [
         "",
         "| model | variant | runtime | cold start s | p50 / p99 ms, batch 1 | p50 / p99 ms, batch 8 | GPU MiB "
