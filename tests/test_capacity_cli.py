@@ -14,8 +14,8 @@ import jsonschema
 import pytest
 
 from triton_mme_cdk.model_build.__main__ import main
-from triton_mme_cdk.model_build.capacity.footprint import Figure
-from triton_mme_cdk.model_build.capacity.inputs import measured_service_ms
+from triton_mme_cdk.model_build.capacity.footprint import Coefficients, Figure
+from triton_mme_cdk.model_build.capacity.inputs import instance_shapes, measured_service_ms
 from triton_mme_cdk.model_build.capacity.sizing import synth_footprints
 from triton_mme_cdk.model_build.manifest import load_manifest
 from triton_mme_cdk.model_build.release.routes import ModelPlan, Planned, Route
@@ -192,27 +192,35 @@ def _route(name: str) -> Route:
 
 
 def test_the_plan_line_says_what_more_copies_do_to_the_resident_set_and_warm_share(tmp_path: Path) -> None:
-    # Each copy of the tiny synthetic net is estimated at its weights plus the runtime's 256 MiB
-    # allowance: an ml.g4dn.xlarge (16 GiB less tritonserver's 164 MiB) holds 63 of them. 40 live
-    # copies all stay resident and warm; 100 after the change cannot.
-    (tmp_path / "models.yaml").write_text(MANIFEST.replace("copies: 4", "copies: 100"))
+    # Each copy of the tiny synthetic net is estimated at its weights plus the runtime overhead (the
+    # committed GPU check's, else the allowance): an ml.g4dn.xlarge (16 GiB less tritonserver's 164 MiB)
+    # holds as many as fit. 40 live copies all stay resident and warm; 300 after the change cannot.
+    (tmp_path / "models.yaml").write_text(MANIFEST.replace("copies: 4", "copies: 300"))
     manifest = load_manifest(tmp_path / "models.yaml")
-    models = ModelPlan(added=[Planned(f"net-{i}", "0" * 64) for i in range(40, 100)],
+    coefficients = Coefficients.read()
+    per_copy = synth_footprints(manifest.models, tmp_path, coefficients)[0].gpu_memory().value
+    usable = instance_shapes(["ml.g4dn.xlarge"], coefficients)[0].gpu_bytes
+    assert per_copy and 40 * per_copy < usable < 300 * per_copy
+    fits = int(usable // per_copy)
+    models = ModelPlan(added=[Planned(f"net-{i}", "0" * 64) for i in range(40, 300)],
                        unchanged=[_route(f"net-{i}") for i in range(40)], live_release="r-0")
     line = capacity_line(manifest, tmp_path, models, _fleet())
     assert line.before is not None and line.after is not None
     assert (len(line.before.resident_models), line.before.warm_share) == (40, 1.0)
     after_warm = line.after.warm_share
-    assert len(line.after.resident_models) == 63 and after_warm is not None and after_warm < 0.99
-    assert line.text().startswith("capacity at 1 x ml.g4dn.xlarge (Zipf s=1 over 100 models, 10 req/s in total; "
+    assert len(line.after.resident_models) == fits and after_warm is not None and after_warm < 0.99
+    assert line.text().startswith("capacity at 1 x ml.g4dn.xlarge (Zipf s=1 over 300 models, 10 req/s in total; "
                                   "footprints ESTIMATED from the manifest): resident 40/40 models, 100.0% warm -> "
-                                  "resident 63/100 models, ")
-    # Half the GPU for loads (SAGEMAKER_TRITON_MODEL_LOAD_GPU_LIMIT=0.5): 31 resident.
+                                  f"resident {fits}/300 models, ")
+    # Half the GPU for loads (SAGEMAKER_TRITON_MODEL_LOAD_GPU_LIMIT=0.5): about half as many resident.
     halved = capacity_line(manifest, tmp_path, models, _fleet(limit="0.5")).after
-    assert halved is not None and len(halved.resident_models) == 31
-    # Two instances hold every copy.
-    two = capacity_line(manifest, tmp_path, models, _fleet(count=2)).after
-    assert two is not None and two.warm_share == 1.0
+    halved_usable = instance_shapes(["ml.g4dn.xlarge"], coefficients, load_gpu_limit=0.5)[0].gpu_bytes
+    assert halved is not None and len(halved.resident_models) == int(halved_usable // per_copy) < fits
+    # Twice the instances the copies need evict nothing: each load after the warm-up is a model's first
+    # (a rarely asked copy first asked then), never one evicted and loaded again.
+    enough = capacity_line(manifest, tmp_path, models, _fleet(count=-(-2 * 300 // fits))).after
+    assert enough is not None and enough.loads == enough.downloads
+    assert enough.warm_share is not None and enough.warm_share > after_warm
 
 
 def test_the_plan_line_says_unknown_rather_than_guessing(tmp_path: Path) -> None:
@@ -288,6 +296,6 @@ def test_the_worked_example_in_the_operations_guide_is_the_commands_real_output(
     assert main(["capacity", "--manifest", "models-200.yaml", "--prices", str(ROOT / prices),
                  "--instance-type", "ml.g4dn.xlarge", "--instance-type", "ml.g5.xlarge"]) == 0
     many = capsys.readouterr().out
-    assert "203 target models" in many and "cheapest fleet that meets the target: 4 x ml.g4dn.xlarge" in many
+    assert "203 target models" in many and "cheapest fleet that meets the target: 3 x ml.g4dn.xlarge" in many
     for output in (default, many):
         assert f"```text\n{output.rstrip()}\n```" in section, output

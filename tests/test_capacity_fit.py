@@ -23,7 +23,7 @@ from tar_helpers import tar_gz  # tests/ is on sys.path
 
 from triton_mme_cdk import ModelSource, PropsError, TritonMultiModelEndpoint
 from triton_mme_cdk.model_build.capacity.fit import Fleet, check_fit, fleet_from_record, release_check
-from triton_mme_cdk.model_build.capacity.footprint import Footprint, index_footprints
+from triton_mme_cdk.model_build.capacity.footprint import Coefficients, Footprint, index_footprints
 from triton_mme_cdk.model_build.capacity.sizing import bert_parameters
 from triton_mme_cdk.model_build.errors import FitError
 
@@ -74,7 +74,8 @@ def test_synth_refuses_a_model_larger_than_the_fleets_gpu(tmp_path: Path) -> Non
         _endpoint(models, instance_type="ml.g4dn.xlarge")
     message = str(refused.value)
     assert message.startswith("model 'huge-bert' needs at least ")
-    assert f"{(weights + 256 * 2**20) / 2**30:.2f} GiB of GPU memory" in message
+    overhead = Coefficients.read()["runtime_overhead_bytes"].value  # the committed GPU check's, else the allowance
+    assert overhead and f"{(weights + overhead) / 2**30:.2f} GiB of GPU memory" in message
     assert "instance_type ml.g4dn.xlarge gives: an NVIDIA T4 with 16.00 GiB" in message
     assert "estimate" in message
     # The same manifest fits the A10G of ml.g5.xlarge: each endpoint against its own fleet.

@@ -123,32 +123,54 @@ def test_footprint_json_round_trip_and_old_documents() -> None:
 
 
 def test_coefficients_use_served_rows_only() -> None:
-    committed = Coefficients.read(ROOT / "benchmarks" / "results" / "gpu_check.json")
-    assert committed.served == ()
-    assert "in-process rows are not used" in committed.origin
+    committed_path = ROOT / "benchmarks" / "results" / "gpu_check.json"
+    committed = Coefficients.read(committed_path)
+    document = json.loads(committed_path.read_text())
+    context_mib = document["stub_context"]["figures"]["cuda_context"]["mib"]
+    # The committed GPU run's served rows count, each less the stub's context measured in the same run.
+    rows = {(r["model"], r["variant"]): r for r in document["rows"]
+            if r["runtime"].startswith("tritonserver-") and r["status"] == "measured"}
+    assert rows and {(row.model, row.variant) for row in committed.served} == set(rows)
+    for row in committed.served:
+        assert row.gpu_bytes == (rows[row.model, row.variant]["gpu_memory_mib"] - context_mib) * MIB
+    assert f"less the stub's CUDA context measured in the same run ({context_mib:.0f} MiB)" in committed.origin
     assert Coefficients.read(ROOT / "no-such.json").origin.endswith("does not exist")
-    document = json.loads((ROOT / "benchmarks" / "results" / "gpu_check.json").read_text())
+    # Without the stub's context the served rows cannot be turned into the fleet's figures: not used.
+    without = {**document, "stub_context": None}
+    assert Coefficients.from_gpu_check(without).served == ()
+    assert "no measured stub context" in Coefficients.from_gpu_check(without).origin
+    # In-process rows alone are not used.
+    in_process = {**document, "rows": [r for r in document["rows"] if not r["runtime"].startswith("tritonserver-")]}
+    assert "in-process rows are not used" in Coefficients.from_gpu_check(in_process).origin
+    document = {**in_process, "stub_context": {"figures": {"cuda_context": {"mib": 500.0}}}}
     document["rows"].append({"model": "m", "variant": "fp32", "runtime": "tritonserver-onnxruntime-cuda",
                              "status": "measured", "load_s": 0.8, "gpu_memory_mib": 700.0})
     document["rows"].append({"model": "m", "variant": "fp16", "runtime": "tritonserver-onnxruntime-cpu",
                              "status": "measured", "load_s": 0.2, "gpu_memory_mib": 1.0})
     read = Coefficients.from_gpu_check(document)
     assert [row.variant for row in read.served] == ["fp32"]
-    served = _parts(coefficients=read, python_instances=1)
-    # the served row's device-wide figure is the whole model, stub included: nothing added to it
-    assert served.gpu_memory().value == 700.0 * MIB
-    assert "make gpu-check" in served.gpu_memory().source
-    assert served.gpu_load_seconds.value == 0.8
-    assert _parts(coefficients=read, precision="fp16").gpu_memory().value != 700.0 * MIB
+    served = _parts(coefficients=read)
+    # the served row less the stand-in's stub context is the graph's figure under the C++ backend
+    assert served.gpu_memory().value == 200.0 * MIB
+    assert "make gpu-check" in served.gpu_memory().source and "less its stub's CUDA context" in served.gpu_memory().source
+    # a python step of the target's own still adds its stub (the fleet runs that one in the python backend)
+    with_step = _parts(coefficients=read, python_instances=1)
+    assert with_step.gpu_memory().value == 200.0 * MIB + (DOCUMENTED["python_stub_gpu_bytes"].value or 0.0)
+    # the stand-in's load includes starting its stub: the documented GPU load stays
+    assert served.gpu_load_seconds.value != 0.8 and "documented figure" in served.gpu_load_seconds.source
+    assert _parts(coefficients=read, precision="fp16").gpu_memory().value != 200.0 * MIB
     # without the build's figures in the rows, the runtime overhead stays the documented allowance ...
     assert read["runtime_overhead_bytes"] == DOCUMENTED["runtime_overhead_bytes"]
-    # ... with them, a GPU run sets it: the largest served row's memory less its weights and working memory
+    # ... with them, a GPU run sets it: the largest served row's memory less the stub's context, its
+    # weights and working memory; a row without a working memory (TorchScript) is left out
     document["rows"][-2].update(weight_bytes=100 * MIB, working_bytes_cpu=50 * MIB)
-    document["rows"].append({"model": "n", "variant": "fp32", "runtime": "tritonserver-pytorch-cuda",
-                             "status": "measured", "load_s": 0.5, "gpu_memory_mib": 300.0,
+    document["rows"].append({"model": "n", "variant": "fp32", "runtime": "tritonserver-onnxruntime-cuda",
+                             "status": "measured", "load_s": 0.5, "gpu_memory_mib": 900.0,
                              "weight_bytes": 200 * MIB, "working_bytes_cpu": 0.0})
+    document["rows"].append({"model": "t", "variant": "fp32", "runtime": "tritonserver-pytorch-cuda",
+                             "status": "measured", "load_s": 0.5, "gpu_memory_mib": 5000.0, "weight_bytes": MIB})
     measured = Coefficients.from_gpu_check(document)["runtime_overhead_bytes"]
-    assert measured.value == 550 * MIB and "largest of 2 served rows" in measured.source
+    assert measured.value == 200 * MIB and "largest of 2 served rows" in measured.source
     assert _parts(coefficients=Coefficients.from_gpu_check(document), model="other").runtime_overhead_bytes == measured
 
 

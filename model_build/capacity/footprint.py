@@ -25,18 +25,19 @@ own (``triton_python_backend_stub``) that holds a CUDA context of its own, apart
 (triton-inference-server/server#6860: 368 MiB for an idle stub, next to 164 MiB for the server).
 It is counted once per python step instance (:attr:`Coefficients.python_stub_gpu_bytes`), for every
 kind: a ``KIND_CPU`` stub was seen holding memory on GPU 0 too (server#7748), and whether the
-image's stub creates a context for a CPU instance is not confirmed. A served row of
-``make gpu-check`` measures device-wide memory before and after a load, so for a model with a
-python step it already holds the stub's context: a footprint that takes such a row does not add the
-stub again (:meth:`Coefficients.served_row`, :func:`footprint_from_parts`).
+image's stub creates a context for a CPU instance is not confirmed.
 
 **Where the coefficients come from.** :meth:`Coefficients.read` reads
 ``benchmarks/results/gpu_check.json``, so that a GPU run updates them with no change of code. Only
 its *served* rows count (``runtime`` ``tritonserver-...`` on a GPU, ``status`` ``measured``): the
 model loaded by the real tritonserver. The in-process rows (ONNX Runtime and PyTorch in the check's
-own process, older torch and transformers; one reads 0.0 MiB) are not used. Until served rows exist,
-each coefficient is a documented figure, named with its source and marked as such, or an allowance
-that says it is one.
+own process) are not used. The served rows' onnxruntime and pytorch backends are the local
+endpoint's python stand-ins: each model runs in a stub process with a CUDA context of its own, where
+the image's C++ backends share the server's. So a served row counts for the fleet only less that
+context, measured on the same GPU in the same run (``stub_context``: ``benchmarks.gpu_context``);
+without it the served rows are not used. Their load time is not used: it includes starting the stub
+process, which the C++ backends do not do. Elsewhere each coefficient is a documented figure, named
+with its source, or an allowance that says it is one.
 
 Standard library only: the CDK app imports it at synth.
 """
@@ -153,15 +154,36 @@ class ServedRow:
 
     model: str
     variant: str
-    gpu_bytes: float
+    #: The device's used memory after the load less before (the stand-in's stub process included),
+    #: the stub's part of it (a bare CUDA context, same GPU and run), and the stand-in's load (not used).
+    served_bytes: float
+    stub_context_bytes: float
     load_seconds: float
     gpu: str
     started_at: str
 
     @property
+    def gpu_bytes(self) -> float:
+        """The model's GPU memory under the image's C++ backend: the served figure less the stub's context."""
+        return max(0.0, self.served_bytes - self.stub_context_bytes)
+
+    @property
     def source(self) -> str:
         return (f"measured by make gpu-check, served row {self.model}/{self.variant} on an {self.gpu} "
-                f"({self.started_at}); device-wide, so any python stub's CUDA context is inside it")
+                f"({self.started_at}): {self.served_bytes / MIB:.1f} MiB device-wide through the python stand-in, "
+                f"less its stub's CUDA context ({self.stub_context_bytes / MIB:.0f} MiB, measured in the same run), "
+                "which the image's C++ backend does not have")
+
+
+def stub_context_bytes(document: Mapping[str, Any]) -> float | None:
+    """The bare CUDA context ``gpu_check.json`` records (``stub_context``), or None where it has none."""
+    context = document.get("stub_context")
+    figures = context.get("figures") if isinstance(context, Mapping) else None
+    figure = figures.get("cuda_context") if isinstance(figures, Mapping) else None
+    value = figure.get("mib") if isinstance(figure, Mapping) else None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        return float(value) * MIB
+    return None
 
 
 @dataclass(frozen=True)
@@ -205,48 +227,51 @@ class Coefficients:
         gpu = document.get("gpu") if isinstance(document.get("gpu"), Mapping) else {}
         gpu_name = str(gpu.get("name", "unknown GPU")) if gpu else "unknown GPU"
         started = str(document.get("started_at", "undated"))
-        served = []
-        for row in document["rows"]:
-            if not isinstance(row, Mapping) or row.get("status") != "measured":
-                continue
-            runtime = str(row.get("runtime", ""))
-            memory, load = row.get("gpu_memory_mib"), row.get("load_s")
-            if (not runtime.startswith("tritonserver-") or runtime.endswith("-cpu")
-                    or not isinstance(memory, (int, float)) or not isinstance(load, (int, float)) or memory <= 0):
-                continue
-            served.append(ServedRow(str(row.get("model")), str(row.get("variant")), float(memory) * MIB,
-                                    float(load), gpu_name, started))
+        context = stub_context_bytes(document)
+        rows = [row for row in document["rows"] if _served_gpu_row(row)]
         in_process = sum(1 for row in document["rows"] if isinstance(row, Mapping)
                          and not str(row.get("runtime", "")).startswith("tritonserver-"))
-        if not served:
+        if not rows:
             return cls(origin=f"documented figures: {where} has no served GPU row ({in_process} in-process rows "
                               "are not used: another runtime than the fleet's)")
+        if context is None:
+            return cls(origin=f"documented figures: {where} has {len(rows)} served GPU rows but no measured stub "
+                              "context (stub_context, python -m benchmarks.gpu_context), so their python stand-in's "
+                              "share cannot be taken out: they are not used")
+        served = tuple(ServedRow(str(row.get("model")), str(row.get("variant")), float(row["gpu_memory_mib"]) * MIB,
+                                 context, float(row["load_s"]), gpu_name, started) for row in rows)
         figures = dict(DOCUMENTED)
-        overheads = _overheads(document["rows"])
+        overheads = _overheads(rows, context)
         if overheads:
             figures["runtime_overhead_bytes"] = Figure(max(overheads) * 1.0, (
                 f"measured by make gpu-check on an {gpu_name} ({started}): the largest of {len(overheads)} served "
-                "rows' GPU memory less the model's weights and its working memory measured on CPU"), True)
-        return cls(figures=figures, served=tuple(served),
-                   origin=f"{len(served)} served rows of {where} ({gpu_name}, {started}); documented figures for "
-                          "the rest")
+                f"rows' GPU memory less the stub's CUDA context ({context / MIB:.0f} MiB), the model's weights and "
+                "its working memory measured on CPU"), True)
+        return cls(figures=figures, served=served,
+                   origin=f"{len(served)} served rows of {where} ({gpu_name}, {started}), each less the stub's CUDA "
+                          f"context measured in the same run ({context / MIB:.0f} MiB); documented figures for the rest")
 
 
-def _overheads(rows: list[Any]) -> list[float]:
-    """Per served row that carries the build's figures (``weight_bytes``, ``working_bytes_cpu``): its GPU
-    memory less both, the runtime's fixed cost on that GPU. Rows of models with a python step are
-    left out (their stub's context is inside them; benchmarks/gpu_served.py serves none today)."""
+def _served_gpu_row(row: object) -> bool:
+    """A measured row of the real tritonserver on a GPU, with its memory and load."""
+    if not isinstance(row, Mapping) or row.get("status") != "measured":
+        return False
+    runtime = str(row.get("runtime", ""))
+    memory, load = row.get("gpu_memory_mib"), row.get("load_s")
+    return (runtime.startswith("tritonserver-") and not runtime.endswith("-cpu")
+            and isinstance(memory, (int, float)) and isinstance(load, (int, float)) and memory > 0)
+
+
+def _overheads(rows: list[Mapping[str, Any]], context: float) -> list[float]:
+    """Per served row with the build's ``weight_bytes`` and ``working_bytes_cpu`` (not TorchScript's) and
+    no python step of its own: its GPU memory less the stub's context and both, the runtime's fixed cost."""
     out = []
     for row in rows:
-        if not isinstance(row, Mapping) or row.get("status") != "measured":
-            continue
-        runtime = str(row.get("runtime", ""))
-        figures = [row.get("gpu_memory_mib"), row.get("weight_bytes"), row.get("working_bytes_cpu", 0.0)]
+        figures = [row.get("gpu_memory_mib"), row.get("weight_bytes"), row.get("working_bytes_cpu")]
         numbers = [float(v) for v in figures if isinstance(v, (int, float)) and not isinstance(v, bool)]
-        if (runtime.startswith("tritonserver-") and not runtime.endswith("-cpu") and not row.get("python_steps")
-                and len(numbers) == len(figures)):
+        if not row.get("python_steps") and len(numbers) == len(figures):
             memory_mib, weights, working = numbers
-            out.append(max(0.0, memory_mib * MIB - weights - working))
+            out.append(max(0.0, memory_mib * MIB - context - weights - working))
     return out
 
 
@@ -285,8 +310,8 @@ class Footprint:
     gpu_load_seconds: Figure
     download_seconds: Figure
     unpack_seconds: Figure
-    #: A served row's device-wide figure for the whole model, where ``make gpu-check`` measured it:
-    #: it then replaces the sum of the parts (and holds any stub's context).
+    #: A served row's figure for the model's graph under the C++ backend (the stand-in's stub context
+    #: taken out), where ``make gpu-check`` measured it: it then replaces the graph's parts of the sum.
     measured_gpu_bytes: Figure = field(default_factory=lambda: unknown("no served row"))
     largest_batch: int = 0
     largest_sequence: int = 0
@@ -297,9 +322,13 @@ class Footprint:
 
     def gpu_memory(self) -> Figure:
         """The GPU memory the target holds when loaded (see the module docstring)."""
-        if self.measured_gpu_bytes.known:
-            return self.measured_gpu_bytes
         stubs = [(float(self.python_instances), self.python_stub_gpu_bytes)] if self.python_instances else []
+        if self.measured_gpu_bytes.known and self.on_gpu:
+            if not stubs:
+                return self.measured_gpu_bytes
+            return add([(1.0, self.measured_gpu_bytes), *stubs],
+                       f"the served row ({self.measured_gpu_bytes.source}) + {self.python_instances} python stub(s) x "
+                       "CUDA context")
         if not self.on_gpu:
             return add(stubs, "python stubs' CUDA contexts (the graph runs on KIND_CPU)") if stubs else Figure(
                 0.0, "KIND_CPU: the graph holds no GPU memory", False)
@@ -389,7 +418,7 @@ def footprint_from_parts(
     """A footprint from what was measured or sized, the rest from ``coefficients``: the runtime
     overhead, the stub's context and host memory, the GPU load, the download and the unpack (a
     measured ``unpack_seconds`` wins); a served row of the same model and precision supplies the
-    GPU memory and load it measured."""
+    graph's GPU memory (its stub's context taken out; the load stays the documented one)."""
     coefficients = coefficients or Coefficients()
     row = coefficients.served_row(model, precision)
     overhead = coefficients["runtime_overhead_bytes"]
@@ -400,12 +429,9 @@ def footprint_from_parts(
     host = add([(1.0, host), (1.0, Figure(float(shm),
                                           "SAGEMAKER_TRITON_SHM_DEFAULT_BYTE_SIZE of the endpoint", False))],
                "stub process + its python-backend shared memory region")
-    if row is not None:
-        gpu_load = Figure(row.load_seconds, row.source, True)
-        measured = Figure(row.gpu_bytes, row.source, True)
-    else:
-        measured = unknown("no served row of make gpu-check for this model and precision")
-        gpu_load = _gpu_load(weight_bytes, coefficients)
+    measured = unknown("no served row of make gpu-check for this model and precision") if row is None else Figure(
+        row.gpu_bytes, row.source, True)
+    gpu_load = _gpu_load(weight_bytes, coefficients)
     download = unknown("tarball size unknown") if not tarball_bytes.known else Figure(
         (tarball_bytes.value or 0.0) / (coefficients["download_bytes_per_second"].value or 1.0),
         f"tarball / {coefficients['download_bytes_per_second'].source}")
