@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import select
 import subprocess
 import sys
 import time
@@ -30,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA = "triton-mme/gpu-context/1"
+#: How long a child may take to make what it holds (importing torch, creating a session).
+START_TIMEOUT_S = 180.0
 
 _CHILDREN = {
     "cuda_context": """
@@ -90,6 +93,11 @@ def measure(name: str, python: str) -> dict[str, Any]:
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert child.stdin is not None and child.stdout is not None and child.stderr is not None
     try:
+        ready, _, _ = select.select([child.stdout], [], [], START_TIMEOUT_S)
+        if not ready:
+            child.kill()
+            child.wait()
+            return {"mib": None, "reason": f"the child was not ready within {START_TIMEOUT_S:g} s"}
         if child.stdout.readline().strip() != "ready":
             child.wait(timeout=60)
             lines = child.stderr.read().strip().splitlines()
@@ -100,7 +108,11 @@ def measure(name: str, python: str) -> dict[str, Any]:
         if child.poll() is None:
             child.stdin.write("\n")
             child.stdin.flush()
-            child.wait(timeout=60)
+            try:
+                child.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
     if held is None:
         return {"mib": None, "reason": "nvidia-smi stopped answering"}
     return {"mib": round(held - before, 1), "reason": None, "before_mib": before}

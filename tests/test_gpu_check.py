@@ -244,3 +244,18 @@ def test_the_stub_context_figures_are_unknown_without_a_driver_never_zero() -> N
     assert set(result["figures"]) == {"cuda_context", "onnxruntime_cuda_session", "torch_cuda"}
     for figure in result["figures"].values():
         assert figure["mib"] is None and "no NVIDIA driver" in figure["reason"]
+
+
+def test_a_stub_context_figure_a_child_cannot_make_is_unknown_with_the_childs_reason(monkeypatch) -> None:
+    """The child's own failure (here: this machine's CPU torch) or its silence past the start limit
+    leaves the figure unknown with the reason; only the device reading is replaced (no driver here)."""
+    from benchmarks import gpu_context
+
+    monkeypatch.setattr(gpu_context, "used_mib", lambda: 1000.0)
+    figure = gpu_context.measure("torch_cuda", sys.executable)
+    assert figure["mib"] is None and "has no CUDA GPU" in figure["reason"]
+    figure = gpu_context.measure("cuda_context", sys.executable)
+    assert figure["mib"] is None and "libcuda.so.1" in figure["reason"]
+    monkeypatch.setattr(gpu_context, "START_TIMEOUT_S", 0.01)
+    figure = gpu_context.measure("onnxruntime_cuda_session", sys.executable)
+    assert figure == {"mib": None, "reason": "the child was not ready within 0.01 s"}
