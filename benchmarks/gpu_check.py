@@ -317,10 +317,8 @@ def context_sentence(stub_context: Any) -> str:
     """What a process holds on this GPU for being a CUDA process (``benchmarks.gpu_context``), or ""."""
     if not isinstance(stub_context, dict) or not isinstance(stub_context.get("figures"), dict):
         return ""
-    names = {"cuda_context": "a bare CUDA context", "onnxruntime_cuda_session": "onnxruntime's CUDA provider on a "
-             "64x64 MatMul", "torch_cuda": "PyTorch with one matrix product"}
     parts = []
-    for key, what in names.items():
+    for key, what in gpu_context.FIGURES.items():
         figure = stub_context["figures"].get(key) or {}
         value = figure.get("mib")
         parts.append(f"{what} {value:g} MiB" if isinstance(value, (int, float)) else f"{what}: unknown ({figure.get('reason')})")

@@ -155,10 +155,9 @@ class ServedRow:
     model: str
     variant: str
     #: The device's used memory after the load less before (the stand-in's stub process included),
-    #: the stub's part of it (a bare CUDA context, same GPU and run), and the stand-in's load (not used).
+    #: and the stub's part of it (a bare CUDA context, same GPU and run).
     served_bytes: float
     stub_context_bytes: float
-    load_seconds: float
     gpu: str
     started_at: str
 
@@ -239,7 +238,7 @@ class Coefficients:
                               "context (stub_context, python -m benchmarks.gpu_context), so their python stand-in's "
                               "share cannot be taken out: they are not used")
         served = tuple(ServedRow(str(row.get("model")), str(row.get("variant")), float(row["gpu_memory_mib"]) * MIB,
-                                 context, float(row["load_s"]), gpu_name, started) for row in rows)
+                                 context, gpu_name, started) for row in rows)
         figures = dict(DOCUMENTED)
         overheads = _overheads(rows, context)
         if overheads:
