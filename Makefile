@@ -31,17 +31,32 @@ ENDPOINT_URL ?=
 PROVIDER_SDK := tests/provider_framework
 
 setup: $(VENV)/.installed node_modules/.installed $(TRITON_VENV)/.installed $(CHECKOV_VENV)/.installed \
-	$(WHEELHOUSE)/.installed $(PROVIDER_SDK)/node_modules/.installed
+	$(WHEELHOUSE)/.installed $(PROVIDER_SDK)/node_modules/.installed $(VENV)/.bytecode $(TRITON_VENV)/.bytecode
 
 # What `python -m model_build plan` needs and nothing more (the pull-request workflow,
 # .github/workflows/triton-mme-plan.yml): the Python environment and the CDK's diff engine.
 plan-setup: $(VENV)/.installed node_modules/.installed
 
 # uv installs the environments (the versions pip would choose: constraints.txt pins every one; uv
-# downloads and unpacks in parallel and compiles the bytecode on every core: the main environment in
-# about 45 s against 110 s with pip). pip installs uv itself, into the main environment, first.
+# downloads and unpacks in parallel). pip installs uv itself, into the main environment, first.
 UV := $(VENV)/bin/uv
-UV_INSTALL := $(UV) pip install --quiet --compile-bytecode
+UV_INSTALL := $(UV) pip install --quiet
+# Bytecode: compiled for what the project imports, not for every module installed. The main
+# environment holds about 24,500 modules and the suite imports about 7,000; compiling them all took
+# 78 s of CPU (uv's --compile-bytecode, which this used: `make -j3 setup` of a fresh clone 66 s and
+# 121 s of CPU for the three environments; as below, 27 s and 39 s). $(VENV)/.bytecode and
+# $(TRITON_VENV)/.bytecode import what a synth, a build, the local S3 and endpoint and the stubs
+# load, writing their bytecode; any other module is compiled where it is first imported and kept,
+# because make's commands write bytecode (PYTHONDONTWRITEBYTECODE, set in some shells and images, is
+# not passed on to them): one compile per module, not one per process. A fresh clone's `make test`,
+# two rounds back to back on a quiet 2-core machine (2026-11-27): 504 and 506 s against 544 and
+# 527 s; 858 and 862 s of CPU against 964 and 924 s (the tests alone took the same time).
+unexport PYTHONDONTWRITEBYTECODE
+WRITE_BYTECODE := import sys; sys.dont_write_bytecode = False;
+BYTECODE_SYNTH := triton_mme_cdk.stacks.triton_mme_stack, triton_mme_cdk.stacks.pipeline_stack, \
+	triton_mme_cdk.model_build.__main__, cdk_nag, moto.server, boto3, tritonclient.http
+BYTECODE_BUILD := torch, torch.onnx, transformers, onnx, onnxruntime, onnxruntime.transformers.optimizer, \
+	sentence_transformers, tokenizers
 # Where this machine's pip finds wheels on disk (PIP_FIND_LINKS, or its configuration's find-links),
 # handed to uv, which reads neither. The CPU build of torch 2.13.0 (constraints.txt: 2.13.0+cpu) lies
 # there on the machines this project is tested on; PyPI has only the build that pulls GBs of CUDA
@@ -116,6 +131,18 @@ $(CHECKOV_VENV)/.installed: requirements-checkov.txt | $(UV)
 	rm -rf $(CHECKOV_VENV)
 	python3 -m venv $(CHECKOV_VENV)
 	$(UV_INSTALL) --python $(CHECKOV_VENV)/bin/python -r requirements-checkov.txt
+	touch $@
+
+# Two processes side by side, each its own half of the imports (about 13 s).
+$(VENV)/.bytecode: $(VENV)/.installed
+	$(PY) -W ignore -c "$(WRITE_BYTECODE) import $(BYTECODE_SYNTH)" & synth=$$!; \
+	$(PY) -W ignore -c "$(WRITE_BYTECODE) import $(BYTECODE_BUILD)" & build=$$!; \
+	wait $$synth && wait $$build
+	touch $@
+
+# What the python-backend stubs import (model_build/tools/triton_backends/).
+$(TRITON_VENV)/.bytecode: $(TRITON_VENV)/.installed
+	$(TRITON_VENV)/bin/python -W ignore -c "$(WRITE_BYTECODE) import numpy, onnxruntime, torch"
 	touch $@
 
 node_modules/.installed: package.json package-lock.json $(NODE_AND_SCHEMA)
