@@ -52,7 +52,6 @@ UV_INSTALL := $(UV) pip install --quiet
 # two rounds back to back on a quiet 2-core machine (2026-11-27): 504 and 506 s against 544 and
 # 527 s; 858 and 862 s of CPU against 964 and 924 s (the tests alone took the same time).
 unexport PYTHONDONTWRITEBYTECODE
-WRITE_BYTECODE := import sys; sys.dont_write_bytecode = False;
 BYTECODE_SYNTH := triton_mme_cdk.stacks.triton_mme_stack, triton_mme_cdk.stacks.pipeline_stack, \
 	triton_mme_cdk.model_build.__main__, cdk_nag, moto.server, boto3, tritonclient.http
 BYTECODE_BUILD := torch, torch.onnx, transformers, onnx, onnxruntime, onnxruntime.transformers.optimizer, \
@@ -135,14 +134,14 @@ $(CHECKOV_VENV)/.installed: requirements-checkov.txt | $(UV)
 
 # Two processes side by side, each its own half of the imports (about 13 s).
 $(VENV)/.bytecode: $(VENV)/.installed
-	$(PY) -W ignore -c "$(WRITE_BYTECODE) import $(BYTECODE_SYNTH)" & synth=$$!; \
-	$(PY) -W ignore -c "$(WRITE_BYTECODE) import $(BYTECODE_BUILD)" & build=$$!; \
+	$(PY) -W ignore -c "import $(BYTECODE_SYNTH)" & synth=$$!; \
+	$(PY) -W ignore -c "import $(BYTECODE_BUILD)" & build=$$!; \
 	wait $$synth && wait $$build
 	touch $@
 
 # What the python-backend stubs import (model_build/tools/triton_backends/).
 $(TRITON_VENV)/.bytecode: $(TRITON_VENV)/.installed
-	$(TRITON_VENV)/bin/python -W ignore -c "$(WRITE_BYTECODE) import numpy, onnxruntime, torch"
+	$(TRITON_VENV)/bin/python -W ignore -c "import numpy, onnxruntime, torch"
 	touch $@
 
 node_modules/.installed: package.json package-lock.json $(NODE_AND_SCHEMA)
