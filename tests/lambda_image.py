@@ -1,10 +1,12 @@
 """The build Lambda image's Python dependencies, resolved for the image's platform without Docker.
 
 The image (``model_build/Dockerfile``) is Lambda's Python base image on x86_64 (Amazon Linux
-2023: glibc 2.34) with two ``pip install`` lines: torch alone from PyTorch's CPU index, then
-``requirements-lambda.txt``. :func:`resolve` asks pip what the second line installs for that
-platform and Python, with binary wheels only (``--dry-run --report``: pip reads each wheel's
-metadata, not the wheel), with torch already installed as the first line leaves it.
+2023: glibc 2.34), pinned by digest, with two ``pip install`` lines: torch alone (``--no-deps``)
+from PyTorch's CPU index, then ``requirements-lambda.txt``, a lock of every other package with
+its hashes (``--require-hashes --no-deps``; :func:`read_lock` reads it). :func:`resolve` asks pip
+what that lock needs for that platform and Python, with binary wheels only (``--dry-run
+--report``: pip reads each wheel's metadata, not the wheel), with torch already installed as the
+first line leaves it.
 :func:`unpacked_size` reads a wheel's zip directory over HTTP range requests (a few kB) to sum
 what it unpacks to, so the image's size is measured without downloading gigabytes.
 """
@@ -44,6 +46,56 @@ def image_python(dockerfile: Path = DOCKERFILE) -> str:
     if match is None:
         raise ValueError(f"{dockerfile}: no FROM public.ecr.aws/lambda/python:<version> line")
     return match.group(1)
+
+
+#: A requirement of the lock: ``name==version`` and one or more ``--hash=sha256:...``.
+_LOCKED = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9_.-]*)(?:\[[^\]]*\])?==(?P<version>[^\s;\\]+)")
+_HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})\b")
+
+
+def canonical(name: str) -> str:
+    """A distribution's name as the index compares it (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def read_lock(path: Path = REQUIREMENTS) -> dict[str, tuple[str, frozenset[str]]]:
+    """``{name: (version, sha256 hashes)}`` of a hashed lock; raises ``ValueError`` naming a line
+    that is not ``name==version`` with at least one hash (an option, a URL, a range, no hash)."""
+    entries: dict[str, tuple[str, frozenset[str]]] = {}
+    logical: list[str] = []
+    for raw in path.read_text(encoding="utf-8").splitlines():
+        line = raw.split(" #", 1)[0].strip() if not raw.lstrip().startswith("#") else ""
+        if not line:
+            continue
+        logical.append(line)
+        if line.endswith("\\"):
+            continue
+        requirement = " ".join(part.rstrip("\\").strip() for part in logical)
+        logical = []
+        pinned, hashes = _LOCKED.match(requirement), frozenset(_HASH.findall(requirement))
+        if pinned is None or not hashes:
+            raise ValueError(f"{path.name}: {requirement[:120]!r} is not a pinned requirement with its hashes "
+                             "(name==version --hash=sha256:...)")
+        name = canonical(pinned["name"])
+        if name in entries:
+            raise ValueError(f"{path.name}: {name} is locked twice")
+        entries[name] = (pinned["version"], hashes)
+    return entries
+
+
+def base_image(dockerfile: Path = DOCKERFILE) -> tuple[str, str | None]:
+    """(image reference, sha256 digest or None) of the Dockerfile's only ``FROM``."""
+    froms = re.findall(r"^FROM\s+(?:--platform=\S+\s+)?(\S+)", dockerfile.read_text(), re.M)
+    if len(froms) != 1:
+        raise ValueError(f"{dockerfile}: {len(froms)} FROM lines; expected one")
+    digest = re.fullmatch(r"[^@\s]+@sha256:([0-9a-f]{64})", froms[0])
+    return froms[0], digest.group(1) if digest else None
+
+
+def pip_lines(dockerfile: Path = DOCKERFILE) -> list[str]:
+    """Every ``pip install`` command of the Dockerfile, continuation lines joined."""
+    text = re.sub(r"\\\n\s*", " ", dockerfile.read_text())
+    return [line.strip() for line in text.splitlines() if re.search(r"\bpip install\b", line)]
 
 
 def torch_line(dockerfile: Path = DOCKERFILE) -> tuple[str, str]:
