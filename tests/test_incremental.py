@@ -43,13 +43,13 @@ from triton_mme_cdk.model_build.release import (
     entry_model_key,
     model_code_sha256,
     runtime_files,
-    served_name,
     served_prefix,
     store_prefix,
 )
 from triton_mme_cdk.model_build.release.identity import MODEL_ENTRY_MODULES
 from triton_mme_cdk.model_build.release.index import read_index
 from triton_mme_cdk.model_build.release.publish import download_release
+from triton_mme_cdk.model_build.release.routes import served_name
 from triton_mme_cdk.model_build.release.store import (
     ReleaseTarget,
     StoredModel,

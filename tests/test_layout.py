@@ -446,3 +446,38 @@ def test_the_duplicates_report_is_read_as_file_pairs() -> None:
     page = f"{DUPLICATES_SECTION}\n\n| pair | why |\n|---|---|\n| `a/x.py ~ a/y.py` | alike |\n"
     assert documented_duplicate_pairs(f"# T\n\n| `c.py ~ d.py` | before the section |\n\n{page}") == {
         frozenset({"a/x.py", "a/y.py"})}
+
+
+
+#: What the client distribution may import (issue 61): the standard library, its two dependencies, itself.
+CLIENT_IMPORTS = frozenset({"triton_mme_client", "numpy", "boto3", "botocore"})
+
+
+def foreign_imports(folder: Path, allowed: frozenset[str]) -> dict[str, set[str]]:
+    """``file -> modules`` that the modules of ``folder`` import, at module level or lazily, outside
+    ``allowed`` and the standard library."""
+    import sys
+
+    found: dict[str, set[str]] = {}
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            for name in names:
+                if name.split(".")[0] not in allowed | sys.stdlib_module_names:
+                    found.setdefault(path.name, set()).add(name)
+    return found
+
+
+def test_the_client_distribution_imports_nothing_of_the_construct_library() -> None:
+    """``triton_mme_client`` (client/) is installed where no CDK is: none of its modules imports
+    ``triton_mme_cdk`` (or anything but the standard library, numpy, boto3 and botocore)."""
+    folder = ROOT / "client" / "triton_mme_client"
+    assert len(list(folder.glob("*.py"))) >= 5, "the client's modules are where the rule reads them"
+    assert foreign_imports(folder, CLIENT_IMPORTS) == {}
+
+
+def test_the_client_rule_finds_a_lazy_import_of_the_construct_library(tmp_path: Path) -> None:
+    (tmp_path / "ok.py").write_text("import json\nimport numpy as np\nfrom triton_mme_client.codec import decode\n")
+    (tmp_path / "bad.py").write_text("def f():\n    from triton_mme_cdk.model_build.release import routes\n")
+    assert foreign_imports(tmp_path, CLIENT_IMPORTS) == {"bad.py": {"triton_mme_cdk.model_build.release"}}

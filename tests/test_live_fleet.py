@@ -31,9 +31,9 @@ from cdk_helpers import subprocess_env, synth
 from s3_faults import FaultProxy, Rule
 
 from triton_mme_cdk.model_build.aws_clients import make_s3_client
-from triton_mme_cdk.model_build.release import Release, routes_key, served_name
+from triton_mme_cdk.model_build.release import Release, routes_key
 from triton_mme_cdk.model_build.release.index import read_index, read_routes
-from triton_mme_cdk.model_build.release.routes import RouteResolver, RoutesError, parse_routes
+from triton_mme_cdk.model_build.release.routes import RoutesError, parse_routes, served_name
 from triton_mme_cdk.model_build.release.serving import (
     ActivationReport,
     activate_release,
@@ -43,6 +43,8 @@ from triton_mme_cdk.model_build.release.serving import (
 from triton_mme_cdk.model_build.release.store import ReleaseTarget, assemble_release, publish_unit
 from triton_mme_cdk.model_build.tools.local_s3 import local_s3
 from triton_mme_cdk.model_build.types import Artifact
+from triton_mme_client import ModelNotFound, RouteResolver
+from triton_mme_client import errors as client_errors
 
 ROOT = Path(__file__).resolve().parents[1]
 FLEET_TYPES = {"AWS::SageMaker::Model", "AWS::SageMaker::EndpointConfig", "AWS::SageMaker::Endpoint",
@@ -223,7 +225,7 @@ def test_a_bad_routes_document_is_one_error_naming_the_key(
 
 def test_the_resolver_caches_and_sees_a_new_model_at_once(s3: Any, bucket: str, tmp_path: Path) -> None:
     resolver = RouteResolver(s3, bucket, routes_key(PREFIX), refresh_seconds=3600)
-    with pytest.raises(RoutesError, match="missing"):
+    with pytest.raises(client_errors.RoutesError, match="missing"):
         resolver.target_model("a")
     _release(s3, bucket, tmp_path, {"a": b"A1"}, "r-000000000000000a")
     activate_release(s3, bucket, PREFIX, "r-000000000000000a")
@@ -232,7 +234,7 @@ def test_the_resolver_caches_and_sees_a_new_model_at_once(s3: Any, bucket: str, 
     _release(s3, bucket, tmp_path, {"a": b"A1", "new": b"X"}, "r-000000000000000b")
     activate_release(s3, bucket, PREFIX, "r-000000000000000b")
     assert resolver.target_model("new") == served_name("new", _sha(b"X")), "an unknown name refreshes once"
-    with pytest.raises(RoutesError, match="'gone': not routed"):
+    with pytest.raises(ModelNotFound, match="'gone': not routed"):
         resolver.target_model("gone")
 
 

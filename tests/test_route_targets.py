@@ -17,8 +17,8 @@ import pytest
 
 from triton_mme_cdk.model_build.aws_clients import make_s3_client
 from triton_mme_cdk.model_build.errors import PublishError
-from triton_mme_cdk.model_build.release import Release, routes_key, served_name
-from triton_mme_cdk.model_build.release.routes import RouteResolver, RoutesError, target_problem
+from triton_mme_cdk.model_build.release import Release, routes_key
+from triton_mme_cdk.model_build.release.routes import RoutesError, served_name, target_problem
 from triton_mme_cdk.model_build.release.serving import activate_release
 from triton_mme_cdk.model_build.release.store import (
     ReleaseTarget,
@@ -27,6 +27,8 @@ from triton_mme_cdk.model_build.release.store import (
     publish_unit,
 )
 from triton_mme_cdk.model_build.types import Artifact
+from triton_mme_client import RouteResolver
+from triton_mme_client import errors as client_errors
 
 PREFIX = "models"
 
@@ -100,7 +102,7 @@ def test_the_resolver_never_returns_a_target_that_is_not_its_digests_name(s3: An
     _edit_json(s3, bucket, routes_key(PREFIX),
                lambda doc: doc["routes"]["a"].update(target_model=served_name("b", _sha(b"B1"))))
     resolver = RouteResolver(s3, bucket, routes_key(PREFIX), refresh_seconds=3600)
-    with pytest.raises(RoutesError) as refused:
+    with pytest.raises(client_errors.RoutesError) as refused:
         resolver.target_model("a")
     message = str(refused.value)
     assert "\n" not in message and "route 'a'" in message and routes_key(PREFIX) in message

@@ -141,7 +141,8 @@ def store_unit(s3: Any, *, bucket: str, model_prefix: str, output_uri: str, mode
                             sha256=described["sha256"], size=int(described["size"]),
                             targets=tuple(described["targets"]),
                             reference_path=work / described["reference"] if described.get("reference") else None,
-                            config_path=work / described["config"] if described.get("config") else None)
+                            config_path=work / described["config"] if described.get("config") else None,
+                            signature=described.get("signature") or None)
         # The job's output is untrusted until checked here: the gate again, on the tarball the
         # Lambda will publish (publish_unit then checks its bytes against the digest).
         from triton_mme_cdk.model_build.package.gate import check_repository

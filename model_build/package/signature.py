@@ -95,3 +95,17 @@ _ONNX_TO_WIRE = {
     "INT32": "INT32", "INT64": "INT64", "UINT8": "UINT8", "UINT16": "UINT16", "UINT32": "UINT32",
     "UINT64": "UINT64", "BOOL": "BOOL", "STRING": "BYTES",
 }
+
+
+def config_signature(config: ModelConfig) -> dict[str, Any]:
+    """What a caller must send and gets back, as the config declares it: ``max_batch_size`` and
+    each input and output with its wire datatype and dims (batch axis excluded; a ``reshape`` is
+    the model's view, not the request's). Published in the release index and the routes document
+    (``triton_mme_client.signatures.parse_signature`` reads it)."""
+
+    def tensors(side: Any) -> list[dict[str, Any]]:
+        return [{"name": io.name, "datatype": wire_datatype(io.data_type), "dims": [int(d) for d in io.dims]}
+                for io in side]
+
+    return {"max_batch_size": int(config.max_batch_size), "inputs": tensors(config.input),
+            "outputs": tensors(config.output)}

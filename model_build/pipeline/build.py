@@ -28,6 +28,8 @@ from triton_mme_cdk.model_build.capacity.footprint import Coefficients
 from triton_mme_cdk.model_build.capacity.measure import measure_footprint
 from triton_mme_cdk.model_build.errors import ModelBuildError
 from triton_mme_cdk.model_build.manifest import Manifest, ModelSpec
+from triton_mme_cdk.model_build.package.signature import config_signature
+from triton_mme_cdk.model_build.package.triton_config import parse_config
 from triton_mme_cdk.model_build.pipeline.steps import BuildOptions
 from triton_mme_cdk.model_build.release.identity import BUILDS_DIR, DEFAULT_COMPRESSLEVEL, Release
 from triton_mme_cdk.model_build.types import Artifact
@@ -79,6 +81,9 @@ class ModelBuildResult:
     #: Its footprint (``model_build.capacity.footprint.Footprint.to_json``, of its first target),
     #: measured once when the unit is built; empty for a unit built before footprints were recorded.
     footprint: dict[str, Any] = field(default_factory=dict)
+    #: What a caller sends and gets back (``model_build.package.signature.config_signature`` of
+    #: its config), published with each route; empty for a unit built before signatures were recorded.
+    signature: dict[str, Any] = field(default_factory=dict)
 
     def artifact(self, base: Path) -> Artifact:
         return Artifact(
@@ -91,6 +96,7 @@ class ModelBuildResult:
             reference_path=base / self.reference,
             config_path=base / self.config,
             footprint=self.footprint or None,
+            signature=self.signature or None,
         )
 
     def difference_text(self) -> str:
@@ -162,7 +168,9 @@ def build_model(
     reference_out = release_dir / f"{spec.name}.reference.npz"
     shutil.copyfile(done.need("reference", "record"), reference_out)
     config_out = release_dir / f"{spec.name}.config.pbtxt"
-    config_out.write_text(done.need("config_text", "record"))
+    config_text = done.need("config_text", "record")
+    config_out.write_text(config_text)
+    signature = config_signature(parse_config(config_text, model=spec.name))
     shutil.rmtree(model_work, ignore_errors=True)
     footprint = measure_footprint(spec, tarball, Coefficients.read()).to_json()
     return ModelBuildResult(
@@ -192,6 +200,7 @@ def build_model(
         length_grouping=report.length_grouping or "",
         verified=spec.format != "tensorrt_plan",
         footprint=footprint,
+        signature=signature,
     )
 
 

@@ -2,14 +2,15 @@
 
 - ``identity``: what everything is called: each model's key (the entry, the runtime code, the
   libraries), the release id, the bucket's layout (``_builds/<key>/``, ``served/<target>-<sha12>``,
-  ``_releases/<id>/_index.json``, ``_routes/routes.json``) and the runtime files the keys hash;
+  ``_releases/<id>/_index.json``, ``_routes/routes.json``; a target's served name is the routes
+  format's, :func:`triton_mme_client.routes.served_name`) and the runtime files the keys hash;
 - ``transfer``: S3 uploads and server-side copies with checksums and the skip rule;
 - ``index``: the release index and the routes document, written and read;
 - ``publish``: a set of artifacts under one prefix (each tarball once, index last), and retiring,
   deleting, downloading such a prefix;
 - ``store``: the content-addressed store of built models and a release assembled from it;
-- ``routes``: the routes document, the model plan of a change (``python -m model_build plan``) and
-  the client resolver;
+- ``routes``: the routes document (its format imported from the client distribution,
+  ``triton_mme_client.routes``) and the model plan of a change (``python -m model_build plan``);
 - ``documents``: a JSON document with a schema, read and checked (the index, the deployed record);
 - ``deployed``: the deployed record the routes carry (the fleet's and the data's resources as the
   template renders them), and how two templates are made comparable;
@@ -43,7 +44,6 @@ from triton_mme_cdk.model_build.release.identity import (
     model_key,
     routes_key,
     runtime_files,
-    served_name,
     served_prefix,
     store_prefix,
 )
@@ -67,7 +67,6 @@ __all__ = [
     "model_key",
     "routes_key",
     "runtime_files",
-    "served_name",
     "served_prefix",
     "store_prefix",
 ]

@@ -50,6 +50,11 @@ RELEASE_ENTRY_MODULES = ("pipeline", "handler", "handler.processing_job", "relea
 TOOL_MODULES = ("__main__", "tools")
 #: Non-Python files that define the build image's toolchain (pins of torch and friends).
 RUNTIME_DATA_FILES = ("Dockerfile", "requirements-lambda.txt", "text_ensemble/serving-wheels.txt")
+#: The client distribution's package, which owns the routes format the runtime imports
+#: (``triton_mme_client.routes``): the image holds it beside the build (a link to the
+#: repository's ``client/triton_mme_client``; a real folder in an installed wheel).
+IMAGE_CLIENT_DIR = "image/triton_mme_client"
+CLIENT_PACKAGE = "triton_mme_client"
 #: Distributions whose version can change the bytes of an export, a validation or a tarball.
 BYTE_LIBRARIES = (
     "torch",
@@ -81,9 +86,6 @@ SERVED_DIR = "served"
 RELEASES_DIR = "_releases"
 #: The routes document (logical model name -> current ``TargetModel``), at a fixed key.
 ROUTES_KEY_NAME = "_routes/routes.json"
-#: Hex digits of a tarball's sha256 in its served name (48 bits: a collision between two builds
-#: of one logical name is refused by the publish, which never overwrites a served object).
-SERVED_HASH_CHARS = 12
 #: gzip level of the tarballs. ONNX weights barely compress: level 1 gave a MiniLM tarball 0.4%
 #: larger than level 9 but packed faster, and unpacking (what an instance pays on a cold load)
 #: takes the same time at every level (docs/benchmarks.md, "Artifact size and load"). Another
@@ -161,7 +163,22 @@ def runtime_files(package_dir: Path = PACKAGE_DIR, entries: Iterable[str] = RELE
         if (init := package_dir / folder / "__init__.py").is_file()
     )
     files.update(package_dir / name for name in RUNTIME_DATA_FILES if (package_dir / name).is_file())
+    if any(_imports_client(path) for path in list(files)):
+        client = package_dir / IMAGE_CLIENT_DIR
+        files.update(path for path in client.glob("*") if path.is_file() and path.suffix in {".py", ".typed"})
     return sorted(files)
+
+
+def _imports_client(path: Path) -> bool:
+    """Whether the module at ``path`` imports the client distribution (``triton_mme_client``)."""
+    if path.suffix != ".py":
+        return False
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == CLIENT_PACKAGE:
+            return True
+        if isinstance(node, ast.Import) and any(alias.name.split(".")[0] == CLIENT_PACKAGE for alias in node.names):
+            return True
+    return False
 
 
 def _files_sha256(package_dir: Path, files: Iterable[Path]) -> str:
@@ -298,19 +315,6 @@ def served_prefix(model_prefix: str) -> str:
 def routes_key(model_prefix: str) -> str:
     """``<prefix>/_routes/routes.json``: the routes document's fixed key (outside the served prefix)."""
     return _under(model_prefix, ROUTES_KEY_NAME)
-
-
-def served_name(target: str, sha256: str) -> str:
-    """The ``TargetModel`` of one logical target built into a tarball with digest ``sha256``:
-    ``<target>-<first 12 hex digits>.tar.gz``.
-
-    Why a content hash in the name: an MME instance that has loaded (or cached on its volume) a
-    ``TargetModel`` keeps serving those bytes, so a name must never get other bytes. A changed
-    model therefore gets a new name, and an unchanged one keeps its name and its object (nothing
-    is uploaded or copied for it). The logical name stays readable in front of the hash."""
-    if len(sha256) < SERVED_HASH_CHARS:
-        raise ValueError(f"sha256: got {sha256!r}; expected 64 hex digits")
-    return f"{target}-{sha256[:SERVED_HASH_CHARS]}.tar.gz"
 
 
 def entry_sha256(spec: ModelSpec, base_dir: Path) -> str:

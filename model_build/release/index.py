@@ -58,6 +58,7 @@ def index_body(
             "format": artifact.format,
             "source_model": artifact.name,
             **target_footprint(artifact.footprint, target),
+            **({"signature": dict(artifact.signature)} if artifact.signature else {}),
         }
         for artifact in artifacts
         for target in artifact.targets

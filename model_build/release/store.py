@@ -26,7 +26,6 @@ from triton_mme_cdk.model_build.release.identity import (
     INDEX_NAME,
     REFERENCE_DIR,
     Release,
-    served_name,
     served_prefix,
     store_prefix,
 )
@@ -37,7 +36,7 @@ from triton_mme_cdk.model_build.release.index import (
     target_footprint,
 )
 from triton_mme_cdk.model_build.release.publish import PublishReport, publish_release, put_index
-from triton_mme_cdk.model_build.release.routes import RoutesError
+from triton_mme_cdk.model_build.release.routes import RoutesError, served_name
 from triton_mme_cdk.model_build.release.transfer import (
     Progress,
     S3Object,
@@ -170,7 +169,7 @@ def assemble_release(models: Sequence[StoredModel], target: ReleaseTarget) -> Pu
     """Put a release's models where the endpoint serves them, then write the release's index.
 
     Every logical target gets the immutable served name ``<target>-<sha12>.tar.gz`` under the
-    served prefix (:func:`model_build.release.served_name`): one already there with the same
+    served prefix (:func:`triton_mme_client.routes.served_name`): one already there with the same
     digest is skipped (an unchanged model costs nothing), a missing one is a server-side copy of
     the stored build. An object already under a served name with other bytes is never
     overwritten: the release fails naming the model and the key. References stay in the store
@@ -219,6 +218,7 @@ def assemble_release(models: Sequence[StoredModel], target: ReleaseTarget) -> Pu
                 "size": entry["size"], "format": model.format or entry["format"], "source_model": model.name,
                 "model_key": model.key, "entry_sha256": model.entry_sha256 or target.entry_hashes.get(model.name, ""),
                 **target_footprint(entry.get("footprint"), logical),
+                **({"signature": entry["signature"]} if entry.get("signature") else {}),
             })
         references += [{"source_model": model.name, "key": ref["key"], "sha256": ref["sha256"], "size": ref["size"]}
                        for ref in store.get("references", [])]
