@@ -9,8 +9,13 @@ says anything. So before a stored tarball is placed, this step (:func:`admit_sto
 
 1. reads the tarball itself and computes its SHA-256 and size, which must be the ones the
    release places it under (the store index's digest, which names the served object);
-2. runs the pre-publish gate (:func:`model_build.package.gate.check_repository`) on those bytes
-   again, as a Processing job's output is gated again;
+2. admits those bytes (:func:`model_build.package.admission.check_admitted`): the pre-publish
+   gate again without loading any model file (the placing role parses no graph the build role
+   wrote: ``torch.jit.load`` and ``onnx.load`` run in the build's gate, under the build role), and
+   the tarball tied to its manifest entry: the backend the entry's format is served by, a python
+   backend only in a raw-text entry's tokenizer folder, whose ``model.py`` must be the project's
+   (:data:`TOKENIZER_MODEL_SHA256`, fixed here) and whose ``tokenizers`` files must be the pinned
+   wheel's (``serving-wheels.txt``), and no native library or path-valued option anywhere;
 3. leaves the copy to :func:`model_build.release.store.assemble_release`, whose copy must come
    back with S3's own SHA-256 checksum of the copied bytes equal to that digest: the bytes placed
    are the bytes gated, even if the store were written again between the read and the copy.
@@ -28,7 +33,7 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -43,12 +48,17 @@ from triton_mme_cdk.model_build.handler.request import (
     short_error,
 )
 from triton_mme_cdk.model_build.handler.units import computed_release, write_index
+from triton_mme_cdk.model_build.manifest import ModelSpec
 
 #: Bytes read at a time from a stored tarball.
 READ_BLOCK = 1024 * 1024
 #: Stored tarballs read and gated at once, and the bytes they may hold on disk together.
 ADMIT_WORKERS = 8
 ADMIT_DISK_BUDGET = 4 * 1024**3
+#: SHA-256 of the project's tokenizer model (``model_build/text_ensemble/tokenizer_model.py``),
+#: the one python-backend ``model.py`` a placed tarball may hold. Fixed here, not read from a
+#: file the build could change; ``tests/test_placing_gate.py`` checks that it is the file's.
+TOKENIZER_MODEL_SHA256 = "8fc185e676bebb35db3e06051ae10234a3750287510d9b39fe14d46ebf8281d4"
 
 
 def place_step(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
@@ -76,7 +86,8 @@ def place_item(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
         try:
             copied = place_stored(s3, request.model_bucket, request.model_prefix,
                                   StoredModel(spec.name, key, tuple(spec.target_names()), spec.format),
-                                  admit=lambda objects: admit_stored(s3, request.model_bucket, objects))
+                                  admit=lambda objects: admit_stored(s3, request.model_bucket, objects,
+                                                                     {spec.name: spec}))
         except Exception as error:
             record_failure(s3, request, spec.name, error)  # the Map's own failure names no model
             raise
@@ -95,30 +106,50 @@ def finish_release(event: dict[str, Any], context: Any = None) -> dict[str, Any]
         s3 = s3_client()
         manifest = load_manifest(s3, request)
         write_index(s3, request, manifest, computed_release(manifest),
-                    admit=lambda objects: admit_stored(s3, request.model_bucket, objects))
+                    admit=lambda objects: admit_stored(s3, request.model_bucket, objects,
+                                                       {spec.name: spec for spec in manifest.models}))
         return request.data(manifest.target_count)
     except (HandlerError, ModelBuildError) as error:
         raise short_error(error) from None
 
 
-def admit_stored(s3: Any, bucket: str, objects: Sequence[Any]) -> None:
+def tokenizer_rule() -> Any:
+    """What a raw-text tarball's python-backend folder may hold: the project's ``model.py``
+    (:data:`TOKENIZER_MODEL_SHA256`), the pinned wheel's files by their digests, ``tokenizer.json``."""
+    from triton_mme_cdk.model_build.package.admission import PythonModelRule
+    from triton_mme_cdk.model_build.text_ensemble.serving_wheel import pinned_file_digests
+
+    code = {"model.py": TOKENIZER_MODEL_SHA256}
+    code.update({f"site-packages/{name}": digest for name, digest in pinned_file_digests().items()})
+    return PythonModelRule(folder="tokenizer", version="1", code=code, data=frozenset({"tokenizer.json"}))
+
+
+def admit_stored(s3: Any, bucket: str, objects: Sequence[Any], specs: Mapping[str, ModelSpec]) -> None:
     """Read each stored tarball the release is about to place (once per stored key), check its
-    SHA-256 and size against the digest it is placed under, and run the pre-publish gate on it.
-    Raises a :class:`ModelBuildError` naming the model; nothing is copied then.
+    SHA-256 and size against the digest it is placed under, and admit it against its manifest
+    entry (``specs``: model name -> entry; :func:`model_build.package.admission.check_admitted`).
+    Raises a :class:`ModelBuildError` naming the model and the file; nothing is copied then.
 
     Several at once (:data:`ADMIT_WORKERS`), as long as the tarballs on disk together stay within
     :data:`ADMIT_DISK_BUDGET` (a larger one is read alone): the Lambda's ``/tmp`` holds 10 GB."""
     from concurrent.futures import ThreadPoolExecutor
 
     unique = list({obj.source_key: obj for obj in objects if obj.source_key is not None}.values())
+    if not unique:
+        return
+    for obj in unique:
+        if obj.model not in specs:
+            raise PublishError(f"stored tarball s3://{bucket}/{obj.source_key}: model {obj.model!r} is not an entry "
+                               "of the manifest; nothing is placed", model=obj.model)
+    rule = tokenizer_rule() if any(specs[obj.model].inputs == "text" for obj in unique) else None
     budget = _DiskBudget(ADMIT_DISK_BUDGET)
     with ThreadPoolExecutor(max_workers=ADMIT_WORKERS, thread_name_prefix="admit") as pool:
-        for future in [pool.submit(_admit_one, s3, bucket, obj, budget) for obj in unique]:
+        for future in [pool.submit(_admit_one, s3, bucket, obj, specs[obj.model], rule, budget) for obj in unique]:
             future.result()
 
 
-def _admit_one(s3: Any, bucket: str, obj: Any, budget: _DiskBudget) -> None:
-    from triton_mme_cdk.model_build.package.gate import check_repository
+def _admit_one(s3: Any, bucket: str, obj: Any, spec: ModelSpec, rule: Any, budget: _DiskBudget) -> None:
+    from triton_mme_cdk.model_build.package.admission import check_admitted
 
     with budget.hold(int(obj.size)):
         work = Path(tempfile.mkdtemp(prefix="place-", dir=os.environ.get("TMPDIR")))
@@ -130,7 +161,7 @@ def _admit_one(s3: Any, bucket: str, obj: Any, budget: _DiskBudget) -> None:
                     f"stored tarball s3://{bucket}/{obj.source_key} has sha256 {sha256[:16]}... and {size} bytes; "
                     f"its store index says {str(obj.sha256)[:16]}... and {obj.size} bytes: not placed",
                     model=obj.model)
-            check_repository(path, model=obj.model)
+            check_admitted(path, spec, python_rule=rule)
             LOG.info("admitted %s (%s, sha256 %s...)", obj.source_key, obj.model, sha256[:12])
         finally:
             shutil.rmtree(work, ignore_errors=True)

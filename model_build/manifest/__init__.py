@@ -17,6 +17,7 @@ May import: ``shared``.
 from triton_mme_cdk.model_build.manifest.fields import (
     DEFAULT_GATES,
     TENSORRT_KEYS,
+    TENSORRT_PATH_KEYS,
     AccuracyGate,
     BuildPlacement,
     DynamicBatching,
@@ -72,6 +73,7 @@ __all__ = [
     "SLOW_TOKENIZER_FILES",
     "TENSORRT_DATA_TYPES",
     "TENSORRT_KEYS",
+    "TENSORRT_PATH_KEYS",
     "TEXT_TASKS",
     "TOKENIZER_FILES",
     "TOKENIZER_JSON",

@@ -49,6 +49,16 @@ TENSORRT_KEYS: frozenset[str] = frozenset(
         "trt_ep_context_embed_mode",
     }
 )
+#: Keys of :data:`TENSORRT_KEYS` whose value is a file or folder the provider loads native code or
+#: a model from, or writes to: refused in a manifest (a models-only change must not make the
+#: fleet's ONNX Runtime ``dlopen`` a library or read an engine from a path the manifest picks).
+#: The engine cache's folder is set with ``engine_cache: true`` (under :data:`ENGINE_CACHE_ROOT`)
+#: or ``trt_engine_cache_path``; the placing step refuses these keys in a tarball's config too.
+TENSORRT_PATH_KEYS: dict[str, str] = {
+    "trt_extra_plugin_lib_paths": "native libraries the TensorRT provider loads",
+    "trt_ep_context_file_path": "a model file with an embedded engine that the provider loads or writes",
+    "trt_timing_cache_path": "a folder the provider reads and writes (engine_cache: true sets it)",
+}
 
 
 class StrictModel(BaseModel):
@@ -275,10 +285,16 @@ class TensorRTAccelerator(StrictModel):
         for key in value:
             if key in typed:
                 raise ValueError(f"key {key!r} has its own field; set it there, not in extra")
+            if key in TENSORRT_PATH_KEYS:
+                raise ValueError(
+                    f"key {key!r}: got {value[key][:120]!r}; a path-valued key ({TENSORRT_PATH_KEYS[key]}) is "
+                    "refused in a manifest: allowed are the keys that take no path (engine_cache: true keeps "
+                    "the engines and the timing cache under " + ENGINE_CACHE_ROOT + ")"
+                )
             if key not in TENSORRT_KEYS:
                 raise ValueError(
                     f"unknown TensorRT key {key!r}; the backend knows: "
-                    + ", ".join(sorted(TENSORRT_KEYS - typed))
+                    + ", ".join(sorted(TENSORRT_KEYS - typed - set(TENSORRT_PATH_KEYS)))
                 )
         return value
 

@@ -12,6 +12,11 @@ it is hashed into every model key; the client-side codec the smoke test uses liv
   (a TorchScript model loads as the backend loads it); a TensorRT plan's files (``_check_plans``:
   present and non-empty; the engines themselves cannot be read without a GPU);
 - ``gate_tarball``: the gate on a written tarball, which it removes when refused.
+
+``load=False`` (the placing step, :mod:`model_build.package.admission`) is the same gate without
+reading any model file: the graph-against-config checks (``onnx.load``, ``torch.jit.load``) are the
+build's, under the build role; the placing role only checks that each model file is there, not
+empty, and (TorchScript) a zip archive holding a ``data.pkl``, read with :mod:`zipfile` alone.
 """
 from __future__ import annotations
 
@@ -112,7 +117,7 @@ def check_ensemble_repository(root: Path, *, model: str | None = None) -> str:
     return ensembles[0]
 
 
-def check_repository(path: Path, *, model: str) -> str:
+def check_repository(path: Path, *, model: str, load: bool = True) -> str:
     """The pre-publish gate: everything Triton checks when it loads a tarball, before it is published.
 
     ``path`` is a packaged ``model.tar.gz`` (unpacked safely into a temporary folder next to it) or
@@ -131,7 +136,8 @@ def check_repository(path: Path, *, model: str) -> str:
 
     Returns the name of the folder the endpoint loads ("" for a config at the root). Raises a
     :class:`~model_build.errors.ModelBuildError` (``TritonConfigError`` or ``VerifyError``) naming
-    the model, the field, the value and what is allowed.
+    the model, the field, the value and what is allowed. ``load=False``: step 4 is left out, and
+    no model file is parsed (see the module's docstring).
     """
     path = Path(path)
     if path.is_file():
@@ -142,17 +148,17 @@ def check_repository(path: Path, *, model: str) -> str:
         with tempfile.TemporaryDirectory(prefix=".gate-", dir=path.parent) as tmp:
             # The one reader of tarballs: the same limits and member checks as every other unpack.
             safe_extract(path, Path(tmp), model=model)
-            return check_repository(Path(tmp), model=model)
+            return check_repository(Path(tmp), model=model, load=load)
     if not path.is_dir():
         raise VerifyError(f"model {model!r}: {str(path)!r} is neither a tarball nor a folder", model=model)
     folders = sorted(p for p in path.iterdir() if p.is_dir())
     try:
         if (path / "config.pbtxt").is_file() or len(folders) <= 1:
             model_dir, name = locate_model(path, model=model)
-            _check_model_folder(model_dir, model, None)
+            _check_model_folder(model_dir, model, None, load)
             return name or ""
         main = check_ensemble_repository(path, model=model)
-        configs = {folder.name: _check_model_folder(folder, model, folder.name) for folder in folders}
+        configs = {folder.name: _check_model_folder(folder, model, folder.name, load) for folder in folders}
         _check_ensemble_wiring(main, configs, model)
         return main
     except ModelBuildError as error:
@@ -174,7 +180,7 @@ def gate_tarball(out_path: Path, *, model: str) -> None:
         raise
 
 
-def _check_model_folder(folder: Path, model: str, member: str | None) -> ModelConfig:
+def _check_model_folder(folder: Path, model: str, member: str | None, load: bool = True) -> ModelConfig:
     """Steps 2-4 of :func:`check_repository` for one model folder."""
     from triton_mme_cdk.model_build.package.triton_config import check_repository_config, default_filename
 
@@ -199,15 +205,45 @@ def _check_model_folder(folder: Path, model: str, member: str | None) -> ModelCo
         if not model_file.is_file():
             raise VerifyError(f"model {label!r}: model file {model_file.name!r}: missing in version folder "
                               f"{version.name!r}; allowed: the file default_model_filename names", model=model)
+        if not load:
+            _check_present(model_file, version, label, model)
+            return config
         for location in onnx_external_data_files(model_file):
             if not (model_file.parent / location).is_file():
                 raise VerifyError(f"model {label!r}: external data file {location!r}: missing next to "
                                   f"{model_file.name!r}", model=model)
         inputs, outputs = onnx_signature(model_file, model=label)
         check_signature(config, label, "onnx graph", inputs, outputs)
+    elif not load:
+        _check_present(model_file, version, label, model)
+        _check_torchscript_archive(model_file, label, model)
     else:
         open_model(model_file, config, model=label)  # TorchScript: loads, maps inputs to forward's arguments
     return config
+
+
+def _check_present(model_file: Path, version: Path, label: str, model: str) -> None:
+    """The model file is a non-empty file of the version folder (``load=False``: nothing more is read)."""
+    if not model_file.is_file() or model_file.stat().st_size == 0:
+        state = "empty" if model_file.is_file() else "missing"
+        raise VerifyError(f"model {label!r}: model file {model_file.name!r}: {state} in version folder "
+                          f"{version.name!r}; the file default_model_filename names must be there", model=model)
+
+
+def _check_torchscript_archive(model_file: Path, label: str, model: str) -> None:
+    """A TorchScript file is a zip archive with ``<name>/data.pkl``: its directory is read with
+    :mod:`zipfile`, nothing in it is unpickled or loaded."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(model_file) as archive:
+            names = archive.namelist()
+    except (zipfile.BadZipFile, OSError) as error:
+        raise VerifyError(f"model {label!r}: model file {model_file.name!r}: not a TorchScript archive ({error}); "
+                          "torch.jit.save writes a zip archive", model=model) from None
+    if not any(name.count("/") == 1 and name.endswith("/data.pkl") for name in names):
+        raise VerifyError(f"model {label!r}: model file {model_file.name!r}: a zip archive without <name>/data.pkl; "
+                          "not a TorchScript archive", model=model)
 
 
 def _check_plans(config: ModelConfig, version: Path, label: str, model: str) -> None:

@@ -174,6 +174,11 @@ def vendored_files(model: str, pin_file: Path = PIN_FILE) -> dict[str, bytes]:
         if not wheel.loads_on(row.python, row.glibc):
             raise PackageError(f"inputs: text: {wheel.filename} does not load on images {row.first}-{row.last} "
                                f"(Python {row.python[0]}.{row.python[1]})", model=model)
+    return _package_files(path)
+
+
+def _package_files(path: Path) -> dict[str, bytes]:
+    """The wheel's package files (``tokenizers/...``, type stubs left out), as a tarball carries them."""
     files: dict[str, bytes] = {}
     with zipfile.ZipFile(path) as archive:
         for info in sorted(archive.infolist(), key=lambda item: item.filename):
@@ -181,3 +186,20 @@ def vendored_files(model: str, pin_file: Path = PIN_FILE) -> dict[str, bytes]:
             if name.startswith(f"{PACKAGE}/") and not info.is_dir() and not name.endswith(".pyi"):
                 files[name] = archive.read(info)
     return files
+
+
+def pinned_file_digests(pin_file: Path = PIN_FILE) -> dict[str, str]:
+    """``tokenizers/... -> sha256`` of every file a raw-text tarball carries from the pinned wheel,
+    read from the wheelhouse's wheel after its own SHA-256 is found equal to the pin (the placing
+    step's rule: a tarball's vendored files must be these bytes). Raises :class:`PackageError`
+    naming the wheel when it is missing or is not the pinned one."""
+    wheel = pinned_wheel(pin_file)
+    path = wheelhouse() / wheel.filename
+    if not path.is_file():
+        raise PackageError(f"the pinned serving wheel {path} is missing; the placing step compares a raw-text "
+                           f"tarball's tokenizers files with it: `{DOWNLOAD_COMMAND}`, or set {WHEELHOUSE_VARIABLE}")
+    data = path.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != wheel.sha256:
+        raise PackageError(f"{path} has sha256 {digest}, {PIN_FILE.name} pins {wheel.sha256}; not the pinned wheel")
+    return {name: hashlib.sha256(content).hexdigest() for name, content in _package_files(path).items()}
