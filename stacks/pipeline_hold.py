@@ -9,10 +9,15 @@ right before ``UpdatePipeline`` (``Pipeline.addStage`` with ``placement.rightBef
 1. ``PipelineChange``: a CodeBuild action on the cloud assembly only (no source: nothing of the
    commit runs). Its commands are the deployed pipeline's own buildspec: ``aws cloudformation
    get-template`` of the pipeline stack as deployed, and :data:`CHECK` (Python's standard library,
-   run with ``python3 -c``) comparing it with the new template. Everything but the asset
-   publishing (the ``Assets`` stage and its projects, which change with every model or code
-   change) is compared. It exports ``PIPELINE_CHANGE_APPROVAL`` (``true`` when anything else
-   differs, or when the deployed template cannot be read) and ``PIPELINE_CHANGE`` (what differs).
+   run with ``python3 -c``; ``stacks/pipeline_hold_check.py``). It resolves the template the way
+   ``SelfMutate``'s ``cdk -a . deploy <stack>`` does, through the assembly's ``manifest.json``, and
+   compares it with the deployed one: every resource but the asset publishing, which changes with
+   every model or code change and is compared instead with the shape of the deployed pipeline's
+   own asset projects (their roles, environment and buildspec as CDK Pipelines generated them;
+   only the publishing lines' paths and selectors may differ). It exports
+   ``PIPELINE_CHANGE_APPROVAL`` (``true`` when anything differs, when what ``SelfMutate`` would
+   deploy is not that one template, or when the deployed template cannot be read) and
+   ``PIPELINE_CHANGE`` (what differs).
 2. ``PipelineChange-approve``: a manual approval, entered only when ``PIPELINE_CHANGE_APPROVAL``
    is ``true`` (a V2 ``beforeEntry`` condition, ``VariableCheck``, result ``SKIP``).
 
@@ -23,6 +28,7 @@ before they run, since ``SelfMutate`` comes after.
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 from typing import Any
 
 from aws_cdk import Aws, Stack
@@ -39,58 +45,21 @@ NAMESPACE = "pipeline-change"
 APPROVAL, CHANGE = "PIPELINE_CHANGE_APPROVAL", "PIPELINE_CHANGE"
 CHECK_STAGE, APPROVE_STAGE = "PipelineChange", "PipelineChange-approve"
 
-#: The comparison (python3, standard library only): ``CHECK NEW_TEMPLATE DEPLOYED_TEMPLATE``
-#: prints ``PIPELINE_CHANGE_APPROVAL=...`` and ``PIPELINE_CHANGE=...`` lines for ``. file``.
-CHECK = r'''
-import json, sys
-def gates(template):
-    resources = dict(template.get("Resources") or {})
-    assets = set()
-    for key, resource in list(resources.items()):
-        if resource.get("Type") != "AWS::CodePipeline::Pipeline":
-            continue
-        resource = json.loads(json.dumps(resource))
-        stages = resource.get("Properties", {}).get("Stages", [])
-        for stage in stages:
-            if stage.get("Name") == "Assets":
-                for action in stage.get("Actions", []):
-                    project = action.get("Configuration", {}).get("ProjectName")
-                    if isinstance(project, dict) and "Ref" in project:
-                        assets.add(project["Ref"])
-        resource["Properties"]["Stages"] = [s for s in stages if s.get("Name") != "Assets"]
-        resources[key] = resource
-    return {k: v for k, v in resources.items() if k not in assets}
-def read(path):
-    try:
-        with open(path) as f:
-            data = json.load(f)
-        return data if isinstance(data, dict) and "Resources" in data else None
-    except (OSError, ValueError):
-        return None
-new, old = read(sys.argv[1]), read(sys.argv[2])
-if new is None:
-    sys.exit("error: the new pipeline template " + sys.argv[1] + " cannot be read")
-if old is None:
-    approval, text = True, "the deployed pipeline's template could not be read: a person decides"
-else:
-    a, b = gates(new), gates(old)
-    changed = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-    approval = bool(changed)
-    shown = ", ".join(("added " if k not in b else "removed " if k not in a else "") + k for k in changed[:8])
-    text = ("the pipeline's own definition changes: " + shown + (" and %d more" % (len(changed) - 8)
-            if len(changed) > 8 else "")) if changed else "no change of the pipeline's own definition"
-print("PIPELINE_CHANGE_APPROVAL=" + ("true" if approval else "false"))
-print("PIPELINE_CHANGE=" + json.dumps(text[:900]))
-'''
+#: The comparison (python3, standard library only; ``stacks/pipeline_hold_check.py``, its docstring
+#: left out): ``CHECK STACK ASSEMBLY DEPLOYED_TEMPLATE`` prints ``PIPELINE_CHANGE_APPROVAL=...`` and
+#: ``PIPELINE_CHANGE=...`` lines for ``. file``.
+_SOURCE = (Path(__file__).resolve().parent / "pipeline_hold_check.py").read_text(encoding="utf-8")
+CHECK = _SOURCE[_SOURCE.index("from __future__"):]
 
 
-def check_commands(stack_name: str) -> list[str]:
+def check_commands(stack_name: str, stack_id: str) -> list[str]:
     """The check's commands: read the deployed template (an empty file when it cannot be read:
-    the check then asks a person), compare, export."""
+    the check then asks a person), compare it with the template ``cdk deploy stack_id`` (what
+    ``SelfMutate`` runs) resolves in the cloud assembly (the build's folder), export."""
     return [
         f"aws cloudformation get-template --stack-name {shlex.quote(stack_name)} --template-stage Original "
         "--query TemplateBody --output json > /tmp/deployed.json || : > /tmp/deployed.json",
-        f"python3 -c {shlex.quote(CHECK)} {shlex.quote(stack_name)}.template.json /tmp/deployed.json > /tmp/change.env",
+        f"python3 -c {shlex.quote(CHECK)} {shlex.quote(stack_id)} . /tmp/deployed.json > /tmp/change.env",
         "cat /tmp/change.env",
         "set -a; . /tmp/change.env; set +a",
     ]
@@ -113,7 +82,7 @@ def add_self_mutation_hold(scope: Construct, pipeline: codepipeline.Pipeline, *,
         build_spec=codebuild.BuildSpec.from_object({
             "version": "0.2",
             "env": {"exported-variables": [APPROVAL, CHANGE]},
-            "phases": {"build": {"commands": check_commands(stack.stack_name)}},
+            "phases": {"build": {"commands": check_commands(stack.stack_name, stack.node.path)}},
         }),
     )
     project.add_to_role_policy(iam.PolicyStatement(
