@@ -483,7 +483,8 @@ def test_an_iam_policy_statement_added_is_a_security_change_that_widens(
     assert finding["access"] == "widens" and finding["kind"] == "security-changed"
     assert finding["changes"] == [{"property": "PolicyDocument", "access": "widens",
                                    "change": f"added Allow s3:PutObject on ${{{BUCKET}.Arn}}/*"}]
-    assert f"PolicyDocument added Allow s3:PutObject on ${{{BUCKET}.Arn}}/* (widens)" in widened["summary"]
+    # The summary names the resource and the property (the detail and the JSON give the change).
+    assert widened["summary"].endswith(f"; access widens in Policy {EXECUTION_POLICY} (PolicyDocument)")
     assert widened["fleet"]["verdict"] == "unchanged" and widened["data"]["verdict"] == "safe"
     assert not widened["other"]["findings"], "the policy is a security finding, not also an 'other' one"
     assert _security_findings(narrowed)[EXECUTION_POLICY]["changes"] == [{
@@ -649,7 +650,7 @@ def test_every_finding_is_listed_whichever_verdict_leads(
     capsys.readouterr()
     lines = markdown.read_text().splitlines()
     assert "fleet replaced" in lines[1] and lines[3].startswith("**Security:** access widens")
-    assert lines[5].startswith(f"- **security-changed** (widens): Policy {EXECUTION_POLICY}")
+    assert lines[5].startswith(f"- **widens**: Policy {EXECUTION_POLICY}")
     assert lines.index(lines[5]) < next(i for i, line in enumerate(lines) if line.startswith("**Fleet:**"))
     models = json.loads(_routes(deployed=record_from_template(default), drop="minilm-l6-text").body())
     code, report = _security_plan(capsys, work, "lead-narrow", _edited(default, put_object), default, routes=models)
@@ -692,7 +693,8 @@ def test_the_security_classifier_on_its_own(resource_type: str, old: dict[str, A
     statement (unknown), a trust opened to every principal, a boundary removed, an IAM type
     without its own rule (unknown), a wider CIDR (a rule removed and one added: widens overall),
     a bucket deleted (data at risk, not access granted)."""
-    from triton_mme_cdk.model_build.tools.plan_security import overall_access, security_changes
+    from triton_mme_cdk.model_build.tools.plan_access import security_changes
+    from triton_mme_cdk.model_build.tools.plan_security import overall_access
 
     changes = security_changes(resource_type, old, new)
     assert [(c.path, c.text, c.access) for c in changes] == expected

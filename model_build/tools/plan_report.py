@@ -2,8 +2,9 @@
 
 The JSON is documented by ``plan.schema.json`` beside this file (JSON Schema, draft 2020-12) and in
 docs/pipelines.md; a field is never removed or retyped within a schema version. The markdown is one
-pull-request comment: the verdict first, then who can do what (the security findings), the counts, the findings and the model lists, each
-list folded in a ``<details>`` block. It always fits GitHub's 65,536-character comment limit:
+pull-request comment: the verdict first, then who can do what (its headline, then one security
+change per line), the counts, the findings and the model lists, each list folded in a
+``<details>`` block. It always fits GitHub's 65,536-character comment limit:
 
     Every list is shown whole while the comment fits MARKDOWN_BUDGET characters. Otherwise each
     list keeps its first K items, K the largest number for which the comment fits (the same K for
@@ -196,8 +197,11 @@ class PlanReport:
                   for route in models.removed]
         if verbose:
             lines += [f"    {route.logical_name}  {route.target_model}" for route in models.unchanged]
+        # One security change per line (what widens first), then the other findings.
+        lines += [f"  ! security-changed: {finding.name}: {change.line()}" for finding, change in
+                  self.verdict.security_lines()]
         for finding in self.verdict.findings:
-            if finding.kind != "other" or verbose:
+            if finding.kind != "security-changed" and (finding.kind != "other" or verbose):
                 lines.append(f"  ! {finding.kind}: {finding.line()}")
         others = self.verdict.of("other")
         if others and not verbose:
@@ -233,7 +237,7 @@ class PlanReport:
     def _longest(self) -> int:
         models = self.models
         return max(len(models.added), len(models.updated), len(models.removed), len(models.unchanged),
-                   len(self.verdict.findings))
+                   len(self.verdict.findings), len(self.verdict.security_lines()))
 
     def _markdown(self, keep: int | None, digest: str) -> str:
         models, verdict = self.models, self.verdict
@@ -248,11 +252,9 @@ class PlanReport:
             f"### Triton MME plan for `{self.stack}`: {headline} (exit {self.exit_code})",
             "",
         ]
-        security = verdict.of("security-changed")
-        if security:  # first, after the headline: who can do what, each resource's changes
-            count = f"{len(security)} resource" + ("s" if len(security) != 1 else "")
-            parts += [f"**Security:** {verdict.security_head()} ({count}):", "",
-                      *_cut(security, keep, _finding)]
+        security = verdict.security_lines()
+        if security:  # first, after the headline: who can do what, one change per line
+            parts += [f"**Security:** {_md(verdict.security_text())}", "", *_cut(security, keep, _change)]
         else:
             parts.append(f"**Security:** {_md(verdict.security_text())}")
         parts += [
@@ -301,6 +303,11 @@ def _route(route: Any) -> dict[str, Any]:
 def _finding(finding: Finding) -> str:
     access = f" ({finding.access})" if finding.access else ""
     return f"- **{finding.kind}**{access}: {_md(finding.line())}"
+
+
+def _change(line: tuple[Finding, Any]) -> str:
+    finding, change = line
+    return f"- **{change.access}**: {_md(finding.name)}: {_md(change.path)} {_md(change.text)}"
 
 
 def _md(text: str) -> str:

@@ -1,24 +1,12 @@
-"""Who can do what, before and after: the security changes of ``plan`` (verdict ``security-changed``).
+"""Who can do what, before and after: how ``plan`` compares a policy document, grant by grant.
 
-A change to one of these resources' properties alters who can do what, and is a finding of its
-own, whatever else the change does to the resource (a replaced key is data at risk *and* a key
-policy change):
+Which properties of which resource types say who can do what is :mod:`.plan_access`'s table; this
+module is the grammar it compares most of them with. Each change says whether access **widens**,
+**narrows** or is **unknown** (what cannot be classified; a gate treats it as widening: never the
+safe answer):
 
-- IAM: a role's trust (``AssumeRolePolicyDocument``), its inline ``Policies``, its
-  ``ManagedPolicyArns`` and ``PermissionsBoundary``; a policy's document and the roles, users and
-  groups it is attached to (``AWS::IAM::Policy``, ``ManagedPolicy``, ``RolePolicy``); any other
-  ``AWS::IAM::*`` resource, every property;
-- KMS: a key's ``KeyPolicy`` (CloudFormation has no grant resource: a CDK ``grant*`` on a key is
-  a statement of the key policy or of the grantee's policy, both compared here);
-- S3: the ``BucketPolicy``, a bucket's ``PublicAccessBlockConfiguration``, ``BucketEncryption`` and
-  canned ``AccessControl``;
-- EC2: a security group's ingress and egress rules (inline, and the ``SecurityGroupIngress`` /
-  ``SecurityGroupEgress`` resources), a VPC endpoint's ``PolicyDocument``.
-
-Each change says whether access **widens**, **narrows** or is **unknown** (what this module
-cannot classify; a gate treats it as widening: never the safe answer):
-
-- a policy document is compared grant by grant (effect, principal, action, resource, condition;
+- a policy document (an identity policy, a trust policy or a resource policy; a JSON string is
+  read as JSON) is compared grant by grant (effect, principal, action, resource, condition;
   ``Ref``/``Fn::GetAtt``/``Fn::Join`` rendered as ``${Id.Attr}`` text). An Allow added that no
   old Allow already covers (``*`` and ``?`` matched as IAM matches them; a principal ``*`` covers
   every principal; an unconditioned grant covers a conditioned one) widens, an Allow removed that
@@ -31,13 +19,10 @@ cannot classify; a gate treats it as widening: never the safe answer):
   ``aws:kms`` turned into ``AES256`` (no key access needed any more), widens; the reverse narrows;
   any other encryption change is unknown;
 - a security-group rule added widens, removed narrows (a wider CIDR is both: one rule removed,
-  one added, so it widens); the egress list removed widens (CloudFormation then allows all
-  outbound);
-- a VPC endpoint's policy removed widens (the endpoint then allows full access).
+  one added, so it widens).
 
 A resource added is compared with nothing (every grant it carries is added), one removed the
-reverse. This module is pure: no CDK, no diff engine (``plan_verdict`` calls it per resource the
-engine says changed).
+reverse. This module is pure: no CDK, no diff engine.
 """
 
 from __future__ import annotations
@@ -49,30 +34,11 @@ from dataclasses import dataclass
 from typing import Any
 
 WIDENS, NARROWS, UNKNOWN = "widens", "narrows", "unknown"
-#: The properties that say who can do what, per resource type. ``ALL``: every property.
-ALL = ("*",)
-SECURITY_PROPERTIES: dict[str, tuple[str, ...]] = {
-    "AWS::IAM::Role": ("AssumeRolePolicyDocument", "Policies", "ManagedPolicyArns", "PermissionsBoundary"),
-    "AWS::IAM::Policy": ("PolicyDocument", "Roles", "Users", "Groups"),
-    "AWS::IAM::ManagedPolicy": ("PolicyDocument", "Roles", "Users", "Groups"),
-    "AWS::IAM::RolePolicy": ("PolicyDocument", "RoleName"),
-    "AWS::KMS::Key": ("KeyPolicy",),
-    "AWS::S3::BucketPolicy": ("PolicyDocument", "Bucket"),
-    "AWS::S3::Bucket": ("PublicAccessBlockConfiguration", "BucketEncryption", "AccessControl"),
-    "AWS::EC2::SecurityGroup": ("SecurityGroupIngress", "SecurityGroupEgress"),
-    "AWS::EC2::SecurityGroupIngress": ALL,
-    "AWS::EC2::SecurityGroupEgress": ALL,
-    "AWS::EC2::VPCEndpoint": ("PolicyDocument",),
-}
-POLICY_DOCUMENTS = {("AWS::IAM::Role", "AssumeRolePolicyDocument"), ("AWS::IAM::Policy", "PolicyDocument"),
-                    ("AWS::IAM::ManagedPolicy", "PolicyDocument"), ("AWS::IAM::RolePolicy", "PolicyDocument"),
-                    ("AWS::KMS::Key", "KeyPolicy"), ("AWS::S3::BucketPolicy", "PolicyDocument"),
-                    ("AWS::EC2::VPCEndpoint", "PolicyDocument")}
-ATTACHMENTS = ("Roles", "Users", "Groups", "ManagedPolicyArns")
-PUBLIC_ACCESS_FLAGS = ("BlockPublicAcls", "BlockPublicPolicy", "IgnorePublicAcls", "RestrictPublicBuckets")
 #: Properties of a security-group rule resource that are not the rule.
 RULE_OWNER = ("GroupId", "GroupName", "Description")
-_MISSING: Any = object()
+PUBLIC_ACCESS_FLAGS = ("BlockPublicAcls", "BlockPublicPolicy", "IgnorePublicAcls", "RestrictPublicBuckets")
+#: A property absent on one side (a resource created, removed, or the property set or unset).
+MISSING: Any = object()
 
 
 @dataclass(frozen=True)
@@ -90,81 +56,10 @@ class SecurityChange:
         return {"property": self.path, "change": self.text, "access": self.access}
 
 
-def is_security_type(resource_type: str) -> bool:
-    return resource_type in SECURITY_PROPERTIES or resource_type.startswith("AWS::IAM::")
-
-
-def only_security(resource_type: str, properties: list[str]) -> bool:
-    """Whether every changed top-level property of a resource is one this module judges."""
-    wanted = SECURITY_PROPERTIES.get(resource_type, ALL)
-    return wanted == ALL or set(properties) <= set(wanted)
-
-
 def overall_access(changes: list[SecurityChange] | tuple[SecurityChange, ...]) -> str:
     """widens if any change widens, else unknown if any is unknown, else narrows ("" for none)."""
     found = {change.access for change in changes}
     return next((access for access in (WIDENS, UNKNOWN, NARROWS) if access in found), "")
-
-
-def security_changes(resource_type: str, old: Mapping[str, Any] | None,
-                     new: Mapping[str, Any] | None) -> list[SecurityChange]:
-    """What a change of a resource (its properties; None: absent) does to who can do what."""
-    if not is_security_type(resource_type) or (resource_type == "AWS::S3::Bucket" and new is None):
-        return []  # a bucket deleted is data at risk, not access granted
-    old_props, new_props = dict(old or {}), dict(new or {})
-    if resource_type in ("AWS::EC2::SecurityGroupIngress", "AWS::EC2::SecurityGroupEgress"):
-        rule = {side: ([{k: v for k, v in props.items() if k not in RULE_OWNER}] if present is not None else [])
-                for side, props, present in (("old", old_props, old), ("new", new_props, new))}
-        return _rules("rule", rule["old"], rule["new"])
-    wanted = SECURITY_PROPERTIES.get(resource_type, ALL)
-    names = sorted(set(old_props) | set(new_props)) if wanted == ALL else list(wanted)
-    found: list[SecurityChange] = []
-    for name in names:
-        before, after = old_props.get(name, _MISSING), new_props.get(name, _MISSING)
-        if before == after:
-            continue
-        found += _property(resource_type, name, before, after, created=old is None, existed=new is not None)
-    if resource_type == "AWS::EC2::SecurityGroup" and old is None and new is not None and (
-            "SecurityGroupEgress" not in new_props):
-        found.append(SecurityChange("SecurityGroupEgress", "unset: CloudFormation allows all outbound traffic", WIDENS))
-    if resource_type == "AWS::EC2::VPCEndpoint" and old is None and new is not None and "PolicyDocument" not in new_props:
-        found.append(SecurityChange("PolicyDocument", "unset: the endpoint allows full access", WIDENS))
-    return found
-
-
-def _property(resource_type: str, name: str, before: Any, after: Any, *, created: bool,
-              existed: bool) -> list[SecurityChange]:
-    if (resource_type, name) in POLICY_DOCUMENTS:
-        if resource_type == "AWS::EC2::VPCEndpoint":
-            if after is _MISSING and existed:
-                return [SecurityChange(name, "removed: the endpoint allows full access", WIDENS)]
-            if before is _MISSING and not created:
-                return [SecurityChange(name, "set (the endpoint allowed full access)",
-                                       NARROWS if _grants(after) is not None else UNKNOWN)]
-        return _policy(name, None if before is _MISSING else before, None if after is _MISSING else after)
-    if resource_type == "AWS::IAM::Role" and name == "Policies":
-        return _inline_policies(before, after)
-    if name in ATTACHMENTS:
-        return _attachments(name, before, after)
-    if name == "PermissionsBoundary":
-        access = WIDENS if after is _MISSING else NARROWS if before is _MISSING else UNKNOWN
-        return [SecurityChange(name, f"{_shown(before)} -> {_shown(after)}", access)]
-    if name == "PublicAccessBlockConfiguration":
-        return _public_access(before, after, created=created)
-    if name == "BucketEncryption":
-        return [] if created else _encryption(before, after)  # a new bucket: S3 encrypts by default
-    if name == "AccessControl":
-        if after == "Private" and created:
-            return []
-        access = NARROWS if after == "Private" else WIDENS if before in (_MISSING, "Private") else UNKNOWN
-        return [SecurityChange(name, f"{_shown(before)} -> {_shown(after)}", access)]
-    if name in ("SecurityGroupIngress", "SecurityGroupEgress"):
-        if name == "SecurityGroupEgress" and after is _MISSING and existed:
-            return [SecurityChange(name, "removed: CloudFormation then allows all outbound traffic", WIDENS)]
-        return _rules(name, [] if before is _MISSING else before, [] if after is _MISSING else after)
-    if name in ("Bucket", "RoleName") and (before is _MISSING or after is _MISSING):
-        return []  # the policy's own creation or removal: its statements say what changes
-    return [SecurityChange(name, f"{_shown(before)} -> {_shown(after)}", UNKNOWN)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -207,9 +102,20 @@ def _as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
 
+def is_literal_policy(document: Any) -> bool:
+    """Whether ``document`` is a policy document this module can read (literal JSON)."""
+    return _grants(document) is not None
+
+
 def _grants(document: Any) -> set[_Grant] | None:
     """Every (effect, principal, action, resource, condition) a document states; None when it is
-    not a literal policy document (this module cannot read it)."""
+    not a literal policy document (this module cannot read it). A JSON string is read as JSON
+    (a log or repository policy's text)."""
+    if isinstance(document, str):
+        try:
+            document = json.loads(document)
+        except ValueError:
+            return None
     if document is None:
         return set()
     if (not isinstance(document, dict) or set(document) - {"Version", "Id", "Statement"}
@@ -262,10 +168,10 @@ def _covers(wide: _Grant, narrow: _Grant) -> bool:
             and wide.condition in ("", narrow.condition))
 
 
-def _policy(path: str, before: Any, after: Any) -> list[SecurityChange]:
+def policy_changes(path: str, before: Any, after: Any) -> list[SecurityChange]:
     old, new = _grants(before), _grants(after)
     if old is None or new is None:
-        return [SecurityChange(path, f"changed, not a literal policy document ({_shown(before)} -> {_shown(after)})",
+        return [SecurityChange(path, f"changed, not a literal policy document ({shown(before)} -> {shown(after)})",
                                UNKNOWN)]
     found: list[tuple[str, _Grant, str]] = []  # (what happened, grant, access)
     added, removed = new - old, old - new
@@ -326,58 +232,58 @@ def _grouped(path: str, found: list[tuple[str, _Grant, str]]) -> list[SecurityCh
 def _condition(condition: Any) -> str:
     """``StringEquals aws:SourceAccount=${AWS::AccountId}`` for a statement's condition block."""
     if not isinstance(condition, dict):
-        return _shown(condition)
+        return shown(condition)
     parts = [f"{operator} {key}={'|'.join(render(item) for item in _as_list(value))}"
              for operator, tests in sorted(condition.items()) if isinstance(tests, dict)
              for key, value in sorted(tests.items())]
-    text = ", ".join(parts) or _shown(condition)
+    text = ", ".join(parts) or shown(condition)
     return text if len(text) <= 160 else text[:157] + "..."
 
 
-def _inline_policies(before: Any, after: Any) -> list[SecurityChange]:
+def inline_policies(before: Any, after: Any) -> list[SecurityChange]:
     """A role's inline ``Policies``, matched by ``PolicyName``: ``Policies[i]`` is the index in the
     new list (the old one for a policy removed)."""
-    old, new = ([] if side is _MISSING else side for side in (before, after))
+    old, new = ([] if side is MISSING else side for side in (before, after))
     if not isinstance(old, list) or not isinstance(new, list) or not all(
             isinstance(item, dict) for item in [*old, *new]):
-        return [SecurityChange("Policies", f"changed, not a literal list ({_shown(before)} -> {_shown(after)})",
+        return [SecurityChange("Policies", f"changed, not a literal list ({shown(before)} -> {shown(after)})",
                                UNKNOWN)]
     old_named = {render(item.get("PolicyName")): (index, item) for index, item in enumerate(old)}
     new_named = {render(item.get("PolicyName")): (index, item) for index, item in enumerate(new)}
     found: list[SecurityChange] = []
     for name in sorted(set(old_named) | set(new_named)):
         index, _ = new_named.get(name) or old_named[name]
-        found += _policy(f"Policies[{index}]", (old_named.get(name) or (0, {}))[1].get("PolicyDocument"),
+        found += policy_changes(f"Policies[{index}]", (old_named.get(name) or (0, {}))[1].get("PolicyDocument"),
                          (new_named.get(name) or (0, {}))[1].get("PolicyDocument"))
     return found
 
 
-def _attachments(name: str, before: Any, after: Any) -> list[SecurityChange]:
-    old = {render(item) for item in _as_list([] if before is _MISSING else before)}
-    new = {render(item) for item in _as_list([] if after is _MISSING else after)}
+def attachments(name: str, before: Any, after: Any) -> list[SecurityChange]:
+    old = {render(item) for item in _as_list([] if before is MISSING else before)}
+    new = {render(item) for item in _as_list([] if after is MISSING else after)}
     found = [SecurityChange(name, f"added {item}", WIDENS) for item in sorted(new - old)]
     return found + [SecurityChange(name, f"removed {item}", NARROWS) for item in sorted(old - new)]
 
 
-def _public_access(before: Any, after: Any, *, created: bool) -> list[SecurityChange]:
-    old = {} if before is _MISSING else before
-    new = {} if after is _MISSING else after
+def public_access(before: Any, after: Any, *, created: bool) -> list[SecurityChange]:
+    old = {} if before is MISSING else before
+    new = {} if after is MISSING else after
     if not isinstance(old, dict) or not isinstance(new, dict):
-        return [SecurityChange("PublicAccessBlockConfiguration", f"{_shown(before)} -> {_shown(after)}", UNKNOWN)]
+        return [SecurityChange("PublicAccessBlockConfiguration", f"{shown(before)} -> {shown(after)}", UNKNOWN)]
     found = []
     for flag in PUBLIC_ACCESS_FLAGS:
-        was, now = old.get(flag, _MISSING), new.get(flag, _MISSING)
+        was, now = old.get(flag, MISSING), new.get(flag, MISSING)
         if was == now or (created and now is True):
             continue  # a new bucket that blocks public access changes nobody's access
         # A new bucket that does not block, or a flag turned off, widens.
         access = WIDENS if created or was is True else NARROWS if now is True else UNKNOWN
-        found.append(SecurityChange(f"PublicAccessBlockConfiguration.{flag}", f"{_shown(was)} -> {_shown(now)}",
+        found.append(SecurityChange(f"PublicAccessBlockConfiguration.{flag}", f"{shown(was)} -> {shown(now)}",
                                     access))
     return found
 
 
 def _algorithms(value: Any) -> set[str] | None:
-    if value is _MISSING:
+    if value is MISSING:
         return set()
     try:
         return {str(rule["ServerSideEncryptionByDefault"]["SSEAlgorithm"])
@@ -386,14 +292,14 @@ def _algorithms(value: Any) -> set[str] | None:
         return None
 
 
-def _encryption(before: Any, after: Any) -> list[SecurityChange]:
+def encryption(before: Any, after: Any) -> list[SecurityChange]:
     old, new = _algorithms(before), _algorithms(after)
-    text = f"{_shown(before)} -> {_shown(after)}"
-    if after is _MISSING:
+    text = f"{shown(before)} -> {shown(after)}"
+    if after is MISSING:
         return [SecurityChange("BucketEncryption", "removed: objects are encrypted with S3's own keys (SSE-S3), "
                                "readable without access to a KMS key", WIDENS)]
-    if before is _MISSING or old is None or new is None:
-        access = NARROWS if before is _MISSING and new and new <= {"aws:kms", "aws:kms:dsse"} else UNKNOWN
+    if before is MISSING or old is None or new is None:
+        access = NARROWS if before is MISSING and new and new <= {"aws:kms", "aws:kms:dsse"} else UNKNOWN
         return [SecurityChange("BucketEncryption", text, access)]
     kms = {"aws:kms", "aws:kms:dsse"}
     if old & kms and not new & kms:
@@ -404,20 +310,47 @@ def _encryption(before: Any, after: Any) -> list[SecurityChange]:
     return [SecurityChange("BucketEncryption", text, UNKNOWN)]
 
 
-def _rules(name: str, before: Any, after: Any) -> list[SecurityChange]:
+def sg_rules(name: str, before: Any, after: Any) -> list[SecurityChange]:
     """Security-group rules compared whole: one added widens, one removed narrows."""
     if not isinstance(before, list) or not isinstance(after, list):
-        return [SecurityChange(name, f"{_shown(before)} -> {_shown(after)}", UNKNOWN)]
+        return [SecurityChange(name, f"{shown(before)} -> {shown(after)}", UNKNOWN)]
     old = {json.dumps(rule, sort_keys=True) for rule in before}
     new = {json.dumps(rule, sort_keys=True) for rule in after}
     found = [SecurityChange(name, f"added {_rule(rule)}", WIDENS) for rule in sorted(new - old)]
     return found + [SecurityChange(name, f"removed {_rule(rule)}", NARROWS) for rule in sorted(old - new)]
 
 
+def rule_resource_changes(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> list[SecurityChange]:
+    """A rule that is a resource of its own (``AWS::EC2::SecurityGroupIngress``): added or removed whole."""
+    rules = [[{k: v for k, v in side.items() if k not in RULE_OWNER}] if side is not None else [] for side in (old, new)]
+    return sg_rules("rule", rules[0], rules[1])
+
+
+def permission_document(props: Mapping[str, Any] | None, principal_key: str, action_key: str, resource_key: str,
+                        conditions: Mapping[str, tuple[str, str]]) -> dict[str, Any] | None:
+    """A grant spelled as a resource's properties (``AWS::Lambda::Permission``) as the statement it
+    adds to the resource's policy: its principal, action and resource, and each property in
+    ``conditions`` (name -> operator, condition key) as a condition. None for no resource."""
+    if props is None:
+        return None
+    principal = render(props.get(principal_key, "*"))
+    kind = "Service" if principal.endswith(".amazonaws.com") else "AWS"
+    statement: dict[str, Any] = {"Effect": "Allow", "Action": props.get(action_key, "?"),
+                                 "Resource": props.get(resource_key, "?"),
+                                 "Principal": "*" if principal == "*" else {kind: props.get(principal_key)}}
+    condition: dict[str, dict[str, Any]] = {}
+    for key, (operator, name) in conditions.items():
+        if key in props:
+            condition.setdefault(operator, {})[name] = props[key]
+    if condition:
+        statement["Condition"] = condition
+    return {"Version": "2012-10-17", "Statement": [statement]}
+
+
 def _rule(text: str) -> str:
     rule = json.loads(text)
     if not isinstance(rule, dict):
-        return _shown(rule)
+        return shown(rule)
     peer = next((render(rule[key]) for key in ("CidrIp", "CidrIpv6", "SourceSecurityGroupId", "DestinationSecurityGroupId",
                                                 "SourcePrefixListId", "DestinationPrefixListId") if key in rule), "?")
     ports = (f"{rule.get('FromPort')}" if rule.get("FromPort") == rule.get("ToPort")
@@ -425,8 +358,8 @@ def _rule(text: str) -> str:
     return f"{rule.get('IpProtocol', '?')} {ports} {peer}"
 
 
-def _shown(value: Any) -> str:
-    if value is _MISSING:
+def shown(value: Any) -> str:
+    if value is MISSING:
         return "(unset)"
     text = render(value)
     return text if len(text) <= 100 else text[:97] + "..."

@@ -22,10 +22,11 @@ toolkit library, which diffs a cloud assembly against a deployed stack and needs
 engine compares two templates offline and returns each resource's impact as data. This module
 only classifies its answer and words the reasons (the property paths that changed).
 
-Each resource the engine says changed is also judged for who can do what
-(:mod:`.plan_security`): a change of an IAM role or policy, a key policy, a bucket's policy,
-public access or encryption, a security group or a VPC endpoint policy is a ``security-changed``
-finding of its own, beside the resource's fleet or data finding (it replaces its ``other`` one).
+Each resource the engine says changed is also judged for who can do what (:mod:`.plan_access`):
+a change of an access-bearing property is a ``security-changed`` finding of its own, beside the
+resource's fleet or data finding (it replaces its ``other`` one). The security line stays short
+however many resources change (:data:`HEADLINE_LIMIT`): it names what widens and counts what
+narrows; the detail gives one change per line.
 """
 
 from __future__ import annotations
@@ -52,12 +53,9 @@ from triton_mme_cdk.model_build.release.deployed import (
     references,
 )
 from triton_mme_cdk.model_build.tools.app_context import checkout_root
-from triton_mme_cdk.model_build.tools.plan_security import (
-    SecurityChange,
-    only_security,
-    overall_access,
-    security_changes,
-)
+from triton_mme_cdk.model_build.tools.plan_access import only_security, security_changes
+from triton_mme_cdk.model_build.tools.plan_headline import ACCESS_ORDER, security_headline
+from triton_mme_cdk.model_build.tools.plan_security import SecurityChange, overall_access
 
 DIFF_SCRIPT = Path(__file__).with_name("cfn_diff.js")
 #: The diff engine's npm package and its version: the checkout's package.json pins the same
@@ -74,6 +72,8 @@ IGNORED_TYPES = ("AWS::CDK::Metadata", "Custom::TritonModelRelease")
 MAX_PATHS = 3
 #: Security changes named per resource in its reasons (the JSON's ``changes`` holds every one).
 MAX_SECURITY_REASONS = 8
+#: The most characters of the security line (``security:``, and the summary's security part).
+HEADLINE_LIMIT = 360
 #: The order findings are listed in: who can do what first (issue 49), then the data, the fleet.
 FINDING_ORDER = ("security-changed", "data-at-risk", "fleet-replaced", "fleet-created", "fleet-updated", "other")
 
@@ -136,6 +136,9 @@ class Verdict:
         return overall_access([c for finding in self.of("security-changed") for c in finding.changes]) or "unchanged"
 
     def security_text(self) -> str:
+        """Who can do what, in one bounded line: the resources whose access widens (or cannot be
+        classified), named with their properties while the line fits :data:`HEADLINE_LIMIT`, then
+        counted; what narrows, counted. :meth:`security_lines` lists every change."""
         findings = self.of("security-changed")
         if self.fleet == "unknown":
             return "unknown (nothing deployed to compare with)"
@@ -143,8 +146,13 @@ class Verdict:
             return "no change of who can do what" + (
                 "" if self.others_compared else " in the resources the deployed record holds (give --deployed-template "
                 "or --stack-name to compare every policy)")
-        return f"{self.security_head()}: " + "; ".join(finding.line() for finding in findings[:2]) + (
-            f"; and {len(findings) - 2} more resources" if len(findings) > 2 else "")
+        return security_headline(findings, HEADLINE_LIMIT)
+
+    def security_lines(self) -> list[tuple[Finding, SecurityChange]]:
+        """Every security change with its resource, one per line: what widens first, then what
+        cannot be classified, then what narrows."""
+        return [(finding, change) for access in ACCESS_ORDER for finding in self.of("security-changed")
+                for change in finding.changes if change.access == access]
 
     def security_head(self) -> str:
         """Which way access goes, in words (the security findings' own lines say where)."""
@@ -295,17 +303,20 @@ def _classify(old: Mapping[str, Any], new: Mapping[str, Any], *, compared_with: 
     had_fleet = {resource.get("Type") for resource in old_resources.values()} & set(FLEET_REPLACED_TYPES)
     replaced = {lid for lid, change in changes.items() if change["impact"] in DESTRUCTIVE}
     findings: list[Finding] = []
+    every = {**old_resources, **new_resources}
     for lid in sorted(changes):
         change = changes[lid]
         kind_type = change.get("new_type") or change.get("old_type") or ""
-        if kind_type in IGNORED_TYPES or change["impact"] == "NO_CHANGE":
+        if change["impact"] == "NO_CHANGE":
             continue
+        security = _security(kind_type, lid, change, old_resources, new_resources, every)
+        if security is not None:
+            findings.append(security)
+        if kind_type in IGNORED_TYPES:
+            continue  # its access is judged above; its other changes are the model plan's
         name = _display(kind_type, lid, counts)
         reasons = _reasons(old_resources.get(lid), new_resources.get(lid), change, replaced, new_resources, counts)
         kind = _kind(kind_type, change, bool(had_fleet))
-        security = _security(kind_type, lid, name, change, old_resources, new_resources)
-        if security is not None:
-            findings.append(security)
         if kind != "other" or security is None or not (
                 change["addition"] or change["removal"] or only_security(kind_type, sorted(change["properties"]))):
             findings.append(Finding(kind, name, lid, kind_type, change["impact"], tuple(reasons)))
@@ -320,18 +331,19 @@ def _classify(old: Mapping[str, Any], new: Mapping[str, Any], *, compared_with: 
     return verdict
 
 
-def _security(resource_type: str, lid: str, name: str, change: Mapping[str, Any], old_resources: Mapping[str, Any],
-              new_resources: Mapping[str, Any]) -> Finding | None:
-    """The resource's ``security-changed`` finding (see :mod:`.plan_security`), or None. A change of
-    type is judged as the old resource removed and the new one added."""
+def _security(resource_type: str, lid: str, change: Mapping[str, Any], old_resources: Mapping[str, Any],
+              new_resources: Mapping[str, Any], every: Mapping[str, Any]) -> Finding | None:
+    """The resource's ``security-changed`` finding (see :mod:`.plan_access`), or None; named by
+    its type and logical id whatever its kind. A change of type is judged as the old resource
+    removed and the new one added."""
     old, new = old_resources.get(lid), new_resources.get(lid)
     before = (old.get("Properties") or {}) if old is not None else None
     after = (new.get("Properties") or {}) if new is not None else None
     old_type, new_type = change.get("old_type"), change.get("new_type")
     if old_type and new_type and old_type != new_type:
-        found = security_changes(old_type, before, None) + security_changes(new_type, None, after)
+        found = security_changes(old_type, before, None, every) + security_changes(new_type, None, after, every)
     else:
-        found = security_changes(resource_type, before, after)
+        found = security_changes(resource_type, before, after, every)
     if not found:
         return None
     roles = ""
@@ -341,6 +353,7 @@ def _security(resource_type: str, lid: str, name: str, change: Mapping[str, Any]
     reasons = [change_.line() for change_ in found[:MAX_SECURITY_REASONS]]
     if len(found) > MAX_SECURITY_REASONS:
         reasons.append(f"and {len(found) - MAX_SECURITY_REASONS} more changes (the JSON plan lists every one)")
+    name = f"{resource_type.split('::')[-1] or lid} {lid}"
     return Finding("security-changed", name + roles, lid, resource_type, change["impact"], tuple(reasons),
                    access=overall_access(found), changes=tuple(found))
 
