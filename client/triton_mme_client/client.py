@@ -158,13 +158,13 @@ class TritonMmeClient:
         rerouted = False
         while True:
             body, content_type = self._request(model, route, arrays, wanted, use)
-            asked_at = self._clock()
+            seen = self.resolver.generation
             try:
                 return self._call(model, route.target_model, body, content_type)
             except _TargetGone as gone:
                 # The object may be gone because a release moved the name: read the routes again
                 # and call the new target once.
-                fresh = None if rerouted else self.resolver.refresh(asked_at=asked_at).routes.get(model)
+                fresh = None if rerouted else self.resolver.refresh(seen=seen).routes.get(model)
                 if fresh is None or fresh.target_model == route.target_model:
                     raise gone.error from None
                 route = self.resolver.route(model)

@@ -268,10 +268,16 @@ class RouteResolver:
             assert self._routes is not None
             return self._routes
 
-    def refresh(self, *, asked_at: float | None = None) -> Routes:
-        """Read the document now (conditionally), unless a read finished after ``asked_at``."""
+    @property
+    def generation(self) -> int:
+        """How many reads have finished (a new document or a 304): :meth:`refresh`'s ``seen``."""
+        return self.requests
+
+    def refresh(self, *, seen: int | None = None) -> Routes:
+        """Read the document now (conditionally), unless a read finished since :attr:`generation`
+        was ``seen``: callers who ask at once share one GET."""
         with self._lock:
-            if asked_at is None or self._routes is None or self._read_at < asked_at:
+            if seen is None or self._routes is None or self.generation == seen:
                 self._read()
             assert self._routes is not None
             return self._routes
@@ -279,10 +285,10 @@ class RouteResolver:
     def route(self, logical_name: str) -> Route:
         """The checked route of ``logical_name``: :class:`ModelNotFound` after one refresh, or
         :class:`RoutesError` for a route whose target is not its digest's served name."""
-        asked_at = self._clock()
+        seen = self.generation  # before the lock: a read under way when this was asked counts
         route = self.routes.routes.get(logical_name)
         if route is None:
-            route = self.refresh(asked_at=asked_at).routes.get(logical_name)
+            route = self.refresh(seen=seen).routes.get(logical_name)
         if route is None:
             routes = self.routes
             routed = sorted(routes.routes)

@@ -133,7 +133,7 @@ def convert(array: np.ndarray, datatype: str) -> np.ndarray | None:
 
 
 def check_inputs(model: str, target_model: str, signature: Signature,
-                 inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+                 inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """``inputs`` converted to the signature's datatypes; :class:`InvalidInput` naming the model,
     the input, what was given and what the model takes, for the first that does not fit."""
 
@@ -150,7 +150,8 @@ def check_inputs(model: str, target_model: str, signature: Signature,
         raise refuse(f"input {missing[0]!r} is missing")
     checked: dict[str, np.ndarray] = {}
     for name, spec in wanted.items():
-        array = inputs[name]
+        given = inputs[name]
+        array = given if isinstance(given, np.ndarray) else np.asarray(given)
         rank = len(spec.dims) + (1 if signature.max_batch_size > 0 else 0)
         if array.ndim != rank:
             raise refuse(f"input {name!r}: rank {array.ndim} (shape {list(array.shape)}); it takes rank {rank}")
