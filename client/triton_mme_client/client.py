@@ -231,7 +231,8 @@ class TritonMmeClient:
         text = (f"{where}: {code or 'error'} ({status}"
                 + (f", the model answered {original}" if original is not None else "")
                 + f") after {attempt} attempt(s): {message[:500]}; request id {request_id}")
-        fields = {"model": model, "target_model": target, "request_id": request_id, "status": status, "code": code,
+        fields: dict[str, Any] = {"model": model, "target_model": target, "request_id": request_id, "status": status,
+                                  "code": code,
                   "original_status": original, "attempts": attempt}
         if code == "ModelError" and original is not None and 400 <= original < 500 and original != 429:
             return _Failure(ModelError(text, **fields), retry=False)
