@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 from cdk_helpers import PIPELINE, ROOT, VARIANTS, as_list, synth, synth_pipeline
+from policy_eval import decide_bounded
 
 SCHEMAS = ROOT / ".venv" / "lib" / "python3.11" / "site-packages" / "cfnlint" / "data" / "schemas" / "resources"
 BOOTSTRAP = ROOT / "bootstrap"
@@ -318,3 +319,192 @@ def test_the_boundary_allows_what_every_role_is_granted_and_no_iam_but_pass_role
                    "iam:DeleteRolePermissionsBoundary", "kms:PutKeyPolicy", "s3:PutBucketPolicy",
                    "organizations:LeaveOrganization"):
         assert not allows(boundary, action), action
+
+
+# -----------------------------------------------------------------------------------------------
+# The boundary's resources: evaluated with tests/policy_eval.py
+# -----------------------------------------------------------------------------------------------
+
+#: The accounts of the templates this module synthesizes: the example pipeline's and its stages'
+#: (docs/pipeline.example.json), and one for the environment-agnostic variants.
+PIPELINE_ACCOUNT = PIPELINE["account"]
+STAGE_ACCOUNTS = {stage["name"]: stage["account"] for stage in PIPELINE["stages"]}
+AGNOSTIC_ACCOUNT = "111122223333"
+REGION = "us-east-1"
+#: What the boundary confines to named resources (the rest of it is on ``*``).
+CONFINED = ("iam:PassRole", "sagemaker:CreateProcessingJob", "sagemaker:DescribeProcessingJob",
+            "sagemaker:StopProcessingJob", "codebuild:StartBuild", "codebuild:StopBuild", "codebuild:BatchGetBuilds",
+            "lambda:InvokeFunction", "sts:AssumeRole", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload")
+#: A grant whose resource is a pattern: the requests it stands for (the pattern -> a resource a
+#: deploy of these templates asks for), each checked against the boundary. A pattern not here fails.
+PATTERN_REQUESTS = {
+    # The build's state machine names each job mb-<key> (constructs/processing_build.py).
+    ":processing-job/mb-*": ":processing-job/mb-0123456789ab",
+    # CDK Pipelines' asset roles start their own projects (the grant is CDK's, on *).
+    "*": "",
+    # The self-mutation role assumes the targets' bootstrap roles (tag-conditioned grant).
+    ":role/*": ":role/cdk-hnb659fds-deploy-role-{account}-us-east-1",
+}
+
+
+def _account_of(name: str) -> str:
+    if not name.startswith("pipeline"):
+        return str(VARIANTS[name].get("account", AGNOSTIC_ACCOUNT))
+    stack = name.split(":", 1)[1]
+    return next((account for stage, account in STAGE_ACCOUNTS.items() if stack.startswith(f"TritonMme-{stage}")),
+                PIPELINE_ACCOUNT)
+
+
+def generated_arn(template: dict[str, Any], stack: str, logical_id: str, account: str) -> str:
+    """The ARN CloudFormation gives a resource of ``template`` named by it (``<stack>-<logical id>-<suffix>``
+    for roles, functions and buckets, ``<logical id>-<suffix>`` for CodeBuild projects), or by its name."""
+    resource = template["Resources"][logical_id]
+    properties = resource.get("Properties", {})
+    kind = resource["Type"]
+    if kind == "AWS::IAM::Role":
+        name = properties.get("RoleName") or f"{stack}-{logical_id}"[:50] + "-A1B2C3D4E5F6"
+        return f"arn:aws:iam::{account}:role{properties.get('Path', '/')}{name}"
+    if kind == "AWS::Lambda::Function":
+        name = properties.get("FunctionName") or f"{stack}-{logical_id}"[:50] + "-A1B2C3D4E5F6"
+        return f"arn:aws:lambda:{REGION}:{account}:function:{name}"
+    if kind == "AWS::CodeBuild::Project":
+        return f"arn:aws:codebuild:{REGION}:{account}:project/{logical_id[:30]}-A1B2C3D4E5F6"
+    if kind == "AWS::S3::Bucket":
+        return f"arn:aws:s3:::{stack.lower()}-{logical_id.lower()}"[:56] + "-a1b2c3d4e5f6"
+    return f"arn:aws:{kind}:{REGION}:{account}:{logical_id}"
+
+
+def resolve_arn(value: Any, template: dict[str, Any], stack: str, account: str) -> str:
+    """A grant's ``Resource`` as the deployed account holds it (``Ref``, ``Fn::GetAtt``, ``Fn::Join``,
+    ``Fn::Sub`` of pseudo parameters); anything else is named unresolved, which no pattern matches."""
+    pseudo = {"AWS::Partition": "aws", "AWS::AccountId": account, "AWS::Region": REGION,
+              "AWS::URLSuffix": "amazonaws.com"}
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and set(value) == {"Fn::GetAtt"} and value["Fn::GetAtt"][1] == "Arn":
+        return generated_arn(template, stack, value["Fn::GetAtt"][0], account)
+    if isinstance(value, dict) and set(value) == {"Ref"} and value["Ref"] in pseudo:
+        return pseudo[value["Ref"]]
+    if isinstance(value, dict) and set(value) == {"Fn::Join"}:
+        separator, parts = value["Fn::Join"]
+        return str(separator).join(resolve_arn(part, template, stack, account) for part in parts)
+    if isinstance(value, dict) and set(value) == {"Fn::Sub"} and isinstance(value["Fn::Sub"], str):
+        return re.sub(r"\$\{(AWS::[A-Za-z]+)\}", lambda m: pseudo[m.group(1)], value["Fn::Sub"])
+    return "<unresolved " + json.dumps(value, sort_keys=True) + ">"
+
+
+def confined_grants(templates: dict[str, dict[str, Any]]) -> Iterator[tuple[str, str, str, str, dict[str, str]]]:
+    """(template, grant, action, resource, request) of every grant of a confined action, each
+    pattern resource replaced by the request it stands for."""
+    for name, template in templates.items():
+        stack = name.split(":", 1)[-1] if name.startswith("pipeline") else "TritonMme"
+        account = _account_of(name)
+        for logical_id, resource in template["Resources"].items():
+            properties = resource.get("Properties", {})
+            documents = ([properties["PolicyDocument"]] if resource["Type"] == "AWS::IAM::Policy" else
+                         [p["PolicyDocument"] for p in properties.get("Policies", [])]
+                         if resource["Type"] == "AWS::IAM::Role" else [])
+            for statement in (s for d in documents for s in d["Statement"] if s["Effect"] == "Allow"):
+                request = {"aws:PrincipalAccount": account}
+                request.update(statement.get("Condition", {}).get("StringEquals", {}))
+                for action in as_list(statement["Action"]):
+                    if not any(matches(action, confined) for confined in CONFINED):
+                        continue
+                    for value in as_list(statement["Resource"]):
+                        arn = resolve_arn(value, template, stack, account)
+                        for pattern, example in PATTERN_REQUESTS.items():
+                            if arn.endswith(pattern) and (pattern != "*" or arn == "*"):
+                                # A role of the grant's own account; "arn:*:" is the partition, aws.
+                                owner = arn.split(":")[4] if arn.count(":") >= 5 else account
+                                arn = arn[: len(arn) - len(pattern)] + example.format(account=owner)
+                                arn = re.sub(r"^arn:\*:", "arn:aws:", arn)
+                                break
+                        if arn == "":  # CDK's StartBuild on *: each project of the template's account
+                            for project in (k for k, r in template["Resources"].items()
+                                            if r["Type"] == "AWS::CodeBuild::Project"):
+                                yield name, logical_id, action, generated_arn(template, stack, project, account), request
+                            continue
+                        yield name, logical_id, action, arn, request
+
+
+def test_every_confined_grant_of_every_template_is_inside_the_boundary(templates: dict[str, dict[str, Any]]) -> None:
+    """What the roles are granted of what the boundary confines, each resource as the account holds
+    it: allowed, so a deploy with the boundary on does what it did without."""
+    boundary = load("permissions-boundary.json")["Statement"]
+    found = list(confined_grants(templates))
+    assert len(found) > 100, len(found)
+    assert {action for *_, action, _, _ in found} >= {"iam:PassRole", "sagemaker:CreateProcessingJob",
+                                                      "codebuild:StartBuild", "lambda:InvokeFunction", "sts:AssumeRole"}
+    outside = sorted({f"{name} {grant}: {action} {arn}" for name, grant, action, arn, request in found
+                      if decide_bounded(action, arn, request, identity=[{"Effect": "Allow", "Action": action,
+                                                                          "Resource": "*"}],
+                                         boundary=boundary) != "Allow"})
+    assert outside == [], outside
+
+
+def _widened_role() -> list[dict[str, Any]]:
+    """A stack role whose own policy was widened to every resource (what a template change could give it)."""
+    return [{"Effect": "Allow", "Action": list(CONFINED), "Resource": "*"}]
+
+
+ACCOUNT = AGNOSTIC_ACCOUNT
+#: (action, resource, request extras, allowed): requests of a stack role whose policy allows all of
+#: them; the boundary decides.
+BOUNDARY_REQUESTS = [
+    ("iam:PassRole", f"arn:aws:iam::{ACCOUNT}:role/Admin", {"iam:PassedToService": "sagemaker.amazonaws.com"}, False),
+    ("sagemaker:CreateProcessingJob", f"arn:aws:sagemaker:us-east-1:{ACCOUNT}:processing-job/takeover", {}, False),
+    ("iam:PassRole", f"arn:aws:iam::{ACCOUNT}:role/TritonMme-ModelBuildProcessingRole-A1B2",
+     {"iam:PassedToService": "sagemaker.amazonaws.com"}, True),
+    ("sagemaker:CreateProcessingJob", f"arn:aws:sagemaker:us-east-1:{ACCOUNT}:processing-job/mb-0123456789ab", {}, True),
+    # The stack's own role, to another service (a function switched to it), or of another account.
+    ("iam:PassRole", f"arn:aws:iam::{ACCOUNT}:role/TritonMme-ModelBuildPlaceRole-A1B2",
+     {"iam:PassedToService": "lambda.amazonaws.com"}, False),
+    ("iam:PassRole", "arn:aws:iam::444455556666:role/TritonMme-ModelBuildProcessingRole-A1B2",
+     {"iam:PassedToService": "sagemaker.amazonaws.com"}, False),
+    ("lambda:InvokeFunction", f"arn:aws:lambda:us-east-1:{ACCOUNT}:function:payroll", {}, False),
+    ("lambda:InvokeFunction", f"arn:aws:lambda:us-east-1:{ACCOUNT}:function:TritonMme-ModelBuild4E9D-A1B2", {}, True),
+    ("codebuild:StartBuild", "arn:aws:codebuild:us-east-1:444455556666:project/Other", {}, False),
+    ("sts:AssumeRole", f"arn:aws:iam::{ACCOUNT}:role/OrganizationAccountAccessRole", {}, False),
+    ("sts:AssumeRole", "arn:aws:iam::222222222222:role/cdk-hnb659fds-deploy-role-222222222222-us-east-1", {}, True),
+    ("s3:PutObject", "arn:aws:s3:::another-teams-bucket/x", {}, False),
+    ("s3:PutObject", "arn:aws:s3:::tritonmme-modelbucket220c70d9-a1b2c3/models/served/x", {}, True),
+]
+
+
+@pytest.mark.parametrize(("action", "resource", "extra", "allowed"), BOUNDARY_REQUESTS,
+                         ids=[f"{a}:{r.rsplit(':', 1)[-1]}" for a, r, _, _ in BOUNDARY_REQUESTS])
+def test_the_boundary_confines_a_widened_role_to_the_stacks_own_resources(
+    action: str, resource: str, extra: dict[str, str], allowed: bool
+) -> None:
+    """PassRole plus CreateProcessingJob on another role (a job that runs as any role of the
+    account) is denied by the boundary, whatever the role's own policy says; so are the other
+    confined actions on what is not the stack's. The same requests pass a boundary that allows
+    the same actions on ``*`` (the previous one): the resources are what deny them."""
+    request = {"aws:PrincipalAccount": ACCOUNT, **extra}
+    boundary = load("permissions-boundary.json")["Statement"]
+    decision = decide_bounded(action, resource, request, identity=_widened_role(), boundary=boundary)
+    assert decision == ("Allow" if allowed else "ImplicitDeny"), (action, resource, decision)
+    on_any = [{"Effect": "Allow", "Action": [a for s in boundary for a in as_list(s["Action"])], "Resource": "*"}]
+    assert decide_bounded(action, resource, request, identity=_widened_role(), boundary=on_any) == "Allow"
+
+
+@pytest.mark.parametrize("policy", ["execution-policy.json", "pipeline-execution-policy.json"])
+def test_the_execution_policy_sets_only_the_stacks_buckets_policies(
+    templates: dict[str, dict[str, Any]], policy: str
+) -> None:
+    """``s3:PutBucket*`` (a bucket's policy, its public access block, its encryption) and the other
+    bucket writes on the stacks' own buckets only: CloudFormation names a bucket
+    ``<stack, lower case>-<logical id>-<suffix>``, and no template names one itself."""
+    statements = load(policy)["Statement"]
+    for name, template in templates.items():
+        stack = name.split(":", 1)[-1] if name.startswith("pipeline") else "TritonMme"
+        for logical_id, resource in template["Resources"].items():
+            if resource["Type"] == "AWS::S3::Bucket":
+                assert "BucketName" not in resource.get("Properties", {}), (name, logical_id)
+                bucket = generated_arn(template, stack, logical_id, AGNOSTIC_ACCOUNT)
+                for action in ("s3:PutBucketPolicy", "s3:CreateBucket", "s3:PutBucketPublicAccessBlock"):
+                    assert decide_bounded(action, bucket, {}, identity=statements, boundary=statements) == "Allow"
+    for action in ("s3:PutBucketPolicy", "s3:PutBucketAcl", "s3:DeleteBucket", "s3:PutBucketPublicAccessBlock",
+                   "s3:DeleteObject", "s3:PutEncryptionConfiguration"):
+        assert decide_bounded(action, "arn:aws:s3:::another-teams-bucket", {}, identity=statements,
+                              boundary=statements) == "ImplicitDeny", action
