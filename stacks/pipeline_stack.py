@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from pathlib import Path
 from typing import Any
 
 from aws_cdk import Aws, Duration, RemovalPolicy, Stack, Stage, pipelines
@@ -51,11 +52,22 @@ from triton_mme_cdk.stacks.pipeline_access import (
     step_role_name,
 )
 from triton_mme_cdk.stacks.pipeline_acknowledgments import acknowledge_pipeline_grants
+from triton_mme_cdk.stacks.pipeline_gate_code import GateCode
 from triton_mme_cdk.stacks.pipeline_hold import APPROVE_STAGE, add_self_mutation_hold, hold_condition
 from triton_mme_cdk.stacks.pipeline_settings import PipelineSettings, PipelineStage
 from triton_mme_cdk.stacks.settings import MmeSettings
 
 PLAN_VERDICT, PLAN_APPROVAL = "PLAN_VERDICT", "PLAN_APPROVAL"
+ROOT = Path(__file__).resolve().parents[1]
+#: The CDK CLI that ``SelfMutate`` installs (``npm install -g aws-cdk@<version>``): the one this
+#: repository's package-lock.json locks, which ``make setup`` installs and the synth runs.
+CDK_CLI_VERSION = str(json.loads((ROOT / "package-lock.json").read_text(encoding="utf-8"))
+                      ["packages"]["node_modules/aws-cdk"]["version"])
+#: The cdk-assets the asset projects install (``npm install -g cdk-assets@<version>``): not a
+#: dependency of this repository, so pinned here (the release of 2026-09-18, which reads the cloud
+#: assembly schema the pinned aws-cdk-lib writes). A change of either is a change of the pipeline's
+#: definition, which the self-mutation hold shows a person.
+CDK_ASSETS_VERSION = "4.7.3"
 BUILD_IMAGE = codebuild.LinuxBuildImage.STANDARD_7_0
 SETUP = "make plan-setup"
 
@@ -105,6 +117,8 @@ class TritonMmePipelineStack(Stack):
             pipeline_type=codepipeline.PipelineType.V2,
             artifact_bucket=self.artifacts,
             self_mutation=True,
+            cli_version=CDK_CLI_VERSION,
+            cdk_assets_cli_version=CDK_ASSETS_VERSION,
             docker_enabled_for_synth=False,
             synth=pipelines.ShellStep("Synth", input=source, commands=[SETUP, "node_modules/.bin/cdk synth --quiet"],
                                       primary_output_directory="cdk.out"),
@@ -117,6 +131,10 @@ class TritonMmePipelineStack(Stack):
         #: the read-only roles of the targets.
         self.plan_role = self._step_role("PlanRole", base, "plan", pipeline)
         self.smoke_role = self._step_role("SmokeRole", base, "smoke", pipeline)
+        #: The gate's code the plan and smoke steps run (``stacks/pipeline_gate_code.py``).
+        self.gate = GateCode(self, "GateCode", root=ROOT)
+        for role in (self.plan_role, self.smoke_role):
+            self.gate.grant_read(role)
         topic = (sns.Topic.from_topic_arn(self, "ApprovalTopic", pipeline.approval_topic_arn)
                  if pipeline.approval_topic_arn else None)
         self.plan_steps: dict[str, pipelines.CodeBuildStep] = {}
@@ -190,8 +208,8 @@ class TritonMmePipelineStack(Stack):
             f"Plan-{stage.name}",
             input=self._source_files,
             additional_inputs={"cdk.out": self.code_pipeline.cloud_assembly_file_set},
-            commands=[SETUP, *self._assume(stage, base, "plan"),
-                      f".venv/bin/python -m model_build.tools.pipeline_plan {shlex.quote(stack_name)} {context}"
+            commands=[*self.gate.setup_commands(), *self._assume(stage, base, "plan"),
+                      f"{GateCode.python('model_build.tools.pipeline_plan')} {shlex.quote(stack_name)} {context}"
                       f" --access-stack {shlex.quote(access_stack_name(stack_name))}"
                       + (" --require-approval always" if stage.require_approval == "always" else ""),
                       "set -a; . plan/verdict.env; set +a"],
@@ -206,8 +224,8 @@ class TritonMmePipelineStack(Stack):
     def _smoke_step(self, stage: PipelineStage, stack_name: str, base: str, endpoint: EndpointStage) -> pipelines.CodeBuildStep:
         return pipelines.CodeBuildStep(
             f"Smoke-{stage.name}",
-            commands=[SETUP, *self._assume(stage, base, "smoke"),
-                      '.venv/bin/python -m model_build smoke --endpoint "$ENDPOINT_NAME" --region "$AWS_REGION"'],
+            commands=[*self.gate.setup_commands(), *self._assume(stage, base, "smoke"),
+                      f'{GateCode.python("model_build")} smoke --endpoint "$ENDPOINT_NAME" --region "$AWS_REGION"'],
             input=self._source_files,
             env_from_cfn_outputs={"ENDPOINT_NAME": endpoint.stack.node.find_child("EndpointName")},
             role=self.smoke_role,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import shlex
 import subprocess
 from pathlib import Path
@@ -17,10 +18,35 @@ import pytest
 from cdk_helpers import PIPELINE, ROOT, PipelineSynth, as_list, policy_of_role, synth_pipeline
 from policy_eval import condition_holds
 
+from triton_mme_cdk.stacks.pipeline_gate_code import GATE_DIR
 from triton_mme_cdk.stacks.pipeline_settings import pipeline_settings
 from triton_mme_cdk.stacks.settings import SettingsError
 
 PIPELINE_STACK = "TritonMmePipeline"
+PLAN_MODULE = "triton_mme_cdk.model_build.tools.pipeline_plan"
+
+
+def _gate(tmp_path: Path, run: str) -> str:
+    """``run`` with the gate's folder (:data:`GATE_DIR`) at ``tmp_path/gate``, set up as ``make
+    plan-setup`` there would: this checkout's environment, whose package is this checkout's."""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    (gate / ".venv").symlink_to(ROOT / ".venv")
+    return run.replace(GATE_DIR, str(gate))
+
+
+def _defendant(work: Path) -> None:
+    """A commit's own model_build and triton_mme_cdk that would approve themselves: the step must
+    not import them."""
+    for package in ("model_build/tools", "triton_mme_cdk/model_build/tools"):
+        folder = work / package
+        folder.mkdir(parents=True)
+        for parent in [folder, *folder.parents]:
+            if parent == work:
+                break
+            (parent / "__init__.py").write_text("")
+        (folder / "pipeline_plan.py").write_text("raise SystemExit('the commit judged itself')\n")
+    (work / "model_build" / "__main__.py").write_text("raise SystemExit('the commit judged itself')\n")
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +94,9 @@ def test_each_target_is_plan_approval_then_deploy_and_smoke_in_order(synthesized
         (smoke,) = [a for a in actions if a["Name"] == f"Smoke-{target}"]
         assert smoke["RunOrder"] > max(a["RunOrder"] for a in deploys), "smoke runs after the deploy"
         commands = _buildspec(synthesized, smoke["Configuration"]["ProjectName"])["phases"]["build"]["commands"]
-        assert commands[-1] == '.venv/bin/python -m model_build smoke --endpoint "$ENDPOINT_NAME" --region "$AWS_REGION"'
+        assert commands[-1] == (f'PYTHONSAFEPATH=1 {GATE_DIR}/.venv/bin/python -m triton_mme_cdk.model_build smoke '
+                                '--endpoint "$ENDPOINT_NAME" --region "$AWS_REGION"')
+        assert commands[3] == f"make -C {GATE_DIR} plan-setup"  # the gate's code, not the commit's
         assert f"arn:aws:iam::{account}:role/TritonMme-{target}-smoke-reader" in " ".join(commands)
         env = json.loads(smoke["Configuration"]["EnvironmentVariables"])
         assert [v["name"] for v in env] == ["ENDPOINT_NAME"]
@@ -85,10 +113,11 @@ def test_the_plan_step_exports_its_verdict_and_the_approval_is_entered_only_when
         assert spec["env"]["exported-variables"] == ["PLAN_VERDICT", "PLAN_APPROVAL", "PLAN_BUILD_URL"]
         assert spec["artifacts"]["base-directory"] == "plan"  # plan.md and plan.json are kept
         commands = spec["phases"]["build"]["commands"]
-        assert commands[0] == "make plan-setup"
-        assert f"--role-arn arn:aws:iam::{account}:role/TritonMme-{target}-plan-reader" in commands[1]
-        run = next(c for c in commands if "-m model_build.tools.pipeline_plan" in c)
-        assert shlex.split(run)[3] == f"TritonMme-{target}"
+        assert commands[3] == f"make -C {GATE_DIR} plan-setup"  # the gate's code, not the commit's
+        assert f"--role-arn arn:aws:iam::{account}:role/TritonMme-{target}-plan-reader" in commands[4]
+        run = next(c for c in commands if PLAN_MODULE in c)
+        assert shlex.split(run)[:4] == ["PYTHONSAFEPATH=1", f"{GATE_DIR}/.venv/bin/python", "-m", PLAN_MODULE]
+        assert shlex.split(run)[4] == f"TritonMme-{target}"
         assert f"-c mme:stack_name=TritonMme-{target}" in run
         assert commands[-1] == "set -a; . plan/verdict.env; set +a"
         (approve,) = _stage(pipeline, f"{target}-approve")["Actions"]
@@ -230,13 +259,13 @@ def test_the_plan_steps_command_runs_and_exports_what_the_condition_reads(
     pipeline = _pipeline(synthesized)
     (plan,) = _stage(pipeline, "staging-plan")["Actions"]
     commands = _buildspec(synthesized, plan["Configuration"]["ProjectName"])["phases"]["build"]["commands"]
-    run = next(c for c in commands if "-m model_build.tools.pipeline_plan" in c)
+    run = _gate(tmp_path, next(c for c in commands if PLAN_MODULE in c))
     work = tmp_path / "src"
     work.mkdir()
     (work / "cdk.out").symlink_to(synthesized.outdir)
-    (work / ".venv").symlink_to(ROOT / ".venv")
+    _defendant(work)
     env = {**os.environ, "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-           "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1", "PYTHONPATH": str(ROOT),
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1",
            "CODEBUILD_BUILD_URL": "https://console.aws.amazon.com/codesuite/codebuild/builds/plan-staging:1"}
     script = "\n".join(["set -e", run, commands[-1], 'echo "verdict=$PLAN_VERDICT approval=$PLAN_APPROVAL url=$PLAN_BUILD_URL"'])
     done = subprocess.run(["bash", "-c", script], cwd=work, env=env, capture_output=True, text=True, timeout=300)
@@ -257,7 +286,7 @@ def test_the_plan_step_plans_an_existing_stack_against_its_live_routes(
     pipeline = _pipeline(synthesized)
     (plan,) = _stage(pipeline, "prod-plan")["Actions"]
     commands = _buildspec(synthesized, plan["Configuration"]["ProjectName"])["phases"]["build"]["commands"]
-    run = next(c for c in commands if "-m model_build.tools.pipeline_plan" in c)
+    run = _gate(tmp_path, next(c for c in commands if PLAN_MODULE in c))
     clients = {"endpoint_url": endpoint, "region_name": "us-east-1", "aws_access_key_id": "testing",
                "aws_secret_access_key": "testing"}
     deployed = {"Resources": {"Bucket": {"Type": "AWS::S3::Bucket"}},
@@ -267,10 +296,11 @@ def test_the_plan_step_plans_an_existing_stack_against_its_live_routes(
     work.mkdir()
     (work / "cdk.out").symlink_to(synthesized.outdir)
     # The source the step runs in: the app's cdk.json (plan's settings) and the manifest it names.
-    for name in (".venv", "cdk.json", "models.yaml"):
+    for name in ("cdk.json", "models.yaml"):
         (work / name).symlink_to(ROOT / name)
+    _defendant(work)
     env = {**os.environ, "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-           "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1", "PYTHONPATH": str(ROOT)}
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1"}
     script = "\n".join(["set -e", run, commands[-1], 'echo "verdict=$PLAN_VERDICT approval=$PLAN_APPROVAL"'])
     done = subprocess.run(["bash", "-c", script], cwd=work, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
@@ -305,7 +335,7 @@ def test_a_stage_that_requires_approval_always_says_so_in_its_plan_command(synth
     for stage, flag in (("staging", False), ("prod", True)):
         (plan,) = _stage(pipeline, f"{stage}-plan")["Actions"]
         commands = _buildspec(synthesized, plan["Configuration"]["ProjectName"])["phases"]["build"]["commands"]
-        run = next(c for c in commands if "-m model_build.tools.pipeline_plan" in c)
+        run = next(c for c in commands if PLAN_MODULE in c)
         assert run.endswith(" --require-approval always") is flag, run
 
 
@@ -346,3 +376,27 @@ def test_the_approval_condition_asks_a_person_for_a_security_change_that_widens(
     assert (same["verdict"], same["exit_code"], needs_approval(same)) == ("models-only", 3, False)
     assert all(needs_approval(report, "always") for report in (widened, narrowed, same))
     assert needs_approval({"verdict": "a-verdict-of-a-newer-plan", "exit_code": 3}), "an unknown verdict asks"
+
+
+def test_the_pipelines_clis_are_pinned(synthesized: PipelineSynth) -> None:
+    """SelfMutate installs the CDK CLI this repository's package-lock.json locks (the one the synth
+    runs), the asset projects the cdk-assets the pipeline's definition names: every ``npm install``
+    of every buildspec of the pipeline names an exact version, none ``@latest`` or a major only."""
+    from triton_mme_cdk.stacks.pipeline_stack import CDK_ASSETS_VERSION
+
+    locked = json.loads((ROOT / "package-lock.json").read_text())["packages"]["node_modules/aws-cdk"]["version"]
+    assert locked == json.loads((ROOT / "package.json").read_text())["devDependencies"]["aws-cdk"]
+    installs: dict[str, set[str]] = {}
+    template = synthesized.templates[PIPELINE_STACK]
+    for resource in template["Resources"].values():
+        if resource["Type"] != "AWS::CodeBuild::Project":
+            continue
+        spec = json.loads(resource["Properties"]["Source"]["BuildSpec"])
+        for phase in spec["phases"].values():
+            for command in phase["commands"]:
+                if command.startswith("npm install"):
+                    *_, package = command.split()
+                    name, _, version = package.rpartition("@")
+                    installs.setdefault(name, set()).add(version)
+    assert installs == {"aws-cdk": {locked}, "cdk-assets": {CDK_ASSETS_VERSION}}, installs
+    assert all(re.fullmatch(r"\d+\.\d+\.\d+", v) for versions in installs.values() for v in versions)

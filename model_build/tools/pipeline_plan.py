@@ -127,7 +127,9 @@ def run(stack: str, context: Sequence[str], cdk_out: Path, out: Path,
         (out / "plan.md").write_text(f"## {stack}: first deploy\n\n{report['summary']}.\n", encoding="utf-8")
     else:
         flags = [part for item in context for part in ("-c", item)]
-        command = [sys.executable, "-m", "model_build", "plan", "--bucket", bucket, "--stack-name", stack,
+        # The package by its installed name, without the working folder on the path (-P): the step
+        # runs in the commit's folder, and the commit's own model_build is not the judge.
+        command = [sys.executable, "-P", "-m", "triton_mme_cdk.model_build", "plan", "--bucket", bucket, "--stack-name", stack,
                    "--template", str(template), *flags, "--markdown-file", str(out / "plan.md"),
                    "--json-file", str(out / "plan.json"), "--detailed-exitcode"]
         done = subprocess.run(command, check=False)
