@@ -2,7 +2,8 @@
 
 Everything the export and validation steps need from a source goes through here and
 :mod:`model_build.export.eager` (the eager module and its sample inputs), so that those steps
-never care where a model came from. Loading never reaches a model hub: local folders are opened
+never care where a model came from. A hub source downloads only the files they read
+(:func:`hub_allow_patterns`), and safetensors weights unless the entry opts out. Loading never reaches a model hub: local folders are opened
 with ``local_files_only=True``, and the only step that may use the network (``huggingface``
 sources) fails fast with a :class:`SourceError` where the hub is unreachable.
 """
@@ -164,6 +165,26 @@ def _hub_reachable(endpoint: str, timeout: float = HUB_PROBE_TIMEOUT_S) -> bool:
         return False
 
 
+#: What the export and validation read from a hub repository (:func:`hub_allow_patterns`): the
+#: config, the tokenizer's files, sentence-transformers' module list and module configs
+#: (``1_Pooling/config.json``), an image model's preprocessor config. Nothing else is downloaded
+#: (no README, no ONNX, TensorFlow, Flax or OpenVINO copies, no scripts).
+HUB_FILES = ("config.json", "generation_config.json", "preprocessor_config.json", *TOKENIZER_SOURCE_FILES,
+             "modules.json", "config_sentence_transformers.json", "*/config.json")
+#: The weights, by ``source.weights``: safetensors always; ``pytorch_model.bin`` (a pickle) only
+#: where the entry opts out.
+HUB_WEIGHTS = {
+    "safetensors": ("model.safetensors", "model.safetensors.index.json", "model-*-of-*.safetensors"),
+    "pytorch_bin": ("pytorch_model.bin", "pytorch_model.bin.index.json", "pytorch_model-*-of-*.bin"),
+}
+
+
+def hub_allow_patterns(source: HuggingFaceSource) -> list[str]:
+    """The ``allow_patterns`` of a hub download: :data:`HUB_FILES` and the weights it allows."""
+    weights = HUB_WEIGHTS["safetensors"] + (HUB_WEIGHTS["pytorch_bin"] if source.weights == "pytorch_bin" else ())
+    return sorted(set(HUB_FILES + weights))
+
+
 def _huggingface(source: HuggingFaceSource, spec: ModelSpec, work_dir: Path) -> Path:
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import (
@@ -189,6 +210,7 @@ def _huggingface(source: HuggingFaceSource, spec: ModelSpec, work_dir: Path) -> 
             local_dir=work_dir,
             local_files_only=offline,
             etag_timeout=HUB_PROBE_TIMEOUT_S,
+            allow_patterns=hub_allow_patterns(source),
         )
     except (RepositoryNotFoundError, RevisionNotFoundError) as error:
         raise SourceError(
@@ -207,7 +229,16 @@ def _huggingface(source: HuggingFaceSource, spec: ModelSpec, work_dir: Path) -> 
             f"{str(error).splitlines()[0] if str(error) else type(error).__name__}",
             model=spec.name,
         ) from None
-    return _pretrained_dir(Path(folder), spec, f"source.model_id {source.model_id!r}")
+    folder_path = Path(folder)
+    if source.weights == "safetensors" and (folder_path / "config.json").is_file() and not any(
+            (folder_path / name).is_file() for name in ("model.safetensors", "model.safetensors.index.json")):
+        raise SourceError(
+            f"source.weights: 'safetensors' (the default), but {what} has no model.safetensors (nor its "
+            "sharded index); a repository with pytorch_model.bin only needs source.weights: pytorch_bin "
+            "(a pickle: loading it can run code; the plan names the entry)",
+            model=spec.name,
+        )
+    return _pretrained_dir(folder_path, spec, f"source.model_id {source.model_id!r}")
 
 
 def split_s3_uri(uri: str) -> tuple[str, str]:

@@ -80,6 +80,10 @@ class HuggingFaceSource(StrictModel):
     model_id: str = Field(pattern=r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
     #: A full 40-hex commit sha: a branch or tag can move, and a release must be reproducible.
     revision: str = Field(pattern=r"^[0-9a-f]{40}$")
+    #: The weights downloaded and loaded: ``safetensors`` (tensors only), or ``pytorch_bin`` too
+    #: (``pytorch_model.bin``, a pickle: loading it can run code from the repository). The plan
+    #: names each entry that opts out.
+    weights: Literal["safetensors", "pytorch_bin"] = "safetensors"
 
 
 class LocalSource(StrictModel):
