@@ -4,8 +4,11 @@ A real HTTP server (``ThreadingHTTPServer`` on 127.0.0.1), answering as GitHub d
 issue comments (list, create as the token's bot ``github-actions[bot]``, edit), pull requests,
 a collaborator's permission (404 for a stranger), workflow runs and their artifacts (an
 artifact's zip is a 302 to a "storage" path on the same server, which refuses a request that
-carries the token, as a signed storage URL would have no use for it), and commit statuses. Every
-API call must carry ``Authorization: Bearer <token>``; each is logged in :attr:`calls`.
+carries the token, as a signed storage URL would have no use for it), commit statuses (create;
+list a commit's, newest first, each with its ``creator``: the identity of the token that set it)
+and a commit's check runs (each with its ``app``). Every API call must carry ``Authorization:
+Bearer <token>``: :data:`TOKEN` is a workflow's ``GITHUB_TOKEN`` (``github-actions[bot]``),
+:data:`APP_TOKEN` the gate's own GitHub App's (:data:`APP`); each call is logged in :attr:`calls`.
 """
 
 from __future__ import annotations
@@ -23,8 +26,12 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 TOKEN = "token-1"
+APP_TOKEN = "app-token-1"
 REPO = "acme/models"
 BOT = {"login": "github-actions[bot]", "type": "Bot"}
+APP = {"login": "triton-mme-gate[bot]", "type": "Bot"}
+#: Who each token is.
+TOKENS = {TOKEN: BOT, APP_TOKEN: APP}
 
 
 def user(login: str, kind: str = "User") -> dict[str, str]:
@@ -48,7 +55,12 @@ class State:
     runs: dict[int, dict[str, Any]] = field(default_factory=dict)
     #: run id -> artifact zips by name.
     artifacts: dict[int, dict[str, bytes]] = field(default_factory=dict)
+    #: (sha, body) of every status created, in order.
     statuses: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    #: Every status as the API lists it (id, sha, its body's fields, creator).
+    status_records: list[dict[str, Any]] = field(default_factory=list)
+    #: Check runs as the API lists them (id, sha, name, status, conclusion, app).
+    check_runs: list[dict[str, Any]] = field(default_factory=list)
     calls: list[str] = field(default_factory=list)
     clock: int = 0
 
@@ -70,12 +82,26 @@ class State:
                              "status": "completed", "path": ".github/workflows/triton-mme-synth.yml"}
         self.artifacts[run_id] = {artifact: raw if raw is not None else zip_of(files or {})}
 
+    def status(self, sha: str, body: dict[str, Any], creator: dict[str, str]) -> dict[str, Any]:
+        """A status created by ``creator`` (what ``POST /statuses/{sha}`` with its token does)."""
+        record = {"id": 5000 + len(self.status_records), "sha": sha, **body, "creator": creator}
+        self.statuses.append((sha, body))
+        self.status_records.append(record)
+        return record
+
+    def check_run(self, sha: str, name: str, app_slug: str, conclusion: str = "success") -> None:
+        self.check_runs.append({"id": 7000 + len(self.check_runs), "head_sha": sha, "name": name,
+                                "status": "completed", "conclusion": conclusion,
+                                "app": {"id": 900 + len(self.check_runs), "slug": app_slug}})
+
     def ours(self, pr: int) -> list[dict[str, Any]]:
         return [c for c in self.comments.values() if c["pr"] == pr and c["user"] == BOT]
 
 
 class _Handler(BaseHTTPRequestHandler):
     state: State
+    #: The identity of the request's token.
+    caller: dict[str, str]
 
     def _reply(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -97,9 +123,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.state.calls.append(f"STORAGE {method} {parts.path}")
             return parts.path, {}
         self.state.calls.append(f"{method} {self.path}")
-        if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+        token = str(self.headers.get("Authorization") or "").removeprefix("Bearer ")
+        if token not in TOKENS:
             self._reply(401, {"message": "Bad credentials"})
             return None
+        self.caller = TOKENS[token]
         prefix = f"/repos/{REPO}"
         if not parts.path.startswith(prefix):
             self._reply(404, {"message": "Not Found"})
@@ -134,6 +162,13 @@ class _Handler(BaseHTTPRequestHandler):
                 self._reply(404, {"message": f"{m.group(1)} is not a user"})
             else:
                 self._reply(200, {**answer, "user": user(m.group(1))})
+        elif m := re.fullmatch(r"/commits/([0-9a-f]{40})/statuses", path):
+            records = [r for r in reversed(state.status_records) if r["sha"] == m.group(1)]
+            self._reply(200, self._page([{k: v for k, v in r.items() if k != "sha"} for r in records], query))
+        elif m := re.fullmatch(r"/commits/([0-9a-f]{40})/check-runs", path):
+            runs = [r for r in state.check_runs if r["head_sha"] == m.group(1)
+                    and r["name"] == query.get("check_name", [r["name"]])[0]]
+            self._reply(200, {"total_count": len(runs), "check_runs": self._page(runs, query)})
         elif m := re.fullmatch(r"/actions/runs/(\d+)", path):
             run = state.runs.get(int(m.group(1)))
             self._reply(*((200, run) if run else (404, {"message": "Not Found"})))
@@ -165,12 +200,11 @@ class _Handler(BaseHTTPRequestHandler):
             return
         path, _ = found
         if m := re.fullmatch(r"/issues/(\d+)/comments", path):
-            comment_id = self.state.comment(int(m.group(1)), self._body()["body"], BOT)
+            comment_id = self.state.comment(int(m.group(1)), self._body()["body"], self.caller)
             self._reply(201, {k: v for k, v in self.state.comments[comment_id].items() if k != "pr"})
         elif m := re.fullmatch(r"/statuses/([0-9a-f]{40})", path):
-            body = self._body()
-            self.state.statuses.append((m.group(1), body))
-            self._reply(201, body)
+            record = self.state.status(m.group(1), self._body(), self.caller)
+            self._reply(201, {k: v for k, v in record.items() if k != "sha"})
         else:
             self._reply(404, {"message": "Not Found"})
 

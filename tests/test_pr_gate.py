@@ -21,7 +21,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from github_fake import BOT, State, env, serve, user
+from github_fake import APP, APP_TOKEN, BOT, TOKEN, State, env, serve, user
 
 from triton_mme_cdk.model_build.release.routes import ModelPlan, Route
 from triton_mme_cdk.model_build.tools.plan_report import PlanReport, marker, plan_digest
@@ -103,7 +103,12 @@ def _gate(tmp_path: Path, api: str, plan: dict[str, Any], *, pr: int = 7, head: 
         (tmp_path / "plan.md").write_text(markdown)
         extra = ["--markdown-file", str(tmp_path / "plan.md")]
     return _cli("pr-gate", "--plan", str(tmp_path / "plan.json"), "--pr", str(pr), "--head-sha", head, *extra,
-                **env(api, GITHUB_RUN_ID="99", GITHUB_SERVER_URL="https://github.example"))
+                "--identity", APP["login"], **_app_env(api, GITHUB_RUN_ID="99", GITHUB_SERVER_URL="https://github.example"))
+
+
+def _app_env(api: str, **extra: str) -> dict[str, str]:
+    """What the Gate step is given: the gate's own app's token."""
+    return {**env(api, **extra), "GITHUB_TOKEN": APP_TOKEN}
 
 
 def test_a_plan_that_needs_nobody_passes_and_sets_the_status(tmp_path: Path, github: tuple[State, str]) -> None:
@@ -188,12 +193,69 @@ def test_the_gate_refuses_a_plan_file_it_cannot_trust(tmp_path: Path, github: tu
     assert result.returncode == 1 and f"digest '{plan['digest']}' is not its content's" in result.stderr
     assert "Traceback" not in result.stderr
     (tmp_path / "plan.json").unlink()
-    missing = _cli("pr-gate", "--plan", str(tmp_path / "plan.json"), "--pr", "7", "--head-sha", HEAD, **env(api))
+    missing = _cli("pr-gate", "--plan", str(tmp_path / "plan.json"), "--pr", "7", "--head-sha", HEAD,
+                   "--identity", APP["login"], **_app_env(api))
     assert missing.returncode == 1 and "no such file (the plan step failed" in missing.stderr
     assert [status["state"] for _, status in state.statuses] == ["failure", "failure"]
     assert state.statuses[-1][1]["description"] == "the plan did not run: see the run's log"
-    bad_sha = _cli("pr-gate", "--plan", str(tmp_path / "plan.json"), "--pr", "7", "--head-sha", "main", **env(api))
+    bad_sha = _cli("pr-gate", "--plan", str(tmp_path / "plan.json"), "--pr", "7", "--head-sha", "main",
+                   "--identity", APP["login"], **_app_env(api))
     assert bad_sha.returncode == 1 and "--head-sha: got 'main'; expected a commit SHA" in bad_sha.stderr
+
+
+def test_the_gate_refuses_a_check_set_by_another_identity(tmp_path: Path, github: tuple[State, str]) -> None:
+    """Any branch's workflow can post the check with its GITHUB_TOKEN (as github-actions[bot]): a
+    status of the gate's context set by anyone but the gate's app, or a check run of that name,
+    stops the pull request, each named, even on a plan that needs nobody; the gate's own earlier
+    status is not refused."""
+    state, api = github
+    plan = _report(fleet="unchanged").as_json()
+    assert plan["exit_code"] == 0
+    ours = _gate(tmp_path, api, plan)
+    assert ours.returncode == 0, ours.stdout + ours.stderr
+    assert state.status_records[-1]["creator"] == APP
+    again = _gate(tmp_path, api, plan)  # its own status of the last run is not another identity's
+    assert again.returncode == 0, again.stdout + again.stderr
+    forged = state.status(HEAD, {"state": "success", "context": "triton-mme/plan-approval",
+                                 "description": "looks fine"}, BOT)
+    stopped = _gate(tmp_path, api, plan, markdown="# plan\n")
+    assert stopped.returncode == 1, stopped.stdout
+    assert (f"status triton-mme/plan-approval = success (id {forged['id']}) set by @github-actions[bot], not by the "
+            "gate's app @triton-mme-gate[bot]: refused") in stopped.stdout
+    assert "Traceback" not in stopped.stderr
+    last = state.status_records[-1]
+    assert (last["state"], last["creator"]) == ("failure", APP)
+    assert last["description"].startswith("the check triton-mme/plan-approval was also set by another identity")
+    assert "set by @github-actions[bot]" in (tmp_path / "plan.md").read_text()
+    # A check run of the same name (which a required check also accepts) from another app.
+    state.status_records[:] = [r for r in state.status_records if r["creator"] == APP]
+    state.check_run(HEAD, "triton-mme/plan-approval", "some-ci")
+    state.check_run(HEAD, "lint", "some-ci")
+    stopped = _gate(tmp_path, api, plan)
+    assert stopped.returncode == 1, stopped.stdout
+    assert "check run triton-mme/plan-approval = success (id 7000) set by the app 'some-ci'" in stopped.stdout
+    assert "lint" not in stopped.stdout
+    # Another commit's statuses are not this one's.
+    state.check_runs.clear()
+    state.status(HEAD2, {"state": "success", "context": "triton-mme/plan-approval"}, BOT)
+    assert _gate(tmp_path, api, plan).returncode == 0
+
+
+def test_the_gate_runs_only_as_its_own_app(tmp_path: Path, github: tuple[State, str]) -> None:
+    """github-actions[bot] is every workflow's identity: refused as --identity before any call; a
+    token that is not the app's (GitHub records another creator) is an error naming both."""
+    state, api = github
+    plan = _report(fleet="unchanged").as_json()
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    args = ["pr-gate", "--plan", str(tmp_path / "plan.json"), "--pr", "7", "--head-sha", HEAD]
+    refused = _cli(*args, "--identity", "github-actions[bot]", **_app_env(api))
+    assert refused.returncode == 1 and "--identity: got 'github-actions[bot]'; expected the bot login" in refused.stderr
+    assert "Traceback" not in refused.stderr and state.calls == []
+    wrong = _cli(*args, "--identity", APP["login"], **{**env(api), "GITHUB_TOKEN": TOKEN})
+    assert wrong.returncode == 1, wrong.stdout
+    assert ("GitHub recorded the status as set by @github-actions[bot], not by --identity @triton-mme-gate[bot]"
+            in wrong.stderr), wrong.stderr
+    assert "Traceback" not in wrong.stderr
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from the files.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
 import subprocess
@@ -24,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 from cdk_helpers import subprocess_env, synth
-from github_fake import TOKEN, State, serve, user
+from github_fake import APP, APP_TOKEN, TOKEN, State, serve, user
 from test_plan import _routes
 
 from triton_mme_cdk.model_build.release import model_code_sha256
@@ -92,12 +93,63 @@ def test_the_gate_never_runs_the_pull_requests_code() -> None:
     names = [step.get("name") or step["uses"].split("@")[0] for step in steps]
     assert (names.index("Install") < names.index("Fetch the template")
             < names.index("aws-actions/configure-aws-credentials") < names.index("Plan")
-            < names.index("Gate") < names.index("Comment"))
+            < names.index("actions/create-github-app-token") < names.index("Gate") < names.index("Comment"))
     # The artifact's files are only ever arguments of plan (JSON and YAML read as data).
     scripts = "\n".join(step.get("run", "") for step in steps)
     uses_of_pr = re.findall(r"(--[a-z-]+)\s+\"?\$RUNNER_TEMP/pr([\w./-]*)", scripts)
     assert sorted(uses_of_pr) == [("--manifest", "/manifest.yaml"), ("--out", ""), ("--template", "/template.json")]
     assert scripts.count("RUNNER_TEMP") == 3
+
+
+def test_the_check_is_set_by_the_gates_own_app_only() -> None:
+    """Any branch's workflow can post a status as github-actions[bot] with its GITHUB_TOKEN: the
+    gate's job has no `statuses: write` for it; the Gate step posts with a token of the gate's own
+    GitHub App (its key an environment secret), minted right before it, and names that app's bot
+    as the only identity that may set the check."""
+    flow = _workflow(PLAN)
+    assert "statuses" not in flow["permissions"], flow["permissions"]
+    job = _job(PLAN)
+    assert job["environment"] == "triton-mme-plan"
+    steps = job["steps"]
+    (app,) = [s for s in steps if s.get("uses", "").startswith("actions/create-github-app-token@")]
+    gate = next(s for s in steps if s.get("name") == "Gate")
+    assert steps.index(app) + 1 == steps.index(gate) and app["if"] == gate["if"]
+    assert app["with"] == {"client-id": "${{ vars.TRITON_MME_GATE_APP_CLIENT_ID }}",
+                           "private-key": "${{ secrets.TRITON_MME_GATE_APP_KEY }}", "permission-statuses": "write",
+                           "permission-checks": "read", "permission-pull-requests": "read",
+                           "permission-issues": "read"}
+    assert gate["env"]["GITHUB_TOKEN"] == f"${{{{ steps.{app['id']}.outputs.token }}}}"
+    assert gate["env"]["GATE_IDENTITY"] == f"${{{{ steps.{app['id']}.outputs.app-slug }}}}[bot]"
+    assert '--identity "$GATE_IDENTITY"' in gate["run"]
+    others = [s for s in steps if s is not gate and "pr-gate" in s.get("run", "")]
+    assert not others, "only the Gate step sets the check"
+
+
+def _owned(pattern: str, path: str) -> bool:
+    """Whether a CODEOWNERS pattern of this file's forms (``/dir/``, ``/file``, ``/glob*``) covers ``path``."""
+    anchored = pattern.lstrip("/")
+    if anchored.endswith("/"):
+        return path.startswith(anchored)
+    return fnmatch.fnmatchcase(path, anchored)
+
+
+def test_code_owners_own_the_workflows_the_gate_the_bootstrap_and_the_pipeline() -> None:
+    """Every file of the gate's code (what the pipeline packs and runs: gate_files), the workflows,
+    bootstrap/ and the pipeline's stacks has an owner in .github/CODEOWNERS, and every rule names one."""
+    from triton_mme_cdk.stacks.pipeline_gate_code import gate_files
+
+    rules = [line.split() for line in (ROOT / ".github" / "CODEOWNERS").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    assert rules and all(len(rule) >= 2 and rule[0].startswith("/") and all(o.startswith("@") for o in rule[1:])
+                         for rule in rules), rules
+    paths = {str(p.relative_to(ROOT)) for p in gate_files(ROOT) if p.suffix != ".md"}
+    paths |= {str(p.relative_to(ROOT)) for folder in (".github", "bootstrap") for p in (ROOT / folder).rglob("*")
+              if p.is_file()}
+    paths |= {f"stacks/{name}" for name in ("pipeline_stack.py", "pipeline_hold.py", "pipeline_hold_check.py",
+                                            "pipeline_gate_code.py", "pipeline_access.py")}
+    assert {"model_build/tools/pr_gate.py", ".github/workflows/triton-mme-plan.yml", "Makefile"} <= paths
+    unowned = sorted(p for p in paths if not any(_owned(rule[0], p) for rule in rules))
+    assert not unowned, unowned
 
 
 def _outputs(path: Path) -> dict[str, str]:
@@ -154,12 +206,14 @@ def test_an_approval_holds_for_its_plan_only(tmp_path: Path) -> None:
                        GITHUB_OUTPUT=str(plan_output), **github)
         assert planned.returncode == 0, planned.stdout + planned.stderr
         code = _outputs(plan_output)["exit_code"]
-        gated = _run(PLAN, "Gate", base, PR_NUMBER=fetch["pr"], HEAD_SHA=fetch["head_sha"], **github)
+        gated = _run(PLAN, "Gate", base, PR_NUMBER=fetch["pr"], HEAD_SHA=fetch["head_sha"],
+                     **{**github, **app})
         commented = _run(PLAN, "Comment", base, PR_NUMBER=fetch["pr"], **github)
         assert commented.returncode == 0, commented.stdout + commented.stderr
         return code, gated
 
     sha1, sha2, sha3 = "1" * 40, "2" * 40, "3" * 40
+    app = {"GITHUB_TOKEN": APP_TOKEN, "GATE_IDENTITY": APP["login"]}  # what the app-token step gives the Gate step
     with serve(state) as api:
         # Push 1: a bigger instance type. The plan replaces the fleet: the check stops.
         push(101, sha1, {"mme:instance_type": "ml.g5.2xlarge"})
@@ -208,6 +262,6 @@ def test_an_approval_holds_for_its_plan_only(tmp_path: Path) -> None:
         output.write_text("")
         failed = _run(PLAN, "Plan", base, PLAN_LIVE=live, HAS_MANIFEST="true", GITHUB_OUTPUT=str(output), **github)
         assert failed.returncode == 1 and "truncated" in failed.stderr and output.read_text() == "exit_code=1\n"
-        gated = _run(PLAN, "Gate", base, PR_NUMBER="7", HEAD_SHA=sha3, **github)
+        gated = _run(PLAN, "Gate", base, PR_NUMBER="7", HEAD_SHA=sha3, **{**github, **app})
         assert gated.returncode == 1 and "the plan step failed" in gated.stderr
         assert state.statuses[-1][1]["description"] == "the plan did not run: see the run's log"

@@ -18,7 +18,16 @@ Plans that exit 0 or 3 pass without anyone. The verdict is a commit status on th
 head (``POST /statuses/{sha}``, context ``--context``, default :data:`CONTEXT`): the check branch
 protection requires. ``--markdown-file`` gets the gate's section appended (the plan comment then
 says who approved, or how to approve and why each approval found was refused). Exit 0 passed, 1
-stopped. The job needs ``statuses: write`` and ``pull-requests: read``.
+stopped.
+
+The status is the gate's only where the gate alone can set it. Every workflow of every branch
+posts as ``github-actions[bot]`` with its ``GITHUB_TOKEN``, so the gate posts with its own GitHub
+App's token (``--identity``: that app's bot login) and refuses to run as ``github-actions[bot]``;
+the repository's required check names that app as its source (docs/pipelines.md). Where the gate
+can see the check set by anyone else (a status of its context whose ``creator`` is not
+``--identity``, or a check run of that name: the gate sets none), it stops the pull request and
+names each one. It checks too that GitHub recorded its own status as ``--identity``'s. The token
+needs ``statuses: write``, ``checks: read``, ``pull-requests: read`` and ``issues: read``.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ import argparse
 import json
 import os
 import re
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +49,8 @@ CONTEXT = "triton-mme/plan-approval"
 COMMAND = "/approve-plan"
 APPROVAL_LINE = re.compile(rf"{re.escape(COMMAND)}\s+({DIGEST_PATTERN})")
 WRITERS = ("admin", "write")
+#: The identity of every workflow's ``GITHUB_TOKEN``: never the gate's.
+ACTIONS_BOT = "github-actions[bot]"
 #: GitHub's limit on a status's description.
 DESCRIPTION_LIMIT = 140
 
@@ -121,20 +133,41 @@ def _permission(github: GitHub, login: str) -> dict[str, Any]:
     return answer
 
 
-def post_status(github: GitHub, sha: str, decision: Decision, context: str) -> None:
+def foreign_checks(github: GitHub, sha: str, context: str, identity: str) -> list[str]:
+    """Every status of ``context`` on ``sha`` that ``identity`` did not set, and every check run
+    of that name (the gate sets statuses only), one line each."""
+    found = []
+    for status in github.pages(f"/commits/{sha}/statuses"):
+        creator = (status.get("creator") or {}).get("login")
+        if status.get("context") == context and creator != identity:
+            found.append(f"status {context} = {status.get('state')} (id {status.get('id')}) set by @{creator}, not by "
+                         f"the gate's app @{identity}: refused")
+    for run in github.pages(f"/commits/{sha}/check-runs?check_name={urllib.parse.quote(context)}", "check_runs"):
+        if run.get("name") == context:
+            app = (run.get("app") or {}).get("slug")
+            found.append(f"check run {context} = {run.get('conclusion') or run.get('status')} (id {run.get('id')}) "
+                         f"set by the app {app!r}; the gate sets statuses only: refused")
+    return found
+
+
+def post_status(github: GitHub, sha: str, decision: Decision, context: str, identity: str) -> None:
     run = os.environ.get("GITHUB_RUN_ID")
     server = os.environ.get("GITHUB_SERVER_URL", "https://github.com")
     body = {"state": "success" if decision.passed else "failure", "context": context,
             "description": _short(decision)}
     if run:
         body["target_url"] = f"{server}/{github.repository}/actions/runs/{run}"
-    github.request("POST", f"/statuses/{sha}", body)
+    answer = github.request("POST", f"/statuses/{sha}", body)
+    creator = ((answer if isinstance(answer, dict) else {}).get("creator") or {}).get("login")
+    if creator != identity:
+        raise ModelBuildError(f"pr-gate: GitHub recorded the status as set by @{creator}, not by --identity "
+                              f"@{identity}: the gate's token is not its app's (docs/pipelines.md)")
 
 
 def _short(decision: Decision) -> str:
     if decision.approved_by:
         text = f"approved by @{decision.approved_by}"
-    elif decision.passed or decision.line.startswith("the plan did not run"):
+    elif decision.passed or decision.line.startswith(("the plan did not run", "the check ")):
         text = decision.line
     else:
         text = "needs an approval of this plan's digest: see the plan comment"
@@ -156,17 +189,28 @@ def markdown_section(decision: Decision) -> str:
 def cmd_pr_gate(args: argparse.Namespace) -> int:
     if not re.fullmatch(r"[0-9a-f]{40}", args.head_sha or ""):
         raise ModelBuildError(f"--head-sha: got {args.head_sha!r}; expected a commit SHA (40 hex digits)")
-    github = GitHub.from_environment("pr-gate", "`statuses: write` and `pull-requests: read`")
+    identity = str(args.identity or "")
+    if not identity or identity == ACTIONS_BOT:
+        raise ModelBuildError(f"--identity: got {identity!r}; expected the bot login of the gate's own GitHub App "
+                              f"(<app-slug>[bot]): every workflow of every branch posts as {ACTIONS_BOT}, so a status "
+                              "it sets is nobody's in particular (docs/pipelines.md)")
+    github = GitHub.from_environment("pr-gate", "its app's token with `statuses: write`, `checks: read`, "
+                                                "`pull-requests: read` and `issues: read`")
     try:
         plan = read_plan(Path(args.plan))
     except ModelBuildError:
-        post_status(github, args.head_sha, Decision(False, "the plan did not run: see the run's log"), args.context)
+        post_status(github, args.head_sha, Decision(False, "the plan did not run: see the run's log"), args.context,
+                    identity)
         raise
     decision = decide(github, args.pr, plan)
+    foreign = foreign_checks(github, args.head_sha, args.context, identity)
+    if foreign:
+        decision = Decision(False, f"the check {args.context} was also set by another identity; only the plan "
+                                   f"workflow's app @{identity} may set it", refusals=[*foreign, *decision.refusals])
     if args.markdown_file:
         path = Path(args.markdown_file)
         path.write_text(path.read_text(encoding="utf-8") + markdown_section(decision), encoding="utf-8")
-    post_status(github, args.head_sha, decision, args.context)
+    post_status(github, args.head_sha, decision, args.context, identity)
     for refusal in decision.refusals:
         print(f"pr-gate: {refusal}")
     print(f"pr-gate: {'passed' if decision.passed else 'stopped'}: {decision.line}")
@@ -182,4 +226,7 @@ def add_pr_gate_parser(sub: Any) -> None:
     parser.add_argument("--pr", type=int, required=True, help="the pull request's number")
     parser.add_argument("--head-sha", required=True, help="the pull request's head commit (the status goes there)")
     parser.add_argument("--markdown-file", default=None, help="append the gate's section to this markdown plan")
+    parser.add_argument("--identity", required=True, metavar="LOGIN",
+                        help="the bot login of the gate's own GitHub App (<app-slug>[bot]), whose token GITHUB_TOKEN "
+                             "is: the only identity that may set the check")
     parser.add_argument("--context", default=CONTEXT, help=f"the commit status's context (default: {CONTEXT})")
