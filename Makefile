@@ -111,11 +111,15 @@ $(TRITON_VENV)/.installed: requirements-triton.txt | $(UV)
 	$(UV_INSTALL) --python $(TRITON_VENV)/bin/python $(UV_LINKS) -r requirements-triton.txt
 	touch $@
 
-$(WHEELHOUSE)/.installed: model_build/text_ensemble/serving-wheels.txt $(UV)
+$(WHEELHOUSE)/.installed: model_build/text_ensemble/serving-wheels.txt constructs/client-layer-wheels.txt $(UV)
 	rm -rf $(WHEELHOUSE)
 	$(PY) -m pip download --quiet --no-deps --only-binary=:all: --platform manylinux2014_x86_64 \
 		--implementation cp --python-version 3.10 --require-hashes \
 		-r model_build/text_ensemble/serving-wheels.txt -d $(WHEELHOUSE)
+	# numpy for the client's Lambda layer (constructs/client_layer.py), for the example's runtime, Python 3.14.
+	$(PY) -m pip download --quiet --no-deps --only-binary=:all: --platform manylinux_2_28_x86_64 \
+		--implementation cp --python-version 3.14 --require-hashes \
+		-r constructs/client-layer-wheels.txt -d $(WHEELHOUSE)
 	touch $@
 
 # An environment of its own from one requirements file: $(call python_env,<folder>,<requirements>).

@@ -55,6 +55,13 @@ class _Listed:
         return list(self._items)
 
 
+def s3_via_service(scope: Construct) -> str:
+    """The ``kms:ViaService`` value of S3's requests to KMS in the region of ``scope``'s stack:
+    ``s3.<region>.<url suffix>`` (what every grant of the bucket's key is conditioned on)."""
+    stack = Stack.of(scope)
+    return f"s3.{stack.region}.{stack.url_suffix}"
+
+
 def _key_prefix(prefix: str) -> str:
     if len(prefix) > PREFIX_MAX_LENGTH or not re.fullmatch(PREFIX_PATTERN, prefix):
         raise ValueError(
@@ -370,8 +377,7 @@ class ModelBucket(Construct):
     @property
     def s3_via_service(self) -> str:
         """The ``kms:ViaService`` value of S3's requests to KMS in the stack's region."""
-        stack = Stack.of(self)
-        return f"s3.{stack.region}.{stack.url_suffix}"
+        return s3_via_service(self)
 
     def _key_grant(self, grantee: iam.IGrantable, actions: list[str], deny_direct: bool) -> iam.Grant:
         grant = iam.Grant.add_to_principal(

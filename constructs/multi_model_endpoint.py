@@ -20,7 +20,6 @@ from typing import Any, Unpack
 
 from aws_cdk import Annotations, Aws, CfnMapping, Duration, Fn, Stack
 from aws_cdk import aws_ec2 as ec2
-from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sns as sns
@@ -32,8 +31,13 @@ from triton_mme_cdk.constructs.deployed_record import deployed_record
 from triton_mme_cdk.constructs.endpoint_alarms import EndpointAlarms, EndpointAlarmsProps
 from triton_mme_cdk.constructs.endpoint_autoscaling import EndpointAutoscaling, EndpointAutoscalingProps
 from triton_mme_cdk.constructs.endpoint_dashboard import EndpointDashboard, EndpointDashboardProps
+from triton_mme_cdk.constructs.endpoint_import import (
+    DEFAULT_VARIANT_NAME,
+    EndpointAttributes,
+    ImportedTritonMultiModelEndpoint,
+    ITritonMultiModelEndpoint,
+)
 from triton_mme_cdk.constructs.endpoint_keywords import EndpointKeywords
-from triton_mme_cdk.constructs.endpoint_metrics import EndpointMetrics
 from triton_mme_cdk.constructs.endpoint_network import EndpointNetwork, EndpointNetworkProps
 from triton_mme_cdk.constructs.endpoint_settings import EndpointSettingsBase, endpoint_settings
 from triton_mme_cdk.constructs.fleet_fit import annotate_fit, synth_fit
@@ -114,7 +118,7 @@ class ModelSource:
                    release_index=Path(index) if index is not None else None)
 
 
-class TritonMultiModelEndpoint(EndpointMetrics, Construct):
+class TritonMultiModelEndpoint(ITritonMultiModelEndpoint, Construct):
     """NVIDIA Triton models on a SageMaker multi-model GPU endpoint, with the build that publishes them.
 
     - ``bucket``: the artifacts bucket. Yours (an ``IBucket``, with ``encryption_key`` unless it
@@ -140,6 +144,9 @@ class TritonMultiModelEndpoint(EndpointMetrics, Construct):
       (``instance_type``, ``min_instance_count``, ``max_instance_count``, ``endpoint_name``,
       ``model_prefix``...), with the same type, unit, default and check: a refused value raises
       one ``PropsError`` line naming the keyword.
+
+    Clients: :meth:`grant_invoke` and :meth:`connect_client` (``ITritonMultiModelEndpoint``); a
+    client stack elsewhere gets the same from :meth:`from_endpoint_attributes`.
 
     Two endpoints in one stack need their own ``endpoint_name`` (and, on one bucket, their own
     ``model_prefix``). Construct ids are stable: the stack of this project creates it with the id
@@ -202,8 +209,13 @@ class TritonMultiModelEndpoint(EndpointMetrics, Construct):
         ]
         #: The endpoint's fixed ``ModelDataUrl``: ``s3://<bucket>/<model_prefix>/served/``.
         self.model_data_url = self.model_bucket.s3_url(f"{served}/")
-        #: The routes document: each logical model name to its current ``TargetModel``.
-        self.routes_url = self.model_bucket.s3_url(routes_key(options.model_prefix))
+        #: The bucket of the routes document (the artifacts bucket's name).
+        self.routes_bucket_name = self.model_bucket.bucket_name
+        #: The routes document's key: ``<model_prefix>/_routes/routes.json``.
+        self.routes_key = routes_key(options.model_prefix)
+        #: The routes document: each logical model name to its current ``TargetModel`` and signature
+        #: (``TritonMmeClient``'s ``routes_url``).
+        self.routes_url = self.model_bucket.s3_url(self.routes_key)
         #: The build custom resource (``ModelBuildResource``; None with ``ModelSource.from_release``).
         self.build: ModelBuildResource | None = None
         if models.manifest is not None and models.manifest_path is not None:
@@ -232,6 +244,18 @@ class TritonMultiModelEndpoint(EndpointMetrics, Construct):
         self.autoscaling = EndpointAutoscaling(self, "Autoscaling", props=EndpointAutoscalingProps(
             **options.values(EndpointAutoscalingProps), endpoint=self.endpoint))
         self._operations(alarm_topic)
+
+    @staticmethod
+    def from_endpoint_attributes(scope: Construct, id: str, *, endpoint_name: str, bucket: s3.IBucket,
+                                 model_prefix: str, encryption_key: kms.IKey | None = None,
+                                 variant_name: str = DEFAULT_VARIANT_NAME) -> ITritonMultiModelEndpoint:
+        """An endpoint deployed elsewhere (another stack or app), for its clients: ``grant_invoke``,
+        ``connect_client``, ``routes_url`` and the ``metric_*`` methods. ``encryption_key``: the
+        bucket's key (unset: the key the bucket carries; one of the two is required). Creates no
+        resource; a refused value raises one ``PropsError`` line naming the keyword."""
+        return ImportedTritonMultiModelEndpoint(scope, id, attributes=EndpointAttributes(
+            endpoint_name=endpoint_name, bucket=bucket, model_prefix=model_prefix, encryption_key=encryption_key,
+            variant_name=variant_name))
 
     # -----------------------------------------------------------------------------------------
     # What it exposes
@@ -268,18 +292,6 @@ class TritonMultiModelEndpoint(EndpointMetrics, Construct):
             "https://", consoles.find_in_map(Aws.PARTITION, "Domain"),
             "/cloudwatch/home?region=", Aws.REGION, "#dashboards:name=", self.dashboard.dashboard_name,
         ])
-
-    def grant_invoke(self, grantee: iam.IGrantable) -> iam.Grant:
-        """Let ``grantee`` invoke the endpoint and read which ``TargetModel`` serves each model:
-        ``sagemaker:InvokeEndpoint`` on the endpoint, ``s3:GetObject`` on the routes document and
-        ``kms:Decrypt`` on the bucket's key."""
-        invoke = self.endpoint.grant_invoke(grantee)
-        routes = iam.Grant.add_to_principal(
-            grantee=grantee, actions=["s3:GetObject"],
-            resource_arns=[self.model_bucket.bucket.arn_for_objects(routes_key(self.settings.model_prefix))])
-        decrypt = iam.Grant.add_to_principal(grantee=grantee, actions=["kms:Decrypt"],
-                                             resource_arns=[self.model_bucket.key.key_arn])
-        return invoke.combine(routes).combine(decrypt)
 
     # -----------------------------------------------------------------------------------------
     # Network, build, endpoint

@@ -121,11 +121,15 @@ def test_a_function_granted_invoke_may_invoke_and_read_the_routes(
     role = stack.resolve(stack.client.role.node.default_child.logical_id)  # type: ignore[union-attr]
     (policy,) = [p for p in _resources(template, "AWS::IAM::Policy").values()
                  if p["Properties"]["Roles"] == [{"Ref": role}]]
-    actions = {s["Action"]: s["Resource"] for s in policy["Properties"]["PolicyDocument"]["Statement"]}
+    statements = {s["Action"]: s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
+    actions = {action: statement["Resource"] for action, statement in statements.items()}
     assert actions["sagemaker:InvokeEndpoint"] == stack.resolve(stack.endpoint.endpoint_arn)
     assert actions["s3:GetObject"] == {"Fn::Join": ["", [stack.resolve(stack.bucket.bucket_arn),
                                                          "/embeddings/_routes/routes.json"]]}
     assert actions["kms:Decrypt"] == stack.resolve(stack.key.key_arn)
+    # The key only through S3, as the bucket's own grants (issue 61: it had no condition).
+    assert statements["kms:Decrypt"]["Condition"] == {"StringEquals": {"kms:ViaService": {"Fn::Join": ["", [
+        "s3.", {"Ref": "AWS::Region"}, ".", {"Ref": "AWS::URLSuffix"}]]}}}
 
 
 def test_cdk_nag_finds_nothing_on_the_constructs_resources(

@@ -3,7 +3,7 @@ constructs, with the build that turns model sources into Triton artifacts in S3.
 
 The public names, re-exported here and nowhere defined here::
 
-    from triton_mme_cdk import TritonMultiModelEndpoint, ModelSource
+    from triton_mme_cdk import TritonMultiModelEndpoint, ModelSource, TritonMmeClientLayer
 
 They load on first use: importing the package starts no jsii runtime, so the model build (the
 build Lambda's image, ``triton-mme``) can import ``triton_mme_cdk.model_build`` without the CDK.
@@ -15,6 +15,8 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from triton_mme_cdk.constructs.client_layer import TritonMmeClientLayer
+    from triton_mme_cdk.constructs.endpoint_import import ITritonMultiModelEndpoint
     from triton_mme_cdk.constructs.endpoint_settings import SETTING_NAMES, EndpointSettings
     from triton_mme_cdk.constructs.multi_model_endpoint import ModelSource, TritonMultiModelEndpoint
     from triton_mme_cdk.constructs.sagemaker_limits import PropsError
@@ -25,6 +27,8 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "TritonMultiModelEndpoint": "triton_mme_cdk.constructs.multi_model_endpoint",
     "ModelSource": "triton_mme_cdk.constructs.multi_model_endpoint",
+    "ITritonMultiModelEndpoint": "triton_mme_cdk.constructs.endpoint_import",
+    "TritonMmeClientLayer": "triton_mme_cdk.constructs.client_layer",
     "EndpointSettings": "triton_mme_cdk.constructs.endpoint_settings",
     "SETTING_NAMES": "triton_mme_cdk.constructs.endpoint_settings",
     "PropsError": "triton_mme_cdk.constructs.sagemaker_limits",
@@ -36,10 +40,12 @@ _EXPORTS = {
 __all__ = [
     "SETTING_NAMES",
     "EndpointSettings",
+    "ITritonMultiModelEndpoint",
     "ManifestError",
     "ModelBuildError",
     "ModelSource",
     "PropsError",
+    "TritonMmeClientLayer",
     "TritonMmeStack",
     "TritonMultiModelEndpoint",
 ]
