@@ -23,7 +23,12 @@ Per target (``<name>``):
    (``python -m model_build smoke``). A failure fails the stage; the pipeline stops there, and
    the next stage never deploys what failed.
 
-The pipeline mutates itself (CDK Pipelines' ``UpdatePipeline`` stage) and deploys across
+The plan and smoke steps run the gate's code as this definition records it (a zip of the
+project's code, an asset of this stack, its SHA-256 in their buildspecs:
+``stacks/pipeline_gate_code.py``), never the code of the commit they judge.
+
+The pipeline mutates itself (CDK Pipelines' ``UpdatePipeline`` stage, with the CDK CLI and
+cdk-assets pinned: :data:`CDK_CLI_VERSION`, :data:`CDK_ASSETS_VERSION`) and deploys across
 accounts through the CDK bootstrap's trust (``cdk bootstrap --trust <pipeline account>``).
 """
 

@@ -39,7 +39,7 @@ def _plan_commands(synthesized: PipelineSynth) -> list[str]:
 def test_the_zip_is_the_same_for_the_same_code_and_leaves_the_manifest_out(tmp_path: Path) -> None:
     root = tmp_path / "checkout"
     for name in ("Makefile", "models.yaml", "cdk.json", "model_build/tools/pipeline_plan.py", "tests/test_x.py",
-                 "model_build/__pycache__/x.pyc", "docs/x.md"):
+                 "model_build/__pycache__/x.pyc", "docs/notes.txt"):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(name)
     (root / "triton_mme_cdk").mkdir()
@@ -53,7 +53,7 @@ def test_the_zip_is_the_same_for_the_same_code_and_leaves_the_manifest_out(tmp_p
     with zipfile.ZipFile(tmp_path / "a.zip") as archive:
         assert archive.namelist() == ["Makefile", "model_build/tools/pipeline_plan.py", "triton_mme_cdk/model_build"]
     (root / "models.yaml").write_text("models: [another]")
-    (root / "docs" / "x.md").write_text("other words")
+    (root / "docs" / "notes.txt").write_text("other words")
     assert digest("c.zip") == first  # models and docs are not the gate's code
     (root / "model_build" / "tools" / "pipeline_plan.py").write_text("print('approve')")
     assert digest("d.zip") != first
