@@ -4,7 +4,9 @@ dependencies installed (issue 48): no torch, no onnx, no transformers, no checko
 The wheel is built from the checkout (``python -m build``), installed into a fresh virtualenv
 (the core dependencies from the package index), and ``examples/platform_app`` runs there from a
 folder of its own, as ``cdk synth`` runs it. Its own VPC, bucket, key and topic, and a Lambda
-function granted invoke; cdk-nag runs as its validation plugin.
+function that calls a model by its name through the client (issue 61): the client's wheel is
+installed beside the library's, and the layer's numpy wheel is in the app's ``.wheelhouse`` as the
+documented ``pip download`` leaves it; cdk-nag runs as its validation plugin.
 """
 
 from __future__ import annotations
@@ -46,9 +48,11 @@ def _image_asset_hashes(template: dict[str, Any]) -> set[str]:
 @pytest.fixture(scope="module")
 def consumer(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     work = tmp_path_factory.mktemp("consumer")
-    subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--wheel", "--outdir", str(work / "dist"),
-                    str(ROOT)], capture_output=True, text=True, timeout=600, check=True)
-    [wheel] = list((work / "dist").glob("*.whl"))
+    for source in (ROOT, ROOT / "client"):
+        subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--wheel", "--outdir", str(work / "dist"),
+                        str(source)], capture_output=True, text=True, timeout=600, check=True)
+    wheels = sorted(str(path) for path in (work / "dist").glob("*.whl"))
+    assert len(wheels) == 2, wheels
     venv = work / "venv"
     base = getattr(sys, "_base_executable", sys.executable)
     subprocess.run([base, "-m", "venv", str(venv)], check=True, timeout=300)
@@ -58,11 +62,15 @@ def consumer(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     # about 19 of the install's 25 s of CPU on two cores, and the synth below imports a few dozen
     # of them (compiled then, on import); what is installed is the same.
     install = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-compile",
-                              str(wheel)],
+                              *wheels],
                              capture_output=True, text=True, timeout=900, check=False)
     assert install.returncode == 0, install.stderr[-3000:]
     app = work / "app"
-    shutil.copytree(EXAMPLE, app)
+    shutil.copytree(EXAMPLE, app, ignore=shutil.ignore_patterns("cdk.out", "__pycache__"))
+    # The layer's numpy wheel, where the documented `pip download ... -d .wheelhouse` puts it.
+    (app / ".wheelhouse").mkdir()
+    [numpy] = list((ROOT / ".wheelhouse").glob("numpy-*-cp314-*.whl"))
+    shutil.copyfile(numpy, app / ".wheelhouse" / numpy.name)
     done = _run_example(venv / "bin", app)
     assert done.returncode == 0, done.stderr[-3000:]
     listed = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "list", "--format", "json"],
@@ -75,7 +83,7 @@ def consumer(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def test_the_wheel_installs_without_the_builds_libraries(consumer: dict[str, Any]) -> None:
-    assert "triton_mme_cdk" in consumer["installed"] and "aws_cdk_lib" in consumer["installed"]
+    assert {"triton_mme_cdk", "triton_mme_client", "aws_cdk_lib"} <= consumer["installed"]
     assert not [name for name in HEAVY if name in consumer["installed"]], sorted(consumer["installed"])
     imported = {line.rsplit("|", 1)[-1].strip().split(".")[0] for line in consumer["imports"].splitlines()
                 if line.startswith("import time:")}
@@ -98,6 +106,26 @@ def test_the_endpoint_serves_from_the_teams_bucket_and_grants_name_its_key(consu
     assert "sagemaker:InvokeEndpoint" in statements
 
 
+def test_the_function_calls_by_name_through_the_layer_and_connect_client(consumer: dict[str, Any]) -> None:
+    """The client's layer (its installed modules and the pinned numpy), what from_env() reads, and
+    the key only through S3."""
+    resources = consumer["template"]["Resources"]
+    [(layer_id, layer)] = [(lid, r) for lid, r in resources.items() if r["Type"] == "AWS::Lambda::LayerVersion"]
+    assert layer["Properties"]["CompatibleRuntimes"] == ["python3.14"]
+    [function] = [r for lid, r in resources.items() if r["Type"] == "AWS::Lambda::Function" and lid.startswith("Client")]
+    assert function["Properties"]["Layers"] == [{"Ref": layer_id}]
+    assert set(function["Properties"]["Environment"]["Variables"]) == {"TRITON_MME_ENDPOINT_NAME",
+                                                                       "TRITON_MME_ROUTES_URL"}
+    asset = consumer["app"] / "cdk.out" / f"asset.{layer['Properties']['Content']['S3Key'].removesuffix('.zip')}"
+    staged = {path.relative_to(asset / "python").as_posix() for path in asset.rglob("*.py")
+              if path.parts[-2] == "triton_mme_client"}
+    assert {"triton_mme_client/__init__.py", "triton_mme_client/client.py"} <= staged
+    assert (asset / "python" / "numpy" / "__init__.py").is_file()
+    [client_policy] = [r for lid, r in resources.items() if lid.startswith("ClientRoleDefaultPolicy")]
+    [decrypt] = [s for s in client_policy["Properties"]["PolicyDocument"]["Statement"] if s["Action"] == "kms:Decrypt"]
+    assert list(decrypt["Condition"]["StringEquals"]) == ["kms:ViaService"]
+
+
 def test_cdk_nag_finds_nothing_on_the_constructs_resources(consumer: dict[str, Any]) -> None:
     report = consumer["app"] / "cdk.out" / "validation-report.json"
     paths = []
@@ -112,9 +140,16 @@ def test_the_build_images_asset_is_the_same_installed_or_in_the_checkout(consume
     """The build image's context is the package's ``model_build/`` less what is not runtime
     (``__pycache__`` included): the same asset hash from the wheel and from this checkout."""
     app = consumer["work"] / "checkout-app"
-    shutil.copytree(EXAMPLE, app)
+    shutil.copytree(EXAMPLE, app, ignore=shutil.ignore_patterns("cdk.out", "__pycache__"))
     done = _run_example(Path(sys.executable).parent, app)
     assert done.returncode == 0, done.stderr[-3000:]
     checkout = json.loads((app / "cdk.out" / f"{STACK}.template.json").read_text())
     installed = _image_asset_hashes(consumer["template"])
     assert len(installed) == 1 and installed == _image_asset_hashes(checkout)
+    # The client's layer too: the installed wheel's modules and the checkout's are the same files.
+    assert _layer_keys(consumer["template"]) == _layer_keys(checkout) and len(_layer_keys(checkout)) == 1
+
+
+def _layer_keys(template: dict[str, Any]) -> set[str]:
+    return {r["Properties"]["Content"]["S3Key"] for r in template["Resources"].values()
+            if r["Type"] == "AWS::Lambda::LayerVersion"}

@@ -2,7 +2,11 @@
 """A platform team's own CDK app with a Triton multi-model endpoint from ``pip install triton-mme-cdk``.
 
 The team brings its VPC, its bucket and KMS key, and its alarm topic; a Lambda function of its own
-is granted invoke. Run it as any CDK app: ``cdk synth`` (or ``python app.py``) in this folder.
+calls a model by its logical name through the client (``client_function/index.py``): the layer
+brings the client and numpy, ``connect_client`` its environment and its grant. Run it as any CDK
+app: ``cdk synth`` (or ``python app.py``) in this folder, after the layer's numpy wheel is in
+``.wheelhouse`` (``make setup`` in a checkout; elsewhere the ``pip download`` of
+``TritonMmeClientLayer``'s docs).
 """
 
 from __future__ import annotations
@@ -20,20 +24,14 @@ from aws_cdk import aws_sns as sns
 from cdk_nag import AwsSolutionsChecks
 
 from constructs import Construct
-from triton_mme_cdk import ModelSource, TritonMultiModelEndpoint
+from triton_mme_cdk import ModelSource, TritonMmeClientLayer, TritonMultiModelEndpoint
 from triton_mme_cdk.constructs.nag_acknowledgments import acknowledge_wildcard_resource
 
 HERE = Path(__file__).resolve().parent
 
-CLIENT_CODE = """
-import json, os, boto3
-runtime = boto3.client("sagemaker-runtime")
-def handler(event, context):
-    # event: {"target_model": "<name>-<hash>.tar.gz" from the routes document, "body": {...}}
-    answer = runtime.invoke_endpoint(EndpointName=os.environ["ENDPOINT_NAME"], TargetModel=event["target_model"],
-                                     ContentType="application/json", Body=json.dumps(event["body"]))
-    return json.loads(answer["Body"].read())
-"""
+#: The function's code: event {"model": "<logical name>", "inputs": {...}} (client_function/index.py).
+CLIENT_CODE = HERE / "client_function"
+CLIENT_RUNTIME = lambda_.Runtime.PYTHON_3_14
 
 
 class PlatformStack(cdk.Stack):
@@ -61,17 +59,19 @@ class PlatformStack(cdk.Stack):
             instance_type="ml.g5.xlarge", min_instance_count=1, max_instance_count=2,
         )
 
-        # The team's client: a role of its own (writes its own log group only), granted invoke.
+        # The team's client: a role of its own (writes its own log group only); the layer brings the
+        # client and numpy, connect_client its environment and the grant (invoke, the routes, the key).
         client_role = iam.Role(self, "ClientRole", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"))
         client_logs = logs.LogGroup(self, "ClientLogs", retention=logs.RetentionDays.ONE_MONTH)
+        layer = TritonMmeClientLayer(self, "ClientLayer", runtime=CLIENT_RUNTIME)
         client = lambda_.Function(
-            self, "Client", runtime=lambda_.Runtime.PYTHON_3_14, handler="index.handler", role=client_role,
-            code=lambda_.Code.from_inline(CLIENT_CODE), log_group=client_logs,
-            environment={"ENDPOINT_NAME": endpoint.endpoint_name, "ROUTES_URL": endpoint.routes_url})
+            self, "Client", runtime=CLIENT_RUNTIME, handler="index.handler", role=client_role,
+            code=lambda_.Code.from_asset(str(CLIENT_CODE), exclude=["__pycache__", "*.pyc"]), layers=[layer], log_group=client_logs,
+            timeout=cdk.Duration.seconds(60))  # a cold model loads in seconds; the client retries 507s
         client_logs.grant_write(client_role)
         acknowledge_wildcard_resource(client_role, client_logs.log_group_arn, "The client writes the log streams "
                                       "of its own log group only; Lambda names each stream at run time.")
-        endpoint.grant_invoke(client)
+        endpoint.connect_client(client)
         cdk.CfnOutput(self, "EndpointName", value=endpoint.endpoint_name)
         cdk.CfnOutput(self, "RoutesUrl", value=endpoint.routes_url)
 
