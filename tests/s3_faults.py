@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import json
 import re
 import socket
 import struct
@@ -34,6 +35,7 @@ _HOP_BY_HOP = frozenset(
 )
 _MESSAGES = {
     "SlowDown": "Please reduce your request rate.",
+    "ThrottlingException": "Rate exceeded",
     "InternalError": "We encountered an internal error. Please try again.",
     "ServiceUnavailable": "Service is unable to handle request.",
 }
@@ -47,7 +49,9 @@ class Rule:
     e.g. ``r"partNumber=2"``) select requests; ``copy`` selects server-side copies (True), requests
     that are not copies (False) or both (None).
 
-    - ``error``: answer ``status`` with an S3 XML error ``code`` (the request is not forwarded).
+    - ``error``: answer ``status`` with an S3 XML error ``code`` (the request is not forwarded);
+      with ``service="sagemaker-runtime"``, the JSON error SageMaker's runtime sends (``x-amzn-ErrorType``),
+      and for ``code="ModelError"`` the model's ``original_status`` (507: out of memory) as it relays it.
     - ``reset``: read the request, then reset the connection (TCP RST) without answering.
     - ``stall``: read the request, answer nothing for ``seconds``, then close the connection.
     - ``delay``: wait ``seconds``, then forward.
@@ -65,6 +69,8 @@ class Rule:
     code: str = "SlowDown"
     seconds: float = 0.0
     gate: threading.Event | None = None
+    service: Literal["s3", "sagemaker-runtime"] = "s3"
+    original_status: int | None = None
     hits: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
@@ -284,7 +290,9 @@ class _ProxyHandler(BaseHTTPRequestHandler):
                 at=time.monotonic(),
             )
         )
-        if rule is not None and action == "error":
+        if rule is not None and action == "error" and rule.service == "sagemaker-runtime":
+            self._send_json_error(rule.status, rule.code, rule.original_status)
+        elif rule is not None and action == "error":
             self._send_error(rule.status, rule.code)
         elif action == "reset":
             self._reset()
@@ -343,6 +351,25 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(xml)
+
+    def _send_json_error(self, status: int, code: str, original_status: int | None) -> None:
+        """The error as SageMaker's runtime sends it (rest-json: the code in ``x-amzn-ErrorType``)."""
+        request_id = str(uuid.uuid4())
+        message = _MESSAGES.get(code, f"{code} (injected by the test's fault proxy)")
+        document: dict[str, object] = {"message": message}
+        if original_status is not None:
+            document = {"ErrorCode": "SERVER_ERROR_FROM_MODEL" if original_status >= 500 else "CLIENT_ERROR_FROM_MODEL",
+                        "Message": f"Received server error ({original_status}) from primary with message \"{message}\"",
+                        "OriginalMessage": message, "OriginalStatusCode": original_status,
+                        "LogStreamArn": "injected"}
+        data = json.dumps(document).encode()
+        self.send_response_only(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("x-amzn-ErrorType", f"{code}:http://internal.amazon.com/coral/com.amazon.sagemaker/")
+        self.send_header("x-amzn-RequestId", request_id)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def _reset(self) -> None:
         """Close with SO_LINGER 0, which sends a TCP RST instead of a FIN."""

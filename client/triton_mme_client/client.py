@@ -92,7 +92,7 @@ class TritonMmeClient:
             from botocore.config import Config
 
             runtime = runtime or boto3.client("sagemaker-runtime",
-                                              config=Config(retries={"mode": "standard", "max_attempts": 1}))
+                                              config=Config(retries={"mode": "standard", "total_max_attempts": 1}))
             s3 = s3 or boto3.client("s3")
         self.endpoint_name = endpoint_name
         self.routes_url = routes_url
