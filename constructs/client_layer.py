@@ -20,7 +20,7 @@ files are staged in a fixed order with fixed permissions).
 
 Size (numpy 2.4.6, Python 3.14): 56.6 MB unpacked, of which numpy's wheel is 56.5 MB (numpy
 27.8 MB, its bundled OpenBLAS and gfortran runtime in ``numpy.libs`` 28.5 MB) and the client about
-0.05 MB; about 17 MB zipped (the wheel itself is 16.6 MB). Lambda allows 250 MB unzipped for a
+0.05 MB; 16.5 MB zipped (deflate, measured on the staged folder). Lambda allows 250 MB unzipped for a
 function and all its layers. :attr:`TritonMmeClientLayer.unzipped_bytes` has the exact figure;
 synth refuses a layer over the limit.
 """
