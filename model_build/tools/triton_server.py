@@ -15,6 +15,10 @@ off, the python backend's shared memory from the same settings the stack gives t
 The server runs in its own session (a signal to the caller's group does not reach it first) and
 dies with the process that started it: ``PR_SET_PDEATHSIG`` (Linux) sends it SIGTERM when that
 process dies, also by SIGKILL, so no ``tritonserver`` or stub outlives the endpoint.
+
+Where the host allows it, the server runs in a network namespace of its own, reached through a
+Unix socket in the work folder (:mod:`~triton_mme_cdk.model_build.tools.triton_netns`): its
+SageMaker port, which Triton opens on every interface, is then reachable from nowhere else.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from triton_mme_cdk.model_build.text_ensemble.shm import (
     SHM_GROWTH_KEY,
     SHM_MAX_BYTE_SIZE,
 )
+from triton_mme_cdk.model_build.tools import triton_netns
 from triton_mme_cdk.model_build.tools.app_context import AppConfig, checkout_root, whole_number
 
 #: Where ``make setup`` puts the triton environment (in the checkout); ``MME_TRITON_ENV`` points elsewhere.
@@ -182,19 +187,43 @@ class Response:
         return json.loads(self.body)
 
 
-class TritonServer:
-    """A running ``tritonserver`` with the SageMaker API on ``127.0.0.1:<port>``.
+class _UnixConnection(http.client.HTTPConnection):
+    """HTTP over a Unix socket: the server in its own network namespace (``triton_netns``)."""
 
-    Triton 2.51 binds its SageMaker port on all interfaces (it has no address option for it); the
-    local endpoint only ever talks to it on loopback and puts its own front on 127.0.0.1.
+    def __init__(self, path: Path, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(str(self.path))
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+class TritonServer:
+    """A running ``tritonserver`` with the SageMaker API on ``127.0.0.1:<port>``, or behind the Unix
+    socket ``unix_socket`` where it runs in a network namespace of its own.
+
+    Triton 2.51 binds its SageMaker port on all interfaces (it has no address option for it). In
+    its own namespace those are the namespace's loopback alone; without one (``isolated`` false)
+    the port is open on every interface of the machine, and the local endpoint says so.
     """
 
-    def __init__(self, process: subprocess.Popen[bytes], port: int, log_path: Path, version: str) -> None:
+    def __init__(self, process: subprocess.Popen[bytes], port: int, log_path: Path, version: str,
+                 unix_socket: Path | None = None) -> None:
         self.process = process
         self.port = port
         self.log_path = log_path
         self.version = version
-        self.url = f"http://127.0.0.1:{port}"
+        self.unix_socket = unix_socket
+        #: Whether nothing but this process can reach the server (its own network namespace).
+        self.isolated = unix_socket is not None
+        self.url = f"http+unix://{unix_socket}" if unix_socket is not None else f"http://127.0.0.1:{port}"
         self._local = threading.local()
 
     def request(self, method: str, path: str, body: bytes | None = None, *,
@@ -211,7 +240,8 @@ class TritonServer:
             connection: http.client.HTTPConnection | None = getattr(self._local, "connection", None)
             reused = connection is not None
             if connection is None:
-                connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+                connection = (_UnixConnection(self.unix_socket, timeout) if self.unix_socket is not None
+                              else http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout))
                 self._local.connection = connection
             try:
                 if connection.sock is not None:
@@ -337,24 +367,35 @@ def triton_server(
     shm_growth_byte_size: int | None = None,
     log_verbose: int = 0,
     env: TritonEnvironment | None = None,
+    isolate: bool | None = None,
 ) -> Iterator[TritonServer]:
     """Start ``tritonserver`` for the block; stop it and its stubs after, whatever happened.
 
     Shared-memory sizes left out are the ones the stack gives the container
     (:func:`stack_shm_settings`), so every local server runs python models as the endpoint does.
+    ``isolate`` (default: where the host allows it, :func:`triton_netns.available`) runs it in a
+    network namespace of its own; ``True`` where the host refuses one is an error.
     """
     if shm_default_byte_size is None or shm_growth_byte_size is None:
         stack_default, stack_growth = stack_shm_settings()
         shm_default_byte_size = stack_default if shm_default_byte_size is None else shm_default_byte_size
         shm_growth_byte_size = stack_growth if shm_growth_byte_size is None else shm_growth_byte_size
     env = env or TritonEnvironment.find()
+    isolate = triton_netns.available() if isolate is None else isolate
+    if isolate and not triton_netns.available():
+        raise TritonServerError("this host refuses a network namespace of the server's own "
+                                "(unshare --user --map-root-user --net); start it without isolation")
     port = port or free_port()
-    check_port_free(port)
+    if not isolate:
+        check_port_free(port)
     backends = env.assemble_backends(work_dir / "backends")
     repository = work_dir / "repository"
     repository.mkdir()
     log_path = work_dir / "tritonserver.log"
     command = _command(env, backends, repository, port, shm_default_byte_size, shm_growth_byte_size, log_verbose)
+    unix_socket = work_dir / "tritonserver.sock" if isolate else None
+    if unix_socket is not None:
+        command = triton_netns.command(command, unix_socket, port)
     # The python backend's stub embeds the system Python and takes the first ``python3`` on PATH
     # as its executable, virtualenv included: the triton environment's ``bin`` goes first, so every
     # python model runs with that environment (numpy 1.26, ONNX Runtime 1.19, torch), never with
@@ -365,7 +406,7 @@ def triton_server(
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environment,
                                    stdin=subprocess.DEVNULL, start_new_session=True,
                                    preexec_fn=_die_with_parent(os.getpid()))
-    server = TritonServer(process, port, log_path, version="?")
+    server = TritonServer(process, port, log_path, version="?", unix_socket=unix_socket)
     try:
         _wait_ready(server, time.monotonic() + STARTUP_SECONDS)
         match = _VERSION.search(log_path.read_text(errors="replace"))
