@@ -298,7 +298,8 @@ def test_throttling_that_does_not_stop_surfaces_as_a_typed_error_after_the_bound
             client.infer("resnet-synthetic-2", _inputs(info))
         assert len([r for r in proxy.records if r.method == "POST"]) == 4
     assert failed.value.code == "ThrottlingException" and failed.value.attempts == 4
-    assert "resnet-synthetic-2" in str(failed.value) and failed.value.request_id in str(failed.value)
+    assert failed.value.request_id and failed.value.request_id in str(failed.value)
+    assert "resnet-synthetic-2" in str(failed.value)
 
 
 def test_an_error_from_the_model_itself_is_not_retried(deployed: Deployed) -> None:
