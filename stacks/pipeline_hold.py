@@ -27,6 +27,7 @@ before they run, since ``SelfMutate`` comes after.
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 from typing import Any
@@ -52,14 +53,25 @@ _SOURCE = (Path(__file__).resolve().parent / "pipeline_hold_check.py").read_text
 CHECK = _SOURCE[_SOURCE.index("from __future__"):]
 
 
-def check_commands(stack_name: str, stack_id: str) -> list[str]:
+def deploys_to(stack: Stack) -> dict[str, Any]:
+    """Where the stack deploys, as its synthesizer writes it in the cloud assembly's manifest: its
+    environment and the bootstrap roles the CLI assumes and passes (None where it names none)."""
+    synthesizer = stack.synthesizer
+    return {"environment": f"aws://{stack.account}/{stack.region}",
+            "assumeRoleArn": getattr(synthesizer, "deploy_role_arn", None),
+            "cloudFormationExecutionRoleArn": getattr(synthesizer, "cloud_formation_execution_role_arn", None)}
+
+
+def check_commands(stack_name: str, stack_id: str, where: dict[str, Any]) -> list[str]:
     """The check's commands: read the deployed template (an empty file when it cannot be read:
     the check then asks a person), compare it with the template ``cdk deploy stack_id`` (what
-    ``SelfMutate`` runs) resolves in the cloud assembly (the build's folder), export."""
+    ``SelfMutate`` runs) resolves in the cloud assembly (the build's folder), deploying to
+    ``where`` (:func:`deploys_to`), export."""
     return [
         f"aws cloudformation get-template --stack-name {shlex.quote(stack_name)} --template-stage Original "
         "--query TemplateBody --output json > /tmp/deployed.json || : > /tmp/deployed.json",
-        f"python3 -c {shlex.quote(CHECK)} {shlex.quote(stack_id)} . /tmp/deployed.json > /tmp/change.env",
+        f"python3 -c {shlex.quote(CHECK)} {shlex.quote(stack_id)} . /tmp/deployed.json "
+        f"{shlex.quote(json.dumps(where, sort_keys=True))} > /tmp/change.env",
         "cat /tmp/change.env",
         "set -a; . /tmp/change.env; set +a",
     ]
@@ -82,7 +94,7 @@ def add_self_mutation_hold(scope: Construct, pipeline: codepipeline.Pipeline, *,
         build_spec=codebuild.BuildSpec.from_object({
             "version": "0.2",
             "env": {"exported-variables": [APPROVAL, CHANGE]},
-            "phases": {"build": {"commands": check_commands(stack.stack_name, stack.node.path)}},
+            "phases": {"build": {"commands": check_commands(stack.stack_name, stack.node.path, deploys_to(stack))}},
         }),
     )
     project.add_to_role_policy(iam.PolicyStatement(

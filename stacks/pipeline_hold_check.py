@@ -1,17 +1,20 @@
 """The self-mutation hold's comparison, run by the ``PipelineChange`` project with ``python3 -c``.
 
-``python3 -c CHECK STACK ASSEMBLY DEPLOYED`` (Python's standard library only: nothing of the
-commit runs) prints ``PIPELINE_CHANGE_APPROVAL=true|false`` and ``PIPELINE_CHANGE=<json text>``
-for the buildspec to source. ``STACK`` is the pipeline stack's hierarchical ID, the one
+``python3 -c CHECK STACK ASSEMBLY DEPLOYED WHERE`` (Python's standard library only: nothing of
+the commit runs) prints ``PIPELINE_CHANGE_APPROVAL=true|false`` and ``PIPELINE_CHANGE=<json
+text>`` for the buildspec to source. ``STACK`` is the pipeline stack's hierarchical ID, the one
 ``SelfMutate`` passes to ``cdk deploy``; ``ASSEMBLY`` the cloud assembly ``SelfMutate`` deploys
-from; ``DEPLOYED`` the deployed template (an empty or unreadable file: a person decides).
+from; ``DEPLOYED`` the deployed template (an empty or unreadable file: a person decides);
+``WHERE`` a JSON object of where the deployed definition says the stack deploys: its
+``environment``, ``assumeRoleArn`` and ``cloudFormationExecutionRoleArn``.
 
 What it checks, each a reason to ask a person when it fails:
 
 1. **What SelfMutate deploys**, resolved as the CDK CLI resolves ``cdk -a ASSEMBLY deploy STACK``:
    every stack artifact of the assembly's ``manifest.json`` and of its nested assemblies whose
    hierarchical ID (``displayName``, else the artifact's ID) is ``STACK``. Exactly one may match;
-   it must deploy the stack named ``STACK`` (``stackName``, else its ID), with no ``parameters``,
+   it must deploy the stack named ``STACK`` (``stackName``, else its ID), in ``WHERE``'s account and
+   region with ``WHERE``'s roles, with no ``parameters``,
    no other stack among its ``dependencies`` (the CLI deploys those too) and no manifest property
    the check does not know. Its template is ``templateFile``; where it has a
    ``stackTemplateAssetObjectUrl`` (the CLI then uploads the template through the stack's asset
@@ -76,7 +79,7 @@ def stacks(directory: str) -> list[tuple[str, str, dict[str, Any]]]:
     return found
 
 
-def resolve(stack: str, assembly: str, problems: list[str]) -> tuple[str, list[str]] | None:
+def resolve(stack: str, assembly: str, where: dict[str, Any], problems: list[str]) -> tuple[str, list[str]] | None:
     """The template ``cdk deploy stack`` deploys and the asset manifests it publishes, or None
     (with the problem named) when that is not the one pipeline stack."""
     strays = sorted(e for e in os.listdir(assembly) if not ROOT_ENTRIES.fullmatch(e))
@@ -97,6 +100,10 @@ def resolve(stack: str, assembly: str, problems: list[str]) -> tuple[str, list[s
         problems.append(f"manifest.json sets {name} for {stack}, which the check does not know")
     if properties.get("stackName", key) != stack:
         problems.append("manifest.json deploys {} as stack {!r}".format(stack, properties.get("stackName")))
+    for name, expected in sorted(where.items()):
+        given = artifact.get(name) if name == "environment" else properties.get(name)
+        if given != expected:
+            problems.append(f"manifest.json gives {stack} {name} {given!r}, not the pipeline's {expected!r}")
     if properties.get("parameters"):
         problems.append(f"manifest.json gives {stack} parameters")
     manifest = load(os.path.join(directory, "manifest.json")) or {}
@@ -242,8 +249,9 @@ def gates(template: dict[str, Any], assets: set[str]) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     stack, assembly, deployed_path = argv[1:4]
+    where = json.loads(argv[4])
     problems: list[str] = []
-    resolved = resolve(stack, assembly, problems)
+    resolved = resolve(stack, assembly, where, problems)
     new = load(resolved[0]) if resolved else None
     old = load(deployed_path)
     old = old if isinstance(old, dict) and "Resources" in old else None

@@ -219,7 +219,7 @@ def test_the_check_reads_the_template_manifest_json_names(synthesized: PipelineS
     of a fixed name: a weakened template under another name is compared and held, while
     ``TritonMmePipeline.template.json`` stays as deployed. A manifest naming another file than the
     one CloudFormation is sent, a second stack the CLI would select, another stack deployed
-    with it, a ``cdk.json`` beside the assembly (it configures the CLI: plugins) and an asset that
+    with it, another account's deploy role, a ``cdk.json`` beside the assembly (it configures the CLI: plugins) and an asset that
     runs a command are each held."""
     commands = _check_spec(synthesized)["phases"]["build"]["commands"]
     deployed = synthesized.templates[PIPELINE_STACK]
@@ -266,6 +266,13 @@ def test_the_check_reads_the_template_manifest_json_names(synthesized: PipelineS
 
     held = edited("dependency", dependency)
     assert f"cdk deploy {PIPELINE_STACK} also deploys TritonMme" in held and held.startswith("approval=true"), held
+
+    def prod_roles(assembly: Path, manifest: dict[str, Any]) -> None:
+        properties = manifest["artifacts"][PIPELINE_STACK]["properties"]
+        properties["assumeRoleArn"] = properties["assumeRoleArn"].replace("111111111111", "333333333333")
+
+    held = edited("roles", prod_roles)
+    assert f"manifest.json gives {PIPELINE_STACK} assumeRoleArn" in held and held.startswith("approval=true"), held
 
     def cdk_json(assembly: Path, manifest: dict[str, Any]) -> None:
         (assembly / "cdk.json").write_text(json.dumps({"plugin": ["./x.js"]}))
