@@ -20,7 +20,7 @@ each overridden by its option.
 Exit codes (``--detailed-exitcode``, for a pipeline to gate on): 0 nothing changes, 3 changes that
 replace nothing and widen no access (models; the fleet created or updated in place; a security
 change that only narrows), 4 the fleet is replaced or unknown, data is at risk, or access widens
-(or changes in a way the plan cannot classify: ``plan_security``); 1 an error (a routes document that is truncated, malformed or another stack's,
+(or changes in a way the plan cannot classify: ``plan_access``); 1 an error (a routes document that is truncated, malformed or another stack's,
 a template that does not parse, missing credentials), 2 a usage error. Without the flag a plan
 that ran exits 0.
 

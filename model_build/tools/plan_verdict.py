@@ -154,11 +154,6 @@ class Verdict:
         return [(finding, change) for access in ACCESS_ORDER for finding in self.of("security-changed")
                 for change in finding.changes if change.access == access]
 
-    def security_head(self) -> str:
-        """Which way access goes, in words (the security findings' own lines say where)."""
-        return {"widens": "access widens", "unknown": "access changes in a way this plan cannot classify (treated "
-                "as widening)", "narrows": "access narrows only"}.get(self.security, self.security)
-
     def fleet_text(self) -> str:
         """The fleet's verdict in one line, its reasons named."""
         if self.fleet == "unknown":
