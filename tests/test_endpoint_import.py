@@ -196,6 +196,22 @@ def test_a_name_with_capitals_is_granted_as_sagemaker_writes_its_arn(tmp_path: P
     assert resolve(template, stack.resolve(endpoint.endpoint_arn)) == ENDPOINT_ARN
 
 
+def test_a_name_known_at_deploy_only_is_used_as_given(tmp_path: Path) -> None:
+    """A name that is a token (another stack's export, here) cannot be lowercased at synth: the ARN
+    names it as given, and the metrics and the environment carry the same token."""
+    app = cdk.App(outdir=str(tmp_path), analytics_reporting=False)
+    stack = cdk.Stack(app, "Exported", env=ENV)
+    name = cdk.Fn.import_value("PlatformEndpointName")
+    endpoint = _imported(stack, endpoint_name=name, variant_name="Blue")
+    function = _function(stack)
+    endpoint.connect_client(function)
+    template = app.synth().get_stack_by_name("Exported").template
+    invoke = _by_action(_statements(template, function))["sagemaker:InvokeEndpoint"]["Resource"]
+    assert invoke["Fn::Join"][1][-1] == {"Fn::ImportValue": "PlatformEndpointName"}
+    assert _environment(template, function)[ENV_ENDPOINT_NAME] == {"Fn::ImportValue": "PlatformEndpointName"}
+    assert stack.resolve(endpoint.metric_invocations().dimensions["VariantName"]) == "Blue"
+
+
 def test_an_environment_agnostic_stack_names_its_own_region(tmp_path: Path) -> None:
     app = cdk.App(outdir=str(tmp_path), analytics_reporting=False)
     stack = cdk.Stack(app, "Anywhere")
