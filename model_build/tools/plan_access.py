@@ -37,6 +37,10 @@ widening):
   widens, removed narrows, any other change is unknown (set with the resource: no finding, its
   statements say what changes).
 
+A resource created or removed is judged by its grants and its role (``policy``, ``grant``,
+``attached``, ``role``, ``url-auth``; a security group or VPC endpoint created without what limits
+it); its code, environment, definition, network and key are no finding of their own then.
+
 A resource type **not** in the table, that carries a role, a policy or a principal (a property
 named so, a policy document, a reference to an IAM resource, an IAM role ARN, a custom resource's
 handler), is ``unknown`` in each such property that changes, never "other". Any ``AWS::IAM::*``
