@@ -39,12 +39,13 @@ from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 
-from aws_cdk import Annotations
+import jsii
+from aws_cdk import Annotations, Stack
 from aws_cdk import aws_lambda as lambda_
 from packaging.requirements import Requirement
 from packaging.utils import parse_wheel_filename
 
-from constructs import Construct
+from constructs import Construct, IValidation
 from triton_mme_cdk.constructs.sagemaker_limits import PropsError
 from triton_mme_cdk.model_build.text_ensemble.serving_wheel import WHEELHOUSE_VARIABLE, PinnedWheel
 from triton_mme_cdk.model_build.text_ensemble.serving_wheel import wheelhouse as default_wheelhouse
@@ -184,6 +185,24 @@ def stage(wheel_path: Path, client: dict[str, Path]) -> StagedLayer:
     return staged
 
 
+@jsii.implements(IValidation)
+class _X86Functions:
+    """Synth fails where a function of the layer's stack that uses it is not x86_64 (CDK checks a
+    layer's runtimes, not its architectures; numpy's extension modules would not load)."""
+
+    def __init__(self, layer: lambda_.LayerVersion) -> None:
+        self._layer = layer
+
+    def validate(self) -> list[str]:
+        stack = Stack.of(self._layer)
+        arn = stack.resolve(self._layer.layer_version_arn)
+        return [f"runtime: the function {node.node.path} uses the x86_64 layer {self._layer.node.path} but runs "
+                f"on {', '.join(stack.resolve(node.architectures))}; give it lambda_.Architecture.X86_64"
+                for node in stack.node.find_all()
+                if isinstance(node, lambda_.CfnFunction) and arn in (stack.resolve(node.layers) or [])
+                and stack.resolve(node.architectures) not in (None, ["x86_64"])]
+
+
 class TritonMmeClientLayer(lambda_.LayerVersion):
     """A Lambda layer with the client (``triton_mme_client``) and numpy for ``runtime`` (Lambda's
     python3.12, python3.13 or python3.14; default python3.14), x86_64.
@@ -191,7 +210,10 @@ class TritonMmeClientLayer(lambda_.LayerVersion):
     ``wheelhouse``: the folder holding the pinned numpy wheel (default: ``MODEL_BUILD_WHEELHOUSE``,
     else the checkout's ``.wheelhouse`` that ``make setup`` fills, else ``./.wheelhouse``). Give the
     layer to a function with ``layers=[layer]``, and the endpoint's environment and grant with
-    ``endpoint.connect_client(function)``.
+    ``endpoint.connect_client(function)``. The function must be x86_64 (synth checks those of the
+    layer's stack). The staged folder is temporary: CDK copies it into the cloud assembly; with asset
+    staging disabled (``aws:cdk:disable-asset-staging``, as SAM's local runs set) the path the
+    assembly names is gone after synth.
     """
 
     def __init__(self, scope: Construct, id: str, *, runtime: lambda_.Runtime | None = None,
@@ -222,6 +244,7 @@ class TritonMmeClientLayer(lambda_.LayerVersion):
             compatible_architectures=[lambda_.Architecture.X86_64],
             description=f"triton-mme-client and numpy {wheel.version} for {runtime.name} (x86_64)",
         )
+        self.node.add_validation(_X86Functions(self))
         if unsupplied is None:
             Annotations.of(self).add_warning_v2(
                 "triton-mme:client-requirements-unknown",

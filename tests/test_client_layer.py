@@ -181,6 +181,21 @@ def test_bad_input_is_one_line_naming_the_keyword(case: str, expected: str, tmp_
         assert f"pins {wheel_for(RUNTIME).sha256}" in message
 
 
+def test_a_function_on_arm_is_refused_at_synth(tmp_path: Path) -> None:
+    """CDK refuses a runtime the layer was not built for; the layer refuses another architecture."""
+    app = cdk.App(outdir=str(tmp_path), analytics_reporting=False)
+    stack = cdk.Stack(app, "Arm")
+    layer = TritonMmeClientLayer(stack, "ClientLayer", runtime=RUNTIME, wheelhouse=WHEELHOUSE)
+    lambda_.Function(stack, "Graviton", runtime=RUNTIME, handler="index.handler", layers=[layer],
+                     architecture=lambda_.Architecture.ARM_64, code=lambda_.Code.from_inline("x = 1"))
+    with pytest.raises(RuntimeError, match=r"runtime: the function Arm/Graviton/Resource uses the x86_64 layer "
+                                           r"Arm/ClientLayer but runs on arm64"):
+        app.synth()
+    with pytest.raises(RuntimeError, match=r"python3\.12 is not in \[python3\.14\]"):
+        lambda_.Function(stack, "Older", runtime=lambda_.Runtime.PYTHON_3_12, handler="index.handler",
+                         layers=[layer], code=lambda_.Code.from_inline("x = 1"))
+
+
 def test_every_pinned_wheel_is_numpy_for_one_supported_runtime() -> None:
     """One wheel per runtime, each loading on that runtime's Python and glibc only."""
     for name in client_layer.RUNTIME_PYTHON:
