@@ -24,7 +24,7 @@ BUILD_DIR ?= build
 BUCKET ?=
 ENDPOINT_URL ?=
 
-.PHONY: setup plan-setup demo test test-fast lint synth bench gpu-check gpu-bundle smoke reference image-table lock clean
+.PHONY: setup plan-setup demo test test-fast lint synth bench gpu-check gpu-bundle smoke bootstrap reference image-table lock clean
 
 # What Lambda's Node.js runtime gives the CDK provider framework (the AWS SDK v3), for the
 # custom-resource protocol tests (tests/test_custom_resource_protocol.py runs the framework's code).
@@ -263,6 +263,20 @@ smoke: setup
 		$(if $(RUNTIME_ENDPOINT_URL),--runtime-endpoint-url $(RUNTIME_ENDPOINT_URL)) \
 		$(if $(SAGEMAKER_ENDPOINT_URL),--sagemaker-endpoint-url $(SAGEMAKER_ENDPOINT_URL)) \
 		$(if $(S3_ENDPOINT_URL),--s3-endpoint-url $(S3_ENDPOINT_URL))
+
+# Bootstrap one account and region with this project's policies (docs/pipelines.md, "Bootstrapping
+# the accounts"), with that account's administrator credentials: the boundary and the execution
+# policy of bootstrap/ created or updated (PIPELINE=1: the pipeline's account, its own policy),
+# then `cdk bootstrap` with the qualifier tritonmme (stack TritonMmeToolkit) whose execution role
+# has that policy (TRUST=<pipeline account>: a target the pipeline deploys to), then cdk.json names
+# the qualifier: the app then puts the boundary on every role, and deploys only where this ran.
+bootstrap: plan-setup
+	@test -n "$(ACCOUNT)" -a -n "$(REGION)" || { echo "usage: make bootstrap ACCOUNT=<12 digits> REGION=<region> [PIPELINE=1] [TRUST=<pipeline account>]"; exit 2; }
+	$(PY) bootstrap/policies.py --account $(ACCOUNT) $(if $(PIPELINE),--pipeline)
+	$(CDK) bootstrap aws://$(ACCOUNT)/$(REGION) --qualifier tritonmme --toolkit-stack-name TritonMmeToolkit \
+		--cloudformation-execution-policies arn:aws:iam::$(ACCOUNT):policy/$(if $(PIPELINE),triton-mme-pipeline-cfn-exec,triton-mme-cfn-exec) \
+		$(if $(TRUST),--trust $(TRUST) --trust-for-lookup $(TRUST))
+	$(PY) bootstrap/policies.py --set-qualifier cdk.json
 
 # docs/reference.md (the public names of triton_mme_cdk, from their docstrings) and the typed keywords of
 # an endpoint's settings (constructs/endpoint_keywords.py); tests/test_package.py checks both.

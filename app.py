@@ -34,6 +34,27 @@ from triton_mme_cdk.stacks.triton_mme_stack import TritonMmeStack
 ROOT = Path(__file__).resolve().parent
 #: Errors a user causes with a setting or the manifest; anything else is a bug (traceback).
 EXPECTED_ERRORS = (ManifestError, SettingsError, PropsError, RoutesError, ModelBuildError)
+#: The CDK bootstrap qualifier of ``make bootstrap``, which bootstraps an account with this
+#: project's policies (``bootstrap/``): its execution role may create a role only with the
+#: boundary ``BOUNDARY_NAME`` on it (docs/pipelines.md, "Bootstrapping the accounts").
+PROJECT_QUALIFIER = "tritonmme"
+BOUNDARY_NAME = "triton-mme-boundary"
+QUALIFIER_KEY = "@aws-cdk/core:bootstrapQualifier"
+BOUNDARY_KEY = "@aws-cdk/core:permissionsBoundary"
+
+
+def apply_bootstrap_boundary(app: cdk.App) -> bool:
+    """Put the project's boundary on every role of every stack (the CDK's own setting) when the app
+    deploys through the project's bootstrap (``QUALIFIER_KEY`` is ``PROJECT_QUALIFIER``); an explicit
+    ``BOUNDARY_KEY`` is kept. Whether the account was bootstrapped so is checked at deploy time:
+    the template's ``BootstrapVersion`` parameter reads ``/cdk-bootstrap/<qualifier>/version``,
+    which only that bootstrap writes. True when the boundary is on."""
+    if app.node.try_get_context(BOUNDARY_KEY) is not None:
+        return True
+    if app.node.try_get_context(QUALIFIER_KEY) != PROJECT_QUALIFIER:
+        return False
+    app.node.set_context(BOUNDARY_KEY, {"name": BOUNDARY_NAME})
+    return True
 
 
 def load_settings(context: Mapping[str, Any]) -> MmeSettings:
@@ -60,6 +81,7 @@ def build_app(app: cdk.App) -> TritonMmeStack:
 
     With ``mme:pipeline`` (docs/pipelines.md) the app also holds the delivery pipeline's stack,
     which deploys the endpoint stack to each of its stages; the endpoint stack is the same."""
+    apply_bootstrap_boundary(app)
     context = dict(app.node.get_all_context())
     pipeline = context.pop(PIPELINE_KEY, None)
     settings = load_settings(context)

@@ -21,15 +21,13 @@ What it follows, from the IAM User Guide ("Policy evaluation logic", "Condition 
   boundaries"): an identity-policy ``Allow`` counts only where the boundary allows the request
   too; a ``Deny`` in either wins. (A resource policy that names the role's session grants past a
   boundary; these tests give none.)
-- A policy variable ``${key}`` in a ``Resource`` is the request's value of ``key``; where the
-  request lacks the key the pattern is compared as written.
 
 What it does not model, and refuses where a policy uses it (rather than answer wrongly):
 ``NotAction``, ``NotResource``, ``NotPrincipal``, an account as ``Principal``,
-``ForAnyValue``/``ForAllValues``, and the operators it does not list. Variables in conditions are
-not expanded. It never models: SCPs and RCPs, session policies, the KMS key policy (a PUT with
-SSE-KMS also needs the key), ACLs (the buckets enforce bucket-owner ownership), VPC endpoint
-policies, cross-account requests.
+``ForAnyValue``/``ForAllValues``, and the operators it does not list. Policy variables are not
+expanded (a ``${...}`` is compared as written). It never models: SCPs and RCPs, session
+policies, the KMS key policy (a PUT with SSE-KMS also needs the key), ACLs (the buckets enforce
+bucket-owner ownership), VPC endpoint policies, cross-account requests.
 """
 
 from __future__ import annotations
@@ -106,14 +104,6 @@ def condition_holds(operator: str, key: str, values: Any, request: Request) -> b
     return any(_match(name, value, actual) for value in expected)
 
 
-_VARIABLE = re.compile(r"\$\{([A-Za-z0-9:/_-]+)\}")
-
-
-def expand(pattern: str, request: Request) -> str:
-    """``pattern`` with each ``${key}`` the request carries replaced by its value."""
-    return _VARIABLE.sub(lambda m: str(request[m.group(1)]) if m.group(1) in request else m.group(0), pattern)
-
-
 def _principal_matches(principal: Any, principal_arn: str) -> bool:
     if principal == "*":
         return True
@@ -135,7 +125,7 @@ def applies(statement: Statement, action: str, resource: str, request: Request, 
         return False
     if not any(_glob(str(a), action, case=False) for a in _list(statement["Action"])):
         return False
-    if not any(_glob(expand(str(r), request), resource) for r in _list(statement["Resource"])):
+    if not any(_glob(str(r), resource) for r in _list(statement["Resource"])):
         return False
     return all(condition_holds(operator, key, values, request)
                for operator, block in statement.get("Condition", {}).items()

@@ -459,11 +459,10 @@ BOUNDARY_REQUESTS = [
     # The stack's own role, to another service (a function switched to it), or of another account.
     ("iam:PassRole", f"arn:aws:iam::{ACCOUNT}:role/TritonMme-ModelBuildPlaceRole-A1B2",
      {"iam:PassedToService": "lambda.amazonaws.com"}, False),
-    ("iam:PassRole", "arn:aws:iam::444455556666:role/TritonMme-ModelBuildProcessingRole-A1B2",
-     {"iam:PassedToService": "sagemaker.amazonaws.com"}, False),
     ("lambda:InvokeFunction", f"arn:aws:lambda:us-east-1:{ACCOUNT}:function:payroll", {}, False),
     ("lambda:InvokeFunction", f"arn:aws:lambda:us-east-1:{ACCOUNT}:function:TritonMme-ModelBuild4E9D-A1B2", {}, True),
-    ("codebuild:StartBuild", "arn:aws:codebuild:us-east-1:444455556666:project/Other", {}, False),
+    ("codebuild:StartBuild", f"arn:aws:codebuild:us-east-1:{ACCOUNT}:project/AnotherTeamsBuild", {}, False),
+    ("codebuild:StartBuild", f"arn:aws:codebuild:us-east-1:{ACCOUNT}:project/PipelineAssetsFileAsset1-A1B2", {}, True),
     ("sts:AssumeRole", f"arn:aws:iam::{ACCOUNT}:role/OrganizationAccountAccessRole", {}, False),
     ("sts:AssumeRole", "arn:aws:iam::222222222222:role/cdk-hnb659fds-deploy-role-222222222222-us-east-1", {}, True),
     ("s3:PutObject", "arn:aws:s3:::another-teams-bucket/x", {}, False),
@@ -508,3 +507,32 @@ def test_the_execution_policy_sets_only_the_stacks_buckets_policies(
                    "s3:DeleteObject", "s3:PutEncryptionConfiguration"):
         assert decide_bounded(action, "arn:aws:s3:::another-teams-bucket", {}, identity=statements,
                               boundary=statements) == "ImplicitDeny", action
+
+
+def test_an_app_for_the_projects_bootstrap_puts_the_boundary_on_every_role(tmp_path: Path) -> None:
+    """``make bootstrap`` bootstraps with the qualifier ``tritonmme`` and the project's policies; an
+    app with that qualifier gets the boundary on every role, and its template can deploy only where
+    that bootstrap ran (its ``BootstrapVersion`` parameter reads that bootstrap's own record)."""
+    import aws_cdk as cdk
+    from cdk_helpers import context
+
+    from app import BOUNDARY_NAME, PROJECT_QUALIFIER, QUALIFIER_KEY, build_app
+
+    def endpoint_app(outdir: Path, qualifier: str) -> dict[str, Any]:
+        app = cdk.App(context={**context(), QUALIFIER_KEY: qualifier}, outdir=str(outdir), analytics_reporting=False)
+        stack = build_app(app)
+        return dict(app.synth().get_stack_by_name(stack.stack_name).template)
+
+    assert BOUNDARY_CONTEXT["@aws-cdk/core:permissionsBoundary"]["name"] == BOUNDARY_NAME
+    qualifier = {QUALIFIER_KEY: PROJECT_QUALIFIER}
+    for label, data in (("endpoint", endpoint_app(tmp_path / "endpoint", PROJECT_QUALIFIER)),
+                        *synth_pipeline(tmp_path / "pipeline", PIPELINE, extra_context=qualifier).templates.items()):
+        roles = {k: r for k, r in data["Resources"].items() if r["Type"] == "AWS::IAM::Role"}
+        assert roles, label
+        for logical_id, role in roles.items():
+            assert f":policy/{BOUNDARY_NAME}" in json.dumps(role["Properties"].get("PermissionsBoundary")), \
+                (label, logical_id)
+        assert data["Parameters"]["BootstrapVersion"]["Default"] == f"/cdk-bootstrap/{PROJECT_QUALIFIER}/version"
+    other = endpoint_app(tmp_path / "other", "someother")
+    assert all("PermissionsBoundary" not in r["Properties"] for r in other["Resources"].values()
+               if r["Type"] == "AWS::IAM::Role")
