@@ -23,6 +23,7 @@ from triton_mme_cdk.constructs.alarm_topic import AlarmTopicProps
 from triton_mme_cdk.constructs.endpoint_alarms import AlarmThresholds, EndpointAlarms, EndpointAlarmsProps
 from triton_mme_cdk.constructs.endpoint_autoscaling import EndpointAutoscalingProps
 from triton_mme_cdk.constructs.endpoint_dashboard import EndpointDashboardProps
+from triton_mme_cdk.constructs.endpoint_import import EndpointAttributes
 from triton_mme_cdk.constructs.endpoint_network import EndpointNetworkProps
 from triton_mme_cdk.constructs.endpoint_settings import PROPS, SETTINGS, Setting
 from triton_mme_cdk.constructs.model_bucket import ModelBucket, ModelBucketProps
@@ -115,6 +116,8 @@ REFUSED: list[tuple[str, Callable[[Resources], Callable[..., Props]], dict[str, 
      {"max_concurrency": 10_001}, "max_concurrency: got 10001; input should be less than or equal to 10000"),
     ("rollout", lambda r: lambda **v: RolloutPolicyProps(endpoint=r.endpoint, **v), {"termination_wait": Duration.hours(2)},
      "termination_wait: got 7200 s; expected 0 to 3600 s"),
+    ("endpoint-attributes", lambda r: lambda **v: EndpointAttributes(bucket=r.bucket, model_prefix="models", **v),
+     {"endpoint_name": "my_endpoint"}, "endpoint_name: got 'my_endpoint'; expected 1 to 63"),
 ]
 
 
