@@ -66,12 +66,13 @@ def check_commands(stack_name: str, stack_id: str, where: dict[str, Any]) -> lis
     """The check's commands: read the deployed template (an empty file when it cannot be read:
     the check then asks a person), compare it with the template ``cdk deploy stack_id`` (what
     ``SelfMutate`` runs) resolves in the cloud assembly (the build's folder), deploying to
-    ``where`` (:func:`deploys_to`), export."""
+    ``where`` (:func:`deploys_to`; its ``$`` written ``\\u0024``, the same JSON: a buildspec may not
+    hold ``${AWS::Partition}`` outside an ``Fn::Sub``), export."""
     return [
         f"aws cloudformation get-template --stack-name {shlex.quote(stack_name)} --template-stage Original "
         "--query TemplateBody --output json > /tmp/deployed.json || : > /tmp/deployed.json",
         f"python3 -c {shlex.quote(CHECK)} {shlex.quote(stack_id)} . /tmp/deployed.json "
-        f"{shlex.quote(json.dumps(where, sort_keys=True))} > /tmp/change.env",
+        f"{shlex.quote(json.dumps(where, sort_keys=True).replace('$', chr(92) + 'u0024'))} > /tmp/change.env",
         "cat /tmp/change.env",
         "set -a; . /tmp/change.env; set +a",
     ]

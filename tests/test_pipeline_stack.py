@@ -11,6 +11,7 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -400,3 +401,19 @@ def test_the_pipelines_clis_are_pinned(synthesized: PipelineSynth) -> None:
                     installs.setdefault(name, set()).add(version)
     assert installs == {"aws-cdk": {locked}, "cdk-assets": {CDK_ASSETS_VERSION}}, installs
     assert all(re.fullmatch(r"\d+\.\d+\.\d+", v) for versions in installs.values() for v in versions)
+
+
+def test_the_pipeline_passes_the_cdks_own_template_validation(tmp_path: Path) -> None:
+    """The suite turns the CDK's built-in validation off (tests/conftest.py); a user's synth has it
+    on. The pipeline's buildspecs hold no CloudFormation placeholder outside an ``Fn::Sub`` (the
+    hold's check names the bootstrap roles with their ``${AWS::Partition}`` written in JSON
+    escapes; with them written as they are, this test fails on cfn-lint's E1029). A new process:
+    the CDK's runtime reads ``CDK_VALIDATION`` when it starts."""
+    script = ("import sys; from pathlib import Path; from cdk_helpers import synth_pipeline; "
+              "synth_pipeline(Path(sys.argv[1]))")
+    env = {**os.environ, "CDK_VALIDATION": "true", "PYTHONPATH": str(ROOT / "tests")}
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "out")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    report = json.loads((tmp_path / "out" / "validation-report.json").read_text())
+    violations = [v for p in report.get("pluginReports", []) for v in p.get("violations", [])]
+    assert done.returncode == 0 and violations == [], (violations, done.stderr[-2000:])
