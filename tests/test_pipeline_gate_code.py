@@ -77,9 +77,13 @@ def test_the_plan_step_runs_the_zip_its_definition_names(synthesized: PipelineSy
                                                          tmp_path: Path) -> None:
     commands = _plan_commands(synthesized)
     url = commands[0].split()[-2]
-    assert url.startswith("s3://cdk-hnb659fds-assets-111111111111-us-east-1/") and url.endswith(".zip"), commands[0]
-    bucket, key = url[len("s3://"):].split("/", 1)
-    staged = synthesized.outdir / f"asset.{key}"
+    # The zip's object as the stack's asset manifest names it (what SelfMutate's cdk deploy publishes).
+    assets = json.loads((synthesized.outdir / f"{PIPELINE_STACK}.assets.json").read_text())
+    (entry,) = [e for e in assets["files"].values() if e["source"]["path"].endswith(".zip")]
+    (destination,) = entry["destinations"].values()
+    bucket, key = destination["bucketName"], destination["objectKey"]
+    assert url == f"s3://{bucket}/{key}" and "111111111111" in bucket, (url, destination)
+    staged = synthesized.outdir / entry["source"]["path"]
     s3: Any = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
                            aws_secret_access_key="testing")
     s3.create_bucket(Bucket=bucket)
