@@ -85,3 +85,37 @@ def test_the_default_is_safetensors_and_another_value_is_refused_naming_the_fiel
         parse_manifest({"models": [entry]})
     message = str(caught.value)
     assert "source.weights" in message and "pickle" in message and "safetensors" in message, message
+
+
+def test_the_plan_names_an_entry_that_loads_pickled_weights(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``python -m model_build plan`` (a first deploy, against moto's S3 on loopback, over the
+    synthesized template) says which added model opts out of safetensors, beside where it builds."""
+    import json
+
+    import boto3
+    from cdk_helpers import synth
+
+    from triton_mme_cdk.model_build.__main__ import main
+    from triton_mme_cdk.model_build.tools.local_s3 import local_s3
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    manifest = tmp_path / "models.yaml"
+    entry = {"task": "sentence-embedding", "format": "onnx",
+             "source": {"kind": "huggingface", "model_id": "sentence-transformers/all-MiniLM-L6-v2",
+                        "revision": REVISION}}
+    manifest.write_text(json.dumps({"models": [
+        {"name": "pickled", **entry, "source": {**entry["source"], "weights": "pytorch_bin"}},  # type: ignore[dict-item]
+        {"name": "tensors", **entry}]}))
+    template = tmp_path / "template.json"
+    template.write_text(json.dumps(synth(tmp_path / "synth", nag=False).data))
+    with local_s3() as endpoint:
+        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket="plan-hub")
+        code = main(["plan", "--format", "json", "--bucket", "plan-hub", "--endpoint-url", endpoint,
+                     "--region", "us-east-1", "--template", str(template), "--manifest", str(manifest)])
+    assert code == 0, capsys.readouterr().err
+    builds_on = json.loads(capsys.readouterr().out)["models"]["builds_on"]
+    assert builds_on["pickled"].endswith("; loads pytorch_model.bin, a pickle (source.weights: pytorch_bin)")
+    assert "pickle" not in builds_on["tensors"]

@@ -277,6 +277,8 @@ def _builds_on(manifest: Any, models: Any, template: dict[str, Any], base_dir: P
         if target in wanted:
             weights, why = source_weight_bytes(spec, base_dir)
             labels[target] = place(spec, estimate(spec, weights, why), settings).describe(settings)
+            if getattr(spec.source, "weights", None) == "pytorch_bin":  # a hub source's opt-out of safetensors
+                labels[target] += "; loads pytorch_model.bin, a pickle (source.weights: pytorch_bin)"
     return labels
 
 
