@@ -55,9 +55,9 @@ CHECK = _SOURCE[_SOURCE.index("from __future__"):]
 
 def deploys_to(stack: Stack) -> dict[str, Any]:
     """Where the stack deploys, as its synthesizer writes it in the cloud assembly's manifest: its
-    environment and the bootstrap roles the CLI assumes and passes (None where it names none)."""
+    name, environment and the bootstrap roles the CLI assumes and passes (None where it names none)."""
     synthesizer = stack.synthesizer
-    return {"environment": f"aws://{stack.account}/{stack.region}",
+    return {"stackName": stack.stack_name, "environment": f"aws://{stack.account}/{stack.region}",
             "assumeRoleArn": getattr(synthesizer, "deploy_role_arn", None),
             "cloudFormationExecutionRoleArn": getattr(synthesizer, "cloud_formation_execution_role_arn", None)}
 

@@ -6,14 +6,14 @@ text>`` for the buildspec to source. ``STACK`` is the pipeline stack's hierarchi
 ``SelfMutate`` passes to ``cdk deploy``; ``ASSEMBLY`` the cloud assembly ``SelfMutate`` deploys
 from; ``DEPLOYED`` the deployed template (an empty or unreadable file: a person decides);
 ``WHERE`` a JSON object of where the deployed definition says the stack deploys: its
-``environment``, ``assumeRoleArn`` and ``cloudFormationExecutionRoleArn``.
+``stackName``, ``environment``, ``assumeRoleArn`` and ``cloudFormationExecutionRoleArn``.
 
 What it checks, each a reason to ask a person when it fails:
 
 1. **What SelfMutate deploys**, resolved as the CDK CLI resolves ``cdk -a ASSEMBLY deploy STACK``:
    every stack artifact of the assembly's ``manifest.json`` and of its nested assemblies whose
    hierarchical ID (``displayName``, else the artifact's ID) is ``STACK``. Exactly one may match;
-   it must deploy the stack named ``STACK`` (``stackName``, else its ID), in ``WHERE``'s account and
+   it must deploy ``WHERE``'s stack name (``stackName``, else the artifact's ID), in its account and
    region with ``WHERE``'s roles, with no ``parameters``,
    no other stack among its ``dependencies`` (the CLI deploys those too) and no manifest property
    the check does not know. Its template is ``templateFile``; where it has a
@@ -98,9 +98,9 @@ def resolve(stack: str, assembly: str, where: dict[str, Any], problems: list[str
     properties = artifact.get("properties") or {}
     for name in sorted(set(properties) - KNOWN):
         problems.append(f"manifest.json sets {name} for {stack}, which the check does not know")
-    if properties.get("stackName", key) != stack:
-        problems.append("manifest.json deploys {} as stack {!r}".format(stack, properties.get("stackName")))
-    for name, expected in sorted(where.items()):
+    if properties.get("stackName", key) != where.get("stackName", stack):
+        problems.append("manifest.json deploys {} as stack {!r}".format(stack, properties.get("stackName", key)))
+    for name, expected in sorted((k, v) for k, v in where.items() if k != "stackName"):
         given = artifact.get(name) if name == "environment" else properties.get(name)
         if given != expected:
             problems.append(f"manifest.json gives {stack} {name} {given!r}, not the pipeline's {expected!r}")

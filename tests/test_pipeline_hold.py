@@ -219,7 +219,7 @@ def test_the_check_reads_the_template_manifest_json_names(synthesized: PipelineS
     of a fixed name: a weakened template under another name is compared and held, while
     ``TritonMmePipeline.template.json`` stays as deployed. A manifest naming another file than the
     one CloudFormation is sent, a second stack the CLI would select, another stack deployed
-    with it, another account's deploy role, a ``cdk.json`` beside the assembly (it configures the CLI: plugins) and an asset that
+    with it, another stack name, another account's deploy role, a ``cdk.json`` beside the assembly (it configures the CLI: plugins) and an asset that
     runs a command are each held."""
     commands = _check_spec(synthesized)["phases"]["build"]["commands"]
     deployed = synthesized.templates[PIPELINE_STACK]
@@ -266,6 +266,12 @@ def test_the_check_reads_the_template_manifest_json_names(synthesized: PipelineS
 
     held = edited("dependency", dependency)
     assert f"cdk deploy {PIPELINE_STACK} also deploys TritonMme" in held and held.startswith("approval=true"), held
+
+    def other_name(assembly: Path, manifest: dict[str, Any]) -> None:
+        manifest["artifacts"][PIPELINE_STACK]["properties"]["stackName"] = "TritonMme-prod"
+
+    held = edited("name", other_name)
+    assert f"manifest.json deploys {PIPELINE_STACK} as stack 'TritonMme-prod'" in held, held
 
     def prod_roles(assembly: Path, manifest: dict[str, Any]) -> None:
         properties = manifest["artifacts"][PIPELINE_STACK]["properties"]
