@@ -101,8 +101,10 @@ class ModelBuildResource(Construct):
       task) places and routes: it reads ``_builds/``, checks each tarball it places (its own
       SHA-256 of the bytes, the pre-publish gate again, then a copy whose S3 checksum must be
       that digest), writes ``served/``, ``_releases/`` and ``_routes/``, tags and deletes; it also
-      describes this stack (to tell a stack deletion from an update's cleanup) and starts and
-      describes executions of its own state machine only.
+      describes this stack (to tell a stack deletion from an update's cleanup), reads its template
+      and resources and the handlers' own tags (each event is checked against the template:
+      ``model_build.handler.stack_check``), and starts and describes executions of its own state
+      machine only.
 
     Both read the manifest asset and its ``s3`` sources and write their own logs.
     """
@@ -121,6 +123,11 @@ class ModelBuildResource(Construct):
         self._functions()
         self._engines()
         self.provider = self._provider()
+        #: The handlers read their own tags (the stack CloudFormation created them in).
+        self.check_requests_policy = iam.Policy(self, "CheckRequests", roles=[self.role], statements=[
+            iam.PolicyStatement(actions=["lambda:ListTags"], resources=[
+                self.on_event_function.function_arn, self.is_complete_function.function_arn]),
+        ])
         self.resource = self._custom_resource()
         self._attributes()
         tidy_framework(
@@ -245,6 +252,14 @@ class ModelBuildResource(Construct):
                     sid="TellDeletionFromCleanup", actions=["cloudformation:DescribeStacks"], resources=[Aws.STACK_ID]
                 )
             )
+            # The handlers check each event against this stack's template before they act on it.
+            role.add_to_principal_policy(
+                iam.PolicyStatement(
+                    sid="CheckRequestsAgainstTheTemplate",
+                    actions=["cloudformation:GetTemplate", "cloudformation:DescribeStackResource"],
+                    resources=[Aws.STACK_ID],
+                )
+            )
         self._grant_source_reads(role, self.props.manifest)
         return role
 
@@ -330,7 +345,7 @@ class ModelBuildResource(Construct):
                 "BuildEngine": props.engine_settings().properties(),
             },
         )
-        resource.node.add_dependency(self.start_builds_policy)
+        resource.node.add_dependency(self.start_builds_policy, self.check_requests_policy)
         return resource
 
     @property

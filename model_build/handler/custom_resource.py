@@ -2,7 +2,9 @@
 checks the request and starts the build state machine; ``is_complete`` routes the release once
 its index exists, reports a failed build with the failing model's reason, or builds in place
 without a state machine (:mod:`model_build.handler.units`, the work it shares with the state
-machine); a Delete never removes what a route of the live stack uses.
+machine); a Delete never removes what a route of the live stack uses. Each acts only on an event
+CloudFormation sent for the function's own stack, with its template's properties
+(:func:`model_build.handler.stack_check.check_event`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from triton_mme_cdk.model_build.handler.request import (
     short_error,
     shown,
 )
+from triton_mme_cdk.model_build.handler.stack_check import check_event
 from triton_mme_cdk.model_build.handler.units import build_and_store, computed_release, write_index
 
 #: Seconds kept free at the end of a Lambda run (upload of the last artifact, the response).
@@ -47,6 +50,7 @@ def on_event(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
             # A Delete must succeed even for a resource whose Create failed before it had an id.
             return {"PhysicalResourceId": event.get("PhysicalResourceId", "none")}
         request = Request(event)
+        check_event(event, context)  # CloudFormation's request for this stack, with its template's properties
         # Fail in seconds on a manifest that cannot build, before any model is loaded.
         s3 = s3_client()
         load_manifest(s3, request)
@@ -132,7 +136,7 @@ def _stack_status(stack_id: str) -> str | None:
     return stacks[0]["StackStatus"] if stacks else None
 
 
-def _delete(event: dict[str, Any]) -> dict[str, Any]:
+def _delete(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
     """A Delete never removes what a route of the live stack uses.
 
     - the stack is being deleted and ``OnDelete`` is ``destroy``: the served objects, the release
@@ -155,6 +159,7 @@ def _delete(event: dict[str, Any]) -> dict[str, Any]:
         return {"IsComplete": True}
     status = _stack_status(event.get("StackId", ""))
     if status in STACK_DELETING and request.on_delete == "destroy":
+        check_event(event, context)  # OnDelete as the template gives it, the stack really being deleted
         count = destroy_served(s3_client(), request.model_bucket, request.model_prefix)
         LOG.info("stack deleted: removed %d objects of %s", count, physical)
     else:
@@ -168,7 +173,7 @@ def is_complete(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
         kind = request_type(event)  # first: a malformed event is refused before anything reads it
         LOG.info("is_complete %s %s", kind, shown(event.get("PhysicalResourceId")))
         if kind == "Delete":
-            return _delete(event)
+            return _delete(event, context)
         return _build_step(event, context)
     except Exception as error:
         raise short_error(error) from None
@@ -179,6 +184,9 @@ def _build_step(event: dict[str, Any], context: Any) -> dict[str, Any]:
     from triton_mme_cdk.model_build.release.store import stored_keys
 
     request = Request(event)
+    # Before anything is read, routed or deleted: the event is CloudFormation's, for this stack's
+    # release (an old ReleaseId sent by another caller would re-route the fleet).
+    check_event(event, context)
     s3 = s3_client()
     index_key = request.release.index_key(request.model_prefix)
     manifest = load_manifest(s3, request)

@@ -49,6 +49,8 @@ from triton_mme_cdk.model_build.handler.request import (
 )
 from triton_mme_cdk.model_build.handler.units import computed_release, write_index
 from triton_mme_cdk.model_build.manifest import ModelSpec
+from triton_mme_cdk.model_build.package.admission import PythonModelRule, check_admitted
+from triton_mme_cdk.model_build.text_ensemble.serving_wheel import pinned_file_digests
 
 #: Bytes read at a time from a stored tarball.
 READ_BLOCK = 1024 * 1024
@@ -113,12 +115,9 @@ def finish_release(event: dict[str, Any], context: Any = None) -> dict[str, Any]
         raise short_error(error) from None
 
 
-def tokenizer_rule() -> Any:
+def tokenizer_rule() -> PythonModelRule:
     """What a raw-text tarball's python-backend folder may hold: the project's ``model.py``
     (:data:`TOKENIZER_MODEL_SHA256`), the pinned wheel's files by their digests, ``tokenizer.json``."""
-    from triton_mme_cdk.model_build.package.admission import PythonModelRule
-    from triton_mme_cdk.model_build.text_ensemble.serving_wheel import pinned_file_digests
-
     code = {"model.py": TOKENIZER_MODEL_SHA256}
     code.update({f"site-packages/{name}": digest for name, digest in pinned_file_digests().items()})
     return PythonModelRule(folder="tokenizer", version="1", code=code, data=frozenset({"tokenizer.json"}))
@@ -148,9 +147,8 @@ def admit_stored(s3: Any, bucket: str, objects: Sequence[Any], specs: Mapping[st
             future.result()
 
 
-def _admit_one(s3: Any, bucket: str, obj: Any, spec: ModelSpec, rule: Any, budget: _DiskBudget) -> None:
-    from triton_mme_cdk.model_build.package.admission import check_admitted
-
+def _admit_one(s3: Any, bucket: str, obj: Any, spec: ModelSpec, rule: PythonModelRule | None,
+                budget: _DiskBudget) -> None:
     with budget.hold(int(obj.size)):
         work = Path(tempfile.mkdtemp(prefix="place-", dir=os.environ.get("TMPDIR")))
         try:

@@ -23,6 +23,10 @@ RELEASE_ID = re.compile(r"^r-[0-9a-f]{16}$")
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 PREFIX = re.compile(r"^[A-Za-z0-9!_.*'()/-]{1,512}$")
 ON_DELETE = ("retain", "destroy")
+#: The fewest days an object taken off the routes is kept before this function deletes it, whatever
+#: the event's RetentionDays says: a rollback within a day finds its objects, and an event that
+#: says "0" cannot have the objects just unrouted deleted at once.
+MIN_RETENTION_DAYS = 1.0
 
 
 class HandlerError(Exception):
@@ -101,6 +105,10 @@ class Request:
                 raise ValueError
         except ValueError:
             raise HandlerError(f"property RetentionDays: got {shown(retention)}; expected a number of days, 0 to 36500") from None
+        if self.retention_days < MIN_RETENTION_DAYS:
+            LOG.info("property RetentionDays %s: below the function's floor; %g day(s) are kept",
+                     shown(retention), MIN_RETENTION_DAYS)
+            self.retention_days = MIN_RETENTION_DAYS
         deployed = optional("Deployed", "")
         #: The stack's deployed record (what ``plan`` compares with), or None when the stack gives none.
         self.deployed: dict[str, Any] | None = None
