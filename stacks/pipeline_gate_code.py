@@ -45,6 +45,9 @@ CODE_FILES = ("Makefile", "pyproject.toml", "constraints.txt", "package.json", "
               "LICENSE", "requirements*.txt")
 #: Names skipped at any depth: caches and installed packages.
 SKIPPED = frozenset({"__pycache__", "node_modules"})
+#: Folders skipped at any depth: what a wheel's build leaves (``python -m build client`` writes
+#: ``client/build/``), never code of the checkout (.gitignore ignores them too).
+SKIPPED_DIRS = frozenset({"build", "dist"})
 #: A fixed time for every entry (the zip's oldest): the same files give the same bytes.
 ZIP_TIME = (1980, 1, 1, 0, 0, 0)
 
@@ -64,7 +67,7 @@ def gate_files(root: Path) -> list[Path]:
                 continue
             if entry.is_symlink() or entry.is_file():
                 found.append(entry)
-            elif entry.is_dir():
+            elif entry.is_dir() and name not in SKIPPED_DIRS:
                 walk(entry, False)
 
     walk(root, True)

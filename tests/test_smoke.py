@@ -432,7 +432,15 @@ def pipeline_smoke(tmp_path_factory: pytest.TempPathFactory) -> str:
     (stage,) = [s for s in pipeline["Stages"] if s["Name"] == "staging"]
     (action,) = [a for a in stage["Actions"] if a["Name"] == "Smoke-staging"]
     project = template["Resources"][action["Configuration"]["ProjectName"]["Ref"]]["Properties"]
-    return str(json.loads(project["Source"]["BuildSpec"])["phases"]["build"]["commands"][-1])
+    command = str(json.loads(project["Source"]["BuildSpec"])["phases"]["build"]["commands"][-1])
+    # The step runs the gate's code unpacked from the pipeline's own zip (stacks/pipeline_gate_code.py,
+    # tests/test_pipeline_gate_code.py); here that code is this checkout, set up by `make setup`.
+    from triton_mme_cdk.stacks.pipeline_gate_code import GATE_DIR
+
+    assert f"{GATE_DIR}/.venv/bin/python" in command, command
+    from cdk_helpers import ROOT
+
+    return command.replace(GATE_DIR, str(ROOT))
 
 
 def _run_step(command: str, env: Env, endpoint_name: str, endpoint_url: str) -> Any:
