@@ -782,9 +782,19 @@ def test_every_s3_call_of_a_create_and_an_update_is_granted_to_its_steps_own_rol
     created = deploy("Create", props)
     changed = copy.deepcopy(data)
     changed["models"][1]["max_batch_size"] = 4
-    # No retention window: the changed model's old served object is deleted at once.
+    # The shortest window the function keeps (RetentionDays "0" is raised to its 1-day floor): the
+    # changed model's old served object is unrouted now and deleted at the next poll once its
+    # record is two days old (the record aged here, as time would).
     new_props = dict(properties(changed), RetentionDays="0")
-    deploy("Update", new_props, PhysicalResourceId=created["PhysicalResourceId"], OldResourceProperties=props)
+    updated = deploy("Update", new_props, PhysicalResourceId=created["PhysicalResourceId"], OldResourceProperties=props)
+    routes_key = f"{PREFIX}/_routes/routes.json"
+    document = json.loads(s3.get_object(Bucket=model_bucket, Key=routes_key)["Body"].read())
+    assert document["unrouted"], "the changed model's old object is unrouted"
+    for item in document["unrouted"].values():
+        item["since"] = "2000-01-01T00:00:00Z"
+    s3.put_object(Bucket=model_bucket, Key=routes_key, Body=json.dumps(document).encode())
+    assert is_complete(dict(_cfn_event(new_props), RequestType="Update", PhysicalResourceId=updated["PhysicalResourceId"],
+                            Data=updated["Data"], OldResourceProperties=props))["IsComplete"] is True
     # A Delete while the stack lives deletes nothing.
     is_complete(dict(_cfn_event(props), RequestType="Delete", PhysicalResourceId=created["PhysicalResourceId"]))
     # A failing model records its reason (a Map item of a release whose source is missing).
