@@ -7,6 +7,7 @@ real routes document from moto's S3 server and encodes a request from that insta
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -44,8 +45,12 @@ print(json.dumps({"absent_but_found": absent, "models": sorted(client.models()),
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     work = tmp_path_factory.mktemp("client-wheel")
+    # From a copy: a build writes build/ and *.egg-info beside the sources, and another test builds
+    # the same folder (tests/test_consumer.py).
+    source = work / "client"
+    shutil.copytree(ROOT / "client", source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--wheel", "--outdir", str(work / "dist"),
-                    str(ROOT / "client")], capture_output=True, text=True, timeout=600, check=True)
+                    str(source)], capture_output=True, text=True, timeout=600, check=True)
     [wheel] = list((work / "dist").glob("triton_mme_client-*.whl"))
     venv = work / "venv"
     base = getattr(sys, "_base_executable", sys.executable)

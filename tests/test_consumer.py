@@ -48,7 +48,11 @@ def _image_asset_hashes(template: dict[str, Any]) -> set[str]:
 @pytest.fixture(scope="module")
 def consumer(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     work = tmp_path_factory.mktemp("consumer")
-    for source in (ROOT, ROOT / "client"):
+    # The client from a copy: a build writes build/ and *.egg-info beside its sources, and another
+    # test builds the same folder (tests/test_client_wheel.py).
+    client = work / "client-source"
+    shutil.copytree(ROOT / "client", client, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    for source in (ROOT, client):
         subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--wheel", "--outdir", str(work / "dist"),
                         str(source)], capture_output=True, text=True, timeout=600, check=True)
     wheels = sorted(str(path) for path in (work / "dist").glob("*.whl"))
