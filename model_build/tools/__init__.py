@@ -12,7 +12,8 @@
   over GitHub's REST API (``github_api``), and ``releases``;
 - ``endpoint``: a SageMaker multi-model endpoint on this machine: ``mme`` (SageMaker's part:
   loading, eviction, out-of-memory retries) over ``served_release`` (what it serves) and
-  ``triton_server`` (the real ``tritonserver``), with ``triton_backends``;
+  ``triton_server`` (the real ``tritonserver``, in a network namespace of its own where the host
+  allows one: ``triton_netns``), with ``triton_backends``;
 - ``local_s3``: moto's S3 server on loopback (demo, tests, benchmarks); ``text_sources``:
   offline text sources of every tokenizer kind (tests, benchmarks);
 - ``app_context``: the CDK app beside them, read as the CDK CLI reads it and never imported
