@@ -24,7 +24,16 @@ import boto3
 import pytest
 from cfn_local import REGION, LocalDeployment, Resolver, Template
 from cfn_responses import RESPONSE_LIMIT, ResponseServer
-from deploy_harness import BUILD_STEP, IS_COMPLETE, LocalAws, Templates, cfn_request, local_aws, tiny_manifest
+from deploy_harness import (
+    BUILD_STEP,
+    IS_COMPLETE,
+    ON_EVENT,
+    LocalAws,
+    Templates,
+    cfn_request,
+    local_aws,
+    tiny_manifest,
+)
 
 PROVIDER_SDK = Path(__file__).resolve().parent / "provider_framework" / "node_modules"
 ROUTE_PRELOAD = Path(__file__).resolve().parent / "provider_framework" / "route_response.js"
@@ -259,3 +268,33 @@ def test_the_waiter_of_every_variant_answers_before_cloudformation_stops_waiting
             f"{name}: the waiter's last answer comes {last_answer:.0f} s after the request "
             f"({retry['MaxAttempts']} retries {retry['IntervalSeconds']} s apart); CloudFormation stops "
             f"waiting at {service_timeout:.0f} s")
+
+
+def test_only_the_provider_frameworks_roles_may_invoke_the_handlers(templates: Templates) -> None:
+    """No resource policy, function URL or other role of the template lets anyone else invoke
+    on_event or is_complete: the framework's two roles hold the only grants. (Lambda has no
+    resource policy that denies: a principal of the account whose own policy allows
+    lambda:InvokeFunction can still call them, which is why each event is also checked against
+    CloudFormation: tests/test_forged_events.py.)"""
+    template = templates.get(tiny_manifest(2))
+    resources = template.resources
+    handlers = {logical_id for logical_id, resource in resources.items()
+                if resource["Type"] == "AWS::Lambda::Function"
+                and resource["Properties"].get("ImageConfig", {}).get("Command") in ([ON_EVENT], [IS_COMPLETE])}
+    assert len(handlers) == 2, handlers
+    named = {logical_id: resource for logical_id, resource in resources.items()
+             if resource["Type"] in ("AWS::Lambda::Permission", "AWS::Lambda::Url")
+             and set(json.dumps(resource["Properties"]).split('"')) & handlers}
+    assert named == {}, "a resource policy or URL of a handler"
+    invokers = set()
+    for resource in resources.values():
+        if resource["Type"] != "AWS::IAM::Policy":
+            continue
+        for statement in resource["Properties"]["PolicyDocument"]["Statement"]:
+            actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+            if any(a in ("lambda:InvokeFunction", "lambda:*", "*") for a in actions) and \
+                    set(json.dumps(statement["Resource"]).split('"')) & handlers:
+                invokers |= {role["Ref"] for role in resource["Properties"]["Roles"]}
+    assert {resources[role]["Properties"]["Description"] for role in invokers} == {
+        "CDK provider framework of the model release custom resource"}, invokers
+    assert len(invokers) == 2

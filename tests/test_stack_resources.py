@@ -612,6 +612,8 @@ def test_build_role_is_scoped(default: Synth) -> None:
         "s3:DeleteObject", "s3:DeleteObjectVersion", "s3:ListBucketVersions", "s3:GetBucketVersioning",
         "cloudformation:DescribeStacks", "logs:CreateLogStream", "logs:PutLogEvents",
         "states:StartExecution", "states:DescribeExecution",
+        # Each event checked against the stack's template, and the handlers' own stack tag.
+        "cloudformation:GetTemplate", "cloudformation:DescribeStackResource", "lambda:ListTags",
     }
     machine = logical_id(default, "ModelBuild/BuildStateMachine/Resource/Resource")
     assert by_action["states:StartExecution"]["Resource"] == {"Ref": machine}, "its own state machine only"
@@ -632,6 +634,11 @@ def test_build_role_is_scoped(default: Synth) -> None:
     assert by_action["s3:DeleteObject"]["Resource"] == {
         "Fn::Join": ["", [{"Fn::GetAtt": [bucket, "Arn"]}, "/models/served/*"]]}
     assert by_action["cloudformation:DescribeStacks"]["Resource"] == {"Ref": "AWS::StackId"}
+    for action in ("cloudformation:GetTemplate", "cloudformation:DescribeStackResource"):
+        assert by_action[action]["Resource"] == {"Ref": "AWS::StackId"}, action
+    handlers = [{"Fn::GetAtt": [logical_id(default, f"ModelBuild/{name}/Resource"), "Arn"]}
+                for name in ("OnEvent", "IsComplete")]
+    assert resources(found, "lambda:ListTags") == {json.dumps(h) for h in handlers}, "the two handlers' own tags only"
     manifest_reads = [s for s in found if s.get("Sid") == "ReadManifest"]
     assert len(manifest_reads) == 1
     assert json.dumps(manifest_reads[0]["Resource"]).endswith('.yaml"]]}')
