@@ -43,7 +43,7 @@ DEFAULT_MODE = "quick"
 QUICK_GOAL_S = 25 * 60
 BENCHMARK_NAMES: tuple[str, ...] = (
     "synth_scale", "publish", "inference", "artifact", "endpoint", "variants", "incremental", "text_ensemble",
-    "live_fleet", "build_memory", "capacity",
+    "live_fleet", "build_memory", "capacity", "client",
 )
 #: Fields every result file has (checked by :func:`validate_result`).
 REQUIRED_FIELDS: tuple[str, ...] = (

@@ -172,6 +172,19 @@ def test_tiny_measurements_have_the_expected_shape(tiny_run: Path) -> None:
     matches = next(item for item in capacity["goals"] if item["id"] == "capacity_matches_endpoint")
     assert matches["met"] is (check["warm_within"] and check["loads_within"]) is True, check
 
+    client = _result(tiny_run, "client")["measurements"]
+    assert set(client["models"]) == {"resnet-synthetic", "minilm-tokens", "minilm-text"}
+    for item in client["models"].values():
+        # The client sent the hand-built bytes (checked before timing) to a target with a published
+        # signature, and the sides took turns call by call: as many calls each.
+        assert item["signature_published"] is True and item["request_bytes"] > 0
+        assert item["all_calls"]["client"]["calls"] == item["all_calls"]["hand"]["calls"] >= 5
+    reads = client["s3_reads"]
+    # Counted twice: the resolver's counters and what moto's server received through the proxy.
+    assert reads["resolver_total"] == reads["proxy_total"] >= 1 and reads["proxy_other_requests"] == 0
+    assert (reads["proxy_200"], reads["proxy_304"]) == (reads["resolver_new"], reads["resolver_not_modified"])
+    assert client["client_retries"] == 0
+
 
 @pytest.mark.slow
 def test_tiny_docs_render_from_the_results(tiny_run: Path) -> None:
