@@ -334,7 +334,8 @@ REGION = "us-east-1"
 #: What the boundary confines to named resources (the rest of it is on ``*``).
 CONFINED = ("iam:PassRole", "sagemaker:CreateProcessingJob", "sagemaker:DescribeProcessingJob",
             "sagemaker:StopProcessingJob", "codebuild:StartBuild", "codebuild:StopBuild", "codebuild:BatchGetBuilds",
-            "lambda:InvokeFunction", "sts:AssumeRole", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload")
+            "lambda:InvokeFunction", "lambda:ListTags", "sts:AssumeRole", "s3:PutObject", "s3:DeleteObject",
+            "s3:AbortMultipartUpload")
 #: A grant whose resource is a pattern: the requests it stands for (the pattern -> a resource a
 #: deploy of these templates asks for), each checked against the boundary. A pattern not here fails.
 PATTERN_REQUESTS = {
