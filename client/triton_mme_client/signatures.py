@@ -116,12 +116,12 @@ def convert(array: np.ndarray, datatype: str) -> np.ndarray | None:
             return None
         if array.dtype.kind == "O" and not all(isinstance(item, bytes | str) for item in array.flat):
             return None
-        return array.astype(np.object_)
+        return array.astype(np.object_, copy=False)
     if array.dtype.kind in "OUS":
         return None
     target = np.dtype(NUMPY_DTYPES[datatype])
     if np.can_cast(array.dtype, target, casting="safe"):
-        return array.astype(target)
+        return array.astype(target, copy=False)
     same_kind = {array.dtype.kind, target.kind} <= {"i", "u"} or array.dtype.kind == target.kind == "f"
     if not same_kind:
         return None
