@@ -118,6 +118,19 @@ def test_utf8_byte_order_mark_is_accepted(tmp_path: Path) -> None:
     assert "tiny" in outcome.stdout
 
 
+@pytest.mark.parametrize("key", ["trt_extra_plugin_lib_paths", "trt_ep_context_file_path", "trt_timing_cache_path"])
+def test_a_path_valued_tensorrt_key_is_refused(key: str, tmp_path: Path) -> None:
+    """A models-only change must not make the fleet's ONNX Runtime load a native library or a file
+    at a path it names (issue 62): refused, the line naming the field, the value and what is allowed."""
+    path = tmp_path / "trt.yaml"
+    path.write_text(VALID + f"    tensorrt: {{extra: {{{key}: /opt/ml/models/x/model/1/p.so}}}}\n")
+    outcome = run_bounded(["-m", "model_build", "validate", "--manifest", str(path)])
+    assert_refused(outcome, str(path), "invalid")
+    (detail,) = [line for line in outcome.stderr.splitlines() if "tensorrt.extra" in line]
+    for fragment in (key, "'/opt/ml/models/x/model/1/p.so'", "path-valued", "allowed are the keys that take no path"):
+        assert fragment in detail, detail
+
+
 def test_a_directory_is_not_a_manifest(tmp_path: Path) -> None:
     outcome = run_bounded(["-m", "model_build", "validate", "--manifest", str(tmp_path)])
     assert_refused(outcome, str(tmp_path), "is a directory")

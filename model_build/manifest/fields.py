@@ -55,9 +55,9 @@ TENSORRT_KEYS: frozenset[str] = frozenset(
 #: The engine cache's folder is set with ``engine_cache: true`` (under :data:`ENGINE_CACHE_ROOT`)
 #: or ``trt_engine_cache_path``; the placing step refuses these keys in a tarball's config too.
 TENSORRT_PATH_KEYS: dict[str, str] = {
-    "trt_extra_plugin_lib_paths": "native libraries the TensorRT provider loads",
-    "trt_ep_context_file_path": "a model file with an embedded engine that the provider loads or writes",
-    "trt_timing_cache_path": "a folder the provider reads and writes (engine_cache: true sets it)",
+    "trt_extra_plugin_lib_paths": "native libraries the provider loads",
+    "trt_ep_context_file_path": "a model file the provider loads or writes",
+    "trt_timing_cache_path": "a folder the provider reads and writes",
 }
 
 
@@ -291,9 +291,8 @@ class TensorRTAccelerator(StrictModel):
                 raise ValueError(f"key {key!r} has its own field; set it there, not in extra")
             if key in TENSORRT_PATH_KEYS:
                 raise ValueError(
-                    f"key {key!r}: got {value[key][:120]!r}; a path-valued key ({TENSORRT_PATH_KEYS[key]}) is "
-                    "refused in a manifest: allowed are the keys that take no path (engine_cache: true keeps "
-                    "the engines and the timing cache under " + ENGINE_CACHE_ROOT + ")"
+                    f"key {key!r}: got {value[key][:80]!r}; a path-valued key ({TENSORRT_PATH_KEYS[key]}) is "
+                    "refused: allowed are the keys that take no path (caches: engine_cache: true)"
                 )
             if key not in TENSORRT_KEYS:
                 raise ValueError(
