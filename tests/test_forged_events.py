@@ -133,7 +133,7 @@ def make_stack(moto: Moto, name: str, seed: int = 0) -> Stack:
     template = {"Resources": {
         "Models": {"Type": "AWS::S3::Bucket"},
         "ModelRelease": {"Type": "Custom::TritonModelRelease", "Properties": {
-            "ServiceToken": arns[f"{name}-provider"], "ModelBucket": {"Ref": "Models"},
+            "ServiceToken": arns[f"{name}-provider"], "ServiceTimeout": 3600, "ModelBucket": {"Ref": "Models"},
             "ManifestBucket": {"Fn::Sub": "assets-${AWS::AccountId}-${AWS::Region}"}, **literal}},
     }}
     cloudformation = moto.client("cloudformation")
@@ -193,7 +193,7 @@ def test_retention_days_zero_in_an_event_is_refused_and_floored(moto: Moto) -> N
     assert request.retention_days == MIN_RETENTION_DAYS == 1.0
 
 
-@pytest.mark.parametrize("change", ["stack", "resource", "extra property", "bucket"])
+@pytest.mark.parametrize("change", ["stack", "resource", "extra property", "bucket", "service timeout"])
 def test_an_event_that_is_not_the_templates_is_refused(moto: Moto, change: str) -> None:
     stack = make_stack(moto, f"forged-{change.replace(' ', '-')}")
     other = f"arn:aws:cloudformation:{REGION}:{ACCOUNT}:stack/Other/0000"
@@ -204,6 +204,9 @@ def test_an_event_that_is_not_the_templates_is_refused(moto: Moto, change: str) 
                            ("property BuildEngine", "no BuildEngine")),
         "bucket": (stack.event("Create", dict(stack.props, ModelBucket="someone-elses")),
                    ("property ModelBucket", "'someone-elses'", stack.bucket)),
+        # CloudFormation's own property need not be sent; sent, it must be the template's.
+        "service timeout": (stack.event("Create", dict(stack.props, ServiceTimeout="60")),
+                            ("property ServiceTimeout", "'60'", "'3600'")),
     }[change]
     refused(lambda: handler.on_event(event, stack.context), *fragments)
     refused(lambda: handler.is_complete(event, stack.context), *fragments)

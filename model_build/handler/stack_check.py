@@ -16,7 +16,8 @@ acts on it (a confused deputy otherwise: anyone who may invoke the function coul
    CloudFormation sends them (strings), ``Ref`` of a resource by ``DescribeStackResource``, of a
    parameter by the stack's parameters, ``Fn::Sub`` of pseudo parameters. A value of another
    intrinsic (``Fn::GetAtt``: the service token) is not compared, and the log names it; a property
-   the template does not give is refused. While a rollback runs, CloudFormation's documentation
+   the template does not give is refused; ``ServiceTimeout`` (CloudFormation's own) only when the
+   event carries it. While a rollback runs, CloudFormation's documentation
    does not say which of the two templates ``GetTemplate`` returns: the request passes when its
    properties or its ``OldResourceProperties`` are the template's.
 
@@ -48,6 +49,9 @@ SENT_IN: dict[str, frozenset[str]] = {
 ROLLING_BACK = frozenset({"UPDATE_ROLLBACK_IN_PROGRESS", "ROLLBACK_IN_PROGRESS", "IMPORT_ROLLBACK_IN_PROGRESS"})
 #: The properties compared first, so that a refusal names the release when it differs.
 FIRST = ("ReleaseId", "RetentionDays", "OnDelete", "ModelBucket", "ModelPrefix")
+#: CloudFormation's own properties of a custom resource, which its request need not carry:
+#: compared only when the event has them.
+RESERVED = ("ServiceTimeout",)
 _SUB = re.compile(r"\$\{([^}]+)\}")
 
 
@@ -140,6 +144,8 @@ def _difference(expected: Mapping[str, Any], given: Any, stack: str, logical_id:
         if key not in expected:
             return (f"property {key}: got {shown(given[key])}; stack {stack}'s template gives {logical_id} no {key}: "
                     "refused, nothing is routed or deleted")
+        if key in RESERVED and key not in given:
+            continue
         if _canonical(given.get(key)) != value:
             if key == "ReleaseId":
                 return (f"property ReleaseId: the event names release {shown(given.get(key))}, stack {stack}'s "
