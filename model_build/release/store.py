@@ -312,7 +312,8 @@ def _routed_stores(s3_client: Any, bucket: str, model_prefix: str) -> tuple[dict
         store = store_prefix(model_prefix, model_key)
         known[model_key] = {
             "models": [{"key": f"{store}/{STORE_TARGET}.tar.gz", "sha256": entry["sha256"], "size": entry["size"],
-                        "format": entry.get("format", ""), **target_footprint(entry.get("footprint"), STORE_TARGET)}],
+                        "format": entry.get("format", ""), **target_footprint(entry.get("footprint"), STORE_TARGET),
+                        **({"signature": entry["signature"]} if entry.get("signature") else {})}],
             "references": references.get(store, []),
         }
     return known, routed
