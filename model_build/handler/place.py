@@ -36,7 +36,7 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from triton_mme_cdk.model_build.errors import ModelBuildError, PublishError
 from triton_mme_cdk.model_build.handler.build_steps import item_model, item_request, record_failure
@@ -49,8 +49,10 @@ from triton_mme_cdk.model_build.handler.request import (
 )
 from triton_mme_cdk.model_build.handler.units import computed_release, write_index
 from triton_mme_cdk.model_build.manifest import ModelSpec
-from triton_mme_cdk.model_build.package.admission import PythonModelRule, check_admitted
 from triton_mme_cdk.model_build.text_ensemble.serving_wheel import pinned_file_digests
+
+if TYPE_CHECKING:  # the admission imports the gate (onnx, tritonclient): not at synth
+    from triton_mme_cdk.model_build.package.admission import PythonModelRule
 
 #: Bytes read at a time from a stored tarball.
 READ_BLOCK = 1024 * 1024
@@ -116,6 +118,8 @@ def finish_release(event: dict[str, Any], context: Any = None) -> dict[str, Any]
 
 
 def tokenizer_rule() -> PythonModelRule:
+    from triton_mme_cdk.model_build.package.admission import PythonModelRule
+
     """What a raw-text tarball's python-backend folder may hold: the project's ``model.py``
     (:data:`TOKENIZER_MODEL_SHA256`), the pinned wheel's files by their digests, ``tokenizer.json``."""
     code = {"model.py": TOKENIZER_MODEL_SHA256}
@@ -133,6 +137,9 @@ def admit_stored(s3: Any, bucket: str, objects: Sequence[Any], specs: Mapping[st
     :data:`ADMIT_DISK_BUDGET` (a larger one is read alone): the Lambda's ``/tmp`` holds 10 GB."""
     from concurrent.futures import ThreadPoolExecutor
 
+    # Imported here, once, before the workers start (the gate's libraries are not a synth's).
+    from triton_mme_cdk.model_build.package import admission
+
     unique = list({obj.source_key: obj for obj in objects if obj.source_key is not None}.values())
     if not unique:
         return
@@ -143,11 +150,11 @@ def admit_stored(s3: Any, bucket: str, objects: Sequence[Any], specs: Mapping[st
     rule = tokenizer_rule() if any(specs[obj.model].inputs == "text" for obj in unique) else None
     budget = _DiskBudget(ADMIT_DISK_BUDGET)
     with ThreadPoolExecutor(max_workers=ADMIT_WORKERS, thread_name_prefix="admit") as pool:
-        for future in [pool.submit(_admit_one, s3, bucket, obj, specs[obj.model], rule, budget) for obj in unique]:
+        for future in [pool.submit(_admit_one, admission.check_admitted, s3, bucket, obj, specs[obj.model], rule, budget) for obj in unique]:
             future.result()
 
 
-def _admit_one(s3: Any, bucket: str, obj: Any, spec: ModelSpec, rule: PythonModelRule | None,
+def _admit_one(check_admitted: Any, s3: Any, bucket: str, obj: Any, spec: ModelSpec, rule: PythonModelRule | None,
                 budget: _DiskBudget) -> None:
     with budget.hold(int(obj.size)):
         work = Path(tempfile.mkdtemp(prefix="place-", dir=os.environ.get("TMPDIR")))

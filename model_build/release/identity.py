@@ -29,6 +29,7 @@ import ast
 import hashlib
 import json
 import sys
+import threading
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -111,6 +112,17 @@ def _imported_modules(path: Path) -> frozenset[str]:
     return _imported_modules_of(path.read_text(), str(path))
 
 
+#: ``ast.parse`` one module at a time: CPython 3.11 can fail two parses on threads at once with
+#: "SystemError: AST constructor recursion depth mismatch" (the build's steps run on threads).
+_PARSE_LOCK = threading.Lock()
+
+
+def parse_source(source: str, filename: str) -> ast.Module:
+    """``ast.parse`` of ``source``, serialized across threads (see :data:`_PARSE_LOCK`)."""
+    with _PARSE_LOCK:
+        return ast.parse(source, filename=filename)
+
+
 @lru_cache(maxsize=1024)
 def _imported_modules_of(source: str, filename: str) -> frozenset[str]:
     """:func:`_imported_modules` of one file's text, cached by that text.
@@ -120,7 +132,7 @@ def _imported_modules_of(source: str, filename: str) -> frozenset[str]:
     parsing about 100 modules each time was a quarter of a synth's Python time. Keyed by the
     source itself, an edited file is parsed again."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(source, filename=filename)):
+    for node in ast.walk(parse_source(source, filename)):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             if node.module == PACKAGE:
                 found.update(alias.name for alias in node.names)
@@ -173,7 +185,7 @@ def _imports_client(path: Path) -> bool:
     """Whether the module at ``path`` imports the client distribution (``triton_mme_client``)."""
     if path.suffix != ".py":
         return False
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in ast.walk(parse_source(path.read_text(), str(path))):
         if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == CLIENT_PACKAGE:
             return True
         if isinstance(node, ast.Import) and any(alias.name.split(".")[0] == CLIENT_PACKAGE for alias in node.names):
