@@ -318,9 +318,11 @@ def test_the_upgrade_from_0_1_0_replaces_nothing(tmp_path: Path, capsys: pytest.
     kept = set(previous["Resources"]) - {"CDKMetadata"}
     assert kept <= set(current["Resources"]), kept - set(current["Resources"])
     # Added since: the build step's own role and the placing function (issue 49: the code that
-    # parses model sources no longer shares the placing role).
+    # parses model sources no longer shares the placing role), and the policy that lets the handlers
+    # read their own stack's tag to check an event against CloudFormation (issue 62).
     added = {logical_id.rstrip("0123456789ABCDEF") for logical_id in set(current["Resources"]) - kept - {"CDKMetadata"}}
-    assert added == {"ModelBuildBuildRole", "ModelBuildBuildRoleDefaultPolicy", "ModelBuildPlace", "ModelBuildPlaceLogs"}
+    assert added == {"ModelBuildBuildRole", "ModelBuildBuildRoleDefaultPolicy", "ModelBuildPlace", "ModelBuildPlaceLogs",
+                     "ModelBuildCheckRequests"}
     routes = Routes("r-0000000000000000", "s3://b/models/served/", "k", {},
                     stack="arn:aws:cloudformation:eu-west-1:123456789012:stack/TritonMme/0a1b2c3d",
                     model_code_sha256="0" * 64, deployed=record_from_template(previous))
