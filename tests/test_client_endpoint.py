@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import io
+import json
 import subprocess
 import sys
 import tarfile
@@ -30,6 +31,7 @@ import pytest
 import yaml
 from botocore.config import Config
 from cdk_helpers import subprocess_env  # tests/ is on sys.path
+from client_wheel import install_client_wheel
 from s3_faults import FaultProxy, Rule
 from triton_helpers import requires_triton
 
@@ -313,3 +315,51 @@ def test_an_error_from_the_model_itself_is_not_retried(deployed: Deployed) -> No
             client.infer("resnet-synthetic-2", _inputs(info))
         assert len([r for r in proxy.records if r.method == "POST"]) == 1, "one call"
     assert failed.value.original_status == 400 and failed.value.attempts == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# The client as a caller installs it: its wheel, with boto3 and numpy only
+# ---------------------------------------------------------------------------------------------
+
+WHEEL_PROBE = r'''
+import json, sys
+import boto3, numpy as np
+from botocore.config import Config
+from triton_mme_client import TritonMmeClient
+s3_url, endpoint_url, routes_url, inputs_path = sys.argv[1:5]
+creds = {"region_name": "us-east-1", "aws_access_key_id": "test", "aws_secret_access_key": "test"}
+client = TritonMmeClient("local", routes_url=routes_url, s3=boto3.client("s3", endpoint_url=s3_url, **creds),
+                         runtime=boto3.client("sagemaker-runtime", endpoint_url=endpoint_url,
+                                              config=Config(read_timeout=120), **creds))
+given = np.load(inputs_path, allow_pickle=True)
+answers = {}
+for name in client.models():
+    inputs = {key.split("/", 1)[1]: given[key] for key in given.files if key.split("/", 1)[0] == name}
+    answers[name] = {output: array.tolist() for output, array in client.infer(name, inputs).items()
+                     if array.dtype != object}
+print(json.dumps({"answers": answers, "file": __import__("triton_mme_client").__file__}))
+'''
+
+
+def test_the_clients_wheel_alone_calls_every_default_model_by_name(deployed: Deployed, tmp_path: Path) -> None:
+    """The wheel in a fresh virtualenv (boto3 and numpy beside it, nothing of the CDK, torch or
+    tritonclient: tests/test_client_wheel.py) calls every target by name and gets what the
+    checkout's client gets."""
+    _, venv = install_client_wheel(tmp_path)
+    client = deployed.client(refresh_seconds=3600)
+    models = client.models()
+    arrays = {f"{name}/{key}": value for name, info in models.items() for key, value in _inputs(info).items()}
+    np.savez(tmp_path / "inputs.npz", **arrays)  # type: ignore[arg-type]
+    done = subprocess.run([str(venv / "bin" / "python"), "-I", "-c", WHEEL_PROBE, deployed.s3_url,
+                           deployed.endpoint.url, ROUTES_URL, str(tmp_path / "inputs.npz")],
+                          capture_output=True, text=True, timeout=600, check=False, cwd="/")
+    assert done.returncode == 0, done.stderr[-3000:]
+    probe = json.loads(done.stdout)
+    assert probe["file"].startswith(str(venv)), "the wheel's copy, not the checkout's"
+    assert sorted(probe["answers"]) == sorted(models)
+    for name, info in models.items():
+        expected = client.infer(name, _inputs(info))
+        for output, values in probe["answers"][name].items():
+            np.testing.assert_allclose(np.asarray(values, dtype=expected[output].dtype), expected[output],
+                                       atol=1e-6, rtol=1e-6, err_msg=f"{name} {output}")
+        assert probe["answers"][name], f"{name}: no numeric output compared"

@@ -7,14 +7,13 @@ real routes document from moto's S3 server and encodes a request from that insta
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+from client_wheel import install_client_wheel  # tests/ is on sys.path
 
 from triton_mme_cdk.model_build.aws_clients import make_s3_client
 
@@ -45,20 +44,8 @@ print(json.dumps({"absent_but_found": absent, "models": sorted(client.models()),
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     work = tmp_path_factory.mktemp("client-wheel")
-    # From a copy: a build writes build/ and *.egg-info beside the sources, and another test builds
-    # the same folder (tests/test_consumer.py).
-    source = work / "client"
-    shutil.copytree(ROOT / "client", source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
-    subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--wheel", "--outdir", str(work / "dist"),
-                    str(source)], capture_output=True, text=True, timeout=600, check=True)
-    [wheel] = list((work / "dist").glob("triton_mme_client-*.whl"))
-    venv = work / "venv"
-    base = getattr(sys, "_base_executable", sys.executable)
-    subprocess.run([base, "-m", "venv", str(venv)], check=True, timeout=300)
+    wheel, venv = install_client_wheel(work)
     python = venv / "bin" / "python"
-    install = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--no-compile", str(wheel)],
-                             capture_output=True, text=True, timeout=900, check=False)
-    assert install.returncode == 0, install.stderr[-3000:]
     listed = subprocess.run([str(python), "-m", "pip", "list", "--format", "json"], capture_output=True, text=True,
                             timeout=120, check=True)
     return {"wheel": wheel, "python": python, "venv": venv,
