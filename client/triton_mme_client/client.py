@@ -103,7 +103,6 @@ class TritonMmeClient:
         self._backoff = float(backoff_seconds)
         self._max_backoff = float(max_backoff_seconds)
         self._sleep = sleep
-        self._clock = clock
         #: Calls retried after a transient failure, and after a route change (for tests and benchmarks).
         self.retries = 0
         self.reroutes = 0
