@@ -174,7 +174,8 @@ class EndpointKeywords(TypedDict, total=False):
 
     #: Days a served model object is kept after no route uses it (a model removed from the manifest, or the
     #: old build of an updated one), so that a rollback routes to it again without an upload; then the
-    #: build deletes it at its next run. Default: 7.
+    #: build deletes it at its next run. At least 1: the build function keeps a day whatever its event
+    #: says. Default: 7.
     unrouted_retention_days: int
 
     #: Invocation5XXErrors per minute (Sum) above which a minute is bad; the alarm fires on 3 bad minutes

@@ -137,11 +137,12 @@ class ModelBuildResourceProps(Props):
     )
     unrouted_retention_days: int = Field(
         default=7,
-        ge=0,
+        ge=1,
         le=36500,
         description="Days a served model object is kept after no route uses it (a model removed from "
         "the manifest, or the old build of an updated one), so that a rollback routes to it again "
-        "without an upload; then the build deletes it at its next run.",
+        "without an upload; then the build deletes it at its next run. At least 1: the build function "
+        "keeps a day whatever its event says.",
     )
     deployed_record: str = Field(
         default="",
