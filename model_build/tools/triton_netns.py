@@ -81,6 +81,9 @@ def _bridge(client: socket.socket, port: int) -> None:
             return  # not listening yet: the client sees the connection close, and retries
         with upstream:
             upstream.settimeout(None)
+            # A request that reaches the Unix socket in two reads (headers, then body) leaves here as
+            # two writes; with Nagle's algorithm the second waits for the server's delayed ACK (40 ms).
+            upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             back = threading.Thread(target=_pump, args=(upstream, client), daemon=True)
             back.start()
             _pump(client, upstream)
