@@ -6,8 +6,9 @@ that holds a ``Custom::TritonModelRelease``, which moto keeps in CREATE_IN_PROGR
 resource answers: the state in which CloudFormation really sends a Create), Lambda (the handler's
 function and its tags) and S3 (the model bucket the stack created, the manifest asset). moto does
 not tag a stack's Lambda functions with ``aws:cloudformation:stack-id`` as CloudFormation does, so
-each test tags the handler's function itself; moto cannot put a stack in UPDATE_ROLLBACK_IN_PROGRESS
-either, so the rollback rule (OldResourceProperties equal to the template's) is not exercised here.
+each test tags the handler's function itself. Nor can moto's API put a stack in
+UPDATE_ROLLBACK_IN_PROGRESS: the rollback rule's test sets that status in moto's backend (served from
+this process), and the handlers read it through the API as they would CloudFormation's.
 """
 
 from __future__ import annotations
@@ -242,3 +243,46 @@ def test_a_function_not_created_by_a_stack_is_not_checked_and_says_so(moto: Moto
     with caplog.at_level("WARNING"):
         handler.on_event(stack.event("Create", dict(stack.props, RetentionDays="3")), stack.context)
     assert "not checked against CloudFormation" in caplog.text
+
+
+def rolling_back(stack: Stack) -> None:
+    """Put the stack where CloudFormation is when it rolls back an update. moto's API has no way
+    there (it completes or fails an update at once), so its backend, which the server on loopback
+    serves from this process, is set to the status CloudFormation reports then."""
+    from moto.cloudformation.models import cloudformation_backends
+
+    cloudformation_backends[ACCOUNT][REGION].stacks[stack.stack_id].status = "UPDATE_ROLLBACK_IN_PROGRESS"
+    described = stack.moto.client("cloudformation").describe_stacks(StackName=stack.stack_id)["Stacks"][0]
+    assert described["StackStatus"] == "UPDATE_ROLLBACK_IN_PROGRESS"
+
+
+def test_a_rollback_is_checked_by_either_template_and_nothing_else_passes(moto: Moto) -> None:
+    """While an update rolls back, CloudFormation sends an Update whose ResourceProperties are the
+    previous template's and whose OldResourceProperties are the failed one's; which of the two
+    GetTemplate returns then is not documented, so either side equal to the template passes. A
+    rollback-time event whose two sides are both foreign is refused, and outside a rollback the
+    OldResourceProperties never stand in for the properties."""
+    from triton_mme_cdk.model_build.handler.stack_check import check_event
+
+    stack = make_stack(moto, "rollback")
+    old = compute_release(parse_manifest(manifest(seed=7)))
+    previous = dict(stack.props, ReleaseId=old.release_id, ManifestSha256=old.manifest_sha256)
+    rollback = stack.event("Update", previous, OldResourceProperties=dict(stack.props))
+    # Not rolling back (the stack is being created): the exception does not apply.
+    refused(lambda: handler.is_complete(rollback, stack.context), "is CREATE_IN_PROGRESS")
+    rolling_back(stack)
+    before = stack.keys()
+    # GetTemplate gives the failed template: the event's OldResourceProperties are its properties.
+    assert check_event(rollback, stack.context) == f"checked: {stack.stack_id} UPDATE_ROLLBACK_IN_PROGRESS"
+    # GetTemplate gives the previous template: the event's ResourceProperties are its properties.
+    assert check_event(stack.event("Update", dict(stack.props), OldResourceProperties=previous),
+                       stack.context).endswith("UPDATE_ROLLBACK_IN_PROGRESS")
+    # Both sides foreign: refused, naming both releases; nothing read, routed or deleted.
+    forged = stack.event("Update", previous, OldResourceProperties=dict(previous, RetentionDays="0"))
+    refused(lambda: handler.is_complete(forged, stack.context),
+            f"release '{old.release_id}'", f"release '{stack.props['ReleaseId']}'", "nothing is routed or deleted")
+    # A rollback-time event without OldResourceProperties is judged by its properties alone.
+    refused(lambda: handler.is_complete(stack.event("Update", previous), stack.context), old.release_id)
+    # A Create is not sent while an update rolls back.
+    refused(lambda: handler.on_event(stack.event("Create"), stack.context), "is UPDATE_ROLLBACK_IN_PROGRESS")
+    assert stack.keys() == before
