@@ -68,7 +68,7 @@ square = torch.ones(64, 64, device="cuda")
 (square @ square).sum().item()
 """,
 }
-#: What each child holds, in words (the docs' sentence, ``benchmarks.gpu_check.context_sentence``).
+#: What each child holds, in words (the docs' sentence, ``benchmarks.gpu_table.context_sentence``).
 FIGURES = {"cuda_context": "a bare CUDA context",
            "onnxruntime_cuda_session": "onnxruntime's CUDA provider on a 64x64 MatMul",
            "torch_cuda": "PyTorch with one matrix product"}

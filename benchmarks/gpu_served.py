@@ -179,7 +179,7 @@ class ServedModel:
 def measure_served(model: ServedModel, row: dict[str, Any], batches: dict[int, dict[str, Any]], reference: Any,
                    gpu: Any) -> dict[str, Any]:
     """Cold start, memory, warm latency and parity of one served model (see the module docstring)."""
-    from benchmarks.gpu_check import ITERATIONS, judge, parity, percentiles
+    from benchmarks.gpu_measure import ITERATIONS, judge, parity, percentiles
 
     for folder in _engine_cache_folders(model.config):
         if folder.exists():  # a cache from an earlier run would hide the compile this row measures

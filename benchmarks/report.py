@@ -251,7 +251,7 @@ def render_markdown(
 def _gpu_check_section(results_dir: Path) -> list[str]:
     """The "GPU check" section from ``gpu_check.json`` (``make gpu-check``, run on a GPU machine
     only), or one line saying it has not run."""
-    from benchmarks.gpu_check import RESULT_PATH, SCHEMA, markdown
+    from benchmarks.gpu_table import RESULT_PATH, SCHEMA, markdown
 
     path = results_dir / RESULT_PATH.name
     head = ["## GPU check (`make gpu-check`)", ""]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks import gpu_cases, gpu_check
+from benchmarks import gpu_cases, gpu_check, gpu_measure, gpu_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,7 +51,7 @@ def test_the_check_measures_and_reports_on_the_cpu(tmp_path: Path) -> None:
                           check=False)
     assert done.returncode == 0, done.stderr
     result = json.loads(out.read_text(encoding="utf-8"))
-    assert result["schema"] == gpu_check.SCHEMA and result["gpu"]["name"] == "cpu"
+    assert result["schema"] == gpu_table.SCHEMA and result["gpu"]["name"] == "cpu"
     assert result["elapsed_s"] > 0 and f"The check took {result['elapsed_s']:.0f} s" in done.stdout
     rows = {(row["variant"], row["runtime"]): row for row in result["rows"]}
     measured = rows[("fp32", "pytorch-cpu")]
@@ -167,41 +167,41 @@ def test_a_cpu_run_never_replaces_the_gpu_result() -> None:
 
 def test_percentiles_and_parity() -> None:
     samples = [i / 1000 for i in range(1, 101)]  # 1 ms .. 100 ms
-    assert gpu_check.percentiles(samples) == {"p50_ms": 50.5, "p99_ms": 99.0}
+    assert gpu_measure.percentiles(samples) == {"p50_ms": 50.5, "p99_ms": 99.0}
     reference = np.array([[1.0, 0.0], [0.0, 2.0]])
-    same = gpu_check.parity(reference, reference)
+    same = gpu_measure.parity(reference, reference)
     assert same == {"min_cosine": 1.0, "max_abs_diff": 0.0}
-    off = gpu_check.parity(np.array([[1.0, 0.0], [0.0, 2.5]]), reference)
+    off = gpu_measure.parity(np.array([[1.0, 0.0], [0.0, 2.5]]), reference)
     assert off["max_abs_diff"] == 0.5 and off["min_cosine"] == 1.0
-    turned = gpu_check.parity(np.array([[0.0, 1.0], [0.0, 2.0]]), reference)
+    turned = gpu_measure.parity(np.array([[0.0, 1.0], [0.0, 2.0]]), reference)
     assert turned["min_cosine"] == 0.0
 
 
 def test_the_docs_show_the_committed_gpu_result() -> None:
     result = json.loads((ROOT / "benchmarks" / "results" / "gpu_check.json").read_text(encoding="utf-8"))
-    assert result["schema"] == gpu_check.SCHEMA and result["gpu"]["name"] != "cpu"
+    assert result["schema"] == gpu_table.SCHEMA and result["gpu"]["name"] != "cpu"
     page = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
     assert "## GPU check (`make gpu-check`)" in page
-    assert gpu_check.markdown(result).rstrip() in page
+    assert gpu_table.markdown(result).rstrip() in page
 
 
 def test_each_variant_is_judged_by_its_precisions_gates() -> None:
     rng = np.random.default_rng(0)
     reference = rng.standard_normal((8, 16))
-    assert gpu_check.judge(reference, reference, "fp32")["passed"]
+    assert gpu_measure.judge(reference, reference, "fp32")["passed"]
     drifted = reference + 5e-3  # TF32-sized drift is 1e-4; this is 5x the FP32 tolerance
-    fp32 = gpu_check.judge(drifted, reference, "fp32")
+    fp32 = gpu_measure.judge(drifted, reference, "fp32")
     assert not fp32["passed"] and "exceeds the tolerance" in fp32["problem"]
-    assert gpu_check.judge(drifted, reference, "fp16")["passed"]  # FP16 allows 2e-2
-    swapped = gpu_check.judge(reference[::-1], reference, "tensorrt-fp16")
+    assert gpu_measure.judge(drifted, reference, "fp16")["passed"]  # FP16 allows 2e-2
+    swapped = gpu_measure.judge(reference[::-1], reference, "tensorrt-fp16")
     assert not swapped["passed"] and "below the fp16 gate 0.999" in swapped["problem"]
     result = {"rows": [
         {"model": "m", "variant": "fp16", "runtime": "onnxruntime-cuda", "status": "measured", "gate": swapped},
         {"model": "m", "variant": "fp32", "runtime": "onnxruntime-cuda", "status": "measured",
-         "gate": gpu_check.judge(reference, reference, "fp32")},
+         "gate": gpu_measure.judge(reference, reference, "fp32")},
         {"model": "m", "variant": "tensorrt-fp16", "runtime": "onnxruntime-tensorrt", "status": "not measured"},
     ]}
-    (line,) = gpu_check.outside_gates(result)
+    (line,) = gpu_measure.outside_gates(result)
     assert line.startswith("m fp16 (onnxruntime-cuda): ")
     assert gpu_check._verdict(result) == 1 and gpu_check._verdict({"rows": result["rows"][1:]}) == 0
 

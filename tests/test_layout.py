@@ -265,6 +265,43 @@ def test_the_import_graph_has_no_cycle() -> None:
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
 
+#: Every tree of Python modules of this repository and the import name its modules have, for the
+#: graph of the whole (issue 60: no import cycle anywhere, benchmarks included).
+TREES = {"model_build": PACKAGE, "constructs": "triton_mme_cdk.constructs", "stacks": "stacks",
+         "benchmarks": "benchmarks", "client/triton_mme_client": "triton_mme_client", "bootstrap": "bootstrap"}
+
+
+def repository_graph(root: Path) -> dict[str, set[str]]:
+    """``module -> modules it imports`` over :data:`TREES` (the same rules as :func:`import_edges`)."""
+    modules: dict[str, Path] = {}
+    for folder, package in TREES.items():
+        for path in sorted((root / folder).rglob("*.py")):
+            parts = [package, *path.relative_to(root / folder).with_suffix("").parts]
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        edges: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                edges.update(alias.name for alias in node.names if alias.name in modules)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                for alias in node.names:
+                    submodule = f"{node.module}.{alias.name}"
+                    if submodule in modules or node.module in modules:
+                        edges.add(submodule if submodule in modules else node.module)
+        graph[name] = edges - {name}
+    return graph
+
+
+def test_no_tree_of_the_repository_has_an_import_cycle() -> None:
+    """The constructs, the stacks, the benchmarks, the client and the bootstrap scripts too, and
+    across them (a construct importing the build, the build the client)."""
+    graph = repository_graph(ROOT)
+    assert {"benchmarks.gpu_check", "triton_mme_client.routes", "stacks.pipeline_stack"} <= set(graph)
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
 def test_the_units_are_layered() -> None:
     """The graph of units (a subpackage or a module at the top) has no cycle either: each unit
     sits above the ones it imports, as docs/architecture.md draws them."""
