@@ -27,6 +27,21 @@ the build role: it parses the model sources and writes only ``_builds/``, ``_pla
 function (``model_build.handler.place_step``, the placing role: it gates each stored tarball
 again before it writes ``served/``; ``Finish`` writes the release's index under ``_releases/``). Every task retries on Lambda throttling and transient service errors with
 jittered backoff; the state machine's role may invoke those two functions only.
+
+A function that ran past its timeout (``Sandbox.Timedout``) or whose runtime died
+(``Lambda.Unknown``: out of memory, a signal; Step Functions reports every unhandled Lambda error
+so, a timeout included: "Handle Lambda service exceptions",
+https://docs.aws.amazon.com/step-functions/latest/dg/bp-lambda-serviceexception.html) is not a
+model's error. Every task but ``BuildModel`` runs S3 calls and a gate, whose time does not grow
+with the model: it is retried once on either. ``BuildModel`` is retried once on a kill only (a
+recycled execution environment may succeed; a build's time is its model's, so a timeout would
+recur); after that, its catch (caught once retries are spent: "Handling errors in Step Functions
+workflows", https://docs.aws.amazon.com/step-functions/latest/dg/concepts-error-handling.html)
+runs ``OutgrewLambda``: the build function moves the item to SageMaker Processing (the model
+outgrew the Lambda) where the model may build there and the execution's budget left allows a job,
+else it fails the item naming the model and the limit it hit (the timeout's seconds or the
+memory's MB; ``model_build.handler.outgrown``). ``States.Timeout`` is not among them: no task sets
+its own ``TimeoutSeconds``, and the execution's own timeout cannot be caught.
 """
 
 from __future__ import annotations
@@ -57,6 +72,10 @@ TRANSIENT_LAMBDA_ERRORS = (
     "Lambda.SdkClientException",
     "Lambda.ClientExecutionTimeoutException",
 )
+#: A function past its timeout (Lambda's current runtimes' errorType) and a runtime that died
+#: (Step Functions' name for an unhandled Lambda error: out of memory, a signal, a timeout).
+LAMBDA_TIMED_OUT = "Sandbox.Timedout"
+LAMBDA_KILLED = "Lambda.Unknown"
 #: Retry schedule on those errors: 2, 4, 8, 16, 32, 64 s (full jitter), about two minutes.
 RETRY_ATTEMPTS = 6
 RETRY_INTERVAL = Duration.seconds(2)
@@ -120,6 +139,8 @@ class ModelBuildStateMachine(Construct):
                 "Key.$": "$$.Map.Item.Value.Key",
                 "Engine.$": "$$.Map.Item.Value.Engine",
                 "Job.$": "$$.Map.Item.Value.Job",
+                # The parent's start: a child execution's $$.Execution is its own.
+                "Started.$": "$$.Execution.StartTime",
             },
             max_concurrency=props.max_concurrency,
             tolerated_failure_count=0,
@@ -165,9 +186,16 @@ class ModelBuildStateMachine(Construct):
         item = {"Request.$": "$.Request", "Model.$": "$.Model", "Key.$": "$.Key"}
         place_function = self.props.place_function or self._function
         # After its build, the item's tarball is checked again and placed under the placing role.
-        on_lambda = self._invoke("BuildModel", None, result_path=sfn.JsonPath.DISCARD).next(self._invoke(
+        build = self._invoke("BuildModel", None, result_path=sfn.JsonPath.DISCARD, retry_timeouts=False)
+        on_lambda = build.next(self._invoke(
             "PlaceModel", {"Step": "place", **item}, function=place_function, output_path=sfn.JsonPath.DISCARD))
         processing = self.props.processing
+        # Past its timeout or killed (once retried): moved to Processing, or failed naming the limit.
+        outgrown = self._invoke("OutgrewLambda", {
+            "Step": "outgrew_lambda", **item, "Error.$": "$.LambdaError.Error", "Cause.$": "$.LambdaError.Cause",
+            "Started.$": "$.Started", "BudgetSeconds": int(self.props.timeout.to_seconds()),
+            "Processing": processing is not None}, result_path="$.Job")
+        build.add_catch(outgrown, errors=[LAMBDA_TIMED_OUT, LAMBDA_KILLED], result_path="$.LambdaError")
         if processing is None:
             return on_lambda
         job = processing.task(self, "RunBuildJob")
@@ -183,12 +211,13 @@ class ModelBuildStateMachine(Construct):
         on_processing.branch(job.next(store).next(place))
         on_processing.add_retry(errors=[NO_CAPACITY_ERROR], interval=CAPACITY_RETRY_INTERVAL,
                                 max_attempts=CAPACITY_RETRY_ATTEMPTS, backoff_rate=2, jitter_strategy=sfn.JitterType.FULL)
+        outgrown.next(on_processing)
         return sfn.Choice(self, "WhereItBuilds").when(
             sfn.Condition.string_equals("$.Engine", "processing"), on_processing).otherwise(on_lambda)
 
     def _invoke(
-        self, id: str, payload: dict[str, str] | None, *, result_path: str | None = None, output_path: str | None = None,
-        function: lambda_.IFunction | None = None,
+        self, id: str, payload: dict[str, object] | None, *, result_path: str | None = None,
+        output_path: str | None = None, function: lambda_.IFunction | None = None, retry_timeouts: bool = True,
     ) -> tasks.LambdaInvoke:
         task = tasks.LambdaInvoke(
             self,
@@ -207,6 +236,9 @@ class ModelBuildStateMachine(Construct):
             backoff_rate=2,
             jitter_strategy=sfn.JitterType.FULL,
         )
+        # Once more after a kill (and a timeout, but for a build's): see the module docstring.
+        task.add_retry(errors=[LAMBDA_TIMED_OUT, LAMBDA_KILLED] if retry_timeouts else [LAMBDA_KILLED],
+                       interval=Duration.seconds(1), max_attempts=1)
         return task
 
     def _acknowledge(self, model_bucket: s3.IBucket) -> None:

@@ -5,8 +5,8 @@ moto (5.2) executes state machines with the interpreter it took from LocalStack
 of this project, which runs the synthesized definitions as they are (Task states on a Lambda
 ARN, Retry with backoff and full jitter, Catch, a Distributed Map with an S3 ``ItemReader`` and
 an ``ItemSelector`` over ``$$.Map.Item.Value``, ``MaxConcurrency``, ``ToleratedFailureCount``).
-Five of its behaviours differ from AWS's in what the stack relies on; :func:`aws_semantics`
-changes exactly those, each for a documented reason (and a sixth change is for speed only):
+Six of its behaviours differ from AWS's in what the stack relies on; :func:`aws_semantics`
+changes exactly those, each for a documented reason (and two changes are for speed only):
 
 1. **Lambda API errors of a Task on a function ARN.** AWS reports an Invoke API error as
    ``Lambda.<exception>`` (e.g. ``Lambda.TooManyRequestsException``: Step Functions developer
@@ -36,6 +36,14 @@ changes exactly those, each for a documented reason (and a sixth change is for s
 6. **One client per service.** The interpreter builds a boto3 client for every Lambda task and
    every item read (about 10 ms each, most of a Distributed Map's time over thousands of items);
    here one client per service and region serves the block. Speed only: the calls are the same.
+8. **A function error without an ``errorType`` is ``Lambda.Unknown``.** A runtime that died (out
+   of memory, killed) answers the invoke with ``FunctionError: Unhandled`` and a payload naming
+   no ``errorType``; Step Functions reports such unhandled errors as ``Lambda.Unknown`` ("Handle
+   Lambda service exceptions", https://docs.aws.amazon.com/step-functions/latest/dg/bp-lambda-serviceexception.html:
+   "Unhandled errors in Lambda are reported as Lambda.Unknown in the error output. These include
+   out-of-memory errors and function timeouts"). moto names it ``Exception``. A payload with an
+   ``errorType`` keeps it as its error name, in both (``Sandbox.Timedout`` for a timeout, as
+   Lambda's current runtimes report it; ``tests/local_lambda.py``).
 7. **One parse per JSONPath.** The interpreter parses a path each time it reads one
    (``json_path.extract_json`` calls ``jsonpath_ng.ext.parse``, and ``ResultPath`` calls
    ``jsonpath_ng.parse``: each builds a new PLY lexer and parser, about 40% of a Distributed
@@ -46,6 +54,7 @@ changes exactly those, each for a documented reason (and a sixth change is for s
 from __future__ import annotations
 
 import functools
+import json
 import threading
 import time as real_time
 import uuid
@@ -84,6 +93,14 @@ class _ScaledTime:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(real_time, name)
+
+
+def _error_type(payload: str) -> str | None:
+    try:
+        parsed = json.loads(payload)
+    except ValueError:
+        return None
+    return str(parsed["errorType"]) if isinstance(parsed, dict) and parsed.get("errorType") else None
 
 
 def payload_bytes(value: Any) -> int:
@@ -144,6 +161,11 @@ def aws_semantics(time_scale: float = 1.0) -> Iterator[Waits]:
 
     def from_error(self: Any, env: Any, ex: Exception) -> Any:
         event = original_from_error(self, env, ex)
+        if isinstance(ex, lambda_eval_utils.LambdaFunctionErrorException) and not _error_type(ex.payload):
+            unknown: Any = event.event_details
+            unknown["lambdaFunctionFailedEventDetails"]["error"] = "Lambda.Unknown"
+            return FailureEvent(env=env, error_name=CustomErrorName("Lambda.Unknown"),
+                                event_type=event.event_type, event_details=event.event_details)
         if isinstance(ex, ClientError):
             code = ex.response["Error"]["Code"]
             details: Any = event.event_details

@@ -30,6 +30,13 @@ ON_EVENT = "triton_mme_cdk.model_build.handler.on_event"
 IS_COMPLETE = "triton_mme_cdk.model_build.handler.is_complete"
 RESOURCE_TYPE = "Custom::TritonModelRelease"
 
+#: Functions' timeouts are enforced at this share of the template's (900 s: 45 s). Not the retry
+#: waits' 0.01: a wait is only time and scales exactly, but a run is real work (imports, a torch
+#: export, a node start) that does not shrink, and 9 s would end real builds on a loaded 2-core
+#: machine (the Processing tests found the same of MaxRuntime at 0.01: JOB_TIME_SCALE). The
+#: timeout tests scale it down further, with builds held past it.
+LAMBDA_TIME_SCALE = 0.05
+
 TINY = {
     "kind": "synthetic",
     "architecture": "resnet",
@@ -116,8 +123,10 @@ class LocalAws:
 
 @contextmanager
 def local_aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *, time_scale: float = 0.01,
+              lambda_time_scale: float = LAMBDA_TIME_SCALE,
               node_environment: dict[str, str] | None = None) -> Iterator[LocalAws]:
-    """A fresh moto for one test: the handlers use AWS's default endpoints, which moto intercepts."""
+    """A fresh moto for one test: the handlers use AWS's default endpoints, which moto intercepts.
+    Retry waits run ``time_scale`` times as long, functions' timeouts ``lambda_time_scale`` times."""
     import logging
 
     from moto import mock_aws
@@ -129,10 +138,14 @@ def local_aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *, time_scale: fl
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
     monkeypatch.setenv("TMPDIR", str(tmp_path))
-    runtime = LocalLambda(node_environment=dict(node_environment or {}))
+    runtime = LocalLambda(node_environment=dict(node_environment or {}), time_scale=lambda_time_scale)
     with mock_aws(config={"stepfunctions": {"execute_state_machine": True}}), runtime.installed(), \
             aws_semantics(time_scale=time_scale) as waits:
-        yield LocalAws(runtime, waits)
+        try:
+            yield LocalAws(runtime, waits)
+        finally:  # no handler outlives moto: a held one is released, a late one ends here
+            runtime.release_all()
+            runtime.settle(120)
 
 
 def cfn_request(kind: str, properties: dict[str, Any], *, response_url: str = "https://localhost/response",
@@ -168,10 +181,10 @@ class S3CallsByFunction:
         self._running = threading.local()
         real_run, real_make = self.runtime._run_python, aws_clients.make_s3_client
 
-        def run(function: Any, event: dict[str, Any]) -> Any:
+        def run(function: Any, event: dict[str, Any], **kwargs: Any) -> Any:
             self._running.name = function.name
             try:
-                return real_run(function, event)
+                return real_run(function, event, **kwargs)
             finally:
                 self._running.name = None
 

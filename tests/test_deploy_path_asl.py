@@ -102,12 +102,18 @@ def test_the_definitions_differ_only_in_the_settings_they_carry(templates: Templ
         (branch,) = definition["States"]["BuildModels"]["ItemProcessor"]["States"]["BuildOnProcessing"]["Branches"]
         return dict(branch["States"]["RunBuildJob"]["Parameters"]["StoppingCondition"])
 
+    def outgrown(definition: dict[str, Any]) -> dict[str, Any]:
+        return dict(definition["States"]["BuildModels"]["ItemProcessor"]["States"]["OutgrewLambda"]["Parameters"])
+
     carried = {name: (d["States"]["BuildModels"]["MaxConcurrency"], d["TimeoutSeconds"],
-                      job_runtime(d)["MaxRuntimeInSeconds"]) for name, d in resolved.items()}
-    # A Processing job's MaxRuntime is the total timeout unless set.
-    assert carried == {"default": (50, 3000, 3000), "ebs-timeout": (50, 1800, 1800), "small-map": (3, 300, 300)}
+                      job_runtime(d)["MaxRuntimeInSeconds"], outgrown(d)["BudgetSeconds"]) for name, d in resolved.items()}
+    # A Processing job's MaxRuntime is the total timeout unless set; OutgrewLambda's budget is the total timeout.
+    assert carried == {"default": (50, 3000, 3000, 3000), "ebs-timeout": (50, 1800, 1800, 1800),
+                       "small-map": (3, 300, 300, 300)}
     for definition in resolved.values():
         definition.pop("TimeoutSeconds")
+        definition["States"]["BuildModels"]["ItemProcessor"]["States"]["OutgrewLambda"]["Parameters"].pop(
+            "BudgetSeconds")
         definition["States"]["BuildModels"].pop("MaxConcurrency")
         (branch,) = definition["States"]["BuildModels"]["ItemProcessor"]["States"]["BuildOnProcessing"]["Branches"]
         branch["States"]["RunBuildJob"]["Parameters"].pop("StoppingCondition")

@@ -88,10 +88,12 @@ def item_model(event: Mapping[str, Any], manifest: Any) -> tuple[Any, str]:
 
 def build_step(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
     """The build function's one entry point, for the state machine: ``Step`` is ``plan``,
-    ``build`` (one Map item on the Lambda) or ``store_job`` / ``job_failed`` (after a Map item's
+    ``build`` (one Map item on the Lambda), ``outgrew_lambda`` (after a build's timeout or kill:
+    :mod:`model_build.handler.outgrown`) or ``store_job`` / ``job_failed`` (after a Map item's
     Processing job). ``finish`` is the placing function's (:func:`model_build.handler.place.place_step`),
     under the role that writes ``served/``: this one writes only ``_builds/``, ``_plans/`` and ``_jobs/``."""
-    steps = {"plan": plan_items, "build": build_item, "store_job": store_job, "job_failed": job_failed}
+    steps = {"plan": plan_items, "build": build_item, "store_job": store_job, "job_failed": job_failed,
+             "outgrew_lambda": outgrew_lambda}
     step = event.get("Step")
     if step not in steps:
         raise HandlerError(f"field Step: got {step!r}; expected one of {', '.join(steps)}")
@@ -202,6 +204,33 @@ def job_failed(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
     if capacity:
         raise ProcessingCapacityError(reason)
     raise HandlerError(reason)
+
+
+def outgrew_lambda(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
+    """A Map item's build ran past the Lambda's timeout or was killed twice (``{"Request", "Model",
+    "Key", "Error", "Cause", "Started", "BudgetSeconds", "Processing"}``): the item's ``Job`` on
+    SageMaker Processing, or its reason recorded and raised (:mod:`model_build.handler.outgrown`)."""
+    from triton_mme_cdk.model_build.handler.outgrown import where_it_goes
+    from triton_mme_cdk.model_build.handler.processing import processing_item
+    from triton_mme_cdk.model_build.manifest.build_engine import EngineSettings
+
+    request = item_request(event)
+    s3 = s3_client()
+    manifest = load_manifest(s3, request)
+    spec, key = item_model(event, manifest)
+    raw = request.props.get("BuildEngine")
+    try:
+        settings = EngineSettings.from_properties(raw) if raw is not None else EngineSettings(runs_on="lambda")
+    except ValueError as refused:
+        raise HandlerError(str(refused)) from None
+    placement, what = where_it_goes(event, spec, settings, s3)
+    LOG.info("outgrew_lambda %s", what)
+    if placement is None:
+        record_failure(s3, request, spec.name, what)
+        raise HandlerError(what)
+    return processing_item(s3, bucket=request.model_bucket, request_props=request.props, manifest=manifest, spec=spec,
+                           key=key, model_prefix=request.model_prefix, release_id=request.release_id,
+                           placement=placement)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,0 +1,225 @@
+"""The deploy path's Lambda faults, through the synthesized build state machine run by moto's
+interpreter, the real handlers behind moto's Invoke API (``tests/local_lambda.py``) and S3 in moto:
+
+- the harness ends a function at its template ``Timeout`` (scaled) as Lambda does
+  (``Sandbox.Timedout``), and a killed runtime as Lambda does (no ``errorType``: Step Functions'
+  ``Lambda.Unknown``); a late end is kept aside, never answered;
+- a build killed once is retried and builds on the Lambda; a build past its timeout moves to
+  SageMaker Processing (``OutgrewLambda``) and builds there; a build pinned to the Lambda that is
+  killed twice, or past the budget left, fails naming the model and the limit it hit;
+- a build that ends after its deploy failed and rolled back changes nothing that is served.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from asl_moto import wait_for
+from deploy_harness import BUILD_STEP, LocalAws, Templates, cfn_request, local_aws, tiny_manifest
+from local_lambda import TIMED_OUT
+from processing_local import LocalProcessing, processing_jobs
+
+from triton_mme_cdk.model_build import handler
+from triton_mme_cdk.model_build.release.index import read_routes
+
+#: Slow: real builds, one on Processing (a subprocess that imports torch).
+pytestmark = pytest.mark.slow
+
+#: Functions' 900 s timeouts end at 2.7 s here: a held build passes it, a plan or a tiny build
+#: (about 0.1 s each once torch is imported) stays far within it.
+TIME_SCALE = 0.003
+
+
+def manifest(changed: int | None = None) -> dict[str, Any]:
+    """Three tiny models; the third pinned to the Lambda (``build.runs_on: lambda``)."""
+    data = copy.deepcopy(tiny_manifest(3, changed=changed))
+    data["models"][2]["build"] = {"runs_on": "lambda"}
+    return data
+
+
+@pytest.fixture(scope="module")
+def templates(tmp_path_factory: pytest.TempPathFactory) -> Templates:
+    return Templates(tmp_path_factory.mktemp("lambda-faults"))
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """One real build before the timed ones: the first build in a process imports torch, ONNX and
+    ONNX Runtime (seconds), which the Lambda's image would have done at its cold start, not in a
+    build's time."""
+    from triton_mme_cdk.model_build.handler.units import model_key
+    from triton_mme_cdk.model_build.manifest.loading import parse_manifest
+    from triton_mme_cdk.model_build.pipeline import BuildOptions, build_unit
+
+    folder = tmp_path_factory.mktemp("warm")
+    for spec in parse_manifest(tiny_manifest(2)).models:  # an ONNX and a TorchScript export
+        build_unit(spec, model_key(spec), BuildOptions(base_dir=folder), store_dir=folder / "store")
+
+
+@pytest.fixture
+def aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, warm: None) -> Any:
+    with local_aws(monkeypatch, tmp_path, lambda_time_scale=TIME_SCALE) as local:
+        yield local
+
+
+@pytest.fixture
+def jobs(aws: LocalAws, tmp_path: Path) -> Any:
+    with processing_jobs(boto3.client("s3", region_name="us-east-1"), tmp_path / "jobs", time_scale=0.05) as local:
+        yield local
+
+
+def _build(deployment: Any, kind: str = "Create", *, old: dict[str, Any] | None = None) -> tuple[Any, Any, Any]:
+    props = deployment.custom_resource_properties()
+    physical = f"s3://{props['ModelBucket']}/models/served/"
+    request = cfn_request(kind, props, physical_id=None if kind == "Create" else physical, old=old)
+    started = handler.on_event(request)
+    if "Data" not in started:  # the release is built already (a rollback): nothing runs
+        return request, started, None
+    return request, started, wait_for(deployment.states, started["Data"]["BuildExecutionArn"], 120)
+
+
+def _complete(request: dict[str, Any], started: dict[str, Any]) -> dict[str, Any]:
+    return handler.is_complete(dict(request, PhysicalResourceId=started["PhysicalResourceId"],
+                                    Data=started.get("Data", {})))
+
+
+def _outcomes(aws: LocalAws) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for call in aws.runtime.invocations(BUILD_STEP):
+        if call.event.get("Step") == "build":
+            found.setdefault(call.event["Model"], []).append(call.outcome)
+    return found
+
+
+def _served(deployment: Any, bucket: str) -> dict[str, Any]:
+    """What is served: the routes document's bytes and every object under served/ (key -> ETag)."""
+    s3 = deployment.s3
+    routes = s3.get_object(Bucket=bucket, Key="models/_routes/routes.json")["Body"].read()
+    objects = {item["Key"]: item["ETag"] for page in s3.get_paginator("list_objects_v2").paginate(
+        Bucket=bucket, Prefix="models/served/") for item in page.get("Contents", [])}
+    return {"routes": routes, "served": objects}
+
+
+def test_the_harness_ends_a_function_at_its_timeout_and_a_killed_one_as_lambda_does(
+    templates: Templates, aws: LocalAws
+) -> None:
+    deployment = aws.deploy(templates.get(manifest()))
+    function = aws.runtime.function(BUILD_STEP)
+    assert function.timeout_s == 900  # the template's Timeout
+    client = boto3.client("lambda", region_name="us-east-1")
+    release = aws.runtime.hold(BUILD_STEP, lambda event: event.get("Step") == "probe")
+    started = time.monotonic()
+    answer = client.invoke(FunctionName=function.name, Payload=json.dumps({"Step": "probe"}).encode())
+    took = time.monotonic() - started
+    payload = json.loads(answer["Payload"].read())
+    assert answer["FunctionError"] == "Unhandled" and payload["errorType"] == TIMED_OUT, payload
+    assert payload["errorMessage"].endswith("Task timed out after 900.00 seconds"), payload
+    assert 900 * TIME_SCALE <= took < 900 * TIME_SCALE + 2.0, took
+    (call,) = aws.runtime.invocations(BUILD_STEP)
+    assert call.outcome == "timed_out" and call.late is None, "still running, and nothing answered for it"
+    release.set()
+    aws.runtime.settle(30)
+    assert call.late is not None and call.late[0] is False and "field Step: got 'probe'" in call.late[1]["errorMessage"]
+    assert call.result == payload, "the late end is kept aside; the answer stays the timeout's"
+
+    aws.runtime.kill(BUILD_STEP, lambda event: event.get("Step") == "probe", times=1)
+    killed = client.invoke(FunctionName=function.name, Payload=json.dumps({"Step": "probe"}).encode())
+    body = json.loads(killed["Payload"].read())
+    assert killed["FunctionError"] == "Unhandled" and "errorType" not in body, body
+    assert "Runtime exited with error: signal: killed" in body["errorMessage"]
+    del deployment
+
+
+def test_a_killed_build_is_retried_and_one_past_its_timeout_builds_on_processing(
+    templates: Templates, aws: LocalAws, jobs: LocalProcessing
+) -> None:
+    deployment = aws.deploy(templates.get(manifest()))
+    aws.runtime.kill(BUILD_STEP, lambda event: event.get("Model") == "unit-00", times=1)
+    release = aws.runtime.hold(BUILD_STEP, lambda event: event.get("Step") == "build" and event["Model"] == "unit-01")
+    try:
+        request, started, described = _build(deployment)
+    finally:
+        release.set()
+    assert described["status"] == "SUCCEEDED", (described.get("error"), described.get("cause"))
+    assert _outcomes(aws) == {"unit-00": ["killed", "ok"], "unit-01": ["timed_out"], "unit-02": ["ok"]}
+    (moved,) = [c for c in aws.runtime.invocations(BUILD_STEP) if c.event.get("Step") == "outgrew_lambda"]
+    assert moved.outcome == "ok" and moved.event["Error"] == TIMED_OUT and moved.event["Model"] == "unit-01"
+    assert moved.result["Output"].endswith("/models/_jobs/" + request["ResourceProperties"]["ReleaseId"] + "/unit-01/output/")
+    (job,) = jobs.jobs
+    assert job["ProcessingJobStatus"] == "Completed", job.get("Log")
+    done = _complete(request, started)
+    assert done["IsComplete"] is True and done["Data"]["ModelCount"] == "4"  # unit-00 has two copies
+    aws.runtime.settle(60)  # the timed-out Lambda build ended late: stored or not, its answer was never used
+    (late,) = [c for c in aws.runtime.invocations(BUILD_STEP) if c.outcome == "timed_out"]
+    assert late.late is not None and late.late[0] is True, late.late
+
+
+def test_a_build_neither_a_retry_nor_processing_can_help_fails_naming_the_model_and_the_limit(
+    templates: Templates, aws: LocalAws
+) -> None:
+    deployment = aws.deploy(templates.get(manifest()))
+    # unit-02 is pinned to the Lambda: killed on the retry too, it cannot move.
+    aws.runtime.kill(BUILD_STEP, lambda event: event.get("Step") == "build" and event["Model"] == "unit-02", times=2)
+    request, started, described = _build(deployment)
+    assert described["status"] == "FAILED", described
+    assert _outcomes(aws)["unit-02"] == ["killed", "killed"]
+    with pytest.raises(handler.HandlerError) as caught:
+        _complete(request, started)
+    reason = str(caught.value)
+    assert "model 'unit-02'" in reason and "6144 MB" in reason and "build.runs_on: 'lambda'" in reason, reason
+    assert len(reason) <= 400
+
+    # unit-01 (not pinned) past its timeout with too little of the execution's budget left: the
+    # step itself, as the catch invokes it, 2,900 s into a 3,000 s budget.
+    props = {k: v for k, v in request["ResourceProperties"].items() if k not in ("ServiceToken", "Deployed")}
+    plan = json.loads(deployment.s3.get_object(Bucket=props["ModelBucket"],
+                                               Key=f"models/_plans/{props['ReleaseId']}.json")["Body"].read())
+    key = next(item["Key"] for item in plan if item["Model"] == "unit-01")
+    long_ago = (datetime.now(UTC) - timedelta(seconds=2900)).isoformat().replace("+00:00", "Z")
+    with pytest.raises(handler.HandlerError) as late:
+        handler.build_step({"Step": "outgrew_lambda", "Request": props, "Model": "unit-01", "Key": key,
+                            "Error": TIMED_OUT, "Cause": "Task timed out after 900.00 seconds",
+                            "Started": long_ago, "BudgetSeconds": 3000, "Processing": True})
+    reason = str(late.value)
+    assert "model 'unit-01'" in reason and "900 s timeout" in reason and "of its 3000 s" in reason, reason
+
+
+def test_a_build_that_ends_after_its_deploy_failed_and_rolled_back_changes_nothing_served(
+    templates: Templates, aws: LocalAws
+) -> None:
+    first = aws.deploy(templates.get(manifest()))
+    request, started, described = _build(first)
+    assert described["status"] == "SUCCEEDED"
+    _complete(request, started)
+    bucket = request["ResourceProperties"]["ModelBucket"]
+    before = _served(first, bucket)
+    routed = read_routes(first.s3, bucket, "models")
+    assert routed is not None
+    aws.runtime.reset()
+
+    # The next release changes unit-02 (pinned to the Lambda); its build is held past its timeout.
+    second = first.update(templates.get(manifest(changed=2)))
+    release = aws.runtime.hold(BUILD_STEP, lambda event: event.get("Step") == "build" and event["Model"] == "unit-02")
+    try:
+        update, update_started, failed = _build(second, "Update", old=request["ResourceProperties"])
+        assert failed["status"] == "FAILED", failed
+        with pytest.raises(handler.HandlerError, match=r"unit-02.*900 s timeout"):
+            _complete(update, update_started)
+        # CloudFormation rolls back: an Update to the first release's properties, built already.
+        rollback, rollback_started, nothing = _build(first, "Update", old=update["ResourceProperties"])
+        assert nothing is None and _complete(rollback, rollback_started)["IsComplete"] is True
+    finally:
+        release.set()
+    aws.runtime.settle(60)
+    (late,) = [c for c in aws.runtime.invocations(BUILD_STEP) if c.outcome == "timed_out"]
+    assert late.late is not None and late.late[0] is True, "the held build ran to its end, late"
+    assert _served(first, bucket) == before, "the routes document and every served object are as they were"
+    after = read_routes(first.s3, bucket, "models")
+    assert after is not None and after.release_id == routed.release_id
