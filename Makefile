@@ -24,7 +24,7 @@ BUILD_DIR ?= build
 BUCKET ?=
 ENDPOINT_URL ?=
 
-.PHONY: setup plan-setup demo test test-fast lint synth bench gpu-check gpu-bundle smoke bootstrap reference image-table lock clean
+.PHONY: setup plan-setup demo test test-fast lint synth bench gpu-check gpu-bundle smoke integ-deploy bootstrap reference image-table lock clean
 
 # What Lambda's Node.js runtime gives the CDK provider framework (the AWS SDK v3), for the
 # custom-resource protocol tests (tests/test_custom_resource_protocol.py runs the framework's code).
@@ -263,6 +263,17 @@ smoke: setup
 		$(if $(RUNTIME_ENDPOINT_URL),--runtime-endpoint-url $(RUNTIME_ENDPOINT_URL)) \
 		$(if $(SAGEMAKER_ENDPOINT_URL),--sagemaker-endpoint-url $(SAGEMAKER_ENDPOINT_URL)) \
 		$(if $(S3_ENDPOINT_URL),--s3-endpoint-url $(S3_ENDPOINT_URL))
+
+# Deploy one integ test of tests/integ/ (INTEG=integ_default_app.py, integ_bring_your_own.py or
+# integ_two_endpoints.py) in the account and region of your credentials, which its assertion then
+# calls: the deploy fails unless a model answers by its logical name within 10 minutes. Then
+# every stack of it is destroyed (also when the deploy failed). Needs Docker (the build image), a
+# bootstrapped account and GPU instance quota (docs/testing.md, "Integ tests"). Not run by `make test`.
+integ-deploy: setup
+	@test -n "$(INTEG)" || { echo "usage: make integ-deploy INTEG=<integ_*.py of tests/integ>"; exit 2; }
+	cd tests/integ && { $(abspath node_modules/.bin/cdk) deploy --app "$(abspath $(PY)) $(INTEG)" --all \
+		--require-approval never; status=$$?; $(abspath node_modules/.bin/cdk) destroy \
+		--app "$(abspath $(PY)) $(INTEG)" --all --force; exit $$status; }
 
 # Bootstrap one account and region with this project's policies (docs/pipelines.md, "Bootstrapping
 # the accounts"), with that account's administrator credentials: the boundary and the execution

@@ -109,6 +109,16 @@ def mask(text: str) -> str:
     return _RELEASE.sub("r-<release>", _HEX64.sub("<sha256>", text))
 
 
+def snapshot_text(template: str) -> str:
+    """The template without what changes between CDK versions or build code revisions."""
+    data = json.loads(template)
+    data["Resources"].pop("CDKMetadata", None)
+    data.get("Conditions", {}).pop("CDKMetadataAvailable", None)
+    if data.get("Conditions") == {}:
+        del data["Conditions"]
+    return mask(json.dumps(data, indent=1)) + "\n"
+
+
 def statements(data: Mapping[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
     """Every IAM policy statement of a template, with the logical id of its policy or role."""
     for logical_id, resource in data["Resources"].items():

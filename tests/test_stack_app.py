@@ -11,7 +11,7 @@ from pathlib import Path
 import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_s3 as s3
-from cdk_helpers import ROOT, SNAPSHOTS, mask, subprocess_env
+from cdk_helpers import ROOT, SNAPSHOTS, snapshot_text, subprocess_env
 from hostile_helpers import Outcome, run_app_refusals
 
 import app as cdk_app
@@ -26,16 +26,6 @@ SYNTH_AND_LIST_MODULES = (
     f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & set({sorted(HEAVY)!r}))))\n"
     "sys.exit(rc)\n"
 )
-
-
-def snapshot_text(template: str) -> str:
-    """The template without what changes between CDK versions or build code revisions."""
-    data = json.loads(template)
-    data["Resources"].pop("CDKMetadata", None)
-    data.get("Conditions", {}).pop("CDKMetadataAvailable", None)
-    if data.get("Conditions") == {}:
-        del data["Conditions"]
-    return mask(json.dumps(data, indent=1)) + "\n"
 
 
 #: Each synth's process result and its output folder.
