@@ -299,6 +299,9 @@ class EndpointNetwork(Construct):
             ip_addresses=ec2.IpAddresses.cidr(props.cidr),
             max_azs=2,
             nat_gateways=0,
+            # Whatever the app's feature flag (@aws-cdk/aws-ec2:restrictDefaultSecurityGroup) says:
+            # the packs' VPCDefaultSecurityGroupClosed (issue 59).
+            restrict_default_security_group=True,
             subnet_configuration=[
                 ec2.SubnetConfiguration(name="Isolated", subnet_type=ec2.SubnetType.PRIVATE_ISOLATED)
             ],

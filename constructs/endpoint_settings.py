@@ -257,9 +257,10 @@ CREATE_VPC = Field(
     "endpoint and vpc_interface_endpoints. Exclusive with an existing VPC.",
 )
 ALARM_TOPIC_ENABLED = Field(
-    default=False,
+    default=None,
     description="Create an SNS topic (its own KMS key, TLS-only policy) that every alarm notifies on "
-    "ALARM and OK. Implied by alarm_emails.",
+    "ALARM and OK. Unset: created unless you give a topic; false: the alarms notify nothing (a synth "
+    "warning: the HIPAA.Security and NIST.800.53.R5 packs' CloudWatchAlarmAction reports them).",
 )
 
 
@@ -355,7 +356,7 @@ else:
         __base__=EndpointSettingsBase,
         __module__=__name__,
         create_vpc=(bool, CREATE_VPC),
-        alarm_topic_enabled=(bool, ALARM_TOPIC_ENABLED),
+        alarm_topic_enabled=(bool | None, ALARM_TOPIC_ENABLED),
         **{key: setting.model_field() for key, setting in SETTINGS.items()},
     )
 

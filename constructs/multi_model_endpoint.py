@@ -44,6 +44,7 @@ from triton_mme_cdk.constructs.fleet_fit import annotate_fit, synth_fit
 from triton_mme_cdk.constructs.model_bucket import ModelBucket, ModelBucketProps
 from triton_mme_cdk.constructs.model_build_inputs import internet_sources, s3_source_keys
 from triton_mme_cdk.constructs.model_build_resource import ModelBuildResource, ModelBuildResourceProps
+from triton_mme_cdk.constructs.nag_acknowledgments import acknowledge_inline_policies
 from triton_mme_cdk.constructs.rollout_policy import RolloutPolicy, RolloutPolicyProps
 from triton_mme_cdk.constructs.sagemaker_execution_role import (
     SageMakerExecutionRole,
@@ -137,9 +138,9 @@ class TritonMultiModelEndpoint(ITritonMultiModelEndpoint, Construct):
       ``InvocationsPerInstance`` and ``GPUUtilization``.
     - ``vpc`` (yours, with ``vpc_subnets`` and ``security_groups`` optional), or ``create_vpc``: the
       model's network interfaces in private or isolated subnets. Unset: no VPC.
-    - Alarms, to ``alarm_topic`` (yours) or a created topic (``alarm_topic_enabled`` or
-      ``alarm_emails``); a dashboard; the blue/green ``DeploymentConfig`` rolling back on the
-      chosen alarms.
+    - Alarms, to ``alarm_topic`` (yours) or else a created topic (unless ``alarm_topic_enabled``
+      is false), with ``alarm_emails`` subscribed; a dashboard; the blue/green
+      ``DeploymentConfig`` rolling back on the chosen alarms.
     - Every other keyword is a setting of docs/settings.md by its name without ``mme:``
       (``instance_type``, ``min_instance_count``, ``max_instance_count``, ``endpoint_name``,
       ``model_prefix``...), with the same type, unit, default and check: a refused value raises
@@ -244,6 +245,8 @@ class TritonMultiModelEndpoint(ITritonMultiModelEndpoint, Construct):
         self.autoscaling = EndpointAutoscaling(self, "Autoscaling", props=EndpointAutoscalingProps(
             **options.values(EndpointAutoscalingProps), endpoint=self.endpoint))
         self._operations(alarm_topic)
+        # Each inline policy of the construct, by itself (the compliance packs' IAMNoInlinePolicy).
+        acknowledge_inline_policies(self)
 
     @staticmethod
     def from_endpoint_attributes(scope: Construct, id: str, *, endpoint_name: str, bucket: s3.IBucket,
@@ -427,9 +430,14 @@ class TritonMultiModelEndpoint(ITritonMultiModelEndpoint, Construct):
         #: The created alarm topic (None when yours, or none, is notified).
         self.alarm_topic: AlarmTopic | None = None
         topic = alarm_topic
-        if topic is None and (options.alarm_topic_enabled or options.alarm_emails):
+        if topic is None and options.alarm_topic_enabled is not False:
             self.alarm_topic = AlarmTopic(self, "AlarmTopic", props=AlarmTopicProps(**options.values(AlarmTopicProps)))
             topic = self.alarm_topic.topic
+        if topic is None:
+            Annotations.of(self).add_warning_v2("triton-mme:alarms-without-action", (
+                "alarm_topic_enabled: false without alarm_topic; the endpoint's alarms notify nothing, and the "
+                "HIPAA.Security and NIST.800.53.R5 packs' CloudWatchAlarmAction reports each of them: give "
+                "alarm_topic, or leave alarm_topic_enabled unset for a created topic"))
         #: The topic the alarms notify (yours, the created one, or None).
         self.notified_topic: sns.ITopic | None = topic
         #: The endpoint's alarms (``EndpointAlarms``: ``alarms`` by key, ``rollback_alarms``).
@@ -454,7 +462,10 @@ def _check_resources(options: EndpointSettingsBase, *, vpc: ec2.IVpc | None, vpc
     for name, value in (("vpc_subnets", vpc_subnets), ("security_groups", security_groups)):
         if value is not None and vpc is None:
             raise PropsError(f"{name}: given without vpc; pass the VPC they belong to as vpc (ec2.IVpc)")
-    if alarm_topic is not None and (options.alarm_topic_enabled or options.alarm_emails):
+    if options.alarm_topic_enabled is False and options.alarm_emails:
+        raise PropsError("alarm_emails: given with alarm_topic_enabled false; the addresses subscribe to the "
+                         "created topic: leave alarm_topic_enabled unset, or drop the addresses")
+    if alarm_topic is not None and (options.alarm_topic_enabled is True or options.alarm_emails):
         given = "alarm_emails" if options.alarm_emails else "alarm_topic_enabled true"
         raise PropsError(f"alarm_topic: given with {given}; the alarms notify either your topic or a created one: "
                          "drop one of them (subscribe the addresses to your topic)")

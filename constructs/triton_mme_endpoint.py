@@ -15,7 +15,12 @@ from pydantic import AfterValidator, Field, model_validator
 
 from constructs import Construct
 from triton_mme_cdk.constructs.endpoint_metrics import EndpointMetrics
-from triton_mme_cdk.constructs.nag_acknowledgments import skip_checkov, wildcard_policy
+from triton_mme_cdk.constructs.nag_acknowledgments import (
+    INSTANCE_STORE_KEY_REASON,
+    acknowledge_in_packs,
+    skip_checkov,
+    wildcard_policy,
+)
 from triton_mme_cdk.constructs.props import SECONDS, Between, Namer, Props, Resource, is_unresolved, known
 from triton_mme_cdk.constructs.sagemaker_limits import (
     ENVIRONMENT_KEY_PATTERN,
@@ -455,6 +460,8 @@ class TritonMmeEndpoint(EndpointMetrics, Construct):
             ],
             kms_key_id=key.key_arn if key else None,
         )
+        if key is None and known(props.instance_type) and has_instance_storage(props.instance_type):
+            acknowledge_in_packs(config, "SageMakerEndpointConfigurationKMSKeyConfigured", INSTANCE_STORE_KEY_REASON)
         if key is not None:
             # SageMaker creates a grant on the key for the instance's EBS volume.
             iam.Grant.add_to_principal(

@@ -6,6 +6,11 @@ CDK bootstrap roles. Their wildcards are CDK's grants of those resources, not ch
 app. :func:`acknowledge_pipeline_grants` walks every policy of the stack once it is built and
 acknowledges each wildcard it knows, by its exact finding id; a wildcard it does not know raises,
 so a new grant is read by a person before it is acknowledged.
+
+:func:`acknowledge_pipeline_compliance` does the same for the compliance packs (issue 59): each
+inline policy of the stack and its stages (``IAMNoInlinePolicy``), each CodeBuild project whose
+source is CodePipeline's artifact (``CodeBuildProjectSourceRepoUrl``; another source raises), and
+the artifact store's two buckets.
 """
 
 from __future__ import annotations
@@ -14,11 +19,17 @@ import re
 from typing import Any
 
 from aws_cdk import Stack
+from aws_cdk import aws_codebuild as codebuild
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_s3 as s3
 
 from constructs import IConstruct
+from triton_mme_cdk.constructs.multi_model_endpoint import TritonMultiModelEndpoint
 from triton_mme_cdk.constructs.nag_acknowledgments import (
+    ACCESS_LOG_ENCRYPTION_REASON,
     acknowledge,
+    acknowledge_in_packs,
+    acknowledge_inline_policies,
     acknowledge_wildcard_action,
     flatten_reference,
     skip_checkov,
@@ -98,3 +109,37 @@ def acknowledge_pipeline_grants(stack: Stack) -> list[str]:
 
 def _acknowledge_resource(scope: IConstruct, flat: str, reason: str) -> None:
     acknowledge(scope, f"AwsSolutions-IAM5[Resource::{flat}]", reason)
+
+
+#: Why a CodeBuild project of the pipeline has no source credentials (CodeBuildProjectSourceRepoUrl).
+CODEPIPELINE_SOURCE_REASON = (
+    "The project's source is the CodePipeline artifact of its action (Source.Type CODEPIPELINE), not a GitHub or "
+    "Bitbucket URL: the project holds no repository credentials at all; the repository is read once, by the "
+    "pipeline's source action through its CodeConnections connection (or CodeCommit)."
+)
+#: Why the pipeline's artifact store is not replicated (S3BucketReplicationEnabled).
+ARTIFACTS_REPLICATION_REASON = (
+    "The artifact store holds what each pipeline execution makes again from the source repository (the cloud "
+    "assembly, the plans); the repository is the record. It is versioned and keeps noncurrent versions 30 days."
+)
+ARTIFACT_LOGS_REPLICATION_REASON = (
+    "The artifact store's server access logs stay in the pipeline's region, versioned and kept 365 days; S3 "
+    "delivers server access logs on a best-effort basis. A copy in another region is the team's choice of a "
+    "destination, which this app does not make."
+)
+
+
+def acknowledge_pipeline_compliance(stack: Stack, artifacts: s3.IBucket, access_logs: s3.IBucket) -> None:
+    """Acknowledge the compliance packs' findings of the pipeline's stack and of its stages' stacks
+    that are no endpoint's (the endpoint construct acknowledges its own)."""
+    acknowledge_inline_policies(stack, skip=[node for node in stack.node.find_all()
+                                             if isinstance(node, TritonMultiModelEndpoint)])
+    for node in stack.node.find_all():
+        if isinstance(node, codebuild.CfnProject):
+            source: Any = stack.resolve(node.source)
+            if source.get("type") != "CODEPIPELINE":
+                raise ValueError(f"{node.node.path}: source {source.get('type')} has no recorded reason")
+            acknowledge_in_packs(node, "CodeBuildProjectSourceRepoUrl", CODEPIPELINE_SOURCE_REASON)
+    acknowledge_in_packs(artifacts, "S3BucketReplicationEnabled", ARTIFACTS_REPLICATION_REASON)
+    acknowledge_in_packs(access_logs, "S3BucketReplicationEnabled", ARTIFACT_LOGS_REPLICATION_REASON)
+    acknowledge_in_packs(access_logs, "S3DefaultEncryptionKMS", ACCESS_LOG_ENCRYPTION_REASON)

@@ -129,7 +129,7 @@ class AppSettings(EndpointSettingsBase):
         "against the deployed record the routes carry). Empty: synth prints the model count and how to run "
         "the plan.",
     )
-    alarm_topic_enabled: bool = ALARM_TOPIC_ENABLED
+    alarm_topic_enabled: bool | None = ALARM_TOPIC_ENABLED
     alarm_topic_arn: TopicArn | None = Field(
         default=None,
         description="An existing SNS topic the alarms notify instead of a created one. Its policy (and "
@@ -186,7 +186,7 @@ class AppSettings(EndpointSettingsBase):
             )
 
     def _check_notifications(self) -> None:
-        if self.alarm_topic_arn is not None and (self.alarm_topic_enabled or self.alarm_emails):
+        if self.alarm_topic_arn is not None and (self.alarm_topic_enabled is True or self.alarm_emails):
             given = "mme:alarm_emails" if self.alarm_emails else "mme:alarm_topic_enabled true"
             raise ValueError(
                 f"mme:alarm_topic_arn: got {self.alarm_topic_arn!r} with {given}; the alarms notify "

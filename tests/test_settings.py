@@ -55,7 +55,8 @@ def test_defaults() -> None:
     assert (s.alarm_5xx_errors_threshold, s.alarm_4xx_rate_percent, s.alarm_latency_p99_ms,
             s.alarm_model_loading_wait_p90_ms) == (0, 5, 1000, 10000)
     assert (s.alarm_gpu_memory_percent, s.alarm_disk_percent, s.alarm_gpu_saturation_percent) == (90, 85, 90)
-    assert (s.alarm_topic_enabled, s.alarm_emails, s.alarm_topic_arn, s.dashboard_name) == (False, [], None, None)
+    # Unset: a topic is created unless mme:alarm_topic_arn names one (issue 59: alarms with an action).
+    assert (s.alarm_topic_enabled, s.alarm_emails, s.alarm_topic_arn, s.dashboard_name) == (None, [], None, None)
     assert (s.rollout_traffic, s.rollout_size_type, s.rollout_size) == ("ALL_AT_ONCE", "CAPACITY_PERCENT", None)
     assert (s.rollout_wait_seconds, s.rollout_termination_wait_seconds,
             s.rollout_max_execution_timeout_seconds) == (600, 300, None)

@@ -119,7 +119,8 @@ def _settings() -> list[str]:
         default = info.get_default(call_default_factory=True)
         shown = "unset" if default is None else f"`{default!r}`"
         description = (info.description or "").replace("|", "\\|")
-        lines.append(f"| `{field_name}` | `{annotation}` | {shown} | {description} |")
+        escaped = annotation.replace("|", "\\|")  # a union's bar would end the table cell
+        lines.append(f"| `{field_name}` | `{escaped}` | {shown} | {description} |")
     return [*lines, ""]
 
 
