@@ -143,7 +143,8 @@ def test_isolated_variant_is_clean(isolated: Synth) -> None:
     # on the VPC's flow log and AZs; those are not ours).
     nag_rules = {rule.split("[")[0] for rule in acknowledged if rule.startswith("AwsSolutions-")}
     # IAM4: the managed logging policy CDK gives its AwsCustomResource function (the S3 prefix list lookup).
-    assert nag_rules == {"AwsSolutions-IAM4", "AwsSolutions-IAM5", "AwsSolutions-S1", "AwsSolutions-SF2"}
+    # (No AwsSolutions-S1: cdk-nag 3 passes a bucket that is another's log destination; issue 59.)
+    assert nag_rules == {"AwsSolutions-IAM4", "AwsSolutions-IAM5", "AwsSolutions-SF2"}
     # The VPC adds one finding per network-interface policy (EC2 actions without resource-level
     # permissions: the build Lambda's, the model's and the Processing build job's), acknowledged on
     # that policy only.

@@ -57,7 +57,12 @@ def test_cdk_nag_passes_with_specific_acknowledgments(default: Synth) -> None:
     for rule_id, reason in acknowledged.items():
         assert len(reason) > 60, (rule_id, reason)
     rules = {rule_id.split("[")[0] for rule_id in acknowledged}
-    assert rules == {"AwsSolutions-IAM5", "AwsSolutions-S1", "AwsSolutions-SF2"}
+    # AwsSolutions-S1 is gone (issue 59): cdk-nag 3 passes a bucket that is another's log destination,
+    # so its acknowledgment matched no finding. The compliance packs' rules: tests/test_compliance_packs.py.
+    assert {rule for rule in rules if rule.startswith("AwsSolutions-")} == {"AwsSolutions-IAM5", "AwsSolutions-SF2"}
+    assert {rule.split("-", 1)[1] for rule in rules if not rule.startswith("AwsSolutions-")} == {
+        "IAMNoInlinePolicy", "LambdaConcurrency", "LambdaDLQ", "LambdaInsideVPC", "S3BucketReplicationEnabled",
+        "S3DefaultEncryptionKMS", "SageMakerEndpointConfigurationKMSKeyConfigured"}
 
 
 def test_cfn_lint_reports_nothing(default: Synth) -> None:
@@ -82,6 +87,7 @@ def test_outputs(default: Synth) -> None:
     assert set(outputs) == {
         "EndpointName", "EndpointArn", "ModelBucketName", "ModelDataUrl", "RoutesUrl", "ReleaseId",
         "ExecutionRoleArn", "DashboardName", "DashboardUrl",
+        "AlarmTopicArn",  # the alarms notify a created topic by default (issue 59)
     }
     for name, output in outputs.items():
         assert len(output.get("Description", "")) > 10, name
