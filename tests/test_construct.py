@@ -319,10 +319,11 @@ def test_the_upgrade_from_0_1_0_replaces_nothing(tmp_path: Path, capsys: pytest.
     assert kept <= set(current["Resources"]), kept - set(current["Resources"])
     # Added since: the build step's own role and the placing function (issue 49: the code that
     # parses model sources no longer shares the placing role), and the policy that lets the handlers
-    # read their own stack's tag to check an event against CloudFormation (issue 62).
+    # read their own stack's tag to check an event against CloudFormation (issue 62); the alarm topic,
+    # its key and its policy (issue 59: the alarms notify a created topic unless one is given).
     added = {logical_id.rstrip("0123456789ABCDEF") for logical_id in set(current["Resources"]) - kept - {"CDKMetadata"}}
     assert added == {"ModelBuildBuildRole", "ModelBuildBuildRoleDefaultPolicy", "ModelBuildPlace", "ModelBuildPlaceLogs",
-                     "ModelBuildCheckRequests"}
+                     "ModelBuildCheckRequests", "AlarmTopic", "AlarmTopicKey", "AlarmTopicPolicy"}
     routes = Routes("r-0000000000000000", "s3://b/models/served/", "k", {},
                     stack="arn:aws:cloudformation:eu-west-1:123456789012:stack/TritonMme/0a1b2c3d",
                     model_code_sha256="0" * 64, deployed=record_from_template(previous))
