@@ -27,7 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Literal
 from urllib.parse import urlsplit
 
-Action = Literal["error", "reset", "stall", "delay", "corrupt", "hold"]
+Action = Literal["error", "reset", "stall", "delay", "corrupt", "hold", "landed", "kill"]
 
 #: Headers that describe one hop, not the message; never forwarded.
 _HOP_BY_HOP = frozenset(
@@ -38,6 +38,7 @@ _MESSAGES = {
     "ThrottlingException": "Rate exceeded",
     "InternalError": "We encountered an internal error. Please try again.",
     "ServiceUnavailable": "Service is unable to handle request.",
+    "ProcessKilled": "The process that sent this request was killed (injected by the test's fault proxy).",
 }
 
 
@@ -58,6 +59,14 @@ class Rule:
     - ``corrupt``: forward, then flip one byte of the response body.
     - ``hold``: wait until ``gate`` is set (at most the proxy's ``max_stall``), then forward: a test
       orders concurrent requests with it (``hits`` says a request is being held).
+    - ``landed``: forward (the request lands), then reset the connection without answering: a
+      timeout after the call landed; the client's retry meets what it did.
+    - ``kill``: forward, then the process that sent it is dead: no answer, and every later request
+      is answered ``400 ProcessKilled`` (not retried) until :meth:`FaultProxy.revive`, so nothing
+      it does after that call reaches S3 and the test ignores what it returns.
+
+    ``after``: let that many matching requests through first (the ``after + 1``-th is the first
+    one the rule applies to): the enumeration of a step's calls fails its n-th call of a key.
     """
 
     action: Action
@@ -71,7 +80,9 @@ class Rule:
     gate: threading.Event | None = None
     service: Literal["s3", "sagemaker-runtime"] = "s3"
     original_status: int | None = None
+    after: int = 0
     hits: int = field(default=0, init=False)
+    seen: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         if not 1 <= self.times <= 10_000:
@@ -87,6 +98,13 @@ class Rule:
             and (self.copy is None or self.copy == is_copy)
             and self._pattern.search(target) is not None
         )
+
+    def passes(self) -> bool:
+        """For a matching request: whether it is one of the first ``after``, let through."""
+        if self.seen < self.after:
+            self.seen += 1
+            return True
+        return False
 
 
 @dataclass(frozen=True)
@@ -128,6 +146,8 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._closing = threading.Event()
         self._connections: set[socket.socket] = set()
+        #: Set by a ``kill`` rule: every request is refused until :meth:`revive`.
+        self.killed = False
         self._server = _Server(("127.0.0.1", 0), _handler_class(self, idle_timeout))
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
                                         name="s3-fault-proxy", daemon=True)
@@ -155,6 +175,11 @@ class FaultProxy:
         with self._lock:
             self.records.clear()
 
+    def revive(self) -> None:
+        """After a ``kill``: requests reach the server again (the next process, a rerun)."""
+        with self._lock:
+            self.killed = False
+
     def forwarded(self, method: str | None = None, *, is_copy: bool | None = None) -> list[Record]:
         """Requests that reached the server (no fault injected instead of them)."""
         with self._lock:
@@ -162,7 +187,7 @@ class FaultProxy:
         return [
             r
             for r in records
-            if r.injected in (None, "delay", "corrupt", "hold")
+            if r.injected in (None, "delay", "corrupt", "hold", "landed", "kill")
             and (method is None or r.method == method)
             and (is_copy is None or r.is_copy == is_copy)
         ]
@@ -197,9 +222,13 @@ class FaultProxy:
 
     def _match(self, method: str, target: str, is_copy: bool) -> Rule | None:
         with self._lock:
+            if self.killed:
+                return _DEAD
             for rule in self._rules:
-                if rule.matches(method, target, is_copy):
+                if rule.matches(method, target, is_copy) and not rule.passes():
                     rule.hits += 1
+                    if rule.action == "kill":
+                        self.killed = True
                     return rule
         return None
 
@@ -217,6 +246,10 @@ class FaultProxy:
         """Sleep, but return at once when the proxy closes."""
         if seconds > 0:
             self._closing.wait(min(seconds, self.max_stall))
+
+
+#: What a killed process's requests get: a 400 that botocore does not retry.
+_DEAD = Rule("error", status=400, code="ProcessKilled", times=10_000)
 
 
 class _Server(ThreadingHTTPServer):
@@ -294,7 +327,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             self._send_json_error(rule.status, rule.code, rule.original_status)
         elif rule is not None and action == "error":
             self._send_error(rule.status, rule.code)
-        elif action == "reset":
+        elif action in {"reset", "landed", "kill"}:
             self._reset()
         elif rule is not None and action == "stall":
             owner._sleep(rule.seconds)

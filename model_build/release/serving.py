@@ -35,6 +35,7 @@ import dataclasses
 import re
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +48,7 @@ from triton_mme_cdk.model_build.release.identity import (
     store_prefix,
 )
 from triton_mme_cdk.model_build.release.index import read_index, read_routes_tagged, write_routes
+from triton_mme_cdk.model_build.release.invariants import Expected, copy_from_store, object_problem
 from triton_mme_cdk.model_build.release.publish import delete_release
 from triton_mme_cdk.model_build.release.routes import (
     DEFAULT_RETENTION_DAYS,
@@ -129,24 +131,31 @@ def activate_release(
     now = now_iso(clock)
     report = ActivationReport(release_id, key, live.release_id if live else None, len(wanted), conflicts=_conflicts)
 
-    # 1. Every newly routed object holds its route's bytes (copied back from the store if gone).
+    # 1. Every newly routed object holds its route's bytes (copied back from the store if gone). A
+    # re-activation of the routed release checks every one of them: an object deleted or overwritten
+    # while routed is put back from the store (the way to repair it, with no rebuild).
     listing = list_sizes(s3_client, bucket, served)
     already = live.routed_targets() if live else set()
-    to_copy = []
+    reactivating = live is not None and live.release_id == release_id
+    to_copy, to_check = [], []
     for route in wanted.values():
         object_key = f"{served}/{route.target_model}"
-        if route.target_model in already and object_key in listing:
+        if route.target_model in already and listing.get(object_key) == route.size and not reactivating:
             continue
         if object_key in listing:
-            _check_digest(s3_client, bucket, object_key, route.sha256, route.size, route.logical_name)
-            report.verified += 1
+            to_check.append(route)
         else:
             source = f"{store_prefix(model_prefix, route.model_key)}/{STORE_TARGET}.tar.gz"
             to_copy.append(served_object(object_key, route.logical_name, route.source_model, route.size,
                                          route.sha256, source))
+    with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(to_check))), thread_name_prefix="verify") as pool:
+        repaired = sum(pool.map(lambda route: _verify_or_repair(s3_client, bucket, model_prefix, route,
+                                                                route.target_model in already), to_check))
+    report.verified += len(to_check)
     if to_copy:
         counts, _ = copy_served(s3_client, bucket, to_copy, listing, concurrency)
         report.copied = counts["copied"]
+    report.copied += repaired
 
     # 2. Bookkeeping of unrouted objects; the expired ones are deleted before the routes change.
     targets = {route.target_model for route in wanted.values()}
@@ -241,6 +250,22 @@ def _keep_listed(s3_client: Any, bucket: str, model_prefix: str, stack: str, wan
         if len(unrouted) == len(live.unrouted) or write_routes(
                 s3_client, bucket, model_prefix, dataclasses.replace(live, unrouted=unrouted), etag):
             return
+
+
+def _verify_or_repair(s3_client: Any, bucket: str, model_prefix: str, route: Route, routed: bool) -> int:
+    """Check one served object's digest; one the live routes already route that holds other bytes
+    (overwritten while routed) is copied back from the store (returns 1). A newly routed one with
+    other bytes is refused: nobody routed that name yet, so its writer is unknown."""
+    key = f"{served_prefix(model_prefix)}/{route.target_model}"
+    if not routed:
+        _check_digest(s3_client, bucket, key, route.sha256, route.size, route.logical_name)
+        return 0
+    obj = Expected(key, route.logical_name, route.sha256, route.size, route.model_key)
+    if object_problem(s3_client, bucket, obj, {key: route.size}) is None:
+        return 0
+    copy_from_store(s3_client, bucket, model_prefix, obj)
+    _check_digest(s3_client, bucket, key, route.sha256, route.size, route.logical_name)
+    return 1
 
 
 def _check_digest(s3_client: Any, bucket: str, key: str, sha256: str, size: int, model: str) -> None:
