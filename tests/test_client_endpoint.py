@@ -33,7 +33,7 @@ from botocore.config import Config
 from cdk_helpers import subprocess_env  # tests/ is on sys.path
 from client_wheel import install_client_wheel
 from s3_faults import FaultProxy, Rule
-from triton_helpers import requires_triton
+from triton_helpers import CallsAnswered, requires_triton
 
 from triton_mme_cdk.model_build.aws_clients import make_s3_client
 from triton_mme_cdk.model_build.compare import SERVED_TOLERANCE
@@ -199,14 +199,14 @@ def test_a_publish_under_load_loses_no_call_and_is_seen_within_refresh_seconds(d
     old_target = client.target_model(loaded)
     pixels = _inputs(client.models()[loaded])
     old_answer = client.infer(loaded, pixels)["logits"]
-    calls, failures = [0], []
+    calls, failures = CallsAnswered(), []
     stop = threading.Event()
 
     def load() -> None:
         while not stop.is_set():
             try:
                 client.infer(loaded, pixels)
-                calls[0] += 1
+                calls.answer()
             except Exception as error:  # every failure is the test's finding
                 failures.append(error)
 
@@ -218,7 +218,8 @@ def test_a_publish_under_load_loses_no_call_and_is_seen_within_refresh_seconds(d
     document["models"].append(added)
     manifest = deployed.work / "changed.yaml"
     manifest.write_text(yaml.safe_dump(document, sort_keys=False))
-    threads = [threading.Thread(target=load) for _ in range(3)]
+    threads = [threading.Thread(target=load, name=f"load-{index}") for index in range(3)]
+    calls.started = time.monotonic()
     for thread in threads:
         thread.start()
     try:
@@ -233,10 +234,11 @@ def test_a_publish_under_load_loses_no_call_and_is_seen_within_refresh_seconds(d
         time.sleep(0.5)
     finally:
         stop.set()
+        calls.stop()
         for thread in threads:
             thread.join(timeout=120)
     assert failures == [], failures[:3]
-    assert calls[0] > 0
+    calls.check_floor(threads=3)
     assert new_target == client.target_model(loaded) != old_target
     # The routes were written when the publish returned; the client reads them again at most
     # refresh_seconds later (plus one call in flight).

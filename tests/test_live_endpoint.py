@@ -18,11 +18,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import boto3
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+from botocore.config import Config
 from botocore.exceptions import ClientError
-from triton_helpers import requires_triton  # tests/ is on sys.path
+from triton_helpers import CallsAnswered, requires_triton  # tests/ is on sys.path
 
 from triton_mme_cdk.model_build.aws_clients import make_s3_client
 from triton_mme_cdk.model_build.manifest import parse_manifest
@@ -105,7 +107,7 @@ def test_models_added_and_updated_while_others_serve_under_load(s3: Any, tmp_pat
             np.testing.assert_allclose(_invoke(runtime, first[name], inputs), expected, atol=1e-4, rtol=1e-3)
         loads_before = endpoint.cache.loads
 
-        stop, failures, calls = threading.Event(), [], [0]
+        stop, failures, calls = threading.Event(), [], CallsAnswered()
 
         def steady(name: str) -> None:
             client = make_runtime_client(endpoint_url=endpoint.url, timeout_seconds=120)
@@ -114,11 +116,12 @@ def test_models_added_and_updated_while_others_serve_under_load(s3: Any, tmp_pat
             while not stop.is_set() and time.monotonic() < deadline:
                 try:
                     np.testing.assert_allclose(_invoke(client, first[name], inputs), expected, atol=1e-4, rtol=1e-3)
-                    calls[0] += 1
+                    calls.answer()
                 except Exception as error:
                     failures.append(f"{name}: {error}")
 
-        threads = [threading.Thread(target=steady, args=(name,)) for name in ("steady-a", "steady-a", "steady-b")]
+        threads = [threading.Thread(target=steady, args=(name,), name=f"steady-{index}")
+                   for index, name in enumerate(("steady-a", "steady-a", "steady-b"))]
         for thread in threads:
             thread.start()
         try:
@@ -138,9 +141,12 @@ def test_models_added_and_updated_while_others_serve_under_load(s3: Any, tmp_pat
             time.sleep(1.0)  # a moment more of steady load after the changes
         finally:
             stop.set()
+            calls.stop()
             for thread in threads:
                 thread.join(timeout=120)
-        assert failures == [] and calls[0] > 0
+        assert failures == []
+        window = calls.check_floor(threads=3)
+        print(f"\nload: {dict(calls.answered)} calls answered in {window:.1f} s")
         # The steady models were never reloaded: only the added model's two builds were loaded.
         assert endpoint.cache.loads == loads_before + 2
         assert endpoint.cache.unloads == 0
@@ -155,3 +161,78 @@ def test_models_added_and_updated_while_others_serve_under_load(s3: Any, tmp_pat
         assert error["ResponseMetadata"]["HTTPStatusCode"] == 400
         assert "failed to download model data" in error["Error"]["Message"]
         assert "models/served/nothing-here.tar.gz" in error["Error"]["Message"]
+
+        # tritonserver killed under load: the endpoint starts it again and serves the same targets.
+        killed_under_load(endpoint, fleet, {name: first[name] for name in ("steady-a", "steady-b")})
+
+
+def killed_under_load(endpoint: Any, fleet: Fleet, targets: dict[str, str]) -> None:
+    """SIGKILL the real ``tritonserver`` while three threads invoke: calls in flight and until it is
+    ready again answer 5xx at once (no hang), one restart, then every thread is answered again,
+    correctly, each target loaded once more."""
+    from triton_endpoint_faults import kill_tritonserver
+
+    client_config = Config(retries={"total_max_attempts": 1}, read_timeout=60, connect_timeout=5)
+    stop, lock = threading.Event(), threading.Lock()
+    refused: list[tuple[int, float]] = []
+    failures: list[str] = []
+    restarted = threading.Event()
+    after = CallsAnswered()
+    loads_before = endpoint.cache.loads
+
+    def steady(name: str) -> None:
+        client = boto3.client("sagemaker-runtime", endpoint_url=endpoint.url, region_name="us-east-1",
+                              aws_access_key_id="test", aws_secret_access_key="test", config=client_config)
+        inputs, expected = fleet.references[fleet.keys[name]]
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                answer = _invoke(client, targets[name], inputs)
+            except ClientError as error:
+                with lock:
+                    refused.append((error.response["ResponseMetadata"]["HTTPStatusCode"], time.monotonic() - started))
+                continue
+            except Exception as error:  # a hang shows as a read timeout here; anything else is a finding
+                with lock:
+                    failures.append(f"{name}: {error!r}")
+                continue
+            if not np.allclose(answer, expected, atol=1e-4, rtol=1e-3):
+                with lock:
+                    failures.append(f"{name}: a wrong answer")
+            if restarted.is_set():
+                after.answer()
+
+    threads = [threading.Thread(target=steady, args=(name,), name=f"after-kill-{index}")
+               for index, name in enumerate(("steady-a", "steady-a", "steady-b"))]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(0.5)  # under load before the kill
+        killed_at = time.monotonic()
+        kill_tritonserver(endpoint.server)
+        while not endpoint.restarts and time.monotonic() - killed_at < 120:
+            time.sleep(0.05)
+        assert endpoint.restarts, f"not restarted: {endpoint.failure}"
+        ready = time.monotonic() - killed_at
+        after.started = time.monotonic()
+        restarted.set()
+        while after.total() == 0 and time.monotonic() - after.started < 60:
+            time.sleep(0.01)
+        answering = time.monotonic() - killed_at
+        time.sleep(1.5)  # the load after the restart, over which each thread's floor is counted
+    finally:
+        stop.set()
+        after.stop()
+        for thread in threads:
+            thread.join(timeout=120)
+    assert failures == [], failures[:3]
+    (status, seconds), = endpoint.restarts
+    assert status in (-9, 137), status  # SIGKILL (the server itself, or its namespace's forwarder: 128 + 9)
+    assert refused and all(500 <= code < 600 for code, _ in refused), refused[:5]
+    assert max(took for _, took in refused) < 10, "a call on the dead server answered at once, not after a hang"
+    window = after.check_floor(threads=3)
+    assert endpoint.cache.loads == loads_before + 2, "each target loaded again on the new server, once"
+    print(f"\ntritonserver SIGKILL under 3 threads: {len(refused)} calls answered 5xx (slowest "
+          f"{max(took for _, took in refused) * 1000:.0f} ms), restarted {seconds:.1f} s after seen dead, ready "
+          f"{ready:.1f} s and answering {answering:.1f} s after the kill; {dict(after.answered)} answered in "
+          f"{window:.1f} s after")

@@ -11,7 +11,10 @@ One process serves, on ``127.0.0.1:<port>``:
   ``python -m model_build smoke --endpoint local`` finds the release the same way it does on AWS.
 
 Behind it, :mod:`model_build.tools.mme` plays SageMaker's part of MME and the real
-``tritonserver`` loads and runs the models. Deviations from the GPU endpoint are printed in the
+``tritonserver`` loads and runs the models. A server that dies (killed, crashed) is started
+again, as SageMaker restarts a model container that exits: calls in flight and calls until the
+new one is ready answer 503 ``ServiceUnavailable`` at once, then each target loads again on its
+next use (:class:`_Servers`). Deviations from the GPU endpoint are printed in the
 ready line and listed in docs/local-endpoint.md: python-based ``onnxruntime``/``pytorch`` backends on CPU,
 ``KIND_GPU`` served as ``KIND_CPU``, and TensorRT plans (``tensorrt_plan``) refused with one plain error.
 """
@@ -27,9 +30,10 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
@@ -65,6 +69,10 @@ class LocalEndpoint:
     server: TritonServer
     cache: ModelCache
     release: Release
+    #: Each restart of a server that died: ``(its exit status, seconds from seen dead to ready again)``.
+    restarts: list[tuple[int | None, float]] = field(default_factory=list)
+    #: Why a dead server could not be started again (the endpoint then answers 503 until stopped).
+    failure: str | None = None
 
     def ready_line(self) -> str:
         return (
@@ -198,6 +206,56 @@ class _Server(ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
 
+class _Servers:
+    """The endpoint's ``tritonserver`` and each one started in the place of one that died: the
+    first in the work folder, the next ones in ``restart-<n>/`` beside it (each its own log)."""
+
+    #: How often the supervisor looks whether the server still runs.
+    POLL_SECONDS = 0.2
+
+    def __init__(self, work: Path, **options: Any) -> None:
+        self.work, self.options = work, options
+        self.lock = threading.Lock()
+        self._context: AbstractContextManager[TritonServer] | None = None
+        self._started = 0
+
+    def start(self) -> TritonServer:
+        folder = self.work if self._started == 0 else self.work / f"restart-{self._started}"
+        folder.mkdir(exist_ok=True)
+        context = triton_server(work_dir=folder, **self.options)
+        server = context.__enter__()
+        self._context, self._started = context, self._started + 1
+        return server
+
+    def stop(self) -> None:
+        """Stop the current server and what is left of its process group (a dead one's stubs)."""
+        context, self._context = self._context, None
+        if context is not None:
+            context.__exit__(None, None, None)
+
+    def supervise(self, endpoint: LocalEndpoint, stop: threading.Event) -> None:
+        """Until ``stop``: a server seen dead is stopped and another started (from this thread,
+        which lives as long as the endpoint: the kernel's parent-death signal follows the thread
+        that started the server), then the cache forgets what the dead one had loaded."""
+        while not stop.wait(self.POLL_SECONDS):
+            dead = endpoint.server
+            if dead.alive():
+                continue
+            seen = time.monotonic()
+            with self.lock:
+                if stop.is_set():
+                    return
+                self.stop()
+                try:
+                    server = self.start()
+                except Exception as error:  # the endpoint answers 503 from now on; the command stops
+                    endpoint.failure = f"tritonserver exited ({dead.process.returncode}) and did not start again: {error}"
+                    return
+            endpoint.server = server
+            endpoint.cache.server_restarted(server)
+            endpoint.restarts.append((dead.process.returncode, time.monotonic() - seen))
+
+
 @contextmanager
 def local_endpoint(
     *,
@@ -219,24 +277,36 @@ def local_endpoint(
     if port:
         check_port_free(port)
     release = read_release(s3_client, bucket, model_prefix, release_id)
-    with temporary_dir("mme-endpoint-") as work, triton_server(
-        work_dir=work, shm_default_byte_size=shm_default_byte_size, shm_growth_byte_size=shm_growth_byte_size,
-    ) as server:
-        cache = ModelCache(server=server, s3_client=s3_client, release=release, root=work / "models",
-                           memory_budget_bytes=memory_budget_bytes)
-        handler: type[_Handler] = type("Handler", (_Handler,), {})
-        httpd = _Server(("127.0.0.1", port), handler)
-        endpoint = LocalEndpoint(url=f"http://127.0.0.1:{httpd.server_address[1]}", server=server, cache=cache,
-                                 release=release)
-        handler.endpoint = endpoint
-        thread = threading.Thread(target=httpd.serve_forever, name="local-endpoint", daemon=True)
-        thread.start()
+    with temporary_dir("mme-endpoint-") as work:
+        servers = _Servers(work, shm_default_byte_size=shm_default_byte_size, shm_growth_byte_size=shm_growth_byte_size)
+        server = servers.start()
+        stop = threading.Event()
         try:
-            yield endpoint
+            cache = ModelCache(server=server, s3_client=s3_client, release=release, root=work / "models",
+                               memory_budget_bytes=memory_budget_bytes)
+            handler: type[_Handler] = type("Handler", (_Handler,), {})
+            httpd = _Server(("127.0.0.1", port), handler)
+            endpoint = LocalEndpoint(url=f"http://127.0.0.1:{httpd.server_address[1]}", server=server, cache=cache,
+                                     release=release)
+            handler.endpoint = endpoint
+            thread = threading.Thread(target=httpd.serve_forever, name="local-endpoint", daemon=True)
+            thread.start()
+            supervisor = threading.Thread(target=servers.supervise, args=(endpoint, stop), name="tritonserver-supervisor",
+                                          daemon=True)
+            supervisor.start()
+            try:
+                yield endpoint
+            finally:
+                httpd.shutdown()
+                httpd.server_close()
+                thread.join(timeout=10)
+                with servers.lock:  # no restart once stopping
+                    stop.set()
+                supervisor.join(timeout=10)
         finally:
-            httpd.shutdown()
-            httpd.server_close()
-            thread.join(timeout=10)
+            stop.set()
+            with servers.lock:
+                servers.stop()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -286,10 +356,14 @@ def cmd_endpoint(args: argparse.Namespace) -> int:
                         port=args.port, memory_budget_bytes=budget, shm_default_byte_size=shm_default,
                         shm_growth_byte_size=shm_growth) as endpoint:
         print(endpoint.ready_line(), flush=True)
-        started = time.monotonic()
+        started, told = time.monotonic(), 0
         while not stop.wait(0.5):
-            if not endpoint.server.alive():
-                raise ModelBuildError(f"tritonserver stopped unexpectedly:\n{endpoint.server.log_tail()}")
+            for status, seconds in endpoint.restarts[told:]:
+                told += 1
+                print(f"tritonserver exited ({status}); started again in {seconds:.1f} s (restart {told}); "
+                      "each model loads again on its next use", flush=True)
+            if endpoint.failure is not None:
+                raise ModelBuildError(f"{endpoint.failure}\n{endpoint.server.log_tail()}")
         print(f"endpoint {ENDPOINT_NAME} stopped after {time.monotonic() - started:.0f} s "
               f"({endpoint.cache.invocations.total()} invocations, {endpoint.cache.loads} loads, "
               f"{endpoint.cache.unloads} unloads)", flush=True)

@@ -33,12 +33,14 @@ and retries). This module plays that part against a published release:
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import re
 import shutil
 import threading
 import time
 from collections import Counter, OrderedDict
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,6 +80,16 @@ CANNOT_SERVE_STATUS = 501
 
 def validation_error(message: str) -> EndpointError:
     return EndpointError(400, "ValidationError", message)
+
+
+#: What a call to a server that died raises: its connection reset or closed, its socket or port gone.
+UNREACHABLE = (OSError, http.client.HTTPException)
+
+
+def unavailable(target: str, error: BaseException) -> EndpointError:
+    """A call the container could not answer (it died, or is restarting): 503, at once."""
+    return EndpointError(503, "ServiceUnavailable", f"TargetModel {target!r}: the model container (tritonserver) "
+                         f"did not answer ({type(error).__name__}); the endpoint restarts it, retry")
 
 
 def model_error(target: str, status: int, message: str, *, what: str = "from primary") -> EndpointError:
@@ -184,6 +196,8 @@ class ModelCache:
         self.unloads = 0
         #: Invocations received per target (also the ones refused), for the stop line and tests.
         self.invocations: Counter[str] = Counter()
+        #: The server's generation: one more at each restart (:meth:`server_restarted`).
+        self.generation = 0
 
     # ---------------------------------------------------------------- public
 
@@ -196,6 +210,8 @@ class ModelCache:
             headers = {"Content-Type": content_type} if content_type else {}
             answer = self.server.request("POST", f"/models/{loaded.name}/invoke", body, headers=headers,
                                          timeout=INVOKE_TIMEOUT_SECONDS)
+        except UNREACHABLE as error:
+            raise unavailable(target, error) from None
         finally:
             with self._state:
                 loaded.in_flight -= 1
@@ -207,6 +223,16 @@ class ModelCache:
     def loaded_targets(self) -> list[str]:
         with self._state:
             return list(self._loaded)
+
+    def server_restarted(self, server: TritonServer) -> None:
+        """A new server took the place of one that died, as SageMaker restarts a model container:
+        nothing is loaded on it, so each target loads again on its next use. A load under way on
+        the dead server is not kept (its generation is gone)."""
+        with self._state:
+            self.server = server
+            self.generation += 1
+            self._loaded.clear()
+            self._state.notify_all()
 
     def loaded_bytes(self) -> int:
         with self._state:
@@ -244,6 +270,7 @@ class ModelCache:
         shutil.rmtree(directory.parent, ignore_errors=True)
         directory.mkdir(parents=True)
         reserved = 0
+        generation = self.generation
         try:
             self._fetch(entry, directory)
             size = _tree_size(directory)
@@ -251,6 +278,8 @@ class ModelCache:
             self._register(entry.target, name, directory)
             loaded = Loaded(name=name, directory=directory, size=size)
             with self._state:  # the reservation becomes a loaded model in one step
+                if generation != self.generation:  # loaded on a server that died since
+                    raise unavailable(entry.target, ConnectionResetError("restarted during the load"))
                 self._reserved -= reserved
                 reserved = 0
                 self._loaded[entry.target] = loaded
@@ -350,8 +379,11 @@ class ModelCache:
         document = json.dumps({"model_name": name, "url": str(directory)}).encode()
         retries = 0
         while True:
-            answer = self.server.request("POST", "/models", document, headers={"Content-Type": "application/json"},
-                                         timeout=LOAD_TIMEOUT_SECONDS)
+            try:
+                answer = self.server.request("POST", "/models", document, headers={"Content-Type": "application/json"},
+                                             timeout=LOAD_TIMEOUT_SECONDS)
+            except UNREACHABLE as error:
+                raise unavailable(target, error) from None
             if answer.status in (200, 409):
                 return
             message = _server_message(answer.body, name, target)
@@ -388,7 +420,8 @@ class ModelCache:
     def _unload(self, target: str, item: Loaded) -> None:
         """``DELETE`` then remove the folder; the caller holds the target's lock."""
         try:
-            self.server.request("DELETE", f"/models/{item.name}", timeout=LOAD_TIMEOUT_SECONDS)
+            with suppress(*UNREACHABLE):  # a server that died holds nothing: the folder goes all the same
+                self.server.request("DELETE", f"/models/{item.name}", timeout=LOAD_TIMEOUT_SECONDS)
             shutil.rmtree(item.directory.parent, ignore_errors=True)
         finally:
             with self._state:
