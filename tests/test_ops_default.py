@@ -75,8 +75,9 @@ def test_metric_alarm(default: Synth, name: str) -> None:
     assert (props["EvaluationPeriods"], props["DatapointsToAlarm"]) == (periods, datapoints)
     assert props["TreatMissingData"] == missing
     assert len(props["AlarmDescription"]) > 40
-    # No notification target by default.
-    assert "AlarmActions" not in props and "OKActions" not in props
+    # The created alarm topic by default, on ALARM and OK (issue 59: alarms with an action).
+    (topic,) = default.resources("AWS::SNS::Topic")
+    assert props["AlarmActions"] == props["OKActions"] == [{"Ref": topic}]
 
 
 def test_gpu_saturation_is_one_math_alarm_on_gpu_and_instance_count(default: Synth) -> None:
@@ -177,7 +178,7 @@ def test_model_is_network_isolated_without_a_vpc(default: Synth) -> None:
     model = default.only("AWS::SageMaker::Model")[1]["Properties"]
     assert model["EnableNetworkIsolation"] is True
     assert "VpcConfig" not in model
-    for type_ in ("AWS::EC2::VPC", "AWS::EC2::SecurityGroup", "AWS::EC2::VPCEndpoint", "AWS::SNS::Topic"):
+    for type_ in ("AWS::EC2::VPC", "AWS::EC2::SecurityGroup", "AWS::EC2::VPCEndpoint"):
         assert default.resources(type_) == {}, type_
 
 
@@ -198,4 +199,6 @@ def test_outputs_describe_the_dashboard(default: Synth) -> None:
     assert default.data["Mappings"]["ConsoleDomains"] == {
         "aws": {"Domain": "console.aws.amazon.com"}, "aws-cn": {"Domain": "console.amazonaws.cn"}
     }
-    assert "AlarmTopicArn" not in outputs and "VpcId" not in outputs
+    # The created alarm topic's ARN, to subscribe to (issue 59); no VPC.
+    assert outputs["AlarmTopicArn"]["Value"] == {"Ref": next(iter(default.resources("AWS::SNS::Topic")))}
+    assert "VpcId" not in outputs
