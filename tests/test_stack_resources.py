@@ -551,21 +551,25 @@ def test_build_state_machine_plans_maps_and_finishes(default: Synth) -> None:
         "Step": "build", "Request.$": "$.Request",
         "Model.$": "$$.Map.Item.Value.Model", "Key.$": "$$.Map.Item.Value.Key",
         "Engine.$": "$$.Map.Item.Value.Engine", "Job.$": "$$.Map.Item.Value.Job",
+        "Started.$": "$$.Execution.StartTime",  # the parent's start: OutgrewLambda's budget left
     }
     # Each item builds on the Lambda, or in a Processing job whose unit the Lambda stores
     # (tests/test_processing_build.py reads that branch).
     item_states = build_map["ItemProcessor"]["States"]
-    assert set(item_states) == {"WhereItBuilds", "BuildModel", "PlaceModel", "BuildOnProcessing"}
+    assert set(item_states) == {"WhereItBuilds", "BuildModel", "PlaceModel", "BuildOnProcessing", "OutgrewLambda"}
     (branch,) = item_states["BuildOnProcessing"]["Branches"]
     place_fn = logical_id(default, "ModelBuild/Place/Resource")
     placing = [states["Finish"], item_states["PlaceModel"], branch["States"]["PlaceJobModel"]]
-    tasks = [states["Plan"], item_states["BuildModel"], branch["States"]["StoreBuild"],
+    tasks = [states["Plan"], item_states["BuildModel"], item_states["OutgrewLambda"], branch["States"]["StoreBuild"],
              branch["States"]["JobFailed"], *placing]
     for task in tasks:
         # Each item is placed, and the release finished, under the placing role; the build steps
         # under the build role.
         assert task["Resource"] == f"<{place_fn if any(task is p for p in placing) else build_fn}.Arn>"
-        (retry,) = task["Retry"]
+        retry, once = task["Retry"]
+        # Once more after a killed runtime, and (but for a build) after a timeout.
+        killed = ["Lambda.Unknown"] if task is item_states["BuildModel"] else ["Sandbox.Timedout", "Lambda.Unknown"]
+        assert once == {"ErrorEquals": killed, "IntervalSeconds": 1, "MaxAttempts": 1}
         assert set(retry["ErrorEquals"]) == {
             "Lambda.TooManyRequestsException", "Lambda.ServiceException", "Lambda.AWSLambdaException",
             "Lambda.SdkClientException", "Lambda.ClientExecutionTimeoutException",
@@ -578,6 +582,15 @@ def test_build_state_machine_plans_maps_and_finishes(default: Synth) -> None:
     # After its build, each item is placed; the child's output is discarded: the Map's collected
     # outputs stay far under 256 KiB.
     assert item_states["BuildModel"]["ResultPath"] is None and item_states["BuildModel"]["Next"] == "PlaceModel"
+    # A build past its timeout or killed twice goes to OutgrewLambda, then to Processing (or fails there).
+    assert item_states["BuildModel"]["Catch"] == [{"ErrorEquals": ["Sandbox.Timedout", "Lambda.Unknown"],
+                                                   "ResultPath": "$.LambdaError", "Next": "OutgrewLambda"}]
+    assert item_states["OutgrewLambda"]["Next"] == "BuildOnProcessing"
+    assert item_states["OutgrewLambda"]["ResultPath"] == "$.Job"
+    assert item_states["OutgrewLambda"]["Parameters"] == {
+        "Step": "outgrew_lambda", "Request.$": "$.Request", "Model.$": "$.Model", "Key.$": "$.Key",
+        "Error.$": "$.LambdaError.Error", "Cause.$": "$.LambdaError.Cause", "Started.$": "$.Started",
+        "BudgetSeconds": 3000, "Processing": True}
     assert item_states["PlaceModel"]["Parameters"] == {"Step": "place", "Request.$": "$.Request",
                                                        "Model.$": "$.Model", "Key.$": "$.Key"}
     assert item_states["PlaceModel"]["OutputPath"] is None
