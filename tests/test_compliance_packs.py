@@ -1,8 +1,9 @@
 """cdk-nag's compliance packs on the construct (issue 59): AwsSolutions, HIPAA.Security,
 NIST.800.53.R5 and PCI.DSS.321 report 0 unacknowledged findings under ``TritonMultiModelEndpoint``
-on the default app, ``examples/platform_app``, a bring-your-own app with a VPC and a topic, an app
-whose bucket and key come from another stack of the app, one whose bucket is imported by name, and
-on every stack of the delivery pipeline. Every acknowledgment matches a finding.
+on the default app, ``examples/platform_app``, a bring-your-own app with a VPC and a topic, a
+created VPC in an app without this project's feature flags, an app whose bucket and key come from
+another stack of the app, one whose bucket is imported by name, and on every stack of the delivery
+pipeline. Every acknowledgment matches a finding.
 
 Each app is synthesized once, in audit mode (``nag_acknowledgments.AUDIT_CONTEXT_KEY``): the
 acknowledgments are recorded, not made. The four packs then run on the synthesized construct tree
@@ -30,7 +31,7 @@ from aws_cdk import aws_sns as sns
 from cdk_helpers import PIPELINE, ROOT, context, synth
 from cdk_nag import AwsSolutionsChecks, HIPAASecurityChecks, NIST80053R5Checks, PCIDSS321Checks
 
-from triton_mme_cdk import ModelSource, TritonMultiModelEndpoint
+from triton_mme_cdk import ModelSource, PropsError, TritonMultiModelEndpoint
 from triton_mme_cdk.constructs.nag_acknowledgments import (
     ACCESS_LOG_ENCRYPTION_REASON,
     AUDIT_CONTEXT_KEY,
@@ -42,7 +43,7 @@ from triton_mme_cdk.constructs.nag_acknowledgments import (
     make_audited,
 )
 
-pytestmark = pytest.mark.slow  # six real synths, the four packs twice on each
+pytestmark = pytest.mark.slow  # seven real synths, the four packs twice on each
 
 PACKS = (AwsSolutionsChecks, HIPAASecurityChecks, NIST80053R5Checks, PCIDSS321Checks)
 EXAMPLE = ROOT / "examples" / "platform_app"
@@ -135,6 +136,16 @@ def own_vpc_and_topic(folder: Path) -> Audit:
     return audit(app, ("Platform/Embeddings",))
 
 
+def created_vpc(folder: Path) -> Audit:
+    """``create_vpc`` and ``build_in_vpc`` in an app without this project's cdk.json (no
+    ``@aws-cdk/aws-ec2:restrictDefaultSecurityGroup`` flag)."""
+    app = _app(folder)
+    stack = cdk.Stack(app, "Isolated")
+    _endpoint(stack, create_vpc=True, build_in_vpc=True)
+    app.synth()
+    return audit(app, ("Isolated/Embeddings", "Isolated/AWS679f53fac002430cb0da5b7982bd2287"))
+
+
 def cross_stack(folder: Path) -> Audit:
     """The bucket and key of the team's data stack, imported by attributes into the serving stack
     (CDK writes Fn::ImportValue of the data stack's exports)."""
@@ -178,7 +189,7 @@ def pipeline(folder: Path) -> Audit:
 
 APPS: dict[str, Callable[[Path], Audit]] = {
     "default": default_app, "platform_app": platform_app, "own_vpc_and_topic": own_vpc_and_topic,
-    "cross_stack": cross_stack, "imported_by_name": imported_by_name, "pipeline": pipeline,
+    "created_vpc": created_vpc, "cross_stack": cross_stack, "imported_by_name": imported_by_name, "pipeline": pipeline,
 }
 _AUDITS: dict[str, Audit] = {}
 
@@ -257,7 +268,7 @@ def test_reasons_that_cite_a_source_name_it(tmp_path_factory: pytest.TempPathFac
 def test_fixed_in_the_construct_not_acknowledged(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Alarm actions (a created topic by default) and the created VPC's closed default security
     group are fixes: no pack reports them and nothing acknowledges them."""
-    for name in ("default", "own_vpc_and_topic", "pipeline"):
+    for name in ("default", "created_vpc", "pipeline"):
         found = _only(name, tmp_path_factory)
         rules = {rule.split("-", 1)[-1] for rule, _, _ in found.ours(found.raw)} | {
             rule_id.split("-", 1)[-1] for _, rule_id, _ in found.acknowledged}
@@ -293,3 +304,11 @@ def test_no_alarm_topic_synthesizes_with_one_warning_naming_the_rule(tmp_path: P
     found = audit(app, ("Quiet/Embeddings",))
     reported = {rule for rule, _, _ in found.ours(found.remaining)}
     assert reported == {"HIPAA.Security-CloudWatchAlarmAction", "NIST.800.53.R5-CloudWatchAlarmAction"}
+
+
+def test_emails_with_no_topic_are_one_line_naming_both_keywords(tmp_path: Path) -> None:
+    stack = cdk.Stack(_app(tmp_path), "Emails")
+    with pytest.raises(PropsError) as caught:
+        _endpoint(stack, alarm_topic_enabled=False, alarm_emails=["ops@example.com"])
+    text = str(caught.value)
+    assert text.startswith("alarm_emails: given with alarm_topic_enabled false;") and "\n" not in text
