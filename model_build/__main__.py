@@ -31,6 +31,7 @@ from triton_mme_cdk.model_build.tools import fit_cli
 from triton_mme_cdk.model_build.tools.app_context import DEFAULT_MODEL_PREFIX
 from triton_mme_cdk.model_build.tools.build_report import build_table, human_size
 from triton_mme_cdk.model_build.tools.capacity_cli import add_capacity_parser
+from triton_mme_cdk.model_build.tools.doctor_cli import add_doctor_parser
 from triton_mme_cdk.model_build.tools.endpoint import add_endpoint_parser
 from triton_mme_cdk.model_build.tools.plan_cli import add_plan_parsers
 from triton_mme_cdk.model_build.tools.smoke_cli import add_smoke_parser
@@ -454,6 +455,7 @@ def _parser() -> argparse.ArgumentParser:
     add_smoke_parser(sub)
     add_endpoint_parser(sub)
     add_plan_parsers(sub, DEFAULT_MODEL_PREFIX)
+    add_doctor_parser(sub, DEFAULT_MODEL_PREFIX)
     add_capacity_parser(sub)
     # Every subcommand names what runs it (set_defaults(func=...)); the usage line lists them all.
     parser.description = _DOC_USAGE.replace("{commands}", "{" + ",".join(sub.choices) + "}")

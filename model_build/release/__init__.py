@@ -14,7 +14,10 @@
 - ``documents``: a JSON document with a schema, read and checked (the index, the deployed record);
 - ``deployed``: the deployed record the routes carry (the fleet's and the data's resources as the
   template renders them), and how two templates are made comparable;
-- ``serving``: routing a release on the live fleet, retention, destroy, legacy prefixes.
+- ``serving``: routing a release on the live fleet, retention, destroy, legacy prefixes;
+- ``invariants``: what must hold of a served bucket (every routed target served with its digest's
+  bytes, nothing retained deleted, the routes matching an index that exists), written once for the
+  fault tests and ``doctor``; ``doctor``: those checks on a live bucket, reported and repaired.
 
 Owns: everything that is in S3 after a build. It never builds: the store's units come from
 :mod:`model_build.pipeline`, which imports ``identity`` alone (the store's layout and the key of

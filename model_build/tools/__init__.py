@@ -9,7 +9,8 @@
   JSON of ``plan.schema.json`` and markdown, with the plan's digest), ``pr-comment``
   (``pr_comment``), ``pr-fetch`` (``pr_fetch``: a pull request's synthesized template, as
   untrusted data), ``pr-gate`` (``pr_gate``: an approval bound to the plan's digest), all three
-  over GitHub's REST API (``github_api``), and ``releases``;
+  over GitHub's REST API (``github_api``), and ``releases``; ``doctor_cli``: ``doctor`` (the served
+  bucket's invariants checked and repaired, :mod:`model_build.release.doctor`);
 - ``endpoint``: a SageMaker multi-model endpoint on this machine: ``mme`` (SageMaker's part:
   loading, eviction, out-of-memory retries) over ``served_release`` (what it serves) and
   ``triton_server`` (the real ``tritonserver``, in a network namespace of its own where the host
