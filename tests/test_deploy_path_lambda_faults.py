@@ -3,7 +3,7 @@ interpreter, the real handlers behind moto's Invoke API (``tests/local_lambda.py
 
 - the harness ends a function at its template ``Timeout`` (scaled) as Lambda does
   (``Sandbox.Timedout``), and a killed runtime as Lambda does (no ``errorType``: Step Functions'
-  ``Lambda.Unknown``); a late end is kept aside, never answered;
+  ``Lambda.Unknown``); a late end is kept aside, never answered (checked on the builds below);
 - a build killed once is retried and builds on the Lambda; a build past its timeout moves to
   SageMaker Processing (``OutgrewLambda``) and builds there; a build pinned to the Lambda that is
   killed twice, or past the budget left, fails naming the model and the limit it hit;
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -107,36 +106,6 @@ def _served(deployment: Any, bucket: str) -> dict[str, Any]:
     return {"routes": routes, "served": objects}
 
 
-def test_the_harness_ends_a_function_at_its_timeout_and_a_killed_one_as_lambda_does(
-    templates: Templates, aws: LocalAws
-) -> None:
-    deployment = aws.deploy(templates.get(manifest()))
-    function = aws.runtime.function(BUILD_STEP)
-    assert function.timeout_s == 900  # the template's Timeout
-    client = boto3.client("lambda", region_name="us-east-1")
-    release = aws.runtime.hold(BUILD_STEP, lambda event: event.get("Step") == "probe")
-    started = time.monotonic()
-    answer = client.invoke(FunctionName=function.name, Payload=json.dumps({"Step": "probe"}).encode())
-    took = time.monotonic() - started
-    payload = json.loads(answer["Payload"].read())
-    assert answer["FunctionError"] == "Unhandled" and payload["errorType"] == TIMED_OUT, payload
-    assert payload["errorMessage"].endswith("Task timed out after 900.00 seconds"), payload
-    assert 900 * TIME_SCALE <= took < 900 * TIME_SCALE + 2.0, took
-    (call,) = aws.runtime.invocations(BUILD_STEP)
-    assert call.outcome == "timed_out" and call.late is None, "still running, and nothing answered for it"
-    release.set()
-    aws.runtime.settle(30)
-    assert call.late is not None and call.late[0] is False and "field Step: got 'probe'" in call.late[1]["errorMessage"]
-    assert call.result == payload, "the late end is kept aside; the answer stays the timeout's"
-
-    aws.runtime.kill(BUILD_STEP, lambda event: event.get("Step") == "probe", times=1)
-    killed = client.invoke(FunctionName=function.name, Payload=json.dumps({"Step": "probe"}).encode())
-    body = json.loads(killed["Payload"].read())
-    assert killed["FunctionError"] == "Unhandled" and "errorType" not in body, body
-    assert "Runtime exited with error: signal: killed" in body["errorMessage"]
-    del deployment
-
-
 def test_a_killed_build_is_retried_and_one_past_its_timeout_builds_on_processing(
     templates: Templates, aws: LocalAws, jobs: LocalProcessing
 ) -> None:
@@ -149,6 +118,17 @@ def test_a_killed_build_is_retried_and_one_past_its_timeout_builds_on_processing
         release.set()
     assert described["status"] == "SUCCEEDED", (described.get("error"), described.get("cause"))
     assert _outcomes(aws) == {"unit-00": ["killed", "ok"], "unit-01": ["timed_out"], "unit-02": ["ok"]}
+    builds = [c for c in aws.runtime.invocations(BUILD_STEP) if c.event.get("Step") == "build"]
+    # The harness answered as Lambda does: the timeout at the template's 900 s (scaled), with its
+    # message; the dead runtime with no errorType (Step Functions' Lambda.Unknown, then retried).
+    (timed_out,) = [c for c in builds if c.outcome == "timed_out"]
+    assert aws.runtime.function(BUILD_STEP).timeout_s == 900
+    assert timed_out.result["errorType"] == TIMED_OUT, timed_out.result
+    assert timed_out.result["errorMessage"].endswith("Task timed out after 900.00 seconds"), timed_out.result
+    assert 900 * TIME_SCALE <= timed_out.ended - timed_out.started < 900 * TIME_SCALE + 2.0
+    assert timed_out.late is None, "still held: nothing answered for it, nothing kept yet"
+    (killed,) = [c for c in builds if c.outcome == "killed"]
+    assert "errorType" not in killed.result and "signal: killed" in killed.result["errorMessage"], killed.result
     (moved,) = [c for c in aws.runtime.invocations(BUILD_STEP) if c.event.get("Step") == "outgrew_lambda"]
     assert moved.outcome == "ok" and moved.event["Error"] == TIMED_OUT and moved.event["Model"] == "unit-01"
     assert moved.result["Output"].endswith("/models/_jobs/" + request["ResourceProperties"]["ReleaseId"] + "/unit-01/output/")
@@ -156,9 +136,9 @@ def test_a_killed_build_is_retried_and_one_past_its_timeout_builds_on_processing
     assert job["ProcessingJobStatus"] == "Completed", job.get("Log")
     done = _complete(request, started)
     assert done["IsComplete"] is True and done["Data"]["ModelCount"] == "4"  # unit-00 has two copies
-    aws.runtime.settle(60)  # the timed-out Lambda build ended late: stored or not, its answer was never used
-    (late,) = [c for c in aws.runtime.invocations(BUILD_STEP) if c.outcome == "timed_out"]
-    assert late.late is not None and late.late[0] is True, late.late
+    aws.runtime.settle(60)  # released above: the timed-out build ran to its end, late, and was never answered
+    assert timed_out.late is not None and timed_out.late[0] is True, timed_out.late
+    assert timed_out.result["errorType"] == TIMED_OUT, "the answer stays the timeout's"
 
 
 def test_a_build_neither_a_retry_nor_processing_can_help_fails_naming_the_model_and_the_limit(
