@@ -352,6 +352,10 @@ class Tally:
     injected: int = 0
     reran: int = 0
     violations: list[str] = field(default_factory=list)
+    #: What the fault-free run did: ``copy`` (into served/), ``delete`` (expired objects),
+    #: ``routes`` (the routes PUT); and whether a routes PUT's retry after it landed got 412.
+    kinds: set[str] = field(default_factory=set)
+    retry_got_412: bool = False
 
 
 def _enumerate(world: World, step: Step) -> Tally:
@@ -364,6 +368,14 @@ def _enumerate(world: World, step: Step) -> Tally:
     clean = read_routes(world.direct, world.bucket, PREFIX, stack=STACK)
     clean_writes = _writes(clean_records)
     tally = Tally(calls=len(calls))
+    routes_path = f"/{world.bucket}/{routes_key(PREFIX)}"
+    for record in clean_records:
+        if record.is_copy and "/served/" in record.target:
+            tally.kinds.add("copy")
+        elif record.method == "POST" and record.target.endswith("?delete"):
+            tally.kinds.add("delete")
+        elif record.method == "PUT" and record.target == routes_path:
+            tally.kinds.add("routes")
     tally.violations += [f"{step.name} without a fault: {line}"
                          for line in _violations(world, step, clean, clean_writes, clean_writes)]
     reached: set[frozenset[tuple[str, str]]] = set()
@@ -379,6 +391,7 @@ def _enumerate(world: World, step: Step) -> Tally:
             finally:
                 proxy.clear()
                 proxy.revive()
+            faulted = list(proxy.records)
             tally.injected += 1
             assert rule.hits >= 1, f"{step.name}: {fault} at {call} never met its call: the step's calls changed"
             state = _state(world)
@@ -387,12 +400,17 @@ def _enumerate(world: World, step: Step) -> Tally:
             reached.add(state)
             step.run()  # the rerun must succeed: CloudFormation, Step Functions or the user runs it again
             tally.reran += 1
+            if fault == "landed" and call.method == "PUT" and call.target == routes_path:
+                tally.retry_got_412 = any(r.target == routes_path and r.status == 412 for r in faulted)
             problems = _violations(world, step, clean, clean_writes, _writes(list(proxy.records)))
             tally.violations += [f"{step.name}, {fault} at {call.method} {call.target} #{call.occurrence}: {line}"
                                  for line in problems]
     return tally
 
 
+#: What each step's fault-free run must do, so that its enumeration fails those calls.
+EXERCISES = {"activation": {"delete", "routes"}, "create": {"copy", "routes"}, "update": {"copy", "delete", "routes"},
+             "rollback": {"copy", "routes"}, "delete": {"delete"}}
 #: What each step's enumeration counted (the figures of docs/operations.md "What survives what").
 TALLIES: dict[str, Tally] = {}
 
@@ -405,4 +423,9 @@ def test_every_s3_call_failing_in_turn_then_a_rerun_leaves_every_invariant_holdi
     print(f"{name}: {tally.calls} calls, {tally.injected} faults injected, {tally.reran} reruns, "
           f"{len(tally.violations)} invariant violations")
     assert tally.calls >= 3, f"{name}: {tally.calls} S3 calls recorded; the proxy sees the step's calls"
+    # The calls the issue names are among those failed: a copy into served/, the deletion of what
+    # expired (before the routes PUT), and the routes PUT, whose retry after it landed gets 412.
+    assert tally.kinds >= EXERCISES[name], f"{name}: the fault-free run did {sorted(tally.kinds)}"
+    if "routes" in EXERCISES[name]:
+        assert tally.retry_got_412, f"{name}: the routes PUT's retry after it landed did not meet 412"
     assert tally.violations == [], "\n".join(tally.violations[:20])
