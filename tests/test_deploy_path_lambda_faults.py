@@ -4,9 +4,10 @@ interpreter, the real handlers behind moto's Invoke API (``tests/local_lambda.py
 - the harness ends a function at its template ``Timeout`` (scaled) as Lambda does
   (``Sandbox.Timedout``), and a killed runtime as Lambda does (no ``errorType``: Step Functions'
   ``Lambda.Unknown``); a late end is kept aside, never answered (checked on the builds below);
-- a build killed once is retried and builds on the Lambda; a build past its timeout moves to
-  SageMaker Processing (``OutgrewLambda``) and builds there; a build pinned to the Lambda that is
-  killed twice, or past the budget left, fails naming the model and the limit it hit;
+- a build killed once (after it stored its model) is retried and finds it stored; a build past
+  its timeout moves to SageMaker Processing (``OutgrewLambda``) and builds there; a build pinned
+  to the Lambda that is killed twice, or past the budget left, fails naming the model and the
+  limit it hit;
 - a build that ends after its deploy failed and rolled back changes nothing that is served.
 """
 
@@ -27,6 +28,7 @@ from processing_local import LocalProcessing, processing_jobs
 
 from triton_mme_cdk.model_build import handler
 from triton_mme_cdk.model_build.release.index import read_routes
+from triton_mme_cdk.model_build.release.invariants import check_bucket
 
 #: Slow: real builds, one on Processing (a subprocess that imports torch).
 pytestmark = pytest.mark.slow
@@ -110,7 +112,8 @@ def test_a_killed_build_is_retried_and_one_past_its_timeout_builds_on_processing
     templates: Templates, aws: LocalAws, jobs: LocalProcessing
 ) -> None:
     deployment = aws.deploy(templates.get(manifest()))
-    aws.runtime.kill(BUILD_STEP, lambda event: event.get("Model") == "unit-00", times=1)
+    # unit-00's runtime dies after its build stored the model, before it answered: the retry finds it stored.
+    aws.runtime.kill(BUILD_STEP, lambda event: event.get("Model") == "unit-00", times=1, after=True)
     release = aws.runtime.hold(BUILD_STEP, lambda event: event.get("Step") == "build" and event["Model"] == "unit-01")
     try:
         request, started, described = _build(deployment)
@@ -127,8 +130,9 @@ def test_a_killed_build_is_retried_and_one_past_its_timeout_builds_on_processing
     assert timed_out.result["errorMessage"].endswith("Task timed out after 900.00 seconds"), timed_out.result
     assert 900 * TIME_SCALE <= timed_out.ended - timed_out.started < 900 * TIME_SCALE + 2.0
     assert timed_out.late is None, "still held: nothing answered for it, nothing kept yet"
-    (killed,) = [c for c in builds if c.outcome == "killed"]
+    killed, retried = [c for c in builds if c.event["Model"] == "unit-00"]
     assert "errorType" not in killed.result and "signal: killed" in killed.result["errorMessage"], killed.result
+    assert retried.result == {"Model": "unit-00", "Key": killed.event["Key"], "Built": False}, "stored by the killed run"
     (moved,) = [c for c in aws.runtime.invocations(BUILD_STEP) if c.event.get("Step") == "outgrew_lambda"]
     assert moved.outcome == "ok" and moved.event["Error"] == TIMED_OUT and moved.event["Model"] == "unit-01"
     assert moved.result["Output"].endswith("/models/_jobs/" + request["ResourceProperties"]["ReleaseId"] + "/unit-01/output/")
@@ -136,6 +140,8 @@ def test_a_killed_build_is_retried_and_one_past_its_timeout_builds_on_processing
     assert job["ProcessingJobStatus"] == "Completed", job.get("Log")
     done = _complete(request, started)
     assert done["IsComplete"] is True and done["Data"]["ModelCount"] == "4"  # unit-00 has two copies
+    bucket = request["ResourceProperties"]["ModelBucket"]
+    assert check_bucket(deployment.s3, bucket, "models", read_bytes=True).violations == []
     aws.runtime.settle(60)  # released above: the timed-out build ran to its end, late, and was never answered
     assert timed_out.late is not None and timed_out.late[0] is True, timed_out.late
     assert timed_out.result["errorType"] == TIMED_OUT, "the answer stays the timeout's"
@@ -201,5 +207,6 @@ def test_a_build_that_ends_after_its_deploy_failed_and_rolled_back_changes_nothi
     (late,) = [c for c in aws.runtime.invocations(BUILD_STEP) if c.outcome == "timed_out"]
     assert late.late is not None and late.late[0] is True, "the held build ran to its end, late"
     assert _served(first, bucket) == before, "the routes document and every served object are as they were"
+    assert check_bucket(first.s3, bucket, "models", read_bytes=True).violations == []
     after = read_routes(first.s3, bucket, "models")
     assert after is not None and after.release_id == routed.release_id
