@@ -6,7 +6,9 @@ The steps: the activation (``activate_release``, as ``publish`` runs it: verify,
 write the routes), and the custom resource's Create, Update (an expired object deleted), rollback
 (an Update back to a release whose object the retention window removed: copied back from the store)
 and Delete (``OnDelete: destroy`` while the stack is deleted), through its two handlers
-(``on_event``, ``is_complete``) with the store's builds in place.
+(``on_event``, ``is_complete``) with the store's builds in place: the Create and the Update
+assemble the release themselves (a stack without a build state machine), the rollback goes as
+the default stack's does (its index exists, so ``on_event`` reads it and starts no build).
 
 Each step runs once without a fault behind the fault proxy (:mod:`s3_faults`), which records its
 calls: that list is the enumeration, so a call a step gains is covered without editing this file.
@@ -182,8 +184,12 @@ def _activate(world: World, label: str, days_ago: float) -> None:
                      clock=lambda: time.time() - days_ago * DAY)
 
 
-def _event(world: World, kind: str, label: str, old: str | None = None) -> dict[str, Any]:
-    props = world.props[label]
+#: The default stack's build state machine: a release whose index exists starts no execution.
+MACHINE = "arn:aws:states:us-east-1:123456789012:stateMachine:TritonMmeBuild"
+
+
+def _event(world: World, kind: str, label: str, old: str | None = None, *, machine: bool = False) -> dict[str, Any]:
+    props = dict(world.props[label], BuildStateMachineArn=MACHINE) if machine else world.props[label]
     event: dict[str, Any] = {"RequestType": kind, "RequestId": str(uuid.uuid4()), "StackId": STACK,
                              "LogicalResourceId": "ModelBuildE2D089A7", "ResourceType": "Custom::TritonModelRelease",
                              "ResponseURL": "https://localhost/response", "ServiceToken": props["ServiceToken"],
@@ -195,12 +201,14 @@ def _event(world: World, kind: str, label: str, old: str | None = None) -> dict[
     return event
 
 
-def _resource(world: World, kind: str, label: str, old: str | None = None) -> Callable[[], None]:
+def _resource(world: World, kind: str, label: str, old: str | None = None, *,
+              machine: bool = False) -> Callable[[], None]:
     """The custom resource's event as the Provider framework runs it: ``on_event``, then
-    ``is_complete`` until it says complete."""
+    ``is_complete`` until it says complete. ``machine``: with the build state machine, as the
+    default stack has it (for a release whose index exists: ``on_event`` reads it, starts nothing)."""
 
     def run() -> None:
-        event = _event(world, kind, label, old)
+        event = _event(world, kind, label, old, machine=machine)
         answer = on_event(event)
         polled = dict(event, PhysicalResourceId=answer["PhysicalResourceId"], Data=answer.get("Data") or {})
         for _ in range(5):
@@ -272,7 +280,7 @@ def _steps(world: World) -> list[Step]:
         Step("activation", "r2-placed", lambda: _activate_now(world, client)),
         Step("create", "stored", _resource(world, "Create", "new")),
         Step("update", "r1-routed", _resource(world, "Update", "r2", old="r1")),
-        Step("rollback", "r2-routed", _resource(world, "Update", "r1", old="r2")),
+        Step("rollback", "r2-routed", _resource(world, "Update", "r1", old="r2", machine=True)),
         Step("delete", "r2-routed", _resource(world, "Delete", "r2"), check=_nothing_left),
     ]
 
