@@ -16,12 +16,16 @@ from pydantic import AfterValidator, Field, model_validator
 
 from constructs import Construct
 from triton_mme_cdk.constructs.bucket_guard import encryption_denies, publisher_arn, writer_denies
+from triton_mme_cdk.constructs.bucket_replication import (
+    REPLICA_DESCRIPTION,
+    replicate_or_acknowledge,
+    replication_options,
+    replication_role,
+)
 from triton_mme_cdk.constructs.cfn_hygiene import drop_provider_role_dependency
 from triton_mme_cdk.constructs.customer_key import customer_key
 from triton_mme_cdk.constructs.nag_acknowledgments import (
     ACCESS_LOG_ENCRYPTION_REASON,
-    ACCESS_LOG_REPLICATION_REASON,
-    MODEL_REPLICATION_REASON,
     acknowledge_in_packs,
     acknowledge_wildcard_resource,
     skip_cdk_provider_checks,
@@ -119,6 +123,7 @@ class ModelBucketProps(Props):
         "the bucket's own key, or a created key (yearly rotation).",
     )
 
+    replica: Resource[s3.IBucket] | None = Field(default=None, description=REPLICA_DESCRIPTION)
     publishers: list[PublisherArn] = Field(
         default_factory=list,
         max_length=PUBLISHERS_MAX,
@@ -130,6 +135,9 @@ class ModelBucketProps(Props):
 
     @model_validator(mode="after")
     def _bucket_and_key(self) -> Self:
+        if self.bucket is not None and self.replica is not None:
+            raise ValueError("replica_bucket: given with bucket; only a created bucket is replicated here (set "
+                             "your bucket's replication rules where you define it)")
         if self.bucket is not None and self.encryption_key is None and self.bucket.encryption_key is None:
             name = self.bucket.bucket_name
             shown = "a bucket" if Token.is_unresolved(name) else f"bucket {name!r}"
@@ -206,8 +214,10 @@ class ModelBucket(Construct):
         self.bucket_arn: str = self.bucket.bucket_arn
 
     def _create(self, props: ModelBucketProps) -> s3.Bucket:
+        role = replication_role(self, "ReplicationRole") if props.replica is not None else None
         self.access_log_bucket = self._bucket(
             "AccessLogs",
+            **replication_options(role, props.replica, encrypted=False),
             # S3 server access logging can only deliver to a bucket with SSE-S3.
             encryption=s3.BucketEncryption.S3_MANAGED,
             # A deleted or overwritten log object stays recoverable for noncurrent_version_expiration.
@@ -229,9 +239,9 @@ class ModelBucket(Construct):
             "its own accesses would need a third bucket and recurse.",
         )
         acknowledge_in_packs(self.access_log_bucket, "S3DefaultEncryptionKMS", ACCESS_LOG_ENCRYPTION_REASON)
-        acknowledge_in_packs(self.access_log_bucket, "S3BucketReplicationEnabled", ACCESS_LOG_REPLICATION_REASON)
         bucket = self._bucket(
             "Resource",
+            **replication_options(role, props.replica, encrypted=True),
             encryption=s3.BucketEncryption.KMS,
             encryption_key=self.key,
             bucket_key_enabled=True,
@@ -240,7 +250,7 @@ class ModelBucket(Construct):
             server_access_logs_prefix="model-bucket/",
             lifecycle_rules=self._lifecycle_rules(),
         )
-        acknowledge_in_packs(bucket, "S3BucketReplicationEnabled", MODEL_REPLICATION_REASON)
+        replicate_or_acknowledge(role, props.replica, bucket=bucket, key=self.key, access_logs=self.access_log_bucket)
         if props.removal_policy == RemovalPolicy.DESTROY:
             drop_provider_role_dependency(self, AUTO_DELETE_PROVIDER_ID)
             skip_cdk_provider_checks(

@@ -127,6 +127,7 @@ class TritonMultiModelEndpoint(ITritonMultiModelEndpoint, Construct):
       writes to what the fleet serves to every principal but the build and ``model_publishers``,
       and a PUT with other encryption than the key (docs/security.md, "Who can change what the
       fleet serves"); on a bucket of another stack, synth warns with the statements instead.
+      ``replica_bucket`` (yours, versioned): the created buckets replicate into it.
     - With ``ModelSource.from_manifest``, a build custom resource builds the manifest's models at
       deploy, places each under an immutable content-named key in the fixed served prefix
       ``<model_prefix>/served/`` and routes the release (``<model_prefix>/_routes/routes.json``).
@@ -162,6 +163,7 @@ class TritonMultiModelEndpoint(ITritonMultiModelEndpoint, Construct):
         models: ModelSource,
         bucket: s3.IBucket | None = None,
         encryption_key: kms.IKey | None = None,
+        replica_bucket: s3.IBucket | None = None,
         vpc: ec2.IVpc | None = None,
         vpc_subnets: ec2.SubnetSelection | None = None,
         security_groups: Sequence[ec2.ISecurityGroup] | None = None,
@@ -187,7 +189,7 @@ class TritonMultiModelEndpoint(ITritonMultiModelEndpoint, Construct):
         self.models = models
         #: The artifacts bucket and its key (``ModelBucket``: yours, or created), with its grants.
         self.model_bucket = ModelBucket(self, "ModelBucket", props=ModelBucketProps(
-            **options.values(ModelBucketProps), bucket=bucket, encryption_key=encryption_key))
+            **options.values(ModelBucketProps), bucket=bucket, encryption_key=encryption_key, replica=replica_bucket))
         #: The model's subnets and security groups (``EndpointNetwork``; None without a VPC).
         self.network = self._network(vpc, vpc_subnets, security_groups)
         #: The Triton image and its region mapping (``TritonImage``).

@@ -17,6 +17,7 @@ exactly, on the resource or an ancestor).
 from __future__ import annotations
 
 import importlib.util
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,6 +147,18 @@ def created_vpc(folder: Path) -> Audit:
     return audit(app, ("Isolated/Embeddings", "Isolated/AWS679f53fac002430cb0da5b7982bd2287"))
 
 
+def replicated(folder: Path) -> Audit:
+    """The created buckets replicated into a team's bucket of another region (``replica_bucket``)."""
+    app = _app(folder)
+    stack = cdk.Stack(app, "Replicated", env=cdk.Environment(account="123456789012", region="eu-west-1"))
+    key = kms.Key.from_key_arn(stack, "ReplicaKey",
+                               "arn:aws:kms:eu-central-1:123456789012:key/0a1b2c3d-1111-2222-3333-444455556666")
+    _endpoint(stack, replica_bucket=s3.Bucket.from_bucket_attributes(
+        stack, "Replica", bucket_arn="arn:aws:s3:::team-model-replica", encryption_key=key))
+    app.synth()
+    return audit(app, ("Replicated/Embeddings",))
+
+
 def cross_stack(folder: Path) -> Audit:
     """The bucket and key of the team's data stack, imported by attributes into the serving stack
     (CDK writes Fn::ImportValue of the data stack's exports)."""
@@ -189,7 +202,7 @@ def pipeline(folder: Path) -> Audit:
 
 APPS: dict[str, Callable[[Path], Audit]] = {
     "default": default_app, "platform_app": platform_app, "own_vpc_and_topic": own_vpc_and_topic,
-    "created_vpc": created_vpc, "cross_stack": cross_stack, "imported_by_name": imported_by_name, "pipeline": pipeline,
+    "created_vpc": created_vpc, "replicated": replicated, "cross_stack": cross_stack, "imported_by_name": imported_by_name, "pipeline": pipeline,
 }
 _AUDITS: dict[str, Audit] = {}
 
@@ -312,3 +325,33 @@ def test_emails_with_no_topic_are_one_line_naming_both_keywords(tmp_path: Path) 
         _endpoint(stack, alarm_topic_enabled=False, alarm_emails=["ops@example.com"])
     text = str(caught.value)
     assert text.startswith("alarm_emails: given with alarm_topic_enabled false;") and "\n" not in text
+
+
+def test_replica_bucket_replicates_both_buckets_and_nothing_is_acknowledged_for_it(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    found = _only("replicated", tmp_path_factory)
+    stack = found.app.node.find_child("Replicated")
+    template = json.loads((Path(found.app.outdir) / "Replicated.template.json").read_text())
+    buckets = [r["Properties"] for r in template["Resources"].values() if r["Type"] == "AWS::S3::Bucket"]
+    assert len(buckets) == 2
+    for bucket in buckets:
+        (rule,) = bucket["ReplicationConfiguration"]["Rules"]
+        assert rule["Destination"]["Bucket"] == "arn:aws:s3:::team-model-replica"
+        assert rule["DeleteMarkerReplication"] == {"Status": "Enabled"} and rule["Status"] == "Enabled"
+    assert not [rule for _, rule, _ in found.acknowledged if "S3BucketReplicationEnabled" in rule]
+    assert not [rule for rule, _, _ in found.ours(found.raw) if "S3BucketReplicationEnabled" in rule]
+    roles = [r["Properties"] for r in template["Resources"].values() if r["Type"] == "AWS::IAM::Role"
+             and r["Properties"]["AssumeRolePolicyDocument"]["Statement"][0]["Principal"] == {"Service": "s3.amazonaws.com"}]
+    (role,) = roles
+    assert "RoleName" not in role  # CDK's own role would be CDKReplicationRole in every stack
+    assert stack is not None
+
+
+def test_replica_bucket_with_your_bucket_is_one_line(tmp_path: Path) -> None:
+    stack = cdk.Stack(_app(tmp_path), "Both")
+    key = kms.Key(stack, "Key")
+    with pytest.raises(PropsError) as caught:
+        _endpoint(stack, bucket=s3.Bucket(stack, "Mine", encryption_key=key), encryption_key=key,
+                  replica_bucket=s3.Bucket(stack, "Replica"))
+    text = str(caught.value)
+    assert text.startswith("replica_bucket: given with bucket;") and "\n" not in text
