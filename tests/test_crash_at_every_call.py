@@ -27,7 +27,8 @@ was written more often than the fault-free run writes it.
 
 One set-up per step: its starting state is built once and copied back into the bucket before each
 case (only what the case changed). A case whose faulted run left the bucket exactly as an earlier
-case's did is not rerun (the rerun starts from the same state), and is counted as covered.
+case's did is not rerun (the rerun starts from the same state, and was checked); its own writes are
+still counted against the fault-free run's.
 """
 
 from __future__ import annotations
@@ -402,14 +403,16 @@ def _enumerate(world: World, step: Step) -> Tally:
             faulted = list(proxy.records)
             tally.injected += 1
             assert rule.hits >= 1, f"{step.name}: {fault} at {call} never met its call: the step's calls changed"
+            if fault == "landed" and call.method == "PUT" and call.target == routes_path:
+                tally.retry_got_412 = any(r.target == routes_path and r.status == 412 for r in faulted)
             state = _state(world)
-            if state in reached:
+            if state in reached:  # the rerun from here was checked: what the faulted run wrote still is
+                tally.violations += [f"{step.name}, {fault} at {call.method} {call.target} #{call.occurrence}: "
+                                     f"{v.line(world.bucket)}" for v in repeated_writes(clean_writes, _writes(faulted))]
                 continue
             reached.add(state)
             step.run()  # the rerun must succeed: CloudFormation, Step Functions or the user runs it again
             tally.reran += 1
-            if fault == "landed" and call.method == "PUT" and call.target == routes_path:
-                tally.retry_got_412 = any(r.target == routes_path and r.status == 412 for r in faulted)
             problems = _violations(world, step, clean, clean_writes, _writes(list(proxy.records)))
             tally.violations += [f"{step.name}, {fault} at {call.method} {call.target} #{call.occurrence}: {line}"
                                  for line in problems]
