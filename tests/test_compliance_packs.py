@@ -1,7 +1,8 @@
 """cdk-nag's compliance packs on the construct (issue 59): AwsSolutions, HIPAA.Security,
 NIST.800.53.R5 and PCI.DSS.321 report 0 unacknowledged findings under ``TritonMultiModelEndpoint``
 on the default app, ``examples/platform_app``, a bring-your-own app with a VPC and a topic, a
-created VPC in an app without this project's feature flags, an app whose bucket and key come from
+created VPC in an app without this project's feature flags, the created buckets replicated
+(``replica_bucket``), an app whose bucket and key come from
 another stack of the app, one whose bucket is imported by name, and on every stack of the delivery
 pipeline. Every acknowledgment matches a finding.
 
@@ -44,7 +45,7 @@ from triton_mme_cdk.constructs.nag_acknowledgments import (
     make_audited,
 )
 
-pytestmark = pytest.mark.slow  # seven real synths, the four packs twice on each
+pytestmark = pytest.mark.slow  # eight real synths, the four packs twice on each
 
 PACKS = (AwsSolutionsChecks, HIPAASecurityChecks, NIST80053R5Checks, PCIDSS321Checks)
 EXAMPLE = ROOT / "examples" / "platform_app"
