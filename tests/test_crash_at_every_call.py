@@ -6,9 +6,12 @@ The steps: the activation (``activate_release``, as ``publish`` runs it: verify,
 write the routes), and the custom resource's Create, Update (an expired object deleted), rollback
 (an Update back to a release whose object the retention window removed: copied back from the store)
 and Delete (``OnDelete: destroy`` while the stack is deleted), through its two handlers
-(``on_event``, ``is_complete``) with the store's builds in place: the Create and the Update
-assemble the release themselves (a stack without a build state machine), the rollback goes as
-the default stack's does (its index exists, so ``on_event`` reads it and starts no build).
+(``on_event``, ``is_complete``) with the store's builds in place. The Create goes as the default
+stack's does: ``on_event`` starts the build state machine (on moto's Step Functions API), whose
+Finish task (``place_step``: each stored tarball read and admitted, the release assembled, its
+index written) the test runs, then ``is_complete`` routes it. The Update assembles the release in
+``is_complete`` itself (a stack without a state machine). The rollback has the state machine too:
+the old release's index exists, so ``on_event`` reads it and starts no build.
 
 Each step runs once without a fault behind the fault proxy (:mod:`s3_faults`), which records its
 calls: that list is the enumeration, so a call a step gains is covered without editing this file.
@@ -34,7 +37,6 @@ still counted against the fault-free run's.
 from __future__ import annotations
 
 import copy
-import hashlib
 import re
 import time
 import uuid
@@ -44,13 +46,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
 import yaml
 from s3_faults import FaultProxy, Record, Rule
 
 from triton_mme_cdk.model_build.aws_clients import make_s3_client
-from triton_mme_cdk.model_build.handler import custom_resource, is_complete, on_event
+from triton_mme_cdk.model_build.handler import custom_resource, is_complete, on_event, place_step
 from triton_mme_cdk.model_build.manifest import parse_manifest
+from triton_mme_cdk.model_build.package.pack import write_tarball
 from triton_mme_cdk.model_build.release import compute_release, identity, routes_key
 from triton_mme_cdk.model_build.release.index import read_routes
 from triton_mme_cdk.model_build.release.invariants import (
@@ -111,6 +115,8 @@ class World:
     snapshots: dict[str, dict[str, str]] = field(default_factory=dict)
     #: The routes each snapshot starts from.
     before: dict[str, Any] = field(default_factory=dict)
+    #: The build state machine (on moto's Step Functions API), as the default stack has one.
+    machine: str = ""
     snapshot_bucket: str = ""
 
 
@@ -150,15 +156,17 @@ def _restore(world: World, name: str) -> None:
 
 
 def _store(world: World, manifest: dict[str, Any]) -> None:
-    """Store a build of each model of ``manifest`` under its real key (bytes of its own: no model
-    is built, the steps only place and route what is stored), and upload the manifest asset."""
+    """Store a build of each model of ``manifest`` under its real key: a tarball the placing gate
+    admits (a config of the entry's backend, a model file of its own bytes, which the gate does not
+    parse); no model is built, the steps only place and route what is stored."""
     release = compute_release(parse_manifest(manifest))
     for name, key in release.model_keys.items():
-        payload = hashlib.sha256(key.encode()).digest() * 64
+        config = (f'name: "{name}"\nbackend: "onnxruntime"\nmax_batch_size: 2\n'
+                  'input { name: "pixel_values" data_type: TYPE_FP32 dims: [3, 32, 32] }\n'
+                  'output { name: "logits" data_type: TYPE_FP32 dims: [4] }\n').encode()
         path = world.folder / f"{key}.tar.gz"
-        path.write_bytes(payload)
-        artifact = Artifact(name=name, format="onnx", path=path, sha256=hashlib.sha256(payload).hexdigest(),
-                            size=len(payload), targets=(name,))
+        sha256, size = write_tarball({f"{name}/config.pbtxt": config, f"{name}/1/model.onnx": key.encode() * 64}, path)
+        artifact = Artifact(name=name, format="onnx", path=path, sha256=sha256, size=size, targets=(name,))
         publish_unit(artifact, key, s3_client=world.direct, bucket=world.bucket, model_prefix=PREFIX)
 
 
@@ -185,12 +193,8 @@ def _activate(world: World, label: str, days_ago: float) -> None:
                      clock=lambda: time.time() - days_ago * DAY)
 
 
-#: The default stack's build state machine: a release whose index exists starts no execution.
-MACHINE = "arn:aws:states:us-east-1:123456789012:stateMachine:TritonMmeBuild"
-
-
 def _event(world: World, kind: str, label: str, old: str | None = None, *, machine: bool = False) -> dict[str, Any]:
-    props = dict(world.props[label], BuildStateMachineArn=MACHINE) if machine else world.props[label]
+    props = dict(world.props[label], BuildStateMachineArn=world.machine) if machine else world.props[label]
     event: dict[str, Any] = {"RequestType": kind, "RequestId": str(uuid.uuid4()), "StackId": STACK,
                              "LogicalResourceId": "ModelBuildE2D089A7", "ResourceType": "Custom::TritonModelRelease",
                              "ResponseURL": "https://localhost/response", "ServiceToken": props["ServiceToken"],
@@ -212,6 +216,12 @@ def _resource(world: World, kind: str, label: str, old: str | None = None, *,
         event = _event(world, kind, label, old, machine=machine)
         answer = on_event(event)
         polled = dict(event, PhysicalResourceId=answer["PhysicalResourceId"], Data=answer.get("Data") or {})
+        if polled["Data"].get("BuildExecutionArn"):
+            # The state machine's run: the builds are stored, so its Finish task alone acts (admits
+            # each stored tarball it places, assembles the release, writes its index); a Finish
+            # that fails fails the execution, and CloudFormation the resource.
+            request = {k: v for k, v in event["ResourceProperties"].items() if k not in ("ServiceToken", "Deployed")}
+            place_step({"Step": "finish", "Request": request})
         for _ in range(5):
             if is_complete(polled).get("IsComplete"):
                 return
@@ -253,10 +263,17 @@ def world(endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[W
     direct = make_s3_client(endpoint_url=endpoint)
     with FaultProxy(endpoint) as proxy:
         monkeypatch.setenv("MODEL_BUILD_S3_ENDPOINT_URL", proxy.url)
+        # The build state machine on moto's Step Functions API (it records executions; the test runs
+        # their Finish task itself). Only S3 goes through the proxy.
+        monkeypatch.setenv("MODEL_BUILD_STATES_ENDPOINT_URL", endpoint)
+        states = boto3.client("stepfunctions", endpoint_url=endpoint)
+        machine = str(states.create_state_machine(
+            name=f"build-{uuid.uuid4().hex[:8]}", definition='{"StartAt":"x","States":{"x":{"Type":"Succeed"}}}',
+            roleArn="arn:aws:iam::123456789012:role/build")["stateMachineArn"])
         bucket, snapshots = f"crash-{uuid.uuid4().hex[:10]}", f"snap-{uuid.uuid4().hex[:10]}"
         direct.create_bucket(Bucket=bucket)
         direct.create_bucket(Bucket=snapshots)
-        world = World(direct, proxy, bucket, {}, folder, snapshot_bucket=snapshots)
+        world = World(direct, proxy, bucket, {}, folder, snapshot_bucket=snapshots, machine=machine)
         for label in MANIFESTS:
             _store(world, MANIFESTS[label])
             world.props[label] = _props(world, label)
@@ -279,7 +296,7 @@ def _steps(world: World) -> list[Step]:
     client = make_s3_client(endpoint_url=world.proxy.url)
     return [
         Step("activation", "r2-placed", lambda: _activate_now(world, client)),
-        Step("create", "stored", _resource(world, "Create", "new")),
+        Step("create", "stored", _resource(world, "Create", "new", machine=True)),
         Step("update", "r1-routed", _resource(world, "Update", "r2", old="r1")),
         Step("rollback", "r2-routed", _resource(world, "Update", "r1", old="r2", machine=True)),
         Step("delete", "r2-routed", _resource(world, "Delete", "r2"), check=_nothing_left),
