@@ -174,15 +174,15 @@ ACCESS_LOG_ENCRYPTION_REASON = (
 MODEL_REPLICATION_REASON = (
     "What this bucket holds is derived: the build makes every served object, release index and route from the "
     "manifest's sources at deploy, and a redeploy into another region rebuilds them; the bucket is versioned "
-    "(noncurrent_version_expiration_days). Replicating it to a second region is the team's choice of a "
-    "destination, which this construct does not make."
+    "(noncurrent_version_expiration_days). A replica in a second region needs a destination bucket, the "
+    "team's to choose: give it as replica_bucket and this bucket replicates into it."
 )
 #: Why the access-log bucket has no replication rule (S3BucketReplicationEnabled).
 ACCESS_LOG_REPLICATION_REASON = (
     "The model bucket's server access logs stay in the stack's region, versioned for "
     "noncurrent_version_expiration_days and kept for access_log_expiration_days; S3 server access logs are "
     "delivered on a best-effort basis and are not the audit record of the data (CloudTrail data events are). "
-    "A second copy in another region is the team's choice of a destination, which this construct does not make."
+    "A second copy in another region needs a destination bucket, the team's to choose: give it as replica_bucket."
 )
 #: With this context key true, acknowledgments are recorded, not made (see the module docs).
 AUDIT_CONTEXT_KEY = "triton-mme:nag-audit"
