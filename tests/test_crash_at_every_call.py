@@ -443,6 +443,7 @@ EXERCISES = {"activation": {"delete", "routes"}, "create": {"copy", "routes"}, "
 TALLIES: dict[str, Tally] = {}
 
 
+@pytest.mark.slow  # 183 faults through the handlers: 25 to 40 s in all, up to 10 s a step
 @pytest.mark.parametrize("name", ["activation", "create", "update", "rollback", "delete"])
 def test_every_s3_call_failing_in_turn_then_a_rerun_leaves_every_invariant_holding(world: World, name: str) -> None:
     step = next(step for step in _steps(world) if step.name == name)
