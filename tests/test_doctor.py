@@ -215,3 +215,25 @@ def test_bad_input_is_one_line_naming_what_was_read_and_what_was_expected(
     with pytest.raises(SystemExit) as usage:
         main(["doctor", "--bucket", bucket, "--retention-days", "0"])
     assert usage.value.code == 2 and "--retention-days: got '0'" in capsys.readouterr().err
+
+
+def test_a_retained_object_deleted_is_named_and_repaired_and_a_lost_index_is_refused(
+        s3: Any, bucket: str, endpoint: str, tmp_path: Path, routed: dict[str, bytes],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    _release(s3, bucket, tmp_path, {"a": routed["a"], "b": b"B2" * 100}, "r-000000000000000b")
+    activate_release(s3, bucket, PREFIX, "r-000000000000000b", stack=STACK)  # b of release a: kept for the window
+    kept = _served("b", routed["b"])
+    s3.delete_object(Bucket=bucket, Key=kept)
+    code, out, _ = _doctor(capsys, endpoint, bucket)
+    assert code == 3, out
+    (line,) = [line for line in out.splitlines() if line.startswith("retained-object")]
+    assert f"s3://{bucket}/{kept}" in line and "route 'b'" in line and "missing" in line, line
+    assert _doctor(capsys, endpoint, bucket, "--repair")[0] == 0
+    assert s3.get_object(Bucket=bucket, Key=kept)["Body"].read() == routed["b"]
+    # The routed release's index is gone: nothing in the store can write it again.
+    index = f"{PREFIX}/_releases/r-000000000000000b/_index.json"
+    s3.delete_object(Bucket=bucket, Key=index)
+    code, out, _ = _doctor(capsys, endpoint, bucket, "--repair")
+    assert code == 4, out
+    (line,) = [line for line in out.splitlines() if line.startswith("refused: release-index")]
+    assert f"s3://{bucket}/{index}" in line and "deploy (or publish) a release again" in line, line
