@@ -193,7 +193,7 @@ INLINE_POLICY_REASON = (
     "This policy is attached to one role of this stack and to no other identity, is created, changed and "
     "deleted with that role, and names this stack's resources (the CDK writes a role's grants this way). A "
     "customer managed policy would be a separate object that other users, groups and roles could be "
-    "attached to; the statements of each are checked in tests/test_stack_least_privilege.py."
+    "attached to. Every statement is read by the policy linter parliament (tests/test_parliament.py)."
 )
 
 
