@@ -1,6 +1,6 @@
 """cdk-nag's compliance packs on the construct (issue 59): AwsSolutions, HIPAA.Security,
 NIST.800.53.R5 and PCI.DSS.321 report 0 unacknowledged findings under ``TritonMultiModelEndpoint``
-on the default app, ``examples/platform_app``, a bring-your-own app with a VPC and a topic, a
+on the default app and the other settings variants of the stack tests (``VARIANTS``), ``examples/platform_app``, a bring-your-own app with a VPC and a topic, a
 created VPC in an app without this project's feature flags, the created buckets replicated
 (``replica_bucket``), an app whose bucket and key come from
 another stack of the app, one whose bucket is imported by name, and on every stack of the delivery
@@ -30,7 +30,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sns as sns
-from cdk_helpers import PIPELINE, ROOT, context, synth
+from cdk_helpers import PIPELINE, ROOT, VARIANTS, context, synth
 from cdk_nag import AwsSolutionsChecks, HIPAASecurityChecks, NIST80053R5Checks, PCIDSS321Checks
 
 from triton_mme_cdk import ModelSource, PropsError, TritonMultiModelEndpoint
@@ -45,7 +45,7 @@ from triton_mme_cdk.constructs.nag_acknowledgments import (
     make_audited,
 )
 
-pytestmark = pytest.mark.slow  # eight real synths, the four packs twice on each
+pytestmark = pytest.mark.slow  # twelve real synths, the four packs twice on each
 
 PACKS = (AwsSolutionsChecks, HIPAASecurityChecks, NIST80053R5Checks, PCIDSS321Checks)
 EXAMPLE = ROOT / "examples" / "platform_app"
@@ -109,6 +109,15 @@ def _endpoint(scope: cdk.Stack, **options: Any) -> TritonMultiModelEndpoint:
 
 def default_app(folder: Path) -> Audit:
     return audit(synth(folder, nag=False, extra_context=AUDIT).app, None)
+
+
+def variant(name: str) -> Callable[[Path], Audit]:
+    """The app with one of the settings variants of the other stack tests (``VARIANTS``)."""
+    def build(folder: Path) -> Audit:
+        options = dict(VARIANTS[name])
+        context = {**AUDIT, **options.pop("extra_context", {})}
+        return audit(synth(folder, nag=False, extra_context=context, **options).app, None)
+    return build
 
 
 def platform_app(folder: Path) -> Audit:
@@ -202,7 +211,8 @@ def pipeline(folder: Path) -> Audit:
 
 
 APPS: dict[str, Callable[[Path], Audit]] = {
-    "default": default_app, "platform_app": platform_app, "own_vpc_and_topic": own_vpc_and_topic,
+    "default": default_app, **{name: variant(name) for name in VARIANTS if name != "default"},
+    "platform_app": platform_app, "own_vpc_and_topic": own_vpc_and_topic,
     "created_vpc": created_vpc, "replicated": replicated, "cross_stack": cross_stack, "imported_by_name": imported_by_name, "pipeline": pipeline,
 }
 _AUDITS: dict[str, Audit] = {}
