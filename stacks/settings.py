@@ -186,6 +186,9 @@ class AppSettings(EndpointSettingsBase):
             )
 
     def _check_notifications(self) -> None:
+        if self.alarm_topic_enabled is False and self.alarm_emails:
+            raise ValueError("mme:alarm_emails: given with mme:alarm_topic_enabled false; the addresses subscribe "
+                             "to the created topic: leave mme:alarm_topic_enabled unset, or drop the addresses")
         if self.alarm_topic_arn is not None and (self.alarm_topic_enabled is True or self.alarm_emails):
             given = "mme:alarm_emails" if self.alarm_emails else "mme:alarm_topic_enabled true"
             raise ValueError(

@@ -203,6 +203,8 @@ def test_newest_image_version_is_the_default_and_versions_are_checked() -> None:
         ({"alarm_topic_arn": "arn:aws:sns:eu-west-1:123456789012:t", "alarm_topic_enabled": "true"},
          "with mme:alarm_topic_enabled true; the alarms notify either"),
         ({"alarm_topic_enabled": "sometimes"}, "mme:alarm_topic_enabled: got \"sometimes\"; input should be a valid boolean"),
+        ({"alarm_topic_enabled": "false", "alarm_emails": "ops@example.com"},
+         "mme:alarm_emails: given with mme:alarm_topic_enabled false; the addresses subscribe to the created topic"),
         ({"dashboard_name": "my dashboard"}, "mme:dashboard_name: got 'my dashboard'; expected 1 to 255 letters, digits, '-' and '_'"),
         # -- Safe rollouts
         ({"rollout_traffic": "BLUE_GREEN"}, "mme:rollout_traffic: got \"BLUE_GREEN\"; input should be 'ALL_AT_ONCE', 'CANARY' or 'LINEAR'"),
