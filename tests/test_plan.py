@@ -700,3 +700,55 @@ def test_the_security_classifier_on_its_own(resource_type: str, old: dict[str, A
     assert [(c.path, c.text, c.access) for c in changes] == expected
     assert overall_access(changes) == ("widens" if any(a == "widens" for *_, a in expected) else
                                        "unknown" if expected else "")
+
+
+def test_the_plan_names_a_served_object_that_is_missing_or_holds_other_bytes(
+        endpoint: str, default: dict[str, Any], work: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With ``--bucket`` the plan also checks what is served now (issue 58): each routed object in
+    ``served/`` with its route's size and digest. One deleted and one overwritten are named, each in
+    one line with the object and the route; the verdict and digest are the change's, the same as
+    from a copy of the routes, which says it could not check them."""
+    import base64
+    import hashlib
+
+    from triton_mme_cdk.model_build.aws_clients import make_s3_client
+    from triton_mme_cdk.model_build.release import routes_key
+
+    s3, bucket = make_s3_client(endpoint_url=endpoint), "plan-served"
+    s3.create_bucket(Bucket=bucket)
+    live = _routes(deployed=record_from_template(default))
+    for name, route in list(live.routes.items()):  # each target served with its own bytes
+        body = f"the build of {name}".encode()
+        digest = hashlib.sha256(body).hexdigest()
+        target = f"{name}-{digest[:12]}.tar.gz"
+        live.routes[name] = Route(name, target, digest, len(body), route.model_key, route.logical_name, route.entry_sha256)
+        s3.put_object(Bucket=bucket, Key=f"models/served/{target}", Body=body, Metadata={"sha256": digest},
+                      ChecksumAlgorithm="SHA256",
+                      ChecksumSHA256=base64.b64encode(hashlib.sha256(body).digest()).decode())
+    s3.put_object(Bucket=bucket, Key=routes_key("models"), Body=live.body())
+    template = _write(work / "t-served.json", default)
+    code, report, _ = _plan(capsys, "--bucket", bucket, "--endpoint-url", endpoint, "--template", template)
+    assert report["served"]["problems"] == [] and "every one holds its route's bytes" in report["served"]["note"]
+    healthy_digest = report["digest"]
+    first, last = sorted(live.routes)[0], sorted(live.routes)[-1]  # the check's order: by route
+    deleted, overwritten = live.routes[first], live.routes[last]
+    s3.delete_object(Bucket=bucket, Key=f"models/served/{deleted.target_model}")
+    s3.put_object(Bucket=bucket, Key=f"models/served/{overwritten.target_model}", Body=b"other bytes",
+                  Metadata={"sha256": overwritten.sha256})
+    code, report, _ = _plan(capsys, "--bucket", bucket, "--endpoint-url", endpoint, "--template", template)
+    problems = report["served"]["problems"]
+    assert [line.split(": ")[0] for line in problems] == ["routed-object", "routed-object"], problems
+    assert f"s3://{bucket}/models/served/{deleted.target_model} (route {first!r}): missing" in problems[0]
+    assert f"models/served/{overwritten.target_model} (route {last!r}): holds other bytes" in problems[1]
+    assert "2 broken" in report["served"]["note"] and "doctor --bucket plan-served --prefix models --repair" in \
+        report["served"]["note"]
+    assert report["digest"] == healthy_digest  # the state now is not the change
+    main(["plan", "--bucket", bucket, "--endpoint-url", endpoint, "--template", template])
+    text = capsys.readouterr().out
+    assert f"  ! served now: routed-object: s3://{bucket}/models/served/{deleted.target_model}" in text
+    # A copy of the routes: no AWS call, so nothing is known of what is served.
+    copy_path = _write(work / "r-served.json", json.loads(live.body()))
+    code_copy, from_copy, _ = _plan(capsys, "--routes-file", copy_path, "--template", template)
+    assert (code_copy, from_copy["digest"]) == (code, healthy_digest)
+    assert from_copy["served"] == {"note": "not checked: --routes-file makes no AWS call (triton-mme doctor checks it)",
+                                   "problems": []}

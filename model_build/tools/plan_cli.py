@@ -199,6 +199,8 @@ def _plan_report(args: argparse.Namespace, config: AppConfig, synth: Synth | Non
         raise ModelBuildError("plan: give --routes-file FILE (a copy of the live routes) or --bucket BUCKET")
     live: Routes | None = None
     where = ""
+    served_problems: list[str] = []
+    served_note = ""
     if args.routes_file:
         path = Path(args.routes_file)
         if not path.is_file():
@@ -221,7 +223,11 @@ def _plan_report(args: argparse.Namespace, config: AppConfig, synth: Synth | Non
         prefix = args.prefix or template_model_prefix(new_template) or config.setting(
             MODEL_PREFIX_KEY, DEFAULT_MODEL_PREFIX, matching(PREFIX_PATTERN), PREFIX_EXPECTED)
         where = f"s3://{args.bucket}/{routes_key(prefix)}"
-        live = read_routes(make_s3_client(endpoint_url=args.endpoint_url, region=args.region), args.bucket, prefix)
+        s3 = make_s3_client(endpoint_url=args.endpoint_url, region=args.region)
+        live = read_routes(s3, args.bucket, prefix)
+        served_problems, served_note = served_now(s3, args.bucket, prefix, live)
+    elif live is not None:
+        served_problems, served_note = [], "not checked: --routes-file makes no AWS call (triton-mme doctor checks it)"
     if live is not None:
         _check_stack(live, stack_name, where)
     if args.stack_name and deployed is None and live is not None:
@@ -253,7 +259,34 @@ def _plan_report(args: argparse.Namespace, config: AppConfig, synth: Synth | Non
         capacity = capacity_line(manifest, manifest_path.parent, models, new_template, scope=scope,
                                  traffic_path=traffic_path)
     return PlanReport(stack=stack_name, models=models, verdict=verdict, routes_where=where,
-                      models_note=note, builds_on=builds_on, capacity=capacity)
+                      models_note=note, builds_on=builds_on, capacity=capacity,
+                      served_problems=served_problems, served_note=served_note)
+
+
+def served_now(s3: Any, bucket: str, prefix: str, live: Any) -> tuple[list[str], str]:
+    """The routed objects of the live routes checked in ``served/`` as ``doctor`` checks them,
+    without reading their bytes: one line per object missing or holding other bytes, and what was
+    checked. The rest of ``doctor``'s invariants (the retained objects, whose window is the stack's,
+    and the release indexes) are left to it. A read that S3 refuses is "not checked", never
+    "holds": the pipeline's plan role may read the routes document only."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from triton_mme_cdk.model_build.release import served_prefix
+    from triton_mme_cdk.model_build.release.invariants import check_bucket
+
+    if live is None:
+        return [], ""
+    served = f"s3://{bucket}/{served_prefix(prefix)}/"
+    try:
+        check = check_bucket(s3, bucket, prefix, routes=live)
+    except (ClientError, BotoCoreError) as error:
+        code = getattr(error, "response", {}).get("Error", {}).get("Code", type(error).__name__)
+        return [], f"not checked: S3 refused reading {served} ({code}); smoke and triton-mme doctor check it"
+    problems = [violation.line(bucket) for violation in check.violations if violation.invariant == "routed-object"]
+    note = f"{len(live.routes)} routed objects checked in {served}: " + (
+        f"{len(problems)} broken; the next deploy's activation copies a routed object back from the store, or now: "
+        f"triton-mme doctor --bucket {bucket} --prefix {prefix} --repair" if problems else "every one holds its route's bytes")
+    return problems, note
 
 
 def _builds_on(manifest: Any, models: Any, template: dict[str, Any], base_dir: Path) -> dict[str, str]:

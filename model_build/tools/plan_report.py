@@ -98,6 +98,10 @@ class PlanReport:
     builds_on: dict[str, str] = field(default_factory=dict)
     #: The capacity line (:class:`~model_build.tools.plan_capacity.CapacityLine`); None without a manifest.
     capacity: Any = None
+    #: What is served now: the live routes' objects checked in ``served/`` (one line per broken
+    #: invariant, ``model_build.release.invariants``), and what was checked or why not ("": no live routes).
+    served_problems: list[str] = field(default_factory=list)
+    served_note: str = ""
 
     @property
     def overall(self) -> str:
@@ -168,6 +172,8 @@ class PlanReport:
                       "findings": [f.as_json() for f in verdict.of("other")]},
             "capacity": self.capacity.as_json() if self.capacity is not None else None,
         }
+        if self.served_note:  # the bucket's state now, not the change: outside the digest
+            plan["served"] = {"note": self.served_note, "problems": list(self.served_problems)}
         plan["digest"] = plan_digest(plan)
         return plan
 
@@ -210,6 +216,9 @@ class PlanReport:
         if self.verdict.data != "at-risk":
             lines.append(f"data: {self.verdict.data_text()}")
         lines.append(f"security: {self.verdict.security_text()}")
+        lines += [f"  ! served now: {problem}" for problem in self.served_problems]
+        if self.served_note:
+            lines.append(f"served: {self.served_note}")
         if self.capacity is not None:
             lines.append(self.capacity.text())
         lines.append(f"digest: {self.digest}")
@@ -265,6 +274,8 @@ class PlanReport:
             "",
             *([f"**Capacity:** {_md(self.capacity.body())}", ""]
               if self.capacity is not None else []),
+            *([f"**Served now:** {_md(self.served_note)}", "", *_cut(self.served_problems, keep, lambda line: f"- {_md(line)}"), ""]
+              if self.served_problems else []),
             "| models | added | updated | removed | unchanged |",
             "| --- | ---: | ---: | ---: | ---: |",
             f"| {len(models.added) + len(models.updated) + len(models.removed) + len(models.unchanged)} "
