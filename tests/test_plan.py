@@ -17,6 +17,7 @@ instance type's template is that synth's): an app that refuses its input is its 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import subprocess
 import sys
@@ -717,14 +718,17 @@ def test_the_plan_names_a_served_object_that_is_missing_or_holds_other_bytes(
     s3, bucket = make_s3_client(endpoint_url=endpoint), "plan-served"
     s3.create_bucket(Bucket=bucket)
     live = _routes(deployed=record_from_template(default))
-    for name, route in list(live.routes.items()):  # each target served with its own bytes
+    served_routes = dict(live.routes)
+    for name, route in live.routes.items():  # each target served with its own bytes
         body = f"the build of {name}".encode()
         digest = hashlib.sha256(body).hexdigest()
         target = f"{name}-{digest[:12]}.tar.gz"
-        live.routes[name] = Route(name, target, digest, len(body), route.model_key, route.logical_name, route.entry_sha256)
+        served_routes[name] = Route(name, target, digest, len(body), route.model_key, route.logical_name,
+                                    route.entry_sha256)
         s3.put_object(Bucket=bucket, Key=f"models/served/{target}", Body=body, Metadata={"sha256": digest},
                       ChecksumAlgorithm="SHA256",
                       ChecksumSHA256=base64.b64encode(hashlib.sha256(body).digest()).decode())
+    live = dataclasses.replace(live, routes=served_routes)
     s3.put_object(Bucket=bucket, Key=routes_key("models"), Body=live.body())
     template = _write(work / "t-served.json", default)
     code, report, _ = _plan(capsys, "--bucket", bucket, "--endpoint-url", endpoint, "--template", template)
