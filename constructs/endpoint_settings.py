@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import (
     TYPE_CHECKING,
@@ -35,6 +35,8 @@ from typing import (
 )
 
 from aws_cdk import RemovalPolicy
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_sns as sns
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -378,3 +380,25 @@ def endpoint_settings(values: Mapping[str, Any], *, has_vpc: bool) -> EndpointSe
         return EndpointSettings.model_validate(dict(values), context={"has_vpc": has_vpc})
     except ValidationError as error:
         raise PropsError(format_errors(error)) from None
+
+
+def check_resources(options: EndpointSettingsBase, *, vpc: ec2.IVpc | None, vpc_subnets: ec2.SubnetSelection | None,
+                    security_groups: Sequence[ec2.ISecurityGroup] | None, alarm_topic: sns.ITopic | None,
+                    from_release: bool) -> None:
+    """The rules between the resources passed to ``TritonMultiModelEndpoint`` and its settings
+    (one line each, before any construct; ``from_release``: ``ModelSource.from_release``)."""
+    if vpc is not None and options.create_vpc:
+        raise PropsError("create_vpc: got true with vpc; place the model in your VPC or in a created one, not both")
+    for name, value in (("vpc_subnets", vpc_subnets), ("security_groups", security_groups)):
+        if value is not None and vpc is None:
+            raise PropsError(f"{name}: given without vpc; pass the VPC they belong to as vpc (ec2.IVpc)")
+    if options.alarm_topic_enabled is False and options.alarm_emails:
+        raise PropsError("alarm_emails: given with alarm_topic_enabled false; the addresses subscribe to the "
+                         "created topic: leave alarm_topic_enabled unset, or drop the addresses")
+    if alarm_topic is not None and (options.alarm_topic_enabled is True or options.alarm_emails):
+        given = "alarm_emails" if options.alarm_emails else "alarm_topic_enabled true"
+        raise PropsError(f"alarm_topic: given with {given}; the alarms notify either your topic or a created one: "
+                         "drop one of them (subscribe the addresses to your topic)")
+    if options.build_in_vpc and from_release:
+        raise PropsError("build_in_vpc: got true with ModelSource.from_release; there is no build to place in "
+                         "the VPC (the release is published out of band)")

@@ -20,6 +20,7 @@ from typing import Any, Unpack
 
 from aws_cdk import Annotations, Aws, CfnMapping, Duration, Fn, Stack
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_sns as sns
@@ -39,7 +40,11 @@ from triton_mme_cdk.constructs.endpoint_import import (
 )
 from triton_mme_cdk.constructs.endpoint_keywords import EndpointKeywords
 from triton_mme_cdk.constructs.endpoint_network import EndpointNetwork, EndpointNetworkProps
-from triton_mme_cdk.constructs.endpoint_settings import EndpointSettingsBase, endpoint_settings
+from triton_mme_cdk.constructs.endpoint_settings import (
+    EndpointSettingsBase,
+    check_resources,
+    endpoint_settings,
+)
 from triton_mme_cdk.constructs.fleet_fit import annotate_fit, synth_fit
 from triton_mme_cdk.constructs.model_bucket import ModelBucket, ModelBucketProps
 from triton_mme_cdk.constructs.model_build_inputs import internet_sources, s3_source_keys
@@ -175,8 +180,8 @@ class TritonMultiModelEndpoint(ITritonMultiModelEndpoint, Construct):
             raise PropsError(f"models: got {type(models).__name__}; expected ModelSource.from_manifest(path) "
                              "or ModelSource.from_release(release_id)")
         options = endpoint_settings(settings, has_vpc=vpc is not None or bool(settings.get("create_vpc")))
-        _check_resources(options, vpc=vpc, vpc_subnets=vpc_subnets, security_groups=security_groups,
-                         alarm_topic=alarm_topic, models=models)
+        check_resources(options, vpc=vpc, vpc_subnets=vpc_subnets, security_groups=security_groups,
+                        alarm_topic=alarm_topic, from_release=models.manifest is None)
         _check_free(scope, id, options, bucket)
         # Will the models fit this endpoint's fleet (GPU memory, disk): a refusal stops here.
         fit, fit_unknown = synth_fit(manifest=models.manifest, manifest_path=models.manifest_path,
@@ -192,33 +197,8 @@ class TritonMultiModelEndpoint(ITritonMultiModelEndpoint, Construct):
             **options.values(ModelBucketProps), bucket=bucket, encryption_key=encryption_key, replica=replica_bucket))
         #: The model's subnets and security groups (``EndpointNetwork``; None without a VPC).
         self.network = self._network(vpc, vpc_subnets, security_groups)
-        #: The Triton image and its region mapping (``TritonImage``).
-        self.triton_image = TritonImage(self, "TritonImage", props=TritonImageProps(
-            **options.values(TritonImageProps), instance_type=options.instance_type,
-            inference_ami_version=options.inference_ami_version,
-        ))
-        note = options.fleet_host().note
-        if note:  # an older image than the newest, for the fleet's GPU: synth says which and why
-            Annotations.of(self.triton_image).add_info(note)
-        #: The role SageMaker assumes to host the endpoint (reads the served prefix only).
-        self.execution_role = SageMakerExecutionRole(
-            self, "ExecutionRole", props=SageMakerExecutionRoleProps(endpoint_name=options.endpoint_name)
-        )
-        served = served_prefix(options.model_prefix)
-        role_grants = [
-            # SageMaker also encrypts the instance's volume with the key (a grant): no key policy deny.
-            self.model_bucket.grant_read(self.execution_role, served, deny_direct_key_use=False),
-            self.triton_image.grant_pull(self.execution_role),
-        ]
-        #: The endpoint's fixed ``ModelDataUrl``: ``s3://<bucket>/<model_prefix>/served/``.
-        self.model_data_url = self.model_bucket.s3_url(f"{served}/")
-        #: The bucket of the routes document (the artifacts bucket's name).
-        self.routes_bucket_name = self.model_bucket.bucket_name
-        #: The routes document's key: ``<model_prefix>/_routes/routes.json``.
-        self.routes_key = routes_key(options.model_prefix)
-        #: The routes document: each logical model name to its current ``TargetModel`` and signature
-        #: (``TritonMmeClient``'s ``routes_url``).
-        self.routes_url = self.model_bucket.s3_url(self.routes_key)
+        role_grants = self._image_and_role(options)
+        self._locations(options)
         #: The build custom resource (``ModelBuildResource``; None with ``ModelSource.from_release``).
         self.build: ModelBuildResource | None = None
         if models.manifest is not None and models.manifest_path is not None:
@@ -229,20 +209,7 @@ class TritonMultiModelEndpoint(ITritonMultiModelEndpoint, Construct):
             self.release_id = str(models.release_id)
         self._guard_bucket()
         self._allow_through_s3_gateway()
-        #: The SageMaker Model, EndpointConfig and Endpoint (``TritonMmeEndpoint``).
-        self.endpoint = self._endpoint()
-        #: The endpoint's name as the ``metric_*`` dimensions name it (as given: alarms on them can
-        #: exist before the endpoint).
-        self.metric_endpoint_name = self.endpoint.metric_endpoint_name
-        #: The endpoint's one production variant.
-        self.variant_name = self.endpoint.variant_name
-        if self.build is not None:
-            # The first build finishes before the endpoint is created; later releases only change
-            # the routes (a dependency orders the resources, it passes no value).
-            self.endpoint.node.add_dependency(self.build)
-        # SageMaker checks the role's access when it creates the model and the endpoint.
-        for grant in role_grants:
-            grant.apply_before(self.endpoint)
+        self._serve(role_grants)
         #: The scalable target and its two tracking policies (``InvocationsPerInstance``, ``GPUUtilization``).
         self.autoscaling = EndpointAutoscaling(self, "Autoscaling", props=EndpointAutoscalingProps(
             **options.values(EndpointAutoscalingProps), endpoint=self.endpoint))
@@ -301,6 +268,57 @@ class TritonMultiModelEndpoint(ITritonMultiModelEndpoint, Construct):
     # -----------------------------------------------------------------------------------------
     # Network, build, endpoint
     # -----------------------------------------------------------------------------------------
+
+    def _image_and_role(self, options: EndpointSettingsBase) -> list[iam.Grant]:
+        """The Triton image and the role SageMaker hosts the endpoint with, and the role's grants
+        (applied before the endpoint, which SageMaker checks them for)."""
+        #: The Triton image and its region mapping (``TritonImage``).
+        self.triton_image = TritonImage(self, "TritonImage", props=TritonImageProps(
+            **options.values(TritonImageProps), instance_type=options.instance_type,
+            inference_ami_version=options.inference_ami_version,
+        ))
+        note = options.fleet_host().note
+        if note:  # an older image than the newest, for the fleet's GPU: synth says which and why
+            Annotations.of(self.triton_image).add_info(note)
+        #: The role SageMaker assumes to host the endpoint (reads the served prefix only).
+        self.execution_role = SageMakerExecutionRole(
+            self, "ExecutionRole", props=SageMakerExecutionRoleProps(endpoint_name=options.endpoint_name)
+        )
+        return [
+            # SageMaker also encrypts the instance's volume with the key (a grant): no key policy deny.
+            self.model_bucket.grant_read(self.execution_role, served_prefix(options.model_prefix),
+                                         deny_direct_key_use=False),
+            self.triton_image.grant_pull(self.execution_role),
+        ]
+
+    def _locations(self, options: EndpointSettingsBase) -> None:
+        """Where the fleet reads its models and clients the routes (no resource)."""
+        #: The endpoint's fixed ``ModelDataUrl``: ``s3://<bucket>/<model_prefix>/served/``.
+        self.model_data_url = self.model_bucket.s3_url(f"{served_prefix(options.model_prefix)}/")
+        #: The bucket of the routes document (the artifacts bucket's name).
+        self.routes_bucket_name = self.model_bucket.bucket_name
+        #: The routes document's key: ``<model_prefix>/_routes/routes.json``.
+        self.routes_key = routes_key(options.model_prefix)
+        #: The routes document: each logical model name to its current ``TargetModel`` and signature
+        #: (``TritonMmeClient``'s ``routes_url``).
+        self.routes_url = self.model_bucket.s3_url(self.routes_key)
+
+    def _serve(self, role_grants: list[iam.Grant]) -> None:
+        """The Model, EndpointConfig and Endpoint, after the first build and the role's grants."""
+        #: The SageMaker Model, EndpointConfig and Endpoint (``TritonMmeEndpoint``).
+        self.endpoint = self._endpoint()
+        #: The endpoint's name as the ``metric_*`` dimensions name it (as given: alarms on them can
+        #: exist before the endpoint).
+        self.metric_endpoint_name = self.endpoint.metric_endpoint_name
+        #: The endpoint's one production variant.
+        self.variant_name = self.endpoint.variant_name
+        if self.build is not None:
+            # The first build finishes before the endpoint is created; later releases only change
+            # the routes (a dependency orders the resources, it passes no value).
+            self.endpoint.node.add_dependency(self.build)
+        # SageMaker checks the role's access when it creates the model and the endpoint.
+        for grant in role_grants:
+            grant.apply_before(self.endpoint)
 
     def _network(self, vpc: ec2.IVpc | None, subnets: ec2.SubnetSelection | None,
                  security_groups: Sequence[ec2.ISecurityGroup] | None) -> EndpointNetwork | None:
@@ -453,27 +471,6 @@ class TritonMultiModelEndpoint(ITritonMultiModelEndpoint, Construct):
         self.rollout = RolloutPolicy(props=RolloutPolicyProps(
             **options.values(RolloutPolicyProps), endpoint=self.endpoint, rollback_alarms=self.alarms.rollback_alarms
         ))
-
-
-def _check_resources(options: EndpointSettingsBase, *, vpc: ec2.IVpc | None, vpc_subnets: ec2.SubnetSelection | None,
-                     security_groups: Sequence[ec2.ISecurityGroup] | None, alarm_topic: sns.ITopic | None,
-                     models: ModelSource) -> None:
-    """The rules between the resources passed in and the settings (one line each, before any construct)."""
-    if vpc is not None and options.create_vpc:
-        raise PropsError("create_vpc: got true with vpc; place the model in your VPC or in a created one, not both")
-    for name, value in (("vpc_subnets", vpc_subnets), ("security_groups", security_groups)):
-        if value is not None and vpc is None:
-            raise PropsError(f"{name}: given without vpc; pass the VPC they belong to as vpc (ec2.IVpc)")
-    if options.alarm_topic_enabled is False and options.alarm_emails:
-        raise PropsError("alarm_emails: given with alarm_topic_enabled false; the addresses subscribe to the "
-                         "created topic: leave alarm_topic_enabled unset, or drop the addresses")
-    if alarm_topic is not None and (options.alarm_topic_enabled is True or options.alarm_emails):
-        given = "alarm_emails" if options.alarm_emails else "alarm_topic_enabled true"
-        raise PropsError(f"alarm_topic: given with {given}; the alarms notify either your topic or a created one: "
-                         "drop one of them (subscribe the addresses to your topic)")
-    if options.build_in_vpc and models.manifest is None:
-        raise PropsError("build_in_vpc: got true with ModelSource.from_release; there is no build to place in "
-                         "the VPC (the release is published out of band)")
 
 
 def _check_free(scope: Construct, id: str, options: EndpointSettingsBase, bucket: s3.IBucket | None) -> None:
