@@ -343,6 +343,33 @@ def test_no_module_exceeds_the_line_budget() -> None:
     assert not over_budget(ROOT), f"longer than {LINE_BUDGET} lines: " + ", ".join(over_budget(ROOT))
 
 
+#: The most lines a function of a construct or a stack may have (issue 60).
+FUNCTION_BUDGET = 80
+
+
+def long_functions(root: Path, folders: tuple[str, ...] = ("constructs", "stacks"),
+                   budget: int = FUNCTION_BUDGET) -> list[str]:
+    """Each function or method of ``folders`` longer than ``budget`` lines, its decorators and
+    docstring included."""
+    found = []
+    for folder in folders:
+        for path in sorted((root / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                    if (count := (node.end_lineno or node.lineno) - first + 1) > budget:
+                        found.append(f"{path.relative_to(root)}:{node.lineno} {node.name}: {count} lines")
+    return found
+
+
+def test_no_construct_or_stack_function_exceeds_80_lines(tmp_path: Path) -> None:
+    assert not long_functions(ROOT), "\n".join(long_functions(ROOT))
+    made_up = tmp_path / "constructs"
+    made_up.mkdir()
+    (made_up / "long.py").write_text("def f() -> None:\n" + "    x = 1\n" * FUNCTION_BUDGET)
+    assert long_functions(tmp_path) == [f"constructs/long.py:1 f: {FUNCTION_BUDGET + 1} lines"]
+
+
 def test_no_module_uses_another_modules_private_names() -> None:
     """What two modules share is public where it belongs (issue 48); see the module docstring."""
     assert not private_uses(ROOT), "\n".join(private_uses(ROOT))
