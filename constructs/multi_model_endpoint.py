@@ -11,7 +11,6 @@ docs/settings.md by its name (without ``mme:``), with the same type, unit, defau
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -253,15 +252,12 @@ class TritonMultiModelEndpoint(ITritonMultiModelEndpoint, Construct):
         """The KMS key of the artifacts."""
         return self.model_bucket.key
 
-    @functools.cached_property
+    @property
     def dashboard_url(self) -> str:
-        """The console link to the endpoint's CloudWatch dashboard. The first use adds the mapping of
-        console domains by partition (``ConsoleDomains``) that the link reads."""
-        consoles = CfnMapping(self, "ConsoleDomains", mapping={
-            partition: {"Domain": domain} for partition, domain in CONSOLE_DOMAINS.items()
-        })
+        """The console link to the endpoint's CloudWatch dashboard (its console domain from the
+        ``ConsoleDomains`` mapping by partition, which the construct always adds)."""
         return Fn.join("", [
-            "https://", consoles.find_in_map(Aws.PARTITION, "Domain"),
+            "https://", self._console_domains.find_in_map(Aws.PARTITION, "Domain"),
             "/cloudwatch/home?region=", Aws.REGION, "#dashboards:name=", self.dashboard.dashboard_name,
         ])
 
@@ -471,6 +467,10 @@ class TritonMultiModelEndpoint(ITritonMultiModelEndpoint, Construct):
         self.rollout = RolloutPolicy(props=RolloutPolicyProps(
             **options.values(RolloutPolicyProps), endpoint=self.endpoint, rollback_alarms=self.alarms.rollback_alarms
         ))
+        # The console domain of ``dashboard_url``, made here so that reading an attribute adds nothing.
+        self._console_domains = CfnMapping(self, "ConsoleDomains", mapping={
+            partition: {"Domain": domain} for partition, domain in CONSOLE_DOMAINS.items()
+        })
 
 
 def _check_free(scope: Construct, id: str, options: EndpointSettingsBase, bucket: s3.IBucket | None) -> None:

@@ -336,3 +336,22 @@ def test_the_upgrade_from_0_1_0_replaces_nothing(tmp_path: Path, capsys: pytest.
     assert report["fleet"]["verdict"] in ("unchanged", "updated"), report["fleet"]
     assert report["verdict"] not in ("data-at-risk", "fleet-replaced"), report["summary"]
     assert code == 0
+
+
+def test_reading_an_attribute_adds_nothing_to_the_tree(tmp_path: Path) -> None:
+    """Every public property of the construct read, some twice: the tree is the same construct
+    for construct, and ``dashboard_url`` reads the console domains the construct already holds
+    (issue 60; it used to add that mapping on its first read)."""
+    app = cdk.App(outdir=str(tmp_path / "out"), analytics_reporting=False)
+    stack = cdk.Stack(app, "Reader")
+    endpoint = TritonMultiModelEndpoint(stack, "Endpoint",
+                                        models=ModelSource.from_manifest(_synthetic_manifest(tmp_path, "reader")))
+    tree = [child.node.path for child in stack.node.find_all()]
+    assert "Reader/Endpoint/ConsoleDomains" in tree
+    properties = [name for name, value in vars(TritonMultiModelEndpoint).items()
+                  if isinstance(value, property) and not name.startswith("_")]
+    assert {"dashboard_url", "endpoint_name", "bucket", "encryption_key"} <= set(properties)
+    for _ in range(2):
+        for name in properties:
+            getattr(endpoint, name)
+    assert [child.node.path for child in stack.node.find_all()] == tree
