@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
-from asl_moto import Waits, aws_semantics
+from asl_moto import Waits, aws_semantics, wait_for
 from cdk_helpers import synth
 from cfn_local import REGION, STACK_ID, LocalDeployment, Template
 from local_lambda import LocalLambda
@@ -213,3 +213,19 @@ def function_roles(deployment: LocalDeployment) -> dict[str, str]:
     template = deployment.template
     return {deployment.resolver.ref(logical_id): function["Properties"]["Role"]["Fn::GetAtt"][0]
             for logical_id, function in template.of_type("AWS::Lambda::Function").items()}
+
+
+def start_build(deployment: Any, kind: str = "Create", *, old: dict[str, Any] | None = None,
+                timeout: float = 300) -> tuple[Any, Any, Any]:
+    """CloudFormation's ``kind`` request to the deployment's custom resource through ``on_event``,
+    and the build execution it started, waited for (None when it started none: a rollback to a
+    release already built)."""
+    from triton_mme_cdk.model_build import handler
+
+    props = deployment.custom_resource_properties()
+    physical = f"s3://{props['ModelBucket']}/models/served/"
+    request = cfn_request(kind, props, physical_id=None if kind == "Create" else physical, old=old)
+    started = handler.on_event(request)
+    if "Data" not in started:
+        return request, started, None
+    return request, started, wait_for(deployment.states, started["Data"]["BuildExecutionArn"], timeout)

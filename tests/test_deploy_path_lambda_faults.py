@@ -21,8 +21,7 @@ from typing import Any
 
 import boto3
 import pytest
-from asl_moto import wait_for
-from deploy_harness import BUILD_STEP, LocalAws, Templates, cfn_request, local_aws, tiny_manifest
+from deploy_harness import BUILD_STEP, LocalAws, Templates, local_aws, start_build, tiny_manifest
 from local_lambda import TIMED_OUT
 from processing_local import LocalProcessing, processing_jobs
 
@@ -77,13 +76,7 @@ def jobs(aws: LocalAws, tmp_path: Path) -> Any:
 
 
 def _build(deployment: Any, kind: str = "Create", *, old: dict[str, Any] | None = None) -> tuple[Any, Any, Any]:
-    props = deployment.custom_resource_properties()
-    physical = f"s3://{props['ModelBucket']}/models/served/"
-    request = cfn_request(kind, props, physical_id=None if kind == "Create" else physical, old=old)
-    started = handler.on_event(request)
-    if "Data" not in started:  # the release is built already (a rollback): nothing runs
-        return request, started, None
-    return request, started, wait_for(deployment.states, started["Data"]["BuildExecutionArn"], 120)
+    return start_build(deployment, kind, old=old, timeout=120)
 
 
 def _complete(request: dict[str, Any], started: dict[str, Any]) -> dict[str, Any]:

@@ -17,8 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from asl_moto import wait_for
-from deploy_harness import BUILD_STEP, PLACE_STEP, LocalAws, Templates, cfn_request, local_aws, tiny_manifest
+from deploy_harness import (
+    BUILD_STEP,
+    PLACE_STEP,
+    LocalAws,
+    Templates,
+    local_aws,
+    start_build,
+    tiny_manifest,
+)
 from processing_local import CAPACITY_REASON, LocalProcessing, job_request, processing_jobs
 
 from triton_mme_cdk.model_build import handler
@@ -67,11 +74,7 @@ def on_processing(manifest: dict[str, Any], *names: str, **build: Any) -> dict[s
 
 
 def _build(deployment: Any, kind: str = "Create", *, old: dict[str, Any] | None = None) -> tuple[Any, Any, Any]:
-    props = deployment.custom_resource_properties()
-    physical = f"s3://{props['ModelBucket']}/models/served/"
-    request = cfn_request(kind, props, physical_id=None if kind == "Create" else physical, old=old)
-    started = handler.on_event(request)
-    return request, started, wait_for(deployment.states, started["Data"]["BuildExecutionArn"], 300)
+    return start_build(deployment, kind, old=old, timeout=300)
 
 
 def _complete(request: dict[str, Any], started: dict[str, Any]) -> dict[str, Any]:
