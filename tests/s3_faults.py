@@ -16,15 +16,19 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import os
 import re
+import signal
 import socket
 import struct
+import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 Action = Literal["error", "reset", "stall", "delay", "corrupt", "hold", "landed", "kill"]
@@ -61,9 +65,11 @@ class Rule:
       orders concurrent requests with it (``hits`` says a request is being held).
     - ``landed``: forward (the request lands), then reset the connection without answering: a
       timeout after the call landed; the client's retry meets what it did.
-    - ``kill``: forward, then the process that sent it is dead: no answer, and every later request
-      is answered ``400 ProcessKilled`` (not retried) until :meth:`FaultProxy.revive`, so nothing
-      it does after that call reaches S3 and the test ignores what it returns.
+    - ``kill``: forward (the request lands), then the process that sent it is dead: with a process
+      run by :meth:`FaultProxy.run_killable`, it is sent SIGKILL and reaped-ready (dead) before
+      the connection is reset, so it never gets the answer and does nothing after the call, S3 or
+      not. Either way every later request is answered ``400 ProcessKilled`` (not retried) until
+      :meth:`FaultProxy.revive`: a request the dead process had sent, still unread, never lands.
 
     ``after``: let that many matching requests through first (the ``after + 1``-th is the first
     one the rule applies to): the enumeration of a step's calls fails its n-th call of a key.
@@ -148,6 +154,8 @@ class FaultProxy:
         self._connections: set[socket.socket] = set()
         #: Set by a ``kill`` rule: every request is refused until :meth:`revive`.
         self.killed = False
+        #: The process a ``kill`` rule kills (:meth:`run_killable`'s child while it runs).
+        self._victim: int | None = None
         self._server = _Server(("127.0.0.1", 0), _handler_class(self, idle_timeout))
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
                                         name="s3-fault-proxy", daemon=True)
@@ -179,6 +187,45 @@ class FaultProxy:
         """After a ``kill``: requests reach the server again (the next process, a rerun)."""
         with self._lock:
             self.killed = False
+
+    def run_killable(self, step: Callable[[], None]) -> Literal["ok", "failed", "killed"]:
+        """Run ``step`` in a forked child process, the one a ``kill`` rule kills; wait for it to end.
+
+        Returns ``ok`` (it returned), ``failed`` (it raised) or ``killed`` (SIGKILL, by a ``kill``
+        rule). The child makes its own clients (a client made before the fork shares the parent's
+        pooled connections); it starts only once the proxy knows its pid, so a kill rule that
+        matches its first request finds it, and it leaves by ``os._exit`` (no exit handler of the
+        test process runs in it). POSIX only (``os.fork``)."""
+        ready_read, ready_write = os.pipe()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        pid = os.fork()
+        if pid == 0:  # the child
+            code = 1
+            try:
+                os.close(ready_write)
+                os.read(ready_read, 1)  # until the proxy knows this pid
+                step()
+                code = 0
+            except BaseException:  # a failed step: its exit status says so, its traceback does not matter
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(ready_read)
+        with self._lock:
+            self._victim = pid
+        try:
+            os.write(ready_write, b"x")
+            os.close(ready_write)
+            _, status = os.waitpid(pid, 0)
+        finally:
+            with self._lock:
+                self._victim = None
+        if os.WIFSIGNALED(status):
+            if os.WTERMSIG(status) != signal.SIGKILL:
+                raise AssertionError(f"the step's process ended by signal {os.WTERMSIG(status)}, not by a kill rule")
+            return "killed"
+        return "ok" if os.WEXITSTATUS(status) == 0 else "failed"
 
     def forwarded(self, method: str | None = None, *, is_copy: bool | None = None) -> list[Record]:
         """Requests that reached the server (no fault injected instead of them)."""
@@ -232,6 +279,19 @@ class FaultProxy:
                     return rule
         return None
 
+    def _kill_victim(self) -> None:
+        """SIGKILL :meth:`run_killable`'s child and return once it is dead (it is left for the
+        parent to reap); nothing to do without one."""
+        with self._lock:
+            pid = self._victim
+        if pid is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        # Dead, not yet reaped (WNOWAIT): run_killable's waitpid reaps it; ECHILD: it already did.
+        with contextlib.suppress(ChildProcessError):
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+
     def _record(self, record: Record) -> None:
         with self._lock:
             self.records.append(record)
@@ -256,6 +316,11 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = True
     allow_reuse_address = True
+
+    def handle_error(self, request: socket.socket | tuple[bytes, socket.socket], client_address: Any) -> None:
+        """A client that went away (a killed process's connections are reset) is no error."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 def _handler_class(proxy: FaultProxy, idle_timeout: float) -> type[BaseHTTPRequestHandler]:
@@ -323,6 +388,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
                 at=time.monotonic(),
             )
         )
+        if action == "kill":  # dead before its answer could reach it
+            owner._kill_victim()
         if rule is not None and action == "error" and rule.service == "sagemaker-runtime":
             self._send_json_error(rule.status, rule.code, rule.original_status)
         elif rule is not None and action == "error":

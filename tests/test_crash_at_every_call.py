@@ -20,8 +20,13 @@ Then, for each call (method, path, and which occurrence of that pair it is) and 
 - ``error``: the call answers ``403 AccessDenied``, which botocore does not retry: the step fails there;
 - ``landed``: the call lands, its answer never comes (a reset): a timeout after landing; the client's
   retry meets what it did (the routes PUT's retry gets 412);
-- ``kill``: the call lands, then the process is dead: nothing after it reaches S3, and its answer
-  (to CloudFormation, to the user) is lost;
+- ``kill``: the call lands, then the process is dead. The faulted run is a forked child process
+  (:meth:`s3_faults.FaultProxy.run_killable`, its own clients); the proxy forwards the call, sends
+  the child SIGKILL and waits for its death before it resets the connection, so the child never has
+  the answer and does nothing after the call: no S3 call, no Step Functions ``StartExecution``,
+  nothing written anywhere, and its answer (to CloudFormation, Step Functions, the user) is lost.
+  Calls its other threads had already sent land; any sent later is refused;
+
 
 the step runs again without a fault, as CloudFormation, Step Functions or the user would, and then:
 every routed target is in ``served/`` with its digest's bytes (read and hashed), nothing retained is
@@ -293,9 +298,8 @@ def world(endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[W
 
 
 def _steps(world: World) -> list[Step]:
-    client = make_s3_client(endpoint_url=world.proxy.url)
     return [
-        Step("activation", "r2-placed", lambda: _activate_now(world, client)),
+        Step("activation", "r2-placed", lambda: _activate_now(world)),
         Step("create", "stored", _resource(world, "Create", "new", machine=True)),
         Step("update", "r1-routed", _resource(world, "Update", "r2", old="r1")),
         Step("rollback", "r2-routed", _resource(world, "Update", "r1", old="r2", machine=True)),
@@ -303,7 +307,10 @@ def _steps(world: World) -> list[Step]:
     ]
 
 
-def _activate_now(world: World, client: Any) -> None:
+def _activate_now(world: World) -> None:
+    # A client of its own each run, as each handler call makes one: a killed run's process cannot
+    # leave pooled connections behind for the next.
+    client = make_s3_client(endpoint_url=world.proxy.url)
     activate_release(client, world.bucket, PREFIX, world.props["r2"]["ReleaseId"], stack=STACK)
 
 
@@ -411,8 +418,11 @@ def _enumerate(world: World, step: Step) -> Tally:
             proxy.reset_records()
             rule = proxy.add(call.rule(fault))
             try:
-                step.run()
-            except Exception:  # the step failed (error), or its process is dead (kill): both rerun
+                if fault == "kill":  # in a child process, SIGKILLed once the call landed
+                    outcome = proxy.run_killable(step.run)
+                else:
+                    step.run()
+            except Exception:  # the step failed (error): it is rerun
                 pass
             finally:
                 proxy.clear()
@@ -420,6 +430,8 @@ def _enumerate(world: World, step: Step) -> Tally:
             faulted = list(proxy.records)
             tally.injected += 1
             assert rule.hits >= 1, f"{step.name}: {fault} at {call} never met its call: the step's calls changed"
+            if fault == "kill":
+                tally.violations += _after_the_kill(step, call, outcome)
             if fault == "landed" and call.method == "PUT" and call.target == routes_path:
                 tally.retry_got_412 = any(r.target == routes_path and r.status == 412 for r in faulted)
             state = _state(world)
@@ -434,6 +446,17 @@ def _enumerate(world: World, step: Step) -> Tally:
             tally.violations += [f"{step.name}, {fault} at {call.method} {call.target} #{call.occurrence}: {line}"
                                  for line in problems]
     return tally
+
+
+def _after_the_kill(step: Step, call: Call, outcome: str) -> list[str]:
+    """A killed run is dead at its call: its process ended by SIGKILL, before the call's answer.
+    (Its other threads' calls already read by the proxy land, as in-flight calls would; any sent
+    after the kill is refused. That nothing else of it happens, S3 or not, is
+    ``test_a_kill_is_a_real_process_kill_nothing_after_the_call_happens``.)"""
+    if outcome == "killed":
+        return []
+    return [f"{step.name}, kill at {call.method} {call.target} #{call.occurrence}: the step's process was not "
+            f"killed (it {outcome})"]
 
 
 #: What each step's fault-free run must do, so that its enumeration fails those calls.
@@ -458,3 +481,50 @@ def test_every_s3_call_failing_in_turn_then_a_rerun_leaves_every_invariant_holdi
     if "routes" in EXERCISES[name]:
         assert tally.retry_got_412, f"{name}: the routes PUT's retry after it landed did not meet 412"
     assert tally.violations == [], "\n".join(tally.violations[:20])
+
+
+def test_a_kill_is_a_real_process_kill_nothing_after_the_call_happens(
+    proxy: FaultProxy, endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ``kill`` fault SIGKILLs the step's process once the call landed, before its answer: the
+    call's object is there; nothing the step does after it happens, an S3 call, a Step Functions
+    StartExecution (what the proxy could not cut off before) or a file written."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(name, "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    direct = make_s3_client(endpoint_url=endpoint)
+    bucket = f"kill-{uuid.uuid4().hex[:10]}"
+    direct.create_bucket(Bucket=bucket)
+    states = boto3.client("stepfunctions", endpoint_url=endpoint)
+    machine = states.create_state_machine(
+        name=f"kill-{uuid.uuid4().hex[:8]}", definition='{"StartAt":"x","States":{"x":{"Type":"Succeed"}}}',
+        roleArn="arn:aws:iam::123456789012:role/build")["stateMachineArn"]
+
+    def step(run: str, fail: bool = False) -> Callable[[], None]:
+        def steps() -> None:
+            client = make_s3_client(endpoint_url=proxy.url)  # the process's own, as a handler makes one
+            client.put_object(Bucket=bucket, Key=f"{run}/one", Body=b"1")
+            boto3.client("stepfunctions", endpoint_url=endpoint).start_execution(stateMachineArn=machine, input="{}")
+            (tmp_path / run).write_text("after the call")
+            if fail:
+                raise RuntimeError("the step fails after its calls")
+            client.put_object(Bucket=bucket, Key=f"{run}/two", Body=b"2")
+        return steps
+
+    def executions() -> int:
+        return len(states.list_executions(stateMachineArn=machine)["executions"])
+
+    assert proxy.run_killable(step("clean")) == "ok"
+    assert proxy.run_killable(step("failing", fail=True)) == "failed"
+    assert executions() == 2 and (tmp_path / "clean").exists() and (tmp_path / "failing").exists()
+    rule = proxy.add(Rule("kill", method="PUT", path=r"/killed/one$"))
+    proxy.reset_records()
+    assert proxy.run_killable(step("killed")) == "killed"
+    proxy.clear()
+    proxy.revive()
+    assert rule.hits == 1
+    assert direct.get_object(Bucket=bucket, Key="killed/one")["Body"].read() == b"1"  # it landed
+    assert sorted(_listing(direct, bucket)) == ["clean/one", "clean/two", "failing/one", "killed/one"]
+    assert executions() == 2, "the killed process started an execution after its call"
+    assert not (tmp_path / "killed").exists(), "the killed process ran on after its call"
+    assert [(r.method, r.target, r.injected) for r in proxy.records] == [("PUT", f"/{bucket}/killed/one", "kill")]
