@@ -13,6 +13,14 @@ index written) the test runs, then ``is_complete`` routes it. The Update assembl
 ``is_complete`` itself (a stack without a state machine). The rollback has the state machine too:
 the old release's index exists, so ``on_event`` reads it and starts no build.
 
+And the build state machine's own steps, as its tasks invoke them, for a release {a, c} whose a is
+stored and c is not: ``Plan`` (``build_step``: the manifest read, the store listed, c's source
+sized, the plan and the failure record written), a Map item's ``BuildModel`` (``build_step``: c
+really built from a tiny ONNX file in the bucket, about 0.5 s, and stored) and its ``PlaceModel``
+(``place_step``: c's stored tarball read, admitted and copied into ``served/``). Each also checks
+what it leaves: the plan lists c alone and records no failure; c is stored whole (its tarball's
+bytes, read and hashed, are its store index's); c's served object holds those bytes.
+
 Each step runs once without a fault behind the fault proxy (:mod:`s3_faults`), which records its
 calls: that list is the enumeration, so a call a step gains is covered without editing this file.
 Then, for each call (method, path, and which occurrence of that pair it is) and each fault:
@@ -27,11 +35,11 @@ Then, for each call (method, path, and which occurrence of that pair it is) and 
   nothing written anywhere, and its answer (to CloudFormation, Step Functions, the user) is lost.
   Calls its other threads had already sent land; any sent later is refused;
 
-
 the step runs again without a fault, as CloudFormation, Step Functions or the user would, and then:
 every routed target is in ``served/`` with its digest's bytes (read and hashed), nothing retained is
 deleted, the routes match an index that exists, the routes are the fault-free run's, and no object
-was written more often than the fault-free run writes it.
+was written more often than the fault-free run writes it (the plan's two documents, which every
+attempt writes again by design, are checked for what they hold instead).
 
 One set-up per step: its starting state is built once and copied back into the bucket before each
 case (only what the case changed). A case whose faulted run left the bucket exactly as an earlier
@@ -42,6 +50,8 @@ still counted against the fault-free run's.
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import re
 import time
 import uuid
@@ -57,17 +67,26 @@ import yaml
 from s3_faults import FaultProxy, Record, Rule
 
 from triton_mme_cdk.model_build.aws_clients import make_s3_client
-from triton_mme_cdk.model_build.handler import custom_resource, is_complete, on_event, place_step
+from triton_mme_cdk.model_build.handler import build_step, custom_resource, is_complete, on_event, place_step
+from triton_mme_cdk.model_build.handler.build_steps import NO_FAILURE
 from triton_mme_cdk.model_build.manifest import parse_manifest
 from triton_mme_cdk.model_build.package.pack import write_tarball
 from triton_mme_cdk.model_build.release import compute_release, identity, routes_key
-from triton_mme_cdk.model_build.release.index import read_routes
+from triton_mme_cdk.model_build.release.identity import (
+    BUILDS_DIR,
+    INDEX_NAME,
+    PLANS_DIR,
+    served_prefix,
+    store_prefix,
+)
+from triton_mme_cdk.model_build.release.index import read_index, read_routes
 from triton_mme_cdk.model_build.release.invariants import (
     check_bucket,
     kept_since,
     repeated_writes,
     serving_difference,
 )
+from triton_mme_cdk.model_build.release.routes import served_name
 from triton_mme_cdk.model_build.release.serving import activate_release
 from triton_mme_cdk.model_build.release.store import (
     ReleaseTarget,
@@ -98,6 +117,39 @@ MANIFESTS = {
     "r1": {"version": 1, "models": [_entry("a", 0), _entry("b", 1)]},
     "r2": {"version": 1, "models": [_entry("a", 0), _entry("b", 1, batch=4)]},
 }
+#: Where the state machine's build steps' model comes from: a ready ONNX file in the bucket.
+SOURCE_KEY = "sources/c/model.onnx"
+
+
+def _built_manifest(bucket: str) -> dict[str, Any]:
+    """R3 {a, c}: a is stored, c is not, so the plan lists c alone and its Map item really builds
+    it: an ONNX file source, the cheapest the manifest takes (no export: it is read, checked, run
+    by ONNX Runtime against itself, packaged and stored, about 0.5 s)."""
+    c = {"name": "c", "source": {"kind": "onnx", "path": f"s3://{bucket}/{SOURCE_KEY}"},
+         "task": "image-classification", "max_batch_size": 2, "image": {"image_size": 32, "channels": 3}}
+    return {"version": 1, "models": [_entry("a", 0), c]}
+
+
+def _tiny_onnx() -> bytes:
+    """An image classifier in two nodes: ``pixel_values`` [N, 3, 32, 32] flattened, times a seeded
+    [3072, 4] matrix: ``logits`` [N, 4]."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weights = np.random.default_rng(7).standard_normal((3 * 32 * 32, 4)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Reshape", ["pixel_values", "shape"], ["flat"]),
+         helper.make_node("MatMul", ["flat", "weights"], ["logits"])],
+        "tiny",
+        [helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, ["batch", 3, 32, 32])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 4])],
+        [numpy_helper.from_array(weights, "weights"), numpy_helper.from_array(np.array([0, -1], np.int64), "shape")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return bytes(model.SerializeToString())
 
 
 @dataclass
@@ -108,6 +160,8 @@ class Step:
     run: Callable[[], None]
     #: Extra check after the rerun (the Delete's: nothing of the stack left but the store).
     check: Callable[[Any, str], list[str]] | None = None
+    #: Whether the step keeps what was routed or retained (all but a destroying Delete).
+    keeps: bool = True
 
 
 @dataclass
@@ -123,6 +177,8 @@ class World:
     #: The build state machine (on moto's Step Functions API), as the default stack has one.
     machine: str = ""
     snapshot_bucket: str = ""
+    #: The Map item of R3's model c, as its plan must list it.
+    item: dict[str, Any] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,8 +231,8 @@ def _store(world: World, manifest: dict[str, Any]) -> None:
         publish_unit(artifact, key, s3_client=world.direct, bucket=world.bucket, model_prefix=PREFIX)
 
 
-def _props(world: World, label: str) -> dict[str, str]:
-    manifest = MANIFESTS[label]
+def _props(world: World, label: str, manifest: dict[str, Any] | None = None) -> dict[str, str]:
+    manifest = MANIFESTS[label] if manifest is None else manifest
     key = f"asset/{label}.yaml"
     world.direct.put_object(Bucket=world.bucket, Key=key, Body=yaml.safe_dump(manifest).encode())
     release = compute_release(parse_manifest(manifest))
@@ -293,6 +349,14 @@ def world(endpoint: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[W
         _activate(world, "r2", 10)  # b of r1 unrouted 10 days ago ...
         _activate(world, "r2", 1)  # ... and deleted by this re-activation: a rollback copies it back
         _snapshot(world, "r2-routed")
+        # R3's build: its manifest and c's source uploaded, nothing of c stored (the plan and build).
+        direct.put_object(Bucket=bucket, Key=SOURCE_KEY, Body=_tiny_onnx())
+        world.props["r3"] = _props(world, "r3", _built_manifest(bucket))
+        keys = compute_release(parse_manifest(_built_manifest(bucket))).model_keys
+        world.item = {"Model": "c", "Key": keys["c"], "Engine": "lambda", "Job": {}}
+        _snapshot(world, "r3-start")
+        build_step(_build_event(world))  # a real build of c, stored: its placing
+        _snapshot(world, "r3-built")
         yield world
     monkeypatch.undo()
 
@@ -303,8 +367,85 @@ def _steps(world: World) -> list[Step]:
         Step("create", "stored", _resource(world, "Create", "new", machine=True)),
         Step("update", "r1-routed", _resource(world, "Update", "r2", old="r1")),
         Step("rollback", "r2-routed", _resource(world, "Update", "r1", old="r2", machine=True)),
-        Step("delete", "r2-routed", _resource(world, "Delete", "r2"), check=_nothing_left),
+        Step("delete", "r2-routed", _resource(world, "Delete", "r2"), check=_nothing_left, keeps=False),
+        # The build state machine's own steps, as its tasks invoke them (Plan; a Map item's
+        # BuildModel and PlaceModel), for R3's model c.
+        Step("plan", "r3-start", lambda: _no_answer(build_step(_plan_event(world))),
+             check=lambda s3, bucket: _planned(world)),
+        Step("build", "r3-start", lambda: _no_answer(build_step(_build_event(world))),
+             check=lambda s3, bucket: _stored_whole(world)),
+        Step("place", "r3-built", lambda: _no_answer(place_step(dict(_build_event(world), Step="place"))),
+             check=lambda s3, bucket: _placed(world)),
     ]
+
+
+def _request(world: World) -> dict[str, str]:
+    """What the state machine's tasks carry as ``Request``: the resource properties, less the token."""
+    return {k: v for k, v in world.props["r3"].items() if k not in ("ServiceToken", "Deployed")}
+
+
+def _plan_event(world: World) -> dict[str, Any]:
+    return {"Step": "plan", "Request": _request(world)}
+
+
+def _build_event(world: World) -> dict[str, Any]:
+    """A Map item's input (the ItemSelector's fields), as BuildModel and PlaceModel get it."""
+    return {"Step": "build", "Request": _request(world), **world.item, "Started": "2026-12-07T00:00:00Z"}
+
+
+def _no_answer(answer: dict[str, Any]) -> None:
+    """A task's answer goes to Step Functions; what the bucket holds is checked instead."""
+
+
+def _planned(world: World) -> list[str]:
+    """After the plan: its document lists c alone, and the failure record says no model failed."""
+    request = _request(world)
+    base = f"{PREFIX}/{PLANS_DIR}/{request['ReleaseId']}"
+    problems = []
+    try:
+        items = json.loads(world.direct.get_object(Bucket=world.bucket, Key=f"{base}.json")["Body"].read())
+        failure = world.direct.get_object(Bucket=world.bucket, Key=f"{base}.failure.json")["Body"].read()
+    except world.direct.exceptions.NoSuchKey as error:
+        return [f"the plan's documents are not both there: {error}"]
+    if items != [world.item]:
+        problems.append(f"the plan lists {items}; expected [{world.item}]")
+    if failure != NO_FAILURE:
+        problems.append(f"the failure record holds {failure!r}; expected {NO_FAILURE!r}")
+    return problems
+
+
+def _store_entry(world: World) -> tuple[dict[str, Any] | None, str]:
+    """c's stored tarball as the store's index lists it, or None and why not."""
+    index_key = f"{store_prefix(PREFIX, world.item['Key'])}/{INDEX_NAME}"
+    document = read_index(world.direct, world.bucket, index_key)
+    if document is None or len(document["models"]) != 1:
+        return None, f"no whole stored build of c: s3://{world.bucket}/{index_key} is {document}"
+    return document["models"][0], ""
+
+
+def _bytes_problem(world: World, key: str, sha256: str, size: int) -> list[str]:
+    try:
+        body = world.direct.get_object(Bucket=world.bucket, Key=key)["Body"].read()
+    except world.direct.exceptions.NoSuchKey:
+        return [f"s3://{world.bucket}/{key} is missing"]
+    if (hashlib.sha256(body).hexdigest(), len(body)) != (sha256, size):
+        return [f"s3://{world.bucket}/{key} holds other bytes than its index's {sha256[:12]} ({size} bytes)"]
+    return []
+
+
+def _stored_whole(world: World) -> list[str]:
+    """After the build: c is stored whole, its tarball's bytes (read and hashed) the index's."""
+    entry, why = _store_entry(world)
+    return [why] if entry is None else _bytes_problem(world, entry["key"], entry["sha256"], entry["size"])
+
+
+def _placed(world: World) -> list[str]:
+    """After the placing: c's served object holds its stored tarball's bytes (read and hashed)."""
+    entry, why = _store_entry(world)
+    if entry is None:
+        return [why]
+    return _bytes_problem(world, f"{served_prefix(PREFIX)}/{served_name('c', entry['sha256'])}",
+                          entry["sha256"], entry["size"])
 
 
 def _activate_now(world: World) -> None:
@@ -345,13 +486,15 @@ def _calls(records: list[Record]) -> list[Call]:
 
 
 def _writes(records: list[Record]) -> Counter[str]:
-    """Objects written (a PUT or a copy that landed with 2xx); the retry of a call whose answer
-    was lost (``landed``, ``kill``) is that same call, not counted again."""
+    """Objects written (a PUT or a copy that landed with 2xx), by key; the retry of a call whose
+    answer was lost (``landed``, ``kill``) is that same call, not counted again. The plan's two
+    documents (``_plans/``) are not counted: every attempt writes them again by design (a new
+    attempt clears the failure record), and ``_planned`` checks what they hold."""
     counts: Counter[str] = Counter()
     lost: set[tuple[str, str]] = set()
     for record in records:
         pair = (record.method, record.target)
-        if record.method != "PUT":
+        if record.method != "PUT" or f"/{PLANS_DIR}/" in record.target:
             continue
         if pair in lost:
             lost.discard(pair)
@@ -359,7 +502,7 @@ def _writes(records: list[Record]) -> Counter[str]:
         if record.injected in ("landed", "kill"):
             lost.add(pair)
         if record.injected in (None, "landed", "kill") and record.status is not None and 200 <= record.status < 300:
-            counts[record.target.split("?")[0]] += 1
+            counts[record.target.split("?")[0].split("/", 2)[2]] += 1  # /<bucket>/<key>: the key
     return counts
 
 
@@ -371,7 +514,7 @@ def _violations(world: World, step: Step, clean: Any, clean_writes: Counter[str]
     key = routes_key(PREFIX)
     live = read_routes(world.direct, world.bucket, PREFIX, stack=STACK)
     found = check_bucket(world.direct, world.bucket, PREFIX, routes=live, stack=STACK, read_bytes=True).violations
-    if step.check is None:  # a destroying Delete removes all by design: its own check says what is left
+    if step.keeps:  # a destroying Delete removes all by design: its own check says what is left
         found += kept_since(world.direct, world.bucket, PREFIX, world.before[step.setup])
     found += serving_difference(clean, live, key=key)
     found += repeated_writes(clean_writes, writes)
@@ -409,6 +552,12 @@ def _enumerate(world: World, step: Step) -> Tally:
             tally.kinds.add("delete")
         elif record.method == "PUT" and record.target == routes_path:
             tally.kinds.add("routes")
+        elif record.method == "PUT" and f"/{PLANS_DIR}/" in record.target:
+            tally.kinds.add("plan")
+        elif record.method == "PUT" and f"/{BUILDS_DIR}/" in record.target:
+            tally.kinds.add("store")
+        elif record.method == "GET" and record.target.startswith(f"/{world.bucket}/{SOURCE_KEY}"):
+            tally.kinds.add("source")
     tally.violations += [f"{step.name} without a fault: {line}"
                          for line in _violations(world, step, clean, clean_writes, clean_writes)]
     reached: set[frozenset[tuple[str, str]]] = set()
@@ -461,13 +610,14 @@ def _after_the_kill(step: Step, call: Call, outcome: str) -> list[str]:
 
 #: What each step's fault-free run must do, so that its enumeration fails those calls.
 EXERCISES = {"activation": {"delete", "routes"}, "create": {"copy", "routes"}, "update": {"copy", "delete", "routes"},
-             "rollback": {"copy", "routes"}, "delete": {"delete"}}
+             "rollback": {"copy", "routes"}, "delete": {"delete"}, "plan": {"plan"}, "build": {"source", "store"},
+             "place": {"copy"}}
 #: What each step's enumeration counted (the figures of docs/operations.md "What survives what").
 TALLIES: dict[str, Tally] = {}
 
 
-@pytest.mark.slow  # 183 faults through the handlers: 25 to 40 s in all, up to 10 s a step
-@pytest.mark.parametrize("name", ["activation", "create", "update", "rollback", "delete"])
+@pytest.mark.slow  # 243 faults through the handlers: 45 to 80 s in all, up to 15 s a step
+@pytest.mark.parametrize("name", ["activation", "create", "update", "rollback", "delete", "plan", "build", "place"])
 def test_every_s3_call_failing_in_turn_then_a_rerun_leaves_every_invariant_holding(world: World, name: str) -> None:
     step = next(step for step in _steps(world) if step.name == name)
     tally = _enumerate(world, step)
