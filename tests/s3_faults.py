@@ -188,14 +188,15 @@ class FaultProxy:
         with self._lock:
             self.killed = False
 
-    def run_killable(self, step: Callable[[], None]) -> Literal["ok", "failed", "killed"]:
+    def run_killable(self, step: Callable[[], None], *, timeout: float = 120.0) -> Literal["ok", "failed", "killed"]:
         """Run ``step`` in a forked child process, the one a ``kill`` rule kills; wait for it to end.
 
         Returns ``ok`` (it returned), ``failed`` (it raised) or ``killed`` (SIGKILL, by a ``kill``
         rule). The child makes its own clients (a client made before the fork shares the parent's
         pooled connections); it starts only once the proxy knows its pid, so a kill rule that
         matches its first request finds it, and it leaves by ``os._exit`` (no exit handler of the
-        test process runs in it). POSIX only (``os.fork``)."""
+        test process runs in it). A child still running after ``timeout`` seconds is killed and
+        raises :class:`AssertionError`. POSIX only (``os.fork``)."""
         ready_read, ready_write = os.pipe()
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
@@ -214,13 +215,25 @@ class FaultProxy:
         os.close(ready_read)
         with self._lock:
             self._victim = pid
+        overdue = threading.Event()
+
+        def end_overdue() -> None:
+            overdue.set()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+        timer = threading.Timer(timeout, end_overdue)
+        timer.start()
         try:
             os.write(ready_write, b"x")
             os.close(ready_write)
             _, status = os.waitpid(pid, 0)
         finally:
+            timer.cancel()
             with self._lock:
                 self._victim = None
+        if overdue.is_set():
+            raise AssertionError(f"the step's process was still running after {timeout} s (killed)")
         if os.WIFSIGNALED(status):
             if os.WTERMSIG(status) != signal.SIGKILL:
                 raise AssertionError(f"the step's process ended by signal {os.WTERMSIG(status)}, not by a kill rule")

@@ -123,8 +123,9 @@ SOURCE_KEY = "sources/c/model.onnx"
 
 def _built_manifest(bucket: str) -> dict[str, Any]:
     """R3 {a, c}: a is stored, c is not, so the plan lists c alone and its Map item really builds
-    it: an ONNX file source, the cheapest the manifest takes (no export: it is read, checked, run
-    by ONNX Runtime against itself, packaged and stored, about 0.5 s)."""
+    it: an ONNX file source, the cheapest the manifest takes (no export: the file is downloaded,
+    checked, validated under ONNX Runtime against the file it came from, packaged and stored, about
+    0.5 s)."""
     c = {"name": "c", "source": {"kind": "onnx", "path": f"s3://{bucket}/{SOURCE_KEY}"},
          "task": "image-classification", "max_batch_size": 2, "image": {"image_size": 32, "channels": 3}}
     return {"version": 1, "models": [_entry("a", 0), c]}
@@ -678,3 +679,6 @@ def test_a_kill_is_a_real_process_kill_nothing_after_the_call_happens(
     assert executions() == 2, "the killed process started an execution after its call"
     assert not (tmp_path / "killed").exists(), "the killed process ran on after its call"
     assert [(r.method, r.target, r.injected) for r in proxy.records] == [("PUT", f"/{bucket}/killed/one", "kill")]
+    # A step that never ends is ended at its bound, not waited for.
+    with pytest.raises(AssertionError, match=r"still running after 0\.5 s"):
+        proxy.run_killable(lambda: time.sleep(60), timeout=0.5)
