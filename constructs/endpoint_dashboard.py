@@ -26,6 +26,10 @@ def _dashboard_name(name: str) -> str:
     return name
 
 
+#: A CloudWatch dashboard name, as the props field checks it.
+DashboardName = Annotated[str, AfterValidator(_dashboard_name)]
+
+
 class EndpointDashboardProps(Props):
     """Props of :class:`EndpointDashboard`."""
 

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from typing import Literal, TypedDict
 
+from aws_cdk import Duration, Size
+from aws_cdk.aws_iam import IGrantable
+
 
 class EndpointKeywords(TypedDict, total=False):
     """The settings of one endpoint, each optional (its default applies when left out)."""
@@ -45,21 +48,21 @@ class EndpointKeywords(TypedDict, total=False):
     #: minute). Default: 70.
     invocations_per_instance_target: float
 
-    #: Scale-in cooldown of the invocations policy. Default: 600.
-    invocations_scale_in_cooldown_seconds: int
+    #: Scale-in cooldown of the invocations policy. Default: Duration.seconds(600).
+    invocations_scale_in_cooldown: Duration
 
-    #: Scale-out cooldown of the invocations policy. Default: 300.
-    invocations_scale_out_cooldown_seconds: int
+    #: Scale-out cooldown of the invocations policy. Default: Duration.seconds(300).
+    invocations_scale_out_cooldown: Duration
 
     #: Target average GPUUtilization in percent (0 < target <= 100) of the GPU tracking policy. The variant
     #: scales in only when both policies agree. Default: 60.
     gpu_utilization_target: float
 
-    #: Scale-in cooldown of the GPU policy. Default: 600.
-    gpu_scale_in_cooldown_seconds: int
+    #: Scale-in cooldown of the GPU policy. Default: Duration.seconds(600).
+    gpu_scale_in_cooldown: Duration
 
-    #: Scale-out cooldown of the GPU policy. Default: 200.
-    gpu_scale_out_cooldown_seconds: int
+    #: Scale-out cooldown of the GPU policy. Default: Duration.seconds(200).
+    gpu_scale_out_cooldown: Duration
 
     #: Version of the sagemaker-tritonserver image (e.g. 25.09), checked against the sagemaker SDK's image
     #: table; unset: the newest version in that table that runs on the fleet's GPU (instance_type) with its
@@ -73,11 +76,12 @@ class EndpointKeywords(TypedDict, total=False):
     inference_ami_version: Literal['al2-ami-sagemaker-inference-gpu-2', 'al2-ami-sagemaker-inference-gpu-2-1', 'al2-ami-sagemaker-inference-gpu-3-1', 'al2023-ami-sagemaker-inference-gpu-4-1', 'al2-ami-sagemaker-inference-neuron-2'] | None
 
     #: SAGEMAKER_TRITON_SHM_DEFAULT_BYTE_SIZE: initial shared memory of each python-backend model (no
-    #: effect on pure ONNX models). Default: 16777216.
-    shm_default_byte_size: int
+    #: effect on pure ONNX models). Default: Size.bytes(16777216).
+    shm_default_size: Size
 
-    #: SAGEMAKER_TRITON_SHM_GROWTH_BYTE_SIZE: growth step of that shared memory. Default: 1048576.
-    shm_growth_byte_size: int
+    #: SAGEMAKER_TRITON_SHM_GROWTH_BYTE_SIZE: growth step of that shared memory. Default:
+    #: Size.bytes(1048576).
+    shm_growth_size: Size
 
     #: SAGEMAKER_TRITON_LOG_VERBOSE. Off by default: the container's own default (verbose) is noisy and
     #: costly in production. Default: False.
@@ -92,58 +96,65 @@ class EndpointKeywords(TypedDict, total=False):
     #: models each invoked rarely. Default: 'Enabled'.
     model_cache: Literal['Enabled', 'Disabled']
 
-    #: ModelDataDownloadTimeoutInSeconds of the variant (60 to 3600 s). Default: 600.
-    model_data_download_timeout_seconds: int
+    #: ModelDataDownloadTimeoutInSeconds of the variant (60 to 3600 s). Default: Duration.seconds(600).
+    model_data_download_timeout: Duration
 
-    #: ContainerStartupHealthCheckTimeoutInSeconds of the variant (60 to 3600 s). Default: 600.
-    container_startup_health_check_timeout_seconds: int
+    #: ContainerStartupHealthCheckTimeoutInSeconds of the variant (60 to 3600 s). Default:
+    #: Duration.seconds(600).
+    container_startup_health_check_timeout: Duration
 
     #: ML storage volume in GB (1 to 512), for the EBS-backed ml.p2/ml.p3 types only (whose volume is then
     #: also encrypted with the bucket key); refused on instance-store g4dn/g5. Unset: SageMaker's default.
     #: Default: unset.
-    volume_size_gb: int | None
+    volume_size: Size | None
 
     #: S3 key prefix of every release (<prefix>/<release_id>/<model>.tar.gz); the execution role reads only
     #: this prefix. Default: 'models'.
     model_prefix: str
 
-    #: Days an overwritten or deleted object version is kept (model bucket and access logs). Default: 30.
-    noncurrent_version_expiration_days: int
+    #: Days an overwritten or deleted object version is kept (model bucket and access logs). Default:
+    #: Duration.days(30).
+    noncurrent_version_expiration: Duration
 
     #: Days the objects of a superseded release (tagged triton-mme:release-state=retired) are kept.
-    #: Default: 30.
-    retired_release_expiration_days: int
+    #: Default: Duration.days(30).
+    retired_release_expiration: Duration
 
-    #: Days the model bucket's server access logs are kept. Default: 365.
-    access_log_expiration_days: int
+    #: Days the model bucket's server access logs are kept. Default: Duration.days(365).
+    access_log_expiration: Duration
 
-    #: IAM role or user ARNs that may write what the fleet serves besides the stack's build: who runs
-    #: `publish` out of band for release_id. The bucket policy denies every other principal writes and
-    #: deletes under the model prefix's served/, _routes/, _builds/, _releases/ and _plans/. Empty: only
-    #: the build writes them (with release_id and no build, no one). Default: [].
-    model_publishers: list[str]
+    #: Roles or users that may write what the fleet serves besides the stack's build (each an
+    #: iam.IGrantable whose principal is one IAM role or user; one from outside the app through
+    #: iam.Role.from_role_arn): who runs `publish` out of band for release_id. The bucket policy denies
+    #: every other principal writes and deletes under the model prefix's served/, _routes/, _builds/,
+    #: _releases/ and _plans/. Empty: only the build writes them (with release_id and no build, no one).
+    #: Default: [].
+    model_publishers: list[IGrantable]
 
     #: RETAIN: the buckets and the KMS key stay when the stack is deleted; DESTROY: they are emptied and
     #: deleted (adds CDK's auto-delete-objects custom resource). Default: 'retain'.
     bucket_removal_policy: Literal['retain', 'destroy']
 
-    #: Memory of the build Lambda functions (MiB). Default: 6144.
-    build_memory_mb: int
+    #: Memory of the build Lambda functions (MiB). Default: Size.mebibytes(6144).
+    build_memory: Size
 
-    #: /tmp storage of the build Lambda functions (MiB). Default: 10240.
-    build_ephemeral_storage_mb: int
+    #: /tmp storage of the build Lambda functions (MiB). Default: Size.mebibytes(10240).
+    build_ephemeral_storage: Size
 
-    #: Timeout of one run of a build Lambda function; the build continues over several runs. Default: 15.
-    build_timeout_minutes: int
+    #: Timeout of one run of a build Lambda function; the build continues over several runs. Default:
+    #: Duration.minutes(15).
+    build_timeout: Duration
 
     #: Provider total timeout: how long is_complete is polled (total / query interval calls) before the
     #: resource fails. CloudFormation waits at most one hour for a custom resource, and the provider's last
     #: answer comes after the total timeout plus each poll's own run (allowed 10 s) and the final answer
-    #: (60 s): at most 50 minutes with a 60 s interval, less with a shorter one. Default: 50.
-    build_total_timeout_minutes: int
+    #: (60 s): at most 50 minutes with a 60 s interval, less with a shorter one. Default:
+    #: Duration.minutes(50).
+    build_total_timeout: Duration
 
-    #: Time between is_complete calls; the total timeout must be a multiple of it. Default: 60.
-    build_query_interval_seconds: int
+    #: Time between is_complete calls; the total timeout must be a multiple of it. Default:
+    #: Duration.seconds(60).
+    build_query_interval: Duration
 
     #: Most models built at once: the MaxConcurrency of the build state machine's Distributed Map (one
     #: Lambda run per model; mind the account's Lambda concurrency). Default: 50.
@@ -161,13 +172,13 @@ class EndpointKeywords(TypedDict, total=False):
     build_processing_instance_type: str
 
     #: EBS volume of a Processing build job in GB (sources, export and tarball), encrypted with the model
-    #: bucket's key, unless the entry says (build.volume_gb). Default: 100.
-    build_processing_volume_gb: int
+    #: bucket's key, unless the entry says (build.volume_gb). Default: Size.gibibytes(100).
+    build_processing_volume: Size
 
     #: MaxRuntimeInSeconds of a Processing build job (SageMaker stops it then, and the build fails naming
     #: the model); at most the total timeout, which every build shares. None: the total timeout. Default:
     #: unset.
-    build_processing_max_runtime_minutes: int | None
+    build_processing_max_runtime: Duration | None
 
     #: What the build does with the served release's objects when the stack is deleted (retain or destroy).
     #: A release superseded by an update is tagged retired either way. Default: 'retain'.
@@ -176,8 +187,8 @@ class EndpointKeywords(TypedDict, total=False):
     #: Days a served model object is kept after no route uses it (a model removed from the manifest, or the
     #: old build of an updated one), so that a rollback routes to it again without an upload; then the
     #: build deletes it at its next run. At least 1: the build function keeps a day whatever its event
-    #: says. Default: 7.
-    unrouted_retention_days: int
+    #: says. Default: Duration.days(7).
+    unrouted_retention: Duration
 
     #: Invocation5XXErrors per minute (Sum) above which a minute is bad; the alarm fires on 3 bad minutes
     #: of 5. 0: any 5xx counts (a container or model failure), 3 of 5 ignores a single blip. Default: 0.
@@ -189,12 +200,12 @@ class EndpointKeywords(TypedDict, total=False):
     alarm_4xx_rate_percent: float
 
     #: Latency budget of ModelLatency p99 in milliseconds (the alarm threshold is this x 1000
-    #: microseconds); 5 minutes in a row above it fire. Default: 1000.
-    alarm_latency_p99_ms: float
+    #: microseconds); 5 minutes in a row above it fire. Default: Duration.millis(1000).
+    alarm_latency_p99: Duration
 
     #: ModelLoadingWaitTime p90 in milliseconds over 5-minute periods, 3 in a row: models evicted and
-    #: reloaded (too many for the instances) or slow downloads. Default: 10000.
-    alarm_model_loading_wait_p90_ms: float
+    #: reloaded (too many for the instances) or slow downloads. Default: Duration.millis(10000).
+    alarm_model_loading_wait_p90: Duration
 
     #: GPUMemoryUtilization of the busiest instance (Maximum, 5-minute periods, 3 in a row); above 90%
     #: loads risk out-of-memory (507) and evictions. Default: 90.
@@ -230,16 +241,17 @@ class EndpointKeywords(TypedDict, total=False):
     rollout_size: int | None
 
     #: WaitIntervalInSeconds (0 to 3600): baking time after each traffic shift while the rollback alarms
-    #: are watched. 600 covers the 5-minute windows of the default rollback alarms. Default: 600.
-    rollout_wait_seconds: int
+    #: are watched. 600 covers the 5-minute windows of the default rollback alarms. Default:
+    #: Duration.seconds(600).
+    rollout_wait: Duration
 
     #: TerminationWaitInSeconds (0 to 3600): how long the old fleet is kept after the update completes, for
-    #: a fast manual roll back. Default: 300.
-    rollout_termination_wait_seconds: int
+    #: a fast manual roll back. Default: Duration.seconds(300).
+    rollout_termination_wait: Duration
 
     #: MaximumExecutionTimeoutInSeconds (600 to 28800), longer than all waits together. Unset: SageMaker's
     #: default. Default: unset.
-    rollout_max_execution_timeout_seconds: int | None
+    rollout_max_execution_timeout: Duration | None
 
     #: Alarms (by key) whose ALARM state rolls an update back: invocation_5xx_errors, invocation_4xx_rate,
     #: model_latency_p99, model_loading_wait_p90, gpu_memory, disk, gpu_saturation. The default leaves

@@ -1,251 +1,77 @@
-"""The settings of one endpoint: each is a construct's props field, and each is both a keyword of
-:class:`~triton_mme_cdk.constructs.multi_model_endpoint.TritonMultiModelEndpoint` and an ``mme:<name>``
-key of the app's context (docs/settings.md lists them once, for both).
+"""The settings of one endpoint: each is a construct's props field, a keyword of
+:class:`~triton_mme_cdk.constructs.multi_model_endpoint.TritonMultiModelEndpoint` and an ``mme:<key>``
+of the app's context (docs/settings.md lists them once, for both).
 
-- :data:`SETTINGS` maps each setting onto its props field (``max_instance_count`` ->
-  ``FleetSize.maximum``) with the conversion of the setting's value into the prop's value
-  (seconds -> ``Duration``, ``retain`` -> ``RemovalPolicy.RETAIN``). The setting's type, bounds,
-  default and description are the field's, converted; none is written twice.
-- :class:`EndpointSettingsBase` holds what every reader of the settings shares: the props values
-  (:meth:`~EndpointSettingsBase.values`), the rules between fields (the props' own rules, named by
-  setting), the fleet's image and AMI, and the two settings that are no props field
-  (``create_vpc``, ``alarm_topic_enabled``).
-- :class:`EndpointSettings` is the construct's: the base and one field per row of the table.
-  ``stacks.settings.MmeSettings`` is the app's: the same fields read from the CDK context, plus the
-  app's own (stack name, account, region, manifest, tags).
+- :data:`SETTINGS` maps each context key onto its props field (``max_instance_count`` ->
+  ``FleetSize.maximum``), with the conversion of a context value into the prop's value (seconds ->
+  ``Duration``, ``retain`` -> ``RemovalPolicy.RETAIN``) and the construct's keyword where it is not
+  the key: a time is a ``Duration`` and an amount of memory or storage a ``Size``, named without a
+  unit (``mme:build_query_interval_seconds`` is ``build_query_interval``). The context's type,
+  bounds, default and description are the field's, converted; none is written twice.
+- :class:`EndpointSettingsBase` holds what both readers of the settings share: the rules between
+  fields (the props' own rules, named by setting) and the fleet's image and AMI.
+- :class:`EndpointSettings` is the construct's, written out field by field (mypy checks each use);
+  ``stacks.settings.MmeSettings`` is the app's: the context keys, plus the app's own settings.
 """
 
 from __future__ import annotations
 
 import math
-import types
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import (
-    TYPE_CHECKING,
-    Annotated,
-    Any,
-    ClassVar,
-    Literal,
-    Self,
-    TypeVar,
-    Union,
-    get_args,
-    get_origin,
-)
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Self
 
-from aws_cdk import RemovalPolicy
+from aws_cdk import Duration, Size
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_sns as sns
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
     ValidationInfo,
-    create_model,
+    ValidatorFunctionWrapHandler,
+    field_validator,
     model_validator,
 )
+from pydantic.fields import FieldInfo
 
-from triton_mme_cdk.constructs.alarm_topic import AlarmTopicProps
-from triton_mme_cdk.constructs.endpoint_alarms import AlarmThresholds, EndpointAlarmsProps
-from triton_mme_cdk.constructs.endpoint_autoscaling import EndpointAutoscalingProps
-from triton_mme_cdk.constructs.endpoint_dashboard import EndpointDashboardProps
-from triton_mme_cdk.constructs.endpoint_network import EndpointNetworkProps
-from triton_mme_cdk.constructs.model_bucket import ModelBucketProps
-from triton_mme_cdk.constructs.model_build_resource import ModelBuildResourceProps
+from triton_mme_cdk.constructs.bucket_guard import publisher_arn
+from triton_mme_cdk.constructs.endpoint_alarms import AlarmKey
+from triton_mme_cdk.constructs.endpoint_dashboard import DashboardName
+from triton_mme_cdk.constructs.endpoint_network import InterfaceEndpoint
+from triton_mme_cdk.constructs.model_bucket import PUBLISHERS_MAX
 from triton_mme_cdk.constructs.props import (
-    DAYS,
-    MEBIBYTES,
-    MINUTES,
-    SECONDS,
     Between,
     Namer,
     Props,
-    Unit,
+    Quantity,
+    Resource,
     format_errors,
+    is_unresolved,
 )
-from triton_mme_cdk.constructs.rollout_policy import RolloutPolicyProps
-from triton_mme_cdk.constructs.sagemaker_limits import PropsError
-from triton_mme_cdk.constructs.triton_image import FleetHost, TritonImageProps, load_image_table, resolve_host
-from triton_mme_cdk.constructs.triton_mme_endpoint import FleetSize, TritonMmeEndpointProps
-
-P = TypeVar("P", bound=Props)
-
-
-# ---------------------------------------------------------------------------------------------
-# The table: setting -> props field
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Choice:
-    """Context values that name prop values (``retain`` -> ``RemovalPolicy.RETAIN``)."""
-
-    values: Mapping[str, Any]
-
-    def name_of(self, value: Any) -> str:
-        return next(name for name, each in self.values.items() if each == value)
-
-
-REMOVAL_POLICY = Choice({"retain": RemovalPolicy.RETAIN, "destroy": RemovalPolicy.DESTROY})
-
-
-@dataclass(frozen=True)
-class Setting:
-    """A context key's props field: ``props.field`` (and each of ``also``) gets its value.
-
-    ``convert`` turns the context value into the prop's value: ``None``, the value as is; a
-    :class:`~constructs.props.Unit`, a number of that unit (a ``Duration`` or ``Size`` prop); a
-    :class:`Choice`, a name of the prop's value.
-    """
-
-    props: type[Props]
-    field: str
-    convert: Unit | Choice | None = None
-    also: tuple[tuple[type[Props], str], ...] = ()
-
-    @property
-    def targets(self) -> tuple[tuple[type[Props], str], ...]:
-        return ((self.props, self.field), *self.also)
-
-    def prop_value(self, value: Any) -> Any:
-        if value is None or self.convert is None:
-            return value
-        if isinstance(self.convert, Choice):
-            return self.convert.values[value]
-        return self.convert.make(value)
-
-    def model_field(self) -> tuple[Any, Any]:
-        """The setting's type and ``Field``, from the props field's (converted)."""
-        field = self.props.model_fields[self.field]
-        description = field.description
-        if self.convert is None:
-            annotation = Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation
-            if field.default_factory is not None:
-                return annotation, Field(default_factory=field.default_factory, description=description)
-            return annotation, Field(default=field.default, description=description)
-        default = field.get_default(call_default_factory=True)
-        if isinstance(self.convert, Choice):
-            return Literal[tuple(self.convert.values)], Field(default=self.convert.name_of(default), description=description)
-        (between,) = [item for item in field.metadata if isinstance(item, Between)]
-        low = math.ceil(round(between.unit.convert(between.low, self.convert), 9))
-        high = math.floor(round(between.unit.convert(between.high, self.convert), 9))
-        number = int | None if _allows_none(field.annotation) else int
-        default = None if default is None else round(self.convert.read(default))
-        return Annotated[number, Field(ge=low, le=high)], Field(default=default, description=description)
-
-
-#: Every setting that is a props field, in the order docs/settings.md lists them.
-SETTINGS: dict[str, Setting] = {
-    # Endpoint and autoscaling
-    "endpoint_name": Setting(TritonMmeEndpointProps, "endpoint_name"),
-    "instance_type": Setting(TritonMmeEndpointProps, "instance_type"),
-    "initial_instance_count": Setting(FleetSize, "initial"),
-    "min_instance_count": Setting(FleetSize, "minimum"),
-    "max_instance_count": Setting(FleetSize, "maximum"),
-    "invocations_per_instance_target": Setting(EndpointAutoscalingProps, "invocations_per_instance_target"),
-    "invocations_scale_in_cooldown_seconds": Setting(EndpointAutoscalingProps, "invocations_scale_in_cooldown", SECONDS),
-    "invocations_scale_out_cooldown_seconds": Setting(EndpointAutoscalingProps, "invocations_scale_out_cooldown", SECONDS),
-    "gpu_utilization_target": Setting(EndpointAutoscalingProps, "gpu_utilization_target"),
-    "gpu_scale_in_cooldown_seconds": Setting(EndpointAutoscalingProps, "gpu_scale_in_cooldown", SECONDS),
-    "gpu_scale_out_cooldown_seconds": Setting(EndpointAutoscalingProps, "gpu_scale_out_cooldown", SECONDS),
-    # Triton container
-    "triton_image_version": Setting(TritonImageProps, "version"),
-    "inference_ami_version": Setting(TritonMmeEndpointProps, "inference_ami_version"),
-    "shm_default_byte_size": Setting(TritonMmeEndpointProps, "shm_default_byte_size"),
-    "shm_growth_byte_size": Setting(TritonMmeEndpointProps, "shm_growth_byte_size"),
-    "triton_log_verbose": Setting(TritonMmeEndpointProps, "log_verbose"),
-    "triton_environment": Setting(TritonMmeEndpointProps, "environment"),
-    "model_cache": Setting(TritonMmeEndpointProps, "model_cache_setting"),
-    "model_data_download_timeout_seconds": Setting(TritonMmeEndpointProps, "model_data_download_timeout", SECONDS),
-    "container_startup_health_check_timeout_seconds": Setting(
-        TritonMmeEndpointProps, "container_startup_health_check_timeout", SECONDS
-    ),
-    "volume_size_gb": Setting(TritonMmeEndpointProps, "volume_size_gb"),
-    # Model bucket
-    "model_prefix": Setting(ModelBuildResourceProps, "model_prefix"),
-    "noncurrent_version_expiration_days": Setting(ModelBucketProps, "noncurrent_version_expiration", DAYS),
-    "retired_release_expiration_days": Setting(ModelBucketProps, "retired_release_expiration", DAYS),
-    "access_log_expiration_days": Setting(ModelBucketProps, "access_log_expiration", DAYS),
-    "model_publishers": Setting(ModelBucketProps, "publishers"),
-    "bucket_removal_policy": Setting(
-        ModelBucketProps,
-        "removal_policy",
-        REMOVAL_POLICY,
-        also=((AlarmTopicProps, "removal_policy"), (EndpointNetworkProps, "removal_policy")),
-    ),
-    # Model build
-    "build_memory_mb": Setting(ModelBuildResourceProps, "memory_size"),
-    "build_ephemeral_storage_mb": Setting(ModelBuildResourceProps, "ephemeral_storage_size", MEBIBYTES),
-    "build_timeout_minutes": Setting(ModelBuildResourceProps, "timeout", MINUTES),
-    "build_total_timeout_minutes": Setting(ModelBuildResourceProps, "total_timeout", MINUTES),
-    "build_query_interval_seconds": Setting(ModelBuildResourceProps, "query_interval", SECONDS),
-    "build_max_concurrency": Setting(ModelBuildResourceProps, "max_concurrency"),
-    "build_runs_on": Setting(ModelBuildResourceProps, "runs_on"),
-    "build_processing_instance_type": Setting(ModelBuildResourceProps, "processing_instance_type"),
-    "build_processing_volume_gb": Setting(ModelBuildResourceProps, "processing_volume_gb"),
-    "build_processing_max_runtime_minutes": Setting(ModelBuildResourceProps, "processing_max_runtime", MINUTES),
-    "artifacts_on_delete": Setting(ModelBuildResourceProps, "on_delete"),
-    "unrouted_retention_days": Setting(ModelBuildResourceProps, "unrouted_retention_days"),
-    # Alarms and notifications
-    "alarm_5xx_errors_threshold": Setting(AlarmThresholds, "invocation_5xx_errors"),
-    "alarm_4xx_rate_percent": Setting(AlarmThresholds, "invocation_4xx_rate_percent"),
-    "alarm_latency_p99_ms": Setting(AlarmThresholds, "model_latency_p99_ms"),
-    "alarm_model_loading_wait_p90_ms": Setting(AlarmThresholds, "model_loading_wait_p90_ms"),
-    "alarm_gpu_memory_percent": Setting(AlarmThresholds, "gpu_memory_percent"),
-    "alarm_disk_percent": Setting(AlarmThresholds, "disk_percent"),
-    "alarm_gpu_saturation_percent": Setting(AlarmThresholds, "gpu_saturation_percent"),
-    "alarm_emails": Setting(AlarmTopicProps, "emails"),
-    "dashboard_name": Setting(EndpointDashboardProps, "dashboard_name"),
-    # Safe rollouts
-    "rollout_traffic": Setting(RolloutPolicyProps, "traffic"),
-    "rollout_size_type": Setting(RolloutPolicyProps, "size_type"),
-    "rollout_size": Setting(RolloutPolicyProps, "size"),
-    "rollout_wait_seconds": Setting(RolloutPolicyProps, "wait_interval", SECONDS),
-    "rollout_termination_wait_seconds": Setting(RolloutPolicyProps, "termination_wait", SECONDS),
-    "rollout_max_execution_timeout_seconds": Setting(RolloutPolicyProps, "maximum_execution_timeout", SECONDS),
-    "rollback_alarms": Setting(EndpointAlarmsProps, "rollback_alarms"),
-    # Network
-    "network_isolation": Setting(TritonMmeEndpointProps, "enable_network_isolation"),
-    "vpc_cidr": Setting(EndpointNetworkProps, "cidr"),
-    "vpc_interface_endpoints": Setting(EndpointNetworkProps, "interface_endpoints"),
-    "build_in_vpc": Setting(EndpointNetworkProps, "build_access"),
-}
-#: The props classes the table sets, in table order.
-PROPS: tuple[type[Props], ...] = tuple(
-    dict.fromkeys(props for setting in SETTINGS.values() for props, _ in setting.targets)
+from triton_mme_cdk.constructs.sagemaker_limits import (
+    CapacitySizeType,
+    InferenceAmiVersion,
+    ModelCacheSetting,
+    PropsError,
+    TrafficRoutingType,
 )
-_KEYS: dict[tuple[type[Props], str], str] = {
-    target: key for key, setting in SETTINGS.items() for target in setting.targets
-}
-
-
-def members(annotation: Any) -> tuple[Any, ...]:
-    """The types a field's annotation admits (the members of a union, or the type)."""
-    return get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else (annotation,)
-
-
-def _allows_none(annotation: Any) -> bool:
-    return type(None) in members(annotation)
-
-
-def nested_props(annotation: Any) -> type[Props] | None:
-    """The props class a field holds a value of (``FleetSize``...), if any."""
-    found = [each for each in members(annotation) if isinstance(each, type) and issubclass(each, Props)]
-    return found[0] if found else None
-
-
-def setting_name(props: type[Props], path: str, prefix: str = "") -> str:
-    """The name a message shows for a field of ``props`` (``fleet.minimum`` for a nested one): the
-    setting that gives it (``min_instance_count``, after ``prefix``: ``mme:`` in the app's context),
-    the path otherwise."""
-    *heads, last = path.split(".")
-    for head in heads:
-        props = nested_props(props.model_fields[head].annotation) or props
-    key = _KEYS.get((props, last))
-    return prefix + key if key else path
-
+from triton_mme_cdk.constructs.setting_table import (
+    KEYWORDS,
+    PROPS,
+    SETTINGS,
+    Choice,
+    Setting,
+    from_keyword,
+    members,
+    nested_props,
+    principal_arns,
+    setting_name,
+    unit_of,
+)
+from triton_mme_cdk.constructs.triton_image import FleetHost, TritonVersion, load_image_table, resolve_host
 
 # ---------------------------------------------------------------------------------------------
 # The settings of one endpoint, checked together
@@ -267,23 +93,30 @@ ALARM_TOPIC_ENABLED = Field(
 
 
 class EndpointSettingsBase(BaseModel):
-    """What every reader of the endpoint's settings shares (its fields come from :data:`SETTINGS`,
-    :data:`CREATE_VPC` and :data:`ALARM_TOPIC_ENABLED`). Messages name a setting after :attr:`prefix` (``mme:`` for the app's context).
+    """What both readers of the endpoint's settings share: the rules between fields, named by
+    setting (after :attr:`prefix`: ``mme:`` for the app's context), and the fleet's image and AMI.
 
     The rules that need to know whether the endpoint has a VPC read the validation context's
-    ``has_vpc`` (the construct gives it: a VPC passed in); without it, ``create_vpc``."""
+    ``has_vpc`` (the construct gives it: a VPC passed in); without it, :meth:`has_vpc`."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True, allow_inf_nan=False,
+                              arbitrary_types_allowed=True)
     #: What a message puts before a setting's name.
     prefix: ClassVar[str] = ""
+    #: Whether the fields are the construct's keywords (else the context's keys).
+    keywords: ClassVar[bool] = False
 
     if TYPE_CHECKING:
-        # The fields EndpointSettings and MmeSettings derive from SETTINGS; typed by their props.
-        def __getattr__(self, name: str) -> Any: ...
+        # The settings the rules read, with the same name and type in both readers.
+        create_vpc: bool
+        build_in_vpc: bool
+        instance_type: str
+        triton_image_version: str | None
+        inference_ami_version: InferenceAmiVersion | None
 
     def name(self, setting: str) -> str:
-        """How a message names ``setting``."""
-        return self.prefix + setting
+        """How a message names ``setting`` (a context key)."""
+        return self.prefix + (KEYWORDS.get(setting, setting) if self.keywords else setting)
 
     @model_validator(mode="after")
     def _endpoint_rules(self, info: ValidationInfo) -> Self:
@@ -314,59 +147,201 @@ class EndpointSettingsBase(BaseModel):
         return resolve_host(load_image_table().versions, version=self.triton_image_version,
                             instance_type=self.instance_type, ami=self.inference_ami_version, name=self.name)
 
-    # -----------------------------------------------------------------------------------------
-    # The props values
-    # -----------------------------------------------------------------------------------------
+    def _prop_value(self, key: str, setting: Setting) -> Any:
+        if self.keywords:
+            return from_keyword(key, getattr(self, KEYWORDS[key]))
+        return setting.prop_value(getattr(self, key))
 
-    def values(self, props: type[Props]) -> dict[str, Any]:
-        """The fields of ``props`` the settings give, as the props take them: each field a setting
-        maps onto (converted), and each field holding a props value that settings give whole
-        (``FleetSize``, ``AlarmThresholds``). The construct adds the resources."""
-        return self._values(props, self.build)
-
-    def build(self, props: type[P]) -> P:
-        """A props value the settings give whole (``FleetSize``, ``AlarmThresholds``)."""
-        return props(**self.values(props))
-
-    def _values(self, props: type[Props], nested: Callable[[type[Props]], Props]) -> dict[str, Any]:
-        given = {
-            field: setting.prop_value(getattr(self, key))
-            for key, setting in SETTINGS.items()
-            for target, field in setting.targets
-            if target is props
-        }
+    def _unchecked(self, props: type[Props]) -> Props:
+        """A props value of the settings' fields (nested props values included) for checking the
+        rules between them, before its own field checks."""
+        given = {field: self._prop_value(key, setting) for key, setting in SETTINGS.items()
+                 for target, field in setting.targets if target is props}
         for field, info in props.model_fields.items():
             held = nested_props(info.annotation)
             if field not in given and held in PROPS:
-                given[field] = nested(held)
-        return given
-
-    def _unchecked(self, props: type[Props]) -> Props:
-        """A props value for checking the rules, before its own rules were checked."""
-        return props.model_construct(**self._values(props, self._unchecked))
+                given[field] = self._unchecked(held)
+        return props.model_construct(**given)
 
     def _namer(self, props: type[Props]) -> Namer:
-        return lambda path: setting_name(props, path, self.prefix)
+        return lambda path: setting_name(props, path, self.prefix, keyword=self.keywords)
 
 
-if TYPE_CHECKING:
-    EndpointSettings = EndpointSettingsBase
-else:
-    #: The construct's settings: :class:`EndpointSettingsBase` and one field per row of :data:`SETTINGS`.
-    EndpointSettings = create_model(
-        "EndpointSettings",
-        __base__=EndpointSettingsBase,
-        __module__=__name__,
-        create_vpc=(bool, CREATE_VPC),
-        alarm_topic_enabled=(bool | None, ALARM_TOPIC_ENABLED),
-        **{key: setting.model_field() for key, setting in SETTINGS.items()},
-    )
+# ---------------------------------------------------------------------------------------------
+# The construct's settings, written out
+# ---------------------------------------------------------------------------------------------
 
-#: Every setting of one endpoint, by name.
+
+def _same(key: str) -> Any:
+    """A keyword that is its props field (``Annotated`` metadata): the field's checks, default
+    and description."""
+    setting = SETTINGS[key]
+    field = setting.props.model_fields[setting.field]
+    return FieldInfo.merge_field_infos(field)
+
+
+def _quantity(key: str) -> Any:
+    """A ``Duration`` or ``Size`` keyword: its props field's checks in the field's unit (for a
+    number prop: its bounds, whole amounts of an ``int``), its default and description."""
+    setting = SETTINGS[key]
+    field = setting.props.model_fields[setting.field]
+    unit = unit_of(key)
+    assert unit is not None, key
+    between = next((item for item in field.metadata if isinstance(item, Between)), None)
+    if between is None:  # a number of the unit: its bounds become a Between
+        low = next((getattr(item, name) for item in field.metadata for name in ("ge", "gt") if hasattr(item, name)), 0)
+        high = next((item.le for item in field.metadata if hasattr(item, "le")), math.inf)
+        number = next(each for each in members(field.annotation) if each is not type(None))
+        between = Between(low, high, unit, above=any(hasattr(item, "gt") for item in field.metadata),
+                          whole=number is int)
+    default = field.get_default(call_default_factory=True)
+    if setting.convert is None and default is not None:  # a number of the unit
+        default = unit.make(default)
+    info: FieldInfo = Field(default_factory=lambda: default, description=field.description)
+    info.metadata += [Quantity(unit), between]
+    return info
+
+
+def _choice(key: str) -> Any:
+    """A keyword that names the prop's value (``retain``)."""
+    setting = SETTINGS[key]
+    assert isinstance(setting.convert, Choice), key
+    field = setting.props.model_fields[setting.field]
+    return Field(default=setting.convert.name_of(field.get_default()), description=field.description)
+
+
+def _not_an_arn(values: Any) -> Any:
+    """Publishers as ``IGrantable``s: an ARN string is refused with how to pass it."""
+    for value in values if isinstance(values, (list, tuple)) else [values]:
+        if isinstance(value, str):
+            raise ValueError(f"got {value!r}; expected an iam.IGrantable (a role or user): pass "
+                             f"iam.Role.from_role_arn(self, 'Publisher', {value!r})")
+    return values
+
+
+def _publisher_arns(values: list[iam.IGrantable]) -> list[iam.IGrantable]:
+    for value in values:
+        arns = principal_arns([value])
+        if len(arns) != 1:
+            raise ValueError(f"got {type(value).__name__} with the principal {arns or 'without an ARN'}; expected "
+                             "a role or user: pass iam.Role.from_role_arn(self, 'Publisher', arn)")
+        publisher_arn(arns[0])
+    return values
+
+
+class EndpointSettings(EndpointSettingsBase):
+    """The construct's settings: one field per keyword (one per row of :data:`SETTINGS`, named by
+    :data:`KEYWORDS`), each with its props field's checks, default and description."""
+
+    keywords: ClassVar[bool] = True
+
+    create_vpc: bool = CREATE_VPC
+    alarm_topic_enabled: bool | None = ALARM_TOPIC_ENABLED
+    # Endpoint and autoscaling
+    endpoint_name: Annotated[str, _same("endpoint_name")]
+    instance_type: Annotated[str, _same("instance_type")]
+    initial_instance_count: Annotated[int, _same("initial_instance_count")]
+    min_instance_count: Annotated[int, _same("min_instance_count")]
+    max_instance_count: Annotated[int, _same("max_instance_count")]
+    invocations_per_instance_target: Annotated[float, _same("invocations_per_instance_target")]
+    invocations_scale_in_cooldown: Duration = _quantity("invocations_scale_in_cooldown_seconds")
+    invocations_scale_out_cooldown: Duration = _quantity("invocations_scale_out_cooldown_seconds")
+    gpu_utilization_target: Annotated[float, _same("gpu_utilization_target")]
+    gpu_scale_in_cooldown: Duration = _quantity("gpu_scale_in_cooldown_seconds")
+    gpu_scale_out_cooldown: Duration = _quantity("gpu_scale_out_cooldown_seconds")
+    # Triton container
+    triton_image_version: Annotated[TritonVersion | None, _same("triton_image_version")]
+    inference_ami_version: Annotated[InferenceAmiVersion | None, _same("inference_ami_version")]
+    shm_default_size: Size = _quantity("shm_default_byte_size")
+    shm_growth_size: Size = _quantity("shm_growth_byte_size")
+    triton_log_verbose: Annotated[bool, _same("triton_log_verbose")]
+    triton_environment: Annotated[dict[str, str], _same("triton_environment")]
+    model_cache: Annotated[ModelCacheSetting, _same("model_cache")]
+    model_data_download_timeout: Duration = _quantity("model_data_download_timeout_seconds")
+    container_startup_health_check_timeout: Duration = _quantity("container_startup_health_check_timeout_seconds")
+    volume_size: Size | None = _quantity("volume_size_gb")
+    # Model bucket
+    model_prefix: Annotated[str, _same("model_prefix")]
+    noncurrent_version_expiration: Duration = _quantity("noncurrent_version_expiration_days")
+    retired_release_expiration: Duration = _quantity("retired_release_expiration_days")
+    access_log_expiration: Duration = _quantity("access_log_expiration_days")
+    model_publishers: Annotated[list[Resource[iam.IGrantable]], BeforeValidator(_not_an_arn)] = Field(
+        default_factory=list, max_length=PUBLISHERS_MAX,
+        description="Roles or users that may write what the fleet serves besides the stack's build (each an "
+        "iam.IGrantable whose principal is one IAM role or user; one from outside the app through "
+        "iam.Role.from_role_arn): who runs `publish` out of band for release_id. The bucket policy denies every "
+        "other principal writes and deletes under the model prefix's served/, _routes/, _builds/, _releases/ and "
+        "_plans/. Empty: only the build writes them (with release_id and no build, no one).")
+    bucket_removal_policy: Literal["retain", "destroy"] = _choice("bucket_removal_policy")
+    # Model build
+    build_memory: Size = _quantity("build_memory_mb")
+    build_ephemeral_storage: Size = _quantity("build_ephemeral_storage_mb")
+    build_timeout: Duration = _quantity("build_timeout_minutes")
+    build_total_timeout: Duration = _quantity("build_total_timeout_minutes")
+    build_query_interval: Duration = _quantity("build_query_interval_seconds")
+    build_max_concurrency: Annotated[int, _same("build_max_concurrency")]
+    build_runs_on: Annotated[Literal["auto", "lambda", "processing"], _same("build_runs_on")]
+    build_processing_instance_type: Annotated[str, _same("build_processing_instance_type")]
+    build_processing_volume: Size = _quantity("build_processing_volume_gb")
+    build_processing_max_runtime: Duration | None = _quantity("build_processing_max_runtime_minutes")
+    artifacts_on_delete: Annotated[Literal["retain", "destroy"], _same("artifacts_on_delete")]
+    unrouted_retention: Duration = _quantity("unrouted_retention_days")
+    # Alarms and notifications
+    alarm_5xx_errors_threshold: Annotated[float, _same("alarm_5xx_errors_threshold")]
+    alarm_4xx_rate_percent: Annotated[float, _same("alarm_4xx_rate_percent")]
+    alarm_latency_p99: Duration = _quantity("alarm_latency_p99_ms")
+    alarm_model_loading_wait_p90: Duration = _quantity("alarm_model_loading_wait_p90_ms")
+    alarm_gpu_memory_percent: Annotated[float, _same("alarm_gpu_memory_percent")]
+    alarm_disk_percent: Annotated[float, _same("alarm_disk_percent")]
+    alarm_gpu_saturation_percent: Annotated[float, _same("alarm_gpu_saturation_percent")]
+    alarm_emails: Annotated[list[str], _same("alarm_emails")]
+    dashboard_name: Annotated[DashboardName | None, _same("dashboard_name")]
+    # Safe rollouts
+    rollout_traffic: Annotated[TrafficRoutingType, _same("rollout_traffic")]
+    rollout_size_type: Annotated[CapacitySizeType, _same("rollout_size_type")]
+    rollout_size: Annotated[int | None, _same("rollout_size")]
+    rollout_wait: Duration = _quantity("rollout_wait_seconds")
+    rollout_termination_wait: Duration = _quantity("rollout_termination_wait_seconds")
+    rollout_max_execution_timeout: Duration | None = _quantity("rollout_max_execution_timeout_seconds")
+    rollback_alarms: Annotated[list[AlarmKey], _same("rollback_alarms")]
+    # Network
+    network_isolation: Annotated[bool, _same("network_isolation")]
+    vpc_cidr: Annotated[str, _same("vpc_cidr")]
+    vpc_interface_endpoints: Annotated[list[InterfaceEndpoint], _same("vpc_interface_endpoints")]
+    build_in_vpc: Annotated[bool, _same("build_in_vpc")]
+
+    @field_validator("*", mode="wrap")
+    @classmethod
+    def _tokens_pass(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        return value if is_unresolved(value) else handler(value)
+
+    @field_validator("model_publishers")
+    @classmethod
+    def _publishers(cls, value: list[iam.IGrantable]) -> list[iam.IGrantable]:
+        return _publisher_arns(value)
+
+
+def _check_table() -> None:
+    """Each keyword of :class:`EndpointSettings` is a row of :data:`SETTINGS`, and a keyword that
+    is its props field has the field's type."""
+    fields = EndpointSettings.model_fields
+    extra = {"create_vpc", "alarm_topic_enabled"}
+    if set(fields) - extra != set(KEYWORDS.values()):
+        raise AssertionError(f"EndpointSettings and SETTINGS differ: {sorted(set(fields) ^ set(KEYWORDS.values()) - extra)}")
+    for key, setting in SETTINGS.items():
+        prop = setting.props.model_fields[setting.field]
+        if unit_of(key) is None and setting.convert is None and key != "model_publishers" \
+                and fields[key].annotation != prop.annotation:
+            raise AssertionError(f"{key}: typed {fields[key].annotation}, its props field {prop.annotation}")
+
+
+_check_table()
+
+#: Every keyword of one endpoint.
 SETTING_NAMES: tuple[str, ...] = tuple(EndpointSettings.model_fields)
 
 
-def endpoint_settings(values: Mapping[str, Any], *, has_vpc: bool) -> EndpointSettingsBase:
+def endpoint_settings(values: Mapping[str, Any], *, has_vpc: bool) -> EndpointSettings:
     """The construct's settings from its keyword arguments: one ``PropsError`` line per refused
     value, naming the keyword (an unknown one with the closest known name)."""
     import difflib
@@ -382,7 +357,7 @@ def endpoint_settings(values: Mapping[str, Any], *, has_vpc: bool) -> EndpointSe
         raise PropsError(format_errors(error)) from None
 
 
-def check_resources(options: EndpointSettingsBase, *, vpc: ec2.IVpc | None, vpc_subnets: ec2.SubnetSelection | None,
+def check_resources(options: EndpointSettings, *, vpc: ec2.IVpc | None, vpc_subnets: ec2.SubnetSelection | None,
                     security_groups: Sequence[ec2.ISecurityGroup] | None, alarm_topic: sns.ITopic | None,
                     from_release: bool) -> None:
     """The rules between the resources passed to ``TritonMultiModelEndpoint`` and its settings

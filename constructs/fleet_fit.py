@@ -20,7 +20,10 @@ from typing import Any
 from aws_cdk import Annotations
 
 from constructs import Construct
+from triton_mme_cdk.constructs.endpoint_settings import EndpointSettings
+from triton_mme_cdk.constructs.props import BYTES, GIBIBYTES
 from triton_mme_cdk.constructs.sagemaker_limits import PropsError
+from triton_mme_cdk.constructs.setting_table import whole
 from triton_mme_cdk.model_build.capacity.fit import FitReport, Fleet, check_fit
 from triton_mme_cdk.model_build.capacity.footprint import Coefficients, Footprint, index_footprints
 from triton_mme_cdk.model_build.capacity.sizing import synth_footprints
@@ -28,17 +31,17 @@ from triton_mme_cdk.model_build.manifest import Manifest
 
 
 def synth_fit(*, manifest: Manifest | None, manifest_path: Path | None, release_id: str | None,
-              release_index: Path | None, settings: Any) -> tuple[FitReport | None, str | None]:
+              release_index: Path | None, settings: EndpointSettings) -> tuple[FitReport | None, str | None]:
     """The fit report of an endpoint's models on its fleet, or ``(None, why it cannot be checked)``;
     a refusal raises :class:`PropsError` naming the model, its estimate, the instance type and its
     GPU memory."""
     coefficients = Coefficients.read()
-    fleet = Fleet(settings.instance_type, dict(settings.triton_environment), settings.volume_size_gb,
-                  settings.name("instance_type"))
+    volume = None if settings.volume_size is None else whole(GIBIBYTES.read(settings.volume_size))
+    fleet = Fleet(settings.instance_type, dict(settings.triton_environment), volume, settings.name("instance_type"))
     footprints: list[Footprint]
     if manifest is not None and manifest_path is not None:
         footprints = synth_footprints(manifest.models, manifest_path.parent, coefficients,
-                                      shm_default_byte_size=settings.shm_default_byte_size)
+                                      shm_default_byte_size=whole(BYTES.read(settings.shm_default_size)))
     elif release_index is None:
         return None, (f"models: release {release_id} is served as published; its release index is in S3, which "
                       "synth does not read, so its fit on " f"{fleet.instance_type} is not checked (pass a copy: "

@@ -5,7 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 import jsii
-from aws_cdk import Annotations, Aws, CustomResource, Fn, IgnoreMode, RemovalPolicy, Stack, SymlinkFollowMode
+from aws_cdk import (
+    Annotations,
+    Aws,
+    CustomResource,
+    Duration,
+    Fn,
+    IgnoreMode,
+    RemovalPolicy,
+    Stack,
+    SymlinkFollowMode,
+)
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_iam as iam
@@ -16,9 +26,10 @@ from aws_cdk import aws_stepfunctions as sfn
 from aws_cdk import custom_resources as cr
 
 from constructs import Construct
+from triton_mme_cdk.constructs.bucket_guard import BUILD_FOLDERS, PLACED_FOLDERS
 from triton_mme_cdk.constructs.cfn_hygiene import drop_referenced_dependencies
 from triton_mme_cdk.constructs.customer_key import logs_key
-from triton_mme_cdk.constructs.model_bucket import RETIRED_TAG_KEY
+from triton_mme_cdk.constructs.model_bucket import RETIRED_TAG_KEY, ModelBucket
 from triton_mme_cdk.constructs.model_build_inputs import runtime_only_exclude, s3_source_keys
 from triton_mme_cdk.constructs.model_build_props import ModelBuildResourceProps
 from triton_mme_cdk.constructs.model_build_state_machine import (
@@ -39,13 +50,16 @@ from triton_mme_cdk.constructs.provider_framework import (
 )
 from triton_mme_cdk.model_build.manifest import Manifest
 from triton_mme_cdk.model_build.manifest.build_engine import place_all
-from triton_mme_cdk.model_build.release import Release, build_code_sha256, compute_release
+from triton_mme_cdk.model_build.release import Release, build_code_sha256, compute_release, served_prefix
+from triton_mme_cdk.model_build.release.identity import JOBS_DIR, PLANS_DIR
 
 RESOURCE_TYPE = "Custom::TritonModelRelease"
 ON_EVENT_HANDLER = "triton_mme_cdk.model_build.handler.on_event"
 IS_COMPLETE_HANDLER = "triton_mme_cdk.model_build.handler.is_complete"
 BUILD_STEP_HANDLER = "triton_mme_cdk.model_build.handler.build_step"
 PLACE_STEP_HANDLER = "triton_mme_cdk.model_build.handler.place_step"
+#: Days a Processing build job's input and output folder is kept.
+JOB_FOLDER_DAYS = 7
 #: Why the checkov function checks do not apply to the placing function (the Finish task's).
 PLACE_CONCURRENCY_REASON = (
     "Invoked once per build execution, by the build state machine's Finish task; a reserved concurrency "
@@ -232,6 +246,35 @@ class ModelBuildResource(Construct):
         self.model_count: str = self.resource.get_att_string("ModelCount")
         #: The release id (known at synth).
         self.release_id: str = self.release.release_id
+
+    def grant_on(self, bucket: ModelBucket, prefix: str, *, destroy: bool) -> None:
+        """The build's roles on the model bucket under ``prefix``, each on its folders only (a
+        Processing job on ``_jobs/``, kept :data:`JOB_FOLDER_DAYS`; the build role the store, the
+        plans and the jobs' inputs; the placing role what the fleet serves); ``destroy``: the
+        placing role deletes everything under ``prefix`` (``artifacts_on_delete``)."""
+
+        def under(folder: str) -> str:
+            return f"{prefix}/{folder}" if prefix else folder
+
+        # A Processing job reads its input and writes its unit under <prefix>/_jobs/ only.
+        jobs = under(JOBS_DIR)
+        # The job's volume is encrypted with the key through a grant: no key policy deny for its role.
+        bucket.grant_read(self.processing.role, jobs, deny_direct_key_use=False)
+        bucket.grant_write(self.processing.role, jobs, deny_direct_key_use=False)
+        # A job's folder matters while its build runs (and for a look after a failure): a week.
+        bucket.expire("ExpireBuildJobFolders", jobs, Duration.days(JOB_FOLDER_DAYS))
+        # The build role parses the model sources: it writes the store, the plans and the jobs' inputs only.
+        bucket.grant_read(self.build_role, prefix)
+        for folder in (*BUILD_FOLDERS, JOBS_DIR):
+            bucket.grant_write(self.build_role, under(folder))
+        # The placing role places and routes: served/, the release indexes and the routes (and the
+        # failure record of a model it refuses to place, under _plans/).
+        bucket.grant_read(self, prefix)
+        for folder in (*PLACED_FOLDERS, PLANS_DIR):
+            bucket.grant_write(self, under(folder))
+        bucket.grant_tag(self, prefix)
+        # Unrouted served objects are deleted after the retention window; destroy removes more.
+        bucket.grant_delete(self, prefix if destroy else served_prefix(prefix))
 
     def _role(self, id: str, description: str) -> iam.Role:
         """A role of the functions: it reads the manifest asset and the manifest's ``s3`` sources;

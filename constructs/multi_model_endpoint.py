@@ -6,7 +6,8 @@ the Triton image, the build custom resource (with a manifest), the endpoint with
 the network (in your VPC or a created one), the alarms (to your topic or a created one), the
 dashboard and the blue/green rollout policy. Everything that belongs to one endpoint is a keyword:
 the resources as interfaces (``IBucket``, ``IKey``, ``IVpc``, ``ITopic``) and every setting of
-docs/settings.md by its name (without ``mme:``), with the same type, unit, default and check.
+docs/settings.md (a time a ``Duration``, a size a ``Size``, without the unit in the name). Each
+child's props are given field by field: which setting reaches which child reads here.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Unpack
+from typing import Unpack
 
-from aws_cdk import Annotations, Aws, CfnMapping, Duration, Fn, Stack
+from aws_cdk import Annotations, Aws, CfnMapping, Fn, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
@@ -26,9 +27,8 @@ from aws_cdk import aws_sns as sns
 
 from constructs import Construct
 from triton_mme_cdk.constructs.alarm_topic import AlarmTopic, AlarmTopicProps
-from triton_mme_cdk.constructs.bucket_guard import BUILD_FOLDERS, PLACED_FOLDERS
 from triton_mme_cdk.constructs.deployed_record import deployed_record
-from triton_mme_cdk.constructs.endpoint_alarms import EndpointAlarms, EndpointAlarmsProps
+from triton_mme_cdk.constructs.endpoint_alarms import AlarmThresholds, EndpointAlarms, EndpointAlarmsProps
 from triton_mme_cdk.constructs.endpoint_autoscaling import EndpointAutoscaling, EndpointAutoscalingProps
 from triton_mme_cdk.constructs.endpoint_dashboard import EndpointDashboard, EndpointDashboardProps
 from triton_mme_cdk.constructs.endpoint_import import (
@@ -39,37 +39,32 @@ from triton_mme_cdk.constructs.endpoint_import import (
 )
 from triton_mme_cdk.constructs.endpoint_keywords import EndpointKeywords
 from triton_mme_cdk.constructs.endpoint_network import EndpointNetwork, EndpointNetworkProps
-from triton_mme_cdk.constructs.endpoint_settings import (
-    EndpointSettingsBase,
-    check_resources,
-    endpoint_settings,
-)
+from triton_mme_cdk.constructs.endpoint_settings import EndpointSettings, check_resources, endpoint_settings
 from triton_mme_cdk.constructs.fleet_fit import annotate_fit, synth_fit
 from triton_mme_cdk.constructs.model_bucket import ModelBucket, ModelBucketProps
 from triton_mme_cdk.constructs.model_build_inputs import internet_sources, s3_source_keys
 from triton_mme_cdk.constructs.model_build_resource import ModelBuildResource, ModelBuildResourceProps
 from triton_mme_cdk.constructs.nag_acknowledgments import acknowledge_inline_policies
+from triton_mme_cdk.constructs.props import BYTES, DAYS, GIBIBYTES, MEBIBYTES, MILLISECONDS
 from triton_mme_cdk.constructs.rollout_policy import RolloutPolicy, RolloutPolicyProps
 from triton_mme_cdk.constructs.sagemaker_execution_role import (
     SageMakerExecutionRole,
     SageMakerExecutionRoleProps,
 )
 from triton_mme_cdk.constructs.sagemaker_limits import PropsError, has_instance_storage
+from triton_mme_cdk.constructs.setting_table import REMOVAL_POLICY, principal_arns, whole
 from triton_mme_cdk.constructs.triton_image import TritonImage, TritonImageProps
-from triton_mme_cdk.constructs.triton_mme_endpoint import TritonMmeEndpoint, TritonMmeEndpointProps
+from triton_mme_cdk.constructs.triton_mme_endpoint import FleetSize, TritonMmeEndpoint, TritonMmeEndpointProps
 from triton_mme_cdk.model_build.errors import ManifestError
 from triton_mme_cdk.model_build.manifest import Manifest, load_manifest
 from triton_mme_cdk.model_build.package.tensorrt_plans import tensorrt_plan_problem, tensorrt_plan_unchecked
 from triton_mme_cdk.model_build.release import PACKAGE_DIR, routes_key, served_prefix
-from triton_mme_cdk.model_build.release.identity import JOBS_DIR, PLANS_DIR
 from triton_mme_cdk.model_build.text_ensemble.container import namespacing_problem
 from triton_mme_cdk.model_build.text_ensemble.serving_wheel import serving_python_problem
 from triton_mme_cdk.model_build.text_ensemble.shm import shm_problem
 
 #: A release id as ``triton-mme publish`` prints it (the construct's and the app's settings check).
 RELEASE_ID_PATTERN = r"r-[0-9a-f]{16}"
-#: Days a Processing build job's input and output folder is kept.
-JOB_FOLDER_DAYS = 7
 #: The model build's Docker build context (``model_build/`` with its Dockerfile).
 DEFAULT_BUILD_CONTEXT = PACKAGE_DIR
 #: What the stack's roles do on the model bucket (the bucket's grants), allowed through a created
@@ -148,8 +143,8 @@ class TritonMultiModelEndpoint(ITritonMultiModelEndpoint, Construct):
       ``DeploymentConfig`` rolling back on the chosen alarms.
     - Every other keyword is a setting of docs/settings.md by its name without ``mme:``
       (``instance_type``, ``min_instance_count``, ``max_instance_count``, ``endpoint_name``,
-      ``model_prefix``...), with the same type, unit, default and check: a refused value raises
-      one ``PropsError`` line naming the keyword.
+      ``model_prefix``...), with the same default and check, a time a ``Duration`` and a size a ``Size``
+      (``rollout_wait``, ``build_memory``): a refused value raises one ``PropsError`` line naming it.
 
     Clients: :meth:`grant_invoke` and :meth:`connect_client` (``ITritonMultiModelEndpoint``); a
     client stack elsewhere gets the same from :meth:`from_endpoint_attributes`.
@@ -193,7 +188,11 @@ class TritonMultiModelEndpoint(ITritonMultiModelEndpoint, Construct):
         self.models = models
         #: The artifacts bucket and its key (``ModelBucket``: yours, or created), with its grants.
         self.model_bucket = ModelBucket(self, "ModelBucket", props=ModelBucketProps(
-            **options.values(ModelBucketProps), bucket=bucket, encryption_key=encryption_key, replica=replica_bucket))
+            noncurrent_version_expiration=options.noncurrent_version_expiration,
+            retired_release_expiration=options.retired_release_expiration,
+            access_log_expiration=options.access_log_expiration, publishers=principal_arns(options.model_publishers),
+            removal_policy=REMOVAL_POLICY.values[options.bucket_removal_policy],
+            bucket=bucket, encryption_key=encryption_key, replica=replica_bucket))
         #: The model's subnets and security groups (``EndpointNetwork``; None without a VPC).
         self.network = self._network(vpc, vpc_subnets, security_groups)
         role_grants = self._image_and_role(options)
@@ -211,7 +210,11 @@ class TritonMultiModelEndpoint(ITritonMultiModelEndpoint, Construct):
         self._serve(role_grants)
         #: The scalable target and its two tracking policies (``InvocationsPerInstance``, ``GPUUtilization``).
         self.autoscaling = EndpointAutoscaling(self, "Autoscaling", props=EndpointAutoscalingProps(
-            **options.values(EndpointAutoscalingProps), endpoint=self.endpoint))
+            endpoint=self.endpoint, invocations_per_instance_target=options.invocations_per_instance_target,
+            invocations_scale_in_cooldown=options.invocations_scale_in_cooldown,
+            invocations_scale_out_cooldown=options.invocations_scale_out_cooldown,
+            gpu_utilization_target=options.gpu_utilization_target, gpu_scale_in_cooldown=options.gpu_scale_in_cooldown,
+            gpu_scale_out_cooldown=options.gpu_scale_out_cooldown))
         self._operations(alarm_topic)
         # Each inline policy of the construct, by itself (the compliance packs' IAMNoInlinePolicy).
         acknowledge_inline_policies(self)
@@ -265,12 +268,12 @@ class TritonMultiModelEndpoint(ITritonMultiModelEndpoint, Construct):
     # Network, build, endpoint
     # -----------------------------------------------------------------------------------------
 
-    def _image_and_role(self, options: EndpointSettingsBase) -> list[iam.Grant]:
+    def _image_and_role(self, options: EndpointSettings) -> list[iam.Grant]:
         """The Triton image and the role SageMaker hosts the endpoint with, and the role's grants
         (applied before the endpoint, which SageMaker checks them for)."""
         #: The Triton image and its region mapping (``TritonImage``).
         self.triton_image = TritonImage(self, "TritonImage", props=TritonImageProps(
-            **options.values(TritonImageProps), instance_type=options.instance_type,
+            version=options.triton_image_version, instance_type=options.instance_type,
             inference_ami_version=options.inference_ami_version,
         ))
         note = options.fleet_host().note
@@ -287,7 +290,7 @@ class TritonMultiModelEndpoint(ITritonMultiModelEndpoint, Construct):
             self.triton_image.grant_pull(self.execution_role),
         ]
 
-    def _locations(self, options: EndpointSettingsBase) -> None:
+    def _locations(self, options: EndpointSettings) -> None:
         """Where the fleet reads its models and clients the routes (no resource)."""
         #: The endpoint's fixed ``ModelDataUrl``: ``s3://<bucket>/<model_prefix>/served/``.
         self.model_data_url = self.model_bucket.s3_url(f"{served_prefix(options.model_prefix)}/")
@@ -321,8 +324,11 @@ class TritonMultiModelEndpoint(ITritonMultiModelEndpoint, Construct):
         if vpc is None and not self.settings.create_vpc:
             return None
         # The created VPC's flow logs are encrypted with the bucket's key.
+        options = self.settings
         return EndpointNetwork(self, "Network", props=EndpointNetworkProps(
-            **self.settings.values(EndpointNetworkProps), vpc=vpc, log_key=self.model_bucket.key, subnets=subnets,
+            cidr=options.vpc_cidr, interface_endpoints=options.vpc_interface_endpoints,
+            build_access=options.build_in_vpc, removal_policy=REMOVAL_POLICY.values[options.bucket_removal_policy],
+            vpc=vpc, log_key=self.model_bucket.key, subnets=subnets,
             security_groups=list(security_groups) if security_groups is not None else None,
         ))
 
@@ -333,7 +339,8 @@ class TritonMultiModelEndpoint(ITritonMultiModelEndpoint, Construct):
         # tokenizers wheel must load on the image's Python.
         image_version = self.triton_image.version
         has_text = any(spec.inputs == "text" for spec in manifest.models)
-        for problem in (shm_problem(manifest, options.shm_default_byte_size, options.name("shm_default_byte_size")),
+        shm_bytes = whole(BYTES.read(options.shm_default_size))
+        for problem in (shm_problem(manifest, shm_bytes, options.name("shm_default_byte_size")),
                         namespacing_problem(manifest, options.triton_environment),
                         serving_python_problem(image_version) if has_text else None,
                         # Prebuilt TensorRT plans: one for the fleet's GPU, built with the image's TensorRT.
@@ -352,46 +359,28 @@ class TritonMultiModelEndpoint(ITritonMultiModelEndpoint, Construct):
                 f"and the manifest downloads {', '.join(online)} from the Hugging Face hub; use a VPC with a NAT "
                 "gateway, publish those models out of band, or leave the build out of the VPC"
             )
-        in_vpc: dict[str, Any] = {}
-        if network is not None and network.build_security_group is not None:
-            in_vpc = {"vpc": network.vpc, "vpc_subnets": network.build_subnets,
-                      "security_groups": [network.build_security_group]}
-        # A Processing build job gets the endpoint's network: its isolation, subnets and groups.
-        endpoint_network: dict[str, Any] = {
-            "processing_network_isolation": options.values(TritonMmeEndpointProps)["enable_network_isolation"]}
-        if self.network is not None:
-            endpoint_network.update(processing_subnets=self.network.model_subnets,
-                                    processing_security_groups=self.network.model_security_groups)
+        # The build's handlers in the VPC (build_in_vpc); a Processing build job in the endpoint's network.
+        placed = network if network is not None and network.build_security_group is not None else None
+        models = self.network
         build = ModelBuildResource(self, "ModelBuild", props=ModelBuildResourceProps(
-            **options.values(ModelBuildResourceProps), manifest=manifest, manifest_path=manifest_path,
+            model_prefix=options.model_prefix, memory_size=whole(MEBIBYTES.read(options.build_memory)),
+            ephemeral_storage_size=options.build_ephemeral_storage, timeout=options.build_timeout,
+            total_timeout=options.build_total_timeout, query_interval=options.build_query_interval,
+            max_concurrency=options.build_max_concurrency, runs_on=options.build_runs_on,
+            processing_instance_type=options.build_processing_instance_type,
+            processing_volume_gb=whole(GIBIBYTES.read(options.build_processing_volume)),
+            processing_max_runtime=options.build_processing_max_runtime, on_delete=options.artifacts_on_delete,
+            unrouted_retention_days=whole(DAYS.read(options.unrouted_retention)),
+            manifest=manifest, manifest_path=manifest_path,
             deployed_record=deployed_record(self, {self.triton_image.mapping: self.triton_image.mapping_values}),
-            model_bucket=self.model_bucket.encrypted_bucket, build_context=build_context, **in_vpc,
-            **endpoint_network,
-        ))
-        prefix = options.model_prefix
-
-        def under(folder: str) -> str:
-            return f"{prefix}/{folder}" if prefix else folder
-
-        # A Processing job reads its input and writes its unit under <prefix>/_jobs/ only.
-        jobs = under(JOBS_DIR)
-        # The job's volume is encrypted with the key through a grant: no key policy deny for its role.
-        self.model_bucket.grant_read(build.processing.role, jobs, deny_direct_key_use=False)
-        self.model_bucket.grant_write(build.processing.role, jobs, deny_direct_key_use=False)
-        # A job's folder matters while its build runs (and for a look after a failure): a week.
-        self.model_bucket.expire("ExpireBuildJobFolders", jobs, Duration.days(JOB_FOLDER_DAYS))
-        # The build role parses the model sources: it writes the store, the plans and the jobs' inputs only.
-        self.model_bucket.grant_read(build.build_role, prefix)
-        for folder in (*BUILD_FOLDERS, JOBS_DIR):
-            self.model_bucket.grant_write(build.build_role, under(folder))
-        # The placing role places and routes: served/, the release indexes and the routes (and the
-        # failure record of a model it refuses to place, under _plans/).
-        self.model_bucket.grant_read(build, prefix)
-        for folder in (*PLACED_FOLDERS, PLANS_DIR):
-            self.model_bucket.grant_write(build, under(folder))
-        self.model_bucket.grant_tag(build, prefix)
-        # Unrouted served objects are deleted after the retention window; destroy removes more.
-        self.model_bucket.grant_delete(build, prefix if options.artifacts_on_delete == "destroy" else served_prefix(prefix))
+            model_bucket=self.model_bucket.encrypted_bucket, build_context=build_context,
+            vpc=placed.vpc if placed else None, vpc_subnets=placed.build_subnets if placed else None,
+            security_groups=[placed.build_security_group] if placed and placed.build_security_group else None,
+            processing_network_isolation=options.network_isolation,
+            processing_subnets=models.model_subnets if models else None,
+            processing_security_groups=models.model_security_groups if models else None))
+        # The build's roles on the model bucket (each its folders), and the jobs' folders kept a week.
+        build.grant_on(self.model_bucket, options.model_prefix, destroy=options.artifacts_on_delete == "destroy")
         return build
 
     def _allow_through_s3_gateway(self) -> None:
@@ -425,17 +414,30 @@ class TritonMultiModelEndpoint(ITritonMultiModelEndpoint, Construct):
                 "that publishes")
 
     def _endpoint(self) -> TritonMmeEndpoint:
-        network, values = self.network, self.settings.values(TritonMmeEndpointProps)
+        network, options = self.network, self.settings
         return TritonMmeEndpoint(self, "Endpoint", props=TritonMmeEndpointProps(
-            **values,
+            endpoint_name=options.endpoint_name, instance_type=options.instance_type,
+            inference_ami_version=options.inference_ami_version, fleet=self._fleet(),
+            shm_default_byte_size=whole(BYTES.read(options.shm_default_size)),
+            shm_growth_byte_size=whole(BYTES.read(options.shm_growth_size)), log_verbose=options.triton_log_verbose,
+            environment=options.triton_environment, model_cache_setting=options.model_cache,
+            model_data_download_timeout=options.model_data_download_timeout,
+            container_startup_health_check_timeout=options.container_startup_health_check_timeout,
+            volume_size_gb=None if options.volume_size is None else whole(GIBIBYTES.read(options.volume_size)),
+            enable_network_isolation=options.network_isolation,
             image=self.triton_image,
             execution_role=self.execution_role.role,
             model_data_url=self.model_data_url,
             # EBS-backed types (p2/p3) take a KMS key for the volume; instance stores refuse one.
-            volume_kms_key=None if has_instance_storage(values["instance_type"]) else self.model_bucket.key,
+            volume_kms_key=None if has_instance_storage(options.instance_type) else self.model_bucket.key,
             subnets=network.model_subnets if network else None,
             security_groups=network.model_security_groups if network else None,
         ))
+
+    def _fleet(self) -> FleetSize:
+        options = self.settings
+        return FleetSize(initial=options.initial_instance_count, minimum=options.min_instance_count,
+                         maximum=options.max_instance_count)
 
     # -----------------------------------------------------------------------------------------
     # Operations: notifications, alarms, dashboard, safe rollouts
@@ -447,7 +449,8 @@ class TritonMultiModelEndpoint(ITritonMultiModelEndpoint, Construct):
         self.alarm_topic: AlarmTopic | None = None
         topic = alarm_topic
         if topic is None and options.alarm_topic_enabled is not False:
-            self.alarm_topic = AlarmTopic(self, "AlarmTopic", props=AlarmTopicProps(**options.values(AlarmTopicProps)))
+            self.alarm_topic = AlarmTopic(self, "AlarmTopic", props=AlarmTopicProps(
+                emails=options.alarm_emails, removal_policy=REMOVAL_POLICY.values[options.bucket_removal_policy]))
             topic = self.alarm_topic.topic
         if topic is None:
             Annotations.of(self).add_warning_v2("triton-mme:alarms-without-action", (
@@ -458,22 +461,29 @@ class TritonMultiModelEndpoint(ITritonMultiModelEndpoint, Construct):
         self.notified_topic: sns.ITopic | None = topic
         #: The endpoint's alarms (``EndpointAlarms``: ``alarms`` by key, ``rollback_alarms``).
         self.alarms = EndpointAlarms(self, "Alarms", props=EndpointAlarmsProps(
-            **options.values(EndpointAlarmsProps), endpoint=self.endpoint, topic=topic))
+            endpoint=self.endpoint, topic=topic, rollback_alarms=options.rollback_alarms, thresholds=AlarmThresholds(
+                invocation_5xx_errors=options.alarm_5xx_errors_threshold,
+                invocation_4xx_rate_percent=options.alarm_4xx_rate_percent,
+                model_latency_p99_ms=whole(MILLISECONDS.read(options.alarm_latency_p99)),
+                model_loading_wait_p90_ms=whole(MILLISECONDS.read(options.alarm_model_loading_wait_p90)),
+                gpu_memory_percent=options.alarm_gpu_memory_percent, disk_percent=options.alarm_disk_percent,
+                gpu_saturation_percent=options.alarm_gpu_saturation_percent)))
         #: The endpoint's CloudWatch dashboard.
         self.dashboard = EndpointDashboard(self, "Dashboard", props=EndpointDashboardProps(
-            **options.values(EndpointDashboardProps), endpoint=self.endpoint, alarms=list(self.alarms.alarms.values())
-        ))
+            dashboard_name=options.dashboard_name, endpoint=self.endpoint, alarms=list(self.alarms.alarms.values())))
         #: The blue/green ``DeploymentConfig`` rolling back on ``rollback_alarms``.
         self.rollout = RolloutPolicy(props=RolloutPolicyProps(
-            **options.values(RolloutPolicyProps), endpoint=self.endpoint, rollback_alarms=self.alarms.rollback_alarms
-        ))
+            traffic=options.rollout_traffic, size_type=options.rollout_size_type, size=options.rollout_size,
+            wait_interval=options.rollout_wait, termination_wait=options.rollout_termination_wait,
+            maximum_execution_timeout=options.rollout_max_execution_timeout, fleet=self._fleet(),
+            endpoint=self.endpoint, rollback_alarms=self.alarms.rollback_alarms))
         # The console domain of ``dashboard_url``, made here so that reading an attribute adds nothing.
         self._console_domains = CfnMapping(self, "ConsoleDomains", mapping={
             partition: {"Domain": domain} for partition, domain in CONSOLE_DOMAINS.items()
         })
 
 
-def _check_free(scope: Construct, id: str, options: EndpointSettingsBase, bucket: s3.IBucket | None) -> None:
+def _check_free(scope: Construct, id: str, options: EndpointSettings, bucket: s3.IBucket | None) -> None:
     """Two endpoints of one stack may not share a name (the second would replace the first), nor
     a bucket and a model prefix (one routes document would serve both)."""
     path = f"{scope.node.path}/{id}"

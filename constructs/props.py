@@ -120,26 +120,36 @@ class Unit:
     symbol: str
     make: Callable[[float], Any]
     read: Callable[[Any], float]
+    #: How a caller writes an amount of it (``Duration.seconds``), for messages.
+    source: str = ""
 
     def convert(self, amount: float, into: Unit) -> float:
         """``amount`` of this unit, in ``into``."""
         return into.read(self.make(amount))
 
 
-SECONDS = Unit("s", Duration.seconds, lambda value: value.to_seconds(integral=False))
-MINUTES = Unit("minutes", Duration.minutes, lambda value: value.to_minutes(integral=False))
-DAYS = Unit("days", Duration.days, lambda value: value.to_days(integral=False))
-MEBIBYTES = Unit("MiB", Size.mebibytes, lambda value: value.to_mebibytes(rounding=SizeRoundingBehavior.NONE))
+MILLISECONDS = Unit("ms", Duration.millis, lambda value: value.to_milliseconds(integral=False), "Duration.millis")
+SECONDS = Unit("s", Duration.seconds, lambda value: value.to_seconds(integral=False), "Duration.seconds")
+MINUTES = Unit("minutes", Duration.minutes, lambda value: value.to_minutes(integral=False), "Duration.minutes")
+DAYS = Unit("days", Duration.days, lambda value: value.to_days(integral=False), "Duration.days")
+BYTES = Unit("bytes", Size.bytes, lambda value: value.to_bytes(rounding=SizeRoundingBehavior.NONE), "Size.bytes")
+MEBIBYTES = Unit("MiB", Size.mebibytes, lambda value: value.to_mebibytes(rounding=SizeRoundingBehavior.NONE),
+                 "Size.mebibytes")
+GIBIBYTES = Unit("GiB", Size.gibibytes, lambda value: value.to_gibibytes(rounding=SizeRoundingBehavior.NONE),
+                 "Size.gibibytes")
 
 
 @dataclass(frozen=True)
 class Between:
     """``Annotated`` metadata of a ``Duration`` or ``Size`` field: ``low`` to ``high`` ``unit``
-    inclusive. ``None`` and an unresolved amount pass."""
+    inclusive (``low`` excluded with ``above``). ``None`` and an unresolved amount pass."""
 
     low: float
     high: float
     unit: Unit
+    above: bool = False
+    #: Only whole amounts of ``unit`` (the field's value becomes a whole number of it).
+    whole: bool = False
 
     def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
         return core_schema.no_info_after_validator_function(self.check, handler(source))
@@ -148,10 +158,32 @@ class Between:
         if value is None:
             return value
         amount = self.unit.read(value)
-        if not is_unresolved(amount) and not self.low <= amount <= self.high:
-            symbol = self.unit.symbol
-            raise ValueError(f"got {amount:g} {symbol}; expected {self.low:g} to {self.high:g} {symbol}")
+        if is_unresolved(amount):
+            return value
+        if not ((self.low < amount) if self.above else (self.low <= amount)) or amount > self.high:
+            symbol, low = self.unit.symbol, "more than " if self.above else ""
+            raise ValueError(f"got {amount:g} {symbol}; expected {low}{self.low:g} to {self.high:g} {symbol}")
+        if self.whole and not float(amount).is_integer():
+            raise ValueError(f"got {amount:g} {self.unit.symbol}; expected a whole number of {self.unit.symbol}")
         return value
+
+
+@dataclass(frozen=True)
+class Quantity:
+    """``Annotated`` metadata of a ``Duration`` or ``Size`` keyword, before its type's check: a
+    plain number is refused with one line that says how to pass it (``Duration.seconds(300)``)."""
+
+    unit: Unit
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return core_schema.no_info_before_validator_function(self.check, handler(source))
+
+    def check(self, value: Any) -> Any:
+        kind = self.unit.source.partition(".")[0]
+        if value is None or isinstance(value, Duration if kind == "Duration" else Size):
+            return value
+        shown = value if isinstance(value, (int, float)) and not isinstance(value, bool) else "..."
+        raise ValueError(f"got {value!r}; expected a {kind}: pass {self.unit.source}({shown})")
 
 
 def unique(value: list[Any]) -> list[Any]:

@@ -242,10 +242,14 @@ def _version(version: str) -> str:
     return version
 
 
+#: A sagemaker-tritonserver version of the image table (a props field type).
+TritonVersion = Annotated[str, AfterValidator(_version)]
+
+
 class TritonImageProps(Props):
     """Props of :class:`TritonImage`."""
 
-    version: Annotated[str, AfterValidator(_version)] | None = Field(
+    version: TritonVersion | None = Field(
         default=None,
         description="Version of the sagemaker-tritonserver image (e.g. 25.09), checked against the "
         "sagemaker SDK's image table; unset: the newest version in that table that runs on the fleet's "

@@ -39,14 +39,10 @@ from pydantic import (
     model_validator,
 )
 
-from triton_mme_cdk.constructs.endpoint_settings import (
-    ALARM_TOPIC_ENABLED,
-    CREATE_VPC,
-    SETTINGS,
-    EndpointSettingsBase,
-)
+from triton_mme_cdk.constructs.endpoint_settings import ALARM_TOPIC_ENABLED, CREATE_VPC, EndpointSettingsBase
 from triton_mme_cdk.constructs.multi_model_endpoint import RELEASE_ID_PATTERN
 from triton_mme_cdk.constructs.props import format_errors
+from triton_mme_cdk.constructs.setting_table import SETTINGS
 from triton_mme_cdk.constructs.triton_image import load_image_table
 from triton_mme_cdk.model_build.validation_messages import clip
 from triton_mme_cdk.stacks.context_table import CONTEXT_PREFIX, from_context_value
@@ -99,6 +95,11 @@ class AppSettings(EndpointSettingsBase):
     """
 
     prefix: ClassVar[str] = CONTEXT_PREFIX
+
+    if TYPE_CHECKING:
+        # The fields MmeSettings derives from SETTINGS (the context's plain numbers and strings,
+        # which only the adapter reads: stacks.context_table.construct_keywords).
+        def __getattr__(self, name: str) -> Any: ...
 
     stack_name: str = Field(
         default="TritonMme", pattern=r"^[A-Za-z][A-Za-z0-9-]*$", max_length=128, description="Name of the CloudFormation stack."

@@ -18,11 +18,15 @@ from aws_cdk import aws_sns as sns
 
 from constructs import Construct
 from triton_mme_cdk.constructs.cost_tags import apply_cost_tags
-from triton_mme_cdk.constructs.endpoint_settings import SETTING_NAMES
 from triton_mme_cdk.constructs.multi_model_endpoint import ModelSource, TritonMultiModelEndpoint
 from triton_mme_cdk.constructs.sagemaker_limits import PropsError
 from triton_mme_cdk.model_build.manifest import Manifest
-from triton_mme_cdk.stacks.context_table import CONTEXT_PREFIX
+from triton_mme_cdk.stacks.context_table import (
+    CONTEXT_KEYS,
+    CONTEXT_PREFIX,
+    ENDPOINT_KEYS,
+    construct_keywords,
+)
 from triton_mme_cdk.stacks.settings import MmeSettings
 
 #: The id of the endpoint construct (left out of logical ids by the CDK).
@@ -70,16 +74,18 @@ class TritonMmeStack(Stack):
         vpc = ec2.Vpc.from_lookup(self, "ExistingVpc", vpc_id=settings.vpc_id) if settings.vpc_id is not None else None
         topic = (sns.Topic.from_topic_arn(self, "ExistingAlarmTopic", settings.alarm_topic_arn)
                  if settings.alarm_topic_arn is not None else None)
-        given = {name: getattr(settings, name) for name in SETTING_NAMES if name in settings.model_fields_set}
+        # The context's numbers and strings as the construct's keywords (Duration, Size, roles).
+        given = construct_keywords(self, ((key, getattr(settings, key)) for key in ENDPOINT_KEYS
+                                          if key in settings.model_fields_set))
         try:
             #: The endpoint and everything it is made of.
             self.endpoint_construct = mme = TritonMultiModelEndpoint(
                 self, ENDPOINT_ID, models=models, vpc=vpc, alarm_topic=topic, build_context=build_context, **given)
         except PropsError as error:
-            # The construct names a setting by its keyword; the app's user gave it as mme:<name>.
+            # The construct names a setting by its keyword; the app's user gave it as mme:<key>.
             name, _, rest = str(error).partition(":")
-            if name in SETTING_NAMES:
-                raise PropsError(f"{CONTEXT_PREFIX}{name}:{rest}") from None
+            if name in CONTEXT_KEYS:
+                raise PropsError(f"{CONTEXT_PREFIX}{CONTEXT_KEYS[name]}:{rest}") from None
             raise
         #: Its parts, for tests and extensions.
         self.model_bucket = mme.model_bucket

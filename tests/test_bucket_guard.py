@@ -8,11 +8,13 @@ policy, and each role's identity policies; the roles and keys get the ARNs of on
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import aws_cdk as cdk
 import pytest
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 from cdk_helpers import as_list, policy_of_role, synth
@@ -261,10 +263,15 @@ def test_the_policy_names_the_writers_of_each_folder_by_their_role_arn(account: 
 # ---------------------------------------------------------------------------------------------
 
 
-def _endpoint(tmp_path: Path, bucket_of: Any, **settings: Any) -> tuple[cdk.Stack, dict[str, Any]]:
+def _endpoint(tmp_path: Path, bucket_of: Any, publishers: Sequence[str] = (),
+              **settings: Any) -> tuple[cdk.Stack, dict[str, Any]]:
+    """The construct on a bucket of ``bucket_of``; each of ``publishers`` (an ARN) imported as a role."""
     app = cdk.App(outdir=str(tmp_path / "out"), analytics_reporting=False)
     stack = cdk.Stack(app, "Platform")
     key = kms.Key(stack, "Key", enable_key_rotation=True)
+    if publishers:
+        settings["model_publishers"] = [iam.Role.from_role_arn(stack, f"Publisher{index}", arn)
+                                        for index, arn in enumerate(publishers)]
     TritonMultiModelEndpoint(stack, "Mme", models=ModelSource.from_release("r-0123456789abcdef"),
                              bucket=bucket_of(stack, key), encryption_key=key, **settings)
     return stack, app.synth().get_stack_by_name("Platform").template
@@ -273,7 +280,7 @@ def _endpoint(tmp_path: Path, bucket_of: Any, **settings: Any) -> tuple[cdk.Stac
 def test_your_bucket_in_this_stack_gets_the_statements_scoped_to_the_prefix(tmp_path: Path) -> None:
     stack, template = _endpoint(tmp_path, lambda stack, key: s3.Bucket(
         stack, "Theirs", encryption=s3.BucketEncryption.KMS, encryption_key=key, enforce_ssl=True),
-        model_prefix="team/models", model_publishers=[PUBLISHER])
+        model_prefix="team/models", publishers=[PUBLISHER])
     account = Account(template)
     for key in ("team/models/served/a-0123456789ab.tar.gz", "team/models/_routes/routes.json"):
         assert account.decide((ADMIN, EVERYTHING), "s3:PutObject", key) == "Deny"
@@ -287,7 +294,7 @@ def test_your_bucket_in_this_stack_gets_the_statements_scoped_to_the_prefix(tmp_
 
 def test_a_bucket_defined_elsewhere_gets_a_warning_with_the_statements(tmp_path: Path) -> None:
     stack, _ = _endpoint(tmp_path, lambda stack, key: s3.Bucket.from_bucket_name(stack, "Theirs", "their-models"),
-                         model_publishers=[PUBLISHER])
+                         publishers=[PUBLISHER])
     warnings = [str(a.entry.data) for a in cdk.assertions.Annotations.from_stack(stack).find_warning(
         "*", cdk.assertions.Match.any_value())]
     (guard,) = [w for w in warnings if "bucket-policy-guard" in w]
@@ -308,10 +315,18 @@ def test_a_release_without_publishers_warns_that_no_one_can_publish(tmp_path: Pa
 @pytest.mark.parametrize("value", [
     "arn:aws:sts::111122223333:assumed-role/publisher/session",
     "arn:aws:iam::111122223333:role/*",
-    "publisher",
 ])
 def test_a_publisher_that_is_no_role_or_user_arn_is_refused_in_one_line(tmp_path: Path, value: str) -> None:
     with pytest.raises(PropsError) as refused:
-        _endpoint(tmp_path, lambda stack, key: s3.Bucket(stack, "Theirs"), model_publishers=[value])
+        _endpoint(tmp_path, lambda stack, key: s3.Bucket(stack, "Theirs"), publishers=[value])
     message = str(refused.value)
-    assert "\n" not in message and "model_publishers" in message and repr(value) in message
+    assert "\n" not in message and message.startswith("model_publishers: ") and repr(value) in message
+
+
+@pytest.mark.parametrize("value", [PUBLISHER, "publisher"])
+def test_a_publisher_given_as_a_string_is_refused_with_how_to_pass_a_role(tmp_path: Path, value: str) -> None:
+    """The construct takes roles (iam.IGrantable), not ARNs: one line saying how to import one."""
+    with pytest.raises(PropsError) as refused:
+        _endpoint(tmp_path, lambda stack, key: s3.Bucket(stack, "Theirs"), model_publishers=[value])
+    assert str(refused.value) == (f"model_publishers: got {value!r}; expected an iam.IGrantable (a role or user): "
+                                  f"pass iam.Role.from_role_arn(self, 'Publisher', {value!r})")

@@ -140,7 +140,8 @@ def same_app(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     platform = cdk.Stack(app, "Platform", env=ENV)
     endpoint = TritonMultiModelEndpoint(platform, "Embeddings", models=ModelSource.from_release("r-0123456789abcdef"),
                                         endpoint_name="platform-embeddings", model_prefix="embeddings",
-                                        model_publishers=[f"arn:aws:iam::{ACCOUNT}:role/publisher"])
+                                        model_publishers=[iam.Role.from_role_arn(
+                                            platform, "Publisher", f"arn:aws:iam::{ACCOUNT}:role/publisher")])
     clients = cdk.Stack(app, "Clients", env=ENV)
     direct, imported = _function(clients, "Direct"), _function(clients, "Imported")
     endpoint.connect_client(direct)

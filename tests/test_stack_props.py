@@ -11,7 +11,7 @@ from typing import Any
 
 import aws_cdk as cdk
 import pytest
-from aws_cdk import Duration, RemovalPolicy, Size, Token
+from aws_cdk import Duration, Size, Token
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_iam as iam
@@ -25,7 +25,7 @@ from triton_mme_cdk.constructs.endpoint_autoscaling import EndpointAutoscalingPr
 from triton_mme_cdk.constructs.endpoint_dashboard import EndpointDashboardProps
 from triton_mme_cdk.constructs.endpoint_import import EndpointAttributes
 from triton_mme_cdk.constructs.endpoint_network import EndpointNetworkProps
-from triton_mme_cdk.constructs.endpoint_settings import PROPS, SETTINGS, Setting
+from triton_mme_cdk.constructs.endpoint_settings import PROPS, SETTINGS, Setting, endpoint_settings
 from triton_mme_cdk.constructs.model_bucket import ModelBucket, ModelBucketProps
 from triton_mme_cdk.constructs.model_build_resource import ModelBuildResourceProps
 from triton_mme_cdk.constructs.model_build_state_machine import ModelBuildStateMachineProps
@@ -37,7 +37,7 @@ from triton_mme_cdk.constructs.sagemaker_limits import PropsError
 from triton_mme_cdk.constructs.triton_image import TritonImage, TritonImageProps
 from triton_mme_cdk.constructs.triton_mme_endpoint import FleetSize, TritonMmeEndpoint, TritonMmeEndpointProps
 from triton_mme_cdk.model_build.manifest import load_manifest
-from triton_mme_cdk.stacks.context_table import context_name
+from triton_mme_cdk.stacks.context_table import ENDPOINT_KEYS, construct_keywords, context_name
 from triton_mme_cdk.stacks.settings import MmeSettings
 
 
@@ -271,12 +271,18 @@ def test_every_props_rule_names_settings_by_their_context_key() -> None:
 
 
 def test_settings_give_the_props_their_values() -> None:
+    """The app's adapter turns the context's numbers into the construct's keywords (a Duration for
+    mme:build_timeout_minutes), and the construct's settings hold them typed."""
     settings = MmeSettings.from_context({
         "mme:bucket_removal_policy": "destroy", "mme:build_timeout_minutes": "10", "mme:max_instance_count": "6",
-        "mme:alarm_disk_percent": "70",
+        "mme:alarm_disk_percent": "70", "mme:alarm_latency_p99_ms": "250", "mme:build_memory_mb": "4096",
     })
-    assert settings.values(AlarmTopicProps) == {"emails": [], "removal_policy": RemovalPolicy.DESTROY}
-    assert settings.values(ModelBuildResourceProps)["timeout"].to_seconds() == 600
-    assert settings.build(FleetSize) == FleetSize(maximum=6)
-    assert settings.values(EndpointAlarmsProps)["thresholds"] == AlarmThresholds(disk_percent=70)
-    assert settings.values(RolloutPolicyProps)["fleet"] == FleetSize(maximum=6)
+    keywords = construct_keywords(cdk.Stack(), ((key, getattr(settings, key)) for key in ENDPOINT_KEYS
+                                                if key in settings.model_fields_set))
+    assert sorted(keywords) == ["alarm_disk_percent", "alarm_latency_p99", "bucket_removal_policy", "build_memory",
+                                "build_timeout", "max_instance_count"]
+    assert keywords["build_timeout"].to_seconds() == 600 and keywords["alarm_latency_p99"].to_milliseconds() == 250
+    assert keywords["build_memory"].to_mebibytes() == 4096
+    options = endpoint_settings(keywords, has_vpc=False)
+    assert (options.bucket_removal_policy, options.max_instance_count, options.alarm_disk_percent) == ("destroy", 6, 70)
+    assert options.build_timeout.to_minutes() == 10

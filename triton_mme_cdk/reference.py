@@ -106,6 +106,18 @@ def _class(name: str, cls: type) -> list[str]:
     return lines
 
 
+def _default(info: Any) -> str:
+    """A keyword's default as code (``Duration.seconds(600)``, ``'ml.g5.xlarge'``), or ``unset``."""
+    from triton_mme_cdk.constructs.props import Quantity
+    from triton_mme_cdk.constructs.setting_table import whole
+
+    default = info.get_default(call_default_factory=True)
+    if default is None:
+        return "unset"
+    unit = next((item.unit for item in info.metadata if isinstance(item, Quantity)), None)
+    return repr(default) if unit is None else f"{unit.source}({whole(unit.read(default))})"
+
+
 def _settings() -> list[str]:
     from triton_mme_cdk.constructs.endpoint_settings import EndpointSettings
 
@@ -116,8 +128,8 @@ def _settings() -> list[str]:
     for field_name, info in EndpointSettings.model_fields.items():
         annotation = getattr(info.annotation, "__name__", None) or str(info.annotation)
         annotation = re.sub(r"typing\.|Annotated\[|, FieldInfo\(.*|<class '|'>", "", annotation).rstrip("]")
-        default = info.get_default(call_default_factory=True)
-        shown = "unset" if default is None else f"`{default!r}`"
+        shown = _default(info)
+        shown = shown if shown == "unset" else f"`{shown}`"
         description = (info.description or "").replace("|", "\\|")
         escaped = annotation.replace("|", "\\|")  # a union's bar would end the table cell
         lines.append(f"| `{field_name}` | `{escaped}` | {shown} | {description} |")
@@ -152,6 +164,9 @@ from __future__ import annotations
 
 from typing import Literal, TypedDict
 
+from aws_cdk import Duration, Size
+from aws_cdk.aws_iam import IGrantable
+
 
 class EndpointKeywords(TypedDict, total=False):
     """The settings of one endpoint, each optional (its default applies when left out)."""
@@ -167,8 +182,7 @@ def keywords_source() -> str:
 
     lines = [KEYWORDS_HEADER.rstrip("\n")]
     for field_name, info in EndpointSettings.model_fields.items():
-        default = info.get_default(call_default_factory=True)
-        text = f"{info.description or ''} Default: {'unset' if default is None else repr(default)}."
+        text = f"{info.description or ''} Default: {_default(info)}."
         lines += [""] + ["    #: " + line for line in textwrap.wrap(text, 100)]
         lines.append(f"    {field_name}: {_type_name(info.annotation)}")
     return "\n".join(lines) + "\n"
