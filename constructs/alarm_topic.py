@@ -57,8 +57,7 @@ class AlarmTopic(Construct):
 
     def __init__(self, scope: Construct, id: str, *, props: AlarmTopicProps | None = None) -> None:
         super().__init__(scope, id)
-        #: The props the topic was built from.
-        self.props = props = props or AlarmTopicProps()
+        props = props or AlarmTopicProps()
         self.key = customer_key(
             self,
             "Key",

@@ -199,8 +199,6 @@ class EndpointAlarms(Construct):
 
     def __init__(self, scope: Construct, id: str, *, props: EndpointAlarmsProps) -> None:
         super().__init__(scope, id)
-        #: The props the alarms were built from.
-        self.props = props
         endpoint = props.endpoint
         self._prefix = props.name_prefix if props.name_prefix is not None else endpoint.metric_endpoint_name
         self._variant = f"{endpoint.metric_endpoint_name}/{endpoint.variant_name}"

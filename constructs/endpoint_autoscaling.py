@@ -64,8 +64,6 @@ class EndpointAutoscaling(Construct):
 
     def __init__(self, scope: Construct, id: str, *, props: EndpointAutoscalingProps) -> None:
         super().__init__(scope, id)
-        #: The props the autoscaling was built from.
-        self.props = props
         endpoint = props.endpoint
         role = iam.Role.from_role_arn(
             self,

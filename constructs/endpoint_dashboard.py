@@ -112,8 +112,8 @@ class EndpointDashboard(Construct):
 
     def __init__(self, scope: Construct, id: str, *, props: EndpointDashboardProps) -> None:
         super().__init__(scope, id)
-        #: The props the dashboard was built from.
-        self.props = props
+        #: The endpoint the dashboard graphs.
+        self.endpoint: TritonMmeEndpoint = props.endpoint
         endpoint = props.endpoint
         #: The dashboard's name.
         self.dashboard_name: str = props.dashboard_name or f"{endpoint.metric_endpoint_name}-{Aws.REGION}"
@@ -139,7 +139,7 @@ class EndpointDashboard(Construct):
         return [self._graph(graph) for graph in graphs]
 
     def _graph(self, graph: _Graph, annotations: list[cloudwatch.HorizontalAnnotation] | None = None) -> cloudwatch.IWidget:
-        endpoint = self.props.endpoint
+        endpoint = self.endpoint
         metrics: list[cloudwatch.IMetric] = []
         for method, statistic, label in graph.metrics:
             options: MetricOptions = {"label": label} if statistic is None else {"label": label, "statistic": statistic}
@@ -155,7 +155,7 @@ class EndpointDashboard(Construct):
     def _instances(self) -> list[cloudwatch.IWidget]:
         """The active instance count (``Invocations / InvocationsPerInstance``) under the autoscaling
         maximum, and the scaling metric."""
-        endpoint = self.props.endpoint
+        endpoint = self.endpoint
         instances = cloudwatch.MathExpression(
             expression="invocations / perinstance",
             using_metrics={

@@ -169,11 +169,10 @@ class EndpointNetwork(Construct):
 
     def __init__(self, scope: Construct, id: str, *, props: EndpointNetworkProps | None = None) -> None:
         super().__init__(scope, id)
-        #: The props the network was built from.
-        self.props = props = props or EndpointNetworkProps()
+        props = props or EndpointNetworkProps()
         #: Whether the VPC was created here.
         self.created = props.vpc is None
-        self.vpc: ec2.IVpc = props.vpc if props.vpc is not None else self._create_vpc()
+        self.vpc: ec2.IVpc = props.vpc if props.vpc is not None else self._create_vpc(props)
         #: True on the first synthesis of a looked-up VPC that is not in the context yet: the CDK
         #: CLI then performs the lookup and synthesizes again with the real VPC.
         self.pending_lookup = bool(self.vpc.select_subnets().is_pending_lookup)
@@ -223,7 +222,7 @@ class EndpointNetwork(Construct):
         if self.created and wanted:
             self._interface_endpoints(wanted, isolated)
         if self.created:
-            self._egress_to_endpoints()
+            self._egress_to_endpoints(props)
 
     @property
     def s3_gateway(self) -> ec2.GatewayVpcEndpoint | None:
@@ -291,8 +290,7 @@ class EndpointNetwork(Construct):
                 open=False,
             )
 
-    def _create_vpc(self) -> ec2.Vpc:
-        props = self.props
+    def _create_vpc(self, props: EndpointNetworkProps) -> ec2.Vpc:
         vpc = ec2.Vpc(
             self,
             "Vpc",
@@ -349,16 +347,16 @@ class EndpointNetwork(Construct):
             group.add_egress_rule(ec2.Peer.any_ipv4(), HTTPS, "HTTPS to AWS endpoints (VPC endpoints in an isolated VPC)")
         return group
 
-    def _lookup_logs(self) -> logs.LogGroup:
-        key = logs_key(self.props.log_key)
-        group = logs.LogGroup(self, "S3PrefixListLogs", retention=self.props.flow_log_retention,
-                              removal_policy=self.props.removal_policy, encryption_key=key)
+    def _lookup_logs(self, props: EndpointNetworkProps) -> logs.LogGroup:
+        key = logs_key(props.log_key)
+        group = logs.LogGroup(self, "S3PrefixListLogs", retention=props.flow_log_retention,
+                              removal_policy=props.removal_policy, encryption_key=key)
         if key is None:
             skip_checkov(group, ["CKV_AWS_158"], "No customer key given (the log_key prop): the prefix list "
                          "lookup's log group keeps CloudWatch Logs' default encryption at rest; it logs the lookup.")
         return group
 
-    def _egress_to_endpoints(self) -> None:
+    def _egress_to_endpoints(self, props: EndpointNetworkProps) -> None:
         """In a created VPC, the created groups send HTTPS only to S3 (the managed prefix list of the
         region's S3 service, which the gateway endpoint routes) and to the interface endpoints'
         security group. The prefix list's id is read at deploy time (``ec2:DescribePrefixLists``,
@@ -377,7 +375,7 @@ class EndpointNetwork(Construct):
             ),
             policy=cr.AwsCustomResourcePolicy.from_sdk_calls(resources=cr.AwsCustomResourcePolicy.ANY_RESOURCE),
             install_latest_aws_sdk=False,
-            log_group=self._lookup_logs(),
+            log_group=self._lookup_logs(props),
         )
         acknowledge_wildcard_resource(lookup, "*", "ec2:DescribePrefixLists supports no resource-level "
                                       "permissions (Service Authorization Reference, Amazon EC2).")

@@ -347,6 +347,13 @@ def endpoint_settings(values: Mapping[str, Any], *, has_vpc: bool) -> EndpointSe
     import difflib
 
     unknown = [name for name in values if name not in EndpointSettings.model_fields]
+    renamed = KEYWORDS.get(unknown[0], unknown[0]) if unknown else None
+    if unknown and renamed != unknown[0]:  # an mme: key with its unit, once the construct's keyword
+        unit = unit_of(unknown[0])
+        assert unit is not None
+        kind, value = unit.source.partition(".")[0], values[unknown[0]]
+        shown = value if isinstance(value, (int, float)) and not isinstance(value, bool) else "..."
+        raise PropsError(f"{unknown[0]}: renamed {renamed}, a {kind}: pass {renamed}={unit.source}({shown})")
     if unknown:
         close = difflib.get_close_matches(unknown[0], SETTING_NAMES, n=1)
         hint = f"did you mean {close[0]}? " if close else ""

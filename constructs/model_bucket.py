@@ -180,11 +180,12 @@ class ModelBucket(Construct):
 
     def __init__(self, scope: Construct, id: str, *, props: ModelBucketProps | None = None) -> None:
         super().__init__(scope, id)
-        #: The props the bucket was built from.
-        self.props = props = props or ModelBucketProps()
+        props = props or ModelBucketProps()
         # Grant S3 log delivery through the log bucket's policy, not an ACL: both buckets enforce
         # bucket-owner object ownership, which disables ACLs.
         self.node.set_context(SERVER_ACCESS_LOGS_USE_BUCKET_POLICY, True)
+        #: The roles and users besides the build that may write what the fleet serves (their ARNs).
+        self.publishers: list[str] = list(props.publishers)
         #: The ARNs of the roles the key policy keeps to using the key through S3.
         self._key_roles: list[str] = []
         #: Whether the bucket (with its key and its access-log bucket) was created here.
@@ -194,7 +195,7 @@ class ModelBucket(Construct):
         if props.bucket is not None:
             self.key: kms.IKey = props.encryption_key or props.bucket.encryption_key  # type: ignore[assignment]
             self.bucket: s3.IBucket = props.bucket
-            self._lifecycle_on_existing()
+            self._lifecycle_on_existing(props)
         else:
             self.key = props.encryption_key or customer_key(
                 self,
@@ -216,7 +217,7 @@ class ModelBucket(Construct):
     def _create(self, props: ModelBucketProps) -> s3.Bucket:
         role = replication_role(self, "ReplicationRole") if props.replica is not None else None
         self.access_log_bucket = self._bucket(
-            "AccessLogs",
+            props, "AccessLogs",
             **replication_options(role, props.replica, encrypted=False),
             # S3 server access logging can only deliver to a bucket with SSE-S3.
             encryption=s3.BucketEncryption.S3_MANAGED,
@@ -240,7 +241,7 @@ class ModelBucket(Construct):
         )
         acknowledge_in_packs(self.access_log_bucket, "S3DefaultEncryptionKMS", ACCESS_LOG_ENCRYPTION_REASON)
         bucket = self._bucket(
-            "Resource",
+            props, "Resource",
             **replication_options(role, props.replica, encrypted=True),
             encryption=s3.BucketEncryption.KMS,
             encryption_key=self.key,
@@ -248,7 +249,7 @@ class ModelBucket(Construct):
             versioned=True,
             server_access_logs_bucket=self.access_log_bucket,
             server_access_logs_prefix="model-bucket/",
-            lifecycle_rules=self._lifecycle_rules(),
+            lifecycle_rules=self._lifecycle_rules(props),
         )
         replicate_or_acknowledge(role, props.replica, bucket=bucket, key=self.key, access_logs=self.access_log_bucket)
         if props.removal_policy == RemovalPolicy.DESTROY:
@@ -261,9 +262,9 @@ class ModelBucket(Construct):
             )
         return bucket
 
-    def _bucket(self, id: str, **options: object) -> s3.Bucket:
+    def _bucket(self, props: ModelBucketProps, id: str, **options: object) -> s3.Bucket:
         """A private, TLS-only bucket that follows the removal policy."""
-        removal_policy = self.props.removal_policy
+        removal_policy = props.removal_policy
         return s3.Bucket(
             self,
             id,
@@ -276,18 +277,18 @@ class ModelBucket(Construct):
             **options,  # type: ignore[arg-type]
         )
 
-    def _lifecycle_rules(self) -> list[s3.LifecycleRule]:
+    def _lifecycle_rules(self, props: ModelBucketProps) -> list[s3.LifecycleRule]:
         return [
             s3.LifecycleRule(
                 id="ExpireNoncurrentVersions",
-                noncurrent_version_expiration=self.props.noncurrent_version_expiration,
+                noncurrent_version_expiration=props.noncurrent_version_expiration,
                 abort_incomplete_multipart_upload_after=Duration.days(7),
                 expired_object_delete_marker=True,
             ),
             s3.LifecycleRule(
                 id="ExpireRetiredReleases",
                 tag_filters={RETIRED_TAG_KEY: RETIRED_TAG_VALUE},
-                expiration=self.props.retired_release_expiration,
+                expiration=props.retired_release_expiration,
             ),
         ]
 
@@ -298,7 +299,7 @@ class ModelBucket(Construct):
 
     def guard(self, prefix: str, *, place_roles: Sequence[iam.IRole] = (), build_roles: Sequence[iam.IRole] = (),
               job_roles: Sequence[iam.IRole] = ()) -> None:
-        """Only ``place_roles``, the bucket's auto-delete role and :attr:`ModelBucketProps.publishers`
+        """Only ``place_roles``, the bucket's auto-delete role and :attr:`publishers`
         may write and delete what the fleet serves under ``prefix/`` (``served/``, ``_routes/``,
         ``_releases/``); ``build_roles`` besides them the store and the plans (``_builds/``,
         ``_plans/``); ``place_roles``, ``build_roles``, ``job_roles`` and the auto-delete role the
@@ -314,7 +315,7 @@ class ModelBucket(Construct):
             auto_delete.append(provider.role_arn)
         builders = [role.role_arn for role in build_roles]
         statements = writer_denies(
-            self.bucket, prefix, writers=[*placers, *auto_delete, *self.props.publishers],
+            self.bucket, prefix, writers=[*placers, *auto_delete, *self.publishers],
             build_writers=builders,
             job_writers=[*placers, *builders, *(role.role_arn for role in job_roles), *auto_delete])
         # A created bucket is all the stack's; a bucket brought in is yours beyond the prefix.
@@ -332,9 +333,9 @@ class ModelBucket(Construct):
             "principal of the account with s3:PutObject on it can change what the fleet serves (and run "
             f"code on it): {shown}")
 
-    def _lifecycle_on_existing(self) -> None:
+    def _lifecycle_on_existing(self, props: ModelBucketProps) -> None:
         # A superseded release's objects expire; the bucket's versions and uploads stay the owner's.
-        for rule in self._lifecycle_rules():
+        for rule in self._lifecycle_rules(props):
             if rule.id == "ExpireRetiredReleases":
                 self._add_lifecycle_rule(rule)
 

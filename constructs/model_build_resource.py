@@ -125,35 +125,32 @@ class ModelBuildResource(Construct):
 
     def __init__(self, scope: Construct, id: str, *, props: ModelBuildResourceProps) -> None:
         super().__init__(scope, id)
-        #: The props the resource was built from.
-        self.props = props
-        self._plan_release()
+        self._plan_release(props)
         #: Docker-ignore patterns of the build image's context (one walk of the runtime, shared by the handlers).
         self._image_exclude = runtime_only_exclude(props.build_context)
         self.manifest_asset = s3_assets.Asset(self, "Manifest", path=str(props.manifest_path))
         #: The model bucket's key, which encrypts the log groups and the framework functions'
         #: environment (None when the bucket has no key whose policy this app manages).
         self.encryption_key = logs_key(props.model_bucket.encryption_key)
-        self._functions()
-        self._engines()
-        self.provider = self._provider()
+        self._functions(props)
+        self._engines(props)
+        self.provider = self._provider(props)
         #: The handlers read their own tags (the stack CloudFormation created them in).
         self.check_requests_policy = iam.Policy(self, "CheckRequests", roles=[self.role], statements=[
             iam.PolicyStatement(actions=["lambda:ListTags"], resources=[
                 self.on_event_function.function_arn, self.is_complete_function.function_arn]),
         ])
-        self.resource = self._custom_resource()
+        self.resource = self._custom_resource(props)
         self._attributes()
         tidy_framework(
             self.provider, role=self.role, framework_roles=(self._on_event_framework_role, self._complete_framework_role),
             handlers=(self.on_event_function, self.is_complete_function), build_function=self.build_function,
             in_vpc=props.vpc is not None, encryption_key=self.encryption_key,
         )
-        self._tidy_own_functions()
+        self._tidy_own_functions(props)
 
-    def _plan_release(self) -> None:
+    def _plan_release(self, props: ModelBuildResourceProps) -> None:
         """What this deploy publishes and where each model builds, known at synth."""
-        props = self.props
         #: The release the manifest publishes (computed at synth from the manifest and the build
         #: code that goes into the image).
         self.release: Release = compute_release(
@@ -171,14 +168,14 @@ class ModelBuildResource(Construct):
                 f"models built on SageMaker Processing ({props.processing_instance_type} unless the entry says): "
                 f"{', '.join(on_processing[:10])}{' ...' if len(on_processing) > 10 else ''}")
 
-    def _functions(self) -> None:
+    def _functions(self, props: ModelBuildResourceProps) -> None:
         """The four functions on the build image, their two roles, and their VPC access."""
         #: Places and routes: on_event, is_complete and the state machine's Finish task.
-        self.role = self._role("Role", "Places and routes the models of the Triton multi-model endpoint")
+        self.role = self._role(props, "Role", "Places and routes the models of the Triton multi-model endpoint")
         #: Parses the model sources: the state machine's plan, per-model build and job steps.
-        self.build_role = self._role("BuildRole", "Builds the models of the Triton multi-model endpoint into _builds/")
+        self.build_role = self._role(props, "BuildRole", "Builds the models of the Triton multi-model endpoint into _builds/")
         #: The policy that lets Lambda attach the functions to the VPC (None without a VPC), on both roles.
-        self.vpc_access_policy: iam.Policy | None = None if self.props.vpc is None else wildcard_policy(
+        self.vpc_access_policy: iam.Policy | None = None if props.vpc is None else wildcard_policy(
             self,
             "VpcAccess",
             self.role,
@@ -190,37 +187,36 @@ class ModelBuildResource(Construct):
         if self.vpc_access_policy is not None:
             self.vpc_access_policy.attach_to_role(self.build_role)
         self.on_event_function = self._handler(
-            "OnEvent", ON_EVENT_HANDLER, "Model release: validates a request and starts the build"
+            props, "OnEvent", ON_EVENT_HANDLER, "Model release: validates a request and starts the build"
         )
         self.is_complete_function = self._handler(
-            "IsComplete", IS_COMPLETE_HANDLER, "Model release: polls the build execution until the release index exists"
+            props, "IsComplete", IS_COMPLETE_HANDLER, "Model release: polls the build execution until the release index exists"
         )
         #: Builds one model per invocation (and plans the release) for the state machine.
         self.build_function = self._handler(
-            "Build", BUILD_STEP_HANDLER, "Model release: plans a release or builds one model into the store",
+            props, "Build", BUILD_STEP_HANDLER, "Model release: plans a release or builds one model into the store",
             role=self.build_role,
         )
         #: The state machine's Finish task: gates each stored tarball again and places the release.
         self.place_function = self._handler(
-            "Place", PLACE_STEP_HANDLER, "Model release: checks the stored builds and places the release"
+            props, "Place", PLACE_STEP_HANDLER, "Model release: checks the stored builds and places the release"
         )
 
-    def _tidy_own_functions(self) -> None:
+    def _tidy_own_functions(self, props: ModelBuildResourceProps) -> None:
         """What :func:`tidy_framework` does for the handlers, for the functions it does not know."""
         drop_referenced_dependencies(self.build_function, [self.build_role.node.default_child])
         drop_referenced_dependencies(self.place_function, [self.role.node.default_child])
         skip_checkov(self.place_function, ["CKV_AWS_115"], PLACE_CONCURRENCY_REASON)
         skip_checkov(self.place_function, ["CKV_AWS_116"], PLACE_INVOCATION_REASON)
-        if self.props.vpc is None:
+        if props.vpc is None:
             skip_checkov(self.place_function, ["CKV_AWS_117"], OUTSIDE_VPC_REASON)
 
-    def _engines(self) -> None:
+    def _engines(self, props: ModelBuildResourceProps) -> None:
         """Where models build: the build function, or a Processing job for the big ones, driven by
         the build state machine, which only the custom resource's functions may start."""
-        props = self.props
         #: Builds the models too big for the Lambda: a SageMaker Processing job on the same image.
         self.processing = ProcessingBuild(self, "Processing", props=ProcessingBuildProps(
-            image=ecr_assets.DockerImageAsset(self, "BuildImage", **self._image_options()),
+            image=ecr_assets.DockerImageAsset(self, "BuildImage", **self._image_options(props)),
             encryption_key=props.model_bucket.encryption_key, max_runtime=props.job_max_runtime,
             network_isolation=props.processing_network_isolation, subnets=props.processing_subnets,
             security_groups=props.processing_security_groups,
@@ -276,7 +272,7 @@ class ModelBuildResource(Construct):
         # Unrouted served objects are deleted after the retention window; destroy removes more.
         bucket.grant_delete(self, prefix if destroy else served_prefix(prefix))
 
-    def _role(self, id: str, description: str) -> iam.Role:
+    def _role(self, props: ModelBuildResourceProps, id: str, description: str) -> iam.Role:
         """A role of the functions: it reads the manifest asset and the manifest's ``s3`` sources;
         the placing role (``Role``) also describes this stack (to tell a stack deletion from an
         update's cleanup)."""
@@ -303,7 +299,7 @@ class ModelBuildResource(Construct):
                     resources=[Aws.STACK_ID],
                 )
             )
-        self._grant_source_reads(role, self.props.manifest)
+        self._grant_source_reads(role, props.manifest)
         return role
 
     def _start_builds_policy(self) -> iam.Policy:
@@ -337,11 +333,11 @@ class ModelBuildResource(Construct):
             )
         return policy
 
-    def _provider(self) -> cr.Provider:
+    def _provider(self, props: ModelBuildResourceProps) -> cr.Provider:
         """The Provider framework's asynchronous pattern: ``on_event``, then ``is_complete`` every
         ``query_interval`` until done or ``total_timeout``."""
-        provider_logs = self._log_group("ProviderLogs")
-        waiter_logs = self._log_group("WaiterLogs")
+        provider_logs = self._log_group(props, "ProviderLogs")
+        waiter_logs = self._log_group(props, "WaiterLogs")
         self._on_event_framework_role = self._framework_role("FrameworkOnEventRole", provider_logs)
         self._complete_framework_role = self._framework_role("FrameworkCompleteRole", provider_logs)
         return cr.Provider(
@@ -349,8 +345,8 @@ class ModelBuildResource(Construct):
             "Provider",
             on_event_handler=self.on_event_function,
             is_complete_handler=self.is_complete_function,
-            query_interval=self.props.query_interval,
-            total_timeout=self.props.total_timeout,
+            query_interval=props.query_interval,
+            total_timeout=props.total_timeout,
             log_group=provider_logs,
             framework_on_event_role=self._on_event_framework_role,
             framework_complete_and_timeout_role=self._complete_framework_role,
@@ -361,8 +357,7 @@ class ModelBuildResource(Construct):
             ),
         )
 
-    def _custom_resource(self) -> CustomResource:
-        props = self.props
+    def _custom_resource(self, props: ModelBuildResourceProps) -> CustomResource:
         resource = CustomResource(
             self,
             "Resource",
@@ -405,32 +400,31 @@ class ModelBuildResource(Construct):
             Fn.select(6, Fn.split(":", machine.state_machine_arn)), suffix,
         ])
 
-    def _image_options(self) -> dict[str, Any]:
+    def _image_options(self, props: ModelBuildResourceProps) -> dict[str, Any]:
         """The build image's asset options: every user of the image gives the same, so CDK builds
         and publishes one image (one asset hash) for the functions and the Processing jobs."""
         # follow_symlinks: the context's image/triton_mme_client is a link to client/ in a checkout
         # (a folder in an installed wheel); the staged context holds its files either way.
-        return {"directory": str(self.props.build_context), "exclude": self._image_exclude,
+        return {"directory": str(props.build_context), "exclude": self._image_exclude,
                 "ignore_mode": IgnoreMode.DOCKER, "platform": ecr_assets.Platform.LINUX_AMD64,
                 "follow_symlinks": SymlinkFollowMode.ALWAYS}
 
-    def _image_code(self, handler: str) -> lambda_.DockerImageCode:
+    def _image_code(self, props: ModelBuildResourceProps, handler: str) -> lambda_.DockerImageCode:
         """The build image (one asset: same directory and build options) with ``handler``."""
-        options = self._image_options()
+        options = self._image_options(props)
         return lambda_.DockerImageCode.from_image_asset(options.pop("directory"), cmd=[handler], **options)
 
-    def _handler(self, id: str, handler: str, description: str, *,
+    def _handler(self, props: ModelBuildResourceProps, id: str, handler: str, description: str, *,
                  role: iam.Role | None = None) -> lambda_.DockerImageFunction:
         """One of the functions: the build image with ``handler``, its own log group, ``role``
         (the placing role unless given)."""
-        props = self.props
         role = role or self.role
-        log_group = self._log_group(f"{id}Logs")
+        log_group = self._log_group(props, f"{id}Logs")
         log_group.grant_write(role)
         function = lambda_.DockerImageFunction(
             self,
             id,
-            code=self._image_code(handler),
+            code=self._image_code(props, handler),
             description=description,
             architecture=lambda_.Architecture.X86_64,
             memory_size=props.memory_size,
@@ -447,9 +441,9 @@ class ModelBuildResource(Construct):
             function.node.add_dependency(self.vpc_access_policy)
         return function
 
-    def _log_group(self, id: str) -> logs.LogGroup:
+    def _log_group(self, props: ModelBuildResourceProps, id: str) -> logs.LogGroup:
         """A log group with the props' retention, encrypted with the model bucket's key when there is one."""
-        log_group = logs.LogGroup(self, id, retention=self.props.log_retention, encryption_key=self.encryption_key)
+        log_group = logs.LogGroup(self, id, retention=props.log_retention, encryption_key=self.encryption_key)
         if self.encryption_key is None:
             skip_checkov(log_group, ["CKV_AWS_158"], NO_KEY_REASON.format(what="this log group"))
         return log_group

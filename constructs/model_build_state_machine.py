@@ -122,8 +122,6 @@ class ModelBuildStateMachine(Construct):
 
     def __init__(self, scope: Construct, id: str, *, props: ModelBuildStateMachineProps) -> None:
         super().__init__(scope, id)
-        #: The props the state machine was built from.
-        self.props = props
         self._function = props.build_function
         model_bucket = props.model_bucket
         plan = self._invoke("Plan", {"Step": "plan", "Request.$": "$.Request"}, result_path="$.Plan")
@@ -146,7 +144,7 @@ class ModelBuildStateMachine(Construct):
             tolerated_failure_count=0,
             result_path=sfn.JsonPath.DISCARD,
         )
-        build_models.item_processor(self._item_processor())
+        build_models.item_processor(self._item_processor(props))
         finish = self._invoke("Finish", {"Step": "finish", "Request.$": "$.Request"},
                               function=props.place_function or props.build_function)
 
@@ -172,28 +170,28 @@ class ModelBuildStateMachine(Construct):
         # the bucket's objects (its key is only known at run time); the bucket's key decrypts it.
         if model_bucket.encryption_key is not None:
             model_bucket.encryption_key.grant_decrypt(self.state_machine)
-        self._acknowledge(model_bucket)
+        self._acknowledge(model_bucket, props)
         if props.processing is not None:
             props.processing.grant_run(self.state_machine)
         # cfn-lint W3005: the machine's GetAtt of its role already orders them.
         role = self.state_machine.role.node.default_child
         drop_referenced_dependencies(self.state_machine, [role])
 
-    def _item_processor(self) -> sfn.IChainable:
+    def _item_processor(self, props: ModelBuildStateMachineProps) -> sfn.IChainable:
         """One Map item: the Lambda builds it, or (``Engine`` processing) a Processing job builds it
         and the Lambda stores its unit. A failed job's reason is recorded (``job_failed``); a job
         without capacity is retried with backoff, the whole branch again under a new job name."""
         item = {"Request.$": "$.Request", "Model.$": "$.Model", "Key.$": "$.Key"}
-        place_function = self.props.place_function or self._function
+        place_function = props.place_function or self._function
         # After its build, the item's tarball is checked again and placed under the placing role.
         build = self._invoke("BuildModel", None, result_path=sfn.JsonPath.DISCARD, retry_timeouts=False)
         on_lambda = build.next(self._invoke(
             "PlaceModel", {"Step": "place", **item}, function=place_function, output_path=sfn.JsonPath.DISCARD))
-        processing = self.props.processing
+        processing = props.processing
         # Past its timeout or killed (once retried): moved to Processing, or failed naming the limit.
         outgrown = self._invoke("OutgrewLambda", {
             "Step": "outgrew_lambda", **item, "Error.$": "$.LambdaError.Error", "Cause.$": "$.LambdaError.Cause",
-            "Started.$": "$.Started", "BudgetSeconds": int(self.props.timeout.to_seconds()),
+            "Started.$": "$.Started", "BudgetSeconds": int(props.timeout.to_seconds()),
             "Processing": processing is not None}, result_path="$.Job")
         build.add_catch(outgrown, errors=[LAMBDA_TIMED_OUT, LAMBDA_KILLED], result_path="$.LambdaError")
         if processing is None:
@@ -241,9 +239,9 @@ class ModelBuildStateMachine(Construct):
                        interval=Duration.seconds(1), max_attempts=1)
         return task
 
-    def _acknowledge(self, model_bucket: s3.IBucket) -> None:
+    def _acknowledge(self, model_bucket: s3.IBucket, props: ModelBuildStateMachineProps) -> None:
         policy = self.state_machine.role.node.find_child("DefaultPolicy")
-        for function in dict.fromkeys((self._function, self.props.place_function or self._function)):
+        for function in dict.fromkeys((self._function, props.place_function or self._function)):
             acknowledge_wildcard_resource(
                 policy,
                 f"{function.function_arn}:*",

@@ -73,8 +73,6 @@ class ProcessingBuild(Construct):
 
     def __init__(self, scope: Construct, id: str, *, props: ProcessingBuildProps) -> None:
         super().__init__(scope, id)
-        #: The props the construct was built from.
-        self.props = props
         #: The job's role: pulls the image, writes its logs, reads and writes ``<prefix>/_jobs/``
         #: and reads the S3 sources (both granted by the stack and the build resource).
         stack = Stack.of(self)
@@ -111,12 +109,12 @@ class ProcessingBuild(Construct):
                             checkov=["CKV_AWS_109", "CKV_AWS_111"])
         #: ARN of the job's role.
         self.role_arn: str = self.role.role_arn
+        self._job = self._job_parameters(props)
 
-    def task(self, scope: Construct, id: str) -> sfn.CustomState:
-        """The state that runs one Map item's job and waits for it (``createProcessingJob.sync``).
-        Its input is the item: ``$.Job`` carries the name prefix, instance, volume, inputs and
-        output the plan step chose; the job's name is recorded at ``$.JobResult``."""
-        props = self.props
+    @staticmethod
+    def _job_parameters(props: ProcessingBuildProps) -> dict[str, Any]:
+        """The parameters of every job the task starts but its name and role: the image, the
+        instance, volume, inputs and output of ``$.Job``, its key, runtime and network."""
         cluster: dict[str, Any] = {"InstanceCount": 1, "InstanceType.$": "$.Job.InstanceType",
                                    "VolumeSizeInGB.$": "$.Job.VolumeGb"}
         outputs: dict[str, Any] = {"Outputs": [{"OutputName": "unit", "S3Output": {
@@ -129,6 +127,20 @@ class ProcessingBuild(Construct):
         if props.subnets:
             network["VpcConfig"] = {"Subnets": [subnet.subnet_id for subnet in props.subnets],
                                     "SecurityGroupIds": [group.security_group_id for group in props.security_groups or ()]}
+        return {
+            "AppSpecification": {"ImageUri": props.image.image_uri, "ContainerEntrypoint": list(ENTRY_POINT)},
+            "ProcessingResources": {"ClusterConfig": cluster},
+            "ProcessingInputs.$": "$.Job.Inputs",
+            "ProcessingOutputConfig": outputs,
+            "StoppingCondition": {"MaxRuntimeInSeconds": int(props.max_runtime.to_seconds())},
+            "NetworkConfig": network,
+            "Environment": {"PYTHONUNBUFFERED": "1"},
+        }
+
+    def task(self, scope: Construct, id: str) -> sfn.CustomState:
+        """The state that runs one Map item's job and waits for it (``createProcessingJob.sync``).
+        Its input is the item: ``$.Job`` carries the name prefix, instance, volume, inputs and
+        output the plan step chose; the job's name is recorded at ``$.JobResult``."""
         state = sfn.CustomState(scope, id, state_json={
             "Type": "Task",
             "Resource": f"arn:{Aws.PARTITION}:states:::sagemaker:createProcessingJob.sync",
@@ -136,13 +148,7 @@ class ProcessingBuild(Construct):
                 # A new name per attempt (names are unique per account and Region).
                 "ProcessingJobName.$": "States.Format('{}-{}', $.Job.NamePrefix, States.UUID())",
                 "RoleArn": self.role.role_arn,
-                "AppSpecification": {"ImageUri": props.image.image_uri, "ContainerEntrypoint": list(ENTRY_POINT)},
-                "ProcessingResources": {"ClusterConfig": cluster},
-                "ProcessingInputs.$": "$.Job.Inputs",
-                "ProcessingOutputConfig": outputs,
-                "StoppingCondition": {"MaxRuntimeInSeconds": int(props.max_runtime.to_seconds())},
-                "NetworkConfig": network,
-                "Environment": {"PYTHONUNBUFFERED": "1"},
+                **self._job,
             },
             "ResultSelector": {"ProcessingJobName.$": "$.ProcessingJobName"},
             "ResultPath": "$.JobResult",

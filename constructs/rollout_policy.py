@@ -232,8 +232,6 @@ class RolloutPolicy:
     """
 
     def __init__(self, *, props: RolloutPolicyProps) -> None:
-        #: The props the policy was built from.
-        self.props = props
         endpoint = props.endpoint
         #: The ``DeploymentConfig`` the endpoint now has.
         self.deployment_config = props.deployment_config()

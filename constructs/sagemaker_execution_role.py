@@ -34,8 +34,6 @@ class SageMakerExecutionRole(Construct):
 
     def __init__(self, scope: Construct, id: str, *, props: SageMakerExecutionRoleProps) -> None:
         super().__init__(scope, id)
-        #: The props the role was built from.
-        self.props = props
         stack = Stack.of(self)
         self.role = iam.Role(
             self,

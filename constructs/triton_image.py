@@ -284,8 +284,7 @@ class TritonImage(Construct):
 
     def __init__(self, scope: Construct, id: str, *, props: TritonImageProps | None = None) -> None:
         super().__init__(scope, id)
-        #: The props the image was built from.
-        self.props = props = props or TritonImageProps()
+        props = props or TritonImageProps()
         table = load_image_table()
         #: The image and AMI the fleet's GPU needs (None without an instance type).
         self.host: FleetHost | None = None

@@ -303,6 +303,44 @@ def test_bad_input_is_one_line_naming_the_prop(tmp_path: Path, case: str, expect
     assert "\n" not in message
 
 
+@pytest.mark.parametrize(("keywords", "expected"), [
+    ({"rollout_wait": 600}, "rollout_wait: got 600; expected a Duration: pass Duration.seconds(600)"),
+    ({"build_memory": 4096}, "build_memory: got 4096; expected a Size: pass Size.mebibytes(4096)"),
+    ({"unrouted_retention": "7"}, "unrouted_retention: got '7'; expected a Duration: pass Duration.days(...)"),
+    ({"build_query_interval_seconds": 30},
+     "build_query_interval_seconds: renamed build_query_interval, a Duration: pass "
+     "build_query_interval=Duration.seconds(30)"),
+    ({"rollout_wait": cdk.Duration.hours(2)}, "rollout_wait: got 7200 s; expected 0 to 3600 s"),
+    ({"alarm_latency_p99": cdk.Duration.millis(0)}, "alarm_latency_p99: got 0 ms; expected more than 0 to 3.6e+06 ms"),
+    ({"volume_size": cdk.Size.mebibytes(1500), "instance_type": "ml.p3.2xlarge"},
+     "volume_size: got 1.46484 GiB; expected a whole number of GiB"),
+    ({"volume_size": cdk.Size.gibibytes(50)},
+     "volume_size: got 50 with instance_type ml.g5.xlarge; g4dn and g5 instances serve from their local instance"),
+    ({"build_total_timeout": cdk.Duration.minutes(10), "build_query_interval": cdk.Duration.seconds(45)},
+     "build_total_timeout: got 10 minutes with build_query_interval 45 seconds; the total timeout must be a whole "
+     "multiple of the query interval"),
+])
+def test_a_time_or_size_keyword_takes_a_duration_or_size(keywords: dict[str, Any], expected: str) -> None:
+    """Times and sizes are Duration and Size keywords without the unit in their name (issue 60): a
+    number, a string, an old name or a value out of bounds is one line naming the keyword and what
+    to pass; a rule between two of them names both keywords."""
+    stack = cdk.Stack(cdk.App(analytics_reporting=False), "Typed")
+    with pytest.raises(PropsError) as caught:
+        TritonMultiModelEndpoint(stack, "Mme", models=ModelSource.from_release("r-0123456789abcdef"), **keywords)
+    assert str(caught.value).startswith(expected), str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_a_time_given_as_a_token_is_not_checked_at_synth() -> None:
+    """A Duration whose amount is a token (known at deploy) skips the bounds and the rules."""
+    from triton_mme_cdk.constructs.endpoint_settings import endpoint_settings
+
+    wait = cdk.Duration.seconds(cdk.Token.as_number(cdk.Fn.ref("Wait")))
+    interval = cdk.Duration.seconds(cdk.Token.as_number(cdk.Fn.ref("Interval")))
+    options = endpoint_settings({"rollout_wait": wait, "build_query_interval": interval}, has_vpc=False)
+    assert options.rollout_wait is wait and options.build_query_interval is interval
+
+
 def test_the_upgrade_from_0_1_0_replaces_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The default app's template keeps every logical id of the template 0.1.0 synthesized (its
     stack built the resources itself; now it holds the construct as ``Default``), and adds only the
