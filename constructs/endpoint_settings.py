@@ -107,12 +107,17 @@ class EndpointSettingsBase(BaseModel):
     keywords: ClassVar[bool] = False
 
     if TYPE_CHECKING:
-        # The settings the rules read, with the same name and type in both readers.
-        create_vpc: bool
-        build_in_vpc: bool
-        instance_type: str
-        triton_image_version: str | None
-        inference_ami_version: InferenceAmiVersion | None
+        # The settings the rules read, with the same name and type in both readers (fields there).
+        @property
+        def create_vpc(self) -> bool: ...
+        @property
+        def build_in_vpc(self) -> bool: ...
+        @property
+        def instance_type(self) -> str: ...
+        @property
+        def triton_image_version(self) -> str | None: ...
+        @property
+        def inference_ami_version(self) -> InferenceAmiVersion | None: ...
 
     def name(self, setting: str) -> str:
         """How a message names ``setting`` (a context key)."""
