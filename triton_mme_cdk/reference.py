@@ -120,19 +120,20 @@ def _default(info: Any) -> str:
 
 def _settings() -> list[str]:
     from triton_mme_cdk.constructs.endpoint_settings import EndpointSettings
+    from triton_mme_cdk.constructs.setting_table import KEYWORDS
 
+    keys = {keyword: key for key, keyword in KEYWORDS.items()}
     lines = ["## The settings of an endpoint", "",
-             "Keywords of `TritonMultiModelEndpoint` (and `mme:<name>` keys of the app's context), with the",
-             "type, default and description of the props field each sets.", "",
-             "| keyword | type | default | description |", "|---|---|---|---|"]
+             "Keywords of `TritonMultiModelEndpoint` and the `mme:` keys of the app's context that give them",
+             "(a time or a size: a number of the key's unit, which the app converts), with the type, default and",
+             "description of the props field each sets.", "",
+             "| keyword | `mme:` key | type | default | description |", "|---|---|---|---|---|"]
     for field_name, info in EndpointSettings.model_fields.items():
-        annotation = getattr(info.annotation, "__name__", None) or str(info.annotation)
-        annotation = re.sub(r"typing\.|Annotated\[|, FieldInfo\(.*|<class '|'>", "", annotation).rstrip("]")
         shown = _default(info)
         shown = shown if shown == "unset" else f"`{shown}`"
         description = (info.description or "").replace("|", "\\|")
-        escaped = annotation.replace("|", "\\|")  # a union's bar would end the table cell
-        lines.append(f"| `{field_name}` | `{escaped}` | {shown} | {description} |")
+        escaped = _type_name(info.annotation).replace("|", "\\|")  # a union's bar would end the table cell
+        lines.append(f"| `{field_name}` | `{keys.get(field_name, field_name)}` | `{escaped}` | {shown} | {description} |")
     return [*lines, ""]
 
 
