@@ -1,10 +1,15 @@
 """The base of every construct's props: one typed, frozen object that validates itself once.
 
-Each construct takes one props object (keyword-only ``props=``), a :class:`Props` subclass defined
-in the construct's own module. A props class owns, for each field, its type, its bounds, its
-default (documented as a behaviour) and its description; nothing else restates them: the app's
-settings (``stacks/settings.py``) derive their context keys' types, bounds, defaults and
-descriptions from these fields.
+Each inner construct takes one props object (keyword-only ``props=``), a :class:`Props` subclass
+defined in the construct's own module; it reads the props while it builds and keeps none of them
+(no ``self.props``). The inner constructs are the package's own: of this folder's constructs,
+``triton_mme_cdk`` exports only ``TritonMultiModelEndpoint`` (flat keywords,
+``constructs/endpoint_settings.py``) and ``TritonMmeClientLayer``; the inner ones may change
+without notice. A props class owns, for
+each field, its type, its bounds, its default (documented as a behaviour) and its description;
+nothing else restates them: the endpoint's keywords and the app's settings
+(``constructs/setting_table.py``) derive their types, bounds, defaults and descriptions from these
+fields.
 
 Validation happens once, when the props object is built, and is token-aware: a value that is an
 unresolved token (``Token.is_unresolved``: known only at deploy time) skips the value checks. A
