@@ -317,8 +317,13 @@ class EndpointSettings(EndpointSettingsBase):
 
     @field_validator("*", mode="wrap")
     @classmethod
-    def _tokens_pass(cls, value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-        return value if is_unresolved(value) else handler(value)
+    def _tokens_pass(cls, value: Any, handler: ValidatorFunctionWrapHandler, info: ValidationInfo) -> Any:
+        """A token (known at deploy time) skips a value's checks; a ``Duration`` or ``Size``
+        keyword still refuses a bare number token (``Duration.seconds(token)`` passes)."""
+        metadata = cls.model_fields[info.field_name or ""].metadata
+        if is_unresolved(value) and not any(isinstance(item, Quantity) for item in metadata):
+            return value
+        return handler(value)
 
     @field_validator("model_publishers")
     @classmethod

@@ -187,8 +187,11 @@ class Quantity:
         kind = self.unit.source.partition(".")[0]
         if value is None or isinstance(value, Duration if kind == "Duration" else Size):
             return value
-        shown = value if isinstance(value, (int, float)) and not isinstance(value, bool) else "..."
-        raise ValueError(f"got {value!r}; expected a {kind}: pass {self.unit.source}({shown})")
+        if is_unresolved(value):  # a number known at deploy time is still an amount of a unit
+            raise ValueError(f"got a token; expected a {kind}: pass {self.unit.source}(token)")
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        given = repr(value) if isinstance(value, (str, int, float, bool)) else f"a {type(value).__name__}"
+        raise ValueError(f"got {given}; expected a {kind}: pass {self.unit.source}({value if number else '...'})")
 
 
 def unique(value: list[Any]) -> list[Any]:

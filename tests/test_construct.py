@@ -307,6 +307,9 @@ def test_bad_input_is_one_line_naming_the_prop(tmp_path: Path, case: str, expect
     ({"rollout_wait": 600}, "rollout_wait: got 600; expected a Duration: pass Duration.seconds(600)"),
     ({"build_memory": 4096}, "build_memory: got 4096; expected a Size: pass Size.mebibytes(4096)"),
     ({"unrouted_retention": "7"}, "unrouted_retention: got '7'; expected a Duration: pass Duration.days(...)"),
+    ({"rollout_wait": cdk.Size.gibibytes(1)}, "rollout_wait: got a Size; expected a Duration: pass Duration.seconds(...)"),
+    ({"rollout_wait": cdk.Token.as_number(cdk.Fn.ref("Wait"))},
+     "rollout_wait: got a token; expected a Duration: pass Duration.seconds(token)"),
     ({"build_query_interval_seconds": 30},
      "build_query_interval_seconds: renamed build_query_interval, a Duration: pass "
      "build_query_interval=Duration.seconds(30)"),
@@ -322,8 +325,8 @@ def test_bad_input_is_one_line_naming_the_prop(tmp_path: Path, case: str, expect
 ])
 def test_a_time_or_size_keyword_takes_a_duration_or_size(keywords: dict[str, Any], expected: str) -> None:
     """Times and sizes are Duration and Size keywords without the unit in their name (issue 60): a
-    number, a string, an old name or a value out of bounds is one line naming the keyword and what
-    to pass; a rule between two of them names both keywords."""
+    number (a token too), a string, the other kind, an old name or a value out of bounds is one line
+    naming the keyword and what to pass; a rule between two of them names both keywords."""
     stack = cdk.Stack(cdk.App(analytics_reporting=False), "Typed")
     with pytest.raises(PropsError) as caught:
         TritonMultiModelEndpoint(stack, "Mme", models=ModelSource.from_release("r-0123456789abcdef"), **keywords)
