@@ -25,7 +25,13 @@ from triton_mme_cdk.constructs.endpoint_autoscaling import EndpointAutoscalingPr
 from triton_mme_cdk.constructs.endpoint_dashboard import EndpointDashboardProps
 from triton_mme_cdk.constructs.endpoint_import import EndpointAttributes
 from triton_mme_cdk.constructs.endpoint_network import EndpointNetworkProps
-from triton_mme_cdk.constructs.endpoint_settings import PROPS, SETTINGS, Setting, endpoint_settings
+from triton_mme_cdk.constructs.endpoint_settings import (
+    PROPS,
+    SETTINGS,
+    EndpointSettings,
+    Setting,
+    endpoint_settings,
+)
 from triton_mme_cdk.constructs.model_bucket import ModelBucket, ModelBucketProps
 from triton_mme_cdk.constructs.model_build_resource import ModelBuildResourceProps
 from triton_mme_cdk.constructs.model_build_state_machine import ModelBuildStateMachineProps
@@ -286,3 +292,22 @@ def test_settings_give_the_props_their_values() -> None:
     options = endpoint_settings(keywords, has_vpc=False)
     assert (options.bucket_removal_policy, options.max_instance_count, options.alarm_disk_percent) == ("destroy", 6, 70)
     assert options.build_timeout.to_minutes() == 10
+
+
+def test_the_apps_defaults_are_the_constructs_defaults() -> None:
+    """Every context key at its default, through the app's adapter, gives the construct its own
+    default keyword value: the mme: numbers and the Duration and Size keywords say the same."""
+    # With a created VPC, which the VPC settings given explicitly need.
+    settings = MmeSettings.from_context({"mme:create_vpc": "true"})
+    keywords = construct_keywords(cdk.Stack(), ((key, getattr(settings, key)) for key in ENDPOINT_KEYS))
+    assert len(keywords) == len(EndpointSettings.model_fields)
+    given = endpoint_settings(keywords, has_vpc=True)
+    defaults = endpoint_settings({"create_vpc": True}, has_vpc=True)
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, Duration):
+            return ("duration", value.to_milliseconds())
+        return ("size", value.to_bytes()) if isinstance(value, Size) else value
+
+    for name in EndpointSettings.model_fields:
+        assert plain(getattr(given, name)) == plain(getattr(defaults, name)), name
