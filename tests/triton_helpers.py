@@ -96,6 +96,25 @@ class CallsAnswered:
     def stop(self) -> None:
         self.ended = self._clock()
 
+    def wait_each(self, threads: int, timeout: float) -> bool:
+        """Wait until each of ``threads`` has been answered once (at most ``timeout`` seconds);
+        whether they were."""
+        import time
+
+        deadline = self._clock() + timeout
+        while self._clock() < deadline:
+            with self._lock:
+                if len(self.answered) >= threads:
+                    return True
+            time.sleep(0.01)
+        return False
+
+    def restart(self) -> None:
+        """Count from now on only: the window begins again, with no call answered."""
+        with self._lock:
+            self.answered.clear()
+            self.started = self._clock()
+
     def total(self) -> int:
         with self._lock:
             return sum(self.answered.values())
