@@ -290,7 +290,8 @@ bootstrap: plan-setup
 	$(PY) bootstrap/policies.py --set-qualifier cdk.json
 
 # docs/reference.md (the public names of triton_mme_cdk, from their docstrings) and the typed keywords of
-# an endpoint's settings (constructs/endpoint_keywords.py); tests/test_package.py checks both.
+# an endpoint's settings (constructs/endpoint_keywords.py) and the app's mme: settings as the type checker
+# reads them (stacks/context_fields.py); tests/test_package.py checks all three.
 reference: $(VENV)/.installed
 	$(PY) -m triton_mme_cdk.reference --write .
 

@@ -47,6 +47,11 @@ from triton_mme_cdk.constructs.triton_image import load_image_table
 from triton_mme_cdk.model_build.validation_messages import clip
 from triton_mme_cdk.stacks.context_table import CONTEXT_PREFIX, from_context_value
 
+if TYPE_CHECKING:
+    from triton_mme_cdk.stacks.context_fields import ContextFields
+else:
+    ContextFields = object  # the fields themselves are MmeSettings', made from SETTINGS below
+
 #: Longest context value read (characters, or JSON characters for a non-string from cdk.json).
 MAX_CONTEXT_VALUE_CHARS = 8192
 #: Longest list of the known settings a refusal shows (the rest are in docs/settings.md).
@@ -85,7 +90,7 @@ TagValue = Annotated[str, _matching(TAG_VALUE_PATTERN, "1 to 256 letters, digits
                                                        "not starting with 'aws:'")]
 
 
-class AppSettings(EndpointSettingsBase):
+class AppSettings(EndpointSettingsBase, ContextFields):
     """The app's own settings (stack, environment, manifest or release, existing VPC and topic,
     tags), with the behaviour of each default, on the endpoint's settings of
     :class:`~triton_mme_cdk.constructs.endpoint_settings.EndpointSettingsBase`.
@@ -95,11 +100,6 @@ class AppSettings(EndpointSettingsBase):
     """
 
     prefix: ClassVar[str] = CONTEXT_PREFIX
-
-    if TYPE_CHECKING:
-        # The fields MmeSettings derives from SETTINGS (the context's plain numbers and strings,
-        # which only the adapter reads: stacks.context_table.construct_keywords).
-        def __getattr__(self, name: str) -> Any: ...
 
     stack_name: str = Field(
         default="TritonMme", pattern=r"^[A-Za-z][A-Za-z0-9-]*$", max_length=128, description="Name of the CloudFormation stack."

@@ -176,12 +176,15 @@ def test_the_index_re_exports_each_public_name_from_where_it_is_defined() -> Non
 
 
 def test_the_reference_page_and_the_keywords_are_generated() -> None:
-    """docs/reference.md and constructs/endpoint_keywords.py are what `make reference` writes now
-    (a changed docstring, signature or setting without them rewritten fails here)."""
-    from triton_mme_cdk.reference import keywords_source, render
+    """docs/reference.md, constructs/endpoint_keywords.py and stacks/context_fields.py are what
+    `make reference` writes now (a changed docstring, signature or setting without them rewritten
+    fails here)."""
+    from triton_mme_cdk.reference import context_fields_source, keywords_source, render
 
     assert (ROOT / "docs" / "reference.md").read_text(encoding="utf-8") == render(), "run `make reference`"
     assert (ROOT / "constructs" / "endpoint_keywords.py").read_text(encoding="utf-8") == keywords_source(), \
+        "run `make reference`"
+    assert (ROOT / "stacks" / "context_fields.py").read_text(encoding="utf-8") == context_fields_source(), \
         "run `make reference`"
 
 
