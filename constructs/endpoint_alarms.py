@@ -40,8 +40,8 @@ from pydantic import AfterValidator, Field
 
 from constructs import Construct
 from triton_mme_cdk.constructs.props import Props, Resource, unique
+from triton_mme_cdk.constructs.sagemaker_hosting import SageMakerHosting
 from triton_mme_cdk.constructs.sagemaker_limits import ALARM_NAME_MAX_LENGTH
-from triton_mme_cdk.constructs.triton_mme_endpoint import TritonMmeEndpoint
 
 #: The alarms, by key (the keys of ``mme:rollback_alarms``), in dashboard order.
 AlarmKey = Literal[
@@ -101,7 +101,7 @@ class AlarmThresholds(Props):
 class EndpointAlarmsProps(Props):
     """Props of :class:`EndpointAlarms`."""
 
-    endpoint: TritonMmeEndpoint = Field(
+    endpoint: SageMakerHosting = Field(
         description="The endpoint: its metric_* methods give every metric; the saturation alarm "
         "compares the active instance count with its fleet.maximum."
     )
@@ -146,7 +146,7 @@ def _share(percent: float) -> float:
     return percent / 100
 
 
-def _saturation(endpoint: TritonMmeEndpoint, percent: float) -> cloudwatch.IMetric:
+def _saturation(endpoint: SageMakerHosting, percent: float) -> cloudwatch.IMetric:
     """1 in a minute when the GPU is at ``percent`` or more while the variant runs its maximum
     number of instances (see the module documentation)."""
     most = endpoint.fleet.maximum

@@ -12,7 +12,7 @@ from pydantic import Field
 
 from constructs import Construct
 from triton_mme_cdk.constructs.props import SECONDS, Between, Props
-from triton_mme_cdk.constructs.triton_mme_endpoint import TritonMmeEndpoint
+from triton_mme_cdk.constructs.sagemaker_hosting import SageMakerHosting
 
 SCALABLE_DIMENSION = "sagemaker:variant:DesiredInstanceCount"
 #: Application Auto Scaling creates this service-linked role on first use.
@@ -33,7 +33,7 @@ def _cooldown(seconds: int, direction: str, policy: str) -> Any:
 class EndpointAutoscalingProps(Props):
     """Props of :class:`EndpointAutoscaling`."""
 
-    endpoint: TritonMmeEndpoint = Field(
+    endpoint: SageMakerHosting = Field(
         description="The endpoint whose variant scales, between its fleet.minimum and fleet.maximum."
     )
     # Each policy: its target, then its scale-in and scale-out cooldowns.

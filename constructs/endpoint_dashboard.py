@@ -14,7 +14,7 @@ from pydantic import AfterValidator, Field
 from constructs import Construct
 from triton_mme_cdk.constructs.endpoint_metrics import RESOLUTION, MetricOptions
 from triton_mme_cdk.constructs.props import Props, Resource
-from triton_mme_cdk.constructs.triton_mme_endpoint import TritonMmeEndpoint
+from triton_mme_cdk.constructs.sagemaker_hosting import SageMakerHosting
 
 DASHBOARD_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,255}$"
 WIDTH = 24
@@ -33,7 +33,7 @@ DashboardName = Annotated[str, AfterValidator(_dashboard_name)]
 class EndpointDashboardProps(Props):
     """Props of :class:`EndpointDashboard`."""
 
-    endpoint: TritonMmeEndpoint = Field(description="The endpoint; its fleet.maximum is drawn on the instance graph.")
+    endpoint: SageMakerHosting = Field(description="The endpoint; its fleet.maximum is drawn on the instance graph.")
     dashboard_name: Annotated[str, AfterValidator(_dashboard_name)] | None = Field(
         default=None,
         description="Name of the CloudWatch dashboard (letters, digits, '-', '_'). Unset: "
@@ -113,7 +113,7 @@ class EndpointDashboard(Construct):
     def __init__(self, scope: Construct, id: str, *, props: EndpointDashboardProps) -> None:
         super().__init__(scope, id)
         #: The endpoint the dashboard graphs.
-        self.endpoint: TritonMmeEndpoint = props.endpoint
+        self.endpoint: SageMakerHosting = props.endpoint
         endpoint = props.endpoint
         #: The dashboard's name.
         self.dashboard_name: str = props.dashboard_name or f"{endpoint.metric_endpoint_name}-{Aws.REGION}"

@@ -34,7 +34,7 @@ from triton_mme_cdk.constructs.sagemaker_limits import PropsError, SageMakerName
 from triton_mme_cdk.model_build.release import routes_key
 from triton_mme_client.client import ENV_ENDPOINT_NAME, ENV_REFRESH_SECONDS, ENV_ROUTES_URL
 
-#: The production variant the construct creates (``TritonMmeEndpointProps.variant_name``'s default).
+#: The production variant the construct creates (``SageMakerHostingProps.variant_name``'s default).
 DEFAULT_VARIANT_NAME = "AllTraffic"
 
 

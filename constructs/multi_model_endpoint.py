@@ -51,10 +51,10 @@ from triton_mme_cdk.constructs.sagemaker_execution_role import (
     SageMakerExecutionRole,
     SageMakerExecutionRoleProps,
 )
+from triton_mme_cdk.constructs.sagemaker_hosting import FleetSize, SageMakerHosting, SageMakerHostingProps
 from triton_mme_cdk.constructs.sagemaker_limits import PropsError, has_instance_storage
 from triton_mme_cdk.constructs.setting_table import REMOVAL_POLICY, principal_arns, whole
 from triton_mme_cdk.constructs.triton_image import TritonImage, TritonImageProps
-from triton_mme_cdk.constructs.triton_mme_endpoint import FleetSize, TritonMmeEndpoint, TritonMmeEndpointProps
 from triton_mme_cdk.model_build.errors import ManifestError
 from triton_mme_cdk.model_build.manifest import Manifest, load_manifest
 from triton_mme_cdk.model_build.package.tensorrt_plans import tensorrt_plan_problem, tensorrt_plan_unchecked
@@ -304,7 +304,7 @@ class TritonMultiModelEndpoint(ITritonMultiModelEndpoint, Construct):
 
     def _serve(self, role_grants: list[iam.Grant]) -> None:
         """The Model, EndpointConfig and Endpoint, after the first build and the role's grants."""
-        #: The SageMaker Model, EndpointConfig and Endpoint (``TritonMmeEndpoint``).
+        #: The SageMaker Model, EndpointConfig and Endpoint (``SageMakerHosting``).
         self.endpoint = self._endpoint()
         #: The endpoint's name as the ``metric_*`` dimensions name it (as given: alarms on them can
         #: exist before the endpoint).
@@ -413,9 +413,9 @@ class TritonMultiModelEndpoint(ITritonMultiModelEndpoint, Construct):
                 "policy lets no one write the served folders, so the next `publish` is denied: name the role "
                 "that publishes")
 
-    def _endpoint(self) -> TritonMmeEndpoint:
+    def _endpoint(self) -> SageMakerHosting:
         network, options = self.network, self.settings
-        return TritonMmeEndpoint(self, "Endpoint", props=TritonMmeEndpointProps(
+        return SageMakerHosting(self, "Endpoint", props=SageMakerHostingProps(
             endpoint_name=options.endpoint_name, instance_type=options.instance_type,
             inference_ami_version=options.inference_ami_version, fleet=self._fleet(),
             shm_default_byte_size=whole(BYTES.read(options.shm_default_size)),

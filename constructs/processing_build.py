@@ -29,7 +29,7 @@ from pydantic import Field
 from constructs import Construct
 from triton_mme_cdk.constructs.nag_acknowledgments import acknowledge_wildcard_resource, wildcard_policy
 from triton_mme_cdk.constructs.props import SECONDS, Between, Props, Resource
-from triton_mme_cdk.constructs.triton_mme_endpoint import SAGEMAKER_VPC_ACTIONS
+from triton_mme_cdk.constructs.sagemaker_hosting import SAGEMAKER_VPC_ACTIONS
 from triton_mme_cdk.model_build.handler.processing import CONTAINER_OUTPUT
 
 #: The job's entry point in the build image (the Lambda's is the runtime interface client).

@@ -26,6 +26,7 @@ from aws_cdk import aws_sagemaker as sagemaker
 from pydantic import Field, model_validator
 
 from triton_mme_cdk.constructs.props import SECONDS, Between, Namer, Props, Resource, is_unresolved, known
+from triton_mme_cdk.constructs.sagemaker_hosting import FleetSize, SageMakerHosting
 from triton_mme_cdk.constructs.sagemaker_limits import (
     ALARM_NAME_MAX_LENGTH,
     CANARY_MAX_PERCENT,
@@ -43,13 +44,12 @@ from triton_mme_cdk.constructs.sagemaker_limits import (
     PropsError,
     TrafficRoutingType,
 )
-from triton_mme_cdk.constructs.triton_mme_endpoint import FleetSize, TritonMmeEndpoint
 
 
 class RolloutPolicyProps(Props):
     """Props of :class:`RolloutPolicy`."""
 
-    endpoint: TritonMmeEndpoint = Field(description="The endpoint whose updates the policy governs.")
+    endpoint: SageMakerHosting = Field(description="The endpoint whose updates the policy governs.")
     fleet: FleetSize | None = Field(
         default=None,
         description="The variant's instance counts, which an INSTANCE_COUNT step must fit. Unset: "

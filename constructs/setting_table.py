@@ -40,8 +40,8 @@ from triton_mme_cdk.constructs.props import (
     is_unresolved,
 )
 from triton_mme_cdk.constructs.rollout_policy import RolloutPolicyProps
+from triton_mme_cdk.constructs.sagemaker_hosting import FleetSize, SageMakerHostingProps
 from triton_mme_cdk.constructs.triton_image import TritonImageProps
-from triton_mme_cdk.constructs.triton_mme_endpoint import FleetSize, TritonMmeEndpointProps
 
 # ---------------------------------------------------------------------------------------------
 # The table: context key -> props field (and the construct's keyword)
@@ -122,8 +122,8 @@ def principal_arns(publishers: Sequence[iam.IGrantable]) -> list[str]:
 #: Every setting that is a props field, by context key, in the order docs/settings.md lists them.
 SETTINGS: dict[str, Setting] = {
     # Endpoint and autoscaling
-    "endpoint_name": Setting(TritonMmeEndpointProps, "endpoint_name"),
-    "instance_type": Setting(TritonMmeEndpointProps, "instance_type"),
+    "endpoint_name": Setting(SageMakerHostingProps, "endpoint_name"),
+    "instance_type": Setting(SageMakerHostingProps, "instance_type"),
     "initial_instance_count": Setting(FleetSize, "initial"),
     "min_instance_count": Setting(FleetSize, "minimum"),
     "max_instance_count": Setting(FleetSize, "maximum"),
@@ -135,17 +135,17 @@ SETTINGS: dict[str, Setting] = {
     "gpu_scale_out_cooldown_seconds": Setting(EndpointAutoscalingProps, "gpu_scale_out_cooldown", SECONDS),
     # Triton container
     "triton_image_version": Setting(TritonImageProps, "version"),
-    "inference_ami_version": Setting(TritonMmeEndpointProps, "inference_ami_version"),
-    "shm_default_byte_size": Setting(TritonMmeEndpointProps, "shm_default_byte_size"),
-    "shm_growth_byte_size": Setting(TritonMmeEndpointProps, "shm_growth_byte_size"),
-    "triton_log_verbose": Setting(TritonMmeEndpointProps, "log_verbose"),
-    "triton_environment": Setting(TritonMmeEndpointProps, "environment"),
-    "model_cache": Setting(TritonMmeEndpointProps, "model_cache_setting"),
-    "model_data_download_timeout_seconds": Setting(TritonMmeEndpointProps, "model_data_download_timeout", SECONDS),
+    "inference_ami_version": Setting(SageMakerHostingProps, "inference_ami_version"),
+    "shm_default_byte_size": Setting(SageMakerHostingProps, "shm_default_byte_size"),
+    "shm_growth_byte_size": Setting(SageMakerHostingProps, "shm_growth_byte_size"),
+    "triton_log_verbose": Setting(SageMakerHostingProps, "log_verbose"),
+    "triton_environment": Setting(SageMakerHostingProps, "environment"),
+    "model_cache": Setting(SageMakerHostingProps, "model_cache_setting"),
+    "model_data_download_timeout_seconds": Setting(SageMakerHostingProps, "model_data_download_timeout", SECONDS),
     "container_startup_health_check_timeout_seconds": Setting(
-        TritonMmeEndpointProps, "container_startup_health_check_timeout", SECONDS
+        SageMakerHostingProps, "container_startup_health_check_timeout", SECONDS
     ),
-    "volume_size_gb": Setting(TritonMmeEndpointProps, "volume_size_gb"),
+    "volume_size_gb": Setting(SageMakerHostingProps, "volume_size_gb"),
     # Model bucket
     "model_prefix": Setting(ModelBuildResourceProps, "model_prefix"),
     "noncurrent_version_expiration_days": Setting(ModelBucketProps, "noncurrent_version_expiration", DAYS),
@@ -190,7 +190,7 @@ SETTINGS: dict[str, Setting] = {
     "rollout_max_execution_timeout_seconds": Setting(RolloutPolicyProps, "maximum_execution_timeout", SECONDS),
     "rollback_alarms": Setting(EndpointAlarmsProps, "rollback_alarms"),
     # Network
-    "network_isolation": Setting(TritonMmeEndpointProps, "enable_network_isolation"),
+    "network_isolation": Setting(SageMakerHostingProps, "enable_network_isolation"),
     "vpc_cidr": Setting(EndpointNetworkProps, "cidr"),
     "vpc_interface_endpoints": Setting(EndpointNetworkProps, "interface_endpoints"),
     "build_in_vpc": Setting(EndpointNetworkProps, "build_access"),

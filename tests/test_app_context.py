@@ -43,7 +43,7 @@ def _cdk_json(folder: Path, context: dict[str, Any], app: str = "python3 app.py"
 
 def test_the_tools_defaults_are_the_stacks() -> None:
     """Where neither cdk.json nor -c gives a setting, the tools assume what the stack does."""
-    from triton_mme_cdk.constructs.triton_mme_endpoint import TritonMmeEndpointProps
+    from triton_mme_cdk.constructs.sagemaker_hosting import SageMakerHostingProps
     from triton_mme_cdk.stacks.settings import MmeSettings
 
     settings = MmeSettings.from_context({})
@@ -51,7 +51,7 @@ def test_the_tools_defaults_are_the_stacks() -> None:
         app_context.DEFAULT_STACK_NAME, app_context.DEFAULT_MODEL_PREFIX, app_context.DEFAULT_MANIFEST_PATH)
     assert (settings.shm_default_byte_size, settings.shm_growth_byte_size) == (SHM_DEFAULT_BYTE_SIZE,
                                                                                 SHM_GROWTH_BYTE_SIZE)
-    fields = TritonMmeEndpointProps.model_fields
+    fields = SageMakerHostingProps.model_fields
     assert fields["shm_default_byte_size"].default is SHM_DEFAULT_BYTE_SIZE  # one definition, imported
     assert fields["shm_growth_byte_size"].default is SHM_GROWTH_BYTE_SIZE
 

@@ -15,9 +15,9 @@ import pytest
 from aws_cdk.assertions import Annotations, Match, Template
 from cdk_helpers import context  # (also puts the project root on sys.path)
 
+from triton_mme_cdk.constructs.sagemaker_hosting import SageMakerHosting, SageMakerHostingProps
 from triton_mme_cdk.constructs.sagemaker_limits import MME_GPU_INSTANCE_TYPES, InferenceAmiVersion
 from triton_mme_cdk.constructs.triton_image import TritonImage, TritonImageProps, load_image_table
-from triton_mme_cdk.constructs.triton_mme_endpoint import TritonMmeEndpoint, TritonMmeEndpointProps
 from triton_mme_cdk.model_build.gpu_hosts import (
     INFERENCE_AMIS,
     INSTANCE_GPUS,
@@ -153,13 +153,13 @@ def test_an_ami_given_picks_the_newest_image_that_runs_on_it() -> None:
                                 "NVIDIA A10G of ml.g5.xlarge with mme:inference_ami_version")
 
 
-def _endpoint(stack: cdk.Stack, **props: Any) -> TritonMmeEndpoint:
+def _endpoint(stack: cdk.Stack, **props: Any) -> SageMakerHosting:
     image = TritonImage(stack, "Image", props=TritonImageProps(version=props.pop("version", None),
                                                                instance_type=props.get("instance_type")))
     from aws_cdk import aws_iam as iam
 
     role = iam.Role(stack, "Role", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"))
-    return TritonMmeEndpoint(stack, "Endpoint", props=TritonMmeEndpointProps(
+    return SageMakerHosting(stack, "Endpoint", props=SageMakerHostingProps(
         image=image, execution_role=role, model_data_url="s3://bucket/models/", **props))
 
 

@@ -49,14 +49,14 @@ from triton_mme_cdk.constructs.model_build_resource import (
     ModelBuildResourceProps,
 )
 from triton_mme_cdk.constructs.rollout_policy import RolloutPolicy, RolloutPolicyProps
-from triton_mme_cdk.constructs.sagemaker_limits import PropsError
-from triton_mme_cdk.constructs.triton_image import TritonImage
-from triton_mme_cdk.constructs.triton_mme_endpoint import (
+from triton_mme_cdk.constructs.sagemaker_hosting import (
     SAGEMAKER_VPC_ACTIONS,
     FleetSize,
-    TritonMmeEndpoint,
-    TritonMmeEndpointProps,
+    SageMakerHosting,
+    SageMakerHostingProps,
 )
+from triton_mme_cdk.constructs.sagemaker_limits import PropsError
+from triton_mme_cdk.constructs.triton_image import TritonImage
 from triton_mme_cdk.model_build.manifest import load_manifest
 from triton_mme_cdk.model_build.release import PACKAGE_DIR
 
@@ -400,7 +400,7 @@ def _stack(**env: str) -> cdk.Stack:
     return cdk.Stack(cdk.App(), "Ops", env=cdk.Environment(**env) if env else None)
 
 
-def _endpoint(stack: cdk.Stack, **overrides: Any) -> TritonMmeEndpoint:
+def _endpoint(stack: cdk.Stack, **overrides: Any) -> SageMakerHosting:
     props: dict[str, Any] = dict(
         image=TritonImage(stack, "Image"),
         execution_role=iam.Role(stack, "Role", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com")),
@@ -409,7 +409,7 @@ def _endpoint(stack: cdk.Stack, **overrides: Any) -> TritonMmeEndpoint:
         instance_type="ml.g5.xlarge",
     )
     props.update(overrides)
-    return TritonMmeEndpoint(stack, "Endpoint", props=TritonMmeEndpointProps(**props))
+    return SageMakerHosting(stack, "Endpoint", props=SageMakerHostingProps(**props))
 
 
 @pytest.mark.parametrize(

@@ -83,7 +83,7 @@ def bigger() -> dict[str, Any]:
 def new_default_variable(work: Path) -> Iterator[dict[str, Any]]:
     """A change in construct code, not in any setting: the endpoint gains a default container
     variable (here by renaming the log-verbosity key, as an upgrade of the construct would)."""
-    import triton_mme_cdk.constructs.triton_mme_endpoint as endpoint_module
+    import triton_mme_cdk.constructs.sagemaker_hosting as endpoint_module
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(endpoint_module, "LOG_VERBOSE_KEY", "SAGEMAKER_TRITON_LOG_INFO")

@@ -39,9 +39,9 @@ from triton_mme_cdk.constructs.processing_build import ProcessingBuildProps
 from triton_mme_cdk.constructs.props import Between, Props
 from triton_mme_cdk.constructs.rollout_policy import RolloutPolicyProps
 from triton_mme_cdk.constructs.sagemaker_execution_role import SageMakerExecutionRoleProps
+from triton_mme_cdk.constructs.sagemaker_hosting import FleetSize, SageMakerHosting, SageMakerHostingProps
 from triton_mme_cdk.constructs.sagemaker_limits import PropsError
 from triton_mme_cdk.constructs.triton_image import TritonImage, TritonImageProps
-from triton_mme_cdk.constructs.triton_mme_endpoint import FleetSize, TritonMmeEndpoint, TritonMmeEndpointProps
 from triton_mme_cdk.model_build.manifest import load_manifest
 from triton_mme_cdk.stacks.context_table import ENDPOINT_KEYS, construct_keywords, context_name
 from triton_mme_cdk.stacks.settings import MmeSettings
@@ -62,7 +62,7 @@ class Resources:
         self.stack = cdk.Stack(cdk.App(), "Props")
         self.image = TritonImage(self.stack, "Image")
         self.role = iam.Role(self.stack, "Role", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"))
-        self.endpoint = TritonMmeEndpoint(self.stack, "Endpoint", props=self.endpoint_props())
+        self.endpoint = SageMakerHosting(self.stack, "Endpoint", props=self.endpoint_props())
         self.bucket = ModelBucket(self.stack, "Bucket").bucket
         self.build_image = ecr_assets.DockerImageAsset(self.stack, "BuildImage", directory=str(ROOT / "model_build"))
         self.function = lambda_.Function.from_function_arn(
@@ -72,8 +72,8 @@ class Resources:
             self.manifest_path = write_manifest(tmp_path / "models.yaml", 1)
             self.manifest = load_manifest(self.manifest_path)
 
-    def endpoint_props(self, **values: Any) -> TritonMmeEndpointProps:
-        return TritonMmeEndpointProps(
+    def endpoint_props(self, **values: Any) -> SageMakerHostingProps:
+        return SageMakerHostingProps(
             image=self.image, execution_role=self.role, model_data_url="s3://bucket/models/r-0123456789abcdef/", **values
         )
 
@@ -184,7 +184,7 @@ def test_metric_methods_take_metric_options(resources: Resources) -> None:
     assert (metric.metric_name, metric.statistic, metric.period.to_seconds(), metric.label, metric.color) == (
         "ModelLatency", "p99", 300, "p99", "#ff0000")
     assert resources.endpoint.metric_invocations().statistic == "Sum"
-    assert "ModelLatency" in (TritonMmeEndpoint.metric_model_latency.__doc__ or "")
+    assert "ModelLatency" in (SageMakerHosting.metric_model_latency.__doc__ or "")
 
 
 def test_grants_return_grants(resources: Resources) -> None:
@@ -198,7 +198,7 @@ def test_endpoint_alarms_are_built_from_the_endpoint_metrics(resources: Resource
     stack = cdk.Stack(cdk.App(), "Alarms")
     image = TritonImage(stack, "Image")
     role = iam.Role(stack, "Role", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"))
-    endpoint = TritonMmeEndpoint(stack, "Endpoint", props=TritonMmeEndpointProps(
+    endpoint = SageMakerHosting(stack, "Endpoint", props=SageMakerHostingProps(
         image=image, execution_role=role, model_data_url="s3://b/m/", endpoint_name="ep", fleet=FleetSize(maximum=6)))
     EndpointAlarms(stack, "Alarms", props=EndpointAlarmsProps(endpoint=endpoint, name_prefix="team.ep",
                                                               thresholds=AlarmThresholds(gpu_saturation_percent=80)))
@@ -272,7 +272,7 @@ def test_every_props_rule_names_settings_by_their_context_key() -> None:
     assert context_name(RolloutPolicyProps, "size") == "mme:rollout_size"
     assert context_name(ModelBuildResourceProps, "total_timeout") == "mme:build_total_timeout_minutes"
     assert context_name(AlarmTopicProps, "removal_policy") == "mme:bucket_removal_policy"
-    assert context_name(TritonMmeEndpointProps, "subnets") == "subnets"
+    assert context_name(SageMakerHostingProps, "subnets") == "subnets"
     assert RolloutPolicyProps in PROPS and FleetSize in PROPS
 
 

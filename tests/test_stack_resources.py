@@ -699,7 +699,7 @@ def test_project_constructs_are_a_subpackage_beside_the_constructs_library() -> 
 
     assert not (ROOT / "constructs" / "__init__.py").exists()
     modules = sorted(p.stem for p in (ROOT / "constructs").glob("*.py"))
-    assert {"model_bucket", "sagemaker_execution_role", "triton_image", "triton_mme_endpoint",
+    assert {"model_bucket", "sagemaker_execution_role", "triton_image", "sagemaker_hosting",
             "endpoint_autoscaling", "model_build_resource"} <= set(modules)
     for name in modules:
         module = importlib.import_module(f"triton_mme_cdk.constructs.{name}")

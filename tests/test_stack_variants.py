@@ -32,9 +32,9 @@ from triton_mme_cdk.constructs.endpoint_autoscaling import EndpointAutoscalingPr
 from triton_mme_cdk.constructs.model_bucket import ModelBucket, ModelBucketProps
 from triton_mme_cdk.constructs.model_build_inputs import refuse_local_sources, s3_source_keys
 from triton_mme_cdk.constructs.model_build_resource import ModelBuildResource, ModelBuildResourceProps
+from triton_mme_cdk.constructs.sagemaker_hosting import FleetSize, SageMakerHosting, SageMakerHostingProps
 from triton_mme_cdk.constructs.sagemaker_limits import PropsError
 from triton_mme_cdk.constructs.triton_image import TritonImage, TritonImageProps
-from triton_mme_cdk.constructs.triton_mme_endpoint import FleetSize, TritonMmeEndpoint, TritonMmeEndpointProps
 from triton_mme_cdk.model_build.errors import ManifestError
 from triton_mme_cdk.model_build.manifest import parse_manifest
 from triton_mme_cdk.model_build.release import PACKAGE_DIR
@@ -211,7 +211,7 @@ def _scope() -> cdk.Stack:
     return cdk.Stack(cdk.App(), "Props")
 
 
-def _endpoint(stack: cdk.Stack, **overrides: object) -> TritonMmeEndpoint:
+def _endpoint(stack: cdk.Stack, **overrides: object) -> SageMakerHosting:
     props: dict[str, Any] = dict(  # Any: the refusal cases give wrong types on purpose
         image=TritonImage(stack, "Image"),
         execution_role=iam.Role(stack, "Role", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com")),
@@ -220,7 +220,7 @@ def _endpoint(stack: cdk.Stack, **overrides: object) -> TritonMmeEndpoint:
         instance_type="ml.g5.xlarge",
     )
     props.update(overrides)
-    return TritonMmeEndpoint(stack, "Endpoint", props=TritonMmeEndpointProps(**props))
+    return SageMakerHosting(stack, "Endpoint", props=SageMakerHostingProps(**props))
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ default pool smaller than that, so the first full batch is not where a pool that
 small ``/dev/shm``) is found out. Only the manifest is imported here: synth stays light.
 
 The pool's sizes are defined here, once: the endpoint construct's defaults
-(``TritonMmeEndpointProps.shm_default_byte_size`` / ``shm_growth_byte_size``) and the local
+(``SageMakerHostingProps.shm_default_byte_size`` / ``shm_growth_byte_size``) and the local
 ``tritonserver``'s, where the app's ``cdk.json`` sets neither
 (``model_build.tools.triton_server.stack_shm_settings``).
 """
