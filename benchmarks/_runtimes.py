@@ -26,9 +26,9 @@ Call = Callable[[], Any]
 
 def unpack_model(tarball: Path, dest: Path) -> tuple[Path, Any]:
     """Unpack as the container does; returns the model file and the parsed config."""
-    from triton_mme_cdk.model_build.package.gate import locate_model
-    from triton_mme_cdk.model_build.package.tarball import safe_extract
-    from triton_mme_cdk.model_build.package.triton_config import check_config, default_filename
+    from triton_mme_cdk.model_build.artifact.gate import locate_model
+    from triton_mme_cdk.model_build.artifact.tarball import safe_extract
+    from triton_mme_cdk.model_build.artifact.triton_config import check_config, default_filename
 
     safe_extract(tarball, dest)
     model_dir, name = locate_model(dest)
@@ -39,7 +39,7 @@ def unpack_model(tarball: Path, dest: Path) -> tuple[Path, Any]:
 def with_threads(config: Any, threads: int, *, cpu: bool) -> Any:
     """A copy of the config with ``intra_op_thread_count`` set (and KIND_CPU for the CPU runs, so
     that on a GPU machine the same options run on the CPU provider)."""
-    from triton_mme_cdk.model_build.package.triton_config import mc
+    from triton_mme_cdk.model_build.artifact.triton_config import mc
 
     copy = mc.ModelConfig()
     copy.CopyFrom(config)
@@ -52,7 +52,7 @@ def with_threads(config: Any, threads: int, *, cpu: bool) -> Any:
 
 def open_tuned(model_path: Path, config: Any, name: str) -> Any:
     """The model opened as Triton's backend would with ``config`` (its session options)."""
-    from triton_mme_cdk.model_build.package.backend import open_model
+    from triton_mme_cdk.model_build.artifact.backend import open_model
 
     return open_model(model_path, config, model=name)
 

@@ -2,10 +2,10 @@
 
 Both tarballs come from the project's build (``minilm-l6-embedding`` from models.yaml, and the
 same entry with ``fp16: true``). Each is unpacked once to get the exact ``model.onnx`` and
-``config.pbtxt`` it holds, then packed again with :func:`model_build.package.package_model` at
+``config.pbtxt`` it holds, then packed again with :func:`model_build.artifact.package_model` at
 gzip levels 1, 6 and 9 (the levels' runs interleaved), and each of those tarballs is unpacked
 with :func:`model_build.tarball.safe_extract` (what the build's verify step does). "Load" adds the
-ONNX Runtime session creation from the config (:func:`model_build.package.backend.open_model`).
+ONNX Runtime session creation from the config (:func:`model_build.artifact.backend.open_model`).
 
 The result chooses the default level: the fastest to pack among the levels whose tarball is
 within 1% of the smallest, since a release is packed once per build but its size costs on every
@@ -57,8 +57,8 @@ def _current_default() -> int:
 
 def _contents(tarball: Path, dest: Path) -> tuple[Path, str, str]:
     """The model file, config text and model directory name inside a built tarball."""
-    from triton_mme_cdk.model_build.package.gate import locate_model
-    from triton_mme_cdk.model_build.package.tarball import safe_extract
+    from triton_mme_cdk.model_build.artifact.gate import locate_model
+    from triton_mme_cdk.model_build.artifact.tarball import safe_extract
 
     safe_extract(tarball, dest)
     model_dir, name = locate_model(dest)
@@ -67,10 +67,10 @@ def _contents(tarball: Path, dest: Path) -> tuple[Path, str, str]:
 
 
 def _measure_variant(tarball: Path, repeats: int, scratch: Path, threads: int) -> dict[str, Any]:
-    from triton_mme_cdk.model_build.package.backend import open_model
-    from triton_mme_cdk.model_build.package.pack import package_model
-    from triton_mme_cdk.model_build.package.tarball import safe_extract
-    from triton_mme_cdk.model_build.package.triton_config import check_config
+    from triton_mme_cdk.model_build.artifact.backend import open_model
+    from triton_mme_cdk.model_build.artifact.pack import package_model
+    from triton_mme_cdk.model_build.artifact.tarball import safe_extract
+    from triton_mme_cdk.model_build.artifact.triton_config import check_config
 
     model_file, config_text, name = _contents(tarball, scratch / "source")
     samples: dict[int, dict[str, list[float]]] = {lvl: {"pack_s": [], "unpack_s": []} for lvl in LEVELS}
@@ -156,9 +156,9 @@ def run(ctx: RunContext) -> dict[str, Any]:
         "repeats": repeats,
         "current_default_level": _current_default(),
         "size_tolerance": SIZE_TOLERANCE,
-        "pack": "triton_mme_cdk.model_build.package.package_model (reproducible tar, gzip)",
+        "pack": "triton_mme_cdk.model_build.artifact.package_model (reproducible tar, gzip)",
         "unpack": "triton_mme_cdk.model_build.tarball.safe_extract (Python tarfile + gzip)",
-        "load": "triton_mme_cdk.model_build.package.backend.open_model, ONNX Runtime CPU provider",
+        "load": "triton_mme_cdk.model_build.artifact.backend.open_model, ONNX Runtime CPU provider",
     })
     variants: dict[str, Any] = {}
     for key, spec in specs.items():

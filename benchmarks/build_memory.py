@@ -178,9 +178,9 @@ def _child(mode: str, manifest: Path, out: Path, result_path: Path) -> int:
         from transformers import BertModel, ResNetForImageClassification  # noqa: F401
 
         import triton_mme_cdk.model_build.__main__
+        import triton_mme_cdk.model_build.artifact.gate
+        import triton_mme_cdk.model_build.artifact.pack
         import triton_mme_cdk.model_build.export.validate
-        import triton_mme_cdk.model_build.package.gate
-        import triton_mme_cdk.model_build.package.pack
         import triton_mme_cdk.model_build.pipeline.steps  # noqa: F401
 
         record["peak_rss"] = _hwm_bytes()

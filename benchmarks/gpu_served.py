@@ -118,8 +118,8 @@ class ServedModel:
     """One built tarball unpacked into the server's model folder; load, invoke, unload."""
 
     def __init__(self, server: Any, target: str, tarball: Path, config_text: str, root: Path, *, gpu: bool) -> None:
-        from triton_mme_cdk.model_build.package.tarball import safe_extract
-        from triton_mme_cdk.model_build.package.triton_config import parse_config
+        from triton_mme_cdk.model_build.artifact.tarball import safe_extract
+        from triton_mme_cdk.model_build.artifact.triton_config import parse_config
         from triton_mme_cdk.model_build.tools.mme import localize_configs, model_name_for
 
         self.server = server

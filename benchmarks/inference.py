@@ -2,7 +2,7 @@
 
 The ONNX side is the tarball ``model_build`` produces for ``minilm-l6-embedding`` (models.yaml),
 unpacked and opened exactly as the project's container-like check opens it
-(:func:`model_build.package.backend.open_model`: the session options its generated ``config.pbtxt`` asks
+(:func:`model_build.artifact.backend.open_model`: the session options its generated ``config.pbtxt`` asks
 for). The PyTorch side is the same weights as an eager module (:func:`model_build.export.eager.load_module`,
 the module the export traced). Fairness:
 
@@ -201,7 +201,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
         "cold_start_repeats": cold_repeats,
         "latency_budget_s_per_run": latency_budget,
         "throughput_budget_s_per_run": throughput_budget,
-        "onnx": "the built tarball, opened by model_build.package.backend.open_model from its config.pbtxt "
+        "onnx": "the built tarball, opened by model_build.artifact.backend.open_model from its config.pbtxt "
                 "(intra_op_thread_count set to the thread count; instance_group KIND_CPU for the CPU runs)",
         "pytorch": "triton_mme_cdk.model_build.export.eager.load_module (the eager module the export traced), torch.inference_mode",
     })
@@ -410,7 +410,7 @@ def _gpu(
             f"no CUDA: onnxruntime {ort.__version__} has providers {providers} and torch "
             f"{torch.__version__} reports torch.cuda.is_available() = {torch.cuda.is_available()}"
         )}
-    from triton_mme_cdk.model_build.package.triton_config import mc
+    from triton_mme_cdk.model_build.artifact.triton_config import mc
 
     scratch = ctx.scratch("inference-gpu")
     out: dict[str, Any] = {"providers": providers}

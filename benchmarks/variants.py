@@ -2,7 +2,7 @@
 
 Variants, each built by the project's own build (``build_model``: export, optimize, gates,
 package) from the ``minilm-l6-embedding`` entry of models.yaml, unpacked and opened as the
-Triton container would (:func:`model_build.package.backend.open_model`, the session options of its own
+Triton container would (:func:`model_build.artifact.backend.open_model`, the session options of its own
 ``config.pbtxt``, KIND_CPU and ``n`` intra-op threads for the CPU runs):
 
 - ``exported``: ``optimize: false``, FP32: the graph as exported before this work;
@@ -201,10 +201,10 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
 def run(ctx: RunContext) -> dict[str, Any]:
     import torch
 
+    from triton_mme_cdk.model_build.artifact.backend import open_model
     from triton_mme_cdk.model_build.export.eager import load_module
     from triton_mme_cdk.model_build.export.sources import resolve_source
     from triton_mme_cdk.model_build.export.validate import onnx_providers
-    from triton_mme_cdk.model_build.package.backend import open_model
 
     started = time.perf_counter()
     threads = ctx.threads or usable_cores()
@@ -349,8 +349,8 @@ def _through_triton(ctx: RunContext, built: dict[str, Any], specs: dict[str, Any
                     budget: float) -> dict[str, Any]:
     """Each variant's tarball published to a local S3 and served by the local endpoint (the real
     tritonserver, python-based ONNX Runtime 1.19 backend on CPU): batch latency through boto3."""
+    from triton_mme_cdk.model_build.artifact.triton_config import parse_config
     from triton_mme_cdk.model_build.aws_clients import make_s3_client
-    from triton_mme_cdk.model_build.package.triton_config import parse_config
     from triton_mme_cdk.model_build.release.publish import publish_release
     from triton_mme_cdk.model_build.tools.endpoint import local_endpoint
     from triton_mme_cdk.model_build.tools.local_s3 import local_s3
@@ -386,7 +386,7 @@ def _gpu(ctx: RunContext, entries: dict[str, dict[str, Any]], module: Any, vocab
          budget: float) -> dict[str, Any]:
     """Fused FP32 and fused FP16 (CUDA provider, the configs as built: KIND_GPU) against PyTorch
     FP32 eager on CUDA, batch 1 and 8."""
-    from triton_mme_cdk.model_build.package.backend import open_model
+    from triton_mme_cdk.model_build.artifact.backend import open_model
 
     fp16_entry = copy.deepcopy(entries["fused"])
     fp16_entry.update(name=fp16_entry["name"].replace("-fused", "-fp16"), precision="fp16")

@@ -55,9 +55,9 @@ from triton_mme_cdk.constructs.sagemaker_hosting import FleetSize, SageMakerHost
 from triton_mme_cdk.constructs.sagemaker_limits import PropsError, has_instance_storage
 from triton_mme_cdk.constructs.setting_table import REMOVAL_POLICY, principal_arns, whole
 from triton_mme_cdk.constructs.triton_image import TritonImage, TritonImageProps
+from triton_mme_cdk.model_build.artifact import tensorrt_engines
 from triton_mme_cdk.model_build.errors import ManifestError
 from triton_mme_cdk.model_build.manifest import Manifest, load_manifest
-from triton_mme_cdk.model_build.package.tensorrt_plans import tensorrt_plan_problem, tensorrt_plan_unchecked
 from triton_mme_cdk.model_build.release import PACKAGE_DIR, routes_key, served_prefix
 from triton_mme_cdk.model_build.text_ensemble.container import namespacing_problem
 from triton_mme_cdk.model_build.text_ensemble.serving_wheel import serving_python_problem
@@ -344,11 +344,11 @@ class TritonMultiModelEndpoint(ITritonMultiModelEndpoint, Construct):
                         namespacing_problem(manifest, options.triton_environment),
                         serving_python_problem(image_version) if has_text else None,
                         # Prebuilt TensorRT plans: one for the fleet's GPU, built with the image's TensorRT.
-                        tensorrt_plan_problem(manifest, instance_type=options.instance_type,
-                                              image_version=image_version)):
+                        tensorrt_engines.tensorrt_plan_problem(manifest, instance_type=options.instance_type,
+                                                               image_version=image_version)):
             if problem is not None:
                 raise PropsError(problem)
-        unchecked = tensorrt_plan_unchecked(manifest, image_version=image_version)
+        unchecked = tensorrt_engines.tensorrt_plan_unchecked(manifest, image_version=image_version)
         if unchecked is not None:
             Annotations.of(self).add_warning_v2("triton-mme:tensorrt-plan-unchecked", unchecked)
         network = self.network if options.build_in_vpc else None

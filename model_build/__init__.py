@@ -4,7 +4,7 @@ One subpackage per step of the data's path, each with a narrow interface to the 
 
     manifest/       what to build (models.yaml: schema, loading, limits)
     export/         a source -> the model file Triton loads, proven against PyTorch
-    package/        the model file -> config.pbtxt -> a reproducible tarball -> the pre-publish gate
+    artifact/       the model file -> config.pbtxt -> a reproducible tarball -> the pre-publish gate
     text_ensemble/  raw-text targets: the tokenizer step and the ensemble tarball
     pipeline/       the steps above in order, for one model; the local store of built units
     release/        what everything is called (model keys, release ids, the bucket's layout), the

@@ -372,7 +372,7 @@ def test_cli_refuses_unknown_benchmarks() -> None:
 
 def test_cpu_differences_ignore_cuda_only_settings() -> None:
     from benchmarks.inference import cpu_differences
-    from triton_mme_cdk.model_build.package.triton_config import mc
+    from triton_mme_cdk.model_build.artifact.triton_config import mc
 
     config = mc.ModelConfig()
     for key, value in (("cudnn_conv_algo_search", "1"), ("arena_extend_strategy", "1"),

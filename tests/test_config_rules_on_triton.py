@@ -1,6 +1,6 @@
 """Each rule of our pre-publish gate, confirmed on the real ``tritonserver``.
 
-``model_build.package.gate.check_repository`` (the gate the build runs on every tarball it writes: layout,
+``model_build.artifact.gate.check_repository`` (the gate the build runs on every tarball it writes: layout,
 version folder, ``check_config``, the config against the graph, ensemble rules) refuses a tarball
 before anything is published, because on a SageMaker MME a bad config is only found at the first
 invocation. Here every case of a corpus is given to both: our gate must refuse it, and the real
@@ -27,9 +27,9 @@ from pathlib import Path
 import pytest
 from triton_helpers import requires_triton  # tests/ is on sys.path
 
+from triton_mme_cdk.model_build.artifact.gate import check_repository
 from triton_mme_cdk.model_build.errors import ModelBuildError
 from triton_mme_cdk.model_build.manifest import parse_manifest
-from triton_mme_cdk.model_build.package.gate import check_repository
 from triton_mme_cdk.model_build.pipeline import BuildOptions, build_model
 from triton_mme_cdk.model_build.tools.triton_server import TritonServer, triton_server
 

@@ -79,6 +79,7 @@ import pytest
 import yaml
 from s3_faults import FaultProxy, Record, Rule
 
+from triton_mme_cdk.model_build.artifact.pack import write_tarball
 from triton_mme_cdk.model_build.aws_clients import make_s3_client
 from triton_mme_cdk.model_build.handler import build_step, custom_resource, is_complete, on_event, place_step
 from triton_mme_cdk.model_build.handler.build_steps import NO_FAILURE, item_request, recorded_failure
@@ -86,7 +87,6 @@ from triton_mme_cdk.model_build.handler.processing import failure_reason, job_pr
 from triton_mme_cdk.model_build.handler.request import HandlerError
 from triton_mme_cdk.model_build.manifest import parse_manifest
 from triton_mme_cdk.model_build.manifest.build_engine import EngineSettings
-from triton_mme_cdk.model_build.package.pack import write_tarball
 from triton_mme_cdk.model_build.release import compute_release, identity, routes_key
 from triton_mme_cdk.model_build.release.identity import (
     BUILDS_DIR,

@@ -211,7 +211,7 @@ def test_a_name_known_at_deploy_only_is_used_as_given(tmp_path: Path) -> None:
     invoke = _by_action(_statements(template, function))["sagemaker:InvokeEndpoint"]["Resource"]
     assert invoke["Fn::Join"][1][-1] == {"Fn::ImportValue": "PlatformEndpointName"}
     assert _environment(template, function)[ENV_ENDPOINT_NAME] == {"Fn::ImportValue": "PlatformEndpointName"}
-    assert stack.resolve(endpoint.metric_invocations().dimensions["VariantName"]) == "Blue"
+    assert stack.resolve((endpoint.metric_invocations().dimensions or {})["VariantName"]) == "Blue"
 
 
 def test_an_environment_agnostic_stack_names_its_own_region(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Hostile and broken ``model.tar.gz`` archives: :func:`model_build.package.tarball.safe_extract` (what
+"""Hostile and broken ``model.tar.gz`` archives: :func:`model_build.artifact.tarball.safe_extract` (what
 verify, the local endpoint and the smoke test's local serving unpack with) refuses each before
 writing a byte, in a subprocess under a memory limit and a time bound, with one message naming
 the archive or the member.
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from hostile_helpers import assert_refused, run_bounded
 
-from triton_mme_cdk.model_build.package.tarball import (
+from triton_mme_cdk.model_build.artifact.tarball import (
     MAX_HEADER_BYTES,
     MAX_MEMBERS,
     MAX_RATIO,
@@ -29,7 +29,7 @@ RUNNER = """
 import sys
 from pathlib import Path
 from triton_mme_cdk.model_build.errors import ModelBuildError
-from triton_mme_cdk.model_build.package.tarball import safe_extract
+from triton_mme_cdk.model_build.artifact.tarball import safe_extract
 try:
     safe_extract(Path(sys.argv[1]), Path(sys.argv[2]), model="m")
 except ModelBuildError as error:
@@ -164,7 +164,7 @@ def test_safe_extract_sets_a_directorys_attributes_after_its_files(tmp_path: Pat
     last, as ``extractall`` does: a directory whose mode in the archive is read-only is filled
     before its mode is set (as a user without root, writing into it first would fail). Seen
     here through its time: set before its file was written, it would be the time of the write."""
-    from triton_mme_cdk.model_build.package.tarball import safe_extract
+    from triton_mme_cdk.model_build.artifact.tarball import safe_extract
 
     folder = _info("m", tarfile.DIRTYPE)
     folder.mode, folder.mtime = 0o555, 1_000_000_000
@@ -178,7 +178,7 @@ def test_safe_extract_sets_a_directorys_attributes_after_its_files(tmp_path: Pat
 
 def test_inspect_tarball_is_bounded_on_a_bomb(tmp_path: Path) -> None:
     """Listing a bomb costs no more than refusing it (inspect shares the limits)."""
-    from triton_mme_cdk.model_build.package.tarball import TarballError, inspect_tarball
+    from triton_mme_cdk.model_build.artifact.tarball import TarballError, inspect_tarball
 
     tarball = tmp_path / "bomb.tar.gz"
     _lying_header(tarball)
@@ -188,7 +188,7 @@ def test_inspect_tarball_is_bounded_on_a_bomb(tmp_path: Path) -> None:
 
 def test_read_member_reads_one_file_and_refuses_a_bomb(tmp_path: Path) -> None:
     """What the smoke test's fallback reads ``config.pbtxt`` with: bounded like ``safe_extract``."""
-    from triton_mme_cdk.model_build.package.tarball import TarballError, read_member
+    from triton_mme_cdk.model_build.artifact.tarball import TarballError, read_member
 
     good = tmp_path / "good.tar.gz"
     _good(good)

@@ -22,13 +22,13 @@ import onnx
 import pytest
 import torch
 
+from triton_mme_cdk.model_build.artifact.backend import open_model
+from triton_mme_cdk.model_build.artifact.pack import package_model
+from triton_mme_cdk.model_build.artifact.render import render_config
+from triton_mme_cdk.model_build.artifact.tarball import inspect_tarball, tarball_members
+from triton_mme_cdk.model_build.artifact.triton_config import check_config
 from triton_mme_cdk.model_build.errors import PackageError, VerifyError
 from triton_mme_cdk.model_build.manifest import ModelSpec, Tolerance
-from triton_mme_cdk.model_build.package.backend import open_model
-from triton_mme_cdk.model_build.package.pack import package_model
-from triton_mme_cdk.model_build.package.render import render_config
-from triton_mme_cdk.model_build.package.tarball import inspect_tarball, tarball_members
-from triton_mme_cdk.model_build.package.triton_config import check_config
 from triton_mme_cdk.model_build.reference import read_reference, write_reference
 from triton_mme_cdk.model_build.tools.verify import build_request
 from triton_mme_cdk.model_build.types import ExportedModel, TensorSpec
@@ -245,7 +245,7 @@ def test_package_includes_onnx_external_data(onnx_model: Built, tmp_path: Path) 
         "tiny-onnx/config.pbtxt",
     ]
     # The tarball alone is enough to run the model: the weights came along.
-    from triton_mme_cdk.model_build.package.tarball import safe_extract
+    from triton_mme_cdk.model_build.artifact.tarball import safe_extract
 
     safe_extract(out, tmp_path / "unpacked")
     runner = open_model(tmp_path / "unpacked" / "tiny-onnx" / "1" / "model.onnx",
@@ -357,7 +357,7 @@ def test_gate_refuses_a_packaged_config_not_the_graphs_and_leaves_no_tarball(
     onnx_model: Built, tmp_path: Path, old: str, new: str, reason: str
 ) -> None:
     """``check_config`` alone accepts these (they are valid configs); the build's gate does not."""
-    from triton_mme_cdk.model_build.package.gate import gate_tarball
+    from triton_mme_cdk.model_build.artifact.gate import gate_tarball
 
     text = onnx_model.config_text.replace(old, new, 1)
     assert text != onnx_model.config_text
@@ -377,7 +377,7 @@ def test_gate_reads_the_graph_without_an_onnx_runtime_session(onnx_model: Built,
 
     out = tmp_path / "model.tar.gz"
     _package(onnx_model, out)
-    code = ("import sys; from pathlib import Path; from triton_mme_cdk.model_build.package.gate import check_repository; "
+    code = ("import sys; from pathlib import Path; from triton_mme_cdk.model_build.artifact.gate import check_repository; "
             f"print(check_repository(Path({str(out)!r}), model='tiny-onnx'), 'onnxruntime' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                             cwd=Path(__file__).resolve().parents[1])

@@ -1,4 +1,4 @@
-"""The placing gate (``model_build.package.admission``): a stored tarball is placed only when it is
+"""The placing gate (``model_build.artifact.admission``): a stored tarball is placed only when it is
 the tarball its manifest entry builds, checked without loading any model file.
 
 The tarballs are the project's real builds (a raw-text MiniLM ensemble from the PyPI package
@@ -22,13 +22,13 @@ import pytest
 import yaml
 
 from triton_mme_cdk.model_build import handler
+from triton_mme_cdk.model_build.artifact.admission import check_admitted
+from triton_mme_cdk.model_build.artifact.pack import write_tarball
+from triton_mme_cdk.model_build.artifact.tarball import safe_extract
 from triton_mme_cdk.model_build.aws_clients import make_s3_client
 from triton_mme_cdk.model_build.errors import PackageError, VerifyError
 from triton_mme_cdk.model_build.handler.place import TOKENIZER_MODEL_SHA256, tokenizer_rule
 from triton_mme_cdk.model_build.manifest import ModelSpec, parse_manifest
-from triton_mme_cdk.model_build.package.admission import check_admitted
-from triton_mme_cdk.model_build.package.pack import write_tarball
-from triton_mme_cdk.model_build.package.tarball import safe_extract
 from triton_mme_cdk.model_build.release import compute_release
 from triton_mme_cdk.model_build.text_ensemble import tokenizer_model
 

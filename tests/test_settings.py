@@ -125,7 +125,7 @@ def test_other_context_keys_are_ignored() -> None:
 def test_frozen_and_no_extra_fields() -> None:
     s = MmeSettings()
     with pytest.raises(ValidationError):
-        s.endpoint_name = "other"  # type: ignore[attr-defined]  # a SETTINGS field mypy does not see; refused on purpose (frozen)
+        s.endpoint_name = "other"  # type: ignore[misc]  # read-only for mypy as well; refused on purpose (frozen)
     with pytest.raises(ValidationError):
         MmeSettings(unknown_field=1)  # type: ignore[call-arg]
 

@@ -26,6 +26,11 @@ import yaml
 from tritonclient.grpc import model_config_pb2 as mc
 
 from triton_mme_cdk.model_build import gpu_hosts
+from triton_mme_cdk.model_build.artifact.gate import check_repository
+from triton_mme_cdk.model_build.artifact.pack import package_plans, write_tarball
+from triton_mme_cdk.model_build.artifact.render import render_plan_config
+from triton_mme_cdk.model_build.artifact.tensorrt_engines import tensorrt_plan_problem
+from triton_mme_cdk.model_build.artifact.triton_config import check_config
 from triton_mme_cdk.model_build.aws_clients import make_s3_client
 from triton_mme_cdk.model_build.errors import (
     ManifestError,
@@ -34,14 +39,9 @@ from triton_mme_cdk.model_build.errors import (
     TritonConfigError,
     VerifyError,
 )
-from triton_mme_cdk.model_build.export.plans import NOT_VERIFIED, fetch_plans
+from triton_mme_cdk.model_build.export.engines import NOT_VERIFIED, fetch_plans
 from triton_mme_cdk.model_build.gpu_hosts import TritonRelease
 from triton_mme_cdk.model_build.manifest import parse_manifest
-from triton_mme_cdk.model_build.package.gate import check_repository
-from triton_mme_cdk.model_build.package.pack import package_plans, write_tarball
-from triton_mme_cdk.model_build.package.render import render_plan_config
-from triton_mme_cdk.model_build.package.tensorrt_plans import tensorrt_plan_problem
-from triton_mme_cdk.model_build.package.triton_config import check_config
 from triton_mme_cdk.model_build.pipeline import BuildOptions, build_release
 from triton_mme_cdk.model_build.reference import read_reference
 from triton_mme_cdk.model_build.release import compute_release

@@ -268,8 +268,8 @@ def _answer_json(name: str, values: np.ndarray) -> Any:
 ], ids=["fp32", "fp16", "int8"])
 def test_smoke_holds_a_raw_text_target_to_the_tolerance_of_its_precision(overrides, precision, served):
     """The ensemble's config records the precision served; smoke compares with compare.py's rule for it."""
+    from triton_mme_cdk.model_build.artifact.triton_config import parse_config
     from triton_mme_cdk.model_build.compare import SERVED_TOLERANCE
-    from triton_mme_cdk.model_build.package.triton_config import parse_config
     from triton_mme_cdk.model_build.tools.smoke import _check_answer
     from triton_mme_cdk.model_build.tools.smoke_setup import CallFailed, Reference
 

@@ -12,10 +12,10 @@ from google.protobuf import text_format
 from pydantic import ValidationError
 from tritonclient.grpc import model_config_pb2 as mc
 
+from triton_mme_cdk.model_build.artifact.render import render_config
+from triton_mme_cdk.model_build.artifact.triton_config import check_config
 from triton_mme_cdk.model_build.errors import TritonConfigError
 from triton_mme_cdk.model_build.manifest import ModelSpec
-from triton_mme_cdk.model_build.package.render import render_config
-from triton_mme_cdk.model_build.package.triton_config import check_config
 from triton_mme_cdk.model_build.types import ExportedModel, TensorSpec
 
 ONNX_SIGNATURE = ExportedModel(
@@ -386,8 +386,8 @@ def test_accepted_spellings_match_the_backend_parsers() -> None:
 def test_repository_config_checks_ensembles_and_python_members_with_core_rules() -> None:
     """The gate's per-folder check: check_config refuses an ensemble or python backend (not an export's
     backend); check_repository_config applies the core rules to them and check_config to the rest."""
+    from triton_mme_cdk.model_build.artifact.triton_config import check_repository_config
     from triton_mme_cdk.model_build.errors import TritonConfigError
-    from triton_mme_cdk.model_build.package.triton_config import check_repository_config
 
     python = ('name: "tokenizer" backend: "python" max_batch_size: 8\n'
               'input { name: "TEXT" data_type: TYPE_STRING dims: [1] }\n'

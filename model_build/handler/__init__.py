@@ -40,7 +40,7 @@ keys, one model built and stored, the release assembled from the store).
 
 Owns: the Lambda side of the deploy. It composes the build and the release; nothing imports it.
 
-May import: ``shared``, ``manifest``, ``package`` (the pre-publish gate a Processing job's tarball passes again), ``pipeline``, ``release``, ``capacity``, ``text_ensemble.serving_wheel`` (the pinned wheel's files a raw-text tarball must carry).
+May import: ``shared``, ``manifest``, ``artifact`` (the pre-publish gate a Processing job's tarball passes again), ``pipeline``, ``release``, ``capacity``, ``text_ensemble.serving_wheel`` (the pinned wheel's files a raw-text tarball must carry).
 """
 
 from triton_mme_cdk.model_build.handler.build_steps import build_item, build_step, plan_items

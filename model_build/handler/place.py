@@ -9,7 +9,7 @@ says anything. So before a stored tarball is placed, this step (:func:`admit_sto
 
 1. reads the tarball itself and computes its SHA-256 and size, which must be the ones the
    release places it under (the store index's digest, which names the served object);
-2. admits those bytes (:func:`model_build.package.admission.check_admitted`): the pre-publish
+2. admits those bytes (:func:`model_build.artifact.admission.check_admitted`): the pre-publish
    gate again without loading any model file (the placing role parses no graph the build role
    wrote: ``torch.jit.load`` and ``onnx.load`` run in the build's gate, under the build role), and
    the tarball tied to its manifest entry: the backend the entry's format is served by, a python
@@ -52,7 +52,7 @@ from triton_mme_cdk.model_build.manifest import ModelSpec
 from triton_mme_cdk.model_build.text_ensemble.serving_wheel import pinned_file_digests
 
 if TYPE_CHECKING:  # the admission imports the gate (onnx, tritonclient): not at synth
-    from triton_mme_cdk.model_build.package.admission import PythonModelRule
+    from triton_mme_cdk.model_build.artifact.admission import PythonModelRule
 
 #: Bytes read at a time from a stored tarball.
 READ_BLOCK = 1024 * 1024
@@ -118,7 +118,7 @@ def finish_release(event: dict[str, Any], context: Any = None) -> dict[str, Any]
 
 
 def tokenizer_rule() -> PythonModelRule:
-    from triton_mme_cdk.model_build.package.admission import PythonModelRule
+    from triton_mme_cdk.model_build.artifact.admission import PythonModelRule
 
     """What a raw-text tarball's python-backend folder may hold: the project's ``model.py``
     (:data:`TOKENIZER_MODEL_SHA256`), the pinned wheel's files by their digests, ``tokenizer.json``."""
@@ -130,7 +130,7 @@ def tokenizer_rule() -> PythonModelRule:
 def admit_stored(s3: Any, bucket: str, objects: Sequence[Any], specs: Mapping[str, ModelSpec]) -> None:
     """Read each stored tarball the release is about to place (once per stored key), check its
     SHA-256 and size against the digest it is placed under, and admit it against its manifest
-    entry (``specs``: model name -> entry; :func:`model_build.package.admission.check_admitted`).
+    entry (``specs``: model name -> entry; :func:`model_build.artifact.admission.check_admitted`).
     Raises a :class:`ModelBuildError` naming the model and the file; nothing is copied then.
 
     Several at once (:data:`ADMIT_WORKERS`), as long as the tarballs on disk together stay within
@@ -138,7 +138,7 @@ def admit_stored(s3: Any, bucket: str, objects: Sequence[Any], specs: Mapping[st
     from concurrent.futures import ThreadPoolExecutor
 
     # Imported here, once, before the workers start (the gate's libraries are not a synth's).
-    from triton_mme_cdk.model_build.package import admission
+    from triton_mme_cdk.model_build.artifact import admission
 
     unique = list({obj.source_key: obj for obj in objects if obj.source_key is not None}.values())
     if not unique:

@@ -145,7 +145,7 @@ def store_unit(s3: Any, *, bucket: str, model_prefix: str, output_uri: str, mode
                             signature=described.get("signature") or None)
         # The job's output is untrusted until checked here: the gate again, on the tarball the
         # Lambda will publish (publish_unit then checks its bytes against the digest).
-        from triton_mme_cdk.model_build.package.gate import check_repository
+        from triton_mme_cdk.model_build.artifact.gate import check_repository
 
         check_repository(artifact.path, model=model)
         publish_unit(artifact, key, s3_client=s3, bucket=bucket, model_prefix=model_prefix)

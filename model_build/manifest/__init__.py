@@ -6,7 +6,7 @@ that a manifest that could never give a loadable Triton model is refused before 
 (and before ``cdk synth`` writes a template).
 
 Owns: what to build. ``fields`` (source kinds, Triton and ONNX Runtime settings, gates, inputs),
-``plans`` (the ``tensorrt_plan`` block of prebuilt TensorRT engines),
+``engines`` (the ``tensorrt_plan`` block of prebuilt TensorRT engines),
 ``schema`` (``ModelSpec``, ``Manifest``), ``loading`` (YAML policy and limits, error messages,
 the tokenizer files a raw-text source must hold). Callers import the names below from
 ``model_build.manifest``.
@@ -14,6 +14,7 @@ the tokenizer files a raw-text source must hold). Callers import the names below
 May import: ``shared``.
 """
 
+from triton_mme_cdk.model_build.manifest.engines import TENSORRT_DATA_TYPES, PlanTensor, TensorRTPlan
 from triton_mme_cdk.model_build.manifest.fields import (
     DEFAULT_GATES,
     TENSORRT_KEYS,
@@ -49,7 +50,6 @@ from triton_mme_cdk.model_build.manifest.loading import (
     load_manifest_bytes,
     parse_manifest,
 )
-from triton_mme_cdk.model_build.manifest.plans import TENSORRT_DATA_TYPES, PlanTensor, TensorRTPlan
 from triton_mme_cdk.model_build.manifest.schema import (
     MAX_TARGETS,
     MODEL_NAME_MAX,

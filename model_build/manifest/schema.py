@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from triton_mme_cdk.model_build.manifest.engines import TensorRTPlan
 from triton_mme_cdk.model_build.manifest.fields import (
     DEFAULT_GATES,
     AccuracyGate,
@@ -29,7 +30,6 @@ from triton_mme_cdk.model_build.manifest.fields import (
     TextInputs,
     Tolerance,
 )
-from triton_mme_cdk.model_build.manifest.plans import TensorRTPlan
 
 #: A model name becomes the Triton model directory and, with ``copies``, the stem of each
 #: ``TargetModel`` (``<name>-<i>.tar.gz``). Lowercase letters, digits, ``-`` and ``_`` are safe

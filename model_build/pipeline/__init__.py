@@ -13,7 +13,7 @@ never publishes: :mod:`model_build.release` takes the store from there. Importin
 cheap (the steps import torch and onnx when they run), so callers import the names below from
 ``model_build.pipeline``.
 
-May import: ``shared``, ``manifest``, ``export``, ``package``, ``text_ensemble``, ``release.identity``,
+May import: ``shared``, ``manifest``, ``export``, ``artifact``, ``text_ensemble``, ``release.identity``,
 ``capacity``.
 """
 

@@ -24,12 +24,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from triton_mme_cdk.model_build.artifact.signature import config_signature
+from triton_mme_cdk.model_build.artifact.triton_config import parse_config
 from triton_mme_cdk.model_build.capacity.footprint import Coefficients
 from triton_mme_cdk.model_build.capacity.measure import measure_footprint
 from triton_mme_cdk.model_build.errors import ModelBuildError
 from triton_mme_cdk.model_build.manifest import Manifest, ModelSpec
-from triton_mme_cdk.model_build.package.signature import config_signature
-from triton_mme_cdk.model_build.package.triton_config import parse_config
 from triton_mme_cdk.model_build.pipeline.steps import BuildOptions
 from triton_mme_cdk.model_build.release.identity import BUILDS_DIR, DEFAULT_COMPRESSLEVEL, Release
 from triton_mme_cdk.model_build.types import Artifact
@@ -81,7 +81,7 @@ class ModelBuildResult:
     #: Its footprint (``model_build.capacity.footprint.Footprint.to_json``, of its first target),
     #: measured once when the unit is built; empty for a unit built before footprints were recorded.
     footprint: dict[str, Any] = field(default_factory=dict)
-    #: What a caller sends and gets back (``model_build.package.signature.config_signature`` of
+    #: What a caller sends and gets back (``model_build.artifact.signature.config_signature`` of
     #: its config), published with each route; empty for a unit built before signatures were recorded.
     signature: dict[str, Any] = field(default_factory=dict)
 

@@ -1,7 +1,7 @@
 """One model's build as a pipeline of typed steps, and the one runner that runs it.
 
-Each step is a small adapter over the module that does the work (``sources``, ``plans``, ``validate``
-(export, optimize, check), ``triton_config``, ``text_ensemble``, ``package``, ``gate``): it reads
+Each step is a small adapter over the module that does the work (``sources``, ``engines``, ``validate``
+(export, optimize, check), ``triton_config``, ``text_ensemble``, ``artifact``, ``gate``): it reads
 what earlier steps produced from a frozen :class:`Artifacts` and returns a new one with what it
 adds. :func:`run_pipeline` is the only place that sequences them, times them and reports
 progress; ``model_build.pipeline.build`` drives it for a plain build (:func:`~model_build.pipeline.build.build_model`)
@@ -150,7 +150,7 @@ def export_optimize_validate(inputs: BuildInputs, done: Artifacts) -> Artifacts:
 def fetch_plan_files(inputs: BuildInputs, done: Artifacts) -> Artifacts:
     """A prebuilt TensorRT plan: the declared files fetched and checked (never run: no GPU here), a
     reference of declared-shape zero inputs and no outputs, and a report that says it was not verified."""
-    from triton_mme_cdk.model_build.export.plans import (
+    from triton_mme_cdk.model_build.export.engines import (
         NOT_VERIFIED,
         fetch_plans,
         plan_model,
@@ -171,7 +171,7 @@ def fetch_plan_files(inputs: BuildInputs, done: Artifacts) -> Artifacts:
 def render_model_config(inputs: BuildInputs, done: Artifacts) -> Artifacts:
     """The exported model's ``config.pbtxt`` (``render_config`` checks it as Triton would); a
     plan's from its declared signature (``render_plan_config``)."""
-    from triton_mme_cdk.model_build.package.render import render_config, render_plan_config
+    from triton_mme_cdk.model_build.artifact.render import render_config, render_plan_config
 
     exported = done.need("exported", "config")
     text = render_plan_config(inputs.spec) if _is_plan(inputs.spec) else render_config(inputs.spec, exported)
@@ -212,7 +212,7 @@ def package(inputs: BuildInputs, done: Artifacts) -> Artifacts:
     tarball = inputs.out_dir / f"{spec.name}.tar.gz"
     exported = done.need("exported", "package")
     if _is_plan(spec):
-        from triton_mme_cdk.model_build.package.pack import package_plans
+        from triton_mme_cdk.model_build.artifact.pack import package_plans
 
         sha256, size = package_plans(model_name=spec.name, config_text=done.need("member_config_text", "package"),
                                      plan_dir=exported.path, out_path=tarball,
@@ -225,7 +225,7 @@ def package(inputs: BuildInputs, done: Artifacts) -> Artifacts:
             truncation=spec.text_inputs.truncation, compresslevel=inputs.options.compresslevel,
         )
     else:
-        from triton_mme_cdk.model_build.package.pack import package_model
+        from triton_mme_cdk.model_build.artifact.pack import package_model
 
         sha256, size = package_model(
             model_name=spec.name, config_text=done.need("member_config_text", "package"),
@@ -235,9 +235,9 @@ def package(inputs: BuildInputs, done: Artifacts) -> Artifacts:
 
 
 def pre_publish_gate(inputs: BuildInputs, done: Artifacts) -> Artifacts:
-    """Everything Triton checks when it loads the tarball (``model_build.package.gate.check_repository``);
+    """Everything Triton checks when it loads the tarball (``model_build.artifact.gate.check_repository``);
     a tarball the gate refuses is removed."""
-    from triton_mme_cdk.model_build.package.gate import gate_tarball
+    from triton_mme_cdk.model_build.artifact.gate import gate_tarball
 
     gate_tarball(done.need("tarball", "pre-publish gate"), model=inputs.spec.name)
     return done

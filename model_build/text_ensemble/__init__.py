@@ -10,5 +10,5 @@ one tarball; ``check`` replays strings through it before packaging. ``container`
 Owns: the tokenizer step of a raw-text target, its ensemble tarball and the container settings it
 needs (checked at synth). The pipeline runs it between the export and the gate.
 
-May import: ``shared``, ``manifest``, ``export``, ``package``.
+May import: ``shared``, ``manifest``, ``export``, ``artifact``.
 """

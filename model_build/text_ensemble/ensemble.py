@@ -31,12 +31,12 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from triton_mme_cdk.model_build.artifact.pack import onnx_external_data_files, write_tarball
+from triton_mme_cdk.model_build.artifact.render import render_config
+from triton_mme_cdk.model_build.artifact.triton_config import check_config, default_filename
 from triton_mme_cdk.model_build.compare import SERVED_PRECISION_KEY
 from triton_mme_cdk.model_build.errors import PackageError
 from triton_mme_cdk.model_build.manifest import PAIR_TASKS, TEXT_TASKS, ModelSpec
-from triton_mme_cdk.model_build.package.pack import onnx_external_data_files, write_tarball
-from triton_mme_cdk.model_build.package.render import render_config
-from triton_mme_cdk.model_build.package.triton_config import check_config, default_filename
 from triton_mme_cdk.model_build.text_ensemble import tokenizer_model
 from triton_mme_cdk.model_build.text_ensemble.served_tokenizer import ServedTokenizer
 from triton_mme_cdk.model_build.text_ensemble.serving_wheel import vendored_files
@@ -175,7 +175,7 @@ def package_text_ensemble(
 ) -> tuple[str, int]:
     """Write the ensemble tarball (layout in the module docstring); ``(sha256, size)``.
 
-    Reproducible like :func:`model_build.package.pack.package_model`: same inputs, same bytes.
+    Reproducible like :func:`model_build.artifact.pack.package_model`: same inputs, same bytes.
     """
     configs = render_ensemble_configs(spec, exported, tokenizer, truncation=truncation)
     model_config = check_config(configs.model, model=spec.name)

@@ -29,5 +29,5 @@ Nothing here is part of the build runtime: the release and model keys do not has
 the Lambda image does not need it, so editing a tool never rebuilds or republishes a model. Only
 the CLI front (``model_build/__main__.py``) imports it.
 
-May import: ``shared``, ``manifest``, ``package``, ``release``, ``text_ensemble``, ``capacity``.
+May import: ``shared``, ``manifest``, ``artifact``, ``release``, ``text_ensemble``, ``capacity``.
 """

@@ -299,7 +299,7 @@ class ModelCache:
         """Download, check the digest, unpack safely, localize the configs."""
         from botocore.exceptions import ClientError
 
-        from triton_mme_cdk.model_build.package.tarball import safe_extract
+        from triton_mme_cdk.model_build.artifact.tarball import safe_extract
 
         tarball = directory.parent / "model.tar.gz"
         digest = hashlib.sha256()

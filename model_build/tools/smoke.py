@@ -208,7 +208,7 @@ def _parse_answer(body: bytes, content_type: str) -> Any:
 def _check_answer(result: Any, reference: Reference, atol: float, rtol: float) -> float | None:
     """Every config output present with the config's datatype and shape, values near the reference
     (``None``: no values compared, where the reference has no outputs: a TensorRT plan's)."""
-    from triton_mme_cdk.model_build.package.triton_config import wire_datatype
+    from triton_mme_cdk.model_build.artifact.triton_config import wire_datatype
 
     config = reference.config
     worst = 0.0

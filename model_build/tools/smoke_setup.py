@@ -272,8 +272,8 @@ def _config_from_tarball(s3_client: Any, bucket: str, key: str) -> str | None:
     """
     from botocore.exceptions import BotoCoreError, ClientError
 
+    from triton_mme_cdk.model_build.artifact.tarball import read_member
     from triton_mme_cdk.model_build.errors import ModelBuildError
-    from triton_mme_cdk.model_build.package.tarball import read_member
 
     try:
         body = s3_client.get_object(Bucket=bucket, Key=key)["Body"]
@@ -281,7 +281,7 @@ def _config_from_tarball(s3_client: Any, bucket: str, key: str) -> str | None:
             for chunk in iter(lambda: body.read(1 << 20), b""):
                 local.write(chunk)
             local.flush()
-            # model_build.package.tarball reads it under the bomb/size limits (a tarball from a bucket
+            # model_build.artifact.tarball reads it under the bomb/size limits (a tarball from a bucket
             # other teams write is not trusted).
             data = read_member(Path(local.name), lambda p: p.name == "config.pbtxt" and len(p.parts) <= 2,
                                max_bytes=_CONFIG_MAX_BYTES)
@@ -305,7 +305,7 @@ def prepare_reference(
     ``digests`` maps object keys to the sha256 the index records for them (its ``references``):
     a reference that changed after the release was published would make every verdict meaningless.
     """
-    from triton_mme_cdk.model_build.package.triton_config import check_config, parse_config
+    from triton_mme_cdk.model_build.artifact.triton_config import check_config, parse_config
     from triton_mme_cdk.model_build.tools.verify import SAGEMAKER_BINARY_CONTENT_TYPE, build_request
 
     # The index names where each reference is (the store); an index of the earlier layout had them

@@ -4,7 +4,7 @@
 (``application/vnd.sagemaker-triton.binary+json;json-header-size=<n>``). A tool: nothing of the
 build runtime imports it, so editing it changes no model key and no release. Whether a published
 tarball loads and answers is checked on the real ``tritonserver`` (``model_build.tools``); the
-pre-publish gate the build runs is ``model_build.package.gate``.
+pre-publish gate the build runs is ``model_build.artifact.gate``.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from tritonclient.utils import (
     triton_to_np_dtype,
 )
 
+from triton_mme_cdk.model_build.artifact.triton_config import ModelConfig, wire_datatype
 from triton_mme_cdk.model_build.errors import VerifyError
-from triton_mme_cdk.model_build.package.triton_config import ModelConfig, wire_datatype
 
 #: ``Content-Type`` of a binary request to the SageMaker Triton container.
 SAGEMAKER_BINARY_CONTENT_TYPE = "application/vnd.sagemaker-triton.binary+json;json-header-size={}"

@@ -165,7 +165,7 @@ _TRT_RENAMED = {"max_workspace_size_bytes": "trt_max_workspace_size",
 def trt_options(params: dict[str, str]) -> dict[str, str]:
     """The tensorrt accelerator's keys as TensorRT provider options, as the backend maps them:
     the precision as its flag, three keys renamed, every other non-empty key as given. (The
-    build's gate, ``model_build.package.backend._trt_options``, maps them too: this file runs in
+    build's gate, ``model_build.artifact.backend._trt_options``, maps them too: this file runs in
     the stub and imports nothing of the project; a test holds the two to the same answers.)"""
     mode = params.get("precision_mode")
     flags = {_TRT_PRECISION_FLAGS[mode]: "1"} if mode in _TRT_PRECISION_FLAGS else {}

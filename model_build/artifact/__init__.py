@@ -1,4 +1,5 @@
-"""Package: an exported model file -> the ``model.tar.gz`` the SageMaker Triton container loads.
+"""The served artifact: an exported model file -> the Triton model folder and the ``model.tar.gz``
+the SageMaker Triton container loads.
 
 - ``render``: the model's ``config.pbtxt`` from its manifest entry and the exported signature;
 - ``triton_config``: the checks Triton's core and the ONNX Runtime backend make when they load a

@@ -7,13 +7,13 @@ it is hashed into every model key; the client-side codec the smoke test uses liv
 - ``check_repository``: the one pre-publish gate (layout, version folder, config, config against
   the graph, ensemble rules), each of its rules confirmed against the real server in
   ``tests/test_config_rules_on_triton.py``; its parts ``locate_model``, ``_version_dir``,
-  ``check_ensemble_repository`` (layout), :mod:`model_build.package.signature` (the config
-  against the graph, read with ``onnx.load``) and :func:`model_build.package.backend.open_model`
+  ``check_ensemble_repository`` (layout), :mod:`model_build.artifact.signature` (the config
+  against the graph, read with ``onnx.load``) and :func:`model_build.artifact.backend.open_model`
   (a TorchScript model loads as the backend loads it); a TensorRT plan's files (``_check_plans``:
   present and non-empty; the engines themselves cannot be read without a GPU);
 - ``gate_tarball``: the gate on a written tarball, which it removes when refused.
 
-``load=False`` (the placing step, :mod:`model_build.package.admission`) is the same gate without
+``load=False`` (the placing step, :mod:`model_build.artifact.admission`) is the same gate without
 reading any model file: the graph-against-config checks (``onnx.load``, ``torch.jit.load``) are the
 build's, under the build role; the placing role only checks that each model file is there, not
 empty, and (TorchScript) a zip archive holding a ``data.pkl``, read with :mod:`zipfile` alone.
@@ -22,11 +22,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from triton_mme_cdk.model_build.artifact.backend import open_model
+from triton_mme_cdk.model_build.artifact.pack import onnx_external_data_files
+from triton_mme_cdk.model_build.artifact.signature import check_signature, onnx_signature
+from triton_mme_cdk.model_build.artifact.triton_config import ModelConfig, config_backend
 from triton_mme_cdk.model_build.errors import ModelBuildError, VerifyError
-from triton_mme_cdk.model_build.package.backend import open_model
-from triton_mme_cdk.model_build.package.pack import onnx_external_data_files
-from triton_mme_cdk.model_build.package.signature import check_signature, onnx_signature
-from triton_mme_cdk.model_build.package.triton_config import ModelConfig, config_backend
 
 # --------------------------------------------------------------------------------------------
 # Unpacking
@@ -92,7 +92,7 @@ def check_ensemble_repository(root: Path, *, model: str | None = None) -> str:
     loads each model its steps name, by folder, and a member's config ``name`` must be its folder's.
     Returns the ensemble's folder name.
     """
-    from triton_mme_cdk.model_build.package.triton_config import parse_config
+    from triton_mme_cdk.model_build.artifact.triton_config import parse_config
 
     who = f"model {model!r}: " if model else ""
     folders = sorted(p for p in root.iterdir() if p.is_dir())
@@ -122,12 +122,12 @@ def check_repository(path: Path, *, model: str, load: bool = True) -> str:
 
     ``path`` is a packaged ``model.tar.gz`` (unpacked safely into a temporary folder next to it) or
     an unpacked folder. The build runs it on every tarball it writes, single model or ensemble
-    (``model_build.pipeline.build.build_model`` through :func:`model_build.package.gate.gate_tarball`);
+    (``model_build.pipeline.build.build_model`` through :func:`model_build.artifact.gate.gate_tarball`);
     ``tests/test_config_rules_on_triton.py`` confirms each rule against the real ``tritonserver``.
 
     1. layout: ``config.pbtxt`` at the root or one model folder; several folders only as one
        ensemble and its members (:func:`check_ensemble_repository`);
-    2. every folder's config parses and passes :func:`~model_build.package.triton_config.check_config`
+    2. every folder's config parses and passes :func:`~model_build.artifact.triton_config.check_config`
        (ensembles and python members: Triton core's rules);
     3. a numeric version folder (the one the version policy serves) holding the model file;
     4. the config's inputs and outputs against the graph's (names, data types, dims), read with
@@ -143,7 +143,7 @@ def check_repository(path: Path, *, model: str, load: bool = True) -> str:
     if path.is_file():
         import tempfile
 
-        from triton_mme_cdk.model_build.package.tarball import safe_extract
+        from triton_mme_cdk.model_build.artifact.tarball import safe_extract
 
         with tempfile.TemporaryDirectory(prefix=".gate-", dir=path.parent) as tmp:
             # The one reader of tarballs: the same limits and member checks as every other unpack.
@@ -167,7 +167,7 @@ def check_repository(path: Path, *, model: str, load: bool = True) -> str:
 
 
 def gate_tarball(out_path: Path, *, model: str) -> None:
-    """Run the pre-publish gate (:func:`model_build.package.gate.check_repository`) on a written tarball.
+    """Run the pre-publish gate (:func:`model_build.artifact.gate.check_repository`) on a written tarball.
 
     The build calls it on every tarball it writes (``model_build.pipeline.build.build_model``), before
     anything is stored or published. A tarball the gate refuses is removed, so nothing Triton would
@@ -182,7 +182,7 @@ def gate_tarball(out_path: Path, *, model: str) -> None:
 
 def _check_model_folder(folder: Path, model: str, member: str | None, load: bool = True) -> ModelConfig:
     """Steps 2-4 of :func:`check_repository` for one model folder."""
-    from triton_mme_cdk.model_build.package.triton_config import check_repository_config, default_filename
+    from triton_mme_cdk.model_build.artifact.triton_config import check_repository_config, default_filename
 
     label = model if member is None else f"{model}/{member}"
     config = check_repository_config((folder / "config.pbtxt").read_text(encoding="utf-8", errors="replace"),
@@ -257,7 +257,7 @@ def _check_plans(config: ModelConfig, version: Path, label: str, model: str) -> 
     and the fleet check at synth compares the declared capabilities and TensorRT version. Unlike
     the other rules, these are not confirmed on tritonserver here (its TensorRT backend needs a GPU).
     """
-    from triton_mme_cdk.model_build.package.triton_config import default_filename
+    from triton_mme_cdk.model_build.artifact.triton_config import default_filename
 
     names = sorted(set(config.cc_model_filenames.values())) or [default_filename(config)]
     for name in names:

@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
+from triton_mme_cdk.model_build.artifact.signature import check_signature
+from triton_mme_cdk.model_build.artifact.triton_config import ModelConfig, config_backend
+from triton_mme_cdk.model_build.artifact.triton_config import mc as _mc
 from triton_mme_cdk.model_build.errors import VerifyError
-from triton_mme_cdk.model_build.package.signature import check_signature
-from triton_mme_cdk.model_build.package.triton_config import ModelConfig, config_backend
-from triton_mme_cdk.model_build.package.triton_config import mc as _mc
 
 _ORT_TO_WIRE = {
     "tensor(float)": "FP32",

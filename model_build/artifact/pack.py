@@ -27,13 +27,13 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-from triton_mme_cdk.model_build.errors import PackageError, TritonConfigError
-from triton_mme_cdk.model_build.package.triton_config import (
+from triton_mme_cdk.model_build.artifact.triton_config import (
     FORMAT_BACKEND,
     check_config,
     config_backend,
     default_filename,
 )
+from triton_mme_cdk.model_build.errors import PackageError, TritonConfigError
 
 #: Fixed metadata for every entry; with sorted entries it makes the archive byte-identical.
 TAR_MTIME = 0

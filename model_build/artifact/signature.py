@@ -4,7 +4,7 @@ with its data type and dims.
 ``onnx_signature`` reads an ONNX file's inputs and outputs with ``onnx.load`` (graph only, no
 weights, no session); ``check_signature`` refuses a config whose tensors are not the graph's, as
 the onnxruntime backend does when it loads the model. Used by the gate (ONNX files) and by
-:mod:`model_build.package.backend` (a session's or a TorchScript module's tensors).
+:mod:`model_build.artifact.backend` (a session's or a TorchScript module's tensors).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from triton_mme_cdk.model_build.artifact.triton_config import ModelConfig, wire_datatype
+from triton_mme_cdk.model_build.artifact.triton_config import mc as _mc
 from triton_mme_cdk.model_build.errors import VerifyError
-from triton_mme_cdk.model_build.package.triton_config import ModelConfig, wire_datatype
-from triton_mme_cdk.model_build.package.triton_config import mc as _mc
 
 #: One graph tensor: name, wire data type (``FP32``...), shape (``-1`` or a name where variable).
 GraphTensor = tuple[str, str, list[Any]]

@@ -4,7 +4,7 @@ per GPU compute capability, with the signature they declare (:class:`TensorRTPla
 Its own module because a plan is unlike every other source: nothing here is exported or run at
 build time, so what Triton needs to serve it (the data types its TensorRT backend maps, the
 ``cc_model_filenames`` keys, plain file names) is checked from the manifest alone. The package
-step's config checks (``model_build.package.triton_config``) use the same patterns.
+step's config checks (``model_build.artifact.triton_config``) use the same patterns.
 """
 
 from __future__ import annotations

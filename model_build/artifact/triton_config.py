@@ -1,4 +1,4 @@
-"""Check Triton ``config.pbtxt`` files (written by :mod:`model_build.package.render`).
+"""Check Triton ``config.pbtxt`` files (written by :mod:`model_build.artifact.render`).
 
 :func:`check_config` re-reads a config and applies, before anything is uploaded, the checks that
 Triton's core (``model_config_utils.cc``) and the ONNX Runtime backend (``src/onnxruntime.cc``)
@@ -25,7 +25,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from triton_mme_cdk.model_build.errors import TritonConfigError
 from triton_mme_cdk.model_build.manifest import TENSORRT_DATA_TYPES, TENSORRT_KEYS
-from triton_mme_cdk.model_build.manifest.plans import COMPUTE_CAPABILITY_PATTERN, PLAN_FILE_PATTERN
+from triton_mme_cdk.model_build.manifest.engines import COMPUTE_CAPABILITY_PATTERN, PLAN_FILE_PATTERN
 
 #: The generated protobuf class (untyped for mypy: the package ships no stubs).
 ModelConfig: TypeAlias = mc.ModelConfig

@@ -4,7 +4,7 @@
 The config is built as a ``tritonclient.grpc.model_config_pb2.ModelConfig`` protobuf and printed
 with ``google.protobuf.text_format``: the schema is Triton's own, so a field name or enum value that
 Triton would not parse cannot be written, and the text is stable (map keys are printed sorted).
-Every rendered config passes :func:`model_build.package.triton_config.check_config` before it is
+Every rendered config passes :func:`model_build.artifact.triton_config.check_config` before it is
 returned.
 """
 
@@ -16,9 +16,9 @@ from pathlib import Path
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from triton_mme_cdk.model_build.artifact.triton_config import FORMAT_BACKEND, check_config
 from triton_mme_cdk.model_build.errors import TritonConfigError
 from triton_mme_cdk.model_build.manifest import ModelSpec
-from triton_mme_cdk.model_build.package.triton_config import FORMAT_BACKEND, check_config
 from triton_mme_cdk.model_build.types import ExportedModel, TensorSpec
 
 #: ``optimization { graph { level } }`` values the ONNX Runtime backend maps to an ORT level.
@@ -108,7 +108,7 @@ def render_plan_config(spec: ModelSpec) -> str:
     ``output``): an engine cannot be read without a GPU and the TensorRT that built it. Triton
     picks the file of the GPU it runs on from ``cc_model_filenames`` (keyed ``"8.6"``); on a GPU
     with no entry it would look for ``1/model.plan``, which the tarball does not hold, so such a
-    fleet is refused at synth (:func:`model_build.package.tensorrt_plans.tensorrt_plan_problem`).
+    fleet is refused at synth (:func:`model_build.artifact.tensorrt_engines.tensorrt_plan_problem`).
     """
     plan = spec.tensorrt_plan
     if spec.format != "tensorrt_plan" or plan is None:

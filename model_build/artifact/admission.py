@@ -1,7 +1,7 @@
 """What the placing step admits: a stored tarball tied to its manifest entry, checked without
 loading any model file (the placing role parses no graph the build role wrote).
 
-:func:`check_admitted` runs :func:`model_build.package.gate.check_repository` with ``load=False``
+:func:`check_admitted` runs :func:`model_build.artifact.gate.check_repository` with ``load=False``
 (layout, configs, version folders, model files present, ensemble wiring), then ties the tarball
 to its entry (:class:`~model_build.manifest.ModelSpec`):
 
@@ -22,7 +22,7 @@ Each refusal is a :class:`~model_build.errors.VerifyError` naming the model, the
 allowed. What this cannot know: whether the graph matches its config (the build's gate checked
 that under the build role; a graph that does not is refused by Triton at load, and its model
 alone fails). The tar and ``config.pbtxt`` readers are the standard library's and protobuf's text
-parser, under the unpack limits (:func:`model_build.package.tarball.safe_extract`).
+parser, under the unpack limits (:func:`model_build.artifact.tarball.safe_extract`).
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from triton_mme_cdk.model_build.artifact.gate import check_repository
+from triton_mme_cdk.model_build.artifact.triton_config import ModelConfig, config_backend, parse_config
 from triton_mme_cdk.model_build.errors import VerifyError
 from triton_mme_cdk.model_build.manifest import TENSORRT_PATH_KEYS, ModelSpec
-from triton_mme_cdk.model_build.package.gate import check_repository
-from triton_mme_cdk.model_build.package.triton_config import ModelConfig, config_backend, parse_config
 
 #: The backend each ``format`` of a manifest entry is served by.
 FORMAT_BACKEND: dict[str, str] = {"onnx": "onnxruntime", "torchscript": "pytorch", "tensorrt_plan": "tensorrt"}
@@ -64,7 +64,7 @@ def check_admitted(path: Path, spec: ModelSpec, *, python_rule: PythonModelRule 
     ``python_rule``: what the tokenizer folder of a raw-text entry may hold (required for one)."""
     path = Path(path)
     if path.is_file():
-        from triton_mme_cdk.model_build.package.tarball import safe_extract
+        from triton_mme_cdk.model_build.artifact.tarball import safe_extract
 
         with tempfile.TemporaryDirectory(prefix=".admit-", dir=path.parent) as tmp:
             safe_extract(path, Path(tmp), model=spec.name)
