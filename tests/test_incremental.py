@@ -84,14 +84,14 @@ def _append(path: Path, text: str = "\n# edited\n") -> None:
 
 def test_the_runtime_is_what_the_build_and_the_handler_import() -> None:
     names = {path.relative_to(PACKAGE_DIR).as_posix() for path in runtime_files()}
-    assert {"pipeline/build.py", "export/convert.py", "export/validate.py", "package/pack.py",
+    assert {"pipeline/build.py", "export/convert.py", "export/validate.py", "artifact/pack.py",
             "handler/__init__.py", "handler/build_steps.py", "release/publish.py", "release/store.py",
-            "release/identity.py", "package/gate.py", "Dockerfile", "requirements-lambda.txt"} <= names
+            "release/identity.py", "artifact/gate.py", "Dockerfile", "requirements-lambda.txt"} <= names
     assert "__main__.py" not in names
     assert not any(name.startswith("tools/") for name in names)
     # The code of a model's bytes is a part of the runtime: not the handler nor the publisher.
     model_names = {p.relative_to(PACKAGE_DIR).as_posix() for p in runtime_files(entries=MODEL_ENTRY_MODULES)}
-    assert {"export/convert.py", "package/pack.py", "release/identity.py"} <= model_names
+    assert {"export/convert.py", "artifact/pack.py", "release/identity.py"} <= model_names
     assert not {name for name in model_names if name.startswith(("handler/", "release/"))} - {
         "release/__init__.py", "release/identity.py"}, model_names
 
