@@ -41,7 +41,7 @@ from triton_mme_cdk.constructs.bucket_guard import publisher_arn
 from triton_mme_cdk.constructs.endpoint_alarms import AlarmKey
 from triton_mme_cdk.constructs.endpoint_dashboard import DashboardName
 from triton_mme_cdk.constructs.endpoint_network import InterfaceEndpoint
-from triton_mme_cdk.constructs.model_bucket import PUBLISHERS_MAX
+from triton_mme_cdk.constructs.model_bucket import PUBLISHERS_MAX, PUBLISHERS_SCOPE
 from triton_mme_cdk.constructs.props import (
     Between,
     Namer,
@@ -274,9 +274,7 @@ class EndpointSettings(EndpointSettingsBase):
         default_factory=list, max_length=PUBLISHERS_MAX,
         description="Roles or users that may write what the fleet serves besides the stack's build (each an "
         "iam.IGrantable whose principal is one IAM role or user; one from outside the app through "
-        "iam.Role.from_role_arn): who runs `publish` out of band for release_id. The bucket policy denies every "
-        "other principal writes and deletes under the model prefix's served/, _routes/, _builds/, _releases/ and "
-        "_plans/. Empty: only the build writes them (with release_id and no build, no one).")
+        "iam.Role.from_role_arn): " + PUBLISHERS_SCOPE)
     bucket_removal_policy: Literal["retain", "destroy"] = _choice("bucket_removal_policy")
     # Model build
     build_memory: Size = _quantity("build_memory_mb")

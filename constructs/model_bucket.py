@@ -90,6 +90,14 @@ PublisherArn = Annotated[str, AfterValidator(publisher_arn)]
 PUBLISHERS_MAX = 20
 
 
+#: Who the publishers are and what the bucket policy lets them do (the end of the description of
+#: ``ModelBucketProps.publishers`` and of the construct's ``model_publishers``).
+PUBLISHERS_SCOPE = (
+    "who runs `publish` out of band for release_id. The bucket policy denies every other principal "
+    "writes and deletes under the model prefix's served/, _routes/, _builds/, _releases/ and _plans/. "
+    "Empty: only the build writes them (with release_id and no build, no one).")
+
+
 class ModelBucketProps(Props):
     """Props of :class:`ModelBucket`."""
 
@@ -128,9 +136,7 @@ class ModelBucketProps(Props):
         default_factory=list,
         max_length=PUBLISHERS_MAX,
         description="IAM role or user ARNs that may write what the fleet serves besides the stack's build: "
-        "who runs `publish` out of band for release_id. The bucket policy denies every other principal "
-        "writes and deletes under the model prefix's served/, _routes/, _builds/, _releases/ and _plans/. "
-        "Empty: only the build writes them (with release_id and no build, no one).",
+        + PUBLISHERS_SCOPE,
     )
 
     @model_validator(mode="after")

@@ -9,7 +9,6 @@ no module of the ``constructs`` library.)
 from __future__ import annotations
 
 import math
-import re
 import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -209,7 +208,10 @@ def unit_of(key: str) -> Unit | None:
 def keyword(key: str) -> str:
     """The construct's name of the context key ``key``: ``build_query_interval`` for
     ``build_query_interval_seconds``, ``shm_default_size`` for ``shm_default_byte_size``."""
-    return re.sub(r"_(seconds|minutes|days|ms|mb|gb)$|_byte(?=_size$)", "", key) if unit_of(key) else key
+    suffix = next((suffix for suffix in UNIT_SUFFIXES if key.endswith(suffix)), None)
+    if suffix is None:
+        return key
+    return key.removesuffix(suffix) + ("_size" if suffix.endswith("_size") else "")
 
 
 def keyword_value(key: str, value: Any) -> Any:
