@@ -3,7 +3,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 # The real tritonserver (PyPI nvidia-pytriton) and what its python backend's stub runs with, on the
-# system Python 3.11 whose libpython the stub links (see model_build/tools/triton_server.py).
+# system Python 3.11 whose libpython the stub links (see model_build/tools/local_endpoint/triton_server.py).
 TRITON_VENV := .venv-triton
 SYSTEM_PY := /usr/bin/python3.11
 # Exits 0 where the Python that runs it has its shared libpython3.X.so.1.0 (the stub links it): in its
@@ -144,7 +144,7 @@ $(VENV)/.bytecode: $(VENV)/.installed
 	wait $$synth && wait $$build
 	touch $@
 
-# What the python-backend stubs import (model_build/tools/triton_backends/).
+# What the python-backend stubs import (model_build/tools/local_endpoint/triton_backends/).
 $(TRITON_VENV)/.bytecode: $(TRITON_VENV)/.installed
 	$(TRITON_VENV)/bin/python -W ignore -c "import numpy, onnxruntime, torch"
 	touch $@

@@ -150,8 +150,8 @@ def plan_line(stack: TritonMmeStack, template: Mapping[str, Any], root: Path = R
                 "replaces the fleet; review the change: python -m model_build plan --bucket <ModelBucketName> "
                 f"--stack-name {settings.stack_name}")
     from triton_mme_cdk.model_build.release.routes import parse_routes, plan_manifest
-    from triton_mme_cdk.model_build.tools.plan_report import PlanReport
-    from triton_mme_cdk.model_build.tools.plan_verdict import judge
+    from triton_mme_cdk.model_build.tools.review.plan_report import PlanReport
+    from triton_mme_cdk.model_build.tools.review.plan_verdict import judge
 
     path = Path(settings.plan_routes_file)
     path = path if path.is_absolute() else root / path

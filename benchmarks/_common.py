@@ -371,7 +371,7 @@ class RunContext:
         and text_ensemble benchmarks call through ``boto3``. Yields the ``LocalEndpoint``."""
         from triton_mme_cdk.model_build.aws_clients import make_s3_client
         from triton_mme_cdk.model_build.release.publish import publish_release
-        from triton_mme_cdk.model_build.tools.endpoint import local_endpoint
+        from triton_mme_cdk.model_build.tools.local_endpoint.server import local_endpoint
         from triton_mme_cdk.model_build.tools.local_s3 import local_s3
 
         artifacts = []

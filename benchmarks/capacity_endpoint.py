@@ -1,6 +1,6 @@
 """The capacity simulator checked against the local endpoint (issue 50, point 5).
 
-The local endpoint (:mod:`model_build.tools.mme`, in front of the real ``tritonserver``) unloads
+The local endpoint (:mod:`model_build.tools.local_endpoint.model_cache`, in front of the real ``tritonserver``) unloads
 the least recently used model when the unpacked size of the loaded ones would pass its memory
 budget. Copies of one model of ``models.yaml`` are published, the endpoint is given a budget that
 holds only some of them, and a Zipf request sequence (drawn by the ``capacity`` command's own
@@ -9,7 +9,7 @@ endpoint itself: a request is warm when the endpoint's load counter did not move
 the loads are the server's own ``successfully loaded`` log lines (checked against the counter).
 
 The simulator (:func:`model_build.capacity.simulate.simulate`, which imports nothing of the
-project and nothing of ``mme``) is given the same budget as one instance's GPU memory, each
+project and nothing of ``model_cache``) is given the same budget as one instance's GPU memory, each
 copy's unpacked size as the build recorded it in its footprint (what the endpoint's budget
 counts), the same sequence, one instance, no spill. Requests are one at a time, each sent once the
 previous one is answered: the simulator gets them spaced further apart than any load takes, so
@@ -160,9 +160,9 @@ def check(artifact: Any, workload: Workload, body: bytes, content_type: str, *, 
     sequence and compare the simulator's prediction with what the endpoint did."""
     from triton_mme_cdk.model_build.aws_clients import make_s3_client
     from triton_mme_cdk.model_build.release.publish import publish_release
-    from triton_mme_cdk.model_build.tools.endpoint import local_endpoint
+    from triton_mme_cdk.model_build.tools.local_endpoint.server import local_endpoint
     from triton_mme_cdk.model_build.tools.local_s3 import local_s3
-    from triton_mme_cdk.model_build.tools.smoke_setup import make_runtime_client
+    from triton_mme_cdk.model_build.tools.smoke.prepare import make_runtime_client
 
     if len(artifact.targets) != workload.copies:
         raise ValueError(f"the artifact has {len(artifact.targets)} targets; the workload asks for {workload.copies}")

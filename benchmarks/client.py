@@ -240,9 +240,9 @@ def run(ctx: RunContext) -> dict[str, Any]:
     from s3_faults import FaultProxy
 
     from triton_mme_cdk.model_build.aws_clients import make_s3_client
-    from triton_mme_cdk.model_build.tools.endpoint import local_endpoint
+    from triton_mme_cdk.model_build.tools.local_endpoint.server import local_endpoint
     from triton_mme_cdk.model_build.tools.local_s3 import local_s3
-    from triton_mme_cdk.model_build.tools.smoke_setup import make_runtime_client
+    from triton_mme_cdk.model_build.tools.smoke.prepare import make_runtime_client
     from triton_mme_client import TritonMmeClient
 
     started = time.perf_counter()

@@ -12,7 +12,7 @@ JSON and binary+JSON are compared at the largest batch whose JSON body fits, and
 body is sent once to record its refusal.
 
 Everything goes through boto3's ``sagemaker-runtime`` client to the local endpoint
-(:mod:`model_build.tools.endpoint`), which downloads the published tarball from a local S3
+(:mod:`model_build.tools.local_endpoint.server`), which downloads the published tarball from a local S3
 endpoint (moto's server), unpacks it and loads it on the server: the path a SageMaker MME takes,
 on CPU with the python-based ONNX Runtime / PyTorch backends (see the deviations in docs/local-endpoint.md).
 """
@@ -133,8 +133,8 @@ def _largest_fitting_batch(onnx: dict[str, Any], image: int, rng: np.random.Gene
 def run(ctx: RunContext) -> dict[str, Any]:
     from botocore.exceptions import ClientError
 
-    from triton_mme_cdk.model_build.tools.endpoint import MAX_BODY_BYTES
-    from triton_mme_cdk.model_build.tools.smoke_setup import make_runtime_client
+    from triton_mme_cdk.model_build.tools.local_endpoint.server import MAX_BODY_BYTES
+    from triton_mme_cdk.model_build.tools.smoke.prepare import make_runtime_client
 
     started = time.perf_counter()
     chosen = ctx.sizes(SIZES)

@@ -172,7 +172,7 @@ PY
     local why
     why=$(cd "$bundle/project" && "$work/check/bin/python" -c 'import sys
 from pathlib import Path
-from triton_mme_cdk.model_build.tools.triton_server import TritonEnvironment, TritonEnvironmentError
+from triton_mme_cdk.model_build.tools.local_endpoint.triton_server import TritonEnvironment, TritonEnvironmentError
 try:
     print(TritonEnvironment.find(Path(sys.argv[1])).missing_libpython())
 except TritonEnvironmentError as error:

@@ -60,7 +60,7 @@ DIFFERS_FROM_SAGEMAKER = (
     "HTTP, no dynamic batcher, no SageMaker model download or unpack.",
     "tritonserver-* rows: the build's tarball in tritonserver 2.51 of nvidia-pytriton over its SageMaker "
     "API (load, invoke), as the local endpoint serves it. Its onnxruntime and pytorch backends are the "
-    "local endpoint's python-based stand-ins (model_build/tools/triton_backends): each model instance "
+    "local endpoint's python-based stand-ins (model_build/tools/local_endpoint/triton_backends): each model instance "
     "runs in a python backend stub process with its own CUDA context (counted in its GPU memory) and "
     "tensors pass through shared memory; the image's C++ backends run inside the server's process. "
     "The SageMaker front, its download and unpack are not measured.",

@@ -77,7 +77,7 @@ def triton_environment() -> tuple[Any, str]:
     onnxruntime-gpu and CUDA torch), else ``.venv-triton``; (env, "") or (None, why not)."""
     import os
 
-    from triton_mme_cdk.model_build.tools.triton_server import (
+    from triton_mme_cdk.model_build.tools.local_endpoint.triton_server import (
         ENV_VARIABLE,
         TritonEnvironment,
         TritonEnvironmentError,
@@ -95,7 +95,7 @@ def triton_environment() -> tuple[Any, str]:
 
 def shm_settings() -> tuple[tuple[int, int], str]:
     """The stack's python-backend SHM sizes: the app's cdk.json, else the endpoint's defaults (no CDK needed)."""
-    from triton_mme_cdk.model_build.tools.triton_server import stack_shm_settings
+    from triton_mme_cdk.model_build.tools.local_endpoint.triton_server import stack_shm_settings
 
     return stack_shm_settings(), "the stack's (cdk.json, else the endpoint's defaults)"
 
@@ -120,7 +120,10 @@ class ServedModel:
     def __init__(self, server: Any, target: str, tarball: Path, config_text: str, root: Path, *, gpu: bool) -> None:
         from triton_mme_cdk.model_build.artifact.tarball import safe_extract
         from triton_mme_cdk.model_build.artifact.triton_config import parse_config
-        from triton_mme_cdk.model_build.tools.mme import localize_configs, model_name_for
+        from triton_mme_cdk.model_build.tools.local_endpoint.model_cache import (
+            localize_configs,
+            model_name_for,
+        )
 
         self.server = server
         self.config = parse_config(config_text)
@@ -151,7 +154,7 @@ class ServedModel:
         """A call of ``batch`` (body encoded once): returns the first output as numpy."""
         import re
 
-        from triton_mme_cdk.model_build.tools.verify import (
+        from triton_mme_cdk.model_build.tools.smoke.codec import (
             SAGEMAKER_BINARY_CONTENT_TYPE,
             build_request,
             header_length,
@@ -235,7 +238,7 @@ def served_rows(manifest_path: Path, models: list[Any], sources: dict[str, Path 
                 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Every served row, and what the server was (its version, environment, SHM sizes)."""
     from triton_mme_cdk.model_build.pipeline import BuildOptions, build_model
-    from triton_mme_cdk.model_build.tools.triton_server import triton_server
+    from triton_mme_cdk.model_build.tools.local_endpoint.triton_server import triton_server
 
     on_gpu = gpu.device == "cuda"
     entries, rows = served_entries(models, sources, gpu=on_gpu)

@@ -92,7 +92,7 @@ class Load:
         self._threads = [threading.Thread(target=self._client, args=(target,), daemon=True) for target in targets]
 
     def _client(self, target: str) -> None:
-        from triton_mme_cdk.model_build.tools.smoke_setup import make_runtime_client
+        from triton_mme_cdk.model_build.tools.smoke.prepare import make_runtime_client
 
         runtime = make_runtime_client(endpoint_url=self.url, timeout_seconds=60)
         deadline = time.monotonic() + 900  # bounded whatever happens
@@ -148,9 +148,9 @@ def _under_load(ctx: RunContext) -> dict[str, Any]:
     from triton_mme_cdk.model_build.release.publish import publish_release
     from triton_mme_cdk.model_build.release.serving import activate_release
     from triton_mme_cdk.model_build.release.store import ReleaseTarget, publish_incremental
-    from triton_mme_cdk.model_build.tools.endpoint import local_endpoint
+    from triton_mme_cdk.model_build.tools.local_endpoint.server import local_endpoint
     from triton_mme_cdk.model_build.tools.local_s3 import local_s3
-    from triton_mme_cdk.model_build.tools.smoke_setup import make_runtime_client
+    from triton_mme_cdk.model_build.tools.smoke.prepare import make_runtime_client
 
     phase = float(ctx.sizes(SIZES)["phase_s"])
     # A tiny run keeps one steady model (one client): each model is a cold load on both endpoints.

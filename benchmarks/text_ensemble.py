@@ -197,7 +197,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
     from botocore.config import Config
     from transformers import AutoTokenizer
 
-    from triton_mme_cdk.model_build.tools.verify import SAGEMAKER_BINARY_CONTENT_TYPE, parse_response
+    from triton_mme_cdk.model_build.tools.smoke.codec import SAGEMAKER_BINARY_CONTENT_TYPE, parse_response
 
     started = time.perf_counter()
     budget = float(ctx.sizes(SIZES)["seconds_per_measurement"])

@@ -352,10 +352,10 @@ def _through_triton(ctx: RunContext, built: dict[str, Any], specs: dict[str, Any
     from triton_mme_cdk.model_build.artifact.triton_config import parse_config
     from triton_mme_cdk.model_build.aws_clients import make_s3_client
     from triton_mme_cdk.model_build.release.publish import publish_release
-    from triton_mme_cdk.model_build.tools.endpoint import local_endpoint
+    from triton_mme_cdk.model_build.tools.local_endpoint.server import local_endpoint
     from triton_mme_cdk.model_build.tools.local_s3 import local_s3
-    from triton_mme_cdk.model_build.tools.smoke_setup import make_runtime_client
-    from triton_mme_cdk.model_build.tools.verify import SAGEMAKER_BINARY_CONTENT_TYPE, build_request
+    from triton_mme_cdk.model_build.tools.smoke.codec import SAGEMAKER_BINARY_CONTENT_TYPE, build_request
+    from triton_mme_cdk.model_build.tools.smoke.prepare import make_runtime_client
 
     release_id = "r-variants00000000"
     artifacts = [built[key].artifact(ctx.build(specs[key])[1]) for key in built]

@@ -27,14 +27,14 @@ from triton_mme_cdk.model_build.errors import ModelBuildError, PublishError
 from triton_mme_cdk.model_build.manifest import Manifest, load_manifest
 from triton_mme_cdk.model_build.release import DEFAULT_COMPRESSLEVEL, Release, compute_release, served_prefix
 from triton_mme_cdk.model_build.release.routes import DEFAULT_RETENTION_DAYS
-from triton_mme_cdk.model_build.tools import fit_cli
 from triton_mme_cdk.model_build.tools.app_context import DEFAULT_MODEL_PREFIX
 from triton_mme_cdk.model_build.tools.build_report import build_table, human_size
-from triton_mme_cdk.model_build.tools.capacity_cli import add_capacity_parser
+from triton_mme_cdk.model_build.tools.capacity import fit_check
+from triton_mme_cdk.model_build.tools.capacity.cli import add_capacity_parser
 from triton_mme_cdk.model_build.tools.doctor_cli import add_doctor_parser
-from triton_mme_cdk.model_build.tools.endpoint import add_endpoint_parser
-from triton_mme_cdk.model_build.tools.plan_cli import add_plan_parsers
-from triton_mme_cdk.model_build.tools.smoke_cli import add_smoke_parser
+from triton_mme_cdk.model_build.tools.local_endpoint.server import add_endpoint_parser
+from triton_mme_cdk.model_build.tools.review.plan_cli import add_plan_parsers
+from triton_mme_cdk.model_build.tools.smoke.cli import add_smoke_parser
 
 # Wide when not a terminal, so logs and CI output keep each table row and message on one line.
 # Progress bars of our own only: the libraries' weight-loading bars and notices are noise here.
@@ -73,7 +73,7 @@ def _load(args: argparse.Namespace) -> tuple[Manifest, Release, Path]:
 def cmd_validate(args: argparse.Namespace) -> int:
     from triton_mme_cdk.model_build.manifest.build_engine import EngineSettings, place_all
 
-    fit_cli.fleet_of(args)  # a bad --instance-type is refused before the manifest is read
+    fit_check.fleet_of(args)  # a bad --instance-type is refused before the manifest is read
     manifest, release, base_dir = _load(args)
     table = Table(title=f"{args.manifest}: valid, release {release.release_id}")
     for column in ("model", "source", "task", "format", "max batch", "copies", "targets", "builds on (default settings)"):
@@ -95,7 +95,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         )
     out.print(table)
     out.print(f"{manifest.target_count} target models in {len(manifest.models)} entries")
-    fit_cli.validate_fit(args, manifest, base_dir, out, console)
+    fit_check.validate_fit(args, manifest, base_dir, out, console)
     return 0
 
 
@@ -149,11 +149,11 @@ def _build_task(progress: Any) -> tuple[Callable[[int], None], Callable[[Any, st
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    fleet = fit_cli.fleet_of(args)
+    fleet = fit_check.fleet_of(args)
     record, release_dir, _ = _build(args)
     out.print(build_table(record))
     if fleet is not None:  # the footprints each build measured
-        fit_cli.report_fit(fit_cli.built_footprints(record.artifacts(release_dir)), fleet, out, console)
+        fit_check.report_fit(fit_check.built_footprints(record.artifacts(release_dir)), fleet, out, console)
     reused = len(record.models) - len(record.built)
     out.print(f"built {len(record.built)} of {len(record.models)} models"
               + (f"; {reused} unchanged, reused from {Path(args.out) / '_builds'}" if reused else ""))
@@ -277,7 +277,7 @@ def _route(args: argparse.Namespace, s3_client: Any, release: Release) -> Any:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    args.fit_check = release_check(fit_cli.fleet_of(args))  # checked before any copy or index is written
+    args.fit_check = release_check(fit_check.fleet_of(args))  # checked before any copy or index is written
     s3_client = _s3(args)
     manifest, release, base_dir = _load(args)
     local = _local_record(args, release)
@@ -310,10 +310,10 @@ def _serve_and_check(args: argparse.Namespace, s3_client: Any, release: Release)
     The answers are compared with the references recorded at build time, by the same code the
     smoke test runs against a deployed endpoint; the table shows the cold and the warm call.
     """
-    from triton_mme_cdk.model_build.tools.endpoint import ENDPOINT_NAME, local_endpoint
-    from triton_mme_cdk.model_build.tools.smoke import run_smoke
-    from triton_mme_cdk.model_build.tools.smoke_cli import smoke_table
-    from triton_mme_cdk.model_build.tools.smoke_setup import make_client, make_runtime_client
+    from triton_mme_cdk.model_build.tools.local_endpoint.server import ENDPOINT_NAME, local_endpoint
+    from triton_mme_cdk.model_build.tools.smoke.cli import smoke_table
+    from triton_mme_cdk.model_build.tools.smoke.prepare import make_client, make_runtime_client
+    from triton_mme_cdk.model_build.tools.smoke.runner import run_smoke
 
     with local_endpoint(s3_client=s3_client, bucket=args.bucket, release_id=release.release_id,
                         model_prefix=args.prefix) as endpoint:
@@ -443,7 +443,7 @@ def _parser() -> argparse.ArgumentParser:
     publish = sub.add_parser("publish", help="build if needed, then publish the release to S3")
     common(publish, cmd_publish, s3=True)
     for p in (validate, build, publish):
-        fit_cli.add_fit_arguments(p)
+        fit_check.add_fit_arguments(p)
     verify = sub.add_parser("verify", help="serve the release on the real tritonserver and check every target")
     common(verify, cmd_verify, s3=True)
     demo = sub.add_parser("demo", help="build, publish (local S3 unless --bucket), serve on tritonserver, invoke")

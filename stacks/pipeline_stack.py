@@ -218,7 +218,7 @@ class TritonMmePipelineStack(Stack):
             input=self._source_files,
             additional_inputs={"cdk.out": self.code_pipeline.cloud_assembly_file_set},
             commands=[*self.gate.setup_commands(), *self._assume(stage, base, "plan"),
-                      f"{GateCode.python('model_build.tools.pipeline_plan')} {shlex.quote(stack_name)} {context}"
+                      f"{GateCode.python('model_build.tools.review.pipeline_plan')} {shlex.quote(stack_name)} {context}"
                       f" --access-stack {shlex.quote(access_stack_name(stack_name))}"
                       + (" --require-approval always" if stage.require_approval == "always" else ""),
                       "set -a; . plan/verdict.env; set +a"],

@@ -23,14 +23,15 @@ from triton_mme_cdk.model_build.text_ensemble.shm import (
     SHM_GROWTH_BYTE_SIZE,
     SHM_MAX_BYTE_SIZE,
 )
-from triton_mme_cdk.model_build.tools import app_context, plan_verdict
+from triton_mme_cdk.model_build.tools import app_context
 from triton_mme_cdk.model_build.tools.app_context import (
     AppConfig,
     StackTemplate,
     pick_stack,
     template_model_prefix,
 )
-from triton_mme_cdk.model_build.tools.triton_server import stack_shm_settings
+from triton_mme_cdk.model_build.tools.local_endpoint.triton_server import stack_shm_settings
+from triton_mme_cdk.model_build.tools.review import plan_verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 

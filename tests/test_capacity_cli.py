@@ -1,6 +1,6 @@
 """``python -m model_build capacity`` end to end (issue 50, point 4): a manifest, a traffic profile,
 footprints and a price table in, the plan out as text, JSON (validated against
-``model_build/tools/capacity.schema.json``) and markdown; every bad input one line naming the
+``model_build/tools/capacity/capacity.schema.json``) and markdown; every bad input one line naming the
 field, exit 1, before anything is simulated."""
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from triton_mme_cdk.model_build.capacity.inputs import instance_shapes, measured
 from triton_mme_cdk.model_build.capacity.sizing import synth_footprints
 from triton_mme_cdk.model_build.manifest import load_manifest
 from triton_mme_cdk.model_build.release.routes import ModelPlan, Planned, Route
-from triton_mme_cdk.model_build.tools.plan_capacity import capacity_line
+from triton_mme_cdk.model_build.tools.review.plan_capacity import capacity_line
 
 ROOT = Path(__file__).resolve().parents[1]
-SCHEMA = json.loads((ROOT / "model_build" / "tools" / "capacity.schema.json").read_text())
+SCHEMA = json.loads((ROOT / "model_build" / "tools" / "capacity" / "capacity.schema.json").read_text())
 
 MANIFEST = """\
 version: 1
@@ -239,8 +239,8 @@ def test_the_plan_line_says_unknown_rather_than_guessing(tmp_path: Path) -> None
 
 
 def test_the_plan_json_with_its_capacity_line_matches_the_plan_schema(tmp_path: Path) -> None:
-    from triton_mme_cdk.model_build.tools.plan_report import PlanReport
-    from triton_mme_cdk.model_build.tools.plan_verdict import Verdict
+    from triton_mme_cdk.model_build.tools.review.plan_report import PlanReport
+    from triton_mme_cdk.model_build.tools.review.plan_verdict import Verdict
 
     (tmp_path / "models.yaml").write_text(MANIFEST)
     manifest = load_manifest(tmp_path / "models.yaml")
@@ -248,7 +248,7 @@ def test_the_plan_json_with_its_capacity_line_matches_the_plan_schema(tmp_path: 
     report = PlanReport(stack="TritonMme", models=models, verdict=Verdict(fleet="created", data="safe", compared_with="nothing deployed"), routes_where="r.json",
                         capacity=capacity_line(manifest, tmp_path, models, _fleet()))
     document = report.as_json()
-    plan_schema = json.loads((ROOT / "model_build" / "tools" / "plan.schema.json").read_text())
+    plan_schema = json.loads((ROOT / "model_build" / "tools" / "review" / "plan.schema.json").read_text())
     jsonschema.validate(document, plan_schema, cls=jsonschema.Draft202012Validator)
     assert document["capacity"]["after"] == {"resident_models": 4, "models": 4, "warm_share": 1.0,
                                              "loads_per_minute": 0.0}

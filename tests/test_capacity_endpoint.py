@@ -52,10 +52,10 @@ def _imports(path: Path) -> set[str]:
 
 def test_the_simulator_shares_no_code_with_the_endpoint() -> None:
     simulator = _imports(ROOT / "model_build" / "capacity" / "simulate.py")
-    # The standard library only: nothing of the project, so nothing of mme.py.
+    # The standard library only: nothing of the project, so nothing of model_cache.py.
     assert simulator == {"__future__", "math", "collections", "collections.abc", "dataclasses", "typing"}, simulator
-    endpoint = _imports(ROOT / "model_build" / "tools" / "mme.py") | _imports(
-        ROOT / "model_build" / "tools" / "endpoint.py")
+    endpoint = _imports(ROOT / "model_build" / "tools" / "local_endpoint" / "model_cache.py") | _imports(
+        ROOT / "model_build" / "tools" / "local_endpoint" / "server.py")
     assert not [name for name in endpoint if "capacity" in name], endpoint
 
 

@@ -38,7 +38,7 @@ from triton_helpers import CallsAnswered, requires_triton
 from triton_mme_cdk.model_build.aws_clients import make_s3_client
 from triton_mme_cdk.model_build.compare import SERVED_TOLERANCE
 from triton_mme_cdk.model_build.manifest import load_manifest
-from triton_mme_cdk.model_build.tools.endpoint import LocalEndpoint, local_endpoint
+from triton_mme_cdk.model_build.tools.local_endpoint.server import LocalEndpoint, local_endpoint
 from triton_mme_cdk.model_build.tools.local_s3 import local_s3
 from triton_mme_client import EndpointError, ModelError, ModelInfo, TritonMmeClient
 

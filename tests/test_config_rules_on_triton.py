@@ -11,7 +11,7 @@ ignore) are listed apart, and the test shows that the server does load them: doc
 
 Rules of Triton's core (batching, dims, names, layout) are the server's own. Rules of the ONNX
 Runtime backend's ``parameters`` and accelerators are applied, on this CPU machine, by our
-python-based stand-in for that backend (``model_build/tools/triton_backends/onnxruntime``), which
+python-based stand-in for that backend (``model_build/tools/local_endpoint/triton_backends/onnxruntime``), which
 mirrors ``onnxruntime_backend/src/onnxruntime.cc``: for those the server's word is only as good as
 that mirror, and a GPU endpoint remains the final judge.
 """
@@ -31,7 +31,7 @@ from triton_mme_cdk.model_build.artifact.gate import check_repository
 from triton_mme_cdk.model_build.errors import ModelBuildError
 from triton_mme_cdk.model_build.manifest import parse_manifest
 from triton_mme_cdk.model_build.pipeline import BuildOptions, build_model
-from triton_mme_cdk.model_build.tools.triton_server import TritonServer, triton_server
+from triton_mme_cdk.model_build.tools.local_endpoint.triton_server import TritonServer, triton_server
 
 pytestmark = [pytest.mark.slow, requires_triton]
 

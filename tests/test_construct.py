@@ -210,7 +210,7 @@ def test_two_endpoints_in_one_stack_each_with_its_manifest_and_record(
     report = json.loads(capsys.readouterr().out)
     assert (report["fleet"]["verdict"], report["data"]["verdict"]) == ("unchanged", "safe"), report["summary"]
     # Unscoped, the whole template against one endpoint's record: the other fleet reads as a change.
-    from triton_mme_cdk.model_build.tools.plan_verdict import judge
+    from triton_mme_cdk.model_build.tools.review.plan_verdict import judge
 
     assert judge(template, record=routes.deployed, live_routes=True).fleet != "unchanged"
 

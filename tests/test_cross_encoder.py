@@ -149,8 +149,8 @@ def test_pairs_in_logits_out_on_the_local_endpoint_like_cross_encoder(tmp_path, 
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
     from triton_helpers import served_manifest
 
-    from triton_mme_cdk.model_build.tools.smoke import run_smoke
-    from triton_mme_cdk.model_build.tools.smoke_setup import make_client, make_runtime_client
+    from triton_mme_cdk.model_build.tools.smoke.prepare import make_client, make_runtime_client
+    from triton_mme_cdk.model_build.tools.smoke.runner import run_smoke
 
     entries = []
     for kind, (labels, _) in KINDS.items():

@@ -26,7 +26,7 @@ from triton_helpers import requires_triton
 
 from triton_mme_cdk.constructs.client_layer import client_files, stage, wheel_for
 from triton_mme_cdk.model_build.aws_clients import make_s3_client
-from triton_mme_cdk.model_build.tools.endpoint import local_endpoint
+from triton_mme_cdk.model_build.tools.local_endpoint.server import local_endpoint
 from triton_mme_cdk.model_build.tools.local_s3 import local_s3
 from triton_mme_client import TritonMmeClient
 

@@ -34,9 +34,9 @@ from triton_mme_cdk.model_build.release import compute_release
 from triton_mme_cdk.model_build.release.index import read_routes
 from triton_mme_cdk.model_build.release.serving import activate_release
 from triton_mme_cdk.model_build.release.store import ReleaseTarget, publish_incremental
-from triton_mme_cdk.model_build.tools.endpoint import local_endpoint
+from triton_mme_cdk.model_build.tools.local_endpoint.server import local_endpoint
 from triton_mme_cdk.model_build.tools.local_s3 import local_s3
-from triton_mme_cdk.model_build.tools.smoke_setup import make_runtime_client
+from triton_mme_cdk.model_build.tools.smoke.prepare import make_runtime_client
 
 pytestmark = [pytest.mark.slow, requires_triton]
 BUCKET = "live-endpoint"

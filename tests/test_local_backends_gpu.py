@@ -20,7 +20,11 @@ from triton_helpers import requires_triton  # tests/ is on sys.path
 
 from triton_mme_cdk.model_build.artifact.backend import _trt_options
 from triton_mme_cdk.model_build.manifest.fields import TensorRTAccelerator
-from triton_mme_cdk.model_build.tools.triton_server import BACKENDS_SOURCE, TritonEnvironment, library_path
+from triton_mme_cdk.model_build.tools.local_endpoint.triton_server import (
+    BACKENDS_SOURCE,
+    TritonEnvironment,
+    library_path,
+)
 
 pytestmark = requires_triton
 

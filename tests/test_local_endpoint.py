@@ -1,7 +1,7 @@
 """The local multi-model endpoint, on the real ``tritonserver`` (no mock): boto3 in, Triton out.
 
 A small release (an ONNX ResNet published as two copies, and a TorchScript one) is built for real,
-published to moto's S3 server, and served by :func:`model_build.tools.endpoint.local_endpoint`.
+published to moto's S3 server, and served by :func:`model_build.tools.local_endpoint.server.local_endpoint`.
 Hostile targets are added to the same release index: a tampered tarball, one whose member path
 escapes its folder, a config the server refuses, and a python model that runs out of memory.
 """
@@ -38,10 +38,10 @@ from triton_mme_cdk.model_build.pipeline import BuildOptions, build_release
 from triton_mme_cdk.model_build.reference import read_reference
 from triton_mme_cdk.model_build.release import INDEX_NAME, compute_release
 from triton_mme_cdk.model_build.release.publish import publish_release
-from triton_mme_cdk.model_build.tools.endpoint import LocalEndpoint, local_endpoint
+from triton_mme_cdk.model_build.tools.local_endpoint.server import LocalEndpoint, local_endpoint
 from triton_mme_cdk.model_build.tools.local_s3 import local_s3
-from triton_mme_cdk.model_build.tools.smoke import run_smoke
-from triton_mme_cdk.model_build.tools.smoke_setup import make_client, make_runtime_client
+from triton_mme_cdk.model_build.tools.smoke.prepare import make_client, make_runtime_client
+from triton_mme_cdk.model_build.tools.smoke.runner import run_smoke
 
 ROOT = Path(__file__).resolve().parents[1]
 BUCKET = "local-endpoint"
@@ -319,7 +319,7 @@ def test_a_507_load_unloads_the_least_recently_used_model_and_then_succeeds(
 def test_a_model_always_out_of_memory_unloads_at_most_max_oom_retries_models(
     endpoint: LocalEndpoint, release: dict[str, Any]
 ) -> None:
-    from triton_mme_cdk.model_build.tools.mme import MAX_OOM_RETRIES
+    from triton_mme_cdk.model_build.tools.local_endpoint.model_cache import MAX_OOM_RETRIES
 
     runtime = make_runtime_client(endpoint_url=endpoint.url, timeout_seconds=120)
     endpoint.cache.unload_all()
@@ -365,7 +365,7 @@ def test_thread_counts_of_the_pytorch_backend_load_and_answer(endpoint: LocalEnd
 
 
 def test_a_body_over_the_6_mb_invoke_limit_is_a_413_validation_error(endpoint: LocalEndpoint) -> None:
-    from triton_mme_cdk.model_build.tools.endpoint import MAX_BODY_BYTES
+    from triton_mme_cdk.model_build.tools.local_endpoint.server import MAX_BODY_BYTES
 
     assert MAX_BODY_BYTES == 6291456  # botocore's sagemaker-runtime BodyBlob max
     response = _error(endpoint, "tiny-ts.tar.gz", body=b" " * (MAX_BODY_BYTES + 1))
@@ -378,7 +378,7 @@ def test_a_body_over_the_6_mb_invoke_limit_is_a_413_validation_error(endpoint: L
 
 
 def test_a_root_config_is_localized_too(tmp_path: Path) -> None:
-    from triton_mme_cdk.model_build.tools.mme import localize_configs
+    from triton_mme_cdk.model_build.tools.local_endpoint.model_cache import localize_configs
 
     (tmp_path / "1").mkdir()
     (tmp_path / "config.pbtxt").write_text('name: "m"\nbackend: "onnxruntime"\n'
@@ -392,7 +392,7 @@ def test_a_root_config_is_localized_too(tmp_path: Path) -> None:
 
 
 def test_a_server_with_gpu_runtimes_keeps_the_published_kinds(tmp_path: Path) -> None:
-    from triton_mme_cdk.model_build.tools.mme import CpuUnservable, localize_configs
+    from triton_mme_cdk.model_build.tools.local_endpoint.model_cache import CpuUnservable, localize_configs
 
     published = 'name: "m"\nbackend: "onnxruntime"\ninstance_group { kind: KIND_GPU count: 1 gpus: 0 }\n'
     (tmp_path / "config.pbtxt").write_text(published)
@@ -411,7 +411,7 @@ def test_a_server_with_gpu_runtimes_keeps_the_published_kinds(tmp_path: Path) ->
 ])
 def test_a_malformed_index_entry_is_one_clear_error(release: dict[str, Any], mutate: Any, words: str) -> None:
     from triton_mme_cdk.model_build.errors import ModelBuildError
-    from triton_mme_cdk.model_build.tools.served_release import read_release
+    from triton_mme_cdk.model_build.tools.local_endpoint.served_release import read_release
 
     release_id = "r-malformed0000000"
     index = json.loads(json.dumps(release["index"]))

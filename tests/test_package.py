@@ -102,7 +102,7 @@ def test_python_m_model_build_runs_the_package_cli_in_a_checkout() -> None:
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 1, done.stderr
     assert "no-such.yaml" in done.stderr and "Traceback" not in done.stderr
-    module = subprocess.run([sys.executable, "-m", "model_build.tools.pipeline_plan", "--help"], cwd=ROOT,
+    module = subprocess.run([sys.executable, "-m", "model_build.tools.review.pipeline_plan", "--help"], cwd=ROOT,
                             capture_output=True, text=True, timeout=120, check=False)
     assert module.returncode == 0, module.stderr
     assert "usage:" in module.stdout

@@ -30,7 +30,7 @@ from triton_mme_cdk.model_build.artifact.triton_config import check_config
 from triton_mme_cdk.model_build.errors import PackageError, VerifyError
 from triton_mme_cdk.model_build.manifest import ModelSpec, Tolerance
 from triton_mme_cdk.model_build.reference import read_reference, write_reference
-from triton_mme_cdk.model_build.tools.verify import build_request
+from triton_mme_cdk.model_build.tools.smoke.codec import build_request
 from triton_mme_cdk.model_build.types import ExportedModel, TensorSpec
 
 TOLERANCE = Tolerance(atol=1e-4, rtol=1e-3)

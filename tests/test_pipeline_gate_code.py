@@ -38,7 +38,7 @@ def _plan_commands(synthesized: PipelineSynth) -> list[str]:
 
 def test_the_zip_is_the_same_for_the_same_code_and_leaves_the_manifest_out(tmp_path: Path) -> None:
     root = tmp_path / "checkout"
-    for name in ("Makefile", "models.yaml", "cdk.json", "model_build/tools/pipeline_plan.py", "tests/test_x.py",
+    for name in ("Makefile", "models.yaml", "cdk.json", "model_build/tools/review/pipeline_plan.py", "tests/test_x.py",
                  "model_build/__pycache__/x.pyc", "docs/notes.txt"):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(name)
@@ -51,11 +51,11 @@ def test_the_zip_is_the_same_for_the_same_code_and_leaves_the_manifest_out(tmp_p
     first = digest("a.zip")
     assert digest("b.zip") == first and (tmp_path / "a.zip").read_bytes() == (tmp_path / "b.zip").read_bytes()
     with zipfile.ZipFile(tmp_path / "a.zip") as archive:
-        assert archive.namelist() == ["Makefile", "model_build/tools/pipeline_plan.py", "triton_mme_cdk/model_build"]
+        assert archive.namelist() == ["Makefile", "model_build/tools/review/pipeline_plan.py", "triton_mme_cdk/model_build"]
     (root / "models.yaml").write_text("models: [another]")
     (root / "docs" / "notes.txt").write_text("other words")
     assert digest("c.zip") == first  # models and docs are not the gate's code
-    (root / "model_build" / "tools" / "pipeline_plan.py").write_text("print('approve')")
+    (root / "model_build" / "tools" / "review" / "pipeline_plan.py").write_text("print('approve')")
     assert digest("d.zip") != first
 
 
@@ -93,7 +93,7 @@ def test_the_plan_step_runs_the_zip_its_definition_names(synthesized: PipelineSy
     done = _fetch(commands, endpoint, tmp_path / "good")
     assert done.returncode == 0, done.stdout + done.stderr
     gate = tmp_path / "good" / "gate"
-    for module in ("model_build/tools/pipeline_plan.py", "model_build/tools/plan_cli.py"):
+    for module in ("model_build/tools/review/pipeline_plan.py", "model_build/tools/review/plan_cli.py"):
         assert (gate / module).read_bytes() == (ROOT / module).read_bytes(), module
     assert (gate / "triton_mme_cdk" / "model_build").is_symlink()
     assert not (gate / "models.yaml").exists() and not (gate / "tests").exists()
@@ -104,7 +104,7 @@ def test_the_plan_step_runs_the_zip_its_definition_names(synthesized: PipelineSy
     forged = tmp_path / "forged.zip"
     with zipfile.ZipFile(staged) as source, zipfile.ZipFile(forged, "w") as archive:
         for info in source.infolist():
-            forgery = b"raise SystemExit('approved')" if info.filename == "model_build/tools/pipeline_plan.py" else None
+            forgery = b"raise SystemExit('approved')" if info.filename == "model_build/tools/review/pipeline_plan.py" else None
             archive.writestr(info, forgery or source.read(info))
     s3.put_object(Bucket=bucket, Key=key, Body=forged.read_bytes())
     (tmp_path / "bad").mkdir()

@@ -19,7 +19,7 @@ import boto3
 import pytest
 from cdk_helpers import PIPELINE, PipelineSynth, synth_pipeline
 
-from triton_mme_cdk.model_build.tools import pipeline_plan
+from triton_mme_cdk.model_build.tools.review import pipeline_plan
 
 PIPELINE_STACK = "TritonMmePipeline"
 

@@ -24,7 +24,7 @@ from triton_mme_cdk.stacks.pipeline_settings import pipeline_settings
 from triton_mme_cdk.stacks.settings import SettingsError
 
 PIPELINE_STACK = "TritonMmePipeline"
-PLAN_MODULE = "triton_mme_cdk.model_build.tools.pipeline_plan"
+PLAN_MODULE = "triton_mme_cdk.model_build.tools.review.pipeline_plan"
 
 
 def _gate(tmp_path: Path, run: str) -> str:
@@ -39,7 +39,7 @@ def _gate(tmp_path: Path, run: str) -> str:
 def _defendant(work: Path) -> None:
     """A commit's own model_build and triton_mme_cdk that would approve themselves: the step must
     not import them."""
-    for package in ("model_build/tools", "triton_mme_cdk/model_build/tools"):
+    for package in ("model_build/tools/review", "triton_mme_cdk/model_build/tools/review"):
         folder = work / package
         folder.mkdir(parents=True)
         for parent in [folder, *folder.parents]:
@@ -349,7 +349,7 @@ def test_the_approval_condition_asks_a_person_for_a_security_change_that_widens(
     plan with no security change at all."""
     from triton_mme_cdk.model_build.__main__ import main
     from triton_mme_cdk.model_build.aws_clients import make_s3_client
-    from triton_mme_cdk.model_build.tools.pipeline_plan import needs_approval
+    from triton_mme_cdk.model_build.tools.review.pipeline_plan import needs_approval
 
     make_s3_client(endpoint_url=endpoint).create_bucket(Bucket="pipeline-security")
     deployed = synthesized.templates["TritonMme-staging"]

@@ -40,12 +40,12 @@ from triton_mme_cdk.model_build.release.deployed import (
 )
 from triton_mme_cdk.model_build.release.routes import ModelPlan, Planned, Route, Routes, Updated
 from triton_mme_cdk.model_build.tools.app_context import AppConfig, parse_overrides
-from triton_mme_cdk.model_build.tools.plan_cli import synthesized_template
-from triton_mme_cdk.model_build.tools.plan_report import GITHUB_COMMENT_LIMIT, PlanReport, marker
-from triton_mme_cdk.model_build.tools.plan_verdict import Finding, Verdict
+from triton_mme_cdk.model_build.tools.review.plan_cli import synthesized_template
+from triton_mme_cdk.model_build.tools.review.plan_report import GITHUB_COMMENT_LIMIT, PlanReport, marker
+from triton_mme_cdk.model_build.tools.review.plan_verdict import Finding, Verdict
 
 ROOT = Path(__file__).resolve().parents[1]
-SCHEMA = json.loads((ROOT / "model_build" / "tools" / "plan.schema.json").read_text())
+SCHEMA = json.loads((ROOT / "model_build" / "tools" / "review" / "plan.schema.json").read_text())
 STACK_ARN = "arn:aws:cloudformation:eu-west-1:123456789012:stack/TritonMme/0a1b2c3d"
 pytestmark = pytest.mark.slow  # real synths and the diff engine on Node.js
 #: The default template's logical ids a security change edits.
@@ -694,8 +694,8 @@ def test_the_security_classifier_on_its_own(resource_type: str, old: dict[str, A
     statement (unknown), a trust opened to every principal, a boundary removed, an IAM type
     without its own rule (unknown), a wider CIDR (a rule removed and one added: widens overall),
     a bucket deleted (data at risk, not access granted)."""
-    from triton_mme_cdk.model_build.tools.plan_access import security_changes
-    from triton_mme_cdk.model_build.tools.plan_security import overall_access
+    from triton_mme_cdk.model_build.tools.review.plan_access import security_changes
+    from triton_mme_cdk.model_build.tools.review.plan_security import overall_access
 
     changes = security_changes(resource_type, old, new)
     assert [(c.path, c.text, c.access) for c in changes] == expected

@@ -30,10 +30,10 @@ from cdk_helpers import synth, synth_pipeline
 from triton_mme_cdk.model_build.__main__ import main
 from triton_mme_cdk.model_build.release.deployed import record_from_template
 from triton_mme_cdk.model_build.release.routes import Routes
-from triton_mme_cdk.model_build.tools.plan_verdict import HEADLINE_LIMIT
+from triton_mme_cdk.model_build.tools.review.plan_verdict import HEADLINE_LIMIT
 
 ROOT = Path(__file__).resolve().parents[1]
-SCHEMA = json.loads((ROOT / "model_build" / "tools" / "plan.schema.json").read_text())
+SCHEMA = json.loads((ROOT / "model_build" / "tools" / "review" / "plan.schema.json").read_text())
 STACK_ARN = "arn:aws:cloudformation:eu-west-1:123456789012:stack/TritonMme/0a1b2c3d"
 PREVIOUS_TEMPLATE = ROOT / "tests" / "snapshots" / "TritonMme.0.1.0.template.json"
 #: The most characters of the summary line in the upgrade from 0.1.0 (the models' counts, the
@@ -422,6 +422,6 @@ def test_the_table_on_its_own(resource_type: str, old: dict[str, Any] | None, ne
     table does not know, with a role and with a handler (unknown), and with nothing of access (no
     security change: "other"); a definition written another way (no change) and a YAML buildspec
     (compared line by line)."""
-    from triton_mme_cdk.model_build.tools.plan_access import security_changes
+    from triton_mme_cdk.model_build.tools.review.plan_access import security_changes
 
     assert [(c.path, c.text, c.access) for c in security_changes(resource_type, old, new)] == expected

@@ -24,11 +24,11 @@ import pytest
 from github_fake import APP, APP_TOKEN, BOT, TOKEN, State, env, serve, user
 
 from triton_mme_cdk.model_build.release.routes import ModelPlan, Route
-from triton_mme_cdk.model_build.tools.plan_report import PlanReport, marker, plan_digest
-from triton_mme_cdk.model_build.tools.plan_verdict import Finding, Verdict
+from triton_mme_cdk.model_build.tools.review.plan_report import PlanReport, marker, plan_digest
+from triton_mme_cdk.model_build.tools.review.plan_verdict import Finding, Verdict
 
 ROOT = Path(__file__).resolve().parents[1]
-SCHEMA = json.loads((ROOT / "model_build" / "tools" / "plan.schema.json").read_text())
+SCHEMA = json.loads((ROOT / "model_build" / "tools" / "review" / "plan.schema.json").read_text())
 HEAD, HEAD2 = "a" * 40, "b" * 40
 
 

@@ -30,7 +30,7 @@ from test_plan import _routes
 
 from triton_mme_cdk.model_build.release import model_code_sha256
 from triton_mme_cdk.model_build.release.deployed import record_from_template
-from triton_mme_cdk.model_build.tools.plan_report import marker
+from triton_mme_cdk.model_build.tools.review.plan_report import marker
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = ROOT / ".github" / "workflows"
@@ -147,7 +147,7 @@ def test_code_owners_own_the_workflows_the_gate_the_bootstrap_and_the_pipeline()
               if p.is_file()}
     paths |= {f"stacks/{name}" for name in ("pipeline_stack.py", "pipeline_hold.py", "pipeline_hold_check.py",
                                             "pipeline_gate_code.py", "pipeline_access.py")}
-    assert {"model_build/tools/pr_gate.py", ".github/workflows/triton-mme-plan.yml", "Makefile"} <= paths
+    assert {"model_build/tools/review/pr_gate.py", ".github/workflows/triton-mme-plan.yml", "Makefile"} <= paths
     unowned = sorted(p for p in paths if not any(_owned(rule[0], p) for rule in rules))
     assert not unowned, unowned
 

@@ -146,7 +146,7 @@ def test_placing_refuses_a_served_name_whose_checksum_is_not_its_digest(s3: Any,
 
 def test_the_smoke_client_refuses_a_target_that_is_not_its_digests_name(
         endpoint: str, s3: Any, bucket: str, tmp_path: Path) -> None:
-    from triton_mme_cdk.model_build.tools.smoke import run_smoke
+    from triton_mme_cdk.model_build.tools.smoke.runner import run_smoke
 
     release = _release(s3, bucket, tmp_path, {"a": b"A1"}, "r-000000000000000a")
     activate_release(s3, bucket, PREFIX, "r-000000000000000a")

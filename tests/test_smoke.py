@@ -2,7 +2,7 @@
 
 A tiny synthetic ResNet is built with the project's own pipeline (export, validate, config,
 package), published with ``publish_release`` to moto's S3 server, and served by the local
-endpoint (:mod:`model_build.tools.endpoint`): boto3 clients talk unpatched to S3 and to the
+endpoint (:mod:`model_build.tools.local_endpoint.server`): boto3 clients talk unpatched to S3 and to the
 SageMaker API, and Triton loads and runs the tarballs. Faults are real ones: a python model that
 runs out of memory at load (the server's 507), one that answers too late, a model with another
 output shape, an object missing from S3.
@@ -33,11 +33,11 @@ from triton_mme_cdk.model_build.pipeline import BuildOptions, build_model
 from triton_mme_cdk.model_build.reference import read_reference, write_reference
 from triton_mme_cdk.model_build.release import INDEX_NAME
 from triton_mme_cdk.model_build.release.publish import publish_release
-from triton_mme_cdk.model_build.tools.endpoint import LocalEndpoint, local_endpoint
+from triton_mme_cdk.model_build.tools.local_endpoint.server import LocalEndpoint, local_endpoint
 from triton_mme_cdk.model_build.tools.local_s3 import local_s3
-from triton_mme_cdk.model_build.tools.smoke import run_smoke, select_targets
-from triton_mme_cdk.model_build.tools.smoke_cli import add_smoke_parser, cmd_smoke, main
-from triton_mme_cdk.model_build.tools.smoke_setup import make_client, make_runtime_client
+from triton_mme_cdk.model_build.tools.smoke.cli import add_smoke_parser, cmd_smoke, main
+from triton_mme_cdk.model_build.tools.smoke.prepare import make_client, make_runtime_client
+from triton_mme_cdk.model_build.tools.smoke.runner import run_smoke, select_targets
 from triton_mme_cdk.model_build.types import Artifact
 
 #: Slow: the real tritonserver behind the local endpoint (make test-fast leaves it out).

@@ -422,8 +422,8 @@ def _answer(name: str, datatype: str, values: np.ndarray) -> Any:
 
 def test_smoke_prepares_declared_zeros_for_a_plan_and_checks_its_answer_without_values(
         tmp_path: Path, endpoint: str) -> None:
-    from triton_mme_cdk.model_build.tools.smoke import _check_answer
-    from triton_mme_cdk.model_build.tools.smoke_setup import CallFailed, prepare_reference
+    from triton_mme_cdk.model_build.tools.smoke.prepare import CallFailed, prepare_reference
+    from triton_mme_cdk.model_build.tools.smoke.runner import _check_answer
 
     write_plans(tmp_path)
     _, release_dir = _build(tmp_path, tmp_path / "out")
@@ -453,9 +453,9 @@ def test_the_local_endpoint_refuses_a_plan_plainly_and_keeps_serving_and_smoke_s
     from botocore.exceptions import ClientError
     from triton_helpers import served_manifest  # tests/ is on sys.path; imported here: it needs the server
 
-    from triton_mme_cdk.model_build.tools.endpoint import ENDPOINT_NAME
-    from triton_mme_cdk.model_build.tools.smoke import run_smoke
-    from triton_mme_cdk.model_build.tools.smoke_setup import make_client, make_runtime_client
+    from triton_mme_cdk.model_build.tools.local_endpoint.server import ENDPOINT_NAME
+    from triton_mme_cdk.model_build.tools.smoke.prepare import make_client, make_runtime_client
+    from triton_mme_cdk.model_build.tools.smoke.runner import run_smoke
 
     write_plans(tmp_path)
     tiny = {"name": "tiny-onnx", "task": "image-classification", "max_batch_size": 2, "image": {"image_size": 32},

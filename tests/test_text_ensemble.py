@@ -176,7 +176,7 @@ def test_tarball_tokenizer_runs_with_its_own_tokenizers_on_a_python_without_it(s
 
     import triton_mme_cdk.model_build.text_ensemble.tokenizer_model as module
     from triton_mme_cdk.model_build.text_ensemble.serving_wheel import vendored_files
-    from triton_mme_cdk.model_build.tools.triton_server import TritonEnvironment
+    from triton_mme_cdk.model_build.tools.local_endpoint.triton_server import TritonEnvironment
 
     python = TritonEnvironment.find().root / "bin" / "python"
     assert subprocess.run([str(python), "-c", "import tokenizers"], capture_output=True).returncode != 0, (
@@ -270,8 +270,8 @@ def test_smoke_holds_a_raw_text_target_to_the_tolerance_of_its_precision(overrid
     """The ensemble's config records the precision served; smoke compares with compare.py's rule for it."""
     from triton_mme_cdk.model_build.artifact.triton_config import parse_config
     from triton_mme_cdk.model_build.compare import SERVED_TOLERANCE
-    from triton_mme_cdk.model_build.tools.smoke import _check_answer
-    from triton_mme_cdk.model_build.tools.smoke_setup import CallFailed, Reference
+    from triton_mme_cdk.model_build.tools.smoke.prepare import CallFailed, Reference
+    from triton_mme_cdk.model_build.tools.smoke.runner import _check_answer
 
     config = parse_config(render_ensemble_configs(spec_for(inputs="text", **overrides), FAKE_SIGNATURE, served).ensemble)
     reference = Reference(config=config, batch=2,
@@ -338,7 +338,7 @@ def tarballs(built, exported_minilm, served, tmp_path_factory) -> dict[str, Path
 
 @pytest.fixture(scope="module")
 def server(tarballs, tmp_path_factory) -> Iterator[object]:
-    from triton_mme_cdk.model_build.tools.triton_server import (
+    from triton_mme_cdk.model_build.tools.local_endpoint.triton_server import (
         TritonEnvironment,
         TritonEnvironmentError,
         triton_server,
@@ -678,8 +678,8 @@ def test_published_text_target_answers_boto3_strings_on_the_local_endpoint(tmp_p
                                     ContentType="application/json", Body=json.dumps(bad))
         assert "'TEXT'[0]: the text is empty" in str(caught.value)
         # verify, smoke and the demo send the build's string reference and compare the answers.
-        from triton_mme_cdk.model_build.tools.smoke import run_smoke
-        from triton_mme_cdk.model_build.tools.smoke_setup import make_client, make_runtime_client
+        from triton_mme_cdk.model_build.tools.smoke.prepare import make_client, make_runtime_client
+        from triton_mme_cdk.model_build.tools.smoke.runner import run_smoke
 
         report = run_smoke(endpoint_name="local", sagemaker_client=make_client("sagemaker", endpoint_url=endpoint.url),
                            runtime_client=make_runtime_client(endpoint_url=endpoint.url, timeout_seconds=120),

@@ -1,6 +1,6 @@
 """The local ``tritonserver`` is reachable from this process only: its own network namespace.
 
-Run for real: the forwarder (``model_build/tools/triton_netns.py``) in a new user and network
+Run for real: the forwarder (``model_build/tools/local_endpoint/triton_netns.py``) in a new user and network
 namespace in front of a plain HTTP server, and the real ``tritonserver`` as the local endpoint
 starts it. Where this host refuses an unprivileged network namespace the tests say so and skip;
 the endpoint then runs the server as before (docs/local-endpoint.md).
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from triton_mme_cdk.model_build.tools import triton_netns
-from triton_mme_cdk.model_build.tools.triton_server import (
+from triton_mme_cdk.model_build.tools.local_endpoint import triton_netns
+from triton_mme_cdk.model_build.tools.local_endpoint.triton_server import (
     TritonServer,
     free_port,
     stop_process,

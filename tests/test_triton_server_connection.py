@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from triton_mme_cdk.model_build.tools.triton_server import TritonServer
+from triton_mme_cdk.model_build.tools.local_endpoint.triton_server import TritonServer
 
 
 @contextmanager

@@ -14,7 +14,10 @@ from typing import Any
 
 import pytest
 
-from triton_mme_cdk.model_build.tools.triton_server import TritonEnvironment, TritonEnvironmentError
+from triton_mme_cdk.model_build.tools.local_endpoint.triton_server import (
+    TritonEnvironment,
+    TritonEnvironmentError,
+)
 
 
 def _missing() -> str:
@@ -45,7 +48,7 @@ def served_manifest(manifest: Any, base_dir: Path, work_dir: Path, bucket: str) 
     from triton_mme_cdk.model_build.pipeline import BuildOptions, build_release
     from triton_mme_cdk.model_build.release import compute_release
     from triton_mme_cdk.model_build.release.publish import publish_release
-    from triton_mme_cdk.model_build.tools.endpoint import local_endpoint
+    from triton_mme_cdk.model_build.tools.local_endpoint.server import local_endpoint
     from triton_mme_cdk.model_build.tools.local_s3 import local_s3
 
     release = compute_release(manifest, base_dir=base_dir)

@@ -2,7 +2,7 @@
 
 Part of the build runtime (``model_build.pipeline`` runs the gate on every tarball it writes), so
 it is hashed into every model key; the client-side codec the smoke test uses lives in
-``model_build.tools.verify``, a tool, so editing it changes no key.
+``model_build.tools.smoke.codec``, a tool, so editing it changes no key.
 
 - ``check_repository``: the one pre-publish gate (layout, version folder, config, config against
   the graph, ensemble rules), each of its rules confirmed against the real server in

@@ -159,7 +159,7 @@ class Updated:
 @dataclass
 class ModelPlan:
     """Models added, updated, removed and unchanged against the live routes (the fleet's verdict is
-    :mod:`model_build.tools.plan_verdict`'s)."""
+    :mod:`model_build.tools.review.plan_verdict`'s)."""
 
     added: list[Planned] = field(default_factory=list)
     updated: list[Updated] = field(default_factory=list)

@@ -10,7 +10,7 @@ small ``/dev/shm``) is found out. Only the manifest is imported here: synth stay
 The pool's sizes are defined here, once: the endpoint construct's defaults
 (``SageMakerHostingProps.shm_default_byte_size`` / ``shm_growth_byte_size``) and the local
 ``tritonserver``'s, where the app's ``cdk.json`` sets neither
-(``model_build.tools.triton_server.stack_shm_settings``).
+(``model_build.tools.local_endpoint.triton_server.stack_shm_settings``).
 """
 
 from __future__ import annotations

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from triton_mme_cdk.model_build.errors import ModelBuildError
-from triton_mme_cdk.model_build.tools.github_api import GitHub
-from triton_mme_cdk.model_build.tools.plan_report import GITHUB_COMMENT_LIMIT
+from triton_mme_cdk.model_build.tools.review.github_api import GitHub
+from triton_mme_cdk.model_build.tools.review.plan_report import GITHUB_COMMENT_LIMIT
 
 #: The login of the comments GitHub Actions' ``GITHUB_TOKEN`` writes.
 ACTIONS_BOT = "github-actions[bot]"

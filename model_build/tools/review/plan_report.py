@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from triton_mme_cdk.model_build.release.routes import ModelPlan
-from triton_mme_cdk.model_build.tools.plan_verdict import Finding, Verdict
+from triton_mme_cdk.model_build.tools.review.plan_verdict import Finding, Verdict
 
 #: plan/2 (issue 49): the verdict ``security-changed``, the ``security`` object, each finding's
 #: ``access`` and ``changes``.
@@ -96,7 +96,7 @@ class PlanReport:
     models_note: str = ""
     #: Where each added or updated model builds, with its estimate (model name -> text).
     builds_on: dict[str, str] = field(default_factory=dict)
-    #: The capacity line (:class:`~model_build.tools.plan_capacity.CapacityLine`); None without a manifest.
+    #: The capacity line (:class:`~model_build.tools.review.plan_capacity.CapacityLine`); None without a manifest.
     capacity: Any = None
     #: What is served now: the live routes' objects checked in ``served/`` (one line per broken
     #: invariant, ``model_build.release.invariants``), and what was checked or why not ("": no live routes).

@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 
 from triton_mme_cdk.model_build.compare import UNKNOWN_PRECISION_TOLERANCE, compare_arrays
-from triton_mme_cdk.model_build.tools.mme import CANNOT_SERVE_ON_CPU
-from triton_mme_cdk.model_build.tools.smoke_setup import (
+from triton_mme_cdk.model_build.tools.local_endpoint.model_cache import CANNOT_SERVE_ON_CPU
+from triton_mme_cdk.model_build.tools.smoke.prepare import (
     DEFAULT_TIMEOUT_SECONDS,
     CallFailed,
     Reference,
@@ -193,7 +193,7 @@ def _invoke(
 
 def _parse_answer(body: bytes, content_type: str) -> Any:
     """A tritonclient ``InferResult`` from a binary+json answer or a plain JSON one."""
-    from triton_mme_cdk.model_build.tools.verify import header_length, parse_response
+    from triton_mme_cdk.model_build.tools.smoke.codec import header_length, parse_response
 
     try:
         return parse_response(body, header_length(content_type))

@@ -10,7 +10,7 @@ One process serves, on ``127.0.0.1:<port>``:
   ``DescribeEndpointConfig``, ``DescribeModel`` for the endpoint ``local``), so
   ``python -m model_build smoke --endpoint local`` finds the release the same way it does on AWS.
 
-Behind it, :mod:`model_build.tools.mme` plays SageMaker's part of MME and the real
+Behind it, :mod:`model_build.tools.local_endpoint.model_cache` plays SageMaker's part of MME and the real
 ``tritonserver`` loads and runs the models. A server that dies (killed, crashed) is started
 again, as SageMaker restarts a model container that exits: calls in flight and calls until the
 new one is ready answer 503 ``ServiceUnavailable`` at once, then each target loads again on its
@@ -38,9 +38,13 @@ from typing import Any
 from urllib.parse import unquote
 
 from triton_mme_cdk.model_build.errors import ModelBuildError
-from triton_mme_cdk.model_build.tools.mme import EndpointError, ModelCache, validation_error
-from triton_mme_cdk.model_build.tools.served_release import Release, read_release
-from triton_mme_cdk.model_build.tools.triton_server import (
+from triton_mme_cdk.model_build.tools.local_endpoint.model_cache import (
+    EndpointError,
+    ModelCache,
+    validation_error,
+)
+from triton_mme_cdk.model_build.tools.local_endpoint.served_release import Release, read_release
+from triton_mme_cdk.model_build.tools.local_endpoint.triton_server import (
     TritonServer,
     check_port_free,
     stack_shm_settings,
@@ -272,7 +276,7 @@ def local_endpoint(
     block, or, with ``release_id`` of the earlier per-release layout, that release's prefix; on
     exit nothing is left running or on disk.
 
-    Shared-memory sizes left out are the stack's (:func:`~model_build.tools.triton_server.stack_shm_settings`).
+    Shared-memory sizes left out are the stack's (:func:`~model_build.tools.local_endpoint.triton_server.stack_shm_settings`).
     """
     if port:
         check_port_free(port)

@@ -58,7 +58,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from triton_mme_cdk.model_build.tools.plan_security import (
+from triton_mme_cdk.model_build.tools.review.plan_security import (
     MISSING,
     NARROWS,
     UNKNOWN,

@@ -3,7 +3,7 @@
 The ``smoke`` sub-command of ``python -m model_build`` (:func:`add_smoke_parser`, :func:`cmd_smoke`:
 the report as a table, exit status 0 when no target failed and one passed at least: a skipped target
 is neither) and the same command on its own
-(``python -m model_build.tools.smoke_cli``). The test itself is :mod:`model_build.tools.smoke`.
+(``python -m model_build.tools.smoke.cli``). The test itself is :mod:`model_build.tools.smoke.runner`.
 """
 
 from __future__ import annotations
@@ -14,17 +14,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from triton_mme_cdk.model_build.errors import ModelBuildError
-from triton_mme_cdk.model_build.tools.smoke import (
+from triton_mme_cdk.model_build.tools.smoke.prepare import (
+    DEFAULT_TIMEOUT_SECONDS,
+    make_client,
+    make_runtime_client,
+)
+from triton_mme_cdk.model_build.tools.smoke.runner import (
     DEFAULT_ATOL,
     DEFAULT_RTOL,
     SmokeReport,
     TargetResult,
     run_smoke,
-)
-from triton_mme_cdk.model_build.tools.smoke_setup import (
-    DEFAULT_TIMEOUT_SECONDS,
-    make_client,
-    make_runtime_client,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -146,7 +146,7 @@ def cmd_smoke(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m model_build.tools.smoke_cli``: the sub-command on its own, with the CLI's error handling."""
+    """``python -m model_build.tools.smoke.cli``: the sub-command on its own, with the CLI's error handling."""
     from rich.markup import escape
 
     parser = argparse.ArgumentParser(prog="python -m model_build", description=__doc__.split("\n")[0])

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from triton_mme_cdk.model_build.errors import ModelBuildError
-from triton_mme_cdk.model_build.tools.github_api import GitHub
+from triton_mme_cdk.model_build.tools.review.github_api import GitHub
 
 ARTIFACT = "triton-mme-template"
 WORKFLOW = "triton-mme-synth.yml"

@@ -5,7 +5,7 @@ request and the outputs to compare with (:class:`Reference`, from the reference 
 Triton config recorded at build time: :func:`prepare_reference`; one that cannot be prepared
 carries its ``error``, and every target of the model fails with it). :class:`CallFailed` is the
 failure of one read here, and of one invocation or the check of its answer in
-:mod:`model_build.tools.smoke`.
+:mod:`model_build.tools.smoke.runner`.
 """
 
 from __future__ import annotations
@@ -306,7 +306,7 @@ def prepare_reference(
     a reference that changed after the release was published would make every verdict meaningless.
     """
     from triton_mme_cdk.model_build.artifact.triton_config import check_config, parse_config
-    from triton_mme_cdk.model_build.tools.verify import SAGEMAKER_BINARY_CONTENT_TYPE, build_request
+    from triton_mme_cdk.model_build.tools.smoke.codec import SAGEMAKER_BINARY_CONTENT_TYPE, build_request
 
     # The index names where each reference is (the store); an index of the earlier layout had them
     # in the release's own _reference/ folder.

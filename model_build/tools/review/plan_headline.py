@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from triton_mme_cdk.model_build.tools.plan_security import NARROWS, UNKNOWN, WIDENS, SecurityChange
+from triton_mme_cdk.model_build.tools.review.plan_security import NARROWS, UNKNOWN, WIDENS, SecurityChange
 
 #: The order security changes are listed in: what widens, what cannot be classified, what narrows.
 ACCESS_ORDER = (WIDENS, UNKNOWN, NARROWS)

@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from triton_mme_cdk.model_build.errors import ModelBuildError
-from triton_mme_cdk.model_build.tools.github_api import GitHub, GitHubError
-from triton_mme_cdk.model_build.tools.plan_report import DIGEST_PATTERN, EXIT_NEEDS_REVIEW, plan_digest
+from triton_mme_cdk.model_build.tools.review.github_api import GitHub, GitHubError
+from triton_mme_cdk.model_build.tools.review.plan_report import DIGEST_PATTERN, EXIT_NEEDS_REVIEW, plan_digest
 
 CONTEXT = "triton-mme/plan-approval"
 COMMAND = "/approve-plan"

@@ -53,9 +53,9 @@ from triton_mme_cdk.model_build.tools.app_context import (
     pick_stack,
     template_model_prefix,
 )
-from triton_mme_cdk.model_build.tools.pr_comment import add_pr_comment_parser
-from triton_mme_cdk.model_build.tools.pr_fetch import add_pr_fetch_parser
-from triton_mme_cdk.model_build.tools.pr_gate import add_pr_gate_parser
+from triton_mme_cdk.model_build.tools.review.pr_comment import add_pr_comment_parser
+from triton_mme_cdk.model_build.tools.review.pr_fetch import add_pr_fetch_parser
+from triton_mme_cdk.model_build.tools.review.pr_gate import add_pr_gate_parser
 
 STACK_NAME_EXPECTED = "a CloudFormation stack name: a letter, then letters, digits and '-', at most 128 characters"
 #: An S3 key prefix, as the stack's settings accept it.
@@ -132,8 +132,8 @@ def _check_stack(live: Any, stack_name: str, where: str) -> None:
 
 
 def plan_report(args: argparse.Namespace) -> Any:
-    """The plan of ``args`` (:class:`~model_build.tools.plan_report.PlanReport`)."""
-    from triton_mme_cdk.model_build.tools.plan_verdict import start_engine
+    """The plan of ``args`` (:class:`~model_build.tools.review.plan_report.PlanReport`)."""
+    from triton_mme_cdk.model_build.tools.review.plan_verdict import start_engine
 
     config = AppConfig.find(overrides=parse_overrides(args.context or []))
     # The slow parts start first, each in its own process: the app's synth (seconds, mostly jsii
@@ -179,8 +179,8 @@ def _plan_report(args: argparse.Namespace, config: AppConfig, synth: Synth | Non
     from triton_mme_cdk.model_build.release.deployed import endpoint_record
     from triton_mme_cdk.model_build.release.index import read_routes
     from triton_mme_cdk.model_build.release.routes import ModelPlan, Routes, parse_routes, plan_manifest
-    from triton_mme_cdk.model_build.tools.plan_report import PlanReport
-    from triton_mme_cdk.model_build.tools.plan_verdict import judge
+    from triton_mme_cdk.model_build.tools.review.plan_report import PlanReport
+    from triton_mme_cdk.model_build.tools.review.plan_verdict import judge
 
     # Every input is read and checked before the slow parts are waited for.
     deployed = read_template(args.deployed_template, "--deployed-template") if args.deployed_template else None
@@ -254,7 +254,7 @@ def _plan_report(args: argparse.Namespace, config: AppConfig, synth: Synth | Non
     builds_on = _builds_on(manifest, models, new_template, manifest_path.parent if manifest_path else Path("."))
     capacity = None
     if manifest is not None and manifest_path is not None:
-        from triton_mme_cdk.model_build.tools.plan_capacity import capacity_line
+        from triton_mme_cdk.model_build.tools.review.plan_capacity import capacity_line
 
         capacity = capacity_line(manifest, manifest_path.parent, models, new_template, scope=scope,
                                  traffic_path=traffic_path)

@@ -73,7 +73,7 @@ def _number(text: str, option: str, *, low: float, high: float, expected: str, i
 def capacity_report(args: argparse.Namespace) -> Any:
     """Every input read and checked (one error line each, before anything is simulated), then the search."""
     from triton_mme_cdk.model_build.manifest import load_manifest
-    from triton_mme_cdk.model_build.tools.capacity_report import CapacityReport
+    from triton_mme_cdk.model_build.tools.capacity.report import CapacityReport
 
     seconds = _number(args.duration, "--duration", low=1.0, high=1e9, expected="seconds, a number >= 1")
     warmup = _number(args.warmup, "--warmup", low=0.0, high=seconds, expected=f"seconds in [0, {seconds:g}) "

@@ -48,8 +48,8 @@ from typing import Any
 from google.protobuf import text_format
 
 from triton_mme_cdk.model_build.errors import ModelBuildError
-from triton_mme_cdk.model_build.tools.served_release import Entry, Release
-from triton_mme_cdk.model_build.tools.triton_server import TritonServer
+from triton_mme_cdk.model_build.tools.local_endpoint.served_release import Entry, Release
+from triton_mme_cdk.model_build.tools.local_endpoint.triton_server import TritonServer
 
 #: How long one load may take before the call fails (a python stub that never starts hangs the load).
 LOAD_TIMEOUT_SECONDS = 300.0

@@ -17,7 +17,7 @@ dies with the process that started it: ``PR_SET_PDEATHSIG`` (Linux) sends it SIG
 process dies, also by SIGKILL, so no ``tritonserver`` or stub outlives the endpoint.
 
 Where the host allows it, the server runs in a network namespace of its own, reached through a
-Unix socket in the work folder (:mod:`~triton_mme_cdk.model_build.tools.triton_netns`): its
+Unix socket in the work folder (:mod:`~triton_mme_cdk.model_build.tools.local_endpoint.triton_netns`): its
 SageMaker port, which Triton opens on every interface, is then reachable from nowhere else.
 """
 
@@ -50,8 +50,8 @@ from triton_mme_cdk.model_build.text_ensemble.shm import (
     SHM_GROWTH_KEY,
     SHM_MAX_BYTE_SIZE,
 )
-from triton_mme_cdk.model_build.tools import triton_netns
 from triton_mme_cdk.model_build.tools.app_context import AppConfig, checkout_root, whole_number
+from triton_mme_cdk.model_build.tools.local_endpoint import triton_netns
 
 #: Where ``make setup`` puts the triton environment (in the checkout); ``MME_TRITON_ENV`` points elsewhere.
 ENV_FOLDER = ".venv-triton"

@@ -1,4 +1,4 @@
-"""The delivery pipeline's plan step: ``python -m model_build.tools.pipeline_plan STACK [-c mme:k=v ...]``.
+"""The delivery pipeline's plan step: ``python -m model_build.tools.review.pipeline_plan STACK [-c mme:k=v ...]``.
 
 It plans one stage: the stage's template from the synthesized cloud assembly (``cdk.out``)
 against the stage's live routes (the bucket named by the stack's ``ModelBucketName`` output) and
@@ -155,7 +155,7 @@ def run(stack: str, context: Sequence[str], cdk_out: Path, out: Path,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m model_build.tools.pipeline_plan", description=__doc__.split("\n\n")[1])
+    parser = argparse.ArgumentParser(prog="python -m model_build.tools.review.pipeline_plan", description=__doc__.split("\n\n")[1])
     parser.add_argument("stack", help="the stage's endpoint stack name")
     parser.add_argument("-c", "--context", action="append", default=[], metavar="mme:KEY=VALUE",
                         help="the stage's settings, as cdk synth takes them")

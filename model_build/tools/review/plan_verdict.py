@@ -53,9 +53,9 @@ from triton_mme_cdk.model_build.release.deployed import (
     references,
 )
 from triton_mme_cdk.model_build.tools.app_context import checkout_root
-from triton_mme_cdk.model_build.tools.plan_access import only_security, security_changes
-from triton_mme_cdk.model_build.tools.plan_headline import ACCESS_ORDER, security_headline
-from triton_mme_cdk.model_build.tools.plan_security import SecurityChange, overall_access
+from triton_mme_cdk.model_build.tools.review.plan_access import only_security, security_changes
+from triton_mme_cdk.model_build.tools.review.plan_headline import ACCESS_ORDER, security_headline
+from triton_mme_cdk.model_build.tools.review.plan_security import SecurityChange, overall_access
 
 DIFF_SCRIPT = Path(__file__).with_name("cfn_diff.js")
 #: The diff engine's npm package and its version: the checkout's package.json pins the same
