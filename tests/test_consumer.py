@@ -21,10 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cdk_helpers import SNAPSHOTS, snapshot_text
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "platform_app"
 STACK = "PlatformEmbeddings"
+#: The example's template as the wheel synthesizes it, masked as the default app's snapshot is.
+SNAPSHOT = SNAPSHOTS / f"{STACK}.template.json"
 #: Distributions of the build extra: none may be installed, or imported by a synth.
 HEAVY = ("torch", "onnx", "onnxruntime", "transformers", "sentence_transformers", "tritonclient")
 
@@ -83,7 +86,21 @@ def consumer(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "work": work, "venv": venv, "app": app, "imports": done.stderr,
         "installed": {item["name"].lower().replace("-", "_") for item in json.loads(listed.stdout)},
         "template": json.loads((app / "cdk.out" / f"{STACK}.template.json").read_text()),
+        "template_text": (app / "cdk.out" / f"{STACK}.template.json").read_text(),
     }
+
+
+def test_snapshot(consumer: dict[str, Any]) -> None:
+    """The example app's template, from the wheel, is its committed snapshot (asset hashes, the
+    release id and the CDK's metadata masked, as for the default app): a refactor or a rename of
+    the library leaves it as it is, and a change of it is reviewed in the snapshot's diff."""
+    current = snapshot_text(consumer["template_text"])
+    if os.environ.get("UPDATE_SNAPSHOTS") == "1":
+        SNAPSHOT.write_text(current)
+    assert SNAPSHOT.exists(), f"no snapshot yet: run with UPDATE_SNAPSHOTS=1 to write {SNAPSHOT}"
+    assert current == SNAPSHOT.read_text(), (
+        "examples/platform_app's template changed; review the diff and rewrite the snapshot with UPDATE_SNAPSHOTS=1"
+    )
 
 
 def test_the_wheel_installs_without_the_builds_libraries(consumer: dict[str, Any]) -> None:
