@@ -1,5 +1,5 @@
 // The CDK's own template diff engine (@aws-cdk/cloudformation-diff, the one `cdk diff` bundles),
-// for `python -m model_build plan` (model_build/tools/template_diff.py).
+// for `python -m model_build plan` (model_build/tools/review/plan_verdict.py, `engine_diff`).
 //
 // Reads {"old": <template>, "new": <template>} as JSON on stdin and writes, as JSON on stdout, each
 // resource that differs: its types, its change impact (WILL_UPDATE, WILL_CREATE, WILL_REPLACE,
