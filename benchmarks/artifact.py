@@ -302,7 +302,7 @@ def markdown(result: dict[str, Any]) -> str:
     if not rec["variants_agree"]:
         fp16 = rec["by_variant"]["fp16"]
         out += ["", f"For the FP16 tarball the same rule gives level {fp16['level']}: {fp16['why']}"]
-    out += ["", f"The build's `DEFAULT_COMPRESSLEVEL` (model_build/build.py) was {params['current_default_level']} "
+    out += ["", f"The build's `DEFAULT_COMPRESSLEVEL` (model_build/release/identity.py) was {params['current_default_level']} "
                 "when this ran; the tarballs above were packed at each level explicitly, so the choice does "
                 "not depend on it."]
     return "\n".join(out)

@@ -554,7 +554,7 @@ def test_build_state_machine_plans_maps_and_finishes(default: Synth) -> None:
         "Started.$": "$$.Execution.StartTime",  # the parent's start: OutgrewLambda's budget left
     }
     # Each item builds on the Lambda, or in a Processing job whose unit the Lambda stores
-    # (tests/test_processing_build.py reads that branch).
+    # (tests/test_deploy_path_processing.py executes that branch).
     item_states = build_map["ItemProcessor"]["States"]
     assert set(item_states) == {"WhereItBuilds", "BuildModel", "PlaceModel", "BuildOnProcessing", "OutgrewLambda"}
     (branch,) = item_states["BuildOnProcessing"]["Branches"]
